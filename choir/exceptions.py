@@ -1,0 +1,136 @@
+"""Every error Choir raises, in one place.
+
+Usage and configuration mistakes are kept apart from run-time failures: the CLI turns a
+``UserError`` into exit code 2 with the file and line it names, and everything else into a
+result (FAIL / INCONCLUSIVE) or exit 1. Constructors only store what they are given.
+
+    ChoirError
+    ├── UserError                      usage or configuration mistake: exit 2
+    │   ├── ConfigError                a file the user wrote is wrong (file, line, fix)
+    │   ├── UnknownNameError           a registry has no such name (sandbox, parser, ...)
+    │   └── MissingExtraError          an optional dependency is not installed
+    ├── IntegrityError                 stored evidence does not match its hash or signature
+    ├── PromotionError                 an AHDB write that the promotion rules forbid
+    ├── SandboxError                   the sandbox could not start or run: INCONCLUSIVE
+    ├── ReporterError                  the cheap model failed; the deterministic report is used
+    └── AgentError                     agent run-time failures (seed 000)
+        ├── VerificationRejected       the verifier rejected a candidate: counts an attempt
+        ├── FatalAgentError            fail the run at once
+        └── InvalidModelResponse       the model's reply could not be used: not an attempt
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "AgentError",
+    "ChoirError",
+    "ConfigError",
+    "FatalAgentError",
+    "IntegrityError",
+    "InvalidModelResponse",
+    "MissingExtraError",
+    "PromotionError",
+    "ReporterError",
+    "SandboxError",
+    "UnknownNameError",
+    "UserError",
+    "VerificationRejected",
+]
+
+
+class ChoirError(Exception):
+    """Root of every error Choir raises on purpose."""
+
+
+class UserError(ChoirError):
+    """A usage or configuration mistake. The CLI exits with code 2."""
+
+
+class ConfigError(UserError):
+    """A file the user wrote is wrong.
+
+    Args:
+        message: what is wrong.
+        path: the file.
+        line: 1-based line number, when known.
+        hint: what to write instead.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        line: int | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.message = message
+        self.path = path
+        self.line = line
+        self.hint = hint
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        where = ""
+        if self.path:
+            where = f"{self.path}:{self.line}: " if self.line else f"{self.path}: "
+        text = f"{where}{self.message}"
+        if self.hint:
+            text += f"\n  fix: {self.hint}"
+        return text
+
+
+class UnknownNameError(UserError):
+    """A registry lookup failed; the message lists the names that exist."""
+
+
+class MissingExtraError(UserError):
+    """An optional dependency is missing; the message gives the exact install command."""
+
+
+class IntegrityError(ChoirError):
+    """Stored evidence does not match its hash, signature or chain."""
+
+
+class PromotionError(ChoirError):
+    """An AHDB write the promotion rules forbid (for example an ASSERT without attestations)."""
+
+
+class SandboxError(ChoirError):
+    """The sandbox itself failed (could not start, engine gone): INCONCLUSIVE, never FAIL."""
+
+
+class ReporterError(ChoirError):
+    """The cheap-model reporter failed; callers fall back to the deterministic report."""
+
+
+class AgentError(ChoirError):
+    """Base of agent run-time errors."""
+
+
+class VerificationRejected(AgentError):
+    """Raised by a verifier to reject a candidate. Counts one verification attempt.
+
+    Args:
+        message: short human-readable reason, shown to the model.
+        code: a machine-readable code, e.g. ``"tests_failed"``.
+        metadata: small structured details; bounded and sanitised before use.
+    """
+
+    def __init__(
+        self, message: str, code: str | None = None, metadata: dict[str, Any] | None = None
+    ) -> None:
+        self.message = message
+        self.code = code
+        self.metadata = metadata
+        super().__init__(message)
+
+
+class FatalAgentError(AgentError):
+    """Raised by a verifier or tool to fail the run at once, whatever budget remains."""
+
+
+class InvalidModelResponse(AgentError):
+    """The model's reply could not be used (bad tool arguments, schema violation)."""

@@ -1,0 +1,81 @@
+"""The one place litellm is imported.
+
+litellm takes seconds to import and, unless told otherwise, fetches a price list from the
+network at import time; both are handled here, lazily, on first use. Every call gets an
+explicit timeout (litellm's default is 6000 s) and reports tokens and cost.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from choir.exceptions import MissingExtraError
+
+_litellm: Any = None
+
+
+def litellm_module() -> Any:
+    """Import litellm once, configured for offline-safe use.
+
+    Raises:
+        MissingExtraError: litellm is not installed.
+    """
+    global _litellm
+    if _litellm is None:
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        os.environ.setdefault("DISABLE_AIOHTTP_TRANSPORT", "True")
+        try:
+            import litellm
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise MissingExtraError(
+                "a model is configured but litellm is not installed: pip install 'choir[llm]'"
+            ) from exc
+        litellm.disable_aiohttp_transport = True
+        litellm.suppress_debug_info = True
+        litellm.telemetry = False
+        _litellm = litellm
+    return _litellm
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A model reply: the first choice's message, and what it cost."""
+
+    message: Any
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+
+
+def _cost(litellm: Any, response: Any) -> float:
+    try:
+        return float(litellm.completion_cost(completion_response=response) or 0.0)
+    except Exception:  # unknown model prices are common for local servers
+        return 0.0
+
+
+async def acomplete(
+    *, model: str, messages: list[dict[str, Any]], timeout: float = 60.0, **kwargs: Any
+) -> Completion:
+    """One chat completion through litellm, with an explicit timeout and no hidden retries.
+
+    Extra keyword arguments (``tools``, ``response_format``, ``api_base``, ``mock_response``,
+    ...) go to ``litellm.acompletion`` unchanged. Errors propagate: callers decide what a
+    fault means (the reporter falls back to deterministic reports; agents retry).
+    """
+    litellm = litellm_module()
+    kwargs.setdefault("num_retries", 0)
+    response = await litellm.acompletion(
+        model=model, messages=messages, timeout=timeout, **kwargs
+    )
+    usage = getattr(response, "usage", None)
+    return Completion(
+        message=response.choices[0].message,
+        model=model,
+        prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+        completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+        cost_usd=_cost(litellm, response),
+    )

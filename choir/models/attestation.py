@@ -1,0 +1,62 @@
+"""ATTESTATION (seed 002 §5.3): the signed, content-addressed object that alone may promote.
+
+``id`` is the blake3 of the canonical JSON of ``body``; ``signature`` is ed25519 over the same
+canonical bytes. Verification recomputes both and every hash the body references.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field
+
+from choir.models._base import Frozen
+from choir.models.report import Result, Target
+
+
+class Environment(Frozen):
+    """Where the verifier ran, as it actually ran (not as it was asked to)."""
+
+    sandbox: str
+    isolation: Literal["container", "namespace", "none"]
+    network: bool = False
+    image: str | None = None
+    image_digest: str | None = None
+    os: str = ""
+    arch: str = ""
+    choir_version: str = ""
+
+
+class AttestationBody(Frozen):
+    """Everything an attestation vouches for. Hashes are hex blake3."""
+
+    schema_version: Literal[1] = 1
+    type: Literal["choir.attestation/v1"] = "choir.attestation/v1"
+    run_id: str
+    verifier: str
+    verifier_kind: str
+    verifier_version: str
+    verifier_config_hash: str
+    commands: tuple[str, ...]
+    target: Target
+    result: Result
+    report_hash: str
+    manifest_hash: str
+    artifacts: dict[str, str] = Field(default_factory=dict)
+    environment: Environment
+    policy_hash: str | None = None
+    mood: str | None = None
+    lens: str = "default"
+    started_at: datetime
+    ended_at: datetime
+
+
+class Attestation(Frozen):
+    """A signed body. ``signer_key_id`` is the blake3 (first 32 hex) of the raw public key."""
+
+    id: str
+    body: AttestationBody
+    signer_key_id: str
+    public_key: str
+    signature: str

@@ -1,0 +1,77 @@
+"""Verifier specifications (the allowlist) and the plans the Director draws from them."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field
+
+from choir.models._base import Frozen
+from choir.models.workitem import Mood
+
+
+class VerifierKind(StrEnum):
+    """What a verifier checks (seed 002 §4.2)."""
+
+    UNIT_TESTS = "unit_tests"
+    INTEGRATION_TESTS = "integration_tests"
+    LINT = "lint"
+    TYPECHECK = "typecheck"
+    BUILD = "build"
+    SMOKE = "smoke"
+    UI_DIFF = "ui_diff"
+    STATIC_ANALYSIS = "static_analysis"
+    SECURITY_SCAN = "security_scan"
+    POLICY_GATE = "policy_gate"
+    PIPELINE = "pipeline"
+
+
+class StepSpec(Frozen):
+    """One shell command of a verifier; steps run in order and stop at the first failure."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    command: str = Field(min_length=1)
+
+
+class Limits(Frozen):
+    """Resource limits applied by sandboxes that can enforce them."""
+
+    memory_mb: int = Field(default=2048, gt=0)
+    pids: int = Field(default=512, gt=0)
+    cpus: float = Field(default=2.0, gt=0)
+
+
+class VerifierSpec(Frozen):
+    """One allowlisted verifier. Only verifiers named in ``choir.yaml`` may ever run."""
+
+    schema_version: Literal[1] = 1
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    kind: VerifierKind
+    steps: tuple[StepSpec, ...] = Field(min_length=1)
+    parser: str = "generic"
+    timeout_s: float = Field(default=600.0, gt=0)
+    network: bool = False
+    limits: Limits = Field(default_factory=Limits)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class PlannedVerifier(Frozen):
+    """A verifier in a plan, with the lens it runs under (seed 002 §7.2)."""
+
+    name: str
+    lens: Literal["default", "clean_rerun", "isolated_subset", "instrumented", "independent"] = (
+        "default"
+    )
+    replica: int = Field(default=0, ge=0)
+
+
+class VerifierPlan(Frozen):
+    """What the Director chose for one round: always a subset of the allowlist."""
+
+    schema_version: Literal[1] = 1
+    mood: Mood
+    verifiers: tuple[PlannedVerifier, ...]
+    dropped: tuple[str, ...] = ()
+    reason: str = ""
+    suggested_by: Literal["policy", "model"] = "policy"

@@ -1,0 +1,59 @@
+"""Work items, moods and executors: what the user asks Choir to get done."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field
+
+from choir.models._base import Frozen
+
+
+class Mood(StrEnum):
+    """How strict verification is. CURIOUS is a transition target (reframe), seed 002 §7.1."""
+
+    CALM = "CALM"
+    SKEPTICAL = "SKEPTICAL"
+    PARANOID = "PARANOID"
+    BOLD = "BOLD"
+    CURIOUS = "CURIOUS"
+
+
+class BlastRadius(StrEnum):
+    """How far a change reaches; a policy may ask for human approval above a radius."""
+
+    SMALL = "small"
+    MEDIUM = "medium"
+    LARGE = "large"
+
+
+class ExecutorSpec(Frozen):
+    """How the working tree gets changed.
+
+    ``command``: a shell command run in the repo. ``python``: ``module:function``.
+    ``llm``: a Choir Agent with file tools scoped to the repo.
+    """
+
+    schema_version: Literal[1] = 1
+    kind: Literal["command", "python", "llm"] = "command"
+    command: str | None = None
+    function: str | None = None
+    model: str | None = None
+    instructions: str | None = None
+    timeout_s: float = Field(default=600.0, gt=0)
+
+
+class WorkItem(Frozen):
+    """One unit of work: a goal, a repo, and the bounds Choir works within."""
+
+    schema_version: Literal[1] = 1
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+    goal: str
+    repo: str
+    mood: Mood = Mood.CALM
+    max_attempts: int = Field(default=4, ge=1, le=100)
+    scope: tuple[str, ...] = ()
+    blast_radius: BlastRadius = BlastRadius.SMALL
+    required_verifiers: tuple[str, ...] = ()
+    executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
