@@ -1,13 +1,39 @@
 """Choir: agentic work that proves what it did.
 
-Importing ``choir`` stays light: litellm, langgraph and docker are imported only where used.
+Importing ``choir`` is light: the public names below load on first access, and litellm,
+langgraph and docker are imported only where they are used.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from choir._version import __version__
-from choir.models import Mood, WorkItem
+
+if TYPE_CHECKING:
+    from choir.models import Mood, WorkItem
+
+_LAZY: dict[str, str] = {
+    "Mood": "choir.models",
+    "WorkItem": "choir.models",
+}
 
 __all__ = [
     "Mood",
     "WorkItem",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'choir' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

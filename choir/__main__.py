@@ -1,0 +1,3 @@
+from choir.cli import main
+
+main()

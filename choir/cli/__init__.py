@@ -1,0 +1,60 @@
+"""The ``choir`` command: argument parsing and rendering only.
+
+Subcommands live in their own modules and are imported only when invoked, so ``choir --help``
+never pays for pydantic models, langgraph, litellm or docker.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import click
+
+from choir._version import __version__
+
+# command name -> (module, attribute, one-line help shown by --help without importing it)
+_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "verify": ("choir.cli.verify", "verify", "Verify the working tree now."),
+    "run": ("choir.cli.run", "run", "Run the orchestrator loop on a work item."),
+    "approve": ("choir.cli.run", "approve", "Answer a human-approval gate."),
+    "gate": ("choir.cli.run", "gate", "Exit 0 only if a work item is ASSERTed for this tree."),
+    "audit": ("choir.cli.audit", "audit", "Re-verify every stored hash, signature and event."),
+    "attest": ("choir.cli.audit", "attest", "Show attestations."),
+    "ahdb": ("choir.cli.audit", "ahdb", "Inspect the AHDB control state."),
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in _COMMANDS:
+            return None
+        module, attr, _ = _COMMANDS[cmd_name]
+        command: click.Command = getattr(importlib.import_module(module), attr)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, _COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="choir")
+def cli() -> None:
+    """Choir: agentic work that proves what it did.
+
+    Exit codes: 0 success/PASS, 1 FAIL or violations, 2 usage or configuration error,
+    3 waiting for human approval.
+    """
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Entry point: user and configuration errors exit 2 with the message, never a traceback."""
+    from choir.cli._errors import run_cli
+
+    return run_cli(cli, argv if argv is not None else sys.argv[1:])

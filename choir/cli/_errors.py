@@ -1,0 +1,27 @@
+"""Turn Choir's user errors into exit code 2 with a clear message, everywhere."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, NoReturn
+
+import click
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_APPROVAL = 0, 1, 2, 3
+
+
+def run_cli(cli: click.Group, argv: list[str]) -> NoReturn:
+    from choir.exceptions import UserError
+
+    try:
+        rv: Any = cli.main(args=argv, prog_name="choir", standalone_mode=False)
+    except UserError as exc:
+        click.echo(f"choir: error: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    except click.exceptions.Abort:
+        click.echo("choir: aborted", err=True)
+        sys.exit(EXIT_FAIL)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_USAGE)
+    sys.exit(rv if isinstance(rv, int) else EXIT_OK)

@@ -1,0 +1,190 @@
+"""The user's files: ``choir.yaml`` (the allowlist) and work items, validated with lines.
+
+Everything here fails before anything runs: a bad file is a ConfigError naming the file, the
+line and what to write instead, which the CLI turns into exit code 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from choir._yaml import YamlDoc, load_yaml, validate
+from choir.exceptions import ConfigError
+from choir.models import Limits, Mood, StepSpec, VerifierKind, VerifierSpec, WorkItem
+from choir.models._base import Frozen
+
+CONFIG_NAME = "choir.yaml"
+PIPELINE = "pipeline"
+
+
+class ModelsConfig(Frozen):
+    """litellm model names per role; absent means deterministic behaviour for that role."""
+
+    reporter: str | None = None
+    director: str | None = None
+    executor: str | None = None
+
+
+class SandboxConfig(Frozen):
+    """Which sandbox runs verifiers; ``auto``: docker, else bwrap, else local (unsafe)."""
+
+    backend: str = "auto"
+    image: str | None = None
+
+
+class MoodOverride(Frozen):
+    """A mood as ``choir.yaml`` may override it: verifier names from the allowlist."""
+
+    verifiers: tuple[str, ...] | None = None
+    broaden: tuple[str, ...] | None = None
+    reruns: int | None = Field(default=None, ge=1, le=5)
+    allow_unsafe_isolation: bool | None = None
+
+
+class _Pipeline(Frozen):
+    steps: tuple[StepSpec, ...] = Field(min_length=1)
+    timeout_s: float = Field(default=600.0, gt=0)
+    parser: str = "generic"
+
+
+class _Verifier(Frozen):
+    kind: VerifierKind
+    steps: tuple[StepSpec, ...] = Field(min_length=1)
+    parser: str = "generic"
+    timeout_s: float = Field(default=600.0, gt=0)
+    network: bool = False
+    limits: Limits = Field(default_factory=Limits)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class _ChoirFile(Frozen):
+    verification: _Pipeline | None = None
+    verifiers: dict[str, _Verifier] = Field(default_factory=dict)
+    models: ModelsConfig = Field(default_factory=ModelsConfig)
+    moods: dict[Mood, MoodOverride] = Field(default_factory=dict)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+
+
+class RepoConfig(Frozen):
+    """A repo's validated configuration. ``verifiers`` is the allowlist: nothing else runs."""
+
+    path: str
+    source: str
+    verifiers: dict[str, VerifierSpec]
+    models: ModelsConfig = Field(default_factory=ModelsConfig)
+    moods: dict[Mood, MoodOverride] = Field(default_factory=dict)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    lines: dict[str, int] = Field(default_factory=dict)
+
+
+def _verifier_spec(doc: YamlDoc, name: str, raw: _Verifier) -> VerifierSpec:
+    data: dict[str, Any] = raw.model_dump()
+    data["name"] = name
+    return validate(doc, VerifierSpec, data)  # type: ignore[no-any-return]
+
+
+def load_repo_config(repo: Path) -> RepoConfig:
+    """Load ``repo/choir.yaml``.
+
+    Raises:
+        ConfigError: the repo does not exist, the file is missing or invalid, or it names no
+            verifier at all (no verifier, no assert).
+    """
+    repo = repo.expanduser().resolve()
+    if not repo.is_dir():
+        raise ConfigError(
+            "repo folder does not exist", path=str(repo), hint="pass --repo DIR with a real folder"
+        )
+    path = repo / CONFIG_NAME
+    doc = load_yaml(path)
+    if doc.data is None:
+        doc = YamlDoc(path=doc.path, data={}, _tree=None)
+    if not isinstance(doc.data, dict):
+        raise ConfigError(
+            "choir.yaml must be a mapping", path=str(path), line=1, hint="start with 'verifiers:'"
+        )
+    parsed: _ChoirFile = validate(doc, _ChoirFile)
+    verifiers: dict[str, VerifierSpec] = {}
+    lines: dict[str, int] = {}
+    if parsed.verification is not None:
+        verifiers[PIPELINE] = VerifierSpec(
+            name=PIPELINE,
+            kind=VerifierKind.PIPELINE,
+            steps=parsed.verification.steps,
+            timeout_s=parsed.verification.timeout_s,
+            parser=parsed.verification.parser,
+        )
+        lines[PIPELINE] = doc.line_of(("verification",)) or 1
+    for name, raw in parsed.verifiers.items():
+        if name == PIPELINE and PIPELINE in verifiers:
+            raise ConfigError(
+                "verifier name 'pipeline' is taken by the 'verification:' section",
+                path=str(path),
+                line=doc.line_of(("verifiers", name)),
+                hint="rename this verifier",
+            )
+        verifiers[name] = _verifier_spec(doc, name, raw)
+        lines[name] = doc.line_of(("verifiers", name)) or 1
+    if not verifiers:
+        raise ConfigError(
+            "no verifier is configured: nothing could ever be asserted",
+            path=str(path),
+            line=1,
+            hint="add 'verification: {steps: [{name: test, command: pytest -q}]}' or 'verifiers:'",
+        )
+    for mood, override in parsed.moods.items():
+        for field in ("verifiers", "broaden"):
+            for i, name in enumerate(getattr(override, field) or ()):
+                if name not in verifiers:
+                    raise ConfigError(
+                        f"mood {mood.value} names unknown verifier '{name}'",
+                        path=str(path),
+                        line=doc.line_of(("moods", mood.value, field, i)),
+                        hint=f"use one of: {', '.join(sorted(verifiers))}",
+                    )
+    return RepoConfig(
+        path=str(repo),
+        source=str(path),
+        verifiers=verifiers,
+        models=parsed.models,
+        moods=parsed.moods,
+        sandbox=parsed.sandbox,
+        lines=lines,
+    )
+
+
+def load_work_item(path: Path) -> WorkItem:
+    """Load a work item file; ``repo`` is resolved relative to the file and must exist.
+
+    Raises:
+        ConfigError: the file is invalid, the repo is missing, or the executor is incomplete.
+    """
+    path = path.expanduser().resolve()
+    doc = load_yaml(path)
+    if not isinstance(doc.data, dict):
+        raise ConfigError(
+            "a work item must be a mapping", path=str(path), line=1, hint="start with 'id: my-item'"
+        )
+    item: WorkItem = validate(doc, WorkItem)
+    repo = (path.parent / item.repo).resolve()
+    if not repo.is_dir():
+        raise ConfigError(
+            f"repo '{item.repo}' does not exist (resolved to {repo})",
+            path=str(path),
+            line=doc.line_of(("repo",)),
+            hint="repo is relative to the work item file",
+        )
+    executor = item.executor
+    needs: dict[str, Literal["command", "function"]] = {"command": "command", "python": "function"}
+    field = needs.get(executor.kind)
+    if field is not None and not getattr(executor, field):
+        raise ConfigError(
+            f"executor kind '{executor.kind}' needs '{field}'",
+            path=str(path),
+            line=doc.line_of(("executor",)),
+            hint=f"add '{field}:' under 'executor:'",
+        )
+    return item.model_copy(update={"repo": str(repo)})

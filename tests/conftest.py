@@ -1,0 +1,67 @@
+"""Suite-wide guards: every test gets its own CHOIR_HOME, and no test reaches a real network.
+
+Real model requests are forbidden (pydantic-ai does the same): any connection to an address
+outside the loopback range fails the test. Tests talk to respx mocks or to servers on
+127.0.0.1; the Docker engine is reached over its Unix socket, which stays allowed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("DISABLE_AIOHTTP_TRANSPORT", "True")
+for _key in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_API_BASE", "OPENAI_BASE_URL"):
+    os.environ.pop(_key, None)
+
+_real_connect = socket.socket.connect
+_real_connect_ex = socket.socket.connect_ex
+
+
+def _is_loopback(address: Any) -> bool:
+    host = address[0] if isinstance(address, tuple) else address
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _guard(sock: socket.socket, address: Any) -> None:
+    if sock.family in (socket.AF_INET, socket.AF_INET6) and not _is_loopback(address):
+        raise ConnectionRefusedError(f"test tried to reach the network: {address!r}")
+
+
+def _guarded_connect(self: socket.socket, address: Any) -> None:
+    _guard(self, address)
+    _real_connect(self, address)
+
+
+def _guarded_connect_ex(self: socket.socket, address: Any) -> int:
+    _guard(self, address)
+    return _real_connect_ex(self, address)
+
+
+@pytest.fixture(autouse=True)
+def _no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(socket.socket, "connect", _guarded_connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", _guarded_connect_ex)
+
+
+@pytest.fixture(autouse=True)
+def choir_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private CHOIR_HOME (keys, AHDB, checkpoints) and artifact dir for each test."""
+    home = tmp_path / "choir-home"
+    home.mkdir()
+    monkeypatch.setenv("CHOIR_HOME", str(home))
+    monkeypatch.setenv("CHOIR_ARTIFACT_DIR", str(home / "artifacts"))
+    monkeypatch.delenv("AGENT_ARTIFACT_DIR", raising=False)
+    yield home

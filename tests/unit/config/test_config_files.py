@@ -1,0 +1,133 @@
+"""choir.yaml and work item files: valid shapes load; every mistake names file, line and fix."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from choir.config import PIPELINE, load_repo_config, load_work_item
+from choir.exceptions import ConfigError
+from choir.models import Mood, VerifierKind
+
+CONTRACT_EXAMPLE = """\
+verification:
+  steps:
+    - name: install
+      command: pip install -e .
+    - name: test
+      command: pytest -q
+  timeout_s: 600
+verifiers:
+  unit:
+    kind: unit_tests
+    steps:
+      - name: pytest
+        command: pytest -q --junitxml=$CHOIR_OUT/junit.xml
+    parser: junit
+    timeout_s: 300
+models:
+  reporter: openai/gpt-4o-mini
+  director: openai/gpt-4o
+  executor: openai/gpt-4o
+moods:
+  CALM: {verifiers: [unit]}
+  SKEPTICAL: {verifiers: [unit, pipeline]}
+"""
+
+
+def write(repo: Path, text: str) -> Path:
+    repo.mkdir(parents=True, exist_ok=True)
+    path = repo / "choir.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_contract_example_loads(tmp_path: Path) -> None:
+    write(tmp_path, CONTRACT_EXAMPLE)
+    config = load_repo_config(tmp_path)
+    assert set(config.verifiers) == {PIPELINE, "unit"}
+    assert config.verifiers[PIPELINE].kind is VerifierKind.PIPELINE
+    assert [s.name for s in config.verifiers[PIPELINE].steps] == ["install", "test"]
+    assert config.verifiers["unit"].parser == "junit"
+    assert config.verifiers["unit"].timeout_s == 300
+    assert config.models.reporter == "openai/gpt-4o-mini"
+    assert config.moods[Mood.CALM].verifiers == ("unit",)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "needle", "hint"),
+    [
+        ("verifiers:\n  unit:\n    kind: unit_tests\n    steps:\n      - name: t\n"
+         "        comand: pytest\n", 6, "unknown key", "did you mean 'command'"),
+        ("verifiers:\n  unit:\n    kind: unit_tests\n    steps:\n      - name: t\n", 5,
+         "'verifiers.unit.steps.0.command' is required", "add 'command:'"),
+        ("verifiers:\n  unit:\n    kind: unit_tests\n    timeout_s: -5\n    steps:\n"
+         "      - {name: t, command: x}\n", 4, "greater than 0", None),
+        ("verifiers:\n  unit:\n    kind: unit_test\n    steps:\n      - {name: t, command: x}\n",
+         3, "kind", "unit_tests"),
+        ("verifiers:\n  unit: [\n", 3, "invalid YAML", "indentation"),
+        ("verification:\n  steps:\n    - {name: t, command: x}\nmoods:\n  CALM:\n"
+         "    verifiers: [unit]\n", 6, "unknown verifier 'unit'", "pipeline"),
+        ("verifers:\n  unit: {}\n", 1, "unknown key 'verifers'", "did you mean 'verifiers'"),
+        ("{}\n", 1, "no verifier is configured", "verification:"),
+    ],
+)
+def test_bad_config_names_file_line_and_fix(
+    tmp_path: Path, text: str, line: int, needle: str, hint: str | None
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_repo_config(tmp_path)
+    err = info.value
+    assert err.path == str(path)
+    assert err.line == line, str(err)
+    assert needle in str(err)
+    if hint:
+        assert err.hint is not None and hint in err.hint
+
+
+def test_missing_repo_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_repo_config(tmp_path / "nope")
+
+
+def test_missing_choir_yaml_names_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_repo_config(tmp_path)
+    assert info.value.path == str(tmp_path.resolve() / "choir.yaml")
+
+
+def test_work_item_resolves_repo_relative_to_file(tmp_path: Path) -> None:
+    (tmp_path / "repo").mkdir()
+    item_file = tmp_path / "item.yaml"
+    item_file.write_text(
+        "id: fix-add\ngoal: add must add\nrepo: ./repo\nmood: CALM\nmax_attempts: 4\n"
+        "executor:\n  kind: command\n  command: python3 ../fix.py\n"
+    )
+    item = load_work_item(item_file)
+    assert item.repo == str((tmp_path / "repo").resolve())
+    assert item.max_attempts == 4 and item.mood is Mood.CALM
+    assert item.executor.command == "python3 ../fix.py"
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "needle"),
+    [
+        ("id: x\ngoal: g\nrepo: ./missing\n", 3, "does not exist"),
+        ("id: x\ngoal: g\nrepo: ./repo\nmax_attempts: 0\n", 4, "max_attempts"),
+        ("id: x\ngoal: g\nrepo: ./repo\nexecutor:\n  kind: command\n", 4, "needs 'command'"),
+        ("id: x\ngoal: g\nrepo: ./repo\nmood: SLEEPY\n", 4, "mood"),
+        ("id: x\nrepo: ./repo\n", 1, "'goal' is required"),
+        ("id: x\ngoal: g\nrepo: ./repo\nexecuter: {}\n", 4, "did you mean"),
+    ],
+)
+def test_bad_work_item(tmp_path: Path, text: str, line: int, needle: str) -> None:
+    (tmp_path / "repo").mkdir()
+    item_file = tmp_path / "item.yaml"
+    item_file.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_work_item(item_file)
+    assert info.value.line == line, str(info.value)
+    assert needle in str(info.value)
