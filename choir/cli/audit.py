@@ -1,0 +1,81 @@
+"""``choir audit``, ``choir attest show`` and ``choir ahdb list``: thin wrappers."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from choir.cli._errors import EXIT_FAIL, EXIT_OK
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+def audit(as_json: bool) -> int:
+    """Re-derive every hash, signature and AHDB event: exit 0 clean, 1 violations."""
+    from choir.audit import audit as run_audit
+
+    result = run_audit()
+    if as_json:
+        click.echo(result.model_dump_json(indent=2))
+    else:
+        for v in result.violations:
+            click.echo(f"VIOLATION {v.kind}: {v.object}: expected {v.expected}, found {v.found}")
+        checked = ", ".join(f"{n} {k}" for k, n in sorted(result.counts.items()))
+        verdict = "clean" if result.ok else f"{len(result.violations)} violation(s)"
+        click.echo(f"audit: {verdict} ({checked})")
+    return EXIT_OK if result.ok else EXIT_FAIL
+
+
+@click.group()
+def attest() -> None:
+    """Attestations: signed, content-addressed evidence."""
+
+
+@attest.command("show")
+@click.argument("attestation_id")
+@click.option("--in-toto", "in_toto", is_flag=True,
+              help="Print a DSSE envelope around an in-toto Statement v1.")
+def attest_show(attestation_id: str, in_toto: bool) -> int:
+    """Show one attestation (a unique id prefix is enough)."""
+    from choir.attest import AttestationStore, load_signer, to_dsse
+    from choir.exceptions import UserError
+
+    store = AttestationStore()
+    matches = [i for i in store.ids() if i.startswith(attestation_id)]
+    if len(matches) != 1:
+        raise UserError(
+            f"no attestation matches '{attestation_id}'" if not matches
+            else f"'{attestation_id}' matches {len(matches)} attestations; give more characters"
+        )
+    att = store.get(matches[0])
+    if in_toto:
+        click.echo(json.dumps(to_dsse(att, load_signer()), indent=2, sort_keys=True))
+    else:
+        click.echo(att.model_dump_json(indent=2))
+    return EXIT_OK
+
+
+@click.group()
+def ahdb() -> None:
+    """The AHDB control state: ASSERT, HYPOTHESIZE and HYPERTHESIS atoms."""
+
+
+@ahdb.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array on stdout.")
+@click.option("--work-item", default=None, help="Only atoms of this work item.")
+def ahdb_list(as_json: bool, work_item: str | None) -> int:
+    """List atoms with their status and attestation ids."""
+    from choir.ahdb import open_ahdb
+
+    atoms = open_ahdb().atoms(work_item=work_item)
+    if as_json:
+        click.echo(json.dumps([a.model_dump(mode="json") for a in atoms], indent=2))
+        return EXIT_OK
+    for atom in atoms:
+        atts = ",".join(a[:12] for a in atom.attestations) or "-"
+        click.echo(f"{atom.id[:12]}  {atom.kind.value:<11} {atom.status.value:<9} "
+                   f"{atom.work_item or '-':<20} {atom.claim[:60]}  [{atts}]")
+    if not atoms:
+        click.echo("no atoms")
+    return EXIT_OK

@@ -1,0 +1,36 @@
+"""``choir verify``: thin wrapper over ``choir.verify.verify_tree``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from choir.cli._errors import EXIT_FAIL, EXIT_OK
+
+_MOODS = ["CALM", "SKEPTICAL", "PARANOID", "BOLD", "CURIOUS"]
+
+
+@click.command()
+@click.option("--repo", type=click.Path(path_type=Path), default=Path("."), show_default=True,
+              help="The repo to verify (holds choir.yaml).")
+@click.option("--mood", type=click.Choice(_MOODS, case_sensitive=False), default=None,
+              help="Strictness (default CALM).")
+@click.option("--sandbox", "sandbox_name", default=None,
+              help="docker | bwrap | local | auto (default: choir.yaml, else auto).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+def verify(repo: Path, mood: str | None, sandbox_name: str | None, as_json: bool) -> int:
+    """Verify the working tree now: exit 0 PASS, 1 FAIL, 2 configuration error."""
+    from choir.models import Mood
+    from choir.verify import verify_tree
+
+    outcome = verify_tree(repo, mood=Mood(mood.upper()) if mood else None,
+                          sandbox_name=sandbox_name)
+    if as_json:
+        click.echo(json.dumps(outcome.contract, indent=2, sort_keys=True))
+    else:
+        from choir.cli._render import render_verify
+
+        render_verify(outcome.contract)
+    return EXIT_OK if outcome.passed else EXIT_FAIL

@@ -1,0 +1,146 @@
+"""One verifier, end to end: sandbox run -> artifacts -> bounded report -> attestation.
+
+Both ``choir verify`` and the orchestrator's green threads go through these two functions, so
+there is one way evidence is made. ``run_verifier_thread`` is the green thread's body: what it
+returns for the control loop (``VerifierRun``) holds the report and hashes only; the raw
+``PipelineResult`` (with its tail log) is for ``choir verify``'s human-facing output and never
+enters graph state. ``attest_run`` mints the attestation from what is stored, so re-running it
+(a resumed graph) yields the very same content-addressed attestation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from choir._canonical import canonical_json, hash_json
+from choir._version import __version__
+from choir.models import (
+    Attestation,
+    AttestationBody,
+    Environment,
+    RunManifest,
+    Target,
+    VerificationReport,
+    VerifierSpec,
+)
+
+if TYPE_CHECKING:
+    from choir.artifacts import ArtifactStore
+    from choir.attest import AttestationStore, Signer
+    from choir.pipeline import PipelineResult
+    from choir.sandbox import Sandbox
+
+
+@dataclass(frozen=True)
+class VerifierRun:
+    """What a green thread hands back to the control loop: bounded report and hashes only."""
+
+    verifier: str
+    run_id: str
+    lens: str
+    replica: int
+    report: VerificationReport
+    report_hash: str
+    manifest_hash: str
+
+
+async def run_verifier_thread(
+    spec: VerifierSpec,
+    *,
+    repo: Path,
+    target: Target,
+    sandbox: Sandbox,
+    store: ArtifactStore,
+    run_id: str,
+    reporter: str | None = None,
+    lens: str = "default",
+    replica: int = 0,
+) -> tuple[VerifierRun, PipelineResult]:
+    """Run ``spec`` in ``sandbox`` and turn its artifacts into a stored report.
+
+    The sandbox call blocks, so it runs in a worker thread; verifiers run side by side.
+    """
+    from choir.pipeline import run_verifier
+    from choir.report import abuild_report
+
+    result = await asyncio.to_thread(
+        run_verifier,
+        spec,
+        repo=repo,
+        sandbox=sandbox,
+        store=store,
+        run_id=run_id,
+        target=target,
+    )
+    report = await abuild_report(result, spec=spec, store=store, target=target, reporter=reporter)
+    report_hash = store.ingest_bytes(canonical_json(report))
+    run = VerifierRun(
+        verifier=spec.name,
+        run_id=run_id,
+        lens=lens,
+        replica=replica,
+        report=report,
+        report_hash=report_hash,
+        manifest_hash=result.manifest_hash,
+    )
+    return run, result
+
+
+def load_manifest(store: ArtifactStore, manifest_hash: str) -> RunManifest:
+    """The run manifest stored under ``manifest_hash``."""
+    return RunManifest.model_validate_json(store.read_bytes(manifest_hash))
+
+
+def attest_run(
+    run: VerifierRun,
+    spec: VerifierSpec,
+    *,
+    store: ArtifactStore,
+    signer: Signer,
+    attestations: AttestationStore,
+    policy_hash: str | None,
+    mood: str | None,
+) -> Attestation:
+    """Mint and store the attestation for one verifier run (idempotent: content-addressed).
+
+    Everything the body states is read back from the stored manifest and report, not taken
+    on trust from the caller, so the attestation says how the verifier actually ran.
+    """
+    from choir.attest import mint
+
+    manifest = load_manifest(store, run.manifest_hash)
+    platform = manifest.platform
+    body = AttestationBody(
+        run_id=run.run_id,
+        verifier=spec.name,
+        verifier_kind=spec.kind.value,
+        verifier_version=f"choir/{__version__}",
+        verifier_config_hash=hash_json(spec),
+        commands=tuple(step.command for step in spec.steps),
+        target=run.report.target,
+        result=run.report.result,
+        report_hash=run.report_hash,
+        manifest_hash=run.manifest_hash,
+        artifacts=dict(manifest.files),
+        environment=Environment(
+            sandbox=platform.sandbox,
+            isolation=platform.isolation,
+            network=spec.network,
+            image=platform.container_image,
+            image_digest=platform.image_digest,
+            os=platform.os,
+            arch=platform.arch,
+            choir_version=__version__,
+        ),
+        policy_hash=policy_hash,
+        mood=mood,
+        lens=run.lens,
+        started_at=manifest.timestamp_start,
+        ended_at=manifest.timestamp_end,
+    )
+    attestation = mint(body, signer)
+    attestations.put(attestation)
+    return attestation

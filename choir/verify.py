@@ -1,0 +1,197 @@
+"""``choir verify``: verify the working tree now, outside any work item.
+
+Plans through the mood policy, runs the plan's verifiers side by side in fresh sandboxes,
+mints one attestation per report, and assembles the seed-001 output contract (``status``,
+``run_id``, ``tail_log``, ``artifact_paths``, ``manifest``) plus ``mood``, ``plan``,
+``reports`` and ``attestations``. The tail log is for the person at the terminal only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from choir.config import RepoConfig, load_repo_config
+from choir.exceptions import UserError
+from choir.models import Mood, Result, Target, VerifierPlan
+from choir.policy import Policy, load_policy
+from choir.tree import commit_sha, tree_hash
+
+TAIL_LINES = 200
+
+
+@dataclass
+class VerifyOutcome:
+    """The result of ``verify_tree``: the contract JSON and whether it passed."""
+
+    status: str
+    contract: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "PASS"
+
+
+def new_run_id(prefix: str) -> str:
+    """A sortable, unique run id: prefix, UTC time, random suffix."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    return f"{prefix}-{stamp}-{secrets.token_hex(3)}"
+
+
+def policy_plan(config: RepoConfig, policy: Policy, mood: Mood) -> VerifierPlan:
+    """The plan for ``mood`` straight from the policy: core verifiers, with replicas."""
+    from choir.models import PlannedVerifier
+
+    mood_policy = policy.moods[mood]
+    planned = [
+        PlannedVerifier(name=name, lens="clean_rerun" if replica else "default", replica=replica)
+        for name in mood_policy.verifiers
+        for replica in range(mood_policy.reruns)
+    ]
+    return VerifierPlan(mood=mood, verifiers=tuple(planned), reason=f"{mood.value} policy")
+
+
+def resolve_target(repo: Path, work_item: str | None = None) -> Target:
+    """The exact tree (and commit) evidence will be bound to."""
+    return Target(work_item=work_item, commit_sha=commit_sha(repo), tree_hash=tree_hash(repo))
+
+
+def _tail(results: list[Any]) -> str:
+    lines: list[str] = []
+    for result in results:
+        body = result.tail_log.splitlines()
+        if not body:
+            continue
+        lines.append(f"==> {result.run_id} <==")
+        lines.extend(body)
+    return "\n".join(lines[-TAIL_LINES:])
+
+
+async def averify_tree(
+    repo: Path, *, mood: Mood | None = None, sandbox_name: str | None = None
+) -> VerifyOutcome:
+    """Verify ``repo``'s working tree now. See the module docstring.
+
+    Raises:
+        UserError: bad configuration, or a policy that refuses the sandbox available.
+    """
+    from choir.artifacts import ArtifactStore
+    from choir.attest import AttestationStore, load_signer
+    from choir.sandbox import resolve_sandbox
+    from choir.verification import attest_run, load_manifest, run_verifier_thread
+
+    repo = repo.expanduser().resolve()
+    config = load_repo_config(repo)
+    policy = load_policy(config)
+    mood = mood or Mood.CALM
+    plan = policy_plan(config, policy, mood)
+    sandbox = resolve_sandbox(
+        sandbox_name or config.sandbox.backend, **_sandbox_options(config)
+    )
+    if sandbox.isolation == "none" and not policy.moods[mood].allow_unsafe_isolation:
+        raise UserError(
+            f"mood {mood.value} refuses the '{sandbox.name}' sandbox (no isolation); "
+            "install bubblewrap or start a Docker engine, or choose another mood"
+        )
+    target = resolve_target(repo)
+    store, signer, attestations = ArtifactStore(), load_signer(), AttestationStore()
+    session = new_run_id("verify")
+    semaphore = asyncio.Semaphore(policy.max_parallel)
+    started = time.monotonic()
+
+    async def one(index: int) -> Any:
+        planned = plan.verifiers[index]
+        spec = config.verifiers[planned.name]
+        suffix = f"-r{planned.replica}" if planned.replica else ""
+        async with semaphore:
+            return await run_verifier_thread(
+                spec,
+                repo=repo,
+                target=target,
+                sandbox=sandbox,
+                store=store,
+                run_id=f"{session}-{planned.name}{suffix}",
+                reporter=config.models.reporter,
+                lens=planned.lens,
+                replica=planned.replica,
+            )
+
+    try:
+        pairs = await asyncio.gather(*(one(i) for i in range(len(plan.verifiers))))
+    finally:
+        sandbox.close()
+    runs = [run for run, _ in pairs]
+    results = [result for _, result in pairs]
+    atts = [
+        attest_run(
+            run,
+            config.verifiers[run.verifier],
+            store=store,
+            signer=signer,
+            attestations=attestations,
+            policy_hash=policy.hash,
+            mood=mood.value,
+        )
+        for run in runs
+    ]
+    passed = bool(runs) and all(run.report.result is Result.PASS for run in runs)
+    status = "PASS" if passed else "FAIL"
+    manifests = [load_manifest(store, run.manifest_hash) for run in runs]
+    commands = [
+        {**cmd.model_dump(mode="json", include={"name", "command", "exit_code", "duration_ms"}),
+         "name": f"{m.verifier}/{cmd.name}"}
+        for m in manifests
+        for cmd in m.commands_executed
+    ]
+    first = manifests[0].platform if manifests else None
+    contract: dict[str, Any] = {
+        "status": status,
+        "run_id": session,
+        "tail_log": _tail(results),
+        "artifact_paths": [str(result.run_dir) for result in results],
+        "summary": "; ".join(
+            f"{run.verifier}: {run.report.result.value} ({run.report.summary[:120]})"
+            for run in runs
+        ),
+        "manifest": {
+            "run_id": session,
+            "timestamp_start": min((m.timestamp_start for m in manifests), default=None),
+            "timestamp_end": max((m.timestamp_end for m in manifests), default=None),
+            "commit_sha": target.commit_sha,
+            "tree_hash": target.tree_hash,
+            "commands_executed": commands,
+            "platform": {
+                "os": first.os if first else "",
+                "arch": first.arch if first else "",
+                "container_image": first.container_image if first else None,
+                "sandbox": sandbox.name,
+                "isolation": sandbox.isolation,
+            },
+            "duration_ms": int((time.monotonic() - started) * 1000),
+        },
+        "mood": mood.value,
+        "plan": [pv.name for pv in plan.verifiers],
+        "plan_dropped": list(plan.dropped),
+        "reports": [run.report.model_dump(mode="json") for run in runs],
+        "attestations": [att.id for att in atts],
+    }
+    for key in ("timestamp_start", "timestamp_end"):
+        value = contract["manifest"][key]
+        contract["manifest"][key] = value.isoformat() if value else None
+    return VerifyOutcome(status=status, contract=contract)
+
+
+def _sandbox_options(config: RepoConfig) -> dict[str, Any]:
+    return {"image": config.sandbox.image} if config.sandbox.image else {}
+
+
+def verify_tree(
+    repo: Path, *, mood: Mood | None = None, sandbox_name: str | None = None
+) -> VerifyOutcome:
+    """Synchronous ``averify_tree``."""
+    return asyncio.run(averify_tree(repo, mood=mood, sandbox_name=sandbox_name))

@@ -1,0 +1,157 @@
+"""``choir verify`` end to end: a real repo, a real sandbox, the exact output contract."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+CHOIR = [sys.executable, "-m", "choir"]
+
+CALC_OK = "def add(a, b):\n    return a + b\n"
+CALC_BUG = "def add(a, b):\n    return a - b\n"
+TEST_CALC = textwrap.dedent(
+    """\
+    from calc import add
+
+    def test_add():
+        assert add(2, 3) == 5
+
+    def test_add_zero():
+        assert add(0, 0) == 0
+    """
+)
+CHOIR_YAML = textwrap.dedent(
+    """\
+    verifiers:
+      unit:
+        kind: unit_tests
+        steps:
+          - name: pytest
+            command: {python} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml
+        parser: junit
+        timeout_s: 120
+      lint:
+        kind: lint
+        steps:
+          - name: compile
+            command: {python} -m py_compile calc.py
+    """
+)
+
+
+def sandbox_name() -> str:
+    return "bwrap" if shutil.which("bwrap") else "local"
+
+
+def make_repo(path: Path, calc: str) -> Path:
+    path.mkdir()
+    (path / "calc.py").write_text(calc)
+    (path / "test_calc.py").write_text(TEST_CALC)
+    (path / "choir.yaml").write_text(CHOIR_YAML.format(python=sys.executable))
+    return path
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    return subprocess.run([*CHOIR, *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=300)
+
+
+CONTRACT_KEYS = {"status", "run_id", "tail_log", "artifact_paths", "summary", "manifest", "mood",
+                 "plan", "reports", "attestations"}
+
+
+def test_verify_pass_prints_the_contract_and_exits_0(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", CALC_OK)
+    before = {p.name: p.read_bytes() for p in repo.iterdir()}
+    proc = run("verify", "--repo", str(repo), "--json", "--sandbox", sandbox_name(),
+               "--mood", "SKEPTICAL")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert CONTRACT_KEYS <= set(out)
+    assert out["status"] == "PASS" and out["mood"] == "SKEPTICAL"
+    assert sorted(out["plan"]) == ["lint", "unit"]
+    assert [r["result"] for r in out["reports"]] == ["PASS", "PASS"]
+    assert len(out["attestations"]) == 2
+    unit = next(r for r in out["reports"] if r["verifier"] == "unit")
+    assert unit["counts"]["run"] == 2 and unit["counts"]["failed"] == 0
+    commands = out["manifest"]["commands_executed"]
+    assert {c["name"] for c in commands} == {"unit/pytest", "lint/compile"}
+    assert all(c["exit_code"] == 0 and c["duration_ms"] >= 0 for c in commands)
+    assert out["manifest"]["platform"]["sandbox"] == sandbox_name()
+    for path in out["artifact_paths"]:
+        assert (Path(path) / "manifest.json").is_file()
+        assert (Path(path) / "logs" / "combined.log").is_file()
+    # the repo is untouched by verification
+    assert {p.name: p.read_bytes() for p in repo.iterdir()} == before
+    assert run("audit").returncode == 0
+
+
+def test_verify_fail_exits_1_with_signatures(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", CALC_BUG)
+    proc = run("verify", "--repo", str(repo), "--json", "--sandbox", sandbox_name())
+    assert proc.returncode == 1, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["status"] == "FAIL" and out["plan"] == ["unit"]
+    report = out["reports"][0]
+    assert report["result"] == "FAIL"
+    assert report["counts"]["failed"] == 1
+    assert any("test_add" in (s.get("test_id") or "") for s in report["failure_signatures"])
+    assert len(out["tail_log"].splitlines()) <= 200
+    assert len(json.dumps(report)) < 4096
+
+
+def test_verify_attestation_can_be_shown_and_exported(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", CALC_OK)
+    out = json.loads(run("verify", "--repo", str(repo), "--json", "--sandbox",
+                         sandbox_name()).stdout)
+    att_id = out["attestations"][0]
+    shown = json.loads(run("attest", "show", att_id[:16]).stdout)
+    assert shown["id"] == att_id and shown["body"]["result"] == "PASS"
+    assert shown["body"]["environment"]["sandbox"] == sandbox_name()
+    envelope = json.loads(run("attest", "show", att_id, "--in-toto").stdout)
+    assert envelope["payloadType"] == "application/vnd.in-toto+json"
+    assert envelope["signatures"][0]["sig"]
+
+
+@pytest.mark.parametrize(
+    ("choir_yaml", "needle"),
+    [
+        ("verifiers:\n  unit:\n    kind: unit_tests\n    steps:\n      - name: t\n", "command"),
+        ("verifiers:\n  unit:\n    kind: unit_tests\n    timeout_s: -1\n    steps:\n"
+         "      - {name: t, command: touch RAN}\n", "timeout_s"),
+        ("verifiers:\n  unit:\n    kind: unit_tests\n    stepz: []\n", "did you mean"),
+        ("verifiers: [\n", "invalid YAML"),
+    ],
+)
+def test_bad_config_exits_2_naming_file_and_line_and_runs_nothing(
+    tmp_path: Path, choir_yaml: str, needle: str
+) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "choir.yaml").write_text(choir_yaml)
+    proc = run("verify", "--repo", str(repo))
+    assert proc.returncode == 2
+    assert f"{repo / 'choir.yaml'}:" in proc.stderr and needle in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (repo / "RAN").exists()
+    assert not (Path(os.environ["CHOIR_ARTIFACT_DIR"]) / "runs").exists()
+
+
+def test_missing_repo_exits_2(tmp_path: Path) -> None:
+    proc = run("verify", "--repo", str(tmp_path / "nope"))
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_paranoid_refuses_the_unsafe_local_sandbox(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", CALC_OK)
+    proc = run("verify", "--repo", str(repo), "--sandbox", "local", "--mood", "PARANOID")
+    assert proc.returncode == 2 and "refuses" in proc.stderr
+    assert not (Path(os.environ["CHOIR_ARTIFACT_DIR"]) / "runs").exists()
