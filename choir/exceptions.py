@@ -10,6 +10,7 @@ result (FAIL / INCONCLUSIVE) or exit 1. Constructors only store what they are gi
     │   ├── UnknownNameError           a registry has no such name (sandbox, parser, ...)
     │   └── MissingExtraError          an optional dependency is not installed
     ├── IntegrityError                 stored evidence does not match its hash or signature
+    ├── NotFoundError                  a stored object (attestation, ...) is absent; a LookupError
     ├── PromotionError                 an AHDB write that the promotion rules forbid
     ├── SandboxError                   the sandbox could not start or run: INCONCLUSIVE
     ├── ReporterError                  the cheap model failed; the deterministic report is used
@@ -31,6 +32,7 @@ __all__ = [
     "IntegrityError",
     "InvalidModelResponse",
     "MissingExtraError",
+    "NotFoundError",
     "PromotionError",
     "ReporterError",
     "SandboxError",
@@ -92,6 +94,10 @@ class MissingExtraError(UserError):
 
 class IntegrityError(ChoirError):
     """Stored evidence does not match its hash, signature or chain."""
+
+
+class NotFoundError(ChoirError, LookupError):
+    """A stored object that was asked for by id does not exist (absent, not corrupt)."""
 
 
 class PromotionError(ChoirError):

@@ -1,0 +1,29 @@
+"""Attestations: the signed, content-addressed evidence that alone may promote a claim.
+
+``mint`` signs an ``AttestationBody``; ``verify_attestation`` re-derives every hash and
+signature and returns named violations; ``AttestationStore`` keeps them write-once;
+``to_dsse`` exports an in-toto Statement v1 in a DSSE envelope.
+"""
+
+from choir.attest.intoto import pae, payload_of, statement, to_dsse, verify_dsse
+from choir.attest.keys import Signer, key_id_of, load_signer, trusted_key_ids, verify_signature
+from choir.attest.mint import mint, signed_bytes
+from choir.attest.store import AttestationStore
+from choir.attest.verify import verify_attestation
+
+__all__ = [
+    "AttestationStore",
+    "Signer",
+    "key_id_of",
+    "load_signer",
+    "mint",
+    "pae",
+    "payload_of",
+    "signed_bytes",
+    "statement",
+    "to_dsse",
+    "trusted_key_ids",
+    "verify_attestation",
+    "verify_dsse",
+    "verify_signature",
+]

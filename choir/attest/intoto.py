@@ -1,0 +1,125 @@
+"""Export to an in-toto Statement v1 in a DSSE envelope, so supply-chain tools can read it.
+
+Subjects are the verified tree and the evidence objects (report, manifest, artifacts). Each
+object carries ``sha256`` (computed streaming from the artifact store) beside ``blake3``:
+in-toto consumers ignore digest names they do not know, and most match on sha256. The tree
+has no byte stream of its own, so its subject carries the Choir tree hash as ``blake3`` and,
+when known, the commit as ``gitCommit`` (a name the in-toto digest set defines).
+
+The envelope follows DSSE v1: ``payloadType`` ``application/vnd.in-toto+json``, ``payload``
+base64 of the canonical JSON statement, and ``signatures: [{keyid, sig}]`` where ``sig`` is
+ed25519 over ``PAE(payloadType, payload)``::
+
+    PAE(type, body) = "DSSEv1" SP LEN(type) SP type SP LEN(body) SP body
+
+with LEN the ASCII decimal byte length and SP one space (0x20).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any
+
+from choir._canonical import canonical_json
+from choir.attest.keys import Signer, verify_signature
+from choir.exceptions import IntegrityError
+from choir.models import Attestation
+
+if TYPE_CHECKING:
+    from choir.artifacts import ArtifactStore
+
+PAYLOAD_TYPE = "application/vnd.in-toto+json"
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE = "https://choir.dev/attestation/v1"
+
+
+def pae(payload_type: str, payload: bytes) -> bytes:
+    """DSSE v1 pre-authentication encoding of ``payload`` (the bytes that get signed)."""
+    kind = payload_type.encode("utf-8")
+    return b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(payload), payload)
+
+
+def _sha256(store: ArtifactStore, digest: str) -> str:
+    hasher = hashlib.sha256()
+    with store.open(digest) as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def statement(att: Attestation, artifacts: ArtifactStore) -> dict[str, Any]:
+    """The in-toto Statement v1 for ``att``; the predicate is the whole attestation.
+
+    Raises:
+        IntegrityError: an object the attestation references is missing or altered (a
+            statement about bytes that are not there would vouch for nothing).
+    """
+    body = att.body
+    target: dict[str, str] = {"blake3": body.target.tree_hash}
+    if body.target.commit_sha:
+        target["gitCommit"] = body.target.commit_sha
+    subjects: list[dict[str, Any]] = [
+        {"name": f"tree:{body.target.work_item or 'working-tree'}", "digest": target}
+    ]
+    objects = {"choir:report": body.report_hash, "choir:manifest": body.manifest_hash}
+    objects.update(sorted(body.artifacts.items()))
+    for name, digest in objects.items():
+        if not artifacts.verify(digest):
+            raise IntegrityError(f"attestation {att.id}: object {name} ({digest}) is not intact")
+        subjects.append(
+            {"name": name, "digest": {"sha256": _sha256(artifacts, digest), "blake3": digest}}
+        )
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": subjects,
+        "predicateType": PREDICATE_TYPE,
+        "predicate": json.loads(canonical_json(att)),
+    }
+
+
+def to_dsse(
+    att: Attestation, signer: Signer, *, artifacts: ArtifactStore | None = None
+) -> dict[str, Any]:
+    """A DSSE envelope around the in-toto statement of ``att``, signed by ``signer``.
+
+    Raises:
+        IntegrityError: see ``statement``.
+    """
+    if artifacts is None:
+        from choir.artifacts import ArtifactStore
+
+        artifacts = ArtifactStore()
+    payload = canonical_json(statement(att, artifacts))
+    return {
+        "payloadType": PAYLOAD_TYPE,
+        "payload": base64.b64encode(payload).decode("ascii"),
+        "signatures": [{"keyid": signer.key_id, "sig": signer.sign(pae(PAYLOAD_TYPE, payload))}],
+    }
+
+
+def verify_dsse(envelope: Any, public_key: str) -> bool:
+    """True when some signature in ``envelope`` is valid for ``public_key``; never raises."""
+    try:
+        payload_type = envelope["payloadType"]
+        payload = base64.b64decode(envelope["payload"], validate=True)
+        signatures = envelope["signatures"]
+        if not isinstance(payload_type, str) or not isinstance(signatures, list):
+            return False
+        message = pae(payload_type, payload)
+        return any(
+            isinstance(entry, dict)
+            and isinstance(entry.get("sig"), str)
+            and verify_signature(public_key, message, entry["sig"])
+            for entry in signatures
+        )
+    except (KeyError, TypeError, ValueError, binascii.Error):
+        return False
+
+
+def payload_of(envelope: dict[str, Any]) -> dict[str, Any]:
+    """The decoded statement inside an envelope (check ``verify_dsse`` first)."""
+    result: dict[str, Any] = json.loads(base64.b64decode(envelope["payload"], validate=True))
+    return result

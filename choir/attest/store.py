@@ -1,0 +1,110 @@
+"""Attestations on disk: ``$CHOIR_HOME/attestations/<id>.json``, atomic and write-once.
+
+Each file is the canonical JSON of the whole attestation, mode 0444. It is written to a temp
+file, fsynced and hard-linked into place; ``link`` never replaces an existing name, so two
+writers cannot clobber each other and a reader never sees half a file. The file name is the
+id, and ``get`` re-derives the id from the body, so a swapped or edited file is caught.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from choir._canonical import blake3_hex, canonical_json, is_hash
+from choir._paths import choir_home
+from choir.attest.mint import signed_bytes
+from choir.exceptions import IntegrityError, NotFoundError
+from choir.models import Attestation
+
+MAX_FILE = 4 << 20
+
+
+class AttestationStore:
+    """Write-once storage of attestations, keyed by id."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = (root or choir_home() / "attestations").expanduser()
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def path_of(self, att_id: str) -> Path:
+        """Where attestation ``att_id`` is kept.
+
+        Raises:
+            IntegrityError: ``att_id`` is not a blake3 hex digest (it could escape the root).
+        """
+        if not isinstance(att_id, str) or not is_hash(att_id):
+            raise IntegrityError(f"not an attestation id: {str(att_id)[:80]!r}")
+        return self.root / f"{att_id}.json"
+
+    def put(self, att: Attestation) -> Path:
+        """Store ``att``; storing identical content again is a no-op.
+
+        Raises:
+            IntegrityError: the id does not match the body, or another attestation is already
+                stored under this id.
+        """
+        if blake3_hex(signed_bytes(att.body)) != att.id:
+            raise IntegrityError(f"attestation {att.id} does not match its body")
+        data = canonical_json(att)
+        path = self.path_of(att.id)
+        tmp = self.root / f".tmp-{os.getpid()}-{secrets.token_hex(8)}"
+        try:
+            with open(tmp, "xb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, 0o444)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                if path.read_bytes() != data:
+                    raise IntegrityError(
+                        f"attestation {att.id} is already stored with other content"
+                    ) from None
+        finally:
+            tmp.unlink(missing_ok=True)
+        return path
+
+    def get(self, att_id: str) -> Attestation:
+        """Load attestation ``att_id``. Its signature is not checked: see ``verify_attestation``.
+
+        Raises:
+            NotFoundError: no attestation has this id.
+            IntegrityError: the file is unreadable, malformed, or does not hash to ``att_id``.
+        """
+        path = self.path_of(att_id)
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read(MAX_FILE + 1)
+        except FileNotFoundError:
+            raise NotFoundError(f"no attestation {att_id}") from None
+        except OSError as err:
+            raise IntegrityError(f"attestation {att_id} is unreadable: {err}") from None
+        if len(data) > MAX_FILE:
+            raise IntegrityError(f"attestation {att_id} is larger than {MAX_FILE} bytes")
+        try:
+            att = Attestation.model_validate_json(data)
+        except ValidationError as err:
+            raise IntegrityError(f"attestation {att_id} is malformed: {err}") from None
+        if att.id != att_id or blake3_hex(signed_bytes(att.body)) != att_id:
+            raise IntegrityError(f"attestation file {att_id} does not hold attestation {att_id}")
+        return att
+
+    def ids(self) -> Iterator[str]:
+        """Ids of the stored attestations, sorted."""
+        for path in sorted(self.root.glob("*.json")):
+            if is_hash(path.stem):
+                yield path.stem
+
+    def __contains__(self, att_id: object) -> bool:
+        return isinstance(att_id, str) and is_hash(att_id) and self.path_of(att_id).is_file()
+
+    def __iter__(self) -> Iterator[Attestation]:
+        """Every stored attestation; a corrupt one raises ``IntegrityError`` when reached."""
+        for att_id in self.ids():
+            yield self.get(att_id)

@@ -1,0 +1,94 @@
+"""Linters and static analysis: ruff JSON, mypy text, SARIF 2.1.0 (bandit, semgrep, CodeQL)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+from choir.models import Counts, FailureSignature
+from choir.report.signatures import signature_id
+
+if TYPE_CHECKING:
+    from choir.report.parsers import ParseInput, ParseResult
+
+
+def _step_json(inp: ParseInput) -> list[Any]:
+    from choir.report.parsers import json_objects
+
+    found = [obj for _, obj in json_objects(inp, ".json")]
+    for rel, digest in sorted(inp.artifacts.items()):
+        if rel.startswith("logs/step-"):
+            raw = inp.store.read_bytes(digest, limit=64 << 20)
+            start = raw.find(b"[")
+            try:
+                found.append(json.loads(raw[start:])) if start >= 0 else None
+            except ValueError:
+                continue
+    return found
+
+
+def parse_ruff_json(inp: ParseInput, result: ParseResult) -> ParseResult:
+    from choir.report.parsers import _excerpt
+
+    diagnostics = [d for doc in _step_json(inp) if isinstance(doc, list) for d in doc
+                   if isinstance(d, dict) and "code" in d]
+    for d in diagnostics:
+        location = f"{d.get('filename', '?')}:{(d.get('location') or {}).get('row', '?')}"
+        rule = str(d.get("code") or "syntax")
+        message = str(d.get("message", ""))
+        result.add(FailureSignature(id=signature_id("lint", rule, location, message),
+                                    kind="lint", test_id=rule, location=location[-256:],
+                                    excerpt=_excerpt(f"{rule} {message}")))
+    result.counts = Counts(run=None, failed=len(diagnostics))
+    if not diagnostics and inp.exit_codes and inp.exit_codes[-1] != 0:
+        result.error = "ruff failed but printed no JSON diagnostics"
+    return result
+
+
+_MYPY = re.compile(r"^(?P<file>[^:\s]+):(?P<line>\d+)(?::\d+)?: error: (?P<msg>.*?)(?:  \[(?P<code>[\w-]+)\])?$")
+
+
+def parse_mypy_text(inp: ParseInput, result: ParseResult) -> ParseResult:
+    from choir.report.parsers import COMBINED, _cite, _excerpt, _lines
+
+    errors = 0
+    for number, line, _ in _lines(inp, COMBINED) or ():
+        match = _MYPY.match(line)
+        if not match:
+            continue
+        errors += 1
+        code = match.group("code") or "error"
+        location = f"{match.group('file')}:{match.group('line')}"
+        result.add(FailureSignature(
+            id=signature_id("typecheck", code, match.group("file"), match.group("msg")),
+            kind="typecheck", test_id=code, location=location[-256:],
+            excerpt=_excerpt(match.group("msg")), citation=_cite(inp, COMBINED, number, number)))
+    result.counts = Counts(failed=errors)
+    return result
+
+
+def parse_sarif_files(inp: ParseInput, result: ParseResult) -> ParseResult:
+    from choir.report.parsers import _excerpt, json_objects
+
+    findings = 0
+    docs = json_objects(inp, ".sarif") + json_objects(inp, ".sarif.json")
+    if not docs:
+        result.error = "no SARIF file in $CHOIR_OUT"
+    for _, doc in docs:
+        runs = doc.get("runs", []) if isinstance(doc, dict) else []
+        for run in runs if isinstance(runs, list) else []:
+            for res in (run.get("results") or []) if isinstance(run, dict) else []:
+                if not isinstance(res, dict):
+                    continue
+                findings += 1
+                rule = str(res.get("ruleId", "?"))
+                message = str((res.get("message") or {}).get("text", ""))
+                loc = ((res.get("locations") or [{}])[0].get("physicalLocation") or {})
+                where = f"{(loc.get('artifactLocation') or {}).get('uri', '?')}:" \
+                        f"{(loc.get('region') or {}).get('startLine', '?')}"
+                result.add(FailureSignature(id=signature_id("sarif", rule, where, message),
+                                            kind="static_analysis", test_id=rule[:256],
+                                            location=where[-256:], excerpt=_excerpt(message)))
+    result.counts = Counts(failed=findings)
+    return result

@@ -1,0 +1,208 @@
+"""Report parsers by name: they read artifacts, never trust them, and say when they truncate.
+
+Each parser yields counts and failure signatures from a run's artifacts. Parsing is bounded:
+lines are capped, signatures are capped (and the number dropped is reported), and XML is read
+with entity and DTD handling refused. A parser that cannot read its input says so in
+``error``: that can lower a result to INCONCLUSIVE, never raise it to PASS.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from choir.exceptions import UnknownNameError
+from choir.models import Citation, Counts, FailureSignature
+from choir.models.report import EXCERPT_MAX, MAX_SIGNATURES
+from choir.report.signatures import canonicalize, signature_id
+
+if TYPE_CHECKING:
+    from choir.artifacts import ArtifactStore
+
+LINE_MAX = 4096
+COMBINED = "logs/combined.log"
+
+
+@dataclass
+class ParseInput:
+    """What a parser may read: the run's files by relative path, and the store."""
+
+    artifacts: dict[str, str]
+    store: ArtifactStore
+    exit_codes: list[int]
+
+
+@dataclass
+class ParseResult:
+    counts: Counts = field(default_factory=Counts)
+    signatures: list[FailureSignature] = field(default_factory=list)
+    dropped: int = 0
+    truncated: bool = False
+    error: str | None = None
+
+    def add(self, sig: FailureSignature) -> None:
+        if any(s.id == sig.id for s in self.signatures):
+            return
+        if len(self.signatures) >= MAX_SIGNATURES:
+            self.dropped += 1
+            self.truncated = True
+            return
+        self.signatures.append(sig)
+
+
+Parser = Callable[[ParseInput], ParseResult]
+_PARSERS: dict[str, Parser] = {}
+
+
+def register_parser(name: str) -> Callable[[Parser], Parser]:
+    def decorate(fn: Parser) -> Parser:
+        _PARSERS[name] = fn
+        return fn
+
+    return decorate
+
+
+def get_parser(name: str) -> Parser:
+    try:
+        return _PARSERS[name]
+    except KeyError:
+        raise UnknownNameError(
+            f"unknown parser '{name}'; known: {', '.join(sorted(_PARSERS))}"
+        ) from None
+
+
+def parser_names() -> list[str]:
+    return sorted(_PARSERS)
+
+
+def _excerpt(text: str) -> str:
+    clean = canonicalize(text, limit=EXCERPT_MAX * 2)
+    return clean[: EXCERPT_MAX - 1] + "…" if len(clean) > EXCERPT_MAX else clean
+
+
+def _lines(inp: ParseInput, rel: str):  # type: ignore[no-untyped-def]
+    digest = inp.artifacts.get(rel)
+    if digest is None:
+        return
+    with inp.store.open(digest) as fh:
+        for number, raw in enumerate(fh, start=1):
+            yield number, raw[:LINE_MAX].decode("utf-8", "replace").rstrip("\r\n"), len(raw)
+
+
+def _cite(inp: ParseInput, rel: str, start: int, end: int) -> Citation | None:
+    digest = inp.artifacts.get(rel)
+    if digest is None:
+        return None
+    return Citation(artifact=digest, line_start=start, line_end=end,
+                    span_hash=inp.store.span_hash(digest, start, end))
+
+
+def _find_line(inp: ParseInput, needle: str) -> int | None:
+    for number, line, _ in _lines(inp, COMBINED) or ():
+        if needle in line:
+            return number
+    return None
+
+
+_ERROR_LINE = re.compile(r"(error|exception|traceback|failed|fatal|panic|assert)", re.I)
+
+
+@register_parser("generic")
+def parse_generic(inp: ParseInput) -> ParseResult:
+    """Exit codes plus the last error-looking lines of the combined log."""
+    result = ParseResult()
+    if not inp.exit_codes or all(code == 0 for code in inp.exit_codes):
+        return result
+    hits: list[tuple[int, str]] = []
+    last = 0
+    for number, line, size in _lines(inp, COMBINED) or ():
+        last = number
+        result.truncated |= size > LINE_MAX
+        if _ERROR_LINE.search(line) and not line.startswith("$ "):
+            hits.append((number, line))
+            hits = hits[-3:]
+    if not hits and last:
+        hits = [(last, "")]
+    for number, line in hits:
+        message = canonicalize(line)
+        result.add(FailureSignature(
+            id=signature_id("generic", None, None, message or f"exit {inp.exit_codes[-1]}"),
+            kind="exit_code", excerpt=_excerpt(line),
+            citation=_cite(inp, COMBINED, number, number)))
+    return result
+
+
+_PYTEST_FAIL = re.compile(r"^(FAILED|ERROR) (\S+)(?: - (.*))?$")
+_PYTEST_SUMMARY = re.compile(r"(\d+) (passed|failed|errors?|skipped)")
+
+
+@register_parser("pytest")
+def parse_pytest_text(inp: ParseInput) -> ParseResult:
+    """pytest's short summary lines (``-ra``/``-q`` output) as a fallback to JUnit XML."""
+    result = ParseResult()
+    counts: dict[str, int] = {}
+    for number, line, _ in _lines(inp, COMBINED) or ():
+        match = _PYTEST_FAIL.match(line)
+        if match:
+            test_id, message = match.group(2), match.group(3) or match.group(1)
+            result.add(FailureSignature(
+                id=signature_id("test", test_id, None, message), kind="test", test_id=test_id,
+                location=test_id.split("::")[0], excerpt=_excerpt(message),
+                citation=_cite(inp, COMBINED, number, number)))
+        if re.search(r"\bin \d+(\.\d+)?s\b", line):
+            found = {k.rstrip("s") if k.startswith("error") else k: int(n)
+                     for n, k in _PYTEST_SUMMARY.findall(line)}
+            if found:
+                counts = found
+    if counts:
+        failed = counts.get("failed", 0)
+        result.counts = Counts(run=sum(v for k, v in counts.items() if k != "skipped"),
+                               failed=failed, errors=counts.get("error", 0),
+                               skipped=counts.get("skipped", 0))
+    elif inp.exit_codes and inp.exit_codes[-1] != 0 and not result.signatures:
+        return parse_generic(inp)
+    return result
+
+
+@register_parser("junit")
+def parse_junit(inp: ParseInput) -> ParseResult:
+    from choir.report.junit import parse_junit_files
+
+    return parse_junit_files(inp, result=ParseResult(), add_text=parse_generic)
+
+
+@register_parser("ruff")
+def parse_ruff(inp: ParseInput) -> ParseResult:
+    """``ruff check --output-format json`` written to stdout (the step log) or ``out/``."""
+    from choir.report.lint import parse_ruff_json
+
+    return parse_ruff_json(inp, ParseResult())
+
+
+@register_parser("mypy")
+def parse_mypy(inp: ParseInput) -> ParseResult:
+    from choir.report.lint import parse_mypy_text
+
+    return parse_mypy_text(inp, ParseResult())
+
+
+@register_parser("sarif")
+def parse_sarif(inp: ParseInput) -> ParseResult:
+    from choir.report.lint import parse_sarif_files
+
+    return parse_sarif_files(inp, ParseResult())
+
+
+def json_objects(inp: ParseInput, suffix: str, limit: int = 64 << 20) -> list[tuple[str, object]]:
+    """Parse every ``out/*suffix`` artifact as JSON (bounded size); errors are skipped."""
+    found: list[tuple[str, object]] = []
+    for rel, digest in sorted(inp.artifacts.items()):
+        if rel.startswith("out/") and rel.endswith(suffix):
+            try:
+                found.append((rel, json.loads(inp.store.read_bytes(digest, limit=limit))))
+            except ValueError:
+                continue
+    return found

@@ -1,0 +1,214 @@
+"""The Sandbox contract and its registry by name (after inspect_ai's sandboxes).
+
+A sandbox runs one shell command against a read-only repo with one writable output folder
+(``$CHOIR_OUT``), streams combined stdout/stderr to a sink chunk by chunk (never accumulating
+it), and kills the whole process tree on timeout. A sandbox that cannot start reports
+``infra_error``: the pipeline turns that into INCONCLUSIVE, never into a failing step.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from choir.exceptions import UnknownNameError
+from choir.models import Limits
+
+Isolation = Literal["container", "namespace", "none"]
+Sink = Callable[[bytes], None]
+CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """How one command ended. ``infra_error`` set means the sandbox itself failed."""
+
+    exit_code: int
+    duration_ms: int
+    timed_out: bool = False
+    oom_killed: bool = False
+    infra_error: str | None = None
+    output_bytes: int = 0
+
+
+def step_env(out_dir: str, extra: Mapping[str, str]) -> dict[str, str]:
+    """The environment inside a sandbox: temp, caches and home all under ``$CHOIR_OUT``."""
+    tmp = f"{out_dir}/tmp"
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        "LANG": "C.UTF-8",
+        "CHOIR_OUT": out_dir,
+        "TMPDIR": tmp, "TEMP": tmp, "TMP": tmp,
+        "HOME": f"{out_dir}/home",
+        "XDG_CACHE_HOME": f"{out_dir}/cache",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONPYCACHEPREFIX": f"{out_dir}/cache/pycache",
+        "TEST_DB_PATH": f"{out_dir}/db",
+        "SNAPSHOT_DIR": f"{out_dir}/snapshots",
+    }
+    if os.environ.get("VIRTUAL_ENV"):
+        env["VIRTUAL_ENV"] = os.environ["VIRTUAL_ENV"]
+    env.update(extra)
+    return env
+
+
+def prepare_out(out_dir: Path) -> None:
+    for sub in ("tmp", "home", "cache"):
+        (out_dir / sub).mkdir(parents=True, exist_ok=True)
+
+
+def run_process(argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None,
+                timeout_s: float, sink: Sink) -> ExecResult:
+    """Run ``argv`` in a new session, stream its output, kill the group on timeout."""
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            list(argv), cwd=cwd, env=dict(env) if env is not None else None,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        return ExecResult(-1, 0, infra_error=f"could not start: {exc}")
+    assert proc.stdout is not None
+    deadline = start + timeout_s
+    timed_out = False
+    total = 0
+    import selectors
+
+    fd = proc.stdout.fileno()
+    os.set_blocking(fd, False)
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            if not sel.select(timeout=min(remaining, 0.5)):
+                continue
+            try:
+                chunk = os.read(fd, CHUNK)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                break
+            total += len(chunk)
+            sink(chunk)
+    if timed_out:
+        _kill_group(proc)
+    try:
+        code = proc.wait(timeout=max(0.1, deadline - time.monotonic()) if not timed_out else 5)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc)
+        code = proc.wait(timeout=5)
+    _kill_group(proc)  # leftovers that daemonised inside the group
+    proc.stdout.close()
+    return ExecResult(
+        exit_code=124 if timed_out else code,
+        duration_ms=int((time.monotonic() - start) * 1000),
+        timed_out=timed_out,
+        output_bytes=total,
+    )
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Sandbox(abc.ABC):
+    """Where a verifier's commands run. One instance may serve many ``exec`` calls."""
+
+    name: ClassVar[str]
+    isolation: ClassVar[Isolation]
+
+    @classmethod
+    def available(cls) -> bool:
+        """True when this backend can run here."""
+        return True
+
+    @abc.abstractmethod
+    def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
+             timeout_s: float, limits: Limits, network: bool, sink: Sink) -> ExecResult:
+        """Run ``sh -c command`` with cwd = ``repo`` (read-only) and ``out_dir`` writable.
+
+        Raises:
+            Nothing for command failures (they are the exit code); start-up failures are
+            returned as ``ExecResult.infra_error``.
+        """
+
+    def describe(self) -> dict[str, str | None]:
+        """Image and digest, for the manifest and attestation."""
+        return {"image": None, "image_digest": None}
+
+    def close(self) -> None:
+        """Release anything held between runs."""
+
+
+_REGISTRY: dict[str, type[Sandbox]] = {}
+
+
+def register_sandbox(name: str) -> Callable[[type[Sandbox]], type[Sandbox]]:
+    def decorate(cls: type[Sandbox]) -> type[Sandbox]:
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorate
+
+
+def _load_builtin() -> None:
+    from choir.sandbox import bwrap, docker, local  # noqa: F401 - registration
+
+    for ep in entry_points(group="choir.sandboxes"):
+        ep.load()
+
+
+def sandbox_names() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def get_sandbox(name: str, **options: object) -> Sandbox:
+    """A sandbox by name; ``auto`` picks docker, else bwrap, else local (with a warning).
+
+    Raises:
+        UnknownNameError: no backend has that name.
+    """
+    _load_builtin()
+    if name == "auto":
+        return resolve_auto(**options)
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        raise UnknownNameError(
+            f"unknown sandbox '{name}'; known: auto, {', '.join(sorted(_REGISTRY))}"
+        )
+    return cls(**options)
+
+
+def resolve_auto(**options: object) -> Sandbox:
+    import warnings
+
+    for name in ("docker", "bwrap"):
+        cls = _REGISTRY[name]
+        if cls.available():
+            return cls(**options) if name == "docker" else cls()
+    warnings.warn(
+        "no Docker engine and no bubblewrap: verifiers run UNSANDBOXED (isolation 'none' is "
+        "recorded in every attestation)", RuntimeWarning, stacklevel=2,
+    )
+    return _REGISTRY["local"]()
+
+
+resolve_sandbox = get_sandbox

@@ -1,0 +1,98 @@
+"""``bwrap``: Linux namespaces via bubblewrap, for machines without a Docker engine.
+
+Two holes measured on these machines are closed (PLATFORM.md): the process never keeps
+capabilities (``--unshare-all --cap-drop ALL --uid 65534``), so it cannot remount the repo
+read-write; and ``/``, ``/run`` and ``/var/run`` are never bound, so the Docker socket is not
+reachable. Only the toolchain (``/usr``, ``/etc``, the Python installation and active venv)
+is bound, read-only, at the same paths, so ``python3 -m pytest`` works unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from choir.models import Limits
+from choir.sandbox.base import (
+    ExecResult,
+    Sandbox,
+    Sink,
+    prepare_out,
+    register_sandbox,
+    run_process,
+    step_env,
+)
+
+_FORBIDDEN = ("/run", "/var/run", "/proc", "/sys", "/dev")
+
+
+def _toolchain_paths() -> list[str]:
+    """Read-only binds for the user's toolchain, outside /usr, deepest-first de-duplicated."""
+    candidates = {sys.base_prefix, sys.prefix, os.environ.get("VIRTUAL_ENV", "")}
+    for entry in os.environ.get("PATH", "").split(os.pathsep):
+        if entry and os.path.isdir(entry):
+            candidates.add(os.path.dirname(entry) if entry.endswith("/bin") else entry)
+    paths = sorted(
+        os.path.realpath(p) for p in candidates
+        if p and os.path.isdir(p) and p != "/"
+        and not p.startswith(("/usr", "/etc")) and not p.startswith(_FORBIDDEN)
+        and os.path.realpath(p) != "/"
+    )
+    kept: list[str] = []
+    for path in paths:
+        if not any(path == k or path.startswith(k + "/") for k in kept):
+            kept.append(path)
+    return kept
+
+
+@register_sandbox("bwrap")
+class BwrapSandbox(Sandbox):
+    isolation = "namespace"
+
+    def __init__(self) -> None:
+        self._bwrap = shutil.which("bwrap") or "bwrap"
+
+    @classmethod
+    def available(cls) -> bool:
+        if not shutil.which("bwrap"):
+            return False
+        probe = run_process([shutil.which("bwrap") or "bwrap", "--ro-bind", "/usr", "/usr",
+                             "--symlink", "usr/bin", "/bin", "--unshare-all", "--uid", "65534",
+                             "--cap-drop", "ALL", "/bin/true"],
+                            env=None, cwd=None, timeout_s=10, sink=lambda _: None)
+        return probe.exit_code == 0
+
+    def argv(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
+             network: bool) -> list[str]:
+        args = [self._bwrap, "--ro-bind", "/usr", "/usr"]
+        for name in ("bin", "lib", "lib64", "sbin"):
+            path = Path("/") / name
+            if path.is_symlink():
+                args += ["--symlink", os.readlink(path), str(path)]
+            elif path.is_dir():
+                args += ["--ro-bind", str(path), str(path)]
+        args += ["--ro-bind", "/etc", "/etc", "--dev", "/dev", "--proc", "/proc",
+                 "--tmpfs", "/tmp"]  # before any bind under /tmp, or it would hide them
+        for path in _toolchain_paths():
+            args += ["--ro-bind", path, path]
+        args += ["--ro-bind", str(repo), str(repo), "--bind", str(out_dir), str(out_dir)]
+        args += ["--unshare-all", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL",
+                 "--die-with-parent", "--new-session", "--clearenv"]
+        if network:
+            args.append("--share-net")
+        for key, value in step_env(str(out_dir), env).items():
+            args += ["--setenv", key, value]
+        args += ["--chdir", str(repo), "/bin/sh", "-c", command]
+        return args
+
+    def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
+             timeout_s: float, limits: Limits, network: bool, sink: Sink) -> ExecResult:
+        prepare_out(out_dir)
+        argv = self.argv(command, repo=repo.resolve(), out_dir=out_dir.resolve(), env=env,
+                         network=network)
+        result = run_process(argv, env={"PATH": "/usr/bin:/bin"}, cwd=None,
+                             timeout_s=timeout_s, sink=sink)
+        return result

@@ -1,0 +1,28 @@
+"""``local``: a plain subprocess. Explicitly unsafe: attestations record isolation ``none``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from choir.models import Limits
+from choir.sandbox.base import (
+    ExecResult,
+    Sandbox,
+    Sink,
+    prepare_out,
+    register_sandbox,
+    run_process,
+    step_env,
+)
+
+
+@register_sandbox("local")
+class LocalSandbox(Sandbox):
+    isolation = "none"
+
+    def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
+             timeout_s: float, limits: Limits, network: bool, sink: Sink) -> ExecResult:
+        prepare_out(out_dir)
+        return run_process(["/bin/sh", "-c", command], env=step_env(str(out_dir), env), cwd=str(repo),
+                           timeout_s=timeout_s, sink=sink)
