@@ -37,5 +37,6 @@ class Atom(Frozen):
     discriminating_test: str | None = Field(default=None, max_length=600)
     references: tuple[str, ...] = ()
     attestations: tuple[str, ...] = ()
+    required_verifiers: tuple[str, ...] = ()
     created_at: datetime
     updated_at: datetime

@@ -1,0 +1,119 @@
+"""The promotion rules of seed 002 §6, as one function over (state, event).
+
+Every write to the AHDB passes through ``check`` before it is appended, and ``choir audit``
+replays the whole log through the same function, so a row inserted behind the store's back
+is caught exactly as a forbidden write would have been refused.
+
+- ASSERT claims are PROPOSED with the verifiers they need (never none: no verifier, no assert).
+- promote: every attestation valid and trusted, PASS, for the same tree (and commit), covering
+  every required verifier.
+- a work-item ASSERT references only PROMOTED claims of the same work item and tree.
+- demote: a valid FAIL attestation for the same tree.
+- HYPOTHESIZE: valid FAIL attestations for that tree and a discriminating test.
+- HYPERTHESIS: a disclosure; it can never be promoted or referenced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+from choir.exceptions import PromotionError
+from choir.models import Atom, AtomKind, AtomStatus, Attestation, Result
+
+# attestation id -> the attestation, or raises PromotionError when missing/invalid/untrusted
+Lookup = Callable[[str], Attestation]
+
+
+def _atts(lookup: Lookup, ids: tuple[str, ...] | list[str], atom: Atom,
+          want: Result | None) -> list[Attestation]:
+    found = []
+    for att_id in ids:
+        att = lookup(att_id)
+        if want is not None and att.body.result is not want:
+            raise PromotionError(f"attestation {att_id[:16]} is {att.body.result.value}, "
+                                 f"not {want.value}")
+        target = att.body.target
+        if target.tree_hash != atom.tree_hash:
+            raise PromotionError(f"attestation {att_id[:16]} is for another tree")
+        if atom.commit_sha and target.commit_sha and target.commit_sha != atom.commit_sha:
+            raise PromotionError(f"attestation {att_id[:16]} is for another commit")
+        found.append(att)
+    return found
+
+
+def apply(atoms: Mapping[str, Atom], kind: str, payload: dict[str, Any], at: datetime,
+          lookup: Lookup) -> Atom:
+    """Check ``payload`` against the rules and return the atom it creates or changes.
+
+    Raises:
+        PromotionError: the event is forbidden.
+    """
+    if kind in ("propose", "assert", "hypothesize", "hyperthesis"):
+        atom = Atom.model_validate(payload["atom"])
+        if atom.id in atoms:
+            raise PromotionError(f"atom {atom.id} already exists")
+        if kind == "propose":
+            if atom.kind is not AtomKind.ASSERT or atom.status is not AtomStatus.PROPOSED:
+                raise PromotionError("only PROPOSED ASSERT claims are proposed")
+            if not atom.required_verifiers:
+                raise PromotionError("no verifier, no assert: a claim needs required verifiers")
+            if atom.attestations or atom.references:
+                raise PromotionError("a proposed claim carries no evidence yet")
+        elif kind == "assert":
+            _check_assert(atoms, atom)
+        elif kind == "hypothesize":
+            if atom.kind is not AtomKind.HYPOTHESIZE or not atom.discriminating_test:
+                raise PromotionError("HYPOTHESIZE needs a discriminating test")
+            if not atom.attestations:
+                raise PromotionError("HYPOTHESIZE needs the FAIL attestation it explains")
+            _atts(lookup, atom.attestations, atom, Result.FAIL)
+        else:
+            if atom.kind is not AtomKind.HYPERTHESIS or atom.status is not AtomStatus.PROPOSED:
+                raise PromotionError("HYPERTHESIS is a PROPOSED disclosure, nothing more")
+            _atts(lookup, atom.attestations, atom, None)
+        return atom
+    atom_id = payload.get("atom_id", "")
+    atom = atoms.get(atom_id)
+    if atom is None:
+        raise PromotionError(f"no atom {atom_id}")
+    if kind == "promote":
+        if atom.kind is not AtomKind.ASSERT or atom.status is not AtomStatus.PROPOSED or \
+                atom.references:
+            raise PromotionError(f"atom {atom_id[:16]} cannot be promoted ({atom.kind.value}, "
+                                 f"{atom.status.value})")
+        ids = tuple(payload.get("attestations") or ())
+        atts = _atts(lookup, ids, atom, Result.PASS)
+        covered = {a.body.verifier for a in atts}
+        missing = sorted(set(atom.required_verifiers) - covered)
+        if missing:
+            raise PromotionError(f"no PASS attestation for required verifier(s): {missing}")
+        return atom.model_copy(update={"status": AtomStatus.PROMOTED, "attestations": ids,
+                                       "updated_at": at})
+    if kind == "demote":
+        if atom.status is not AtomStatus.PROMOTED:
+            raise PromotionError(f"atom {atom_id[:16]} is not PROMOTED")
+        att_id = str(payload.get("attestation", ""))
+        _atts(lookup, [att_id], atom, Result.FAIL)
+        return atom.model_copy(update={"status": AtomStatus.DEMOTED, "updated_at": at,
+                                       "attestations": (*atom.attestations, att_id)})
+    raise PromotionError(f"unknown AHDB event kind {kind!r}")
+
+
+def _check_assert(atoms: Mapping[str, Atom], atom: Atom) -> None:
+    if atom.kind is not AtomKind.ASSERT or atom.status is not AtomStatus.PROMOTED:
+        raise PromotionError("an ASSERT is written PROMOTED, over promoted claims")
+    if not atom.references:
+        raise PromotionError("ASSERT without references: only attestations promote")
+    evidence: list[str] = []
+    for ref in atom.references:
+        claim = atoms.get(ref)
+        if claim is None or claim.status is not AtomStatus.PROMOTED or \
+                claim.kind is not AtomKind.ASSERT or claim.references:
+            raise PromotionError(f"ASSERT references {ref[:16]}, which is not a PROMOTED claim")
+        if claim.work_item != atom.work_item or claim.tree_hash != atom.tree_hash:
+            raise PromotionError(f"claim {ref[:16]} is for another work item or tree")
+        evidence.extend(claim.attestations)
+    if sorted(set(evidence)) != sorted(set(atom.attestations)):
+        raise PromotionError("an ASSERT carries exactly its claims' attestations")
