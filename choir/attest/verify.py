@@ -56,17 +56,19 @@ def verify_attestation(
     actual_id = blake3_hex(data)
     if actual_id != att.id:
         found.append(_v("attestation_id", att.id, actual_id, att.id))
+    key_id = att.signer_key_id
     try:
         raw = decode_public_key(att.public_key).public_bytes_raw()
     except ValueError as err:
         found.append(_v("attestation_signature", att.id, "an ed25519 public key", str(err)))
     else:
-        if key_id_of(raw) != att.signer_key_id:
-            found.append(_v("attestation_key_id", att.id, key_id_of(raw), att.signer_key_id))
+        key_id = key_id_of(raw)  # trust follows the key that signed, not the label
+        if key_id != att.signer_key_id:
+            found.append(_v("attestation_key_id", att.id, key_id, att.signer_key_id))
         if not verify_signature(att.public_key, data, att.signature):
             found.append(_v("attestation_signature", att.id, "valid signature", "invalid"))
-    if trusted_keys is not None and att.signer_key_id not in trusted_keys:
-        found.append(_v("attestation_untrusted_key", att.id, "a trusted key", att.signer_key_id))
+    if trusted_keys is not None and key_id not in trusted_keys:
+        found.append(_v("attestation_untrusted_key", att.id, "a trusted key", key_id))
     if artifacts is not None:
         found.extend(_check_objects(att, artifacts))
     return found

@@ -1,0 +1,128 @@
+"""Faults across processes: a writer SIGKILLed mid-ingest, and two writers racing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import blake3
+import pytest
+
+from choir.artifacts import ArtifactStore
+from choir.exceptions import IntegrityError
+
+INGEST = """
+import sys
+from pathlib import Path
+from choir.artifacts import ArtifactStore
+from choir.exceptions import IntegrityError
+print(ArtifactStore(Path(sys.argv[1])).ingest_stream(sys.stdin.buffer), flush=True)
+"""
+
+
+def _child(root: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-c", INGEST, str(root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+
+
+def test_sigkill_mid_ingest_leaves_no_object_and_gc_cleans(tmp_path: Path) -> None:
+    root = tmp_path / "art"
+    child = _child(root)
+    assert child.stdin is not None
+    tmp_dir = root / "tmp"
+    deadline = time.monotonic() + 20
+    written = 0
+    # Feed until the child has demonstrably written part of the object to its temp file.
+    while time.monotonic() < deadline:
+        child.stdin.write(b"z" * (1 << 20))
+        child.stdin.flush()
+        written += 1 << 20
+        partial = list(tmp_dir.iterdir()) if tmp_dir.exists() else []
+        if partial and partial[0].stat().st_size > 0:
+            break
+    else:
+        raise AssertionError("child never started writing")
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    child.stdin.close()
+    assert child.stdout is not None
+    child.stdout.close()
+
+    store = ArtifactStore(root)
+    assert list(store.iter_objects()) == []  # nothing partial became visible
+    assert len(list(tmp_dir.iterdir())) == 1
+    assert not store.exists(blake3.blake3(b"z" * written).hexdigest())
+    assert store.gc_tmp() == 1  # the writer's pid is dead: stale at once
+    assert list(tmp_dir.iterdir()) == []
+
+
+def test_gc_tmp_spares_a_live_writer(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "art")
+    with store.writer() as w:
+        w.write(b"in progress")
+        assert store.gc_tmp() == 0  # our own pid is alive and the file is fresh
+    assert w.digest is not None and store.verify(w.digest)
+    with pytest.raises(IntegrityError, match="vanished"), store.writer() as w2:
+        w2.write(b"old")
+        assert store.gc_tmp(max_age_s=-1) == 1  # too old counts as stale, pid or not
+    assert w2.digest is None
+    assert list(store.iter_objects()) == [w.digest]
+    (tmp_path / "art" / "tmp" / "foreign-name").write_bytes(b"")
+    assert store.gc_tmp() == 1  # a name no writer of ours makes is always stale
+
+
+def test_two_processes_ingesting_the_same_content(tmp_path: Path) -> None:
+    root = tmp_path / "art"
+    data = os.urandom(8 << 20)
+    children = [_child(root) for _ in range(2)]
+    for child in children:
+        assert child.stdin is not None
+    for offset in range(0, len(data), 1 << 20):
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write(data[offset : offset + (1 << 20)])
+    outputs = [child.communicate()[0].decode().strip() for child in children]
+    assert all(child.returncode == 0 for child in children)
+    expected = blake3.blake3(data).hexdigest()
+    assert outputs == [expected, expected]
+    store = ArtifactStore(root)
+    assert list(store.iter_objects()) == [expected]
+    assert store.verify(expected)
+    assert list((root / "tmp").iterdir()) == []
+
+
+MEMORY = """
+import resource, sys
+from pathlib import Path
+from choir.artifacts import ArtifactStore
+store = ArtifactStore(Path(sys.argv[1]))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+digest = store.ingest_stream(sys.stdin.buffer)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(digest, (after - before) // 1024)
+"""
+
+
+def test_ingest_memory_stays_flat_for_a_large_pipe(tmp_path: Path) -> None:
+    size = 192 << 20
+    producer = subprocess.Popen(["head", "-c", str(size), "/dev/zero"], stdout=subprocess.PIPE)
+    consumer = subprocess.run(
+        [sys.executable, "-c", MEMORY, str(tmp_path / "art")],
+        stdin=producer.stdout,
+        capture_output=True,
+        check=True,
+        timeout=120,
+    )
+    producer.wait()
+    assert producer.stdout is not None
+    producer.stdout.close()
+    digest, grown_mib = consumer.stdout.decode().split()
+    assert digest == blake3.blake3(bytes(size)).hexdigest()
+    assert int(grown_mib) < 16  # one 1 MiB buffer, whatever the size

@@ -1,0 +1,79 @@
+"""in-toto Statement v1 in a DSSE envelope, checked against the DSSE spec's own definition."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from choir._canonical import canonical_json
+from choir.attest import Signer, mint, pae, payload_of, to_dsse, verify_dsse
+from choir.exceptions import IntegrityError
+
+
+def test_pae_matches_the_spec_vector() -> None:
+    # DSSE protocol.md: PAE("http://example.com/HelloWorld", "hello world")
+    assert pae("http://example.com/HelloWorld", b"hello world") == (
+        b"DSSEv1 29 http://example.com/HelloWorld 11 hello world"
+    )
+    assert pae("", b"") == b"DSSEv1 0  0 "
+    assert pae("t\u00e9", b"\x00\xff") == b"DSSEv1 3 t\xc3\xa9 2 \x00\xff"  # byte lengths
+
+
+def test_envelope_and_statement(evidence: Any) -> None:
+    att = mint(evidence.body, evidence.signer)
+    env = to_dsse(att, evidence.signer, artifacts=evidence.store)
+    assert env["payloadType"] == "application/vnd.in-toto+json"
+    assert env["signatures"][0]["keyid"] == evidence.signer.key_id
+    payload = base64.b64decode(env["payload"])
+    # the signature is plain ed25519 over PAE(payloadType, payload), checkable without choir
+    Ed25519PublicKey.from_public_bytes(base64.b64decode(evidence.signer.public_key)).verify(
+        base64.b64decode(env["signatures"][0]["sig"]), pae(env["payloadType"], payload)
+    )
+    assert verify_dsse(env, evidence.signer.public_key)
+
+    stmt = payload_of(env)
+    assert stmt == json.loads(payload)
+    assert stmt["_type"] == "https://in-toto.io/Statement/v1"
+    assert stmt["predicateType"] == "https://choir.dev/attestation/v1"
+    assert stmt["predicate"] == json.loads(canonical_json(att))
+    subjects = {s["name"]: s["digest"] for s in stmt["subject"]}
+    assert subjects["tree:fix-add"] == {"blake3": "7" * 64, "gitCommit": "a" * 40}
+    for name, digest in {
+        "choir:report": att.body.report_hash,
+        "choir:manifest": att.body.manifest_hash,
+        "logs/combined.log": evidence.log_hash,
+    }.items():
+        data = evidence.store.read_bytes(digest)
+        assert subjects[name] == {"blake3": digest, "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def test_verify_dsse_rejects_tampering(evidence: Any) -> None:
+    att = mint(evidence.body, evidence.signer)
+    env = to_dsse(att, evidence.signer, artifacts=evidence.store)
+    assert not verify_dsse(env, Signer.generate().public_key)
+    stmt = payload_of(env)
+    stmt["predicate"]["body"]["result"] = "FAIL"
+    edited = {**env, "payload": base64.b64encode(canonical_json(stmt)).decode()}
+    assert not verify_dsse(edited, evidence.signer.public_key)
+    retyped = {**env, "payloadType": "application/json"}
+    assert not verify_dsse(retyped, evidence.signer.public_key)
+    for junk in (
+        None,
+        {},
+        {"payload": "!!", "payloadType": "x", "signatures": []},
+        {**env, "signatures": [{"sig": 5}]},
+        {**env, "signatures": "x"},
+    ):
+        assert not verify_dsse(junk, evidence.signer.public_key)
+
+
+def test_export_refuses_missing_evidence(evidence: Any) -> None:
+    att = mint(evidence.body, evidence.signer)
+    evidence.store.path_of(evidence.log_hash).unlink()
+    with pytest.raises(IntegrityError, match="logs/combined.log"):
+        to_dsse(att, evidence.signer, artifacts=evidence.store)
