@@ -1,0 +1,176 @@
+"""Change any stored byte behind Choir's back and ``choir audit`` fails, naming it."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from choir.ahdb import event_hash, open_ahdb
+from choir.models import AtomKind, AtomStatus
+from choir.tree import tree_hash
+from tests.evidence import attest, make_repo
+
+
+def audit() -> tuple[int, dict]:  # type: ignore[type-arg]
+    proc = subprocess.run([sys.executable, "-m", "choir", "audit", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    return proc.returncode, json.loads(proc.stdout)
+
+
+@pytest.fixture
+def world(tmp_path: Path, choir_home: Path) -> dict[str, object]:
+    """A clean store: one PASS run promoted and ASSERTed, one FAIL run hypothesized."""
+    repo = make_repo(tmp_path / "repo")
+    ok = attest(repo, "unit", "echo all good; true")
+    bad = attest(repo, "lint", "echo broken; false")
+    db = open_ahdb()
+    claim = db.propose(claim="unit passes", work_item="wi", tree_hash=tree_hash(repo),
+                       required_verifiers=["unit"])
+    claim = db.promote(claim.id, [ok.id])
+    db.assert_work_item("wi", tree_hash(repo), references=[claim.id], claim="done")
+    db.hypothesize("wi", tree_hash(repo), claim="lint fails", discriminating_test="run lint",
+                   attestation_ids=[bad.id])
+    assert audit()[0] == 0
+    return {"home": choir_home, "ok": ok, "repo": repo, "db": db}
+
+
+def _flip(path: Path) -> None:
+    os.chmod(path, 0o644)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _artifacts(home: Path) -> Path:
+    return home / "artifacts"
+
+
+TAMPERS: dict[str, tuple[Callable[[dict[str, object]], None], str]] = {}
+
+
+def tamper(kind: str) -> Callable[[Callable[[dict[str, object]], None]], None]:
+    def register(fn: Callable[[dict[str, object]], None]) -> None:
+        TAMPERS[fn.__name__] = (fn, kind)
+
+    return register
+
+
+@tamper("artifact_hash")
+def stored_object(w: dict[str, object]) -> None:
+    home = w["home"]
+    assert isinstance(home, Path)
+    obj = next(p for p in (_artifacts(home) / "objects").rglob("*") if p.is_file())
+    _flip(obj)
+
+
+@tamper("run_file_hash")
+def run_log(w: dict[str, object]) -> None:
+    home = w["home"]
+    assert isinstance(home, Path)
+    log = next((_artifacts(home) / "runs").glob("*-unit/logs/combined.log"))
+    # break the hard link first so only the run file changes, not the object
+    data = log.read_bytes()
+    log.unlink()
+    log.write_bytes(data.replace(b"all good", b"all gold"))
+
+
+@tamper("run_extra_file")
+def planted_file(w: dict[str, object]) -> None:
+    home = w["home"]
+    assert isinstance(home, Path)
+    run = next((_artifacts(home) / "runs").glob("*-unit"))
+    os.chmod(run / "logs", 0o755)
+    (run / "logs" / "extra.log").write_text("PASS")
+
+
+@tamper("run_unattested")
+def manifest(w: dict[str, object]) -> None:
+    home = w["home"]
+    assert isinstance(home, Path)
+    path = next((_artifacts(home) / "runs").glob("*-unit/manifest.json"))
+    os.chmod(path, 0o644)
+    path.write_text(path.read_text().replace('"PASS"', '"FAIL"'))
+
+
+@tamper("object_hash")
+def report(w: dict[str, object]) -> None:
+    home, ok = w["home"], w["ok"]
+    assert isinstance(home, Path)
+    digest = ok.body.report_hash  # type: ignore[attr-defined]
+    path = _artifacts(home) / "objects" / digest[:2] / digest[2:]
+    os.chmod(path, 0o644)
+    path.write_text(path.read_text().replace('"PASS"', '"FAIL"'))
+
+
+@tamper("attestation")
+def attestation_file(w: dict[str, object]) -> None:
+    home, ok = w["home"], w["ok"]
+    assert isinstance(home, Path)
+    path = home / "attestations" / f"{ok.id}.json"  # type: ignore[attr-defined]
+    os.chmod(path, 0o644)
+    path.write_text(path.read_text().replace('"unit"', '"unix"', 1))
+
+
+@tamper("ahdb")
+def ahdb_event(w: dict[str, object]) -> None:
+    home = w["home"]
+    assert isinstance(home, Path)
+    conn = sqlite3.connect(home / "ahdb.sqlite")
+    conn.execute("DROP TRIGGER events_no_update")
+    conn.execute("UPDATE events SET payload = replace(payload, 'unit passes', 'all passes') "
+                 "WHERE seq = 1")
+    conn.commit()
+
+
+@tamper("ahdb_rule")
+def forged_assert_with_recomputed_chain(w: dict[str, object]) -> None:
+    """The strongest forgery: a well-formed ASSERT row with a valid chain link."""
+    home, repo, db = w["home"], w["repo"], w["db"]
+    assert isinstance(home, Path) and isinstance(repo, Path)
+    payload = db._new(AtomKind.ASSERT, AtomStatus.PROMOTED,  # type: ignore[attr-defined]
+                      claim="done", work_item="other", tree_hash=tree_hash(repo),
+                      references=("f" * 32,), attestations=("a" * 64,))
+    conn = sqlite3.connect(home / "ahdb.sqlite")
+    seq, prev = conn.execute("SELECT seq, event_hash FROM events ORDER BY seq DESC").fetchone()
+    created = "2026-01-01T00:00:00+00:00"
+    from choir._canonical import canonical_json
+
+    conn.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)",
+                 (seq + 1, prev, event_hash(prev, seq + 1, "assert", payload, created),
+                  "assert", canonical_json(payload).decode(), created))
+    conn.commit()
+
+
+@tamper("object_missing")
+def deleted_report(w: dict[str, object]) -> None:
+    home, ok = w["home"], w["ok"]
+    assert isinstance(home, Path)
+    digest = ok.body.report_hash  # type: ignore[attr-defined]
+    (_artifacts(home) / "objects" / digest[:2] / digest[2:]).unlink()
+
+
+@pytest.mark.parametrize("name", sorted(TAMPERS))
+def test_audit_names_every_tampering(world: dict[str, object], name: str) -> None:
+    fn, kind = TAMPERS[name]
+    fn(world)
+    code, out = audit()
+    assert code == 1
+    kinds = {v["kind"] for v in out["violations"]}
+    assert any(k.startswith(kind) or kind in k for k in kinds), kinds
+    for v in out["violations"]:
+        assert v["object"] and v["expected"] and v["found"]
+
+
+def test_audit_fails_closed_on_an_unreadable_attestation(world: dict[str, object]) -> None:
+    home = world["home"]
+    assert isinstance(home, Path)
+    (home / "attestations" / ("b" * 64 + ".json")).write_text("{not json")
+    code, out = audit()
+    assert code == 1 and out["violations"]
