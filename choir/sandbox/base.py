@@ -66,14 +66,15 @@ def prepare_out(out_dir: Path) -> None:
 
 
 def run_process(argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None,
-                timeout_s: float, sink: Sink) -> ExecResult:
+                timeout_s: float, sink: Sink,
+                preexec: Callable[[], None] | None = None) -> ExecResult:
     """Run ``argv`` in a new session, stream its output, kill the group on timeout."""
     start = time.monotonic()
     try:
         proc = subprocess.Popen(
             list(argv), cwd=cwd, env=dict(env) if env is not None else None,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, preexec_fn=preexec,
         )
     except OSError as exc:
         return ExecResult(-1, 0, infra_error=f"could not start: {exc}")

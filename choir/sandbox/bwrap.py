@@ -93,6 +93,17 @@ class BwrapSandbox(Sandbox):
         prepare_out(out_dir)
         argv = self.argv(command, repo=repo.resolve(), out_dir=out_dir.resolve(), env=env,
                          network=network)
-        result = run_process(argv, env={"PATH": "/usr/bin:/bin"}, cwd=None,
-                             timeout_s=timeout_s, sink=sink)
+        from dataclasses import replace
+
+        from choir.sandbox._cgroups import CgroupLimits
+
+        cgroup = CgroupLimits(limits)
+        try:
+            result = run_process(argv, env={"PATH": "/usr/bin:/bin"}, cwd=None,
+                                 timeout_s=timeout_s, sink=sink,
+                                 preexec=cgroup.join if cgroup.applied else None)
+            if cgroup.applied and result.exit_code != 0 and cgroup.oom_killed():
+                result = replace(result, oom_killed=True)
+        finally:
+            cgroup.close()
         return result

@@ -121,11 +121,16 @@ class DockerSandbox(Sandbox):
                 timed_out = True
                 container.kill()
                 code = 124
-            reader.join(timeout=10)
+            # The log stream can lag the container's exit by seconds for large outputs: drain
+            # it to the end. A stream that does not end is reported, never silently cut.
+            reader.join(timeout=max(60.0, timeout_s))
+            incomplete = reader.is_alive()
             container.reload()
             oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
             return ExecResult(code, int((time.monotonic() - start) * 1000), timed_out=timed_out,
-                              oom_killed=oom, output_bytes=total)
+                              oom_killed=oom, output_bytes=total,
+                              infra_error="docker log stream did not finish: output incomplete"
+                              if incomplete else None)
         except Exception as exc:
             return ExecResult(-1, int((time.monotonic() - start) * 1000),
                               infra_error=f"docker failed: {exc}")

@@ -1,0 +1,177 @@
+"""Containment, for every backend that claims isolation. Each case checks the host after."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from choir.models import Limits
+from choir.sandbox import Sandbox
+from choir.tree import tree_hash
+from tests.sandboxes import ISOLATED, isolated_backend
+
+PY = "python3"
+
+
+@pytest.fixture(params=ISOLATED)
+def sandbox(request: pytest.FixtureRequest) -> Sandbox:
+    return isolated_backend(request.param)  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    path = tmp_path / "repo"
+    path.mkdir()
+    (path / "mod.py").write_text("x = 1\n")
+    return path
+
+
+def run(sandbox: Sandbox, repo: Path, out: Path, command: str, *, timeout_s: float = 20,
+        limits: Limits | None = None) -> tuple[int, bytes, object]:
+    chunks: list[bytes] = []
+    result = sandbox.exec(command, repo=repo, out_dir=out, env={}, timeout_s=timeout_s,
+                          limits=limits or Limits(), network=False, sink=chunks.append)
+    return result.exit_code, b"".join(chunks), result
+
+
+def test_write_to_repo_fails_and_repo_unchanged(sandbox: Sandbox, repo: Path,
+                                                tmp_path: Path) -> None:
+    before = tree_hash(repo)
+    code, out, _ = run(sandbox, repo, tmp_path / "out",
+                       "echo hacked > mod.py; echo new > planted.py; rm -f mod.py")
+    assert code != 0
+    assert tree_hash(repo) == before and not (repo / "planted.py").exists()
+
+
+def test_only_the_output_folder_is_writable(sandbox: Sandbox, repo: Path,
+                                            tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    code, out, _ = run(sandbox, repo, tmp_path / "out",
+                       f"touch {outside}/escape; touch /etc/choir-escape; "
+                       f"touch /root/choir-escape; touch $CHOIR_OUT/ok && echo out-ok")
+    assert b"out-ok" in out
+    assert (tmp_path / "out" / "ok").exists()
+    assert not (outside / "escape").exists()
+    assert not Path("/etc/choir-escape").exists() and not Path("/root/choir-escape").exists()
+
+
+def test_host_loopback_listener_is_unreachable(sandbox: Sandbox, repo: Path,
+                                               tmp_path: Path) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    accepted: list[object] = []
+
+    def accept() -> None:
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            try:
+                accepted.append(listener.accept())
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    code, out, _ = run(sandbox, repo, tmp_path / "out",
+                       f"{PY} -c \"import socket; socket.create_connection(('127.0.0.1', {port}),"
+                       f" timeout=3); print('CONNECTED')\"")
+    thread.join()
+    listener.close()
+    assert b"CONNECTED" not in out and code != 0
+    assert accepted == []
+
+
+def test_docker_socket_is_unreachable(sandbox: Sandbox, repo: Path, tmp_path: Path) -> None:
+    assert Path("/var/run/docker.sock").exists() or Path("/run/docker.sock").exists() or True
+    code, out, _ = run(sandbox, repo, tmp_path / "out",
+                       f"{PY} -c \"import socket; s=socket.socket(socket.AF_UNIX); "
+                       f"s.connect('/var/run/docker.sock'); print('DOCKER-REACHED')\"")
+    assert b"DOCKER-REACHED" not in out and code != 0
+
+
+def test_fork_bomb_is_bounded(sandbox: Sandbox, repo: Path, tmp_path: Path) -> None:
+    start = time.monotonic()
+    code, out, result = run(sandbox, repo, tmp_path / "out",
+                            "bomb(){ bomb|bomb& }; bomb; sleep 2; echo survived",
+                            timeout_s=15, limits=Limits(pids=64))
+    assert time.monotonic() - start < 20
+    # the host can still fork, and no bomb process outlived the sandbox
+    assert subprocess.run(["true"]).returncode == 0
+    time.sleep(0.5)
+    leftovers = subprocess.run(["pgrep", "-f", "bomb"], capture_output=True, text=True).stdout
+    assert leftovers.strip() == ""
+
+
+def test_memory_hog_is_killed_and_reported_oom(sandbox: Sandbox, repo: Path,
+                                               tmp_path: Path) -> None:
+    if sandbox.name == "bwrap" and not os.access("/sys/fs/cgroup/memory", os.W_OK):
+        pytest.skip("cgroup v1 memory controller not writable: bwrap cannot bound memory here")
+    code, out, result = run(sandbox, repo, tmp_path / "out",
+                            f"{PY} -c \"x = bytearray(900 * 1024 * 1024); print('ALLOCATED')\"",
+                            limits=Limits(memory_mb=200))
+    assert code != 0 and b"ALLOCATED" not in out
+    assert result.oom_killed  # type: ignore[attr-defined]
+
+
+def test_sleep_forever_times_out_and_leaves_nothing(sandbox: Sandbox, repo: Path,
+                                                    tmp_path: Path) -> None:
+    marker = f"choir-sleep-marker-{os.getpid()}"
+    start = time.monotonic()
+    code, out, result = run(sandbox, repo, tmp_path / "out",
+                            f"sh -c 'exec -a {marker} sleep 1000' & sleep 1000", timeout_s=2)
+    assert result.timed_out  # type: ignore[attr-defined]
+    assert time.monotonic() - start < 2 + 5
+    time.sleep(0.5)
+    assert subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout == b""
+    assert subprocess.run(["pgrep", "-f", "sleep 1000"], capture_output=True).stdout == b""
+
+
+@pytest.mark.slow
+def test_one_gigabyte_of_output_is_stored_whole_in_flat_memory(
+    sandbox: Sandbox, repo: Path, tmp_path: Path
+) -> None:
+    """Run the pipeline in a child process and read its peak RSS: it must stay flat."""
+    size = int(os.environ.get("CHOIR_BIG_OUTPUT_BYTES", str(1 << 30)))
+    script = f"""
+import resource, sys, json
+from pathlib import Path
+from choir.artifacts import ArtifactStore
+from choir.models import StepSpec, Target, VerifierKind, VerifierSpec
+from choir.pipeline import run_verifier
+from choir.sandbox import get_sandbox
+spec = VerifierSpec(name="big", kind=VerifierKind.SMOKE, timeout_s=300,
+                    steps=(StepSpec(name="spew", command="head -c {size} /dev/zero"),))
+store = ArtifactStore()
+res = run_verifier(spec, repo=Path({str(repo)!r}), sandbox=get_sandbox({sandbox.name!r}),
+                   store=store, run_id="big-run", target=Target(tree_hash="0" * 64))
+digest = res.artifacts["logs/step-01-spew.log"]
+print(json.dumps({{"status": res.status, "size": store.path_of(digest).stat().st_size,
+                  "digest": digest,
+                  "rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}}))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import json
+
+    import blake3
+
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["status"] == "PASS" and got["size"] == size
+    expected = blake3.blake3()
+    chunk = bytes(1 << 20)
+    for _ in range(size // len(chunk)):
+        expected.update(chunk)
+    expected.update(bytes(size % len(chunk)))
+    assert got["digest"] == expected.hexdigest()
+    assert got["rss_kb"] < 150 * 1024, f"peak RSS {got['rss_kb'] / 1024:.0f} MiB"

@@ -1,0 +1,35 @@
+"""Which sandboxes a test may use. Docker skips only when no engine answers and CI is unset;
+in CI an engine that does not answer fails the run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from choir.sandbox import get_sandbox
+
+
+def docker_or_skip() -> None:
+    from choir.sandbox.docker import DockerSandbox
+
+    if DockerSandbox.available():
+        return
+    if os.environ.get("CI"):
+        pytest.fail("CI is set but no Docker engine answers: .ci/run must start dockerd")
+    pytest.skip("no Docker engine answers (set CI=1 to make this a failure)")
+
+
+def isolated_backend(name: str):  # type: ignore[no-untyped-def]
+    if name == "docker":
+        docker_or_skip()
+    elif not shutil.which("bwrap"):
+        if os.environ.get("CI"):
+            pytest.fail("CI is set but bubblewrap is not installed")
+        pytest.skip("bubblewrap is not installed")
+    return get_sandbox(name)
+
+
+ISOLATED = [pytest.param("bwrap", marks=pytest.mark.bwrap),
+            pytest.param("docker", marks=pytest.mark.docker)]
