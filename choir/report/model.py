@@ -1,0 +1,136 @@
+"""The cheap-model reporter: words a report; never decides it.
+
+It reads bounded windows of the artifact (the cited spans and the tail, within a character
+budget: never a whole log), fences them as untrusted data, asks for a narrow JSON reply and
+validates it. Whatever the model says, the result can only stay or go down (PASS may become
+INCONCLUSIVE; FLAKY is only a note until reruns show it), confidence can only go down, and
+every field is clamped. Faults (429, 5xx, timeouts, bad JSON, schema violations, oversized
+replies) are retried with backoff inside a deadline; then the deterministic report is used,
+marked ``deterministic_fallback``. The run never crashes because of the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from choir._resources import load_text
+from choir.models import Result, Usage, VerificationReport
+from choir.models.report import HYPERTHESIS_MAX, NEXT_ACTION_MAX, SUMMARY_MAX
+
+if TYPE_CHECKING:
+    from choir.artifacts import ArtifactStore
+    from choir.pipeline import PipelineResult
+
+WINDOW_BUDGET = 6000  # characters of log the model may see, in all
+REPLY_MAX = 8000
+ATTEMPTS = 3
+
+
+class _Reply(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    summary: str = Field(max_length=4000)
+    next_actions: list[str] = Field(min_length=1, max_length=10)
+    confidence: float = Field(ge=0.0, le=1.0)
+    hyperthesis: list[str] = Field(default_factory=list, max_length=10)
+    propose: Literal["none", "inconclusive", "flaky"] = "none"
+
+
+def _clean(text: str) -> str:
+    """Printable text only: ANSI escapes, control and bidi characters removed."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+    return "".join(ch for ch in text if ch in "\n\t" or (ch.isprintable() and
+                                                      ch not in "\u202a\u202b\u202c\u202d"
+                                                      "\u202e\u2066\u2067\u2068\u2069"))
+
+
+def windows(report: VerificationReport, result: PipelineResult, store: ArtifactStore) -> str:
+    """The cited spans (with a little context) and the tail, within ``WINDOW_BUDGET``."""
+    pieces: list[str] = []
+    budget = WINDOW_BUDGET
+    for sig in report.failure_signatures:
+        if sig.citation is None or budget <= 0:
+            continue
+        start = max(1, sig.citation.line_start - 3)
+        lines = store.read_lines(sig.citation.artifact, start, sig.citation.line_end + 3)
+        text = _clean(b"".join(line[:300] for line in lines).decode("utf-8", "replace"))
+        pieces.append(f"[lines {start}-{sig.citation.line_end + 3}]\n{text[:budget]}")
+        budget -= len(pieces[-1])
+    if budget > 0:
+        tail = _clean("\n".join(line[:300] for line in result.tail_log.splitlines()[-40:]))
+        pieces.append(f"[tail]\n{tail[-budget:]}")
+    return "\n".join(pieces)
+
+
+def _messages(report: VerificationReport, text: str) -> list[dict[str, str]]:
+    fence = secrets.token_hex(8)
+    text = text.replace(f"<<<end-{fence}>>>", "")
+    sigs = [f"{s.test_id or s.kind}: {s.excerpt}" for s in report.failure_signatures]
+    user = load_text("prompts", "reporter_user.md").format(
+        verifier=report.verifier, verifier_type=report.verifier_type,
+        result=report.result.value, counts=report.counts.model_dump_json(),
+        signatures=json.dumps(sigs)[:2000], fence=fence, windows=text)
+    return [{"role": "system", "content": load_text("prompts", "reporter_system.md")},
+            {"role": "user", "content": user}]
+
+
+def _clip(text: str, limit: int) -> str:
+    text = _clean(text).strip()
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def merge(report: VerificationReport, reply: _Reply, usage: Usage) -> VerificationReport:
+    """Apply a validated reply under the rules: never up, always bounded."""
+    result = report.result
+    hyper = list(report.hyperthesis)
+    if reply.propose == "inconclusive" and result is Result.PASS:
+        result = Result.INCONCLUSIVE
+    if reply.propose == "flaky":
+        hyper.append("The reporter suspects flakiness; only rerun evidence can make it FLAKY.")
+    hyper += [_clip(h, HYPERTHESIS_MAX) for h in reply.hyperthesis if h.strip()]
+    actions = [_clip(a, NEXT_ACTION_MAX) for a in reply.next_actions if a.strip()][:3]
+    return report.model_copy(update={
+        "result": result,
+        "summary": _clip(reply.summary, SUMMARY_MAX) or report.summary,
+        "next_actions": tuple(actions) or report.next_actions,
+        "confidence": min(report.confidence, reply.confidence),
+        "hyperthesis": tuple(dict.fromkeys(hyper))[:4],
+        "reporter": "model",
+        "usage": usage,
+    })
+
+
+async def model_report(report: VerificationReport, *, result: PipelineResult,
+                       store: ArtifactStore, model: str,
+                       deadline_s: float = 30.0) -> VerificationReport:
+    from choir.llm import acomplete
+
+    messages = _messages(report, windows(report, result, store))
+    deadline = time.monotonic() + deadline_s
+    spent = Usage(model=model)
+    for attempt in range(ATTEMPTS):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0.5:
+            break
+        try:
+            reply = await acomplete(model=model, messages=messages, timeout=remaining,
+                                    response_format={"type": "json_object"}, temperature=0)
+            spent = Usage(model=model,
+                          prompt_tokens=spent.prompt_tokens + reply.prompt_tokens,
+                          completion_tokens=spent.completion_tokens + reply.completion_tokens,
+                          cost_usd=spent.cost_usd + reply.cost_usd)
+            content = reply.message.content or ""
+            if len(content) > REPLY_MAX:
+                raise ValueError("oversized reply")
+            parsed = _Reply.model_validate_json(content)
+            return merge(report, parsed, spent)
+        except (ValidationError, ValueError, Exception):  # every fault: retry, then fall back
+            await asyncio.sleep(min(0.2 * 2**attempt, max(0.0, deadline - time.monotonic())))
+    return report.model_copy(update={"reporter": "deterministic_fallback", "usage": spent})
