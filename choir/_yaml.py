@@ -114,8 +114,11 @@ def _allowed_fields(model: type[BaseModel], loc: Sequence[str | int]) -> list[st
     return sorted(fields) if fields else []
 
 
-def validate(doc: YamlDoc, model: type[BaseModel], data: Any | None = None) -> Any:
-    """Validate ``data`` (default: the whole document) into ``model``, errors with lines.
+def validate(
+    doc: YamlDoc, model: type[BaseModel], data: Any | None = None, prefix: tuple[str, ...] = ()
+) -> Any:
+    """Validate ``data`` (default: the whole document, else the node at ``prefix``) into
+    ``model``; the first error becomes a ConfigError with its line and a fix.
 
     Raises:
         ConfigError: the first validation error, with its line and a fix.
@@ -127,7 +130,8 @@ def validate(doc: YamlDoc, model: type[BaseModel], data: Any | None = None) -> A
         # an unknown key usually explains a "missing" one beside it (a typo): report it first
         err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
         loc = tuple(err["loc"])
-        dotted = ".".join(str(p) for p in loc) or "(top level)"
+        full = (*prefix, *loc)
+        dotted = ".".join(str(p) for p in full) or "(top level)"
         hint = None
         if err["type"] == "extra_forbidden":
             allowed = _allowed_fields(model, loc)
@@ -147,4 +151,4 @@ def validate(doc: YamlDoc, model: type[BaseModel], data: Any | None = None) -> A
             ctx = err.get("ctx") or {}
             if "expected" in ctx:
                 hint = f"use one of {ctx['expected']}"
-        raise ConfigError(message, path=str(doc.path), line=doc.line_of(loc), hint=hint) from None
+        raise ConfigError(message, path=str(doc.path), line=doc.line_of(full), hint=hint) from None

@@ -13,7 +13,7 @@ from pydantic import Field
 
 from choir._yaml import YamlDoc, load_yaml, validate
 from choir.exceptions import ConfigError
-from choir.models import Limits, Mood, StepSpec, VerifierKind, VerifierSpec, WorkItem
+from choir.models import Mood, StepSpec, VerifierKind, VerifierSpec, WorkItem
 from choir.models._base import Frozen
 
 CONFIG_NAME = "choir.yaml"
@@ -50,19 +50,9 @@ class _Pipeline(Frozen):
     parser: str = "generic"
 
 
-class _Verifier(Frozen):
-    kind: VerifierKind
-    steps: tuple[StepSpec, ...] = Field(min_length=1)
-    parser: str = "generic"
-    timeout_s: float = Field(default=600.0, gt=0)
-    network: bool = False
-    limits: Limits = Field(default_factory=Limits)
-    env: dict[str, str] = Field(default_factory=dict)
-
-
 class _ChoirFile(Frozen):
     verification: _Pipeline | None = None
-    verifiers: dict[str, _Verifier] = Field(default_factory=dict)
+    verifiers: dict[str, dict[str, Any]] = Field(default_factory=dict)
     models: ModelsConfig = Field(default_factory=ModelsConfig)
     moods: dict[Mood, MoodOverride] = Field(default_factory=dict)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
@@ -80,10 +70,15 @@ class RepoConfig(Frozen):
     lines: dict[str, int] = Field(default_factory=dict)
 
 
-def _verifier_spec(doc: YamlDoc, name: str, raw: _Verifier) -> VerifierSpec:
-    data: dict[str, Any] = raw.model_dump()
-    data["name"] = name
-    return validate(doc, VerifierSpec, data)  # type: ignore[no-any-return]
+def _verifier_spec(doc: YamlDoc, name: str, raw: dict[str, Any]) -> VerifierSpec:
+    if "name" in raw or "schema_version" in raw:
+        key = "name" if "name" in raw else "schema_version"
+        raise ConfigError(f"unknown key 'verifiers.{name}.{key}'", path=str(doc.path),
+                          line=doc.line_of(("verifiers", name, key)),
+                          hint="a verifier is named by its key under 'verifiers:'")
+    spec: VerifierSpec = validate(doc, VerifierSpec, {**raw, "name": name},
+                                  prefix=("verifiers", name))
+    return spec
 
 
 def load_repo_config(repo: Path) -> RepoConfig:

@@ -48,7 +48,8 @@ class _Tail:
     def _flush(self) -> None:
         text = self._partial[:TAIL_LINE_MAX].decode("utf-8", "replace")
         if len(self._partial) > TAIL_LINE_MAX or self._dropped:
-            text += f" [... line truncated: {self._dropped + len(self._partial) - TAIL_LINE_MAX} more bytes]"
+            more = self._dropped + len(self._partial) - TAIL_LINE_MAX
+            text += f" [... line truncated: {more} more bytes]"
         self.lines.append(text)
         self._partial.clear()
         self._dropped = 0

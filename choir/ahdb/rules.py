@@ -75,9 +75,10 @@ def apply(atoms: Mapping[str, Atom], kind: str, payload: dict[str, Any], at: dat
             _atts(lookup, atom.attestations, atom, None)
         return atom
     atom_id = payload.get("atom_id", "")
-    atom = atoms.get(atom_id)
-    if atom is None:
+    found = atoms.get(atom_id)
+    if found is None:
         raise PromotionError(f"no atom {atom_id}")
+    atom = found
     if kind == "promote":
         if atom.kind is not AtomKind.ASSERT or atom.status is not AtomStatus.PROPOSED or \
                 atom.references:

@@ -46,7 +46,9 @@ def parse_ruff_json(inp: ParseInput, result: ParseResult) -> ParseResult:
     return result
 
 
-_MYPY = re.compile(r"^(?P<file>[^:\s]+):(?P<line>\d+)(?::\d+)?: error: (?P<msg>.*?)(?:  \[(?P<code>[\w-]+)\])?$")
+_MYPY = re.compile(
+    r"^(?P<file>[^:\s]+):(?P<line>\d+)(?::\d+)?: error: (?P<msg>.*?)(?:  \[(?P<code>[\w-]+)\])?$"
+)
 
 
 def parse_mypy_text(inp: ParseInput, result: ParseResult) -> ParseResult:

@@ -103,7 +103,7 @@ def _cite(inp: ParseInput, rel: str, start: int, end: int) -> Citation | None:
 def _find_line(inp: ParseInput, needle: str) -> int | None:
     for number, line, _ in _lines(inp, COMBINED) or ():
         if needle in line:
-            return number
+            return int(number)
     return None
 
 

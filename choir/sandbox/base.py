@@ -153,7 +153,7 @@ class Sandbox(abc.ABC):
         """Image and digest, for the manifest and attestation."""
         return {"image": None, "image_digest": None}
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release anything held between runs."""
 
 

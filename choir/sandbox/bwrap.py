@@ -76,8 +76,8 @@ class BwrapSandbox(Sandbox):
                 args += ["--ro-bind", str(path), str(path)]
         args += ["--ro-bind", "/etc", "/etc", "--dev", "/dev", "--proc", "/proc",
                  "--tmpfs", "/tmp"]  # before any bind under /tmp, or it would hide them
-        for path in _toolchain_paths():
-            args += ["--ro-bind", path, path]
+        for tool in _toolchain_paths():
+            args += ["--ro-bind", tool, tool]
         args += ["--ro-bind", str(repo), str(repo), "--bind", str(out_dir), str(out_dir)]
         args += ["--unshare-all", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL",
                  "--die-with-parent", "--new-session", "--clearenv"]

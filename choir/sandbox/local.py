@@ -24,5 +24,5 @@ class LocalSandbox(Sandbox):
     def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
              timeout_s: float, limits: Limits, network: bool, sink: Sink) -> ExecResult:
         prepare_out(out_dir)
-        return run_process(["/bin/sh", "-c", command], env=step_env(str(out_dir), env), cwd=str(repo),
-                           timeout_s=timeout_s, sink=sink)
+        return run_process(["/bin/sh", "-c", command], env=step_env(str(out_dir), env),
+                           cwd=str(repo), timeout_s=timeout_s, sink=sink)
