@@ -125,8 +125,10 @@ class DockerSandbox(Sandbox):
             # it to the end. A stream that does not end is reported, never silently cut.
             reader.join(timeout=max(60.0, timeout_s))
             incomplete = reader.is_alive()
-            container.reload()
-            oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
+            oom = False
+            if code == 137 and not timed_out:  # SIGKILL: ask the engine whether it was OOM
+                container.reload()
+                oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
             return ExecResult(code, int((time.monotonic() - start) * 1000), timed_out=timed_out,
                               oom_killed=oom, output_bytes=total,
                               infra_error="docker log stream did not finish: output incomplete"

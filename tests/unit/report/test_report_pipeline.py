@@ -145,3 +145,15 @@ def test_different_tests_have_different_signatures(a: str, b: str) -> None:
 def test_different_messages_have_different_signatures() -> None:
     assert signature_id("test", "t", None, "assert 1 == 2") != signature_id(
         "test", "t", None, "KeyError: 'user'")
+
+
+def test_sarif_from_real_ruff(tmp_path: Path) -> None:
+    repo = project(tmp_path, "import os\nx = 1\n")
+    ruff = str(Path(PY).parent / "ruff")
+    report, _, _ = verify(repo, f"{ruff} check --no-cache --isolated --select F --exit-zero "
+                          f"--output-format sarif -o $CHOIR_OUT/ruff.sarif .", "sarif",
+                          kind=VerifierKind.STATIC_ANALYSIS)
+    assert report.result is Result.FAIL  # exit 0, but the SARIF holds a finding
+    assert report.counts.failed == 1
+    assert report.failure_signatures[0].test_id == "F401"
+    assert "test_x.py" in (report.failure_signatures[0].location or "")
