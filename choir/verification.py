@@ -11,7 +11,6 @@ enters graph state. ``attest_run`` mints the attestation from what is stored, so
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +25,7 @@ from choir.models import (
     VerificationReport,
     VerifierSpec,
 )
+from choir.models._base import Frozen
 
 if TYPE_CHECKING:
     from choir.artifacts import ArtifactStore
@@ -34,14 +34,16 @@ if TYPE_CHECKING:
     from choir.sandbox import Sandbox
 
 
-@dataclass(frozen=True)
-class VerifierRun:
-    """What a green thread hands back to the control loop: bounded report and hashes only."""
+class VerifierRun(Frozen):
+    """What a green thread hands back to the control loop: bounded report and hashes only.
+
+    A frozen model, so LangGraph checkpoints it faithfully; it holds no raw output.
+    """
 
     verifier: str
     run_id: str
-    lens: str
-    replica: int
+    lens: str = "default"
+    replica: int = 0
     report: VerificationReport
     report_hash: str
     manifest_hash: str

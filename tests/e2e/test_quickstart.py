@@ -10,17 +10,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_quickstart_fails_fixes_passes_and_audits_clean(tmp_path: Path) -> None:
+def test_quickstart_fails_hypothesizes_fixes_passes_asserts_and_audits_clean(
+    tmp_path: Path,
+) -> None:
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
                CHOIR_HOME=str(tmp_path / "home"))
     env.pop("CHOIR_ARTIFACT_DIR")
     proc = subprocess.run(["bash", str(ROOT / "examples/quickstart/run.sh")], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = proc.stdout
-    assert "unit: FAIL" in out and "test_calc::test_add" in out and "cited: artifact" in out
-    assert "fix.py: feedback names ['test_calc::test_add'" in out
-    assert "PASS  attestations:" in out
-    assert "audit: clean (3 attestations" in out
+    out, err = proc.stdout, proc.stderr
+    assert "unit#0: FAIL" in err and "hypothesis sent to the executor" in err
+    assert "unit#0: PASS" in err
+    assert "ASSERTED  run fix-add-" in out and "attempt 2" in out
+    assert "gate: fix-add ASSERTed" in out
+    assert "HYPOTHESIZE PROPOSED" in out and "ASSERT      PROMOTED" in out
+    assert "audit: clean" in out
     # the example itself is never modified: the job works on a copy
     assert "return a - b" in (ROOT / "examples/quickstart/repo/calc.py").read_text()

@@ -1,0 +1,97 @@
+"""``choir run``, ``choir approve`` and ``choir gate``: thin wrappers over ``choir.graph``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from choir.cli._errors import EXIT_FAIL, EXIT_OK
+
+_MOODS = ["CALM", "SKEPTICAL", "PARANOID", "BOLD", "CURIOUS"]
+
+
+def _progress(node: str, update: dict[str, Any]) -> None:
+    if node == "execute":
+        click.echo(f"[execute] attempt {update.get('attempt')}", err=True)
+    elif node == "green":
+        for run in update.get("runs", []):
+            r = run.report
+            click.echo(f"  [green] {run.verifier}#{run.replica}: {r.result.value} "
+                       f"({r.summary[:90]})", err=True)
+    elif node == "attest":
+        click.echo(f"[attest] {len(update.get('attestations', []))} attestation(s)", err=True)
+    elif node == "adjudicate":
+        click.echo(f"[adjudicate] mood {update.get('mood')}: {update.get('reason')}", err=True)
+    elif node == "approve":
+        click.echo(f"[approve] {update.get('status')}", err=True)
+
+
+def _finish(outcome: Any, as_json: bool) -> int:
+    if as_json:
+        click.echo(json.dumps(outcome.__dict__, indent=2, default=str))
+    else:
+        click.echo(f"{outcome.status.upper()}  run {outcome.run_id}  attempt {outcome.attempt}"
+                   f"  mood {outcome.mood}  {outcome.reason}")
+        if outcome.status == "awaiting_approval":
+            click.echo(f"waiting for a human: choir approve {outcome.run_id} [--reject]")
+    code: int = outcome.exit_code()
+    return code
+
+
+@click.command()
+@click.argument("workitem", required=False, type=click.Path(path_type=Path))
+@click.option("--mood", type=click.Choice(_MOODS, case_sensitive=False), default=None)
+@click.option("--run-id", default=None, help="Name the run (default: generated).")
+@click.option("--resume", "resume_id", default=None, help="Continue RUN_ID after a crash.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+def run(workitem: Path | None, mood: str | None, run_id: str | None, resume_id: str | None,
+        as_json: bool) -> int:
+    """Run the loop until ASSERT, halt or budget end: 0 ASSERTed, 1 halted, 3 awaiting approval."""
+    from choir.exceptions import UserError
+    from choir.graph import runner
+    from choir.models import Mood
+
+    if resume_id:
+        outcome = asyncio.run(runner.resume(resume_id, on_event=_progress))
+    elif workitem is None:
+        raise UserError("give a work item file, or --resume RUN_ID")
+    else:
+        rid = run_id
+        outcome = asyncio.run(runner.run_work_item(
+            workitem, mood=Mood(mood.upper()) if mood else None, run_id=rid,
+            on_event=_progress))
+    return _finish(outcome, as_json)
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--reject", is_flag=True, help="Refuse instead of approving.")
+def approve(run_id: str, reject: bool) -> int:
+    """Answer a human-approval gate and finish the run."""
+    from choir.graph import runner
+
+    return _finish(asyncio.run(runner.approve(run_id, reject=reject, on_event=_progress)),
+                   False)
+
+
+@click.command()
+@click.argument("work_item_id")
+@click.option("--commit", default=None, help="Only an ASSERT for exactly this commit.")
+@click.option("--repo", type=click.Path(path_type=Path), default=None,
+              help="Only an ASSERT for exactly this working tree.")
+def gate(work_item_id: str, commit: str | None, repo: Path | None) -> int:
+    """Exit 0 only if WORK_ITEM_ID is ASSERTed with valid attestations (for that tree/commit)."""
+    from choir.ahdb import open_ahdb
+    from choir.tree import tree_hash
+
+    tree = tree_hash(repo.resolve()) if repo else None
+    atom = open_ahdb().is_asserted(work_item_id, tree_hash=tree, commit_sha=commit)
+    if atom is None:
+        click.echo(f"gate: {work_item_id} is not ASSERTed" + (" for that tree" if tree else ""))
+        return EXIT_FAIL
+    click.echo(f"gate: {work_item_id} ASSERTed by {len(atom.attestations)} attestation(s)")
+    return EXIT_OK

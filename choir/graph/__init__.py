@@ -1,0 +1,1 @@
+"""The orchestrator loop as a LangGraph application (imported only by ``choir run``)."""

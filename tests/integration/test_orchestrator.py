@@ -1,0 +1,178 @@
+"""The orchestrator loop through the real CLI: real sandboxes, SQLite checkpoints, AHDB."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+PY = sys.executable
+CANARY = "CANARY-7f3a9c-raw-output-must-stay-in-artifacts"
+
+
+def make_item(tmp_path: Path, *, executor: str, blast: str = "small",
+              max_attempts: int = 4, test_body: str | None = None) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (repo / "test_calc.py").write_text(test_body or textwrap.dedent(f"""\
+        from calc import add
+
+        def test_add():
+            print("{CANARY}")
+            assert add(2, 3) == 5
+        """))
+    (repo / "choir.yaml").write_text(textwrap.dedent(f"""\
+        verifiers:
+          unit:
+            kind: unit_tests
+            steps:
+              - name: pytest
+                command: {PY} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml
+            parser: junit
+        """))
+    (tmp_path / "fix.py").write_text(textwrap.dedent(f"""\
+        import os, shutil, sys, time
+        from pathlib import Path
+        fb = os.environ.get("CHOIR_FEEDBACK_FILE")
+        if fb:
+            shutil.copy(fb, Path({str(tmp_path)!r}) / f"feedback-{{os.environ['CHOIR_ATTEMPT']}}.json")
+            if os.environ.get("SLOW_FIX"):
+                Path({str(tmp_path)!r}, "executing").touch()
+                time.sleep(30)
+            calc = Path("calc.py")
+            calc.write_text(calc.read_text().replace("a - b", "a + b"))
+        """))
+    item = tmp_path / "item.yaml"
+    item.write_text(textwrap.dedent(f"""\
+        id: fix-add
+        goal: add must add
+        repo: ./repo
+        max_attempts: {max_attempts}
+        blast_radius: {blast}
+        executor:
+          kind: command
+          command: {json.dumps(executor)}
+        """))
+    return item
+
+
+def choir(*args: str, env: dict[str, str] | None = None,
+          timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def fix_cmd(tmp_path: Path) -> str:
+    return f"{PY} {tmp_path / 'fix.py'}"
+
+
+def test_fail_hypothesize_fix_pass_assert_gate(tmp_path: Path) -> None:
+    item = make_item(tmp_path, executor=fix_cmd(tmp_path))
+    proc = choir("run", str(item), "--run-id", "r1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["status"] == "asserted" and out["attempt"] == 2
+    assert choir("gate", "fix-add", "--repo", str(tmp_path / "repo")).returncode == 0
+    atoms = json.loads(choir("ahdb", "list", "--json").stdout)
+    kinds = sorted((a["kind"], a["status"]) for a in atoms)
+    assert kinds == [("ASSERT", "PROMOTED"), ("ASSERT", "PROMOTED"),
+                     ("HYPOTHESIZE", "PROPOSED")]
+    hyp = next(a for a in atoms if a["kind"] == "HYPOTHESIZE")
+    assert "test_add" in hyp["discriminating_test"]
+    # the executor got bounded reports, never raw output
+    feedback = json.loads((tmp_path / "feedback-2.json").read_text())
+    assert feedback[0]["result"] == "FAIL" and "tail_log" not in json.dumps(feedback)
+    assert choir("audit").returncode == 0
+
+
+def test_canary_stays_in_the_artifact_store(tmp_path: Path, choir_home: Path) -> None:
+    item = make_item(tmp_path, executor=fix_cmd(tmp_path))
+    assert choir("run", str(item)).returncode == 0
+    stored = [p for p in (choir_home / "artifacts").rglob("*") if p.is_file()
+              and CANARY.encode() in p.read_bytes()]
+    assert stored, "the canary must be in the artifact store (raw output is kept)"
+    for name in ("checkpoints.sqlite", "ahdb.sqlite"):
+        for path in choir_home.glob(name + "*"):
+            assert CANARY.encode() not in path.read_bytes(), path
+    for path in (choir_home / "attestations").glob("*.json"):
+        assert CANARY not in path.read_text()
+    for path in tmp_path.glob("feedback-*.json"):
+        assert CANARY not in path.read_text()
+
+
+def test_same_failure_switches_mood_then_halts_within_budget(tmp_path: Path) -> None:
+    item = make_item(tmp_path, executor="true", max_attempts=6)
+    proc = choir("run", str(item), "--json")
+    assert proc.returncode == 1
+    out = json.loads(proc.stdout)
+    assert out["status"] == "halted" and out["attempt"] == 3
+    assert "CALM -> CURIOUS" in proc.stderr and "same failure 3 rounds" in out["reason"]
+    assert choir("gate", "fix-add").returncode == 1
+
+
+def test_attempt_budget_halts(tmp_path: Path) -> None:
+    item = make_item(tmp_path, executor="true", max_attempts=1)
+    out = json.loads(choir("run", str(item), "--json").stdout)
+    assert out["status"] == "halted" and "budget" in out["reason"]
+
+
+def test_large_blast_radius_waits_for_a_human(tmp_path: Path) -> None:
+    item = make_item(tmp_path, executor=fix_cmd(tmp_path), blast="large")
+    proc = choir("run", str(item), "--run-id", "big")
+    assert proc.returncode == 3 and "choir approve big" in proc.stdout
+    assert choir("approve", "big").returncode == 0
+
+
+def test_a_human_can_reject(tmp_path: Path) -> None:
+    item = make_item(tmp_path, executor=fix_cmd(tmp_path), blast="large")
+    assert choir("run", str(item), "--run-id", "big2").returncode == 3
+    proc = choir("approve", "big2", "--reject")
+    assert proc.returncode == 1 and "REJECTED" in proc.stdout
+
+
+def test_bad_work_item_exits_2_and_runs_nothing(tmp_path: Path) -> None:
+    item = make_item(tmp_path, executor=fix_cmd(tmp_path))
+    item.write_text(item.read_text().replace("max_attempts: 4", "max_attempts: -1"))
+    proc = choir("run", str(item))
+    assert proc.returncode == 2 and f"{item}:" in proc.stderr
+    assert not list(tmp_path.glob("feedback-*"))
+
+
+@pytest.mark.slow
+def test_kill_9_mid_run_then_resume_completes_without_double_counting(
+    tmp_path: Path, choir_home: Path
+) -> None:
+    item = make_item(tmp_path, executor=fix_cmd(tmp_path))
+    env = dict(os.environ, SLOW_FIX="1")
+    proc = subprocess.Popen([PY, "-m", "choir", "run", str(item), "--run-id", "crashy"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "executing").exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)  # the orchestrator and the executor die mid-attempt 2
+    proc.wait()
+    attestations_before = set((choir_home / "attestations").glob("*.json"))
+    assert len(attestations_before) == 1
+    resumed = choir("run", "--resume", "crashy", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    out = json.loads(resumed.stdout)
+    assert out["status"] == "asserted" and out["attempt"] == 2  # attempt 2 redone, not 3
+    after = set((choir_home / "attestations").glob("*.json"))
+    assert attestations_before < after and len(after) == 2
+    # resuming a finished run changes nothing
+    again = choir("run", "--resume", "crashy", "--json")
+    assert json.loads(again.stdout)["attempt"] == 2
+    assert set((choir_home / "attestations").glob("*.json")) == after
+    assert choir("audit").returncode == 0
+    shutil.rmtree(tmp_path / "repo", ignore_errors=True)
