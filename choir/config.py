@@ -56,6 +56,7 @@ class _ChoirFile(Frozen):
     models: ModelsConfig = Field(default_factory=ModelsConfig)
     moods: dict[Mood, MoodOverride] = Field(default_factory=dict)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    max_parallel: int | None = Field(default=None, ge=1, le=64)
 
 
 class RepoConfig(Frozen):
@@ -67,6 +68,7 @@ class RepoConfig(Frozen):
     models: ModelsConfig = Field(default_factory=ModelsConfig)
     moods: dict[Mood, MoodOverride] = Field(default_factory=dict)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    max_parallel: int | None = None
     lines: dict[str, int] = Field(default_factory=dict)
 
 
@@ -147,6 +149,7 @@ def load_repo_config(repo: Path) -> RepoConfig:
         models=parsed.models,
         moods=parsed.moods,
         sandbox=parsed.sandbox,
+        max_parallel=parsed.max_parallel,
         lines=lines,
     )
 

@@ -112,5 +112,5 @@ def load_policy(config: RepoConfig, packaged: _PackagedPolicy | None = None) -> 
         approval_at=base.approval_at,
         same_signature_limit=base.same_signature_limit,
         halt_after=base.halt_after,
-        max_parallel=base.max_parallel,
+        max_parallel=config.max_parallel or base.max_parallel,
     )

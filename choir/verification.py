@@ -11,6 +11,8 @@ enters graph state. ``attest_run`` mints the attestation from what is stored, so
 from __future__ import annotations
 
 import asyncio
+import functools
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,6 +34,11 @@ if TYPE_CHECKING:
     from choir.attest import AttestationStore, Signer
     from choir.pipeline import PipelineResult
     from choir.sandbox import Sandbox
+
+
+# Sandbox calls block: they run here, bounded by the policy's max_parallel semaphore and not
+# by the default executor's few workers (6 on a 2-core machine).
+_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="choir-green")
 
 
 class VerifierRun(Frozen):
@@ -68,14 +75,10 @@ async def run_verifier_thread(
     from choir.pipeline import run_verifier
     from choir.report import abuild_report
 
-    result = await asyncio.to_thread(
-        run_verifier,
-        spec,
-        repo=repo,
-        sandbox=sandbox,
-        store=store,
-        run_id=run_id,
-        target=target,
+    result = await asyncio.get_running_loop().run_in_executor(
+        _POOL,
+        functools.partial(run_verifier, spec, repo=repo, sandbox=sandbox, store=store,
+                          run_id=run_id, target=target),
     )
     report = await abuild_report(result, spec=spec, store=store, target=target, reporter=reporter)
     report_hash = store.ingest_bytes(canonical_json(report))

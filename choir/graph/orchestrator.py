@@ -27,14 +27,13 @@ from choir.models import (
 from choir.policy import load_policy
 from choir.verification import VerifierRun
 
-MAX_PARALLEL = 6
+_SEMAPHORES: dict[tuple[int, int], asyncio.Semaphore] = {}
 
 
 def _limiter(n: int) -> asyncio.Semaphore:
-    return asyncio.Semaphore(n)
-
-
-_SEMAPHORES: dict[int, asyncio.Semaphore] = {}
+    """Bounded parallelism for green threads (policy ``max_parallel``), per event loop."""
+    key = (id(asyncio.get_running_loop()), n)
+    return _SEMAPHORES.setdefault(key, asyncio.Semaphore(n))
 
 
 def _crash_report(state: GreenIn, error: BaseException) -> VerifierRun:
@@ -60,8 +59,7 @@ async def green_thread(state: GreenIn) -> GreenOut:
     item = state["work_item"]
     config = load_repo_config(Path(item.repo))
     planned = state["planned"]
-    sem = _SEMAPHORES.setdefault(id(asyncio.get_running_loop()), _limiter(MAX_PARALLEL))
-    async with sem:
+    async with _limiter(load_policy(config).max_parallel):
         try:
             sandbox = resolve_sandbox(config.sandbox.backend)
             try:

@@ -1,0 +1,65 @@
+"""Green-thread fan-out and orchestration overhead, through the real loop (`choir run`).
+
+    python bench/fanout.py
+
+1. N verifiers of `sleep 1` in one round (max_parallel = N): wall time of the whole run against
+   the 1 s a single verifier needs; target: within 1.5 s plus start-up.
+2. The same round with `true`: everything but sandbox time, per verifier; target < 50 ms.
+3. Time to resume a finished run from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+from pathlib import Path
+
+
+def make(root: Path, n: int, command: str, sandbox: str) -> Path:
+    repo = root / "repo"
+    repo.mkdir(parents=True)
+    lines = [f"sandbox: {{backend: {sandbox}}}", f"max_parallel: {n}", "verifiers:"]
+    for i in range(n):
+        lines += [f"  v{i}:", "    kind: unit_tests", f"    steps: [{{name: s, command: {command!r}}}]"]
+    lines.append(f"moods: {{CALM: {{verifiers: [{', '.join(f'v{i}' for i in range(n))}]}}}}")
+    (repo / "choir.yaml").write_text("\n".join(lines) + "\n")
+    item = root / "item.yaml"
+    item.write_text("id: bench\ngoal: g\nrepo: ./repo\nexecutor: {kind: command, command: 'true'}\n")
+    return item
+
+
+async def timed_run(item: Path, run_id: str) -> float:
+    from choir.graph.runner import run_work_item
+
+    start = time.perf_counter()
+    out = await run_work_item(item, run_id=run_id)
+    assert out.status == "asserted", out
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    home = Path(tempfile.mkdtemp())
+    os.environ["CHOIR_HOME"] = str(home)
+    os.environ["CHOIR_ARTIFACT_DIR"] = str(home / "artifacts")
+    import choir.graph.orchestrator  # noqa: F401 - pay langgraph's import before timing
+
+    for sandbox in ("local", "bwrap"):
+        one = asyncio.run(timed_run(make(home / f"{sandbox}-1", 1, "sleep 1", sandbox), f"{sandbox}-a"))
+        eight = asyncio.run(timed_run(make(home / f"{sandbox}-8", 8, "sleep 1", sandbox), f"{sandbox}-b"))
+        quick1 = asyncio.run(timed_run(make(home / f"{sandbox}-t1", 1, "true", sandbox), f"{sandbox}-c"))
+        quick8 = asyncio.run(timed_run(make(home / f"{sandbox}-t8", 8, "true", sandbox), f"{sandbox}-d"))
+        print(f"[{sandbox}] 1 x sleep 1: {one:.2f} s   8 x sleep 1: {eight:.2f} s   "
+              f"(8 in parallel cost {eight - one:+.2f} s over one)")
+        print(f"[{sandbox}] a whole run, 1 x true: {quick1 * 1000:.0f} ms; 8 x true: "
+              f"{quick8 * 1000:.0f} ms -> {(quick8 - quick1) * 1000 / 7:.0f} ms per extra verifier")
+    from choir.graph.runner import resume
+
+    start = time.perf_counter()
+    asyncio.run(resume("local-d"))
+    print(f"resume a finished run: {(time.perf_counter() - start) * 1000:.0f} ms")
+
+
+if __name__ == "__main__":
+    main()
