@@ -43,21 +43,39 @@ def main() -> None:
     start = time.perf_counter()
     for i in range(n):
         target = Target(work_item="bench", tree_hash=f"{i:064x}")
-        report = VerificationReport(verifier="unit", verifier_type="unit_tests", target=target,
-                                    result=Result.PASS, summary=f"run {i}",
-                                    next_actions=("none",), confidence=0.9)
-        manifest = RunManifest(run_id=f"r{i}", verifier="unit", status="PASS",
-                               timestamp_start=now, timestamp_end=now, tree_hash=target.tree_hash,
-                               platform=Platform(os="linux", arch="x86_64", sandbox="bwrap",
-                                                 isolation="namespace"))
+        report = VerificationReport(
+            verifier="unit",
+            verifier_type="unit_tests",
+            target=target,
+            result=Result.PASS,
+            summary=f"run {i}",
+            next_actions=("none",),
+            confidence=0.9,
+        )
+        manifest = RunManifest(
+            run_id=f"r{i}",
+            verifier="unit",
+            status="PASS",
+            timestamp_start=now,
+            timestamp_end=now,
+            tree_hash=target.tree_hash,
+            platform=Platform(os="linux", arch="x86_64", sandbox="bwrap", isolation="namespace"),
+        )
         body = AttestationBody(
-            run_id=f"r{i}", verifier="unit", verifier_kind="unit_tests",
-            verifier_version="bench", verifier_config_hash="0" * 64, commands=("true",),
-            target=target, result=Result.PASS,
+            run_id=f"r{i}",
+            verifier="unit",
+            verifier_kind="unit_tests",
+            verifier_version="bench",
+            verifier_config_hash="0" * 64,
+            commands=("true",),
+            target=target,
+            result=Result.PASS,
             report_hash=store.ingest_bytes(canonical_json(report)),
             manifest_hash=store.ingest_bytes(canonical_json(manifest)),
             environment=Environment(sandbox="bwrap", isolation="namespace"),
-            started_at=now, ended_at=now)
+            started_at=now,
+            ended_at=now,
+        )
         atts.put(mint(body, signer))
     made = time.perf_counter() - start
     start = time.perf_counter()

@@ -1,6 +1,6 @@
 """`choir --help` and `import choir` against a bare `python -c pass`, side by side.
 
-    python bench/cli_startup.py [--runs 20]
+python bench/cli_startup.py [--runs 20]
 """
 
 from __future__ import annotations

@@ -22,11 +22,17 @@ def make(root: Path, n: int, command: str, sandbox: str) -> Path:
     repo.mkdir(parents=True)
     lines = [f"sandbox: {{backend: {sandbox}}}", f"max_parallel: {n}", "verifiers:"]
     for i in range(n):
-        lines += [f"  v{i}:", "    kind: unit_tests", f"    steps: [{{name: s, command: {command!r}}}]"]
+        lines += [
+            f"  v{i}:",
+            "    kind: unit_tests",
+            f"    steps: [{{name: s, command: {command!r}}}]",
+        ]
     lines.append(f"moods: {{CALM: {{verifiers: [{', '.join(f'v{i}' for i in range(n))}]}}}}")
     (repo / "choir.yaml").write_text("\n".join(lines) + "\n")
     item = root / "item.yaml"
-    item.write_text("id: bench\ngoal: g\nrepo: ./repo\nexecutor: {kind: command, command: 'true'}\n")
+    item.write_text(
+        "id: bench\ngoal: g\nrepo: ./repo\nexecutor: {kind: command, command: 'true'}\n"
+    )
     return item
 
 
@@ -46,14 +52,26 @@ def main() -> None:
     import choir.graph.orchestrator  # noqa: F401 - pay langgraph's import before timing
 
     for sandbox in ("local", "bwrap"):
-        one = asyncio.run(timed_run(make(home / f"{sandbox}-1", 1, "sleep 1", sandbox), f"{sandbox}-a"))
-        eight = asyncio.run(timed_run(make(home / f"{sandbox}-8", 8, "sleep 1", sandbox), f"{sandbox}-b"))
-        quick1 = asyncio.run(timed_run(make(home / f"{sandbox}-t1", 1, "true", sandbox), f"{sandbox}-c"))
-        quick8 = asyncio.run(timed_run(make(home / f"{sandbox}-t8", 8, "true", sandbox), f"{sandbox}-d"))
-        print(f"[{sandbox}] 1 x sleep 1: {one:.2f} s   8 x sleep 1: {eight:.2f} s   "
-              f"(8 in parallel cost {eight - one:+.2f} s over one)")
-        print(f"[{sandbox}] a whole run, 1 x true: {quick1 * 1000:.0f} ms; 8 x true: "
-              f"{quick8 * 1000:.0f} ms -> {(quick8 - quick1) * 1000 / 7:.0f} ms per extra verifier")
+        one = asyncio.run(
+            timed_run(make(home / f"{sandbox}-1", 1, "sleep 1", sandbox), f"{sandbox}-a")
+        )
+        eight = asyncio.run(
+            timed_run(make(home / f"{sandbox}-8", 8, "sleep 1", sandbox), f"{sandbox}-b")
+        )
+        quick1 = asyncio.run(
+            timed_run(make(home / f"{sandbox}-t1", 1, "true", sandbox), f"{sandbox}-c")
+        )
+        quick8 = asyncio.run(
+            timed_run(make(home / f"{sandbox}-t8", 8, "true", sandbox), f"{sandbox}-d")
+        )
+        print(
+            f"[{sandbox}] 1 x sleep 1: {one:.2f} s   8 x sleep 1: {eight:.2f} s   "
+            f"(8 in parallel cost {eight - one:+.2f} s over one)"
+        )
+        print(
+            f"[{sandbox}] a whole run, 1 x true: {quick1 * 1000:.0f} ms; 8 x true: "
+            f"{quick8 * 1000:.0f} ms -> {(quick8 - quick1) * 1000 / 7:.0f} ms per extra verifier"
+        )
     from choir.graph.runner import resume
 
     start = time.perf_counter()

@@ -48,8 +48,16 @@ def main() -> None:
             sb = get_sandbox(name)
 
             def once(sb=sb, c=command) -> None:  # type: ignore[no-untyped-def]
-                r = sb.exec(c, repo=repo, out_dir=out, env={}, timeout_s=60, limits=Limits(),
-                            network=False, sink=lambda _: None)
+                r = sb.exec(
+                    c,
+                    repo=repo,
+                    out_dir=out,
+                    env={},
+                    timeout_s=60,
+                    limits=Limits(),
+                    network=False,
+                    sink=lambda _: None,
+                )
                 assert r.exit_code == 0, r
 
             once()  # warm-up
