@@ -99,9 +99,9 @@ class BwrapSandbox(Sandbox):
 
         cgroup = CgroupLimits(limits)
         try:
-            result = run_process(argv, env={"PATH": "/usr/bin:/bin"}, cwd=None,
-                                 timeout_s=timeout_s, sink=sink,
-                                 preexec=cgroup.join if cgroup.applied else None)
+            result = run_process(cgroup.wrap(argv) if cgroup.applied else argv,
+                                 env={"PATH": "/usr/bin:/bin"}, cwd=None,
+                                 timeout_s=timeout_s, sink=sink)
             if cgroup.applied and result.exit_code != 0 and cgroup.oom_killed():
                 result = replace(result, oom_killed=True)
         finally:
