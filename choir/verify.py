@@ -18,8 +18,8 @@ from typing import Any
 
 from choir.config import RepoConfig, load_repo_config
 from choir.exceptions import UserError
-from choir.models import Mood, Result, Target, VerifierPlan
-from choir.policy import Policy, load_policy
+from choir.models import Mood, Result, Target
+from choir.policy import load_policy
 from choir.tree import commit_sha, tree_hash
 
 TAIL_LINES = 200
@@ -41,19 +41,6 @@ def new_run_id(prefix: str) -> str:
     """A sortable, unique run id: prefix, UTC time, random suffix."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     return f"{prefix}-{stamp}-{secrets.token_hex(3)}"
-
-
-def policy_plan(config: RepoConfig, policy: Policy, mood: Mood) -> VerifierPlan:
-    """The plan for ``mood`` straight from the policy: core verifiers, with replicas."""
-    from choir.models import PlannedVerifier
-
-    mood_policy = policy.moods[mood]
-    planned = [
-        PlannedVerifier(name=name, lens="clean_rerun" if replica else "default", replica=replica)
-        for name in mood_policy.verifiers
-        for replica in range(mood_policy.reruns)
-    ]
-    return VerifierPlan(mood=mood, verifiers=tuple(planned), reason=f"{mood.value} policy")
 
 
 def resolve_target(repo: Path, work_item: str | None = None) -> Target:
@@ -82,6 +69,7 @@ async def averify_tree(
     """
     from choir.artifacts import ArtifactStore
     from choir.attest import AttestationStore, load_signer
+    from choir.director import plan as director_plan
     from choir.sandbox import resolve_sandbox
     from choir.verification import attest_run, load_manifest, run_verifier_thread
 
@@ -89,7 +77,7 @@ async def averify_tree(
     config = load_repo_config(repo)
     policy = load_policy(config)
     mood = mood or Mood.CALM
-    plan = policy_plan(config, policy, mood)
+    plan = director_plan(policy, mood, config.verifiers)
     sandbox = resolve_sandbox(
         sandbox_name or config.sandbox.backend, **_sandbox_options(config)
     )

@@ -41,7 +41,7 @@ CHOIR_YAML = textwrap.dedent(
         kind: lint
         steps:
           - name: compile
-            command: {python} -m py_compile calc.py
+            command: {python} -c "import ast; ast.parse(open('calc.py').read(), 'calc.py')"
     """
 )
 
