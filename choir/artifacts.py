@@ -112,6 +112,33 @@ def _iter_line_pieces(fh: BinaryIO) -> Iterator[tuple[int, bytes]]:
             start = cut + 1
 
 
+def write_once(path: Path, data: bytes, conflict: str) -> None:
+    """Write ``data`` to ``path`` atomically and read-only, exactly once.
+
+    The bytes land in a temp file beside ``path`` (fsynced, mode 0444) and are linked into
+    place, which fails if the name exists, so two writers can never interleave. Writing the
+    same bytes again is a no-op.
+
+    Raises:
+        IntegrityError: ``path`` already holds other bytes (message: ``conflict``).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(8)}")
+    try:
+        with open(tmp, "xb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o444)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            if path.read_bytes() != data:
+                raise IntegrityError(conflict) from None
+        _fsync_dir(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -433,20 +460,5 @@ class ArtifactStore:
         data = canonical_json(manifest)
         base = self.run_dir(run_id)
         base.mkdir(parents=True, exist_ok=True)
-        target = base / MANIFEST
-        if target.exists():
-            if target.read_bytes() != data:
-                raise IntegrityError(f"run {run_id} already has a different manifest")
-            return self.ingest_bytes(data)
-        tmp = base / f".{MANIFEST}.{secrets.token_hex(8)}"
-        try:
-            with open(tmp, "xb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, target)
-            _fsync_dir(base)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_once(base / MANIFEST, data, f"run {run_id} already has a different manifest")
         return self.ingest_bytes(data)

@@ -8,8 +8,6 @@ id, and ``get`` re-derives the id from the body, so a swapped or edited file is 
 
 from __future__ import annotations
 
-import os
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from pydantic import ValidationError
 
 from choir._canonical import blake3_hex, canonical_json, is_hash
 from choir._paths import choir_home
+from choir.artifacts import write_once
 from choir.attest.mint import signed_bytes
 from choir.exceptions import IntegrityError, NotFoundError
 from choir.models import Attestation
@@ -52,22 +51,7 @@ class AttestationStore:
             raise IntegrityError(f"attestation {att.id} does not match its body")
         data = canonical_json(att)
         path = self.path_of(att.id)
-        tmp = self.root / f".tmp-{os.getpid()}-{secrets.token_hex(8)}"
-        try:
-            with open(tmp, "xb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o444)
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                if path.read_bytes() != data:
-                    raise IntegrityError(
-                        f"attestation {att.id} is already stored with other content"
-                    ) from None
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_once(path, data, f"attestation {att.id} is already stored with other content")
         return path
 
     def get(self, att_id: str) -> Attestation:
