@@ -176,3 +176,18 @@ def test_kill_9_mid_run_then_resume_completes_without_double_counting(
     assert set((choir_home / "attestations").glob("*.json")) == after
     assert choir("audit").returncode == 0
     shutil.rmtree(tmp_path / "repo", ignore_errors=True)
+
+
+def test_a_crashed_verifier_is_inconclusive_and_costs_no_attempt(tmp_path: Path) -> None:
+    item = make_item(tmp_path, executor=fix_cmd(tmp_path))
+    config = tmp_path / "repo" / "choir.yaml"
+    config.write_text(config.read_text() + "sandbox: {backend: no-such-sandbox}\n")
+    proc = choir("run", str(item), "--json")
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 1 and out["status"] == "halted"
+    assert out["attempt"] == 1  # the nested rerun did not run the executor again
+    assert "inconclusive" in out["reason"]
+    assert "rerun" in proc.stderr
+    assert choir("gate", "fix-add").returncode == 1
+    atoms = json.loads(choir("ahdb", "list", "--json").stdout)
+    assert not [a for a in atoms if a["kind"] == "ASSERT"]
