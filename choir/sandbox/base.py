@@ -203,10 +203,14 @@ def get_sandbox(name: str, **options: object) -> Sandbox:
 def resolve_auto(**options: object) -> Sandbox:
     import warnings
 
-    for name in ("docker", "bwrap"):
-        cls = _REGISTRY[name]
-        if cls.available():
-            return cls(**options) if name == "docker" else cls()
+    docker_cls = _REGISTRY["docker"]
+    if docker_cls.available():
+        sandbox = docker_cls(**options)
+        if getattr(sandbox, "has_image", lambda: True)():
+            return sandbox
+        sandbox.close()  # an engine without the image would make every run INCONCLUSIVE
+    if _REGISTRY["bwrap"].available():
+        return _REGISTRY["bwrap"]()
     warnings.warn(
         "no Docker engine and no bubblewrap: verifiers run UNSANDBOXED (isolation 'none' is "
         "recorded in every attestation)", RuntimeWarning, stacklevel=2,

@@ -14,6 +14,7 @@ import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar
 
 from choir.models import Limits
 from choir.sandbox.base import (
@@ -55,15 +56,25 @@ class BwrapSandbox(Sandbox):
     def __init__(self) -> None:
         self._bwrap = shutil.which("bwrap") or "bwrap"
 
+    _usable: ClassVar[bool | None] = None
+
     @classmethod
     def available(cls) -> bool:
-        if not shutil.which("bwrap"):
-            return False
-        probe = run_process([shutil.which("bwrap") or "bwrap", "--ro-bind", "/usr", "/usr",
-                             "--symlink", "usr/bin", "/bin", "--unshare-all", "--uid", "65534",
-                             "--cap-drop", "ALL", "/bin/true"],
-                            env=None, cwd=None, timeout_s=10, sink=lambda _: None)
-        return probe.exit_code == 0
+        """True when a real run works here: the probe is the very argv a verifier gets."""
+        if cls._usable is None:
+            if not shutil.which("bwrap"):
+                cls._usable = False
+            else:
+                import tempfile
+
+                from choir.models import Limits as _Limits
+
+                with tempfile.TemporaryDirectory(prefix="choir-bwrap-probe-") as tmp:
+                    result = cls().exec("true", repo=Path(tmp), out_dir=Path(tmp) / "out",
+                                        env={}, timeout_s=10, limits=_Limits(),
+                                        network=False, sink=lambda _: None)
+                cls._usable = result.exit_code == 0 and result.infra_error is None
+        return cls._usable
 
     def argv(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
              network: bool) -> list[str]:

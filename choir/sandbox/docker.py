@@ -52,6 +52,14 @@ class DockerSandbox(Sandbox):
             return False
         return True
 
+    def has_image(self) -> bool:
+        """True when the configured image is present locally (no registry is assumed)."""
+        try:
+            self.client().images.get(self.image)
+        except Exception:
+            return False
+        return True
+
     def client(self) -> Any:
         if self._client is None:
             self._client = _client(timeout=60)

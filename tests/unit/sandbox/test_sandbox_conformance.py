@@ -66,3 +66,24 @@ def test_isolation_levels_are_declared() -> None:
 
     assert (LocalSandbox.isolation, BwrapSandbox.isolation, DockerSandbox.isolation) == (
         "none", "namespace", "container")
+
+
+def test_auto_skips_docker_when_its_image_is_missing() -> None:
+    from tests.sandboxes import docker_or_skip
+
+    docker_or_skip()
+    chosen = get_sandbox("auto", image="choir-no-such-image:404")
+    assert chosen.name != "docker"
+    assert get_sandbox("auto").name == "docker"  # the locally built test image is present
+
+
+def test_bwrap_probe_agrees_with_a_real_run(tmp_path: Path) -> None:
+    """auto relies on available(): it must be true exactly when a real run works."""
+    import shutil
+
+    from choir.sandbox.bwrap import BwrapSandbox
+
+    if not shutil.which("bwrap"):
+        pytest.skip("bubblewrap is not installed")
+    result, out = run(get_sandbox("bwrap"), tmp_path, "echo works")
+    assert BwrapSandbox.available() is (result.exit_code == 0 and "works" in out)
