@@ -17,9 +17,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from choir.exceptions import ConfigError
-from choir.models import VerificationReport, WorkItem
+from choir.models import Usage, VerificationReport, WorkItem
+from choir.models._base import Frozen
 
-Executor = Callable[[WorkItem, int, Sequence[VerificationReport]], str]
+
+class ExecutorOutput(Frozen):
+    """What one executor attempt left behind: its log's artifact hash, and model spend."""
+
+    artifact: str
+    usage: tuple[Usage, ...] = ()
+
+
+Executor = Callable[[WorkItem, int, Sequence[VerificationReport]], ExecutorOutput]
 _REGISTRY: dict[str, Executor] = {}
 
 
@@ -44,8 +53,9 @@ def feedback_json(reports: Sequence[VerificationReport]) -> bytes:
 
 
 @register_executor("command")
-def run_command(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport]) -> str:
-    """Run the command; returns the artifact hash of its output."""
+def run_command(item: WorkItem, attempt: int,
+                feedback: Sequence[VerificationReport]) -> ExecutorOutput:
+    """Run the command; its output goes to the artifact store."""
     from choir.artifacts import ArtifactStore
 
     assert item.executor.command
@@ -68,14 +78,17 @@ def run_command(item: WorkItem, attempt: int, feedback: Sequence[VerificationRep
                 out.write(f"\n[choir] executor exited {proc.returncode}\n".encode())
             except subprocess.TimeoutExpired:
                 out.write(b"\n[choir] executor timed out\n")
-        return ArtifactStore().ingest_file(log, link=False)
+        return ExecutorOutput(artifact=ArtifactStore().ingest_file(log, link=False))
 
 
 @register_executor("python")
-def run_python(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport]) -> str:
+def run_python(item: WorkItem, attempt: int,
+               feedback: Sequence[VerificationReport]) -> ExecutorOutput:
     from choir.artifacts import ArtifactStore
 
     module, _, name = (item.executor.function or "").partition(":")
     fn = getattr(importlib.import_module(module), name)
     result = fn(item, attempt, list(feedback))
-    return ArtifactStore().ingest_bytes(str(result).encode()[:65536])
+    if isinstance(result, ExecutorOutput):
+        return result
+    return ExecutorOutput(artifact=ArtifactStore().ingest_bytes(str(result).encode()[:65536]))

@@ -92,7 +92,8 @@ async def execute(state: RunState) -> dict[str, Any]:
     output = await asyncio.to_thread(get_executor(item.executor.kind), item, attempt,
                                      state.get("feedback", []))
     target = resolve_target(Path(item.repo), item.id)
-    return {"attempt": attempt, "target": target, "executor_output": output, "reruns": 0,
+    return {"attempt": attempt, "target": target, "executor_output": output.artifact,
+            "usage": [("executor", u) for u in output.usage], "reruns": 0,
             "runs": Overwrite([]), "events": [f"execute attempt {attempt}"]}
 
 

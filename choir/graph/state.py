@@ -11,7 +11,7 @@ from typing import Annotated
 
 from typing_extensions import TypedDict
 
-from choir.models import PlannedVerifier, Target, VerificationReport, WorkItem
+from choir.models import PlannedVerifier, Target, Usage, VerificationReport, WorkItem
 from choir.verification import VerifierRun
 
 
@@ -29,6 +29,7 @@ class RunState(TypedDict, total=False):
     feedback: list[VerificationReport]
     history: list[list[str]]
     events: Annotated[list[str], operator.add]
+    usage: Annotated[list[tuple[str, Usage]], operator.add]  # (role, spend), appended per call
     status: str
     reason: str
     asserted: str
