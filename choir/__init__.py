@@ -12,14 +12,21 @@ from typing import TYPE_CHECKING, Any
 from choir._version import __version__
 
 if TYPE_CHECKING:
+    from choir.agent import Agent, AgentContext, ExecutionContext
     from choir.models import Mood, WorkItem
 
 _LAZY: dict[str, str] = {
+    "Agent": "choir.agent",
+    "AgentContext": "choir.agent",
+    "ExecutionContext": "choir.agent",
     "Mood": "choir.models",
     "WorkItem": "choir.models",
 }
 
 __all__ = [
+    "Agent",
+    "AgentContext",
+    "ExecutionContext",
     "Mood",
     "WorkItem",
     "__version__",

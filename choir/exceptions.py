@@ -140,3 +140,7 @@ class FatalAgentError(AgentError):
 
 class InvalidModelResponse(AgentError):
     """The model's reply could not be used (bad tool arguments, schema violation)."""
+
+
+class ToolInputError(AgentError):
+    """A tool refused its input; the model is told why and may try again."""

@@ -68,6 +68,10 @@ async def acomplete(
     """
     litellm = litellm_module()
     kwargs.setdefault("num_retries", 0)
+    if kwargs.get("tools"):
+        # With tools, litellm imports its MCP gateway, which needs the optional ``mcp``
+        # package (ModuleNotFoundError otherwise). Choir never sends MCP tools.
+        kwargs.setdefault("_skip_mcp_handler", True)
     response = await litellm.acompletion(
         model=model, messages=messages, timeout=timeout, **kwargs
     )

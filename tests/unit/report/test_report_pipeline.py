@@ -71,7 +71,8 @@ def test_pytest_text_fallback(tmp_path: Path) -> None:
 def test_ruff_json_from_real_ruff(tmp_path: Path) -> None:
     repo = project(tmp_path, "import os\nimport sys\nx = 1\n")
     ruff = str(Path(PY).parent / "ruff")
-    report, _, _ = verify(repo, f"{ruff} check --no-cache --isolated --select F --output-format json .", "ruff",
+    command = f"{ruff} check --no-cache --isolated --select F --output-format json ."
+    report, _, _ = verify(repo, command, "ruff",
                           kind=VerifierKind.LINT)
     assert report.result is Result.FAIL and report.counts.failed == 2
     assert {s.test_id for s in report.failure_signatures} == {"F401"}

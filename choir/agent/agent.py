@@ -1,0 +1,328 @@
+"""``choir.Agent``: a tool-calling loop whose completion is gated by a verifier (seed 000).
+
+The model finishes by calling ``final_output``. Its arguments are validated into
+``output_type`` first (invalid arguments are an invalid model response: the model is told
+what was wrong, and no verification attempt is spent). The verifier then passes (its return
+value is the output), rejects (one attempt, compact feedback, the model revises), or fails
+the run (``FatalAgentError``). A turn bound ends a run whose model never converges, for
+example one that resubmits the identical rejected candidate forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from choir._canonical import to_jsonable
+from choir.agent.context import AgentContext, ExecutionContext
+from choir.agent.feedback import one_line
+from choir.agent.gate import Gate, GateResult, RetryPolicy, retryable
+from choir.agent.model import ModelClient, ModelReply, add_usage, as_model
+from choir.agent.store import ContextStore
+from choir.agent.tools import Tool, as_tools, clip
+from choir.exceptions import FatalAgentError, ToolInputError
+from choir.models import Usage
+
+FINAL = "final_output"
+MAX_ERROR_CHARS = 1_500
+
+
+@dataclass(frozen=True)
+class AgentEvent:
+    """One thing that happened in a run; ``name`` is stable, ``data`` is small."""
+
+    name: str
+    turn: int
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AgentResult:
+    """What ``Agent.run`` returns.
+
+    Attributes:
+        status: ``"completed"`` or ``"failed"``.
+        output: the verifier's return value, or the validated output without a verifier.
+        events: event names in order (this invocation's).
+        context: the final AgentContext (``.verification.attempts_used``, ``.usage``).
+        error: why a failed run failed: ``verification_exhausted``, ``fatal``,
+            ``turn_limit``, ``invalid_responses``, ``model_error`` or ``system_error``.
+        message: one bounded line about the failure.
+    """
+
+    status: Literal["completed", "failed"]
+    output: Any
+    events: tuple[str, ...]
+    context: AgentContext
+    error: str | None = None
+    message: str = ""
+    event_log: tuple[AgentEvent, ...] = ()
+
+    @property
+    def usage(self) -> Usage:
+        return self.context.usage
+
+
+class _Done(Exception):
+    """The run ended. The context keeps the JSON form of the output; ``value`` is live."""
+
+    def __init__(self, ctx: AgentContext, value: Any = None) -> None:
+        self.ctx = ctx.model_copy(update={"output": to_jsonable(ctx.output)})
+        self.value = ctx.output if value is None else value
+
+
+def _final_model(output_type: Any) -> tuple[type[BaseModel], bool]:
+    """The argument model of ``final_output`` and whether the output is wrapped in it."""
+    if isinstance(output_type, type) and issubclass(output_type, BaseModel):
+        return output_type, False
+    wrapped = create_model("final_output_args", __config__=ConfigDict(extra="forbid"),
+                           output=(output_type, ...))
+    return wrapped, True
+
+
+class Agent:
+    """A model with tools, an output type and an optional verifier.
+
+    Args:
+        instructions: the system prompt.
+        model: a litellm model name, or any ``ModelClient`` (``choir.testing.FakeModel``).
+        tools: functions (or ``Tool``s); ``agent_ctx`` / ``execution_ctx`` are injected.
+        output_type: what ``final_output`` must carry (a pydantic model or any type).
+        verifier: ``verifier(output, [agent_ctx], [execution_ctx])``, sync or async.
+        verifier_max_attempts: rejections allowed before ``verification_exhausted``.
+        max_turns: model calls allowed in a run.
+        max_invalid_responses: unusable replies allowed (bad arguments, unknown tools).
+        retry: retries for system errors (model transport, verifier crashes).
+        model_settings: passed to litellm (``api_base``, ``temperature``, ...).
+    """
+
+    def __init__(self, instructions: str = "", model: str | ModelClient | None = None,
+                 tools: Iterable[Tool | Callable[..., Any]] = (), output_type: Any = str,
+                 verifier: Callable[..., Any] | None = None, verifier_max_attempts: int = 3,
+                 *, max_turns: int = 40, max_invalid_responses: int = 3,
+                 retry: RetryPolicy | None = None, model_settings: dict[str, Any] | None = None,
+                 name: str = "agent") -> None:
+        if model is None:
+            raise ValueError("Agent needs a model: a litellm name or a ModelClient")
+        if verifier_max_attempts < 1 or max_turns < 1:
+            raise ValueError("verifier_max_attempts and max_turns must be at least 1")
+        self.name = name
+        self.instructions = instructions
+        self.model = as_model(model, model_settings)
+        self.tools = as_tools(tools)
+        self.output_type = output_type if output_type is not None else str
+        self.final_args, self._wrapped = _final_model(self.output_type)
+        self.retry = retry or RetryPolicy()
+        self.gate = (Gate(verifier, verifier_max_attempts, self.retry)
+                     if verifier is not None else None)
+        self.verifier_max_attempts = verifier_max_attempts
+        self.max_turns = max_turns
+        self.max_invalid_responses = max_invalid_responses
+
+    # -- schema -----------------------------------------------------------------------
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        params = self.final_args.model_json_schema()
+        params.pop("title", None)
+        final = {"type": "function", "function": {
+            "name": FINAL, "parameters": params,
+            "description": "Submit your final answer. It is validated"
+                           + (" and verified" if self.gate else "") + " before it counts."}}
+        return [*(t.schema() for t in self.tools.values()), final]
+
+    # -- running ----------------------------------------------------------------------
+    def run_sync(self, query: str, **kwargs: Any) -> AgentResult:
+        """``run`` for synchronous callers (not from inside a running event loop)."""
+        return asyncio.run(self.run(query, **kwargs))
+
+    async def run(self, query: str, *, run_id: str | None = None,
+                  store: ContextStore | None = None, deps: Any = None,
+                  on_event: Callable[[AgentEvent], None] | None = None) -> AgentResult:
+        """Run until the output is accepted or the run fails; resumes a stored run.
+
+        With ``store`` and ``run_id``, the context is saved after every step, and a run
+        that already exists continues where it stopped (a finished one returns at once).
+        """
+        run_id = run_id or f"{self.name}-{secrets.token_hex(6)}"
+        log: list[AgentEvent] = []
+        output: Any = None
+        ctx = store.load(run_id) if store is not None else None
+        if ctx is None:
+            messages: list[dict[str, Any]] = []
+            if self.instructions:
+                messages.append({"role": "system", "content": self.instructions})
+            messages.append({"role": "user", "content": query})
+            ctx = AgentContext(query=query, messages=tuple(messages))
+
+        def emit(name: str, data: dict[str, Any] | None = None) -> None:
+            event = AgentEvent(name, ctx.turn if ctx else 0, dict(data or {}))
+            log.append(event)
+            if on_event is not None:
+                on_event(event)
+
+        exec_ctx = ExecutionContext(run_id=run_id, deps=deps,
+                                    emit=lambda n, d: emit(n, d))
+
+        def save(new: AgentContext) -> AgentContext:
+            if store is not None:
+                store.save(run_id, new)
+            return new
+
+        if ctx.status == "running":
+            emit("run_started" if not ctx.turn else "run_resumed")
+            try:
+                while True:
+                    ctx = save(await self._step(ctx, exec_ctx, emit))
+            except _Done as done:
+                ctx, output = save(done.ctx), done.value
+        else:
+            output = ctx.output
+        emit("run_completed" if ctx.status == "completed" else "run_failed",
+             {"error": ctx.error} if ctx.error else {})
+        code = ctx.error.split(":", 1)[0] if ctx.error else None
+        return AgentResult(status="completed" if ctx.status == "completed" else "failed",
+                           output=output, events=tuple(e.name for e in log), context=ctx,
+                           error=code, message=ctx.error or "", event_log=tuple(log))
+
+    async def _step(self, ctx: AgentContext, exec_ctx: ExecutionContext,
+                    emit: Callable[[str, dict[str, Any] | None], None]) -> AgentContext:
+        """One model call, or the answers to the tool calls it left pending."""
+        pending = ctx.pending_tool_calls()
+        if pending:
+            return await self._answer(ctx, pending, exec_ctx, emit)
+        if ctx.turn >= self.max_turns:
+            emit("turn_limit", {"max_turns": self.max_turns})
+            raise _Done(self._fail(ctx, "turn_limit"))
+        emit("turn_started", {"turn": ctx.turn + 1})
+        reply = await self._complete(ctx, emit)
+        ctx = ctx.with_messages(reply.as_message(), turn=ctx.turn + 1,
+                                usage=add_usage(ctx.usage, reply.usage))
+        if reply.tool_calls:
+            return ctx  # saved before any side effect, so a crash never re-asks the model
+        if self._wrapped and self.output_type is str and (reply.content or "").strip():
+            return await self._finish(ctx, reply.content or "", None, exec_ctx, emit)
+        return self._invalid(ctx, None, f"Reply with tool calls; finish by calling {FINAL}.",
+                             emit)
+
+    async def _complete(self, ctx: AgentContext,
+                        emit: Callable[[str, dict[str, Any] | None], None]) -> ModelReply:
+        for retry in range(self.retry.max_retries + 1):
+            try:
+                return await self.model.complete(list(ctx.messages), self.tool_schemas())
+            except Exception as exc:  # noqa: BLE001 - transport faults are retried, bounded
+                emit("model_error", {"error": one_line(f"{type(exc).__name__}: {exc}")})
+                if retry >= self.retry.max_retries or not retryable(exc):
+                    raise _Done(self._fail(ctx, "model_error")) from exc
+                await asyncio.sleep(self.retry.delay(retry))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _answer(self, ctx: AgentContext, calls: Sequence[dict[str, Any]],
+                      exec_ctx: ExecutionContext,
+                      emit: Callable[[str, dict[str, Any] | None], None]) -> AgentContext:
+        ordered = sorted(calls, key=lambda c: c.get("function", {}).get("name") == FINAL)
+        for call in ordered:
+            fn = call.get("function", {})
+            name, arguments = str(fn.get("name", "")), fn.get("arguments") or "{}"
+            if name == FINAL:
+                if len(ordered) > 1 and call is not ordered[-1]:
+                    ctx = self._tool_reply(ctx, call, f"Only one {FINAL} call counts.")
+                    continue
+                return await self._final(ctx, call, arguments, exec_ctx, emit)
+            ctx = await self._run_tool(ctx, call, name, arguments, exec_ctx, emit)
+        return ctx
+
+    @staticmethod
+    def _tool_reply(ctx: AgentContext, call: dict[str, Any], content: str) -> AgentContext:
+        return ctx.with_messages({"role": "tool", "tool_call_id": call.get("id"),
+                                  "content": content})
+
+    async def _run_tool(self, ctx: AgentContext, call: dict[str, Any], name: str,
+                        arguments: Any, exec_ctx: ExecutionContext,
+                        emit: Callable[[str, dict[str, Any] | None], None]) -> AgentContext:
+        tool = self.tools.get(name)
+        if tool is None:
+            known = ", ".join([*self.tools, FINAL])
+            return self._invalid(ctx, call, f"Unknown tool {one_line(name, 64)!r}; "
+                                            f"available: {known}.", emit)
+        try:
+            args = tool.validate(arguments)
+        except (ValueError, ValidationError) as exc:
+            return self._invalid(ctx, call, f"Invalid arguments for {name}: "
+                                            f"{clip(str(exc), MAX_ERROR_CHARS)}", emit)
+        emit("tool_called", {"tool": name})
+        try:
+            content = await tool.call(args, ctx, exec_ctx)
+        except FatalAgentError as exc:
+            emit("tool_fatal", {"tool": name})
+            raise _Done(self._fail(self._tool_reply(ctx, call, "fatal"), "fatal",
+                                   one_line(str(exc)))) from exc
+        except ToolInputError as exc:
+            emit("tool_error", {"tool": name})
+            content = f"Error: {clip(str(exc), MAX_ERROR_CHARS)}"
+        except Exception as exc:  # noqa: BLE001 - the model is told, the run goes on
+            emit("tool_error", {"tool": name, "error": type(exc).__name__})
+            content = f"Error: the tool failed ({type(exc).__name__}: {one_line(str(exc))})"
+        return self._tool_reply(ctx, call, content)
+
+    def _invalid(self, ctx: AgentContext, call: dict[str, Any] | None, text: str,
+                 emit: Callable[[str, dict[str, Any] | None], None]) -> AgentContext:
+        emit("invalid_model_response", {"reason": one_line(text)})
+        count = ctx.invalid_responses + 1
+        if call is not None:
+            ctx = self._tool_reply(ctx, call, text)
+        else:
+            ctx = ctx.with_messages({"role": "user", "content": text})
+        ctx = ctx.model_copy(update={"invalid_responses": count})
+        if count > self.max_invalid_responses:
+            raise _Done(self._fail(ctx, "invalid_responses"))
+        return ctx
+
+    async def _final(self, ctx: AgentContext, call: dict[str, Any], arguments: Any,
+                     exec_ctx: ExecutionContext,
+                     emit: Callable[[str, dict[str, Any] | None], None]) -> AgentContext:
+        try:
+            raw = json.loads(arguments) if isinstance(arguments, str) else arguments
+            parsed = self.final_args.model_validate(raw)
+        except (ValueError, ValidationError) as exc:
+            return self._invalid(ctx, call, f"Invalid {FINAL} arguments: "
+                                            f"{clip(str(exc), MAX_ERROR_CHARS)}", emit)
+        candidate = cast(Any, parsed).output if self._wrapped else parsed
+        return await self._finish(ctx, candidate, call, exec_ctx, emit)
+
+    async def _finish(self, ctx: AgentContext, candidate: Any, call: dict[str, Any] | None,
+                      exec_ctx: ExecutionContext,
+                      emit: Callable[[str, dict[str, Any] | None], None]) -> AgentContext:
+        if self.gate is None:
+            done = ctx if call is None else self._tool_reply(ctx, call, "accepted")
+            raise _Done(done.model_copy(update={"output": candidate, "status": "completed"}))
+        result: GateResult = await self.gate.check(candidate, ctx, exec_ctx)
+        ctx = ctx.model_copy(update={"verification": result.state,
+                                     "attempt": result.state.attempts_used})
+        state = {"attempts_used": result.state.attempts_used}
+        if result.kind == "passed":
+            emit("verification_passed", state)
+            done = ctx if call is None else self._tool_reply(ctx, call, "accepted")
+            raise _Done(done.model_copy(update={"output": result.output,
+                                                "status": "completed"}))
+        if result.kind in ("rejected", "exhausted"):
+            emit("verification_rejected", state)
+            ctx = (ctx.with_messages({"role": "user", "content": result.feedback})
+                   if call is None else self._tool_reply(ctx, call, result.feedback))
+            if result.kind == "exhausted":
+                emit("verification_exhausted", state)
+                raise _Done(self._fail(ctx, "verification_exhausted"))
+            return ctx
+        emit("verification_error" if result.kind == "system_error" else "verification_fatal",
+             {"error": result.error})
+        raise _Done(self._fail(ctx, "fatal" if result.kind == "fatal" else "system_error",
+                               result.error))
+
+    @staticmethod
+    def _fail(ctx: AgentContext, error: str, detail: str = "") -> AgentContext:
+        return ctx.model_copy(update={"status": "failed",
+                                      "error": f"{error}: {detail}" if detail else error})

@@ -1,0 +1,86 @@
+"""The state an agent run carries: AgentContext (persisted) and ExecutionContext (runtime).
+
+``AgentContext`` is the source of truth for a run: the conversation, the turn counter, the
+model spend and the seed-000 ``VerificationState``. It is a frozen model, replaced (never
+mutated) after each step, so a saved context is exactly what the next step starts from.
+``ExecutionContext`` is per-process and is never persisted: counters never live there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import Field
+
+from choir.models import Usage
+from choir.models._base import Frozen
+
+Outcome = Literal["passed", "rejected", "system_error"]
+
+
+class VerificationState(Frozen):
+    """Attempt accounting for the verifier gate (seed 000).
+
+    ``last_candidate_hash`` is the canonical-JSON hash of the last verified candidate: a
+    rejection of the same candidate again (a replay after a crash) does not count twice.
+    """
+
+    attempts_used: int = Field(default=0, ge=0)
+    last_candidate_hash: str | None = None
+    last_outcome: Outcome | None = None
+
+
+class AgentContext(Frozen):
+    """Everything a run needs to continue after a crash, and nothing process-specific.
+
+    ``messages`` are OpenAI-format chat messages (plain JSON), so any saved context can be
+    inspected and resumed by a fresh process.
+    """
+
+    schema_version: Literal[1] = 1
+    query: str
+    messages: tuple[dict[str, Any], ...] = ()
+    turn: int = Field(default=0, ge=0)
+    output: Any = None
+    attempt: int = Field(default=0, ge=0)
+    invalid_responses: int = Field(default=0, ge=0)
+    verification: VerificationState = Field(default_factory=VerificationState)
+    usage: Usage = Field(default_factory=Usage)
+    status: Literal["running", "completed", "failed"] = "running"
+    error: str | None = None
+
+    def with_messages(self, *new: dict[str, Any], **changes: Any) -> AgentContext:
+        """A copy with ``new`` messages appended and ``changes`` applied."""
+        return self.model_copy(update={"messages": (*self.messages, *new), **changes})
+
+    def pending_tool_calls(self) -> list[dict[str, Any]]:
+        """Tool calls of the last assistant message that have no answer yet (after a crash)."""
+        if not self.messages:
+            return []
+        answered = set()
+        for message in reversed(self.messages):
+            if message.get("role") == "tool":
+                answered.add(message.get("tool_call_id"))
+                continue
+            if message.get("role") == "assistant":
+                return [c for c in message.get("tool_calls") or ()
+                        if c.get("id") not in answered]
+            return []
+        return []
+
+
+@dataclass
+class ExecutionContext:
+    """Per-process run-time values handed to tools and verifiers; never persisted.
+
+    Attributes:
+        run_id: the run's id (the persistence key when a store is used).
+        deps: anything the caller passed to ``Agent.run(..., deps=...)``.
+        emit: records an event for the run (name, data).
+    """
+
+    run_id: str
+    deps: Any = None
+    emit: Callable[[str, dict[str, Any]], None] = field(default=lambda name, data: None)

@@ -1,0 +1,94 @@
+"""The verifier gate of seed 000: pass, reject (counted once per candidate), fatal, error.
+
+A rejection counts one attempt unless it is the same candidate (canonical-JSON hash) as the
+last one, which is what a replay after a crash looks like. ``FatalAgentError`` ends the run.
+Any other exception is a system error: retried within the policy, never an attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from choir._canonical import hash_json
+from choir.agent.context import AgentContext, ExecutionContext, VerificationState
+from choir.agent.feedback import one_line, rejection_feedback
+from choir.agent.injection import call_maybe_async, inject, injected_params
+from choir.exceptions import FatalAgentError, VerificationRejected
+
+GateKind = Literal["passed", "rejected", "exhausted", "fatal", "system_error"]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded retries with exponential back-off, for system errors (model, verifier)."""
+
+    max_retries: int = 2
+    backoff_s: float = 0.5
+    max_backoff_s: float = 8.0
+
+    def delay(self, retry: int) -> float:
+        return float(min(self.max_backoff_s, self.backoff_s * (2 ** retry)))
+
+
+def retryable(exc: BaseException) -> bool:
+    """Client errors (bad request, auth, not found) will not change on retry."""
+    status = getattr(exc, "status_code", None)
+    return not (isinstance(status, int) and status in (400, 401, 403, 404, 422))
+
+
+@dataclass(frozen=True)
+class GateResult:
+    kind: GateKind
+    state: VerificationState
+    output: Any = None
+    feedback: str = ""
+    error: str = ""
+
+
+def candidate_hash(candidate: Any) -> str:
+    """The canonical-JSON blake3 hash of a validated candidate."""
+    return hash_json(candidate)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A verifier with its injection plan and attempt budget."""
+
+    verifier: Callable[..., Any]
+    max_attempts: int
+    retry: RetryPolicy
+
+    async def check(self, candidate: Any, agent_ctx: AgentContext,
+                    execution_ctx: ExecutionContext) -> GateResult:
+        state = agent_ctx.verification
+        digest = candidate_hash(candidate)
+        kwargs = inject(injected_params(self.verifier), agent_ctx, execution_ctx)
+        for retry in range(self.retry.max_retries + 1):
+            try:
+                value = await call_maybe_async(self.verifier, candidate, **kwargs)
+            except VerificationRejected as rejected:
+                used = state.attempts_used + (0 if digest == state.last_candidate_hash else 1)
+                new = VerificationState(attempts_used=used, last_candidate_hash=digest,
+                                        last_outcome="rejected")
+                feedback = rejection_feedback(rejected.message, rejected.code,
+                                              rejected.metadata, attempts_used=used,
+                                              max_attempts=self.max_attempts)
+                kind: GateKind = "exhausted" if used >= self.max_attempts else "rejected"
+                return GateResult(kind, new, feedback=feedback,
+                                  error=one_line(rejected.message))
+            except FatalAgentError as fatal:
+                return GateResult("fatal", state, error=one_line(str(fatal)))
+            except Exception as exc:  # noqa: BLE001 - a system error, never an attempt
+                if retry >= self.retry.max_retries or not retryable(exc):
+                    failed = state.model_copy(update={"last_outcome": "system_error"})
+                    return GateResult("system_error", failed,
+                                      error=one_line(f"{type(exc).__name__}: {exc}"))
+                await asyncio.sleep(self.retry.delay(retry))
+                continue
+            passed = VerificationState(attempts_used=state.attempts_used,
+                                       last_candidate_hash=digest, last_outcome="passed")
+            return GateResult("passed", passed, output=value)
+        raise AssertionError("unreachable")  # pragma: no cover
