@@ -14,6 +14,7 @@ import os
 import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
+from typing import Protocol
 from pathlib import Path
 
 from choir.exceptions import ConfigError
@@ -28,7 +29,13 @@ class ExecutorOutput(Frozen):
     usage: tuple[Usage, ...] = ()
 
 
-Executor = Callable[[WorkItem, int, Sequence[VerificationReport]], ExecutorOutput]
+class Executor(Protocol):
+    """``executor(item, attempt, feedback, run_id=...)``: one attempt at the work item."""
+
+    def __call__(self, item: WorkItem, attempt: int, feedback: Sequence[VerificationReport],
+                 run_id: str | None = None) -> ExecutorOutput: ...
+
+
 _REGISTRY: dict[str, Executor] = {}
 
 
@@ -41,6 +48,8 @@ def register_executor(name: str) -> Callable[[Executor], Executor]:
 
 
 def get_executor(name: str) -> Executor:
+    if name == "llm" and name not in _REGISTRY:
+        import choir.agent.executor  # noqa: F401 - registers itself; imports the agent stack
     if name not in _REGISTRY:
         raise ConfigError(f"executor kind '{name}' is not available here; known: "
                           f"{', '.join(sorted(_REGISTRY))}")
@@ -53,14 +62,16 @@ def feedback_json(reports: Sequence[VerificationReport]) -> bytes:
 
 
 @register_executor("command")
-def run_command(item: WorkItem, attempt: int,
-                feedback: Sequence[VerificationReport]) -> ExecutorOutput:
+def run_command(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport],
+                run_id: str | None = None) -> ExecutorOutput:
     """Run the command; its output goes to the artifact store."""
     from choir.artifacts import ArtifactStore
 
     assert item.executor.command
     with tempfile.TemporaryDirectory(prefix="choir-exec-") as tmp:
         env = dict(os.environ, CHOIR_ATTEMPT=str(attempt))
+        if run_id:
+            env["CHOIR_RUN_ID"] = run_id
         item_file = Path(tmp) / "workitem.json"
         item_file.write_text(item.model_dump_json())
         env["CHOIR_WORKITEM_FILE"] = str(item_file)
@@ -82,8 +93,8 @@ def run_command(item: WorkItem, attempt: int,
 
 
 @register_executor("python")
-def run_python(item: WorkItem, attempt: int,
-               feedback: Sequence[VerificationReport]) -> ExecutorOutput:
+def run_python(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport],
+               run_id: str | None = None) -> ExecutorOutput:
     from choir.artifacts import ArtifactStore
 
     module, _, name = (item.executor.function or "").partition(":")

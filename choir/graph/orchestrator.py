@@ -90,7 +90,7 @@ async def execute(state: RunState) -> dict[str, Any]:
     item = state["work_item"]
     attempt = state.get("attempt", 0) + 1
     output = await asyncio.to_thread(get_executor(item.executor.kind), item, attempt,
-                                     state.get("feedback", []))
+                                     state.get("feedback", []), run_id=state["run_id"])
     target = resolve_target(Path(item.repo), item.id)
     return {"attempt": attempt, "target": target, "executor_output": output.artifact,
             "usage": [("executor", u) for u in output.usage], "reruns": 0,

@@ -42,6 +42,8 @@ class ExecutorSpec(Frozen):
     model: str | None = None
     instructions: str | None = None
     timeout_s: float = Field(default=600.0, gt=0)
+    max_turns: int = Field(default=30, ge=1, le=500)
+    verifier_max_attempts: int = Field(default=3, ge=1, le=50)
 
 
 class WorkItem(Frozen):
