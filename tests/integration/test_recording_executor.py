@@ -1,0 +1,55 @@
+"""``choir.testing.RecordingExecutor`` drives `choir run` offline and records what it got."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from choir.testing import RecordingExecutor
+
+PY = sys.executable
+CANARY = "CANARY-recording-executor-raw-output"
+
+
+def test_recording_executor_drives_a_run_and_sees_only_bounded_feedback(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (repo / "test_calc.py").write_text(
+        f"from calc import add\n\ndef test_add():\n    print('{CANARY}')\n"
+        "    assert add(2, 3) == 5\n")
+    (repo / "choir.yaml").write_text(textwrap.dedent(f"""\
+        verifiers:
+          unit:
+            kind: unit_tests
+            steps:
+              - name: pytest
+                command: {PY} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml
+            parser: junit
+        sandbox: {{backend: local}}
+        """))
+    log = tmp_path / "calls.jsonl"
+    (tmp_path / "scripted.py").write_text(textwrap.dedent(f"""\
+        from pathlib import Path
+        from choir.testing import RecordingExecutor
+        executor = RecordingExecutor(
+            edits=[{{}}, {{"calc.py": "def add(a, b):\\n    return a + b\\n"}}],
+            log=Path({str(log)!r}))
+        """))
+    item = tmp_path / "item.yaml"
+    item.write_text("id: rec\ngoal: add must add\nrepo: ./repo\nexecutor:\n"
+                    "  kind: python\n  function: scripted:executor\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    proc = subprocess.run([PY, "-m", "choir", "run", str(item), "--json"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["attempt"] == 2
+    calls = RecordingExecutor.read_log(log)
+    assert [(c["attempt"], c["written"]) for c in calls] == [(1, []), (2, ["calc.py"])]
+    assert calls[0]["feedback"] == []
+    assert [r["result"] for r in calls[1]["feedback"]] == ["FAIL"]
+    assert CANARY not in log.read_text()
