@@ -6,7 +6,8 @@ are equal) to a pipe. Side by side in the same run:
 - bare: ``producer | cat > file``
 - bare+fsync: ``producer | cat > file && sync file`` (the store fsyncs; this is the fair bar)
 - choir: ``producer | python -c 'ArtifactStore(...).ingest_stream(stdin)'``, which reports
-  its own peak RSS (``ru_maxrss``) beside the RSS of the same interpreter before ingesting,
+  its own peak RSS (``VmHWM``; ``ru_maxrss`` would include this parent's, see
+  tests/memory.py) beside the RSS of the same interpreter before ingesting,
   and the time spent inside ``ingest_stream`` ("in-proc": without interpreter start-up,
   which dominates small sizes).
 
@@ -35,15 +36,18 @@ out.flush()
 """
 
 CONSUMER = """
-import json, resource, sys, time
+import json, sys, time
 from pathlib import Path
 from choir.artifacts import ArtifactStore
+def peak_rss_kib():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
 store = ArtifactStore(Path(sys.argv[1]))
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = peak_rss_kib()
 start = time.perf_counter()
 digest = store.ingest_stream(sys.stdin.buffer)
 seconds = time.perf_counter() - start
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = peak_rss_kib()
 print(json.dumps({"digest": digest, "rss_before_kib": before, "rss_peak_kib": peak,
                   "ingest_s": seconds}))
 """

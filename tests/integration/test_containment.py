@@ -15,6 +15,7 @@ import pytest
 from choir.models import Limits
 from choir.sandbox import Sandbox
 from choir.tree import tree_hash
+from tests.memory import PEAK_RSS
 from tests.sandboxes import ISOLATED, isolated_backend
 
 PY = "python3"
@@ -142,8 +143,8 @@ def test_one_gigabyte_of_output_is_stored_whole_in_flat_memory(
 ) -> None:
     """Run the pipeline in a child process and read its peak RSS: it must stay flat."""
     size = int(os.environ.get("CHOIR_BIG_OUTPUT_BYTES", str(1 << 30)))
-    script = f"""
-import resource, sys, json
+    script = PEAK_RSS + f"""
+import sys, json
 from pathlib import Path
 from choir.artifacts import ArtifactStore
 from choir.models import StepSpec, Target, VerifierKind, VerifierSpec
@@ -157,7 +158,7 @@ res = run_verifier(spec, repo=Path({str(repo)!r}), sandbox=get_sandbox({sandbox.
 digest = res.artifacts["logs/step-01-spew.log"]
 print(json.dumps({{"status": res.status, "size": store.path_of(digest).stat().st_size,
                   "digest": digest,
-                  "rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}}))
+                  "rss_kb": peak_rss_kib()}}))
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=600)

@@ -14,6 +14,7 @@ import pytest
 
 from choir.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError
+from tests.memory import PEAK_RSS
 
 INGEST = """
 import sys
@@ -98,14 +99,14 @@ def test_two_processes_ingesting_the_same_content(tmp_path: Path) -> None:
     assert list((root / "tmp").iterdir()) == []
 
 
-MEMORY = """
-import resource, sys
+MEMORY = PEAK_RSS + """
+import sys
 from pathlib import Path
 from choir.artifacts import ArtifactStore
 store = ArtifactStore(Path(sys.argv[1]))
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = peak_rss_kib()
 digest = store.ingest_stream(sys.stdin.buffer)
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+after = peak_rss_kib()
 print(digest, (after - before) // 1024)
 """
 
