@@ -1,30 +1,56 @@
 """cgroup v1 limits for sandboxes that have none of their own (bwrap).
 
 bwrap enforces no resource limits. Where cgroup v1 controllers are writable (root, as in CI),
-each run is placed in a ``pids`` and a ``memory`` group; the child joins them before it execs,
-so a fork bomb or a memory hog is bounded from its first instruction. Groups are pooled per
-process (creating and removing two cgroups costs about 7 ms a run): a group is reused only once
-it is empty, its limits are rewritten for each run, and OOM kills are counted against the
-group's counter as it stood before the run. Where cgroups are not writable, nothing is applied
-and ``applied`` is false.
+each run is placed in a ``pids`` and a ``memory`` group before its first instruction, so a fork
+bomb or a memory hog is bounded from the start. Where they are not writable, nothing is
+applied and ``applied`` is false.
+
+Why the groups are joined ahead of time: moving a process into a cgroup takes the kernel's
+global ``cgroup_threadgroup_rwsem`` for writing, which waits for an RCU grace period whenever
+no other move happened in the last grace period. Measured here (cgroup v1, 6.x kernel) the
+``write`` to ``cgroup.procs`` blocks 5-17 ms, off-CPU; back-to-back moves are nearly free,
+which is why ``true`` in a loop hid it and a 40 ms Python start-up showed it in full. So each
+pooled group pair keeps one idle *launcher*: a ``/bin/sh -s`` that has already moved itself
+into both groups and waits on its stdin. A run hands it ``exec bwrap ...`` and the sandbox
+starts inside the groups with no move on its path; a fresh launcher is armed in the background
+once the pair is empty again. Groups are pooled per process (making and removing two cgroups
+costs about 7 ms), limits are rewritten for each run, and OOM kills are counted against the
+group's counter as it stood before the run. Groups of a Choir process that is gone (killed
+before its ``atexit``) are removed by the next process that pools groups.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import os
+import queue
 import secrets
+import select
+import shlex
 import signal
+import subprocess
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from choir.models import Limits
 
 _ROOT = Path("/sys/fs/cgroup")
-_POOL: list[tuple[Path, Path]] = []
-_ALL: list[tuple[Path, Path]] = []
-_LOCK = threading.Lock()
+_CONTROLLERS = ("pids", "memory")
+_READY = b"J"
+_JOIN_TIMEOUT_S = 10.0
+
+
+@dataclass
+class _Slot:
+    """One pids+memory group pair and, while idle, the launcher waiting inside it."""
+
+    pids: Path
+    mem: Path
+    launcher: subprocess.Popen[bytes] | None = None
 
 
 def _oom_kills(mem: Path) -> int:
@@ -34,98 +60,273 @@ def _oom_kills(mem: Path) -> int:
     return 0
 
 
-def _new_pair() -> tuple[Path, Path]:
-    name = f"choir-{os.getpid()}-{secrets.token_hex(4)}"
-    pids, mem = _ROOT / "pids" / name, _ROOT / "memory" / name
-    pids.mkdir()
+def _members(path: Path) -> list[int]:
     try:
-        mem.mkdir()
+        return [int(pid) for pid in (path / "cgroup.procs").read_text().split()]
     except OSError:
-        pids.rmdir()
-        raise
-    _ALL.append((pids, mem))
-    return pids, mem
-
-
-def _remove_all() -> None:
-    for pair in _ALL:
-        for path in pair:
-            for _ in range(20):
-                try:
-                    path.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    _kill(path)
-                    time.sleep(0.05)
-
-
-atexit.register(_remove_all)
+        return []
 
 
 def _kill(path: Path) -> None:
+    for pid in _members(path):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _launch(slot: _Slot) -> subprocess.Popen[bytes]:
+    """A shell that moves itself into the slot's groups, says so, then waits for its command."""
+    proc = subprocess.Popen(
+        ["/bin/sh", "-s"], env={"PATH": "/usr/bin:/bin"}, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    assert proc.stdin is not None
+    pids, mem = (shlex.quote(str(p / "cgroup.procs")) for p in (slot.pids, slot.mem))
+    proc.stdin.write(f"echo $$ > {pids} && echo $$ > {mem} && printf J || exit 125\n".encode())
+    proc.stdin.flush()
+    return proc
+
+
+def _await_ready(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    """True once the launcher reported that it sits in both groups."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout.fileno()], [], [], timeout_s)
+    return bool(ready) and os.read(proc.stdout.fileno(), 1) == _READY
+
+
+def _discard(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is None:
+        return
     try:
-        for pid in (path / "cgroup.procs").read_text().split():
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None:
+            stream.close()
+
+
+def _sweep_dead_owners() -> None:
+    """Remove empty ``choir-PID-*`` groups whose PID is gone (a killed Choir process)."""
+    for controller in _CONTROLLERS:
+        try:
+            entries = list((_ROOT / controller).glob("choir-*-*"))
+        except OSError:
+            continue
+        for path in entries:
             try:
-                os.kill(int(pid), signal.SIGKILL)
+                pid = int(path.name.split("-")[1])
+                os.kill(pid, 0)
+                continue  # the owner lives: never touch its groups
             except ProcessLookupError:
                 pass
-    except OSError:
-        pass
+            except (ValueError, PermissionError):
+                continue
+            try:
+                path.rmdir()  # fails while anything is still inside: then it stays
+            except OSError:
+                pass
+
+
+class _Pool:
+    """Per-process pool of group pairs, each idle pair holding a ready launcher."""
+
+    def __init__(self) -> None:
+        self.owner = os.getpid()
+        self.lock = threading.Lock()
+        self.ready: collections.deque[_Slot] = collections.deque()
+        self.slots: list[_Slot] = []
+        self.closed = False
+        self.jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self.worker: threading.Thread | None = None
+        _sweep_dead_owners()
+
+    def take(self) -> _Slot:
+        """The pair that has waited longest (its launcher has joined by now), or a new one.
+
+        Raises:
+            OSError: the groups cannot be made (no writable cgroup v1 controllers).
+        """
+        with self.lock:
+            slot = self.ready.popleft() if self.ready else None
+            low = not self.ready
+        if slot is None:
+            slot = self._new_slot()
+            slot.launcher = _launch(slot)
+        if low:  # keep a spare armed, so back-to-back runs never wait for a move
+            self._background(self._add_spare)
+        return slot
+
+    def give_back(self, slot: _Slot) -> None:
+        """Return an empty pair; it is re-armed off the caller's path."""
+        self._background(lambda: self._arm(slot))
+
+    def _new_slot(self) -> _Slot:
+        name = f"choir-{os.getpid()}-{secrets.token_hex(4)}"
+        slot = _Slot(_ROOT / "pids" / name, _ROOT / "memory" / name)
+        with self.lock:
+            if self.closed:
+                raise OSError("cgroup pool closed")
+            self.slots.append(slot)
+        slot.pids.mkdir()
+        try:
+            slot.mem.mkdir()
+        except OSError:
+            slot.pids.rmdir()
+            with self.lock:
+                self.slots.remove(slot)
+            raise
+        return slot
+
+    def _add_spare(self) -> None:
+        slot = self._new_slot()
+        self._arm(slot)
+
+    def _arm(self, slot: _Slot) -> None:
+        launcher = _launch(slot)
+        with self.lock:
+            if not self.closed:
+                slot.launcher = launcher
+                self.ready.append(slot)
+                return
+        _discard(launcher)
+
+    def _background(self, job: Callable[[], None]) -> None:
+        self.jobs.put(job)
+        with self.lock:
+            if self.worker is None:
+                self.worker = threading.Thread(target=self._work, name="choir-cgroups",
+                                               daemon=True)
+                self.worker.start()
+
+    def _work(self) -> None:
+        """Arm launchers, for the life of the process.
+
+        This thread must never end while a launcher it spawned may still run: bwrap's
+        ``--die-with-parent`` is ``PR_SET_PDEATHSIG``, which fires when the parent *thread*
+        exits (measured: a worker that retired when idle killed a run 4.5 s in).
+        """
+        while True:
+            try:
+                self.jobs.get()()
+            except Exception:  # noqa: BLE001 - a refill that failed: take() makes its own
+                pass
+
+    def close(self) -> None:
+        """Stop the launchers and remove every group (at exit)."""
+        with self.lock:
+            self.closed = True
+            slots = list(self.slots)
+            self.ready.clear()
+        for slot in slots:
+            _discard(slot.launcher)
+            slot.launcher = None
+            for path in (slot.pids, slot.mem):
+                for _ in range(20):
+                    try:
+                        path.rmdir()
+                        break
+                    except FileNotFoundError:
+                        break
+                    except OSError:
+                        _kill(path)
+                        time.sleep(0.05)
+
+
+_POOL: _Pool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> _Pool:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL.owner != os.getpid():  # a forked child starts its own
+            _POOL = _Pool()
+        return _POOL
+
+
+@atexit.register
+def _close_pool() -> None:
+    if _POOL is not None and _POOL.owner == os.getpid():
+        _POOL.close()
 
 
 class CgroupLimits:
-    """A pids+memory cgroup pair (v1) for one run. Use ``join`` as the child's preexec hook."""
+    """A pids+memory cgroup pair (v1) for one run; ``spawn`` starts the run inside it."""
 
     def __init__(self, limits: Limits) -> None:
         self.applied = False
-        self.pair: tuple[Path, Path] | None = None
+        self.slot: _Slot | None = None
+        self._oom_before = 0
+        self._broken = False
         try:
-            with _LOCK:
-                self.pair = _POOL.pop() if _POOL else _new_pair()
-            pids, mem = self.pair
-            (pids / "pids.max").write_text(str(limits.pids))
-            limit = str(limits.memory_mb * 1024 * 1024)
+            self.slot = _pool().take()
+            (self.slot.pids / "pids.max").write_text(str(limits.pids))
+            limit = limits.memory_mb * 1024 * 1024
+            mem = self.slot.mem
             memsw = mem / "memory.memsw.limit_in_bytes"
             current = int((mem / "memory.limit_in_bytes").read_text())
             # v1 wants memory <= memsw at every step: order the writes accordingly
-            files = [mem / "memory.limit_in_bytes", memsw] if int(limit) <= current else \
+            files = [mem / "memory.limit_in_bytes", memsw] if limit <= current else \
                 [memsw, mem / "memory.limit_in_bytes"]
             for path in files:
                 if path.exists():
-                    path.write_text(limit)  # memsw: no escaping into swap
+                    path.write_text(str(limit))  # memsw: no escaping into swap
             self._oom_before = _oom_kills(mem)
             self.applied = True
         except OSError:
-            self.pair = None
+            if self.slot is not None:
+                _discard(self.slot.launcher)
+                self.slot.launcher = None
+                self.slot = None  # never reused: its limits are unknown (removed at exit)
 
-    def wrap(self, argv: list[str]) -> list[str]:
-        """``argv`` run by a shell that first moves itself into the groups, then execs.
+    def spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        """Start ``argv`` inside the groups, as the leader of a new session.
 
-        Joining before exec bounds the command from its first instruction; doing it in a
-        shell rather than a Python ``preexec_fn`` keeps subprocess on its fast spawn path.
+        The idle launcher already sits in both groups; it ``exec``s ``argv`` with stdin from
+        /dev/null, so nothing of the command ever runs outside the limits.
+
+        Raises:
+            OSError: the process could not be placed in the groups.
         """
-        assert self.pair is not None
-        pids, mem = (str(p / "cgroup.procs") for p in self.pair)
-        script = 'echo $$ > "$1" && echo $$ > "$2" || exit 125; shift 2; exec "$@"'
-        return ["/bin/sh", "-c", script, "choir-cgroup", pids, mem, *argv]
+        assert self.slot is not None
+        launcher, self.slot.launcher = self.slot.launcher, None
+        if (launcher is None or not _await_ready(launcher, _JOIN_TIMEOUT_S)
+                or launcher.poll() is not None):
+            _discard(launcher)  # died or stuck: one fresh try, then give up
+            launcher = _launch(self.slot)
+            if not _await_ready(launcher, _JOIN_TIMEOUT_S):
+                _discard(launcher)
+                self._broken = True
+                raise OSError("could not move the sandbox into its cgroups")
+        assert launcher.stdin is not None
+        try:
+            launcher.stdin.write(os.fsencode(f"exec {shlex.join(argv)} </dev/null\n"))
+            launcher.stdin.close()
+        except OSError:
+            _discard(launcher)
+            raise
+        return launcher
 
     def oom_killed(self) -> bool:
-        return self.pair is not None and _oom_kills(self.pair[1]) > self._oom_before
+        return self.slot is not None and _oom_kills(self.slot.mem) > self._oom_before
 
     def close(self) -> None:
         """Empty the groups and return them to the pool."""
-        if self.pair is None:
+        slot, self.slot = self.slot, None
+        if slot is None:
             return
+        _discard(slot.launcher)  # only set when spawn was never called
+        slot.launcher = None
         for _ in range(100):
-            if not any((p / "cgroup.procs").read_text().strip() for p in self.pair):
+            if not any(_members(p) for p in (slot.pids, slot.mem)):
                 break
-            for path in self.pair:
+            for path in (slot.pids, slot.mem):
                 _kill(path)
             time.sleep(0.01)
         else:
             return  # still not empty: never reuse it (removed at exit)
-        with _LOCK:
-            _POOL.append(self.pair)
-        self.pair = None
+        if not self._broken and slot.pids.is_dir() and slot.mem.is_dir():
+            _pool().give_back(slot)  # a pair that failed a join is dropped (removed at exit)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import os
+import selectors
 import signal
 import subprocess
 import time
@@ -80,12 +81,21 @@ def run_process(argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str 
         )
     except OSError as exc:
         return ExecResult(-1, 0, infra_error=f"could not start: {exc}")
+    return stream_process(proc, start=start, timeout_s=timeout_s, sink=sink)
+
+
+def stream_process(proc: subprocess.Popen[bytes], *, start: float, timeout_s: float,
+                   sink: Sink) -> ExecResult:
+    """Stream a started process's combined output to ``sink``; kill its group on timeout.
+
+    ``proc`` must lead its own session (``start_new_session=True``) so that one ``killpg``
+    reaches every descendant; ``start`` is the ``time.monotonic()`` the run began at, so a
+    caller that spent time before the spawn (joining cgroups) is charged for it.
+    """
     assert proc.stdout is not None
     deadline = start + timeout_s
     timed_out = False
     total = 0
-    import selectors
-
     fd = proc.stdout.fileno()
     os.set_blocking(fd, False)
     with selectors.DefaultSelector() as sel:

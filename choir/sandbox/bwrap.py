@@ -12,11 +12,14 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
 
 from choir.models import Limits
+from choir.sandbox._cgroups import CgroupLimits
 from choir.sandbox.base import (
     ExecResult,
     Sandbox,
@@ -25,6 +28,7 @@ from choir.sandbox.base import (
     register_sandbox,
     run_process,
     step_env,
+    stream_process,
 )
 
 _FORBIDDEN = ("/run", "/var/run", "/proc", "/sys", "/dev")
@@ -104,17 +108,20 @@ class BwrapSandbox(Sandbox):
         prepare_out(out_dir)
         argv = self.argv(command, repo=repo.resolve(), out_dir=out_dir.resolve(), env=env,
                          network=network)
-        from dataclasses import replace
-
-        from choir.sandbox._cgroups import CgroupLimits
-
         cgroup = CgroupLimits(limits)
         try:
-            result = run_process(cgroup.wrap(argv) if cgroup.applied else argv,
-                                 env={"PATH": "/usr/bin:/bin"}, cwd=None,
-                                 timeout_s=timeout_s, sink=sink)
-            if cgroup.applied and result.exit_code != 0 and cgroup.oom_killed():
+            if not cgroup.applied:
+                return run_process(argv, env={"PATH": "/usr/bin:/bin"}, cwd=None,
+                                   timeout_s=timeout_s, sink=sink)
+            start = time.monotonic()
+            try:
+                proc = cgroup.spawn(argv)
+            except OSError as exc:
+                return ExecResult(-1, int((time.monotonic() - start) * 1000),
+                                  infra_error=f"bwrap could not start inside its limits: {exc}")
+            result = stream_process(proc, start=start, timeout_s=timeout_s, sink=sink)
+            if result.exit_code != 0 and cgroup.oom_killed():
                 result = replace(result, oom_killed=True)
+            return result
         finally:
             cgroup.close()
-        return result
