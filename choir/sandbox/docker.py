@@ -3,7 +3,15 @@
 The repo is bind-mounted read-only and is the working directory; the run's output folder is
 the only writable mount; no network unless the policy allows it; all capabilities dropped,
 no-new-privileges, uid 65534, read-only root with a tmpfs /tmp, memory/pids/CPU limits from
-the policy. Containers carry the label ``choir.managed=1`` so leftovers can be cleaned.
+the policy.
+
+Leftovers: a Choir process killed with SIGKILL never reaches its ``finally`` and its container
+keeps running. Every container is labelled ``choir.managed=1`` plus its owner (host and PID
+namespace identity, PID and that PID's start time, which together name one process even after
+PID reuse) and the time after which no live owner can still need it (``choir.expires``: the
+run deadline plus the log drain plus a grace). The first time a process uses the docker
+backend it removes Choir's containers whose owner is gone or that are past ``choir.expires``;
+it never touches unlabelled containers, nor containers of a live owner within their time.
 """
 
 from __future__ import annotations
@@ -21,7 +29,16 @@ from choir.sandbox.base import ExecResult, Sandbox, Sink, prepare_out, register_
 
 DEFAULT_IMAGE = "choir-test:host"
 LABEL = "choir.managed"
+OWNER_HOST = "choir.owner.host"
+OWNER_PID = "choir.owner.pid"
+OWNER_START = "choir.owner.start"
+DEADLINE = "choir.deadline"
+EXPIRES = "choir.expires"
+GRACE_S = 120.0
 OUT = "/choir/out"
+
+_SWEEP_LOCK = threading.Lock()
+_SWEPT_IN: int | None = None  # the PID that swept already: once per process, again after fork
 
 
 def _client(timeout: float = 10) -> Any:
@@ -63,6 +80,7 @@ class DockerSandbox(Sandbox):
     def client(self) -> Any:
         if self._client is None:
             self._client = _client(timeout=60)
+            _sweep_once(self._client)
         return self._client
 
     def describe(self) -> dict[str, str | None]:
@@ -101,7 +119,7 @@ class DockerSandbox(Sandbox):
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], user="65534:65534",
                 mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
                 pids_limit=limits.pids, nano_cpus=int(limits.cpus * 1e9),
-                labels={LABEL: "1"}, detach=True,
+                labels=run_labels(time.time(), timeout_s), detach=True,
             )
         except MissingExtraError:
             raise
@@ -156,10 +174,86 @@ class DockerSandbox(Sandbox):
             self._client = None
 
 
-def cleanup_leftovers() -> int:
-    """Remove every container Choir labelled; returns how many."""
-    client = _client()
-    found = client.containers.list(all=True, filters={"label": f"{LABEL}=1"})
-    for container in found:
-        container.remove(force=True)
-    return len(found)
+def host_identity() -> str:
+    """Which process table our PIDs belong to: this boot of this kernel, this PID namespace."""
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+
+
+def process_start(pid: int) -> str | None:
+    """The start time of ``pid`` in clock ticks since boot, or None when it does not exist."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # field 22; the command name (field 2) may hold spaces and parentheses, so split after it
+    return stat[stat.rindex(")") + 2:].split()[19]
+
+
+def run_labels(now: float, timeout_s: float) -> dict[str, str]:
+    """The labels of a container started ``now`` for a run of at most ``timeout_s``."""
+    pid = os.getpid()
+    deadline = now + timeout_s
+    return {
+        LABEL: "1",
+        OWNER_HOST: host_identity(),
+        OWNER_PID: str(pid),
+        OWNER_START: process_start(pid) or "",
+        DEADLINE: f"{deadline:.0f}",
+        # the log drain may take up to max(60, timeout) after the deadline (see exec)
+        EXPIRES: f"{deadline + max(60.0, timeout_s) + GRACE_S:.0f}",
+    }
+
+
+def is_leftover(labels: Mapping[str, str], *, now: float, host: str) -> bool:
+    """True when no live Choir process can still need a container with these labels.
+
+    Containers without owner labels (not Choir's, or from an older Choir) are never leftovers:
+    whoever made them decides.
+    """
+    if labels.get(LABEL) != "1" or not labels.get(OWNER_PID, "").isdigit():
+        return False
+    try:
+        if now > float(labels[EXPIRES]):
+            return True
+    except (KeyError, ValueError):
+        return False
+    if labels.get(OWNER_HOST) != host:
+        return False  # another machine's or namespace's process: only its deadline tells
+    return process_start(int(labels[OWNER_PID])) != labels.get(OWNER_START)
+
+
+def cleanup_leftovers(client: Any | None = None) -> int:
+    """Remove Choir's containers whose owner is gone or whose time is up; returns how many.
+
+    Safe with concurrent Choir processes: a live owner's container within its time stays.
+    """
+    own = client is None
+    client = client or _client()
+    try:
+        now, host = time.time(), host_identity()
+        removed = 0
+        for container in client.containers.list(all=True, filters={"label": f"{LABEL}=1"}):
+            if is_leftover(container.labels, now=now, host=host):
+                try:
+                    container.remove(force=True)
+                    removed += 1
+                except Exception:  # noqa: BLE001 - removed by someone else meanwhile
+                    pass
+        return removed
+    finally:
+        if own:
+            client.close()
+
+
+def _sweep_once(client: Any) -> None:
+    """Clean leftovers the first time this process talks to the engine; never fail a run."""
+    global _SWEPT_IN
+    with _SWEEP_LOCK:
+        if os.getpid() == _SWEPT_IN:
+            return
+        _SWEPT_IN = os.getpid()
+        try:
+            cleanup_leftovers(client)
+        except Exception:  # noqa: BLE001 - an engine hiccup must not cost the run
+            pass

@@ -1,0 +1,147 @@
+"""Docker leftovers, against the real engine: a killed Choir process's container is removed by
+the next process that uses the docker backend, and nothing else is ever touched."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from choir.models import Limits
+from choir.sandbox.docker import (
+    DEFAULT_IMAGE,
+    LABEL,
+    OWNER_HOST,
+    OWNER_PID,
+    DockerSandbox,
+    cleanup_leftovers,
+    run_labels,
+)
+from tests.sandboxes import docker_or_skip
+
+pytestmark = pytest.mark.docker
+
+
+@dataclass
+class Engine:
+    """The real engine, and the containers a test made (removed whatever happens)."""
+
+    client: Any
+    made: list[str] = field(default_factory=list)
+
+    def sleeper(self, labels: dict[str, str]) -> Any:
+        """A running ``sleep 600`` container with these labels."""
+        container = self.client.containers.run(
+            DEFAULT_IMAGE, ["sleep", "600"], detach=True, labels=labels, network_disabled=True,
+            volumes={"/usr": {"bind": "/usr", "mode": "ro"}}, user="65534:65534",
+        )
+        self.made.append(container.id)
+        return container
+
+    def exists(self, cid: str) -> bool:
+        import docker
+
+        try:
+            self.client.containers.get(cid)
+        except docker.errors.NotFound:
+            return False
+        return True
+
+
+@pytest.fixture
+def engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Engine]:
+    docker_or_skip()
+    monkeypatch.setenv("CHOIR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CHOIR_ARTIFACT_DIR", str(tmp_path / "artifacts"))
+    import docker
+
+    eng = Engine(docker.from_env(timeout=60))
+    yield eng
+    for cid in eng.made:
+        try:
+            eng.client.containers.get(cid).remove(force=True)
+        except docker.errors.NotFound:
+            pass
+    eng.client.close()
+
+
+def dead_pid() -> int:
+    """The PID of a process that has exited and been reaped."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_container_of_a_killed_process_is_removed_by_the_next_use(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    script = textwrap.dedent(f"""
+        from pathlib import Path
+        from choir.models import Limits
+        from choir.sandbox import get_sandbox
+        get_sandbox("docker").exec("sleep 600", repo=Path({str(repo)!r}),
+            out_dir=Path({str(tmp_path / "out")!r}), env={{}}, timeout_s=900,
+            limits=Limits(), network=False, sink=lambda _: None)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], cwd=os.getcwd())
+    try:
+        deadline = time.monotonic() + 60
+        found: list[Any] = []
+        while not found and time.monotonic() < deadline:
+            found = [c for c in engine.client.containers.list(filters={"label": f"{LABEL}=1"})
+                     if c.labels.get(OWNER_PID) == str(child.pid)]
+            time.sleep(0.1)
+        assert found, "the child never started its container"
+        engine.made.append(found[0].id)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    time.sleep(0.5)
+    container = found[0]
+    container.reload()
+    assert container.status == "running"  # nobody cleaned up after the SIGKILL
+
+    import choir.sandbox.docker as docker_mod
+
+    monkeypatch.setattr(docker_mod, "_SWEPT_IN", None)  # as in a fresh process
+    sandbox = DockerSandbox()
+    try:
+        result = sandbox.exec("true", repo=repo, out_dir=tmp_path / "out2", env={},
+                              timeout_s=60, limits=Limits(), network=False,
+                              sink=lambda _: None)
+    finally:
+        sandbox.close()
+    assert result.exit_code == 0
+    assert not engine.exists(container.id)
+
+
+def test_live_owner_and_unlabelled_containers_survive_cleanup(engine: Engine) -> None:
+    now = time.time()
+    live = engine.sleeper(run_labels(now, 600))  # owned by this very test process
+    unlabelled = engine.sleeper({"choir.test": uuid.uuid4().hex})
+    legacy = engine.sleeper({LABEL: "1"})  # an older Choir's: no owner to judge by
+    foreign = engine.sleeper({**run_labels(now, 600), OWNER_HOST: "other/pid:[1]",
+                              OWNER_PID: str(dead_pid())})
+    gone = engine.sleeper({**run_labels(now, 600), OWNER_PID: str(dead_pid())})
+    expired = engine.sleeper(run_labels(now - 10_000, 60))  # live owner, far past its time
+
+    removed = cleanup_leftovers(engine.client)
+
+    assert removed >= 2
+    assert not engine.exists(gone.id) and not engine.exists(expired.id)
+    for survivor in (live, unlabelled, legacy, foreign):
+        assert engine.exists(survivor.id)
+        survivor.reload()
+        assert survivor.status == "running"
