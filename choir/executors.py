@@ -14,8 +14,8 @@ import os
 import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
-from typing import Protocol
 from pathlib import Path
+from typing import Protocol
 
 from choir.exceptions import ConfigError
 from choir.models import Usage, VerificationReport, WorkItem

@@ -7,44 +7,27 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-PY = sys.executable
+from tests.workitems import PY, calc_repo
+
 CANARY = "CANARY-7f3a9c-raw-output-must-stay-in-artifacts"
 
 
 def make_item(tmp_path: Path, *, executor: str, blast: str = "small",
               max_attempts: int = 4, test_body: str | None = None) -> Path:
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
-    (repo / "test_calc.py").write_text(test_body or textwrap.dedent(f"""\
-        from calc import add
-
-        def test_add():
-            print("{CANARY}")
-            assert add(2, 3) == 5
-        """))
-    (repo / "choir.yaml").write_text(textwrap.dedent(f"""\
-        verifiers:
-          unit:
-            kind: unit_tests
-            steps:
-              - name: pytest
-                command: {PY} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml
-            parser: junit
-        """))
+    calc_repo(tmp_path / "repo", canary=CANARY, test_body=test_body)
     (tmp_path / "fix.py").write_text(textwrap.dedent(f"""\
         import os, shutil, sys, time
         from pathlib import Path
         fb = os.environ.get("CHOIR_FEEDBACK_FILE")
         if fb:
-            shutil.copy(fb, Path({str(tmp_path)!r}) / f"feedback-{{os.environ['CHOIR_ATTEMPT']}}.json")
+            attempt = os.environ["CHOIR_ATTEMPT"]
+            shutil.copy(fb, Path({str(tmp_path)!r}) / f"feedback-{{attempt}}.json")
             if os.environ.get("SLOW_FIX"):
                 Path({str(tmp_path)!r}, "executing").touch()
                 time.sleep(30)

@@ -5,33 +5,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 from choir.testing import RecordingExecutor
+from tests.workitems import PY, calc_repo
 
-PY = sys.executable
 CANARY = "CANARY-recording-executor-raw-output"
 
 
 def test_recording_executor_drives_a_run_and_sees_only_bounded_feedback(tmp_path: Path) -> None:
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
-    (repo / "test_calc.py").write_text(
-        f"from calc import add\n\ndef test_add():\n    print('{CANARY}')\n"
-        "    assert add(2, 3) == 5\n")
-    (repo / "choir.yaml").write_text(textwrap.dedent(f"""\
-        verifiers:
-          unit:
-            kind: unit_tests
-            steps:
-              - name: pytest
-                command: {PY} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml
-            parser: junit
-        sandbox: {{backend: local}}
-        """))
+    calc_repo(tmp_path / "repo", canary=CANARY, sandbox="local")
     log = tmp_path / "calls.jsonl"
     (tmp_path / "scripted.py").write_text(textwrap.dedent(f"""\
         from pathlib import Path

@@ -1,0 +1,41 @@
+"""The repo most loop tests work on: ``add`` subtracts, a pytest verifier catches it.
+
+The failing test prints a canary, so a test can check where raw verifier output ended up.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+PY = sys.executable
+BUGGY = "def add(a, b):\n    return a - b\n"
+FIXED = "def add(a, b):\n    return a + b\n"
+
+
+def calc_repo(path: Path, *, canary: str, sandbox: str | None = None,
+              test_body: str | None = None) -> Path:
+    """A repo with the bug, a test that prints ``canary`` and fails, and its choir.yaml."""
+    path.mkdir(parents=True)
+    (path / "calc.py").write_text(BUGGY)
+    (path / "test_calc.py").write_text(test_body or textwrap.dedent(f"""\
+        from calc import add
+
+        def test_add():
+            print("{canary}")
+            assert add(2, 3) == 5
+        """))
+    config = textwrap.dedent(f"""\
+        verifiers:
+          unit:
+            kind: unit_tests
+            steps:
+              - name: pytest
+                command: {PY} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml
+            parser: junit
+        """)
+    if sandbox:
+        config += f"sandbox: {{backend: {sandbox}}}\n"
+    (path / "choir.yaml").write_text(config)
+    return path
