@@ -1,0 +1,172 @@
+"""The ``llm`` executor: a Choir Agent that edits the work item's repo through file tools.
+
+Its verifier is the green-thread verification itself: when the agent calls
+``final_output``, the mood's plan runs on the current tree in fresh sandboxes, and a FAIL
+comes back as a ``<verification_rejected>`` block built from bounded reports (summaries,
+failing test ids, next actions: never raw output). An INCONCLUSIVE round is a system error,
+retried and never counted against the agent. The Director loop then verifies again and
+attests, so the agent's own "done" never promotes anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from choir._paths import choir_home
+from choir._resources import load_text
+from choir.agent.agent import Agent, AgentResult
+from choir.agent.feedback import one_line
+from choir.agent.files import RepoFiles
+from choir.agent.store import SqliteContextStore
+from choir.exceptions import ConfigError, SandboxError, VerificationRejected
+from choir.executors import ExecutorOutput, register_executor
+from choir.models import Result, VerificationReport, WorkItem
+from choir.verification import VerifierRun
+
+MAX_FEEDBACK_REPORTS = 8
+
+
+class ChangeSummary(BaseModel):
+    """What the agent says it changed (validated before verification)."""
+
+    summary: str = Field(min_length=1, max_length=2_000)
+
+
+def feedback_text(reports: Sequence[VerificationReport]) -> str:
+    """The previous round, as the model may see it: bounded fields of bounded reports."""
+    if not reports:
+        return ""
+    lines = ["The previous attempt was verified and did not pass:"]
+    for report in list(reports)[:MAX_FEEDBACK_REPORTS]:
+        lines.append(f"- {report.verifier}: {report.result.value}: {one_line(report.summary)}")
+        for sig in report.failure_signatures[:5]:
+            lines.append(f"  - failing: {one_line(sig.test_id or sig.kind, 160)}"
+                         f" ({one_line(sig.excerpt or '', 160)})")
+        for action in report.next_actions[:3]:
+            lines.append(f"  - next: {one_line(action, 200)}")
+    return "\n".join(lines)
+
+
+def _rejection(runs: Sequence[VerifierRun]) -> VerificationRejected:
+    failing = [r for r in runs if r.report.result is Result.FAIL]
+    tests = [s.test_id or s.kind for r in failing for s in r.report.failure_signatures]
+    actions = [a for r in failing for a in r.report.next_actions]
+    return VerificationRejected(
+        "; ".join(f"{r.verifier}: {r.report.summary}" for r in failing),
+        code="verification_failed",
+        metadata={"failing_verifiers": [r.verifier for r in failing],
+                  "failing_tests": tests, "next_actions": actions})
+
+
+def green_verifier(item: WorkItem, run_id: str) -> Any:
+    """A verifier that runs the work item's plan in sandboxes on the current tree."""
+    from choir.artifacts import ArtifactStore
+    from choir.config import load_repo_config
+    from choir.director import plan
+    from choir.policy import load_policy
+    from choir.sandbox import resolve_sandbox
+    from choir.verification import run_verifier_thread
+    from choir.verify import resolve_target
+
+    repo = Path(item.repo)
+    rounds = iter(range(1, 10_000))
+
+    async def verify(output: ChangeSummary) -> ChangeSummary:
+        config = load_repo_config(repo)
+        chosen = plan(load_policy(config), item.mood, config.verifiers,
+                      required=item.required_verifiers)
+        names = list(dict.fromkeys(p.name for p in chosen.verifiers))
+        target = resolve_target(repo, item.id)
+        check = next(rounds)
+
+        async def one(name: str) -> VerifierRun:
+            sandbox = resolve_sandbox(config.sandbox.backend)
+            try:
+                run, _ = await run_verifier_thread(
+                    config.verifiers[name], repo=repo, target=target, sandbox=sandbox,
+                    store=ArtifactStore(), run_id=f"{run_id}-check{check}-{name}",
+                    lens="executor_gate")
+                return run
+            finally:
+                sandbox.close()
+
+        runs = await asyncio.gather(*(one(n) for n in names))
+        if any(r.report.result is Result.FAIL for r in runs):
+            raise _rejection(runs)
+        if all(r.report.result is Result.PASS for r in runs):
+            return output
+        raise SandboxError("verification was inconclusive: "
+                           + ", ".join(f"{r.verifier}={r.report.result.value}" for r in runs))
+
+    return verify
+
+
+def build_agent(item: WorkItem, run_id: str, *, model: str | Any,
+                model_settings: dict[str, Any] | None = None) -> tuple[Agent, RepoFiles]:
+    files = RepoFiles(Path(item.repo))
+    instructions = load_text("prompts", "executor_system.md")
+    if item.executor.instructions:
+        instructions += "\n\nThe work item's own instructions:\n" + item.executor.instructions
+    agent = Agent(instructions=instructions, model=model, model_settings=model_settings,
+                  tools=[files.list_files, files.read_file, files.search, files.write_file,
+                         files.apply_patch],
+                  output_type=ChangeSummary, verifier=green_verifier(item, run_id),
+                  verifier_max_attempts=item.executor.verifier_max_attempts,
+                  max_turns=item.executor.max_turns, name=item.id)
+    return agent, files
+
+
+def query(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport]) -> str:
+    return load_text("prompts", "executor_user.md").format(
+        work_item=item.id, attempt=attempt, goal=item.goal,
+        scope="\n".join(f"- {s}" for s in item.scope) or "(whole repository)",
+        feedback=feedback_text(feedback)).strip()
+
+
+@register_executor("llm")
+def run_llm(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport],
+            run_id: str | None = None) -> ExecutorOutput:
+    """One agent run per attempt; its context is durable under ``CHOIR_HOME``.
+
+    A resumed Choir run that re-executes the same attempt continues the same agent run
+    (same id), so a crash never repeats the model calls already made.
+    """
+    from choir.artifacts import ArtifactStore
+    from choir.config import load_repo_config
+
+    model = item.executor.model or load_repo_config(Path(item.repo)).models.executor
+    if not model:
+        raise ConfigError(f"work item '{item.id}': executor kind 'llm' needs a model",
+                          hint="set executor.model in the work item, or models.executor "
+                               "in choir.yaml (any litellm model name)")
+    agent_run = f"{run_id or 'adhoc-' + secrets.token_hex(4)}-exec{attempt}"
+    agent, files = build_agent(item, agent_run, model=model)
+    store = SqliteContextStore(choir_home() / "agents.sqlite")
+
+    async def go() -> AgentResult:
+        return await asyncio.wait_for(agent.run(query(item, attempt, feedback),
+                                                run_id=agent_run, store=store),
+                                      timeout=item.executor.timeout_s)
+
+    try:
+        result: AgentResult | None = asyncio.run(go())
+    except TimeoutError:
+        result = None
+    record: dict[str, Any] = {"agent_run": agent_run, "changed_files": files.changed_files()}
+    if result is None:
+        record.update(status="failed", error="timeout")
+        usage: tuple[Any, ...] = ()
+    else:
+        record.update(status=result.status, error=result.error, events=list(result.events),
+                      attempts_used=result.context.verification.attempts_used,
+                      output=result.context.output, usage=result.usage.model_dump())
+        usage = (result.usage,)
+    blob = json.dumps(record, indent=1, default=str).encode()
+    return ExecutorOutput(artifact=ArtifactStore().ingest_bytes(blob), usage=usage)

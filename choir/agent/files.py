@@ -1,0 +1,572 @@
+"""The ``llm`` executor's file tools, confined to one repository.
+
+The model names paths; every one is checked twice: lexically (relative, no ``..``, no NUL)
+and on disk (its real path must stay under the root). The file is then reached by walking
+from the root one component at a time with ``O_NOFOLLOW``, so a symlink swapped in after the
+check is refused rather than followed. Writes never enter ``.git`` (or another VCS folder),
+never touch devices or fifos, and replace files atomically (temp file + ``os.replace``).
+Every reply is bounded text and says what it left out.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import re
+import secrets
+import stat
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import BinaryIO
+
+from choir.agent._patch import FileState, plan_patch
+from choir.exceptions import ToolInputError
+
+VCS_DIRS = frozenset({".git", ".hg", ".svn", ".bzr", "_darcs", "CVS", ".jj", ".pijul"})
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_SNIFF = 8192
+_MAX_PATH = 4096
+_MAX_PATTERN = 1000
+_MAX_SHOWN = 300
+_MAX_DEPTH = 64
+_SEARCH_FILE_BYTES = 4_000_000
+_SEARCH_SECONDS = 20.0
+
+
+class _Missing(ToolInputError):
+    """A path that does not exist (yet): for a write, that is fine."""
+
+
+def _clip(text: str, limit: int = _MAX_SHOWN) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... [{len(text) - limit} more chars]"
+
+
+def _lines(data: bytes) -> int:
+    return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+
+
+def _line_count(fd: int) -> int:
+    os.lseek(fd, 0, os.SEEK_SET)
+    count, last = 0, b"\n"
+    while chunk := os.read(fd, 1 << 20):
+        count, last = count + chunk.count(b"\n"), chunk[-1:]
+    return count + (last != b"\n")
+
+
+def _require_regular(st: os.stat_result, shown: str) -> None:
+    if stat.S_ISDIR(st.st_mode):
+        raise ToolInputError(f"{shown} is a directory; use list_files to see inside it")
+    if stat.S_ISLNK(st.st_mode):
+        raise ToolInputError(f"{shown} is a symlink that changed while it was opened; refused")
+    if not stat.S_ISREG(st.st_mode):
+        raise ToolInputError(f"{shown} is a device, fifo or socket; only regular files are allowed")
+
+
+class RepoFiles:
+    """Read, search and edit the files of one repository, and nothing outside it.
+
+    Args:
+        root: the repository; symlinks in it are resolved once, here.
+        max_read_bytes: the most text one ``read_file`` reply holds.
+        max_write_bytes: the largest file ``write_file``/``apply_patch`` may produce.
+        max_results: the most paths or hits one ``list_files``/``search`` reply holds.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        max_read_bytes: int = 64_000,
+        max_write_bytes: int = 1_000_000,
+        max_results: int = 200,
+    ) -> None:
+        real = os.path.realpath(root)
+        if not os.path.isdir(real):
+            raise NotADirectoryError(f"repository root {root} is not a directory")
+        self.root = Path(real)
+        self.max_read_bytes = max_read_bytes
+        self.max_write_bytes = max_write_bytes
+        self.max_results = max_results
+        self._prefix = real.rstrip(os.sep) + os.sep
+        self._changed: dict[str, None] = {}
+
+    # -- tools ---------------------------------------------------------------------------
+
+    def list_files(self, path: str = ".", pattern: str = "*") -> str:
+        """List the files under a directory of the repository, recursively and sorted.
+
+        Version-control folders such as .git are skipped.
+
+        Args:
+            path: directory relative to the repository root; "." is the whole repository.
+            pattern: shell-style glob on the file name, e.g. "*.py"; a pattern with "/" is
+                matched against the path from the repository root, e.g. "src/*/test_*.py".
+        """
+        if len(pattern) > _MAX_PATTERN or "\x00" in pattern:
+            raise ToolInputError(f"pattern is longer than {_MAX_PATTERN} characters or has NUL")
+        shown: list[str] = []
+        notes: list[str] = []
+        found = 0
+        for rel, _, kind in self._walk(self._real(path), notes):
+            name = rel if "/" in pattern else rel.rsplit("/", 1)[-1]
+            if kind == "other" or not fnmatchcase(name, pattern):
+                continue
+            found += 1
+            if len(shown) < self.max_results:
+                shown.append(rel + (" (symlink)" if kind == "link" else ""))
+        if not shown:
+            return f"no files match {pattern!r} under {self._clean(path) or '.'}" + "".join(notes)
+        if found > len(shown):
+            shown.append(f"... {found - len(shown)} more files not shown; narrow path or pattern")
+        return "\n".join(shown) + "".join(notes)
+
+    def read_file(self, path: str, start_line: int = 1, max_lines: int = 400) -> str:
+        """Read a UTF-8 text file of the repository, with line numbers.
+
+        A long file comes in pieces: the reply then ends with the start_line that reads on.
+
+        Args:
+            path: file path relative to the repository root, e.g. "src/app.py".
+            start_line: the first line to show, counting from 1.
+            max_lines: the most lines to show; the reply is also capped in bytes.
+        """
+        if start_line < 1 or max_lines < 1:
+            raise ToolInputError("start_line and max_lines must be 1 or more")
+        shown = self._clean(path)
+        with self._open_regular(self._real(path), shown) as (fd, st):
+            with open(fd, "rb", closefd=False) as fh:
+                out, number, cut = self._numbered(fh, shown, st.st_size, start_line, max_lines)
+            total = _line_count(fd)
+        if total == 0:
+            return f"{shown} is empty (0 bytes)"
+        if start_line > total:
+            raise ToolInputError(
+                f"{shown} has {total} lines; start_line {start_line} is past its end"
+            )
+        header = f"{shown} (lines {start_line}-{number} of {total})"
+        if number < total:
+            why = cut or f"max_lines={max_lines}"
+            out.append(
+                f"[truncated by {why}: lines {number + 1}-{total} not shown; call "
+                f"read_file(path={shown!r}, start_line={number + 1}) to read on]"
+            )
+        return header + "\n" + "\n".join(out)
+
+    def _numbered(
+        self, fh: BinaryIO, shown: str, size: int, start_line: int, max_lines: int
+    ) -> tuple[list[str], int, str]:
+        """Numbered lines from ``start_line``, the last line number shown, and why it cut."""
+        head = fh.read(_SNIFF)
+        try:
+            codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) < _SNIFF)
+            if b"\x00" in head:
+                raise UnicodeError
+        except UnicodeError:
+            raise ToolInputError(
+                f"{shown} is binary or not UTF-8 text ({size} bytes); it cannot be read as text"
+            ) from None
+        fh.seek(0)
+        out: list[str] = []
+        used, number = 0, 0
+        while len(out) < max_lines:
+            raw = fh.readline(self.max_read_bytes + 1)
+            if not raw:
+                break
+            while len(raw) > self.max_read_bytes and not raw.endswith(b"\n"):
+                more = fh.readline(1 << 20)  # the rest of a huge line: skipped, not kept
+                if not more or more.endswith(b"\n"):
+                    break
+            number += 1
+            if number < start_line:
+                continue
+            text = raw.decode("utf-8", errors="replace").rstrip("\n").rstrip("\r")
+            used += len(raw) + 8
+            if used > self.max_read_bytes:
+                if out:
+                    return out, number - 1, f"the reply limit of {self.max_read_bytes} bytes"
+                text = f"{text[: self.max_read_bytes]}... [line {number} is cut here]"
+            out.append(f"{number:>6}\t{text}")
+        return out, number, ""
+
+    def search(self, pattern: str, path: str = ".") -> str:
+        """Search the repository's text files for a regular expression, line by line.
+
+        Args:
+            pattern: a Python regular expression, e.g. "def add\\(" or "TODO|FIXME".
+            path: a file or directory relative to the repository root; "." searches all.
+        """
+        matches = _matcher(pattern)
+        hits: list[str] = []
+        omitted_files: set[str] = set()
+        notes: list[str] = []
+        omitted = large = 0
+        deadline = time.monotonic() + _SEARCH_SECONDS
+        for rel, data in self._text_files(self._real(path), notes):
+            if data is None:
+                large += 1
+                continue
+            try:
+                for number, line in enumerate(data.decode("utf-8", "replace").split("\n"), 1):
+                    if matches(line, deadline - time.monotonic()):
+                        if len(hits) < self.max_results:
+                            hits.append(f"{rel}:{number}: {_clip(line.rstrip(chr(13)))}")
+                        else:
+                            omitted += 1
+                            omitted_files.add(rel)
+                if time.monotonic() > deadline:
+                    raise TimeoutError
+            except TimeoutError:
+                notes.append(
+                    f"\n[search stopped after {_SEARCH_SECONDS:.0f} s at {rel}: "
+                    "incomplete; simplify the pattern or narrow the path]"
+                )
+                break
+        if omitted:
+            hits.append(
+                f"[{omitted} more matches in {len(omitted_files)} files not shown; "
+                "narrow the pattern or path]"
+            )
+        if large:
+            notes.append(f"\n[{large} files over {_SEARCH_FILE_BYTES} bytes were not searched]")
+        body = "\n".join(hits) or f"no matches for {pattern!r} under {self._clean(path) or '.'}"
+        return body + "".join(notes)
+
+    def write_file(self, path: str, content: str) -> str:
+        """Create or overwrite a file with exactly the given text (UTF-8).
+
+        Parent directories are created. For a small change to a big file, apply_patch is
+        cheaper and safer.
+
+        Args:
+            path: file path relative to the repository root, e.g. "src/app.py".
+            content: the complete new content of the file.
+        """
+        try:
+            data = content.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ToolInputError(f"content is not encodable as UTF-8: {exc}") from None
+        if len(data) > self.max_write_bytes:
+            raise ToolInputError(
+                f"content is {len(data)} bytes; the limit is {self.max_write_bytes}"
+            )
+        parts = self._writable(path)
+        key = "/".join(parts)
+        before, mode = self._current(parts, key)
+        if before == data:
+            return f"{key} unchanged ({len(data)} bytes, {_lines(data)} lines)"
+        self._commit([FileState(key, before, data, mode)])
+        self._changed[key] = None
+        if before is None:
+            return f"created {key}: {len(data)} bytes, {_lines(data)} lines"
+        return (
+            f"wrote {key}: {len(before)} -> {len(data)} bytes, "
+            f"{_lines(before)} -> {_lines(data)} lines"
+        )
+
+    def apply_patch(self, patch: str) -> str:
+        """Apply a unified diff (as git diff or diff -u print it) to one or more files.
+
+        All or nothing: if any hunk does not match, no file changes. Hunks may have moved
+        by some lines, but their context and "-" lines must match the file exactly.
+
+        Args:
+            patch: the diff text: "--- a/PATH" and "+++ b/PATH" headers ("/dev/null" to
+                create or delete a file), then "@@ -START,COUNT +START,COUNT @@" hunks.
+        """
+        if len(patch) > self.max_write_bytes:
+            raise ToolInputError(
+                f"patch is {len(patch)} characters; the limit is {self.max_write_bytes}"
+            )
+        changes, report = plan_patch(
+            patch,
+            exists=self._exists,
+            key_of=lambda p: "/".join(self._writable(p)),
+            load=lambda key: self._current(key.split("/"), key),
+        )
+        for change in changes:
+            if change.data is not None and len(change.data) > self.max_write_bytes:
+                raise ToolInputError(
+                    f"{change.key} would be {len(change.data)} bytes; the "
+                    f"limit is {self.max_write_bytes}"
+                )
+        self._commit(changes)
+        self._changed.update(dict.fromkeys(c.key for c in changes))
+        return "\n".join(report)
+
+    def changed_files(self) -> list[str]:
+        """Paths (from the root) this instance created, changed or deleted, first-touched
+        first."""
+        return list(self._changed)
+
+    # -- paths ---------------------------------------------------------------------------
+
+    def _clean(self, path: str) -> str:
+        """The lexical check; the relative path as ``a/b`` (``""`` is the root)."""
+        if not isinstance(path, str) or "\x00" in path or len(path) > _MAX_PATH:
+            raise ToolInputError("a path must be a string under 4096 characters, without NUL")
+        if path.startswith(("/", "\\", "~")):
+            raise ToolInputError(
+                f"{_clip(path)!r} is absolute; give a path relative to the repository root"
+            )
+        parts = [p for p in path.split("/") if p not in ("", ".")]
+        if ".." in parts:
+            raise ToolInputError(
+                f"{_clip(path)!r} uses '..'; paths must stay inside the repository"
+            )
+        return "/".join(parts)
+
+    def _real(self, path: str) -> list[str]:
+        """The components of the real location, which must be under the root."""
+        real = os.path.realpath(os.path.join(self.root, self._clean(path)))
+        if real == str(self.root):
+            return []
+        if not real.startswith(self._prefix):
+            raise ToolInputError(
+                f"{_clip(path)!r} leads outside the repository through a symlink; refused"
+            )
+        return real[len(self._prefix) :].split(os.sep)
+
+    def _writable(self, path: str) -> list[str]:
+        """The real components of a path that may be written (never in .git and the like)."""
+        parts = self._real(path)
+        if not parts:
+            raise ToolInputError("the repository root itself cannot be written")
+        vcs = VCS_DIRS & {*parts, *self._clean(path).split("/")}
+        if vcs:
+            raise ToolInputError(
+                f"{_clip(path)!r} is inside a version-control folder "
+                f"({', '.join(sorted(vcs))}); refused"
+            )
+        return parts
+
+    def _exists(self, path: str) -> bool:
+        try:
+            return os.path.lexists(os.path.join(self.root, *self._real(path)))
+        except ToolInputError:
+            return False
+
+    @contextmanager
+    def _dir(self, parts: list[str], created: list[tuple[int, str]] | None = None) -> Iterator[int]:
+        """A descriptor of the directory ``parts``, reached without following any symlink.
+
+        With ``created``, missing directories are made and recorded there (for rollback).
+        """
+        fd = os.open(self.root, _DIR)
+        try:
+            for k, name in enumerate(parts):
+                try:
+                    nxt = os.open(name, _DIR, dir_fd=fd)
+                except FileNotFoundError:
+                    if created is None:
+                        raise _Missing(
+                            f"no such file or directory: {'/'.join(parts[: k + 1])}"
+                        ) from None
+                    os.mkdir(name, dir_fd=fd)
+                    created.append((os.dup(fd), name))
+                    nxt = os.open(name, _DIR, dir_fd=fd)
+                except OSError as exc:
+                    raise ToolInputError(
+                        f"{'/'.join(parts[: k + 1])} is not a directory or "
+                        f"changed while opened ({exc.strerror})"
+                    ) from None
+                os.close(fd)
+                fd = nxt
+            yield fd
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def _open_regular(self, parts: list[str], shown: str) -> Iterator[tuple[int, os.stat_result]]:
+        if not parts:
+            raise ToolInputError("the repository root is a directory; use list_files")
+        with self._dir(parts[:-1]) as dfd:
+            try:
+                _require_regular(os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False), shown)
+                fd = os.open(parts[-1], _FILE, dir_fd=dfd)
+            except FileNotFoundError:
+                raise _Missing(f"no such file: {shown}") from None
+            except OSError as exc:
+                raise ToolInputError(f"{shown} cannot be opened ({exc.strerror})") from None
+            try:
+                st = os.fstat(fd)
+                _require_regular(st, shown)
+                yield fd, st
+            finally:
+                os.close(fd)
+
+    # -- walking -------------------------------------------------------------------------
+
+    def _walk(
+        self, parts: list[str], notes: list[str]
+    ) -> Iterator[tuple[str, Callable[[], int], str]]:
+        """``(path, opener, kind)`` of every entry under ``parts``; kind: file, link, other."""
+        if parts:
+            with self._dir(parts[:-1]) as dfd:
+                try:
+                    st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    raise ToolInputError(f"no such file or directory: {'/'.join(parts)}") from None
+                if not stat.S_ISDIR(st.st_mode):
+                    kind = "file" if stat.S_ISREG(st.st_mode) else "other"
+                    yield "/".join(parts), _opener(dfd, parts[-1]), kind
+                    return
+        with self._dir(parts) as top:
+            yield from self._walk_fd(top, "/".join(parts) + "/" if parts else "", 0, notes)
+
+    def _walk_fd(
+        self, dfd: int, prefix: str, depth: int, notes: list[str]
+    ) -> Iterator[tuple[str, Callable[[], int], str]]:
+        with os.scandir(dfd) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for entry in entries:
+            rel = prefix + entry.name
+            if entry.is_dir(follow_symlinks=False):
+                if entry.name in VCS_DIRS:
+                    continue
+                if depth >= _MAX_DEPTH:
+                    notes.append(f"\n[{rel}: deeper than {_MAX_DEPTH} levels, not listed]")
+                    continue
+                try:
+                    sub = os.open(entry.name, _DIR, dir_fd=dfd)
+                except OSError:
+                    continue
+                try:
+                    yield from self._walk_fd(sub, rel + "/", depth + 1, notes)
+                finally:
+                    os.close(sub)
+            elif entry.is_symlink():
+                yield rel, _opener(dfd, entry.name), "link"
+            else:
+                kind = "file" if entry.is_file(follow_symlinks=False) else "other"
+                yield rel, _opener(dfd, entry.name), kind
+
+    def _text_files(self, parts: list[str], notes: list[str]) -> Iterator[tuple[str, bytes | None]]:
+        """Regular text files under ``parts``: their bytes, or None when too large."""
+        for rel, opener, kind in self._walk(parts, notes):
+            if kind != "file":
+                continue
+            try:
+                fd = opener()
+            except OSError:
+                continue
+            with os.fdopen(fd, "rb") as fh:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                if st.st_size > _SEARCH_FILE_BYTES:
+                    yield rel, None
+                    continue
+                data = fh.read(_SEARCH_FILE_BYTES)
+            if b"\x00" not in data[:_SNIFF]:
+                yield rel, data
+
+    # -- writing -------------------------------------------------------------------------
+
+    def _current(self, parts: list[str], key: str) -> tuple[bytes | None, int | None]:
+        """The file's bytes and permission bits now, or (None, None) when absent."""
+        try:
+            with self._open_regular(parts, key) as (fd, st):
+                if st.st_size > 4 * self.max_write_bytes:
+                    raise ToolInputError(f"{key} is {st.st_size} bytes, too large to edit here")
+                with os.fdopen(os.dup(fd), "rb") as fh:
+                    return fh.read(), stat.S_IMODE(st.st_mode)
+        except _Missing:
+            return None, None
+
+    def _commit(self, changes: list[FileState]) -> None:
+        """Stage every change as a temp file, then swap them in; on any error undo all."""
+        with ExitStack() as stack:
+            created: list[tuple[int, str]] = []
+            stack.callback(lambda: list(map(os.close, (fd for fd, _ in created))))
+            staged: list[tuple[FileState, int, str | None]] = []
+            done: list[tuple[FileState, int]] = []
+            try:
+                for change in changes:
+                    dfd = stack.enter_context(self._dir(change.key.split("/")[:-1], created))
+                    tmp = None if change.data is None else _stage(dfd, change)
+                    staged.append((change, dfd, tmp))
+                for change, dfd, tmp in staged:
+                    name = change.key.rsplit("/", 1)[-1]
+                    if tmp is None:
+                        if change.before is not None:
+                            os.unlink(name, dir_fd=dfd)
+                    else:
+                        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+                    done.append((change, dfd))
+            except BaseException:
+                for change, dfd in reversed(done):
+                    _undo(dfd, change)
+                for _, dfd, tmp in staged[len(done) :]:
+                    if tmp is not None:
+                        os.unlink(tmp, dir_fd=dfd)
+                for fd, name in reversed(created):
+                    try:
+                        os.rmdir(name, dir_fd=fd)
+                    except OSError:
+                        pass
+                raise
+
+
+def _matcher(pattern: str) -> Callable[[str, float], bool]:
+    """``(line, seconds_left) -> matched``; bounded in time when ``regex`` is installed.
+
+    ``re`` cannot be interrupted, so a catastrophic pattern would hang the agent; ``regex``
+    (a dependency of litellm's tokenizer, hence present wherever the llm executor runs)
+    accepts a per-match timeout and raises TimeoutError.
+    """
+    if len(pattern) > _MAX_PATTERN:
+        raise ToolInputError(f"pattern is longer than {_MAX_PATTERN} characters")
+    try:
+        import regex
+    except ImportError:
+        regex = None
+    try:
+        if regex is not None:
+            compiled = regex.compile(pattern)
+            return lambda line, left: compiled.search(line, timeout=max(left, 0.001)) is not None
+        plain = re.compile(pattern)
+    except Exception as exc:  # re.error, regex.error, RecursionError, OverflowError
+        raise ToolInputError(f"invalid regular expression {pattern!r}: {exc}") from None
+    return lambda line, left: plain.search(line) is not None
+
+
+def _opener(dfd: int, name: str) -> Callable[[], int]:
+    return lambda: os.open(name, _FILE, dir_fd=dfd)
+
+
+def _stage(dfd: int, change: FileState) -> str:
+    """Write ``change.data`` to a fresh temp file beside its target; return the temp name."""
+    assert change.data is not None
+    tmp = f".choir-{secrets.token_hex(6)}.tmp"
+    fd = os.open(
+        tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dfd
+    )
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(change.data)
+            mode = stat.S_IMODE(os.fstat(fh.fileno()).st_mode)
+            if change.mode is not None:
+                mode = change.mode
+            if change.executable is True:
+                mode |= (mode & 0o444) >> 2
+            elif change.executable is False:
+                mode &= ~0o111
+            os.fchmod(fh.fileno(), mode)
+    except BaseException:
+        os.unlink(tmp, dir_fd=dfd)
+        raise
+    return tmp
+
+
+def _undo(dfd: int, change: FileState) -> None:
+    """Put back what a committed change replaced (best effort, during a rollback)."""
+    name = change.key.rsplit("/", 1)[-1]
+    if change.before is None:
+        os.unlink(name, dir_fd=dfd)
+        return
+    tmp = _stage(dfd, FileState(change.key, None, change.before, change.mode))
+    os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)

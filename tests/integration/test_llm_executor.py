@@ -1,0 +1,80 @@
+"""The ``llm`` executor end to end: `choir run` drives an agent served from 127.0.0.1.
+
+The agent edits the repo through its file tools; its ``final_output`` is gated by the
+green-thread verification (a wrong fix is rejected with bounded feedback, a right one
+passes); then the Director loop verifies again, attests and ASSERTs. Nothing the failing
+test printed ever reaches the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from choir.testing import FakeModelServer, final_output, reply, tool_call
+from tests.workitems import PY, calc_repo
+
+CANARY = "CANARY-5b1e-llm-executor-must-never-see-raw-output"
+WRONG = "def add(a, b):\n    return a * b\n"
+RIGHT = "def add(a, b):\n    return a + b\n"
+
+
+def make_item(tmp_path: Path, model: str) -> Path:
+    calc_repo(tmp_path / "repo", canary=CANARY, sandbox="bwrap")
+    item = tmp_path / "item.yaml"
+    item.write_text(textwrap.dedent(f"""\
+        id: fix-add-llm
+        goal: add(a, b) must return the sum
+        repo: ./repo
+        max_attempts: 2
+        executor:
+          kind: llm
+          model: {model}
+        """))
+    return item
+
+
+def choir(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+@pytest.mark.slow
+def test_llm_executor_is_gated_by_green_threads_and_asserted(tmp_path: Path) -> None:
+    script = [reply(tool_call("read_file", {"path": "calc.py"})),
+              reply(tool_call("write_file", {"path": "calc.py", "content": WRONG})),
+              final_output(summary="add fixed"),
+              reply(tool_call("write_file", {"path": "calc.py", "content": RIGHT})),
+              final_output(summary="add returns a + b")]
+    with FakeModelServer(script) as server:
+        item = make_item(tmp_path, server.model)
+        env = dict(os.environ, OPENAI_API_BASE=server.api_base, OPENAI_API_KEY="sk-fake")
+        proc = choir("run", str(item), "--json", env=env)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    out = json.loads(proc.stdout)
+    assert out["status"] == "asserted" and out["attempt"] == 1
+    assert (tmp_path / "repo" / "calc.py").read_text() == RIGHT
+    assert len(server.bodies) == 5
+    rejected = server.bodies[3]["messages"][-1]
+    assert rejected["role"] == "tool" and 'code="verification_failed"' in rejected["content"]
+    assert "test_add" in rejected["content"]
+    assert CANARY not in server.sent(), "raw verifier output reached the model"
+    tools = [t["function"]["name"] for t in server.bodies[0]["tools"]]
+    assert tools == ["list_files", "read_file", "search", "write_file", "apply_patch",
+                     "final_output"]
+    gate = choir("gate", "fix-add-llm", env=env)
+    assert gate.returncode == 0, gate.stdout
+
+
+def test_llm_executor_without_a_model_is_a_configuration_error(tmp_path: Path) -> None:
+    item = make_item(tmp_path, "x")
+    item.write_text(item.read_text().replace("  model: x\n", ""))
+    proc = choir("run", str(item), env=dict(os.environ))
+    assert proc.returncode == 2, proc.stderr
+    assert "executor kind 'llm' needs a model" in proc.stderr
+    assert "models.executor" in proc.stderr
