@@ -447,6 +447,38 @@ class ArtifactStore:
                 files[rel] = self.ingest_file(path)
         return dict(sorted(files.items()))
 
+    def sealed(self, run_id: str) -> tuple[RunManifest, str] | None:
+        """The manifest of a run that finished and its hash, or None if it never sealed.
+
+        Raises:
+            IntegrityError: a manifest is there but does not parse (a tampered run folder).
+        """
+        path = self.run_dir(run_id) / MANIFEST
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            manifest = RunManifest.model_validate_json(data)
+        except ValueError as exc:
+            raise IntegrityError(f"run {run_id}: manifest.json does not parse: {exc}") from None
+        return manifest, self.ingest_bytes(data)
+
+    def set_aside(self, run_id: str) -> Path | None:
+        """Move an unsealed run folder (its process was killed) out of ``runs/``.
+
+        It is not evidence: nothing was attested from it and no manifest lists its files. It
+        goes to ``aborted/{run_id}.{time}`` for whoever wants to look, and the run id is free
+        again. Returns the new place, or None when there was nothing to move.
+        """
+        base = self.run_dir(run_id)
+        if not base.exists() or (base / MANIFEST).exists():
+            return None
+        aside = self.root / "aborted" / f"{run_id}.{time.time_ns()}"
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(base, aside)
+        return aside
+
     def write_manifest(self, run_id: str, manifest: RunManifest) -> str:
         """Write ``runs/{run_id}/manifest.json`` once, atomically, read-only; returns its hash.
 

@@ -77,7 +77,16 @@ class PipelineResult:
 def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: ArtifactStore,
                  run_id: str, target: Target,
                  env: Mapping[str, str] | None = None) -> PipelineResult:
-    """Run every step of ``spec`` and seal the run folder. Never raises for step failures."""
+    """Run every step of ``spec`` and seal the run folder. Never raises for step failures.
+
+    A run id names one run. If that run already sealed (a resumed green thread whose process
+    died after the run), its stored result is returned and nothing runs again; a folder that
+    never sealed (the process died mid-run) is set aside and the run starts over.
+    """
+    sealed = store.sealed(run_id)
+    if sealed is not None:
+        return _stored_result(store, run_id, *sealed)
+    store.set_aside(run_id)
     run_dir = store.run_dir(run_id)
     logs, out = run_dir / "logs", run_dir / "out"
     logs.mkdir(parents=True)
@@ -146,6 +155,20 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
     return PipelineResult(status=status, run_id=run_id, run_dir=run_dir, manifest=manifest,
                           manifest_hash=manifest_hash, artifacts=files, tail_log=tail.text(),
                           infra_error=infra_error)
+
+
+def _stored_result(store: ArtifactStore, run_id: str, manifest: RunManifest,
+                   manifest_hash: str) -> PipelineResult:
+    tail = _Tail()
+    combined = manifest.files.get("logs/combined.log")
+    if combined is not None:
+        with store.open(combined) as fh:
+            for chunk in iter(lambda: fh.read(1 << 16), b""):
+                tail.feed(chunk)
+    return PipelineResult(status=manifest.status, run_id=run_id, run_dir=store.run_dir(run_id),
+                          manifest=manifest, manifest_hash=manifest_hash,
+                          artifacts=dict(manifest.files), tail_log=tail.text(),
+                          infra_error=manifest.infra_error)
 
 
 def _sink(step_log: BinaryIO, combined: BinaryIO, tail: _Tail):  # type: ignore[no-untyped-def]

@@ -132,12 +132,21 @@ class AHDB:
 
     # -- writing -------------------------------------------------------------------------
     def _append(self, kind: str, payload: dict[str, Any]) -> Atom:
-        """The one write path: check the rules against the current log, then append."""
+        """The one write path: check the rules against the current log, then append.
+
+        A write that the log already holds (an atom with the same keyed id, a promotion with
+        the same evidence) returns the existing atom and appends nothing: that is what a
+        resumed run replaying its last node looks like.
+        """
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
         try:
             events = list(self.events())
             atoms = self._replay(events)
+            done = _already_applied(atoms, kind, payload)
+            if done is not None:
+                conn.execute("ROLLBACK")
+                return done
             now = datetime.now(UTC)
             atom = apply(atoms, kind, payload, now, self._lookup)
             prev = events[-1].event_hash if events else GENESIS
@@ -154,16 +163,21 @@ class AHDB:
             conn.execute("ROLLBACK")
             raise
 
-    def _new(self, kind: AtomKind, status: AtomStatus, **fields: Any) -> dict[str, Any]:
+    def _new(self, kind: AtomKind, status: AtomStatus, *, key: str | None = None,
+             **fields: Any) -> dict[str, Any]:
+        """A new atom; with ``key`` its id is derived from it, so writing it twice is a no-op."""
         now = datetime.now(UTC)
-        atom = Atom(id=secrets.token_hex(16), kind=kind, status=status, created_at=now,
-                    updated_at=now, **fields)
+        atom_id = blake3_hex(f"{kind.value}\n{key}".encode())[:32] if key else \
+            secrets.token_hex(16)
+        atom = Atom(id=atom_id, kind=kind, status=status, created_at=now, updated_at=now,
+                    **fields)
         return {"atom": atom.model_dump(mode="json")}
 
     def propose(self, *, claim: str, work_item: str | None, tree_hash: str,
-                commit_sha: str | None = None, required_verifiers: Sequence[str]) -> Atom:
+                commit_sha: str | None = None, required_verifiers: Sequence[str],
+                key: str | None = None) -> Atom:
         return self._append("propose", self._new(
-            AtomKind.ASSERT, AtomStatus.PROPOSED, claim=claim, work_item=work_item,
+            AtomKind.ASSERT, AtomStatus.PROPOSED, key=key, claim=claim, work_item=work_item,
             tree_hash=tree_hash, commit_sha=commit_sha,
             required_verifiers=tuple(sorted(set(required_verifiers)))))
 
@@ -176,26 +190,44 @@ class AHDB:
                                        "reason": reason[:500]})
 
     def assert_work_item(self, work_item: str, tree_hash: str, *, references: Sequence[str],
-                         claim: str, commit_sha: str | None = None) -> Atom:
+                         claim: str, commit_sha: str | None = None,
+                         key: str | None = None) -> Atom:
         atoms = self._replay(list(self.events()))
         evidence = sorted({a for r in references if r in atoms for a in atoms[r].attestations})
         return self._append("assert", self._new(
-            AtomKind.ASSERT, AtomStatus.PROMOTED, claim=claim, work_item=work_item,
+            AtomKind.ASSERT, AtomStatus.PROMOTED, key=key, claim=claim, work_item=work_item,
             tree_hash=tree_hash, commit_sha=commit_sha, references=tuple(references),
             attestations=tuple(evidence)))
 
     def hypothesize(self, work_item: str | None, tree_hash: str, *, claim: str,
-                    discriminating_test: str, attestation_ids: Sequence[str]) -> Atom:
+                    discriminating_test: str, attestation_ids: Sequence[str],
+                    key: str | None = None) -> Atom:
         return self._append("hypothesize", self._new(
-            AtomKind.HYPOTHESIZE, AtomStatus.PROPOSED, claim=claim[:1000], work_item=work_item,
+            AtomKind.HYPOTHESIZE, AtomStatus.PROPOSED, key=key, claim=claim[:1000],
+            work_item=work_item,
             tree_hash=tree_hash, discriminating_test=discriminating_test[:600],
             attestations=tuple(attestation_ids)))
 
     def hyperthesis(self, work_item: str | None, tree_hash: str, *, claim: str,
-                    attestation_ids: Sequence[str]) -> Atom:
+                    attestation_ids: Sequence[str], key: str | None = None) -> Atom:
         return self._append("hyperthesis", self._new(
-            AtomKind.HYPERTHESIS, AtomStatus.PROPOSED, claim=claim[:1000], work_item=work_item,
+            AtomKind.HYPERTHESIS, AtomStatus.PROPOSED, key=key, claim=claim[:1000],
+            work_item=work_item,
             tree_hash=tree_hash, attestations=tuple(attestation_ids)))
+
+
+def _already_applied(atoms: dict[str, Atom], kind: str, payload: dict[str, Any]) -> Atom | None:
+    """The atom a replayed write would produce, when the log already has it; else None."""
+    if kind in ("propose", "assert", "hypothesize", "hyperthesis"):
+        existing = atoms.get(str(payload.get("atom", {}).get("id", "")))
+        if existing is not None and existing.kind.value == payload["atom"]["kind"]:
+            return existing
+        return None
+    atom = atoms.get(str(payload.get("atom_id", "")))
+    if kind == "promote" and atom is not None and atom.status is AtomStatus.PROMOTED and \
+            set(atom.attestations) == set(payload.get("attestations") or ()):
+        return atom
+    return None
 
 
 def open_ahdb(home: Path | None = None) -> AHDB:
