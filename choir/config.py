@@ -132,6 +132,17 @@ def load_repo_config(repo: Path) -> RepoConfig:
             line=1,
             hint="add 'verification: {steps: [{name: test, command: pytest -q}]}' or 'verifiers:'",
         )
+    for name, spec in verifiers.items():
+        other = spec.lenses.independent
+        if other is not None and (other not in verifiers or other == name):
+            raise ConfigError(
+                f"verifier '{name}': lenses.independent names "
+                + ("itself" if other == name else f"unknown verifier '{other}'"),
+                path=str(path),
+                line=doc.line_of(("verifiers", name, "lenses", "independent")),
+                hint="name another verifier of this allowlist: "
+                     + ", ".join(sorted(set(verifiers) - {name})),
+            )
     for mood, override in parsed.moods.items():
         for field in ("verifiers", "broaden"):
             for i, name in enumerate(getattr(override, field) or ()):
@@ -166,6 +177,11 @@ def load_work_item(path: Path) -> WorkItem:
         raise ConfigError(
             "a work item must be a mapping", path=str(path), line=1, hint="start with 'id: my-item'"
         )
+    for key in ("split_of", "focus"):
+        if key in doc.data:
+            raise ConfigError(f"'{key}' is set by Choir on the parts of a split work item",
+                              path=str(path), line=doc.line_of((key,)),
+                              hint=f"remove '{key}:'")
     item: WorkItem = validate(doc, WorkItem)
     repo = (path.parent / item.repo).resolve()
     if not repo.is_dir():
@@ -185,4 +201,12 @@ def load_work_item(path: Path) -> WorkItem:
             line=doc.line_of(("executor",)),
             hint=f"add '{field}:' under 'executor:'",
         )
+    allowlist = load_repo_config(repo).verifiers if item.required_verifiers else {}
+    for i, name in enumerate(item.required_verifiers):
+        if name not in allowlist:
+            raise ConfigError(
+                f"required verifier '{name}' is not in {repo / CONFIG_NAME}",
+                path=str(path), line=doc.line_of(("required_verifiers", i)),
+                hint=f"use one of: {', '.join(sorted(allowlist))}",
+            )
     return item.model_copy(update={"repo": str(repo)})

@@ -1,39 +1,44 @@
 """The Director: which allowlisted verifiers run (by mood), and what a round's results mean.
 
 Both halves are pure functions of their inputs, so they are easy to test and replay: ``plan``
-never leaves the allowlist, and ``adjudicate`` turns reports into continue / rerun / done /
-halt and mood changes (seed 002 §4, §7).
+never leaves the allowlist, and ``adjudicate`` turns the evidence on one tree into done,
+retry, nested (look again with other lenses), split or halt, with mood changes (seed 002 §4,
+§7). The optional model suggestion is asked for elsewhere (``choir.director_model``); here it
+is only ever a list of names, filtered.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from choir.models import Mood, PlannedVerifier, Result, VerifierPlan
+from choir.models import Mood, PlannedVerifier, Result, VerifierPlan, VerifierSpec, WorkItem
 from choir.policy import Policy
-from choir.verification import VerifierRun
 
-Action = Literal["done", "retry", "rerun", "halt"]
+if TYPE_CHECKING:
+    from choir.verification import VerifierRun
+
+Action = Literal["done", "retry", "nested", "broaden", "split", "halt"]
 
 
 def plan(policy: Policy, mood: Mood, allowlist: Collection[str], *,
-         required: Sequence[str] = (), core_green: bool = False,
-         suggestion: Sequence[str] | None = None) -> VerifierPlan:
-    """The verifiers for one round: required ones, the mood's, BOLD's broadening once green.
+         required: Sequence[str] = (), suggestion: Sequence[str] | None = None,
+         reason: str = "") -> VerifierPlan:
+    """The verifiers of a primary round: the required ones and the mood's.
 
-    A model's suggestion may add allowlisted verifiers; anything else it names is dropped
-    and recorded, never run.
+    A model's suggestion may add allowlisted verifiers, never remove one; anything else it
+    names is dropped and recorded, never run. (BOLD's broadening is a later round on the
+    same tree, once this plan is green: see ``adjudicate``.)
     """
     mood_policy = policy.moods[mood]
     names = list(dict.fromkeys([*required, *mood_policy.verifiers]))
-    if mood is Mood.BOLD and core_green:
-        names += [n for n in mood_policy.broaden if n not in names]
     dropped: list[str] = []
+    added = 0
     for name in suggestion or ():
         if name in allowlist and name not in names:
             names.append(name)
+            added += 1
         elif name not in allowlist:
             dropped.append(name)
     dropped += [n for n in names if n not in allowlist]
@@ -42,31 +47,61 @@ def plan(policy: Policy, mood: Mood, allowlist: Collection[str], *,
         PlannedVerifier(name=n, lens="default" if r == 0 else "clean_rerun", replica=r)
         for n in names for r in range(mood_policy.reruns)
     )
+    why = f"{mood.value}: {mood_policy.reruns} run(s) of each"
+    if suggestion is not None:
+        why += f"; the director model added {added}, {len(dropped)} dropped"
     return VerifierPlan(mood=mood, verifiers=planned, dropped=tuple(dropped),
-                        reason=f"{mood.value}: {mood_policy.reruns} run(s) of each",
+                        reason=f"{why}{'; ' + reason if reason else ''}"[:500],
                         suggested_by="model" if suggestion else "policy")
 
 
+def part_plan(item: WorkItem, policy: Policy, mood: Mood,
+              specs: Mapping[str, VerifierSpec]) -> VerifierPlan:
+    """A split part verifies its own verifiers only, narrowed to its focus tests if it can."""
+    reruns = policy.moods[mood].reruns
+    planned: list[PlannedVerifier] = []
+    for name in item.required_verifiers:
+        narrow = bool(item.focus and specs[name].lenses.isolate)
+        planned += [PlannedVerifier(name=name, replica=r,
+                                    lens="isolated_subset" if narrow else
+                                    ("default" if r == 0 else "clean_rerun"),
+                                    tests=item.focus if narrow else ())
+                    for r in range(reruns)]
+    return VerifierPlan(mood=mood, verifiers=tuple(planned),
+                        reason=f"part of {item.split_of}: "
+                               + ", ".join(item.required_verifiers)
+                               + (f" on {len(item.focus)} test(s)" if item.focus else ""))
+
+
 def verdicts(runs: Sequence[VerifierRun]) -> dict[str, Result]:
-    """One result per verifier; replicas that disagree make it FLAKY (seed 002 §7.2)."""
+    """One result per verifier over all its voting runs on this tree (seed 002 §7.2).
+
+    INCONCLUSIVE runs are evidence of nothing: they are ignored once a conclusive run
+    exists. Conclusive runs that disagree (or a run that is itself FLAKY) make it FLAKY.
+    Diagnostic runs (instrumented, a nested isolated subset) never vote.
+    """
     by_name: dict[str, set[Result]] = {}
     for run in runs:
-        by_name.setdefault(run.verifier, set()).add(run.report.result)
+        if not run.diagnostic:
+            by_name.setdefault(run.verifier, set()).add(run.report.result)
     out: dict[str, Result] = {}
     for name, results in by_name.items():
-        if len(results) == 1:
-            out[name] = next(iter(results))
-        elif results <= {Result.PASS, Result.FAIL}:
-            out[name] = Result.FLAKY
+        conclusive = results - {Result.INCONCLUSIVE}
+        if not conclusive:
+            out[name] = Result.INCONCLUSIVE
+        elif len(conclusive) == 1:
+            out[name] = next(iter(conclusive))
         else:
-            out[name] = Result.FAIL if Result.FAIL in results else Result.INCONCLUSIVE
+            out[name] = Result.FLAKY
     return out
 
 
 def signatures(runs: Sequence[VerifierRun]) -> list[str]:
-    return sorted({s.id for r in runs if r.report.result is Result.FAIL
+    """The failure signature of a round: what 'the same failure again' is compared by."""
+    return sorted({s.id for r in runs if r.report.result is Result.FAIL and not r.diagnostic
                    for s in r.report.failure_signatures} or
-                  {f"{r.verifier}:exit" for r in runs if r.report.result is Result.FAIL})
+                  {f"{r.verifier}:exit" for r in runs
+                   if r.report.result is Result.FAIL and not r.diagnostic})
 
 
 @dataclass(frozen=True)
@@ -77,29 +112,50 @@ class Decision:
 
 
 def adjudicate(runs: Sequence[VerifierRun], *, policy: Policy, mood: Mood, attempt: int,
-               max_attempts: int, history: Sequence[Sequence[str]],
-               reruns_done: int) -> Decision:
-    """What the round's evidence means for the loop. ``history``: earlier rounds' signatures."""
+               max_attempts: int, history: Sequence[Sequence[str]], nested_done: int,
+               can_split: bool = False, broaden: Collection[str] = ()) -> Decision:
+    """What the evidence on this tree means for the loop.
+
+    ``history`` holds earlier rounds' failure signatures; ``nested_done`` counts the nested
+    rounds already spent on this tree; ``can_split`` says whether the work item divides;
+    ``broaden`` names the verifiers BOLD still owes this tree once the core is green.
+    A FLAKY verdict that nested rounds could not settle is a failure: it never promotes, and
+    the executor is told which tests are nondeterministic.
+    """
     results = verdicts(runs)
     if results and all(r is Result.PASS for r in results.values()):
+        if broaden:
+            return Decision("broaden", mood, "the core is green: broadening coverage with "
+                            + ", ".join(sorted(broaden)))
         return Decision("done", mood, "every planned verifier passed")
-    if any(r is Result.FAIL for r in results.values()):
-        current = signatures(runs)
-        streak = 1
-        for earlier in reversed(history):
-            if list(earlier) != current:
-                break
-            streak += 1
-        if streak >= policy.halt_after:
-            return Decision("halt", mood, f"the same failure {streak} rounds in a row: "
-                            "split the work item or reframe it")
-        if attempt >= max_attempts:
-            return Decision("halt", mood, f"attempt budget spent ({attempt}/{max_attempts})")
-        if streak >= policy.same_signature_limit:
-            new = Mood.SKEPTICAL if mood is Mood.CURIOUS else Mood.CURIOUS
-            return Decision("retry", new, f"the same failure {streak} rounds in a row: "
-                            f"{mood.value} -> {new.value} (reframe, narrow, isolate)")
-        return Decision("retry", mood, "verification failed: hypothesis sent to the executor")
-    if reruns_done < 1:
-        return Decision("rerun", mood, "flaky or inconclusive: nested rerun in clean sandboxes")
-    return Decision("halt", mood, "still flaky or inconclusive after a clean rerun: escalate")
+    failed = any(r is Result.FAIL for r in results.values())
+    unsettled = [n for n, r in sorted(results.items()) if r in (Result.FLAKY, Result.INCONCLUSIVE)]
+    if not failed and nested_done < policy.nested_max:
+        kinds = sorted({results[n].value.lower() for n in unsettled})
+        return Decision("nested", mood, f"{' and '.join(kinds)}: {', '.join(unsettled)}; "
+                        f"nested round {nested_done + 1} with other lenses")
+    if not failed and all(results[n] is Result.INCONCLUSIVE for n in unsettled):
+        return Decision("halt", mood, f"still inconclusive after {nested_done} nested "
+                        f"round(s): {', '.join(unsettled)}; escalate to a human")
+    what = "verification failed" if failed else \
+        f"flaky after {nested_done} nested round(s): {', '.join(unsettled)}"
+    current = signatures(runs)
+    streak = 1
+    for earlier in reversed(history):
+        if list(earlier) != current:
+            break
+        streak += 1
+    if streak >= policy.halt_after:
+        if can_split:
+            return Decision("split", Mood.SKEPTICAL if mood is not Mood.PARANOID else mood,
+                            f"the same failure {streak} rounds in a row: split into parts "
+                            "(narrow and isolate)")
+        return Decision("halt", mood, f"the same failure {streak} rounds in a row and the "
+                        "work item does not divide further: reframe it or escalate")
+    if attempt >= max_attempts:
+        return Decision("halt", mood, f"{what}; attempt budget spent ({attempt}/{max_attempts})")
+    if streak >= policy.same_signature_limit:
+        new = Mood.SKEPTICAL if mood is Mood.CURIOUS else Mood.CURIOUS
+        return Decision("retry", new, f"the same failure {streak} rounds in a row: "
+                        f"{mood.value} -> {new.value} (reframe, narrow, isolate)")
+    return Decision("retry", mood, f"{what}: hypothesis sent to the executor")

@@ -7,11 +7,20 @@ explicit timeout (litellm's default is 6000 s) and reports tokens and cost.
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from choir.exceptions import MissingExtraError
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from choir.models import Usage
+
+    Reply = TypeVar("Reply", bound=BaseModel)
 
 _litellm: Any = None
 
@@ -83,3 +92,38 @@ async def acomplete(
         completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
         cost_usd=_cost(litellm, response),
     )
+
+
+async def ask_json(model: str, messages: list[dict[str, Any]], schema: type[Reply], *,
+                   deadline_s: float, attempts: int = 3, reply_max: int = 8000,
+                   **kwargs: Any) -> tuple[Reply | None, Usage, str]:
+    """Ask for one JSON object of ``schema``; retry any fault with backoff inside a deadline.
+
+    Returns the validated reply (or None when every try failed), what all tries spent, and
+    the last fault in one line (empty on success). Never raises for model faults: each caller
+    has a deterministic fallback.
+    """
+    from choir.models import Usage
+
+    deadline = time.monotonic() + deadline_s
+    spent = Usage(model=model)
+    fault = "no time left for a model call"
+    for attempt in range(attempts):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0.5:
+            break
+        try:
+            reply = await acomplete(model=model, messages=messages, timeout=remaining,
+                                    response_format={"type": "json_object"}, **kwargs)
+            spent = Usage(model=model,
+                          prompt_tokens=spent.prompt_tokens + reply.prompt_tokens,
+                          completion_tokens=spent.completion_tokens + reply.completion_tokens,
+                          cost_usd=spent.cost_usd + reply.cost_usd)
+            content = reply.message.content or ""
+            if len(content) > reply_max:
+                raise ValueError(f"oversized reply ({len(content)} characters)")
+            return schema.model_validate_json(content), spent, ""
+        except Exception as exc:  # noqa: BLE001 - every fault: retry, then the caller falls back
+            fault = f"{type(exc).__name__}: {str(exc)[:200]}".replace("\n", " ")
+            await asyncio.sleep(min(0.2 * 2**attempt, max(0.0, deadline - time.monotonic())))
+    return None, spent, fault

@@ -34,6 +34,7 @@ class _PackagedPolicy(Frozen):
     approval_at: tuple[BlastRadius, ...] = (BlastRadius.LARGE,)
     same_signature_limit: int = Field(default=2, ge=1)
     halt_after: int = Field(default=3, ge=1)
+    nested_max: int = Field(default=2, ge=0, le=5)
     max_parallel: int = Field(default=6, ge=1, le=64)
 
 
@@ -53,6 +54,7 @@ class Policy(Frozen):
     approval_at: tuple[BlastRadius, ...] = (BlastRadius.LARGE,)
     same_signature_limit: int = 2
     halt_after: int = 3
+    nested_max: int = 2
     max_parallel: int = 6
 
     @cached_property
@@ -112,5 +114,6 @@ def load_policy(config: RepoConfig, packaged: _PackagedPolicy | None = None) -> 
         approval_at=base.approval_at,
         same_signature_limit=base.same_signature_limit,
         halt_after=base.halt_after,
+        nested_max=base.nested_max,
         max_parallel=config.max_parallel or base.max_parallel,
     )

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from choir._canonical import canonical_json, hash_json
+from choir._failpoints import failpoint
 from choir._version import __version__
 from choir.models import (
     Attestation,
@@ -32,7 +33,10 @@ from choir.models._base import Frozen
 if TYPE_CHECKING:
     from choir.artifacts import ArtifactStore
     from choir.attest import AttestationStore, Signer
+    from choir.config import RepoConfig
+    from choir.models import Mood
     from choir.pipeline import PipelineResult
+    from choir.policy import Policy
     from choir.sandbox import Sandbox
 
 
@@ -51,9 +55,33 @@ class VerifierRun(Frozen):
     run_id: str
     lens: str = "default"
     replica: int = 0
+    diagnostic: bool = False
+    tests: tuple[str, ...] = ()
     report: VerificationReport
     report_hash: str
     manifest_hash: str
+
+
+def open_sandbox(config: RepoConfig, policy: Policy, mood: Mood,
+                 name: str | None = None) -> Sandbox:
+    """The sandbox a repo's verifiers run in (``choir.yaml``'s backend and image, or ``name``).
+
+    Raises:
+        UserError: the mood refuses a sandbox without isolation (PARANOID), or the name is
+            unknown.
+    """
+    from choir.exceptions import UserError
+    from choir.sandbox import resolve_sandbox
+
+    options = {"image": config.sandbox.image} if config.sandbox.image else {}
+    sandbox = resolve_sandbox(name or config.sandbox.backend, **options)
+    if sandbox.isolation == "none" and not policy.moods[mood].allow_unsafe_isolation:
+        sandbox.close()
+        raise UserError(
+            f"mood {mood.value} refuses the '{sandbox.name}' sandbox (no isolation); "
+            "install bubblewrap or start a Docker engine, or choose another mood"
+        )
+    return sandbox
 
 
 async def run_verifier_thread(
@@ -67,6 +95,8 @@ async def run_verifier_thread(
     reporter: str | None = None,
     lens: str = "default",
     replica: int = 0,
+    diagnostic: bool = False,
+    tests: tuple[str, ...] = (),
 ) -> tuple[VerifierRun, PipelineResult]:
     """Run ``spec`` in ``sandbox`` and turn its artifacts into a stored report.
 
@@ -80,6 +110,7 @@ async def run_verifier_thread(
         functools.partial(run_verifier, spec, repo=repo, sandbox=sandbox, store=store,
                           run_id=run_id, target=target),
     )
+    failpoint("green:ran")
     report = await abuild_report(result, spec=spec, store=store, target=target, reporter=reporter)
     report_hash = store.ingest_bytes(canonical_json(report))
     run = VerifierRun(
@@ -87,6 +118,8 @@ async def run_verifier_thread(
         run_id=run_id,
         lens=lens,
         replica=replica,
+        diagnostic=diagnostic,
+        tests=tests,
         report=report,
         report_hash=report_hash,
         manifest_hash=result.manifest_hash,

@@ -16,8 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from choir.config import RepoConfig, load_repo_config
-from choir.exceptions import UserError
+from choir.config import load_repo_config
 from choir.models import Mood, Result, Target
 from choir.policy import load_policy
 from choir.tree import commit_sha, tree_hash
@@ -70,22 +69,14 @@ async def averify_tree(
     from choir.artifacts import ArtifactStore
     from choir.attest import AttestationStore, load_signer
     from choir.director import plan as director_plan
-    from choir.sandbox import resolve_sandbox
-    from choir.verification import attest_run, load_manifest, run_verifier_thread
+    from choir.verification import attest_run, load_manifest, open_sandbox, run_verifier_thread
 
     repo = repo.expanduser().resolve()
     config = load_repo_config(repo)
     policy = load_policy(config)
     mood = mood or Mood.CALM
     plan = director_plan(policy, mood, config.verifiers)
-    sandbox = resolve_sandbox(
-        sandbox_name or config.sandbox.backend, **_sandbox_options(config)
-    )
-    if sandbox.isolation == "none" and not policy.moods[mood].allow_unsafe_isolation:
-        raise UserError(
-            f"mood {mood.value} refuses the '{sandbox.name}' sandbox (no isolation); "
-            "install bubblewrap or start a Docker engine, or choose another mood"
-        )
+    sandbox = open_sandbox(config, policy, mood, sandbox_name)
     target = resolve_target(repo)
     store, signer, attestations = ArtifactStore(), load_signer(), AttestationStore()
     session = new_run_id("verify")
@@ -172,10 +163,6 @@ async def averify_tree(
         value = contract["manifest"][key]
         contract["manifest"][key] = value.isoformat() if value else None
     return VerifyOutcome(status=status, contract=contract)
-
-
-def _sandbox_options(config: RepoConfig) -> dict[str, Any]:
-    return {"image": config.sandbox.image} if config.sandbox.image else {}
 
 
 def verify_tree(

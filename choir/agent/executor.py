@@ -71,8 +71,7 @@ def green_verifier(item: WorkItem, run_id: str) -> Any:
     from choir.config import load_repo_config
     from choir.director import plan
     from choir.policy import load_policy
-    from choir.sandbox import resolve_sandbox
-    from choir.verification import run_verifier_thread
+    from choir.verification import open_sandbox, run_verifier_thread
     from choir.verify import resolve_target
 
     repo = Path(item.repo)
@@ -80,14 +79,14 @@ def green_verifier(item: WorkItem, run_id: str) -> Any:
 
     async def verify(output: ChangeSummary) -> ChangeSummary:
         config = load_repo_config(repo)
-        chosen = plan(load_policy(config), item.mood, config.verifiers,
-                      required=item.required_verifiers)
+        policy = load_policy(config)
+        chosen = plan(policy, item.mood, config.verifiers, required=item.required_verifiers)
         names = list(dict.fromkeys(p.name for p in chosen.verifiers))
         target = resolve_target(repo, item.id)
         check = next(rounds)
 
         async def one(name: str) -> VerifierRun:
-            sandbox = resolve_sandbox(config.sandbox.backend)
+            sandbox = open_sandbox(config, policy, item.mood)
             try:
                 run, _ = await run_verifier_thread(
                     config.verifiers[name], repo=repo, target=target, sandbox=sandbox,

@@ -14,28 +14,35 @@ from choir.cli._errors import EXIT_FAIL, EXIT_OK
 _MOODS = ["CALM", "SKEPTICAL", "PARANOID", "BOLD", "CURIOUS"]
 
 
-def _progress(node: str, update: dict[str, Any]) -> None:
-    if node == "execute":
-        click.echo(f"[execute] attempt {update.get('attempt')}", err=True)
-    elif node == "green":
-        for run in update.get("runs", []):
-            r = run.report
-            click.echo(f"  [green] {run.verifier}#{run.replica}: {r.result.value} "
-                       f"({r.summary[:90]})", err=True)
-    elif node == "attest":
-        click.echo(f"[attest] {len(update.get('attestations', []))} attestation(s)", err=True)
-    elif node == "adjudicate":
-        click.echo(f"[adjudicate] mood {update.get('mood')}: {update.get('reason')}", err=True)
-    elif node == "approve":
-        click.echo(f"[approve] {update.get('status')}", err=True)
+def _progress(as_json: bool) -> Any:
+    """Live on a terminal; plain lines on stderr otherwise (and always with --json)."""
+    from rich.console import Console
+
+    from choir.cli._progress import Progress
+
+    console = Console(stderr=True, highlight=False)
+    return Progress(console=console, live=console.is_terminal and not as_json)
+
+
+def _drive(coro_fn: Any, as_json: bool) -> int:
+    progress = _progress(as_json)
+    try:
+        outcome = asyncio.run(coro_fn(progress))
+    finally:
+        progress.close()
+    return _finish(outcome, as_json)
 
 
 def _finish(outcome: Any, as_json: bool) -> int:
+    from choir.cli._progress import spend_lines
+
     if as_json:
         click.echo(json.dumps(outcome.__dict__, indent=2, default=str))
     else:
-        click.echo(f"{outcome.status.upper()}  run {outcome.run_id}  attempt {outcome.attempt}"
-                   f"  mood {outcome.mood}  {outcome.reason}")
+        click.echo(f"{outcome.status.upper()}  run {outcome.run_id}  {outcome.work_item}  "
+                   f"attempt {outcome.attempt}  mood {outcome.mood}  {outcome.reason}")
+        for line in spend_lines(outcome.usage):
+            click.echo(line)
         if outcome.status == "awaiting_approval":
             click.echo(f"waiting for a human: choir approve {outcome.run_id} [--reject]")
     code: int = outcome.exit_code()
@@ -56,15 +63,12 @@ def run(workitem: Path | None, mood: str | None, run_id: str | None, resume_id: 
     from choir.models import Mood
 
     if resume_id:
-        outcome = asyncio.run(runner.resume(resume_id, on_event=_progress))
-    elif workitem is None:
+        return _drive(lambda on: runner.resume(resume_id, on_event=on), as_json)
+    if workitem is None:
         raise UserError("give a work item file, or --resume RUN_ID")
-    else:
-        rid = run_id
-        outcome = asyncio.run(runner.run_work_item(
-            workitem, mood=Mood(mood.upper()) if mood else None, run_id=rid,
-            on_event=_progress))
-    return _finish(outcome, as_json)
+    chosen = Mood(mood.upper()) if mood else None
+    return _drive(lambda on: runner.run_work_item(workitem, mood=chosen, run_id=run_id,
+                                                  on_event=on), as_json)
 
 
 @click.command()
@@ -74,8 +78,7 @@ def approve(run_id: str, reject: bool) -> int:
     """Answer a human-approval gate and finish the run."""
     from choir.graph import runner
 
-    return _finish(asyncio.run(runner.approve(run_id, reject=reject, on_event=_progress)),
-                   False)
+    return _drive(lambda on: runner.approve(run_id, reject=reject, on_event=on), False)
 
 
 @click.command()

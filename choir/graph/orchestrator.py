@@ -1,33 +1,43 @@
 """The orchestrator: execute -> direct -> green threads (Send x N) -> attest -> adjudicate.
 
 Side effects that must not repeat (minting attestations, AHDB writes) happen in nodes before
-any interrupt, and are idempotent on replay: attestations are content-addressed, and the
-AHDB refuses a second promotion of the same claim. The approval interrupt lives in this
-parent graph (PLATFORM.md: subgraph resumes are fragile).
+any interrupt, and are idempotent on replay: a green thread's run id names one run (a
+resumed thread reuses a sealed run), attestations are content-addressed, and AHDB atoms are
+keyed by run, round and kind. The approval interrupt lives in this parent graph
+(PLATFORM.md: subgraph resumes are fragile). Progress goes out on LangGraph's custom stream
+(``emit``): what the CLI shows live, never part of the state.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from langgraph.config import get_stream_writer
 from langgraph.graph import END, START, StateGraph
-from langgraph.types import Command, Overwrite, Send, interrupt
+from langgraph.types import Overwrite, Send, interrupt
 
+from choir._failpoints import failpoint
 from choir.config import load_repo_config
-from choir.director import adjudicate, plan, signatures
+from choir.director import part_plan, plan, verdicts
+from choir.graph.adjudicate import adjudicate_node
 from choir.graph.state import GreenIn, GreenOut, RunState
-from choir.models import (
-    Counts,
-    Mood,
-    Result,
-    VerificationReport,
-)
+from choir.lenses import lens_spec, nested_plan
+from choir.models import Counts, Mood, PlannedVerifier, Result, VerificationReport, VerifierPlan
 from choir.policy import load_policy
 from choir.verification import VerifierRun
 
 _SEMAPHORES: dict[tuple[int, int], asyncio.Semaphore] = {}
+
+
+def emit(event: dict[str, Any]) -> None:
+    """Progress for whoever streams the run (``choir run``'s live view); never state."""
+    try:
+        get_stream_writer()(event)
+    except RuntimeError:  # outside a graph run (a direct call in a test): nobody listens
+        pass
 
 
 def _limiter(n: int) -> asyncio.Semaphore:
@@ -41,37 +51,47 @@ def _crash_report(state: GreenIn, error: BaseException) -> VerifierRun:
     planned = state["planned"]
     report = VerificationReport(
         verifier=planned.name, verifier_type="crashed", target=state["target"],
-        result=Result.INCONCLUSIVE, summary=f"verifier crashed: {type(error).__name__}",
+        result=Result.INCONCLUSIVE, summary=f"verifier crashed: {type(error).__name__}: "
+                                            f"{str(error)[:200]}",
         next_actions=("Rerun; the verifier itself failed, not the code under test.",),
         confidence=0.0, hyperthesis=("The verifier crashed: nothing was ruled out.",),
         counts=Counts())
     return VerifierRun(verifier=planned.name, run_id=state["run_id"], report=report,
                        report_hash="", manifest_hash="", lens=planned.lens,
-                       replica=planned.replica)
+                       replica=planned.replica, diagnostic=planned.diagnostic,
+                       tests=planned.tests)
 
 
 async def green_thread(state: GreenIn) -> GreenOut:
     """One verifier in its own sandbox; raw output stays in the artifact store."""
     from choir.artifacts import ArtifactStore
-    from choir.sandbox import resolve_sandbox
-    from choir.verification import run_verifier_thread
+    from choir.verification import open_sandbox, run_verifier_thread
 
     item = state["work_item"]
-    config = load_repo_config(Path(item.repo))
     planned = state["planned"]
-    async with _limiter(load_policy(config).max_parallel):
+    config = load_repo_config(Path(item.repo))
+    policy = load_policy(config)
+    label = {"kind": "green", "key": state["run_id"], "verifier": planned.name,
+             "lens": planned.lens, "replica": planned.replica}
+    emit({**label, "state": "queued"})
+    async with _limiter(policy.max_parallel):
+        emit({**label, "state": "running"})
+        started = time.monotonic()
         try:
-            sandbox = resolve_sandbox(config.sandbox.backend)
+            sandbox = open_sandbox(config, policy, Mood(state["mood"]))
             try:
                 run, _ = await run_verifier_thread(
-                    config.verifiers[planned.name], repo=Path(item.repo),
+                    lens_spec(config.verifiers[planned.name], planned), repo=Path(item.repo),
                     target=state["target"], sandbox=sandbox, store=ArtifactStore(),
                     run_id=state["run_id"], reporter=config.models.reporter,
-                    lens=planned.lens, replica=planned.replica)
+                    lens=planned.lens, replica=planned.replica,
+                    diagnostic=planned.diagnostic, tests=planned.tests)
             finally:
                 sandbox.close()
         except Exception as exc:  # noqa: BLE001 - a crash is evidence of nothing
             run = _crash_report(state, exc)
+    emit({**label, "state": "done", "result": run.report.result.value,
+          "seconds": round(time.monotonic() - started, 2), "summary": run.report.summary[:160]})
     return {"runs": [run]}
 
 
@@ -89,28 +109,74 @@ async def execute(state: RunState) -> dict[str, Any]:
 
     item = state["work_item"]
     attempt = state.get("attempt", 0) + 1
+    emit({"kind": "execute", "work_item": item.id, "attempt": attempt})
+    run_id = state["run_id"] if item.split_of is None else f"{state['run_id']}-{item.id}"
     output = await asyncio.to_thread(get_executor(item.executor.kind), item, attempt,
-                                     state.get("feedback", []), run_id=state["run_id"])
+                                     state.get("feedback", []), run_id=run_id)
+    failpoint("execute:done")
     target = resolve_target(Path(item.repo), item.id)
     return {"attempt": attempt, "target": target, "executor_output": output.artifact,
-            "usage": [("executor", u) for u in output.usage], "reruns": 0,
-            "runs": Overwrite([]), "events": [f"execute attempt {attempt}"]}
+            "usage": [("executor", u) for u in output.usage], "nested": 0,
+            "round_kind": "primary", "runs": Overwrite([]), "attestations": {},
+            "events": [f"execute {item.id} attempt {attempt}"]}
 
 
-def direct(state: RunState) -> list[Send]:
+async def direct(state: RunState) -> dict[str, Any]:
+    """The Director picks this round's green threads (and may ask its model)."""
     item = state["work_item"]
     config = load_repo_config(Path(item.repo))
     policy = load_policy(config)
     mood = Mood(state["mood"])
-    chosen = plan(policy, mood, config.verifiers, required=item.required_verifiers)
+    kind = state.get("round_kind", "primary")
+    runs = state.get("runs", [])
+    usage: list[Any] = []
+    if kind == "nested":
+        chosen = VerifierPlan(mood=mood, verifiers=tuple(nested_plan(verdicts(runs), runs,
+                                                                     config.verifiers)),
+                              reason=f"nested round {state.get('nested', 0)}: other lenses")
+    elif kind == "broaden":
+        done = {r.verifier for r in runs}
+        chosen = VerifierPlan(mood=mood, reason="BOLD: the core is green, broadening",
+                              verifiers=tuple(PlannedVerifier(name=n) for n in
+                                              policy.moods[mood].broaden if n not in done))
+    elif item.split_of is not None:
+        chosen = part_plan(item, policy, mood, config.verifiers)
+    else:
+        required = item.required_verifiers
+        chosen = plan(policy, mood, config.verifiers, required=required)
+        if config.models.director:
+            from choir.director_model import suggest
+
+            advice = await suggest(config.models.director, item, mood=mood,
+                                   attempt=state.get("attempt", 1),
+                                   planned=[p.name for p in chosen.verifiers if p.replica == 0],
+                                   specs=config.verifiers, last=state.get("feedback", []))
+            usage.append(("director", advice.usage))
+            chosen = plan(policy, mood, config.verifiers, required=required,
+                          suggestion=advice.names, reason=advice.reason)
+    emit({"kind": "plan", "work_item": item.id, "mood": mood.value, "round_kind": kind,
+          "verifiers": [f"{p.name}#{p.replica}" + ("" if p.lens == "default" else f" ({p.lens})")
+                        for p in chosen.verifiers],
+          "dropped": list(chosen.dropped), "reason": chosen.reason})
+    event = f"plan ({kind}): {', '.join(p.name for p in chosen.verifiers) or 'nothing'}"
+    if chosen.dropped:
+        event += f"; dropped, never run: {', '.join(chosen.dropped)}"
+    return {"plan": chosen, "usage": usage, "events": [event]}
+
+
+def fan_out(state: RunState) -> list[Send] | str:
+    """One green thread per planned verifier; an empty plan goes straight to judgement."""
+    item = state["work_item"]
     round_no = state.get("round", 0)
-    return [Send("green", GreenIn(
-        work_item=item, planned=pv, target=state["target"],
+    sends = [Send("green", GreenIn(
+        work_item=item, planned=pv, target=state["target"], mood=state["mood"],
         run_id=f"{state['run_id']}-r{round_no}-{pv.name}-{pv.replica}"))
-        for pv in chosen.verifiers]
+        for pv in state["plan"].verifiers]
+    return sends or "attest"
 
 
 async def attest(state: RunState) -> dict[str, Any]:
+    """Mint an attestation for every run on this tree that has none yet."""
     from choir.artifacts import ArtifactStore
     from choir.attest import AttestationStore, load_signer
     from choir.verification import attest_run
@@ -119,73 +185,21 @@ async def attest(state: RunState) -> dict[str, Any]:
     config = load_repo_config(Path(item.repo))
     policy = load_policy(config)
     store, signer, atts = ArtifactStore(), load_signer(), AttestationStore()
-    ids = [attest_run(run, config.verifiers[run.verifier], store=store, signer=signer,
-                      attestations=atts, policy_hash=policy.hash, mood=state["mood"]).id
-           for run in state.get("runs", []) if run.report_hash]
-    return {"attestations": ids, "events": [f"attested {len(ids)}"]}
-
-
-async def adjudicate_node(
-    state: RunState,
-) -> Command[Literal["execute", "rerun", "approve", "__end__"]]:
-    from choir.ahdb import open_ahdb
-    from choir.attest import AttestationStore
-
-    item = state["work_item"]
-    config = load_repo_config(Path(item.repo))
-    policy = load_policy(config)
-    mood = Mood(state["mood"])
-    runs = state.get("runs", [])
-    decision = adjudicate(runs, policy=policy, mood=mood, attempt=state["attempt"],
-                          max_attempts=item.max_attempts, history=state.get("history", []),
-                          reruns_done=state.get("reruns", 0))
-    db = open_ahdb()
-    tree = state["target"].tree_hash
-    by_id = {a: AttestationStore().get(a) for a in state.get("attestations", [])}
-    base = {"mood": decision.mood.value, "reason": decision.reason,
-            "round": state.get("round", 0) + 1}
-    event = f"round {base['round']}: {decision.action} ({decision.reason})"
-    if decision.action == "done":
-        if db.is_asserted(item.id, tree) is None:
-            claim = db.propose(claim=f"{item.id}: {item.goal}"[:900], work_item=item.id,
-                               tree_hash=tree, commit_sha=state["target"].commit_sha,
-                               required_verifiers=sorted({r.verifier for r in runs}))
-            claim = db.promote(claim.id, list(by_id))
-            db.assert_work_item(item.id, tree, references=[claim.id],
-                                claim=f"{item.id} done", commit_sha=state["target"].commit_sha)
-        asserted = db.is_asserted(item.id, tree)
-        update = {**base, "status": "asserted", "asserted": asserted.id if asserted else "",
-                  "events": [event]}
-        if policy.needs_approval(item.blast_radius):
-            return Command(update={**update, "status": "awaiting_approval"}, goto="approve")
-        return Command(update=update, goto="__end__")
-    failing = [a for a, att in by_id.items() if att.body.result is Result.FAIL]
-    if failing:
-        first = next((s for r in runs if r.report.result is Result.FAIL
-                      for s in r.report.failure_signatures), None)
-        test = (f"rerun {first.test_id or first.kind}; it must pass" if first
-                else "rerun the failing step; it must exit 0")
-        db.hypothesize(item.id, tree, claim=f"the change does not yet meet: {item.goal}"[:900],
-                       discriminating_test=test, attestation_ids=failing)
-    others = [a for a, att in by_id.items() if att.body.result is not Result.PASS
-              and a not in failing]
-    if others:
-        db.hyperthesis(item.id, tree, claim="some verification was flaky or inconclusive",
-                       attestation_ids=others)
-    history = [*state.get("history", []), signatures(runs)]
-    if decision.action == "retry":
-        return Command(update={**base, "history": history, "status": "running",
-                               "feedback": [r.report for r in runs], "events": [event]},
-                       goto="execute")
-    if decision.action == "rerun":
-        return Command(update={**base, "reruns": state.get("reruns", 0) + 1,
-                               "runs": Overwrite([]), "events": [event]}, goto="rerun")
-    return Command(update={**base, "history": history, "status": "halted", "events": [event]},
-                   goto="__end__")
-
-
-def rerun(state: RunState) -> dict[str, Any]:
-    return {"events": ["nested rerun"]}
+    minted = dict(state.get("attestations", {}))
+    usage = []
+    for run in state.get("runs", []):
+        if not run.report_hash or run.run_id in minted:
+            continue
+        planned = PlannedVerifier(name=run.verifier, lens=run.lens,  # type: ignore[arg-type]
+                                  replica=run.replica, tests=run.tests)
+        spec = lens_spec(config.verifiers[run.verifier], planned)
+        minted[run.run_id] = attest_run(run, spec, store=store, signer=signer, attestations=atts,
+                                        policy_hash=policy.hash, mood=state["mood"]).id
+        if run.report.usage.model:
+            usage.append(("reporter", run.report.usage))
+    failpoint("attest:minted")
+    new = len(minted) - len(state.get("attestations", {}))
+    return {"attestations": minted, "usage": usage, "events": [f"attested {new}"]}
 
 
 def approve(state: RunState) -> dict[str, Any]:
@@ -198,14 +212,14 @@ def approve(state: RunState) -> dict[str, Any]:
 def build() -> Any:
     builder = StateGraph(RunState)
     builder.add_node("execute", execute)
+    builder.add_node("direct", direct)
     builder.add_node("green", _green_graph())
     builder.add_node("attest", attest)
     builder.add_node("adjudicate", adjudicate_node)
-    builder.add_node("rerun", rerun)
     builder.add_node("approve", approve)
     builder.add_edge(START, "execute")
-    builder.add_conditional_edges("execute", direct, ["green"])
-    builder.add_conditional_edges("rerun", direct, ["green"])
+    builder.add_edge("execute", "direct")
+    builder.add_conditional_edges("direct", fan_out, ["green", "attest"])
     builder.add_edge("green", "attest")
     builder.add_edge("attest", "adjudicate")
     builder.add_edge("approve", END)

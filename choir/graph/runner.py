@@ -1,19 +1,26 @@
 """Durable runs: the orchestrator over an AsyncSqliteSaver under ``CHOIR_HOME``.
 
-Every node's result is checkpointed, so after a crash ``resume(run_id)`` continues from the
-last finished node; ``approve`` answers a human-approval interrupt and finishes the run.
+Every step's checkpoint is written before the next step starts (``durability="sync"``), so
+after a crash ``resume(run_id)`` continues from the last finished step; ``approve`` answers a
+human-approval interrupt and finishes the run. One process drives a run at a time: a second
+``--resume`` of a run that is still being driven is refused.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import fcntl
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from choir._paths import choir_home
-from choir.models import Mood
+from choir.exceptions import UserError
+from choir.models import Mood, Usage
 
+# (kind, data): a node's state update (kind = node name), or live progress (kind = "progress")
 OnEvent = Callable[[str, dict[str, Any]], None]
 
 
@@ -25,11 +32,44 @@ class RunOutcome:
     attempt: int = 0
     mood: str = ""
     asserted: str = ""
+    work_item: str = ""
     events: list[str] = field(default_factory=list)
+    usage: dict[str, dict[str, Any]] = field(default_factory=dict)
     waiting: bool = False
 
     def exit_code(self) -> int:
         return {"asserted": 0, "awaiting_approval": 3}.get(self.status, 1)
+
+
+def spend_by_role(usage: list[tuple[str, Usage]]) -> dict[str, dict[str, Any]]:
+    """Tokens, cost and calls per role (executor, reporter, director), and the run's total."""
+    out: dict[str, dict[str, Any]] = {}
+    for role, spent in usage:
+        for name in (role, "total"):
+            row = out.setdefault(name, {"calls": 0, "prompt_tokens": 0,
+                                        "completion_tokens": 0, "cost_usd": 0.0})
+            row["calls"] += 1
+            row["prompt_tokens"] += spent.prompt_tokens
+            row["completion_tokens"] += spent.completion_tokens
+            row["cost_usd"] = round(row["cost_usd"] + spent.cost_usd, 6)
+    return out
+
+
+@contextlib.contextmanager
+def _driving(run_id: str) -> Iterator[None]:
+    """Hold the run's lock while driving it; a second driver is a usage error (exit 2)."""
+    locks = choir_home() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    fd = os.open(locks / f"{run_id}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"run {run_id} is being driven by another process; "
+                            "wait for it, or kill it and resume") from None
+        yield
+    finally:
+        os.close(fd)
 
 
 async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> RunOutcome:
@@ -41,33 +81,59 @@ async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> Run
 
     home = choir_home()
     home.mkdir(parents=True, exist_ok=True)
-    async with AsyncSqliteSaver.from_conn_string(str(home / "checkpoints.sqlite")) as saver:
-        saver.serde = JsonPlusSerializer(allowed_msgpack_modules=checkpoint_types())
-        graph = build().compile(checkpointer=saver)
-        cfg: Any = {"configurable": {"thread_id": run_id}, "recursion_limit": 10_000}
-        async for part in graph.astream(graph_input, cfg, stream_mode="updates"):
-            for node, update in part.items():
-                if on_event is not None and isinstance(update, dict):
-                    on_event(node, update)
-        snap = await graph.aget_state(cfg)
+    with _driving(run_id):
+        async with AsyncSqliteSaver.from_conn_string(str(home / "checkpoints.sqlite")) as saver:
+            saver.serde = JsonPlusSerializer(allowed_msgpack_modules=checkpoint_types())
+            graph = build().compile(checkpointer=saver)
+            cfg: Any = {"configurable": {"thread_id": run_id}, "recursion_limit": 10_000}
+            exists = bool((await graph.aget_state(cfg)).values)
+            if graph_input is None and not exists:
+                raise UserError(f"no run {run_id} to resume under {home}")
+            if isinstance(graph_input, dict) and exists:
+                raise UserError(f"run id {run_id} is taken; choir run --resume {run_id} "
+                                "continues it, or give another --run-id")
+            async for namespace, mode, data in graph.astream(
+                    graph_input, cfg, stream_mode=["updates", "custom"], subgraphs=True,
+                    durability="sync"):
+                if on_event is None:
+                    continue
+                if mode == "custom":
+                    on_event("progress", data)
+                elif not namespace:
+                    for node, update in data.items():
+                        if isinstance(update, dict):
+                            on_event(node, update)
+            snap = await graph.aget_state(cfg)
     values = snap.values or {}
+    item = values.get("work_item")
     return RunOutcome(run_id=run_id, status=values.get("status", "unknown"),
                       reason=values.get("reason", ""), attempt=values.get("attempt", 0),
                       mood=values.get("mood", ""), asserted=values.get("asserted", ""),
-                      events=list(values.get("events", [])), waiting=bool(snap.next))
+                      work_item=item.id if item is not None else "",
+                      events=list(values.get("events", [])),
+                      usage=spend_by_role(values.get("usage", [])), waiting=bool(snap.next))
 
 
 async def run_work_item(path: Path, *, mood: Mood | None = None, run_id: str | None = None,
                         on_event: OnEvent | None = None) -> RunOutcome:
-    """Run a work item file until ASSERT, halt, budget end or an approval gate."""
+    """Run a work item file until ASSERT, halt, budget end or an approval gate.
+
+    Raises:
+        UserError: a bad work item or ``choir.yaml``, a sandbox the mood refuses, or a run id
+            that is already taken.
+    """
     from choir.config import load_repo_config, load_work_item
     from choir.policy import load_policy
+    from choir.verification import open_sandbox
     from choir.verify import new_run_id
 
     item = load_work_item(path)
-    load_policy(load_repo_config(Path(item.repo)))  # configuration errors before anything runs
+    config = load_repo_config(Path(item.repo))
+    policy = load_policy(config)  # configuration errors before anything runs
+    start_mood = mood or item.mood
+    open_sandbox(config, policy, start_mood).close()  # a refused sandbox before anything runs
     run_id = run_id or new_run_id(item.id)
-    start = {"work_item": item, "run_id": run_id, "mood": (mood or item.mood).value,
+    start = {"work_item": item, "run_id": run_id, "mood": start_mood.value,
              "attempt": 0, "round": 0, "history": [], "status": "running"}
     return await _drive(start, run_id, on_event)
 

@@ -7,41 +7,52 @@ report + hashes) and the executor's output lives in the artifact store, referenc
 from __future__ import annotations
 
 import operator
-from typing import Annotated
+from typing import Annotated, Literal
 
 from typing_extensions import TypedDict
 
-from choir.models import PlannedVerifier, Target, Usage, VerificationReport, WorkItem
+from choir.models import PlannedVerifier, Target, Usage, VerificationReport, VerifierPlan, WorkItem
+from choir.split import ParentFrame
 from choir.verification import VerifierRun
+
+# primary: the plan after an execution; nested: other lenses on flaky or ambiguous evidence;
+# broaden: BOLD's wider coverage once the core is green. All on the same tree.
+RoundKind = Literal["primary", "nested", "broaden"]
 
 
 class RunState(TypedDict, total=False):
-    work_item: WorkItem
+    work_item: WorkItem  # the item being worked on: the run's, or a part of it after a split
     run_id: str
     mood: str
     attempt: int
-    reruns: int
     round: int
+    round_kind: RoundKind
+    nested: int  # nested rounds spent on this tree
     target: Target
     executor_output: str
-    runs: Annotated[list[VerifierRun], operator.add]
-    attestations: list[str]
+    plan: VerifierPlan
+    runs: Annotated[list[VerifierRun], operator.add]  # every run on this tree
+    attestations: dict[str, str]  # green-thread run id -> attestation id, this tree
     feedback: list[VerificationReport]
     history: list[list[str]]
     events: Annotated[list[str], operator.add]
     usage: Annotated[list[tuple[str, Usage]], operator.add]  # (role, spend), appended per call
+    parts: list[WorkItem]  # parts still to do after the current one
+    parent: ParentFrame | None
+    split_done: bool
     status: str
     reason: str
     asserted: str
 
 
 class GreenIn(TypedDict):
-    """A green thread's input: which verifier, on which exact tree."""
+    """A green thread's input: which verifier, through which lens, on which exact tree."""
 
     work_item: WorkItem
     planned: PlannedVerifier
     target: Target
     run_id: str
+    mood: str
 
 
 class GreenOut(TypedDict):
@@ -56,6 +67,7 @@ def checkpoint_types() -> list[tuple[str, str]]:
 
     names = ["Mood", "BlastRadius", "WorkItem", "ExecutorSpec", "Target", "Result",
              "VerificationReport", "FailureSignature", "Citation", "Counts", "Usage",
-             "PlannedVerifier"]
+             "PlannedVerifier", "VerifierPlan"]
     found = [(getattr(models, n).__module__, n) for n in names]
-    return [*found, (VerifierRun.__module__, "VerifierRun")]
+    return [*found, (VerifierRun.__module__, "VerifierRun"),
+            (ParentFrame.__module__, "ParentFrame")]

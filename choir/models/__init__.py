@@ -13,6 +13,8 @@ from choir.models.report import (
     VerificationReport,
 )
 from choir.models.verifier import (
+    Lens,
+    Lenses,
     Limits,
     PlannedVerifier,
     StepSpec,
@@ -36,6 +38,8 @@ __all__ = [
     "Environment",
     "ExecutorSpec",
     "FailureSignature",
+    "Lens",
+    "Lenses",
     "Limits",
     "Mood",
     "Platform",

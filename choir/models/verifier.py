@@ -42,6 +42,26 @@ class Limits(Frozen):
     cpus: float = Field(default=2.0, gt=0)
 
 
+class Lenses(Frozen):
+    """How a verifier is looked at again when its result is flaky or ambiguous (seed 002 §7.2).
+
+    A clean rerun (the same steps in a fresh sandbox) needs no configuration. The others:
+
+    Attributes:
+        isolate: a command that runs only the tests named by ``{tests}`` (shell-quoted test
+            ids); it replaces the verifier's last step. Without it there is no isolated-subset
+            lens, and a split cannot narrow below whole verifiers.
+        instrument_env: variables added for the instrumented lens (``CHOIR_LENS=instrumented``
+            is always set), e.g. to turn on fault handlers or verbose logs.
+        independent: another allowlisted verifier that checks the same claim by other means.
+    """
+
+    isolate: str | None = Field(default=None, min_length=1)
+    instrument_env: dict[str, str] = Field(
+        default_factory=lambda: {"PYTHONFAULTHANDLER": "1"})
+    independent: str | None = None
+
+
 class VerifierSpec(Frozen):
     """One allowlisted verifier. Only verifiers named in ``choir.yaml`` may ever run."""
 
@@ -54,16 +74,26 @@ class VerifierSpec(Frozen):
     network: bool = False
     limits: Limits = Field(default_factory=Limits)
     env: dict[str, str] = Field(default_factory=dict)
+    lenses: Lenses = Field(default_factory=Lenses)
+
+
+Lens = Literal["default", "clean_rerun", "isolated_subset", "instrumented", "independent"]
 
 
 class PlannedVerifier(Frozen):
-    """A verifier in a plan, with the lens it runs under (seed 002 §7.2)."""
+    """A verifier in a plan, with the lens it runs under (seed 002 §7.2).
+
+    ``tests`` narrows an isolated-subset run; ``checks`` names the verifier an independent
+    checker stands beside. A ``diagnostic`` run is evidence for the feedback and is attested,
+    but its result does not vote on the verdict (an instrumented run, a nested isolated run).
+    """
 
     name: str
-    lens: Literal["default", "clean_rerun", "isolated_subset", "instrumented", "independent"] = (
-        "default"
-    )
+    lens: Lens = "default"
     replica: int = Field(default=0, ge=0)
+    tests: tuple[str, ...] = ()
+    checks: str | None = None
+    diagnostic: bool = False
 
 
 class VerifierPlan(Frozen):

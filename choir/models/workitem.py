@@ -59,3 +59,7 @@ class WorkItem(Frozen):
     blast_radius: BlastRadius = BlastRadius.SMALL
     required_verifiers: tuple[str, ...] = ()
     executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
+    split_of: str | None = None
+    """Set on a part of a split work item: the parent's id. A part verifies only its own
+    required verifiers (narrowed to ``focus`` tests where the verifier can isolate them)."""
+    focus: tuple[str, ...] = ()

@@ -11,13 +11,12 @@ marked ``deterministic_fallback``. The run never crashes because of the model.
 
 from __future__ import annotations
 
-import asyncio
 import json
+import re
 import secrets
-import time
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from choir._resources import load_text
 from choir.models import Result, Usage, VerificationReport
@@ -41,10 +40,8 @@ class _Reply(BaseModel):
     propose: Literal["none", "inconclusive", "flaky"] = "none"
 
 
-def _clean(text: str) -> str:
+def clean_text(text: str) -> str:
     """Printable text only: ANSI escapes, control and bidi characters removed."""
-    import re
-
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
     return "".join(ch for ch in text if ch in "\n\t" or (ch.isprintable() and
                                                       ch not in "\u202a\u202b\u202c\u202d"
@@ -60,11 +57,11 @@ def windows(report: VerificationReport, result: PipelineResult, store: ArtifactS
             continue
         start = max(1, sig.citation.line_start - 3)
         lines = store.read_lines(sig.citation.artifact, start, sig.citation.line_end + 3)
-        text = _clean(b"".join(line[:300] for line in lines).decode("utf-8", "replace"))
+        text = clean_text(b"".join(line[:300] for line in lines).decode("utf-8", "replace"))
         pieces.append(f"[lines {start}-{sig.citation.line_end + 3}]\n{text[:budget]}")
         budget -= len(pieces[-1])
     if budget > 0:
-        tail = _clean("\n".join(line[:300] for line in result.tail_log.splitlines()[-40:]))
+        tail = clean_text("\n".join(line[:300] for line in result.tail_log.splitlines()[-40:]))
         pieces.append(f"[tail]\n{tail[-budget:]}")
     return "\n".join(pieces)
 
@@ -82,7 +79,7 @@ def _messages(report: VerificationReport, text: str) -> list[dict[str, str]]:
 
 
 def _clip(text: str, limit: int) -> str:
-    text = _clean(text).strip()
+    text = clean_text(text).strip()
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -110,27 +107,11 @@ def merge(report: VerificationReport, reply: _Reply, usage: Usage) -> Verificati
 async def model_report(report: VerificationReport, *, result: PipelineResult,
                        store: ArtifactStore, model: str,
                        deadline_s: float = 30.0) -> VerificationReport:
-    from choir.llm import acomplete
+    from choir.llm import ask_json
 
     messages = _messages(report, windows(report, result, store))
-    deadline = time.monotonic() + deadline_s
-    spent = Usage(model=model)
-    for attempt in range(ATTEMPTS):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0.5:
-            break
-        try:
-            reply = await acomplete(model=model, messages=messages, timeout=remaining,
-                                    response_format={"type": "json_object"}, temperature=0)
-            spent = Usage(model=model,
-                          prompt_tokens=spent.prompt_tokens + reply.prompt_tokens,
-                          completion_tokens=spent.completion_tokens + reply.completion_tokens,
-                          cost_usd=spent.cost_usd + reply.cost_usd)
-            content = reply.message.content or ""
-            if len(content) > REPLY_MAX:
-                raise ValueError("oversized reply")
-            parsed = _Reply.model_validate_json(content)
-            return merge(report, parsed, spent)
-        except (ValidationError, ValueError, Exception):  # every fault: retry, then fall back
-            await asyncio.sleep(min(0.2 * 2**attempt, max(0.0, deadline - time.monotonic())))
-    return report.model_copy(update={"reporter": "deterministic_fallback", "usage": spent})
+    parsed, spent, _ = await ask_json(model, messages, _Reply, deadline_s=deadline_s,
+                                      attempts=ATTEMPTS, reply_max=REPLY_MAX, temperature=0)
+    if parsed is None:
+        return report.model_copy(update={"reporter": "deterministic_fallback", "usage": spent})
+    return merge(report, parsed, spent)

@@ -20,8 +20,8 @@ def test_quickstart_fails_hypothesizes_fixes_passes_asserts_and_audits_clean(
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out, err = proc.stdout, proc.stderr
-    assert "unit#0: FAIL" in err and "hypothesis sent to the executor" in err
-    assert "unit#0: PASS" in err
+    assert "[green] unit#0 FAIL in" in err and "hypothesis sent to the executor" in err
+    assert "[green] unit#0 PASS in" in err
     assert "ASSERTED  run fix-add-" in out and "attempt 2" in out
     assert "gate: fix-add ASSERTed" in out
     assert "HYPOTHESIZE PROPOSED" in out and "ASSERT      PROMOTED" in out

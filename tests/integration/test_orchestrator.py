@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.sandboxes import docker_or_skip
 from tests.workitems import PY, calc_repo
 
 CANARY = "CANARY-7f3a9c-raw-output-must-stay-in-artifacts"
@@ -161,16 +162,91 @@ def test_kill_9_mid_run_then_resume_completes_without_double_counting(
     shutil.rmtree(tmp_path / "repo", ignore_errors=True)
 
 
-def test_a_crashed_verifier_is_inconclusive_and_costs_no_attempt(tmp_path: Path) -> None:
+def test_an_unknown_sandbox_is_a_configuration_error_and_nothing_runs(tmp_path: Path) -> None:
     item = make_item(tmp_path, executor=fix_cmd(tmp_path))
     config = tmp_path / "repo" / "choir.yaml"
     config.write_text(config.read_text() + "sandbox: {backend: no-such-sandbox}\n")
     proc = choir("run", str(item), "--json")
+    assert proc.returncode == 2 and "no-such-sandbox" in proc.stderr
+    assert proc.stdout == "" and not list(tmp_path.glob("feedback-*"))
+    assert json.loads(choir("ahdb", "list", "--json").stdout) == []
+
+
+@pytest.mark.docker
+def test_inconclusive_evidence_gets_nested_rounds_costs_no_attempt_and_never_promotes(
+    tmp_path: Path,
+) -> None:
+    """An image that does not exist: every run is an infrastructure failure (INCONCLUSIVE)."""
+    docker_or_skip()
+    item = make_item(tmp_path, executor=fix_cmd(tmp_path))
+    config = tmp_path / "repo" / "choir.yaml"
+    config.write_text(config.read_text()
+                      + "sandbox: {backend: docker, image: 'choir-no-such-image:none'}\n")
+    proc = choir("run", str(item), "--json")
     out = json.loads(proc.stdout)
-    assert proc.returncode == 1 and out["status"] == "halted"
-    assert out["attempt"] == 1  # the nested rerun did not run the executor again
-    assert "inconclusive" in out["reason"]
-    assert "rerun" in proc.stderr
-    assert choir("gate", "fix-add").returncode == 1
+    assert proc.returncode == 1 and out["status"] == "halted", proc.stderr
+    assert out["attempt"] == 1  # nested rounds never ran the executor again
+    assert "still inconclusive after 2 nested round(s)" in out["reason"]
+    assert "nested round 1" in proc.stderr and "nested round 2" in proc.stderr
+    assert "(clean_rerun)" in proc.stderr
     atoms = json.loads(choir("ahdb", "list", "--json").stdout)
-    assert not [a for a in atoms if a["kind"] == "ASSERT"]
+    assert [a["kind"] for a in atoms] == ["HYPERTHESIS"] * 3  # one disclosure per round
+    assert choir("gate", "fix-add").returncode == 1
+    assert choir("audit").returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", [
+    "execute:done", "green:ran", "attest:minted", "adjudicate:written",
+])
+def test_kill_9_at_each_failpoint_then_resume_counts_and_mints_exactly_once(
+    tmp_path: Path, choir_home: Path, point: str
+) -> None:
+    """SIGKILL right after a side effect, before its checkpoint: resume must not repeat it."""
+    from choir._failpoints import ENV, POINTS
+
+    assert point in POINTS
+    item = make_item(tmp_path, executor=fix_cmd(tmp_path))
+    crashed = choir("run", str(item), "--run-id", "fp", env=dict(os.environ, **{ENV: point}))
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    resumed = choir("run", "--resume", "fp", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    out = json.loads(resumed.stdout)
+    assert out["status"] == "asserted" and out["attempt"] == 2
+    # one verifier per round, two rounds: two runs, two attestations, three atoms
+    assert len(list((choir_home / "attestations").glob("*.json"))) == 2
+    kinds = sorted(a["kind"] for a in json.loads(choir("ahdb", "list", "--json").stdout))
+    assert kinds == ["ASSERT", "ASSERT", "HYPOTHESIZE"]
+    runs = sorted(p.name for p in (choir_home / "artifacts" / "runs").iterdir())
+    assert runs == ["fp-r0-unit-0", "fp-r1-unit-0"]
+    assert choir("audit").returncode == 0
+
+
+def test_a_taken_run_id_and_a_missing_one_are_usage_errors(tmp_path: Path) -> None:
+    item = make_item(tmp_path, executor=fix_cmd(tmp_path))
+    assert choir("run", str(item), "--run-id", "once").returncode == 0
+    again = choir("run", str(item), "--run-id", "once")
+    assert again.returncode == 2 and "run id once is taken" in again.stderr
+    missing = choir("run", "--resume", "never-was")
+    assert missing.returncode == 2 and "no run never-was" in missing.stderr
+
+
+@pytest.mark.slow
+def test_a_run_is_driven_by_one_process_at_a_time(tmp_path: Path) -> None:
+    item = make_item(tmp_path, executor=fix_cmd(tmp_path))
+    env = dict(os.environ, SLOW_FIX="1")
+    first = subprocess.Popen([PY, "-m", "choir", "run", str(item), "--run-id", "busy"],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "executing").exists():
+            assert time.monotonic() < deadline and first.poll() is None
+            time.sleep(0.1)
+        second = choir("run", "--resume", "busy")
+        assert second.returncode == 2
+        assert "run busy is being driven by another process" in second.stderr
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    assert choir("run", "--resume", "busy").returncode == 0  # the lock died with its owner

@@ -1,0 +1,132 @@
+"""``choir run``'s live view: the step, each green thread's state and time, results, the mood.
+
+On a terminal it is a rich ``Live`` panel redrawn in place; anywhere else (CI logs, pipes) it
+is one plain line per event, so nothing is lost to cursor tricks. It reads only what the
+run streams (plans, green-thread states, node updates): bounded summaries, never raw output.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+_STYLE = {"PASS": "green", "FAIL": "red", "FLAKY": "yellow", "INCONCLUSIVE": "magenta"}
+_KEEP = 8
+
+
+@dataclass
+class _Thread:
+    label: str
+    state: str = "queued"
+    started: float | None = None
+    seconds: float | None = None
+    result: str = ""
+    summary: str = ""
+
+    def elapsed(self) -> str:
+        if self.seconds is not None:
+            return f"{self.seconds:.1f}s"
+        return f"{time.monotonic() - self.started:.1f}s" if self.started else ""
+
+
+@dataclass
+class Progress:
+    """An ``OnEvent`` for ``choir.graph.runner``; ``live`` draws in place on a terminal."""
+
+    console: Console
+    live: bool
+    step: str = "starting"
+    mood: str = ""
+    threads: dict[str, _Thread] = field(default_factory=dict)
+    log: list[str] = field(default_factory=list)
+    _live: Live | None = None
+
+    def __post_init__(self) -> None:
+        if self.live:
+            self._live = Live(get_renderable=self.render, console=self.console,
+                              refresh_per_second=8, transient=False)
+            self._live.start()
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.refresh()
+            self._live.stop()
+            self._live = None
+
+    def __call__(self, kind: str, data: dict[str, Any]) -> None:
+        line = self._apply(kind, data)
+        if line is None:
+            return
+        self.log = [*self.log, line][-_KEEP:]
+        if not self.live:
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    def _apply(self, kind: str, data: dict[str, Any]) -> str | None:
+        if kind == "progress":
+            return self._progress(data)
+        if kind == "attest":
+            self.step = "attest"
+            return f"[attest] {data.get('events', [''])[0]}"
+        if kind == "adjudicate":  # its event names the decision and any mood change
+            self.step = "adjudicate"
+            self.mood = data.get("mood", self.mood)
+            return "\n".join(f"[adjudicate] {e}" for e in data.get("events", []))
+        if kind == "approve":
+            return f"[approve] {data.get('status')}"
+        return None
+
+    def _progress(self, data: dict[str, Any]) -> str | None:
+        what = data.get("kind")
+        if what == "execute":
+            self.step = f"execute {data['work_item']} attempt {data['attempt']}"
+            self.threads = {}
+            return f"[execute] {data['work_item']} attempt {data['attempt']}"
+        if what == "plan":
+            self.mood = data.get("mood", self.mood)
+            self.step = f"verify ({data.get('round_kind', 'primary')})"
+            dropped = data.get("dropped") or []
+            return (f"[plan] {self.mood}: {', '.join(data.get('verifiers', [])) or 'nothing'}"
+                    + (f"  (dropped, never run: {', '.join(dropped)})" if dropped else ""))
+        if what != "green":
+            return None
+        key = data["key"]
+        label = f"{data['verifier']}#{data['replica']}" + (
+            "" if data.get("lens") == "default" else f" ({data.get('lens')})")
+        thread = self.threads.setdefault(key, _Thread(label))
+        thread.state = data["state"]
+        if thread.state == "running":
+            thread.started = time.monotonic()
+            return f"  [green] {label} running"
+        if thread.state == "done":
+            thread.seconds = data.get("seconds")
+            thread.result = data.get("result", "")
+            thread.summary = data.get("summary", "")
+            return (f"  [green] {label} {thread.result} in {thread.elapsed()}: "
+                    f"{thread.summary[:100]}")
+        return None
+
+    def render(self) -> Group:
+        table = Table(title=f"{self.step}   mood {self.mood or '-'}", title_justify="left",
+                      expand=False)
+        for column in ("green thread", "state", "time", "result", "summary"):
+            table.add_column(column)
+        for thread in self.threads.values():
+            style = _STYLE.get(thread.result, "")
+            table.add_row(thread.label, thread.state, thread.elapsed(),
+                          Text(thread.result, style=style), thread.summary[:70])
+        return Group(table, Text("\n".join(self.log[-_KEEP:]), style="dim"))
+
+
+def spend_lines(usage: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per role: calls, tokens and cost (empty when no model was used)."""
+    return [f"spend {role}: {row['calls']} call(s), "
+            f"{row['prompt_tokens'] + row['completion_tokens']} tokens "
+            f"({row['prompt_tokens']} in, {row['completion_tokens']} out), "
+            f"${row['cost_usd']:.4f}"
+            for role, row in usage.items()]

@@ -1,0 +1,153 @@
+"""The adjudicate node: the round's evidence into the AHDB (through the rules), then the move.
+
+Every AHDB write is keyed by run, work item, round and kind, so a node replayed after a
+``kill -9`` appends nothing twice. Moves:
+
+- done: PROPOSE, PROMOTE (PASS attestations of every voting run) and ASSERT; then the next
+  part of a split work item, the parent's final verification, the approval gate, or the end;
+- retry: HYPOTHESIZE with a discriminating test, bounded reports to the executor;
+- nested / broaden: more green threads on the same tree, no execution;
+- split: the work item becomes parts (``choir.split``), each run in turn;
+- halt: the run ends, with the reason; a part that halts halts the run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from langgraph.types import Command, Overwrite
+
+from choir._failpoints import failpoint
+from choir.config import load_repo_config
+from choir.director import Decision, adjudicate, signatures, verdicts
+from choir.graph.state import RunState
+from choir.models import Mood, Result, WorkItem
+from choir.policy import load_policy
+from choir.split import ParentFrame, part_feedback, split_parts
+
+Goto = Literal["execute", "direct", "approve", "__end__"]
+
+
+def _record(state: RunState, decision: Decision, key: str) -> str:
+    """Write the round's atoms; returns the ASSERT id when the work item is done."""
+    from choir.ahdb import open_ahdb
+
+    item = state["work_item"]
+    runs = state.get("runs", [])
+    minted = state.get("attestations", {})
+    tree = state["target"].tree_hash
+    commit = state["target"].commit_sha
+    db = open_ahdb()
+    if decision.action == "done":
+        voting = [r for r in runs if not r.diagnostic and r.report.result is Result.PASS
+                  and r.run_id in minted]
+        if db.is_asserted(item.id, tree) is None:
+            claim = db.propose(claim=f"{item.id}: {item.goal}"[:900], work_item=item.id,
+                               tree_hash=tree, commit_sha=commit,
+                               required_verifiers=sorted(verdicts(runs)), key=f"{key}/claim")
+            claim = db.promote(claim.id, [minted[r.run_id] for r in voting])
+            db.assert_work_item(item.id, tree, references=[claim.id], claim=f"{item.id} done",
+                                commit_sha=commit, key=f"{key}/assert")
+        asserted = db.is_asserted(item.id, tree)
+        return asserted.id if asserted else ""
+    failing = [r for r in runs if r.report.result is Result.FAIL and r.run_id in minted]
+    if failing and decision.action in ("retry", "split", "halt"):
+        first = next((s for r in failing for s in r.report.failure_signatures), None)
+        test = (f"rerun {first.test_id or first.kind}; it must pass" if first
+                else "rerun the failing step; it must exit 0")
+        if verdicts(runs).get(failing[0].verifier) is Result.FLAKY:
+            test = f"rerun {failing[0].verifier} in clean sandboxes: it must pass every time"
+        db.hypothesize(item.id, tree, claim=f"the change does not yet meet: {item.goal}"[:900],
+                       discriminating_test=test, key=f"{key}/hypothesize",
+                       attestation_ids=[minted[r.run_id] for r in failing])
+    this_round = f"{state['run_id']}-r{state.get('round', 0)}-"
+    unsettled = [minted[r.run_id] for r in runs if r.run_id in minted and r.report.result in
+                 (Result.FLAKY, Result.INCONCLUSIVE) and r.run_id.startswith(this_round)]
+    if unsettled:
+        db.hyperthesis(item.id, tree, claim="some verification was flaky or inconclusive: "
+                       "it rules nothing out", attestation_ids=unsettled,
+                       key=f"{key}/hyperthesis")
+    return ""
+
+
+def _next_part(state: RunState, base: dict[str, Any]) -> Command[Goto]:
+    """A part is ASSERTed: start the next part, or verify the parent on the final tree."""
+    from choir.verify import resolve_target
+
+    done = state["work_item"].id
+    parts = list(state.get("parts", []))
+    frame = state.get("parent")
+    assert frame is not None
+    if parts:
+        part = parts[0]
+        return Command(goto="execute", update={
+            **base, "work_item": part, "parts": parts[1:], "attempt": 0, "history": [],
+            "feedback": part_feedback(part, frame.reports), "status": "running",
+            "events": [f"part {done} ASSERTed; next: {part.id}"]})
+    return Command(goto="direct", update={
+        **base, "work_item": frame.item, "parent": None, "parts": [], "attempt": frame.attempt,
+        "mood": frame.mood.value, "history": [list(h) for h in frame.history],
+        "round_kind": "primary", "nested": 0, "runs": Overwrite([]), "attestations": {},
+        "target": resolve_target(Path(frame.item.repo), frame.item.id), "status": "running",
+        "events": [f"part {done} ASSERTed; every part done: verifying {frame.item.id} whole"]})
+
+
+async def adjudicate_node(state: RunState) -> Command[Goto]:
+    item: WorkItem = state["work_item"]
+    config = load_repo_config(Path(item.repo))
+    policy = load_policy(config)
+    mood = Mood(state["mood"])
+    runs = state.get("runs", [])
+    results = verdicts(runs)
+    parts = [] if state.get("split_done") else split_parts(item, runs, results,
+                                                           config.verifiers)
+    ran = {r.verifier for r in runs}
+    owed = [] if mood is not Mood.BOLD or item.split_of is not None else \
+        [n for n in policy.moods[mood].broaden if n not in ran]
+    decision = adjudicate(runs, policy=policy, mood=mood, attempt=state["attempt"],
+                          max_attempts=item.max_attempts, history=state.get("history", []),
+                          nested_done=state.get("nested", 0), can_split=len(parts) >= 2,
+                          broaden=owed)
+    parts = [p.model_copy(update={"mood": decision.mood}) for p in parts]
+    round_no = state.get("round", 0) + 1
+    key = f"{state['run_id']}/{item.id}/{round_no}"
+    asserted = _record(state, decision, key)
+    failpoint("adjudicate:written")
+    base: dict[str, Any] = {"mood": decision.mood.value, "reason": decision.reason,
+                            "round": round_no}
+    event = f"round {round_no} ({item.id}): {decision.action} ({decision.reason})"
+    if decision.mood is not mood:
+        event += f"; mood {mood.value} -> {decision.mood.value}"
+    base["events"] = [event]
+    if decision.action == "done":
+        if item.split_of is not None:
+            return _next_part(state, {**base, "events": [event]})
+        update = {**base, "status": "asserted", "asserted": asserted}
+        if policy.needs_approval(item.blast_radius):
+            return Command(update={**update, "status": "awaiting_approval"}, goto="approve")
+        return Command(update=update, goto="__end__")
+    if decision.action in ("nested", "broaden"):
+        return Command(goto="direct", update={
+            **base, "round_kind": decision.action,
+            "nested": state.get("nested", 0) + (decision.action == "nested")})
+    history = [*state.get("history", []), signatures(runs)]
+    reports = [r.report for r in runs]
+    if decision.action == "split":
+        frame = ParentFrame(item=item, attempt=state["attempt"], mood=mood,
+                            history=tuple(tuple(h) for h in history), reports=tuple(reports))
+        return Command(goto="execute", update={
+            **base, "work_item": parts[0], "parts": parts[1:], "parent": frame,
+            "split_done": True, "attempt": 0, "history": [], "status": "running",
+            "feedback": part_feedback(parts[0], reports),
+            "events": [event, f"split {item.id} into {', '.join(p.id for p in parts)}"]})
+    if decision.action == "retry":
+        return Command(goto="execute", update={**base, "history": history, "status": "running",
+                                               "feedback": reports})
+    reason = decision.reason if item.split_of is None else \
+        f"part {item.id} could not be satisfied: {decision.reason}"
+    saved = state.get("parent")
+    if saved is not None:  # report the run as the parent's
+        base.update(work_item=saved.item, parent=None, parts=[])
+    return Command(update={**base, "reason": reason, "history": history, "status": "halted"},
+                   goto="__end__")
