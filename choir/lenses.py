@@ -86,6 +86,7 @@ def nested_plan(verdicts: Mapping[str, Result], runs: Sequence[VerifierRun],
         else:
             add(name, "clean_rerun")
         other = spec.lenses.independent
-        if other is not None and other in specs and not any(r.verifier == other for r in runs):
+        if other is not None and other in specs and not any(
+                r.verifier == other for r in runs) and not any(p.name == other for p in planned):
             add(other, "independent", checks=name)
     return planned

@@ -109,6 +109,7 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
                 break
             header = f"$ {step.command}\n".encode()
             combined.write(header)
+            tail.feed(header)
             with open(logs / f"step-{number:02d}-{step.name}.log", "wb") as step_log:
                 sink = _sink(step_log, combined, tail)
                 result = sandbox.exec(step.command, repo=repo, out_dir=out, env=step_env,
@@ -118,7 +119,9 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
             if result.infra_error:
                 infra_error = result.infra_error
                 status = "INCONCLUSIVE"
-                combined.write(f"\n[choir] sandbox error: {infra_error}\n".encode())
+                note = f"\n[choir] sandbox error: {infra_error}\n".encode()
+                combined.write(note)
+                tail.feed(note)
                 break
             records.append(CommandRecord(name=step.name, command=step.command,
                                          exit_code=result.exit_code,

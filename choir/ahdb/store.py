@@ -167,7 +167,7 @@ class AHDB:
              **fields: Any) -> dict[str, Any]:
         """A new atom; with ``key`` its id is derived from it, so writing it twice is a no-op."""
         now = datetime.now(UTC)
-        atom_id = blake3_hex(f"{kind.value}\n{key}".encode())[:32] if key else \
+        atom_id = blake3_hex(f"{kind.value}/{status.value}\n{key}".encode())[:32] if key else \
             secrets.token_hex(16)
         atom = Atom(id=atom_id, kind=kind, status=status, created_at=now, updated_at=now,
                     **fields)
