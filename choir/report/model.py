@@ -4,7 +4,8 @@ It reads bounded windows of the artifact (the cited spans and the tail, within a
 budget: never a whole log), fences them as untrusted data, asks for a narrow JSON reply and
 validates it. Whatever the model says, the result can only stay or go down (PASS may become
 INCONCLUSIVE; FLAKY is only a note until reruns show it), confidence can only go down, and
-every field is clamped. Faults (429, 5xx, timeouts, bad JSON, schema violations, oversized
+every field is clamped, and wording that pastes log text is dropped (reports cite by pointer,
+seed 002 §9), so a log cannot use the reporter to carry its bytes into the loop. Faults (429, 5xx, timeouts, bad JSON, schema violations, oversized
 replies) are retried with backoff inside a deadline; then the deterministic report is used,
 marked ``deterministic_fallback``. The run never crashes because of the model.
 """
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from choir.pipeline import PipelineResult
 
 WINDOW_BUDGET = 6000  # characters of log the model may see, in all
+COPY_RUN = 24  # a longer verbatim run of log text in the model's wording is a paste
 REPLY_MAX = 8000
 ATTEMPTS = 3
 
@@ -83,19 +85,50 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def merge(report: VerificationReport, reply: _Reply, usage: Usage) -> VerificationReport:
-    """Apply a validated reply under the rules: never up, always bounded."""
+def _shingles(text: str) -> set[str]:
+    flat = " ".join(text.split()).casefold()
+    return {flat[i:i + COPY_RUN] for i in range(len(flat) - COPY_RUN + 1)}
+
+
+class _NoCopy:
+    """Seed 002 §9, reports cite by pointer, not paste: model wording that repeats a run of
+    ``COPY_RUN`` characters of the log it was shown, which the deterministic report does not
+    already carry, is dropped. A log cannot smuggle text (a secret, an instruction for the
+    next prompt) into the control loop by asking the reporter to repeat it."""
+
+    def __init__(self, seen: str, report: VerificationReport) -> None:
+        own = " ".join([report.summary, *report.next_actions, *report.hyperthesis,
+                        *(f"{s.test_id or ''} {s.excerpt or ''} {s.location or ''}"
+                          for s in report.failure_signatures)])
+        self.log = _shingles(seen) - _shingles(own)
+        self.dropped = 0
+
+    def ok(self, text: str) -> bool:
+        if self.log.isdisjoint(_shingles(text)):
+            return True
+        self.dropped += 1
+        return False
+
+
+def merge(report: VerificationReport, reply: _Reply, usage: Usage,
+          seen: str = "") -> VerificationReport:
+    """Apply a validated reply under the rules: never up, always bounded, never pasted."""
     result = report.result
     hyper = list(report.hyperthesis)
+    paste = _NoCopy(seen, report)
     if reply.propose == "inconclusive" and result is Result.PASS:
         result = Result.INCONCLUSIVE
     if reply.propose == "flaky":
         hyper.append("The reporter suspects flakiness; only rerun evidence can make it FLAKY.")
-    hyper += [_clip(h, HYPERTHESIS_MAX) for h in reply.hyperthesis if h.strip()]
-    actions = [_clip(a, NEXT_ACTION_MAX) for a in reply.next_actions if a.strip()][:3]
+    hyper += [_clip(h, HYPERTHESIS_MAX) for h in reply.hyperthesis if h.strip() and paste.ok(h)]
+    actions = [_clip(a, NEXT_ACTION_MAX) for a in reply.next_actions
+               if a.strip() and paste.ok(a)][:3]
+    summary = _clip(reply.summary, SUMMARY_MAX) if paste.ok(reply.summary) else ""
+    if paste.dropped:
+        hyper.insert(0, "The reporter pasted log text; that wording was dropped.")
     return report.model_copy(update={
         "result": result,
-        "summary": _clip(reply.summary, SUMMARY_MAX) or report.summary,
+        "summary": summary or report.summary,
         "next_actions": tuple(actions) or report.next_actions,
         "confidence": min(report.confidence, reply.confidence),
         "hyperthesis": tuple(dict.fromkeys(hyper))[:4],
@@ -109,9 +142,10 @@ async def model_report(report: VerificationReport, *, result: PipelineResult,
                        deadline_s: float = 30.0) -> VerificationReport:
     from choir.llm import ask_json
 
-    messages = _messages(report, windows(report, result, store))
-    parsed, spent, _ = await ask_json(model, messages, _Reply, deadline_s=deadline_s,
-                                      attempts=ATTEMPTS, reply_max=REPLY_MAX, temperature=0)
+    seen = windows(report, result, store)
+    parsed, spent, _ = await ask_json(model, _messages(report, seen), _Reply,
+                                      deadline_s=deadline_s, attempts=ATTEMPTS,
+                                      reply_max=REPLY_MAX, temperature=0)
     if parsed is None:
         return report.model_copy(update={"reporter": "deterministic_fallback", "usage": spent})
-    return merge(report, parsed, spent)
+    return merge(report, parsed, spent, seen)

@@ -136,3 +136,26 @@ def test_model_may_lower_a_pass_but_never_raise_confidence(tmp_path: Path) -> No
                         reporter=MODEL)[0]
     assert report.result is Result.INCONCLUSIVE
     assert report.confidence <= 0.9
+
+
+def test_wording_that_pastes_the_log_is_dropped_so_raw_bytes_never_leave_the_thread(
+    tmp_path: Path,
+) -> None:
+    import sys
+
+    canary = "CANARY-9d2e-printed-by-the-test-under-verification"
+    repo = project(tmp_path, f"def test_add():\n    print('{canary}')\n    assert 2 - 3 == 5\n")
+    pasting = json.dumps({
+        "summary": f"The test printed {canary.lower()} and then failed.",
+        "next_actions": [f"Search the code for {canary}.", "Make add return a + b."],
+        "confidence": 0.7, "hyperthesis": [f"Maybe {canary} matters."], "propose": "none"})
+    with respx.mock(assert_all_mocked=True) as mock:
+        route = mock.post(URL).mock(return_value=completion(pasting))
+        report = verify(repo, PYTEST.format(py=sys.executable), "junit", run_id="paste",
+                        reporter=MODEL)[0]
+    assert canary in route.calls[0].request.content.decode()  # the reporter did see it
+    dumped = json.dumps(report.model_dump(mode="json")).casefold()
+    assert canary.casefold() not in dumped
+    assert report.next_actions == ("Make add return a + b.",)  # unpasted wording is kept
+    assert report.hyperthesis[0] == "The reporter pasted log text; that wording was dropped."
+    assert report.reporter == "model" and report.result is Result.FAIL
