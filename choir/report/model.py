@@ -3,11 +3,12 @@
 It reads bounded windows of the artifact (the cited spans and the tail, within a character
 budget: never a whole log), fences them as untrusted data, asks for a narrow JSON reply and
 validates it. Whatever the model says, the result can only stay or go down (PASS may become
-INCONCLUSIVE; FLAKY is only a note until reruns show it), confidence can only go down, and
-every field is clamped, and wording that pastes log text is dropped (reports cite by pointer,
-seed 002 §9), so a log cannot use the reporter to carry its bytes into the loop. Faults (429, 5xx, timeouts, bad JSON, schema violations, oversized
-replies) are retried with backoff inside a deadline; then the deterministic report is used,
-marked ``deterministic_fallback``. The run never crashes because of the model.
+INCONCLUSIVE; FLAKY is only a note until reruns show it), confidence can only go down, every
+field is clamped, and wording that pastes log text is dropped (reports cite by pointer, seed
+002 §9), so a log cannot use the reporter to carry its bytes into the loop. Faults (429, 5xx,
+timeouts, bad JSON, schema violations, oversized replies) are retried with backoff inside a
+deadline; then the deterministic report is used, marked ``deterministic_fallback``. The run
+never crashes because of the model.
 """
 
 from __future__ import annotations
