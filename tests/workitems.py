@@ -15,8 +15,12 @@ FIXED = "def add(a, b):\n    return a + b\n"
 
 
 def calc_repo(path: Path, *, canary: str, sandbox: str | None = None,
-              test_body: str | None = None) -> Path:
-    """A repo with the bug, a test that prints ``canary`` and fails, and its choir.yaml."""
+              test_body: str | None = None, verifiers: str = "", extra: str = "") -> Path:
+    """A repo with the bug, a test that prints ``canary`` and fails, and its choir.yaml.
+
+    ``verifiers`` adds entries to the allowlist (YAML indented under ``verifiers:``);
+    ``extra`` adds top-level keys (``moods:``, ``models:``, ...).
+    """
     path.mkdir(parents=True)
     (path / "calc.py").write_text(BUGGY)
     (path / "test_calc.py").write_text(test_body or textwrap.dedent(f"""\
@@ -34,8 +38,20 @@ def calc_repo(path: Path, *, canary: str, sandbox: str | None = None,
               - name: pytest
                 command: {PY} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml
             parser: junit
-        """)
+        """) + textwrap.indent(textwrap.dedent(verifiers), "  ") + textwrap.dedent(extra)
     if sandbox:
         config += f"sandbox: {{backend: {sandbox}}}\n"
     (path / "choir.yaml").write_text(config)
     return path
+
+
+def fixing_item(tmp_path: Path, item_id: str = "fix-add") -> Path:
+    """A work item over ``tmp_path/repo`` whose executor fixes ``add`` once it has feedback."""
+    (tmp_path / "fix.py").write_text(
+        "import os, pathlib\n"
+        "if os.environ.get('CHOIR_FEEDBACK_FILE'):\n"
+        f"    pathlib.Path('calc.py').write_text({FIXED!r})\n")
+    item = tmp_path / "item.yaml"
+    item.write_text(f"id: {item_id}\ngoal: add must add\nrepo: ./repo\nexecutor:\n"
+                    f"  kind: command\n  command: {PY} {tmp_path / 'fix.py'}\n")
+    return item

@@ -64,7 +64,9 @@ class Progress:
         if line is None:
             return
         self.log = [*self.log, line][-_KEEP:]
-        if not self.live:
+        if self._live is not None:
+            self._live.refresh()  # every event is drawn at least once, not only on the timer
+        else:
             self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def _apply(self, kind: str, data: dict[str, Any]) -> str | None:
@@ -92,7 +94,8 @@ class Progress:
             self.step = f"verify ({data.get('round_kind', 'primary')})"
             dropped = data.get("dropped") or []
             return (f"[plan] {self.mood}: {', '.join(data.get('verifiers', [])) or 'nothing'}"
-                    + (f"  (dropped, never run: {', '.join(dropped)})" if dropped else ""))
+                    + (f"  (dropped, never run: {', '.join(dropped)})" if dropped else "")
+                    + f"\n       why: {data.get('reason', '')}")
         if what != "green":
             return None
         key = data["key"]

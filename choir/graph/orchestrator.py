@@ -161,6 +161,7 @@ async def direct(state: RunState) -> dict[str, Any]:
     event = f"plan ({kind}): {', '.join(p.name for p in chosen.verifiers) or 'nothing'}"
     if chosen.dropped:
         event += f"; dropped, never run: {', '.join(chosen.dropped)}"
+    event += f"; why: {chosen.reason}"
     return {"plan": chosen, "usage": usage, "events": [event]}
 
 

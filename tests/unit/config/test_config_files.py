@@ -131,3 +131,50 @@ def test_bad_work_item(tmp_path: Path, text: str, line: int, needle: str) -> Non
         load_work_item(item_file)
     assert info.value.line == line, str(info.value)
     assert needle in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "needle", "fix"),
+    [
+        ("id: x\ngoal: g\nrepo: ./repo\nrequired_verifiers:\n  - unit\n  - unti\n", 6,
+         "required verifier 'unti' is not in", "use one of: lint, unit"),
+        ("id: x\ngoal: g\nrepo: ./repo\nsplit_of: y\n", 4,
+         "'split_of' is set by Choir", "remove 'split_of:'"),
+        ("id: x\ngoal: g\nrepo: ./repo\nfocus: [t]\n", 4, "'focus' is set by Choir",
+         "remove 'focus:'"),
+    ],
+)
+def test_a_work_item_cannot_name_unknown_verifiers_or_choirs_own_fields(
+        tmp_path: Path, text: str, line: int, needle: str, fix: str) -> None:
+    """An unknown required verifier would be dropped from every plan: an ASSERT without it."""
+    write(tmp_path / "repo", "verifiers:\n  unit: {kind: unit_tests, steps: [{name: t, "
+          "command: 'true'}]}\n  lint: {kind: lint, steps: [{name: l, command: 'true'}]}\n")
+    item_file = tmp_path / "item.yaml"
+    item_file.write_text(text + "executor: {kind: command, command: 'true'}\n")
+    with pytest.raises(ConfigError) as info:
+        load_work_item(item_file)
+    assert info.value.line == line and info.value.path == str(item_file), str(info.value)
+    assert needle in str(info.value) and fix in str(info.value)
+
+
+@pytest.mark.parametrize(("independent", "needle"), [
+    ("nope", "lenses.independent names unknown verifier 'nope'"),
+    ("unit", "lenses.independent names itself"),
+])
+def test_a_lens_names_only_another_allowlisted_verifier(tmp_path: Path, independent: str,
+                                                        needle: str) -> None:
+    repo = tmp_path / "repo"
+    write(repo, textwrap.dedent(f"""\
+        verifiers:
+          unit:
+            kind: unit_tests
+            steps: [{{name: t, command: pytest}}]
+            lenses:
+              isolate: pytest {{tests}}
+              independent: {independent}
+          lint: {{kind: lint, steps: [{{name: l, command: ruff}}]}}
+        """))
+    with pytest.raises(ConfigError) as info:
+        load_repo_config(repo)
+    assert info.value.line == 7 and needle in str(info.value)
+    assert "name another verifier of this allowlist: lint" in str(info.value)
