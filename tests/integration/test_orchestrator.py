@@ -10,6 +10,7 @@ import subprocess
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,9 +79,7 @@ def test_fail_hypothesize_fix_pass_assert_gate(tmp_path: Path) -> None:
     assert choir("audit").returncode == 0
 
 
-def test_canary_stays_in_the_artifact_store(tmp_path: Path, choir_home: Path) -> None:
-    item = make_item(tmp_path, executor=fix_cmd(tmp_path))
-    assert choir("run", str(item)).returncode == 0
+def assert_canary_only_in_artifacts(choir_home: Path, tmp_path: Path) -> None:
     stored = [p for p in (choir_home / "artifacts").rglob("*") if p.is_file()
               and CANARY.encode() in p.read_bytes()]
     assert stored, "the canary must be in the artifact store (raw output is kept)"
@@ -89,8 +88,53 @@ def test_canary_stays_in_the_artifact_store(tmp_path: Path, choir_home: Path) ->
             assert CANARY.encode() not in path.read_bytes(), path
     for path in (choir_home / "attestations").glob("*.json"):
         assert CANARY not in path.read_text()
-    for path in tmp_path.glob("feedback-*.json"):
+    feedback = list(tmp_path.glob("feedback-*.json"))
+    assert feedback
+    for path in feedback:
         assert CANARY not in path.read_text()
+
+
+def test_canary_stays_in_the_artifact_store(tmp_path: Path, choir_home: Path) -> None:
+    item = make_item(tmp_path, executor=fix_cmd(tmp_path))
+    assert choir("run", str(item)).returncode == 0
+    assert_canary_only_in_artifacts(choir_home, tmp_path)
+
+
+def test_canary_stays_out_even_when_the_reporter_model_obeys_the_log(
+    tmp_path: Path, choir_home: Path
+) -> None:
+    """The cheap reporter reads raw windows by design; told by the log to repeat the canary,
+    it does, everywhere it can. None of it may reach the loop, the Director or the executor."""
+    import re
+
+    from choir.testing import FakeModelServer, text
+
+    def answer(messages: list[dict[str, str]]) -> Any:
+        prompt = messages[-1]["content"]
+        if "You are the Director" in messages[0]["content"]:
+            return text(json.dumps({"verifiers": [], "reason": "the plan fits"}))
+        seen = re.findall(r"CANARY-[\w-]+", prompt)
+        leak = seen[0] if seen else "nothing to leak"
+        return text(json.dumps({"summary": f"The log says: {leak}.",
+                                "next_actions": [f"Grep for {leak}", "Fix add."],
+                                "confidence": 0.9, "hyperthesis": [leak], "propose": "none"}))
+
+    with FakeModelServer([answer], name="cheap", repeat_last=True) as server:
+        item = make_item(tmp_path, executor=fix_cmd(tmp_path))
+        config = tmp_path / "repo" / "choir.yaml"
+        config.write_text(config.read_text()
+                          + f"models: {{reporter: {server.model}, director: {server.model}}}\n")
+        env = dict(os.environ, OPENAI_API_BASE=server.api_base, OPENAI_API_KEY="sk-fake")
+        proc = choir("run", str(item), "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    reporter_prompts = [b for b in server.bodies if "verification reporter" in
+                        b["messages"][0]["content"]]
+    director_prompts = [b for b in server.bodies if "You are the Director" in
+                        b["messages"][0]["content"]]
+    assert any(CANARY in json.dumps(b) for b in reporter_prompts)  # the model did see it
+    assert director_prompts and CANARY not in json.dumps(director_prompts)
+    assert CANARY not in proc.stdout and CANARY not in proc.stderr
+    assert_canary_only_in_artifacts(choir_home, tmp_path)
 
 
 def test_same_failure_switches_mood_then_halts_within_budget(tmp_path: Path) -> None:
