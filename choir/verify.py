@@ -1,9 +1,11 @@
 """``choir verify``: verify the working tree now, outside any work item.
 
-Plans through the mood policy, runs the plan's verifiers side by side in fresh sandboxes,
-mints one attestation per report, and assembles the seed-001 output contract (``status``,
-``run_id``, ``tail_log``, ``artifact_paths``, ``manifest``) plus ``mood``, ``plan``,
-``reports`` and ``attestations``. The tail log is for the person at the terminal only.
+Plans through the Director (the mood policy, the director model when one is configured, and
+BOLD's broadening once the core is green), runs the plan's verifiers side by side in fresh
+sandboxes, mints one attestation per report, and assembles the seed-001 output contract
+(``status``, ``run_id``, ``tail_log``, ``artifact_paths``, ``manifest``) plus ``mood``,
+``plan``, ``reports`` and ``attestations``. The tail log is for the person at the terminal
+only.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from choir.config import load_repo_config
-from choir.models import Mood, Result, Target
+from choir.models import Mood, PlannedVerifier, Result, Target, WorkItem
 from choir.policy import load_policy
 from choir.tree import commit_sha, tree_hash
 
@@ -76,6 +78,16 @@ async def averify_tree(
     policy = load_policy(config)
     mood = mood or Mood.CALM
     plan = director_plan(policy, mood, config.verifiers)
+    if config.models.director:
+        from choir.director_model import suggest
+
+        advice = await suggest(
+            config.models.director, WorkItem(id="verify", goal="verify the tree as it is",
+                                             repo=str(repo)),
+            mood=mood, attempt=1, planned=[p.name for p in plan.verifiers if p.replica == 0],
+            specs=config.verifiers, last=[])
+        plan = director_plan(policy, mood, config.verifiers, suggestion=advice.names,
+                             reason=advice.reason)
     sandbox = open_sandbox(config, policy, mood, sandbox_name)
     target = resolve_target(repo)
     store, signer, attestations = ArtifactStore(), load_signer(), AttestationStore()
@@ -83,8 +95,7 @@ async def averify_tree(
     semaphore = asyncio.Semaphore(policy.max_parallel)
     started = time.monotonic()
 
-    async def one(index: int) -> Any:
-        planned = plan.verifiers[index]
+    async def one(planned: PlannedVerifier) -> Any:
         spec = config.verifiers[planned.name]
         suffix = f"-r{planned.replica}" if planned.replica else ""
         async with semaphore:
@@ -100,8 +111,15 @@ async def averify_tree(
                 replica=planned.replica,
             )
 
+    planned = list(plan.verifiers)
     try:
-        pairs = await asyncio.gather(*(one(i) for i in range(len(plan.verifiers))))
+        pairs = await asyncio.gather(*(one(pv) for pv in planned))
+        core_green = all(run.report.result is Result.PASS for run, _ in pairs)
+        if mood is Mood.BOLD and core_green:  # BOLD broadens once the core is green
+            wider = [PlannedVerifier(name=n) for n in policy.moods[mood].broaden
+                     if n not in {pv.name for pv in planned}]
+            planned += wider
+            pairs += await asyncio.gather(*(one(pv) for pv in wider))
     finally:
         sandbox.close()
     runs = [run for run, _ in pairs]
@@ -154,8 +172,9 @@ async def averify_tree(
             "duration_ms": int((time.monotonic() - started) * 1000),
         },
         "mood": mood.value,
-        "plan": [pv.name for pv in plan.verifiers],
+        "plan": [pv.name for pv in planned],
         "plan_dropped": list(plan.dropped),
+        "plan_reason": plan.reason,
         "reports": [run.report.model_dump(mode="json") for run in runs],
         "attestations": [att.id for att in atts],
     }

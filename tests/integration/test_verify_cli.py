@@ -155,3 +155,16 @@ def test_paranoid_refuses_the_unsafe_local_sandbox(tmp_path: Path) -> None:
     proc = run("verify", "--repo", str(repo), "--sandbox", "local", "--mood", "PARANOID")
     assert proc.returncode == 2 and "refuses" in proc.stderr
     assert not (Path(os.environ["CHOIR_ARTIFACT_DIR"]) / "runs").exists()
+
+
+@pytest.mark.parametrize(("calc", "plan", "code"), [(CALC_OK, ["unit", "lint"], 0),
+                                                   (CALC_BUG, ["unit"], 1)])
+def test_bold_verify_broadens_only_once_the_core_is_green(tmp_path: Path, calc: str,
+                                                          plan: list[str], code: int) -> None:
+    repo = make_repo(tmp_path / "repo", calc)
+    proc = run("verify", "--repo", str(repo), "--mood", "BOLD", "--sandbox", sandbox_name(),
+               "--json")
+    assert proc.returncode == code, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["plan"] == plan and [r["verifier"] for r in out["reports"]] == plan
+    assert len(out["attestations"]) == len(plan)
