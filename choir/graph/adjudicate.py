@@ -122,7 +122,7 @@ async def adjudicate_node(state: RunState) -> Command[Goto]:
     base["events"] = [event]
     if decision.action == "done":
         if item.split_of is not None:
-            return _next_part(state, {**base, "events": [event]})
+            return _next_part(state, base)
         update = {**base, "status": "asserted", "asserted": asserted}
         if policy.needs_approval(item.blast_radius):
             return Command(update={**update, "status": "awaiting_approval"}, goto="approve")
@@ -148,6 +148,6 @@ async def adjudicate_node(state: RunState) -> Command[Goto]:
         f"part {item.id} could not be satisfied: {decision.reason}"
     saved = state.get("parent")
     if saved is not None:  # report the run as the parent's
-        base.update(work_item=saved.item, parent=None, parts=[])
+        base.update(work_item=saved.item, attempt=saved.attempt, parent=None, parts=[])
     return Command(update={**base, "reason": reason, "history": history, "status": "halted"},
                    goto="__end__")

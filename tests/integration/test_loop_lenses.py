@@ -129,9 +129,9 @@ def test_flaky_evidence_gets_other_lenses_never_promotes_and_goes_back_to_the_ex
     assert choir("audit").returncode == 0
 
 
-def test_a_repeating_failure_that_divides_is_split_into_parts_then_verified_whole(
-    tmp_path: Path, choir_home: Path
-) -> None:
+def two_bugs(tmp_path: Path, *, knows: tuple[str, ...] = ("add", "mul")) -> Path:
+    """add and mul both wrong, and an executor that is lost when told of two failures at
+    once but fixes a single one it is shown (only those it ``knows``)."""
     write(tmp_path / "repo/calc.py", """\
         def add(a, b):
             return a - b
@@ -149,7 +149,6 @@ def test_a_repeating_failure_that_divides_is_split_into_parts_then_verified_whol
             assert mul(2, 3) == 6
         """)
     isolating_pytest(tmp_path / "repo")
-    # an executor that is lost when told of two failures at once, and fixes one it is shown
     write(tmp_path / "fix.py", f"""\
         import json, os, pathlib
         log = pathlib.Path({str(tmp_path / 'executor.log')!r})
@@ -159,13 +158,21 @@ def test_a_repeating_failure_that_divides_is_split_into_parts_then_verified_whol
                            for s in r["failure_signatures"]}}) if fb else []
         with log.open("a") as out:
             out.write(f"{{item['id']}} {{os.environ['CHOIR_ATTEMPT']}} {{failing}}\\n")
-        if len(failing) == 1:
+        fixes = {{"test_calc.py::test_add": ("a - b", "a + b"),
+                  "test_calc.py::test_mul": ("a // b", "a * b")}}
+        known = {{f"test_calc.py::test_{{name}}" for name in {list(knows)!r}}}
+        if len(failing) == 1 and failing[0] in known:
             calc = pathlib.Path("calc.py")
-            fix = {{"test_calc.py::test_add": ("a - b", "a + b"),
-                    "test_calc.py::test_mul": ("a // b", "a * b")}}[failing[0]]
+            fix = fixes[failing[0]]
             calc.write_text(calc.read_text().replace("return " + fix[0], "return " + fix[1]))
         """)
-    item = work_item(tmp_path, f"{PY} {tmp_path / 'fix.py'}", max_attempts=6)
+    return work_item(tmp_path, f"{PY} {tmp_path / 'fix.py'}", max_attempts=6)
+
+
+def test_a_repeating_failure_that_divides_is_split_into_parts_then_verified_whole(
+    tmp_path: Path, choir_home: Path
+) -> None:
+    item = two_bugs(tmp_path)
     proc = choir("run", str(item), "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
@@ -223,3 +230,15 @@ def test_bold_broadens_once_the_core_is_green_and_asserts_only_with_both(
     assert proc.returncode == 0, proc.stderr
     claim = next(a for a in atoms() if a["kind"] == "ASSERT" and not a["references"])
     assert claim["required_verifiers"] == ["style", "unit"]
+
+
+def test_a_part_that_cannot_be_satisfied_halts_the_run_as_its_parent(tmp_path: Path) -> None:
+    item = two_bugs(tmp_path, knows=("add",))
+    proc = choir("run", str(item), "--json")
+    assert proc.returncode == 1, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["status"] == "halted" and out["work_item"] == "calc" and out["attempt"] == 3
+    assert out["reason"].startswith("part calc.2 could not be satisfied: the same failure 3 ")
+    asserted = {a["work_item"] for a in atoms() if a["kind"] == "ASSERT" and a["references"]}
+    assert asserted == {"calc.1"}  # the part that was done stays done; the whole is not
+    assert choir("gate", "calc").returncode == 1

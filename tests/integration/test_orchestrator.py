@@ -294,3 +294,23 @@ def test_a_run_is_driven_by_one_process_at_a_time(tmp_path: Path) -> None:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
     assert choir("run", "--resume", "busy").returncode == 0  # the lock died with its owner
+
+
+def test_a_crashed_green_thread_is_inconclusive_evidence_not_a_crashed_run(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+
+    from choir.config import load_work_item
+    from choir.graph.orchestrator import green_thread
+    from choir.graph.state import GreenIn
+    from choir.models import PlannedVerifier, Result, Target
+
+    item = load_work_item(make_item(tmp_path, executor=fix_cmd(tmp_path)))
+    # a verifier the allowlist lost between planning and running: the thread crashes
+    state = GreenIn(work_item=item, planned=PlannedVerifier(name="gone", replica=1),
+                    target=Target(tree_hash="0" * 64), run_id="c-r0-gone-1", mood="CALM")
+    run = asyncio.run(green_thread(state))["runs"][0]
+    assert run.report.result is Result.INCONCLUSIVE and run.report.verifier_type == "crashed"
+    assert run.report_hash == "" and run.replica == 1  # nothing to attest, nothing promotes
+    assert "KeyError" in run.report.summary and run.report.confidence == 0.0
