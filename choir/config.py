@@ -144,6 +144,12 @@ def load_repo_config(repo: Path) -> RepoConfig:
                      + ", ".join(sorted(set(verifiers) - {name})),
             )
     for mood, override in parsed.moods.items():
+        if override.verifiers == ():
+            raise ConfigError(
+                f"mood {mood.value} names no verifier: nothing could ever be asserted",
+                path=str(path), line=doc.line_of(("moods", mood.value, "verifiers")),
+                hint=f"name at least one of: {', '.join(sorted(verifiers))}",
+            )
         for field in ("verifiers", "broaden"):
             for i, name in enumerate(getattr(override, field) or ()):
                 if name not in verifiers:
@@ -183,6 +189,10 @@ def load_work_item(path: Path) -> WorkItem:
                               path=str(path), line=doc.line_of((key,)),
                               hint=f"remove '{key}:'")
     item: WorkItem = validate(doc, WorkItem)
+    if "~" in item.id:
+        raise ConfigError(f"work item id '{item.id}' holds '~', which marks the parts of a "
+                          "split work item", path=str(path), line=doc.line_of(("id",)),
+                          hint="use letters, digits, '.', '_' and '-'")
     repo = (path.parent / item.repo).resolve()
     if not repo.is_dir():
         raise ConfigError(

@@ -73,27 +73,35 @@ def part_plan(item: WorkItem, policy: Policy, mood: Mood,
                                + (f" on {len(item.focus)} test(s)" if item.focus else ""))
 
 
-def verdicts(runs: Sequence[VerifierRun]) -> dict[str, Result]:
+def verdicts(runs: Sequence[VerifierRun], need: int = 1) -> dict[str, Result]:
     """One result per verifier over all its voting runs on this tree (seed 002 §7.2).
 
-    INCONCLUSIVE runs are evidence of nothing: they are ignored once a conclusive run
-    exists. Conclusive runs that disagree (or a run that is itself FLAKY) make it FLAKY.
-    Diagnostic runs (instrumented, a nested isolated subset) never vote.
+    INCONCLUSIVE runs are evidence of nothing: they are ignored once a conclusive run exists,
+    but a verdict needs ``need`` conclusive runs (the mood's reruns), so an INCONCLUSIVE
+    replica never lowers the bar. Conclusive runs that disagree (or a run that is itself
+    FLAKY) make it FLAKY. Diagnostic runs (instrumented, a nested isolated subset) never vote.
     """
-    by_name: dict[str, set[Result]] = {}
+    by_name: dict[str, list[Result]] = {}
     for run in runs:
         if not run.diagnostic:
-            by_name.setdefault(run.verifier, set()).add(run.report.result)
+            by_name.setdefault(run.verifier, []).append(run.report.result)
     out: dict[str, Result] = {}
     for name, results in by_name.items():
-        conclusive = results - {Result.INCONCLUSIVE}
-        if not conclusive:
-            out[name] = Result.INCONCLUSIVE
-        elif len(conclusive) == 1:
-            out[name] = next(iter(conclusive))
-        else:
+        conclusive = [r for r in results if r is not Result.INCONCLUSIVE]
+        kinds = set(conclusive)
+        if len(kinds) > 1 or Result.FLAKY in kinds:
             out[name] = Result.FLAKY
+        elif not conclusive or (len(conclusive) < need and kinds == {Result.PASS}):
+            out[name] = Result.INCONCLUSIVE
+        else:
+            out[name] = conclusive[0]
     return out
+
+
+def conclusive_runs(runs: Sequence[VerifierRun], name: str) -> int:
+    """How many voting runs of ``name`` on this tree were conclusive."""
+    return sum(1 for r in runs if r.verifier == name and not r.diagnostic
+               and r.report.result is not Result.INCONCLUSIVE)
 
 
 def signatures(runs: Sequence[VerifierRun]) -> list[str]:
@@ -111,34 +119,55 @@ class Decision:
     reason: str
 
 
+def next_mood(mood: Mood) -> Mood:
+    """Where the same failure twice takes the loop (seed 002 §7.1): reframe (CURIOUS), then
+    narrow and isolate (SKEPTICAL). PARANOID is never left: nothing else is as strict. A
+    switch never drops a verifier either: plans keep every verifier earlier rounds ran."""
+    if mood is Mood.PARANOID:
+        return mood
+    return Mood.SKEPTICAL if mood is Mood.CURIOUS else Mood.CURIOUS
+
+
 def adjudicate(runs: Sequence[VerifierRun], *, policy: Policy, mood: Mood, attempt: int,
                max_attempts: int, history: Sequence[Sequence[str]], nested_done: int,
-               can_split: bool = False, broaden: Collection[str] = ()) -> Decision:
+               can_split: bool = False, broaden: Collection[str] = (),
+               contradicted: Collection[str] = ()) -> Decision:
     """What the evidence on this tree means for the loop.
 
     ``history`` holds earlier rounds' failure signatures; ``nested_done`` counts the nested
     rounds already spent on this tree; ``can_split`` says whether the work item divides;
-    ``broaden`` names the verifiers BOLD still owes this tree once the core is green.
-    A FLAKY verdict that nested rounds could not settle is a failure: it never promotes, and
-    the executor is told which tests are nondeterministic.
+    ``broaden`` names the verifiers BOLD still owes this tree once the core is green;
+    ``contradicted`` names verifiers with an attested FAIL on this very tree from before (a
+    PASS now is disagreement: FLAKY, and no nested round can settle it). A FLAKY verdict
+    that nested rounds could not settle is a failure: it never promotes, and the executor is
+    told which tests are nondeterministic.
     """
-    results = verdicts(runs)
-    if results and all(r is Result.PASS for r in results.values()):
+    results = verdicts(runs, need=policy.moods[mood].reruns)
+    if not results:
+        return Decision("halt", mood, "nothing was verified: the plan was empty "
+                        "(no verifier, no assert)")
+    known_flaky = {n for n in contradicted if results.get(n) is Result.PASS}
+    results.update(dict.fromkeys(known_flaky, Result.FLAKY))
+    if all(r is Result.PASS for r in results.values()):
         if broaden:
             return Decision("broaden", mood, "the core is green: broadening coverage with "
                             + ", ".join(sorted(broaden)))
         return Decision("done", mood, "every planned verifier passed")
     failed = any(r is Result.FAIL for r in results.values())
     unsettled = [n for n, r in sorted(results.items()) if r in (Result.FLAKY, Result.INCONCLUSIVE)]
-    if not failed and nested_done < policy.nested_max:
+    if not failed and nested_done < policy.nested_max and set(unsettled) - known_flaky:
         kinds = sorted({results[n].value.lower() for n in unsettled})
         return Decision("nested", mood, f"{' and '.join(kinds)}: {', '.join(unsettled)}; "
                         f"nested round {nested_done + 1} with other lenses")
     if not failed and all(results[n] is Result.INCONCLUSIVE for n in unsettled):
         return Decision("halt", mood, f"still inconclusive after {nested_done} nested "
                         f"round(s): {', '.join(unsettled)}; escalate to a human")
-    what = "verification failed" if failed else \
-        f"flaky after {nested_done} nested round(s): {', '.join(unsettled)}"
+    if failed:
+        what = "verification failed"
+    elif known_flaky:
+        what = f"flaky: {', '.join(sorted(known_flaky))} failed on this same tree before"
+    else:
+        what = f"flaky after {nested_done} nested round(s): {', '.join(unsettled)}"
     current = signatures(runs)
     streak = 1
     for earlier in reversed(history):
@@ -154,8 +183,8 @@ def adjudicate(runs: Sequence[VerifierRun], *, policy: Policy, mood: Mood, attem
                         "work item does not divide further: reframe it or escalate")
     if attempt >= max_attempts:
         return Decision("halt", mood, f"{what}; attempt budget spent ({attempt}/{max_attempts})")
-    if streak >= policy.same_signature_limit:
-        new = Mood.SKEPTICAL if mood is Mood.CURIOUS else Mood.CURIOUS
+    new = next_mood(mood)
+    if streak >= policy.same_signature_limit and new is not mood:
         return Decision("retry", new, f"the same failure {streak} rounds in a row: "
                         f"{mood.value} -> {new.value} (reframe, narrow, isolate)")
     return Decision("retry", mood, f"{what}: hypothesis sent to the executor")

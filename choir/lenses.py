@@ -45,23 +45,32 @@ def lens_spec(spec: VerifierSpec, planned: PlannedVerifier) -> VerifierSpec:
 
 
 def failing_tests(runs: Sequence[VerifierRun], verifier: str) -> tuple[str, ...]:
-    """Test ids that failed in ``verifier``'s runs, in first-seen order (bounded)."""
+    """Test ids that failed in ``verifier``'s runs, in first-seen order (bounded).
+
+    Test ids come from the log, so from the code under test: one that starts with ``-``
+    would be an option to the isolate command (``pytest --version`` exits 0), and one with
+    control characters is nobody's test. Both are left out.
+    """
     seen: dict[str, None] = {}
     for run in runs:
         if run.verifier == verifier and run.report.result is Result.FAIL:
             for sig in run.report.failure_signatures:
-                if sig.test_id:
-                    seen.setdefault(sig.test_id)
+                test = sig.test_id
+                if test and not test.startswith("-") and test.isprintable():
+                    seen.setdefault(test)
     return tuple(seen)[:MAX_TESTS]
 
 
 def nested_plan(verdicts: Mapping[str, Result], runs: Sequence[VerifierRun],
-                specs: Mapping[str, VerifierSpec]) -> list[PlannedVerifier]:
+                specs: Mapping[str, VerifierSpec], need: int = 1) -> list[PlannedVerifier]:
     """The green threads of one nested round, for every verifier not yet conclusive.
 
-    Replica numbers continue after the runs already made, so each nested run has its own
-    run id (and its own sandbox).
+    An INCONCLUSIVE verifier gets as many clean reruns as it lacks conclusive runs (``need``
+    is the mood's reruns). Replica numbers continue after the runs already made, so each
+    nested run has its own run id (and its own sandbox).
     """
+    from choir.director import conclusive_runs
+
     planned: list[PlannedVerifier] = []
     next_replica = {name: 1 + max((r.replica for r in runs if r.verifier == name), default=-1)
                     for name in specs}
@@ -84,7 +93,8 @@ def nested_plan(verdicts: Mapping[str, Result], runs: Sequence[VerifierRun],
             if spec.lenses.isolate and tests:
                 add(name, "isolated_subset", tests=tests, diagnostic=True)
         else:
-            add(name, "clean_rerun")
+            for _ in range(max(1, need - conclusive_runs(runs, name))):
+                add(name, "clean_rerun")
         other = spec.lenses.independent
         if other is not None and other in specs and not any(
                 r.verifier == other for r in runs) and not any(p.name == other for p in planned):

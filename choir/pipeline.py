@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import BinaryIO, Literal
 
 from choir.artifacts import ArtifactStore
+from choir.exceptions import IntegrityError
 from choir.models import CommandRecord, Platform, RunManifest, Target, VerifierSpec
 from choir.sandbox import Sandbox
 
@@ -82,9 +83,17 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
     A run id names one run. If that run already sealed (a resumed green thread whose process
     died after the run), its stored result is returned and nothing runs again; a folder that
     never sealed (the process died mid-run) is set aside and the run starts over.
+
+    Raises:
+        IntegrityError: the run id already names a run of another verifier or tree.
     """
     sealed = store.sealed(run_id)
     if sealed is not None:
+        manifest = sealed[0]
+        if (manifest.verifier, manifest.tree_hash) != (spec.name, target.tree_hash):
+            raise IntegrityError(
+                f"run id {run_id} already names a run of '{manifest.verifier}' on tree "
+                f"{manifest.tree_hash[:12]}, not of '{spec.name}' on {target.tree_hash[:12]}")
         return _stored_result(store, run_id, *sealed)
     store.set_aside(run_id)
     run_dir = store.run_dir(run_id)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from choir._canonical import blake3_hex
 from choir.lenses import failing_tests
 from choir.models import Mood, Result, VerificationReport, VerifierSpec, WorkItem
 from choir.models._base import Frozen
@@ -33,6 +34,15 @@ class ParentFrame(Frozen):
     mood: Mood
     history: tuple[tuple[str, ...], ...] = ()
     reports: tuple[VerificationReport, ...] = ()
+    floor: tuple[str, ...] = ()
+
+
+def part_id(parent: str, k: int) -> str:
+    """``parent~k``: ``~`` is refused in the ids users write, so a part never shares an id
+    (and so an ASSERT that ``choir gate`` would accept) with a user's work item."""
+    base = parent if len(parent) <= _ID_ROOM else \
+        f"{parent[:_ID_ROOM - 13]}-{blake3_hex(parent.encode())[:12]}"
+    return f"{base}~{k}"
 
 
 def _pieces(runs: Sequence[VerifierRun], failing: Sequence[str],
@@ -51,8 +61,12 @@ def _pieces(runs: Sequence[VerifierRun], failing: Sequence[str],
 
 
 def split_parts(item: WorkItem, runs: Sequence[VerifierRun], verdicts: Mapping[str, Result],
-                specs: Mapping[str, VerifierSpec]) -> list[WorkItem]:
-    """The parts of ``item``, or ``[]`` when it does not divide (a part, or a single piece)."""
+                specs: Mapping[str, VerifierSpec], attempt: int) -> list[WorkItem]:
+    """The parts of ``item``, or ``[]`` when it does not divide (a part, or a single piece).
+
+    The parts share what is left of the parent's attempt budget (each gets an equal share,
+    at least two), so a split never multiplies the budget.
+    """
     if item.split_of is not None:
         return []
     failing = [n for n, r in sorted(verdicts.items())
@@ -60,13 +74,15 @@ def split_parts(item: WorkItem, runs: Sequence[VerifierRun], verdicts: Mapping[s
     pieces = _pieces(runs, failing, specs)
     if len(pieces) < 2:
         return []
+    share = max(2, -(-(item.max_attempts - attempt) // len(pieces)))
     parts = []
     for k, (name, tests) in enumerate(pieces, start=1):
         what = f"{name}" + (f" test {', '.join(t[:160] for t in tests[:3])}" if tests else "")
         if len(tests) > 3:
             what += f" and {len(tests) - 3} more"
         parts.append(item.model_copy(update={
-            "id": f"{item.id[:_ID_ROOM]}.{k}",
+            "id": part_id(item.id, k),
+            "max_attempts": share,
             "goal": f"{item.goal}\n[part {k}/{len(pieces)} of {item.id}: make {what} pass]",
             "scope": (*item.scope, *tests),
             "required_verifiers": (name,),

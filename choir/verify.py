@@ -97,7 +97,6 @@ async def averify_tree(
 
     async def one(planned: PlannedVerifier) -> Any:
         spec = config.verifiers[planned.name]
-        suffix = f"-r{planned.replica}" if planned.replica else ""
         async with semaphore:
             return await run_verifier_thread(
                 spec,
@@ -105,7 +104,7 @@ async def averify_tree(
                 target=target,
                 sandbox=sandbox,
                 store=store,
-                run_id=f"{session}-{planned.name}{suffix}",
+                run_id=f"{session}-{planned.name}-{planned.replica}",
                 reporter=config.models.reporter,
                 lens=planned.lens,
                 replica=planned.replica,

@@ -75,7 +75,6 @@ def green_verifier(item: WorkItem, run_id: str) -> Any:
     from choir.verify import resolve_target
 
     repo = Path(item.repo)
-    rounds = iter(range(1, 10_000))
 
     async def verify(output: ChangeSummary) -> ChangeSummary:
         config = load_repo_config(repo)
@@ -83,7 +82,7 @@ def green_verifier(item: WorkItem, run_id: str) -> Any:
         chosen = plan(policy, item.mood, config.verifiers, required=item.required_verifiers)
         names = list(dict.fromkeys(p.name for p in chosen.verifiers))
         target = resolve_target(repo, item.id)
-        check = next(rounds)
+        check = secrets.token_hex(4)  # a fresh id per check, also after a resumed agent run
 
         async def one(name: str) -> VerifierRun:
             sandbox = open_sandbox(config, policy, item.mood)

@@ -25,6 +25,7 @@ from typing import BinaryIO
 from choir.agent._patch import FileState, plan_patch
 from choir.exceptions import ToolInputError
 
+PROTECTED = "choir.yaml"  # what verifies the executor's work is not the executor's to edit
 VCS_DIRS = frozenset({".git", ".hg", ".svn", ".bzr", "_darcs", "CVS", ".jj", ".pijul"})
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -341,6 +342,9 @@ class RepoFiles:
                 f"{_clip(path)!r} is inside a version-control folder "
                 f"({', '.join(sorted(vcs))}); refused"
             )
+        if parts == [PROTECTED]:
+            raise ToolInputError(f"{PROTECTED} is the verifier allowlist: the executor may not "
+                                 "change what verifies it; refused")
         return parts
 
     def _exists(self, path: str) -> bool:

@@ -6,7 +6,8 @@ is caught exactly as a forbidden write would have been refused.
 
 - ASSERT claims are PROPOSED with the verifiers they need (never none: no verifier, no assert).
 - promote: every attestation valid and trusted, PASS, for the same tree (and commit), covering
-  every required verifier.
+  every required verifier, none of which has an attested FAIL for that work item on that tree
+  (a HYPOTHESIZE on record): a tree does not change, so that would be disagreement.
 - a work-item ASSERT references only PROMOTED claims of the same work item and tree.
 - demote: a valid FAIL attestation for the same tree.
 - HYPOTHESIZE: valid FAIL attestations for that tree and a discriminating test.
@@ -90,6 +91,12 @@ def apply(atoms: Mapping[str, Atom], kind: str, payload: dict[str, Any], at: dat
         missing = sorted(set(atom.required_verifiers) - covered)
         if missing:
             raise PromotionError(f"no PASS attestation for required verifier(s): {missing}")
+        if atom.work_item and atom.tree_hash:
+            disputed = sorted(set(atom.required_verifiers) &
+                              failed_on(atoms, atom.work_item, atom.tree_hash, lookup))
+            if disputed:
+                raise PromotionError(f"required verifier(s) {disputed} have an attested FAIL "
+                                     "for this work item on this tree: the evidence disagrees")
         return atom.model_copy(update={"status": AtomStatus.PROMOTED, "attestations": ids,
                                        "updated_at": at})
     if kind == "demote":
@@ -100,6 +107,21 @@ def apply(atoms: Mapping[str, Atom], kind: str, payload: dict[str, Any], at: dat
         return atom.model_copy(update={"status": AtomStatus.DEMOTED, "updated_at": at,
                                        "attestations": (*atom.attestations, att_id)})
     raise PromotionError(f"unknown AHDB event kind {kind!r}")
+
+
+def failed_on(atoms: Mapping[str, Atom], work_item: str, tree_hash: str,
+              lookup: Lookup) -> set[str]:
+    """Verifiers whose FAIL for ``work_item`` on ``tree_hash`` a HYPOTHESIZE has recorded.
+
+    A tree does not change, so a PASS on it after an attested FAIL is disagreement (FLAKY),
+    not progress: such a verifier can never promote that work item on that tree.
+    """
+    failed: set[str] = set()
+    for other in atoms.values():
+        if other.kind is AtomKind.HYPOTHESIZE and other.work_item == work_item and \
+                other.tree_hash == tree_hash:
+            failed |= {lookup(a).body.verifier for a in other.attestations}
+    return failed
 
 
 def _check_assert(atoms: Mapping[str, Atom], atom: Atom) -> None:

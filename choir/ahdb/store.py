@@ -20,7 +20,7 @@ from typing import Any
 
 from choir._canonical import blake3_hex, canonical_json
 from choir._paths import choir_home
-from choir.ahdb.rules import Lookup, apply
+from choir.ahdb.rules import Lookup, apply, failed_on
 from choir.exceptions import IntegrityError, PromotionError
 from choir.models import Atom, AtomKind, AtomStatus, Attestation
 
@@ -129,6 +129,10 @@ class AHDB:
             if all(atoms[r].status is AtomStatus.PROMOTED for r in atom.references):
                 return atom
         return None
+
+    def failed_verifiers(self, work_item: str, tree_hash: str) -> set[str]:
+        """Verifiers with an attested FAIL for ``work_item`` on exactly this tree, on record."""
+        return failed_on(self._replay(list(self.events())), work_item, tree_hash, self._lookup)
 
     # -- writing -------------------------------------------------------------------------
     def _append(self, kind: str, payload: dict[str, Any]) -> Atom:

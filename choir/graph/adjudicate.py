@@ -19,11 +19,9 @@ from typing import Any, Literal
 from langgraph.types import Command, Overwrite
 
 from choir._failpoints import failpoint
-from choir.config import load_repo_config
 from choir.director import Decision, adjudicate, signatures, verdicts
 from choir.graph.state import RunState
 from choir.models import Mood, Result, WorkItem
-from choir.policy import load_policy
 from choir.split import ParentFrame, part_feedback, split_parts
 
 Goto = Literal["execute", "direct", "approve", "__end__"]
@@ -42,16 +40,18 @@ def _record(state: RunState, decision: Decision, key: str) -> str:
     if decision.action == "done":
         voting = [r for r in runs if not r.diagnostic and r.report.result is Result.PASS
                   and r.run_id in minted]
+        required = sorted({*item.required_verifiers, *verdicts(runs)})
         if db.is_asserted(item.id, tree) is None:
             claim = db.propose(claim=f"{item.id}: {item.goal}"[:900], work_item=item.id,
                                tree_hash=tree, commit_sha=commit,
-                               required_verifiers=sorted(verdicts(runs)), key=f"{key}/claim")
+                               required_verifiers=required, key=f"{key}/claim")
             claim = db.promote(claim.id, [minted[r.run_id] for r in voting])
             db.assert_work_item(item.id, tree, references=[claim.id], claim=f"{item.id} done",
                                 commit_sha=commit, key=f"{key}/assert")
         asserted = db.is_asserted(item.id, tree)
         return asserted.id if asserted else ""
-    failing = [r for r in runs if r.report.result is Result.FAIL and r.run_id in minted]
+    failing = [r for r in runs if r.report.result is Result.FAIL and r.run_id in minted
+               and not r.diagnostic]
     if failing and decision.action in ("retry", "split", "halt"):
         first = next((s for r in failing for s in r.report.failure_signatures), None)
         test = (f"rerun {first.test_id or first.kind}; it must pass" if first
@@ -83,32 +83,37 @@ def _next_part(state: RunState, base: dict[str, Any]) -> Command[Goto]:
         part = parts[0]
         return Command(goto="execute", update={
             **base, "work_item": part, "parts": parts[1:], "attempt": 0, "history": [],
-            "feedback": part_feedback(part, frame.reports), "status": "running",
-            "events": [f"part {done} ASSERTed; next: {part.id}"]})
+            "mood": part.mood.value, "feedback": part_feedback(part, frame.reports),
+            "status": "running",
+            "events": [*base["events"], f"part {done} ASSERTed; next: {part.id}"]})
     return Command(goto="direct", update={
         **base, "work_item": frame.item, "parent": None, "parts": [], "attempt": frame.attempt,
         "mood": frame.mood.value, "history": [list(h) for h in frame.history],
+        "floor": list(frame.floor), "feedback": list(frame.reports),
         "round_kind": "primary", "nested": 0, "runs": Overwrite([]), "attestations": {},
         "target": resolve_target(Path(frame.item.repo), frame.item.id), "status": "running",
-        "events": [f"part {done} ASSERTed; every part done: verifying {frame.item.id} whole"]})
+        "events": [*base["events"],
+                   f"part {done} ASSERTed; every part done: verifying {frame.item.id} whole"]})
 
 
 async def adjudicate_node(state: RunState) -> Command[Goto]:
     item: WorkItem = state["work_item"]
-    config = load_repo_config(Path(item.repo))
-    policy = load_policy(config)
+    config, policy = state["config"], state["policy"]
     mood = Mood(state["mood"])
     runs = state.get("runs", [])
-    results = verdicts(runs)
+    results = verdicts(runs, policy.moods[mood].reruns)
     parts = [] if state.get("split_done") else split_parts(item, runs, results,
-                                                           config.verifiers)
+                                                           config.verifiers, state["attempt"])
+    from choir.ahdb import open_ahdb
+
+    contradicted = open_ahdb().failed_verifiers(item.id, state["target"].tree_hash)
     ran = {r.verifier for r in runs}
     owed = [] if mood is not Mood.BOLD or item.split_of is not None else \
         [n for n in policy.moods[mood].broaden if n not in ran]
     decision = adjudicate(runs, policy=policy, mood=mood, attempt=state["attempt"],
                           max_attempts=item.max_attempts, history=state.get("history", []),
                           nested_done=state.get("nested", 0), can_split=len(parts) >= 2,
-                          broaden=owed)
+                          broaden=owed, contradicted=contradicted)
     parts = [p.model_copy(update={"mood": decision.mood}) for p in parts]
     round_no = state.get("round", 0) + 1
     key = f"{state['run_id']}/{item.id}/{round_no}"
@@ -135,7 +140,8 @@ async def adjudicate_node(state: RunState) -> Command[Goto]:
     reports = [r.report for r in runs]
     if decision.action == "split":
         frame = ParentFrame(item=item, attempt=state["attempt"], mood=mood,
-                            history=tuple(tuple(h) for h in history), reports=tuple(reports))
+                            history=tuple(tuple(h) for h in history), reports=tuple(reports),
+                            floor=tuple(state.get("floor", [])))
         return Command(goto="execute", update={
             **base, "work_item": parts[0], "parts": parts[1:], "parent": frame,
             "split_done": True, "attempt": 0, "history": [], "status": "running",

@@ -20,13 +20,11 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Overwrite, Send, interrupt
 
 from choir._failpoints import failpoint
-from choir.config import load_repo_config
 from choir.director import part_plan, plan, verdicts
 from choir.graph.adjudicate import adjudicate_node
 from choir.graph.state import GreenIn, GreenOut, RunState
 from choir.lenses import lens_spec, nested_plan
 from choir.models import Counts, Mood, PlannedVerifier, Result, VerificationReport, VerifierPlan
-from choir.policy import load_policy
 from choir.verification import VerifierRun
 
 _SEMAPHORES: dict[tuple[int, int], asyncio.Semaphore] = {}
@@ -69,8 +67,7 @@ async def green_thread(state: GreenIn) -> GreenOut:
 
     item = state["work_item"]
     planned = state["planned"]
-    config = load_repo_config(Path(item.repo))
-    policy = load_policy(config)
+    config, policy = state["config"], state["policy"]
     label = {"kind": "green", "key": state["run_id"], "verifier": planned.name,
              "lens": planned.lens, "replica": planned.replica}
     emit({**label, "state": "queued"})
@@ -124,25 +121,28 @@ async def execute(state: RunState) -> dict[str, Any]:
 async def direct(state: RunState) -> dict[str, Any]:
     """The Director picks this round's green threads (and may ask its model)."""
     item = state["work_item"]
-    config = load_repo_config(Path(item.repo))
-    policy = load_policy(config)
+    config, policy = state["config"], state["policy"]
     mood = Mood(state["mood"])
     kind = state.get("round_kind", "primary")
     runs = state.get("runs", [])
     usage: list[Any] = []
+    need = policy.moods[mood].reruns
+    floor = list(state.get("floor", []))
     if kind == "nested":
-        chosen = VerifierPlan(mood=mood, verifiers=tuple(nested_plan(verdicts(runs), runs,
-                                                                     config.verifiers)),
-                              reason=f"nested round {state.get('nested', 0)}: other lenses")
+        chosen = VerifierPlan(mood=mood, verifiers=tuple(nested_plan(
+            verdicts(runs, need), runs, config.verifiers, need)),
+            reason=f"nested round {state.get('nested', 0)}: other lenses")
     elif kind == "broaden":
         done = {r.verifier for r in runs}
         chosen = VerifierPlan(mood=mood, reason="BOLD: the core is green, broadening",
-                              verifiers=tuple(PlannedVerifier(name=n) for n in
-                                              policy.moods[mood].broaden if n not in done))
+                              verifiers=tuple(PlannedVerifier(name=n, replica=r) for n in
+                                              policy.moods[mood].broaden if n not in done
+                                              for r in range(need)))
     elif item.split_of is not None:
         chosen = part_plan(item, policy, mood, config.verifiers)
     else:
-        required = item.required_verifiers
+        # the floor: a mood switch may add verifiers, never drop one an earlier round ran
+        required = tuple(dict.fromkeys([*item.required_verifiers, *floor]))
         chosen = plan(policy, mood, config.verifiers, required=required)
         if config.models.director:
             from choir.director_model import suggest
@@ -162,7 +162,9 @@ async def direct(state: RunState) -> dict[str, Any]:
     if chosen.dropped:
         event += f"; dropped, never run: {', '.join(chosen.dropped)}"
     event += f"; why: {chosen.reason}"
-    return {"plan": chosen, "usage": usage, "events": [event]}
+    if kind != "nested" and item.split_of is None:
+        floor = list(dict.fromkeys([*floor, *(p.name for p in chosen.verifiers)]))
+    return {"plan": chosen, "floor": floor, "usage": usage, "events": [event]}
 
 
 def fan_out(state: RunState) -> list[Send] | str:
@@ -170,7 +172,8 @@ def fan_out(state: RunState) -> list[Send] | str:
     item = state["work_item"]
     round_no = state.get("round", 0)
     sends = [Send("green", GreenIn(
-        work_item=item, planned=pv, target=state["target"], mood=state["mood"],
+        work_item=item, config=state["config"], policy=state["policy"], planned=pv,
+        target=state["target"], mood=state["mood"],
         run_id=f"{state['run_id']}-r{round_no}-{pv.name}-{pv.replica}"))
         for pv in state["plan"].verifiers]
     return sends or "attest"
@@ -182,9 +185,7 @@ async def attest(state: RunState) -> dict[str, Any]:
     from choir.attest import AttestationStore, load_signer
     from choir.verification import attest_run
 
-    item = state["work_item"]
-    config = load_repo_config(Path(item.repo))
-    policy = load_policy(config)
+    config, policy = state["config"], state["policy"]
     store, signer, atts = ArtifactStore(), load_signer(), AttestationStore()
     minted = dict(state.get("attestations", {}))
     usage = []

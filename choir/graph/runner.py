@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,9 +56,14 @@ def spend_by_role(usage: list[tuple[str, Usage]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
 @contextlib.contextmanager
 def _driving(run_id: str) -> Iterator[None]:
     """Hold the run's lock while driving it; a second driver is a usage error (exit 2)."""
+    if not _RUN_ID.match(run_id) or ".." in run_id:
+        raise UserError(f"invalid run id {run_id!r}: up to 100 letters, digits, '.', '_', '-'")
     locks = choir_home() / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     fd = os.open(locks / f"{run_id}.lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -133,8 +139,9 @@ async def run_work_item(path: Path, *, mood: Mood | None = None, run_id: str | N
     start_mood = mood or item.mood
     open_sandbox(config, policy, start_mood).close()  # a refused sandbox before anything runs
     run_id = run_id or new_run_id(item.id)
-    start = {"work_item": item, "run_id": run_id, "mood": start_mood.value,
-             "attempt": 0, "round": 0, "history": [], "status": "running"}
+    start = {"work_item": item, "config": config, "policy": policy, "run_id": run_id,
+             "mood": start_mood.value, "attempt": 0, "round": 0, "history": [],
+             "status": "running"}
     return await _drive(start, run_id, on_event)
 
 

@@ -11,7 +11,9 @@ from typing import Annotated, Literal
 
 from typing_extensions import TypedDict
 
+from choir.config import RepoConfig
 from choir.models import PlannedVerifier, Target, Usage, VerificationReport, VerifierPlan, WorkItem
+from choir.policy import Policy
 from choir.split import ParentFrame
 from choir.verification import VerifierRun
 
@@ -22,6 +24,10 @@ RoundKind = Literal["primary", "nested", "broaden"]
 
 class RunState(TypedDict, total=False):
     work_item: WorkItem  # the item being worked on: the run's, or a part of it after a split
+    # pinned when the run starts: an executor that rewrites choir.yaml changes nothing here
+    config: RepoConfig
+    policy: Policy
+    floor: list[str]  # verifiers earlier primary rounds ran: a later plan never drops one
     run_id: str
     mood: str
     attempt: int
@@ -49,6 +55,8 @@ class GreenIn(TypedDict):
     """A green thread's input: which verifier, through which lens, on which exact tree."""
 
     work_item: WorkItem
+    config: RepoConfig
+    policy: Policy
     planned: PlannedVerifier
     target: Target
     run_id: str
@@ -63,11 +71,15 @@ class GreenOut(TypedDict):
 
 def checkpoint_types() -> list[tuple[str, str]]:
     """Every Choir type a checkpoint may hold, allowed explicitly for LangGraph's msgpack."""
-    from choir import models
+    from choir import config, models, policy
 
     names = ["Mood", "BlastRadius", "WorkItem", "ExecutorSpec", "Target", "Result",
              "VerificationReport", "FailureSignature", "Citation", "Counts", "Usage",
-             "PlannedVerifier", "VerifierPlan"]
+             "PlannedVerifier", "VerifierPlan", "VerifierSpec", "VerifierKind", "StepSpec",
+             "Limits", "Lenses"]
     found = [(getattr(models, n).__module__, n) for n in names]
+    found += [(config.__name__, n) for n in ("RepoConfig", "ModelsConfig", "SandboxConfig",
+                                             "MoodOverride")]
+    found += [(policy.__name__, n) for n in ("Policy", "MoodPolicy")]
     return [*found, (VerifierRun.__module__, "VerifierRun"),
             (ParentFrame.__module__, "ParentFrame")]

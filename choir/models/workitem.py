@@ -50,7 +50,7 @@ class WorkItem(Frozen):
     """One unit of work: a goal, a repo, and the bounds Choir works within."""
 
     schema_version: Literal[1] = 1
-    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._~-]{0,127}$")  # ~: parts only
     goal: str
     repo: str
     mood: Mood = Mood.CALM

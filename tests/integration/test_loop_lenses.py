@@ -177,19 +177,19 @@ def test_a_repeating_failure_that_divides_is_split_into_parts_then_verified_whol
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["status"] == "asserted" and out["work_item"] == "calc"
-    assert "split calc into calc.1, calc.2" in proc.stderr
+    assert "split calc into calc~1, calc~2" in proc.stderr
     assert "every part done: verifying calc whole" in proc.stderr
     calls = (tmp_path / "executor.log").read_text().splitlines()
     # three blind rounds on the whole item, then each part sees only its own test
-    assert calls[3] == "calc.1 1 ['test_calc.py::test_add']"
-    assert calls[4] == "calc.2 1 ['test_calc.py::test_mul']"
+    assert calls[3] == "calc~1 1 ['test_calc.py::test_add']"
+    assert calls[4] == "calc~2 1 ['test_calc.py::test_mul']"
     assert len(calls) == 5
     asserted = {a["work_item"]: a for a in atoms() if a["kind"] == "ASSERT" and a["references"]}
-    assert set(asserted) == {"calc", "calc.1", "calc.2"}
+    assert set(asserted) == {"calc", "calc~1", "calc~2"}
     assert choir("gate", "calc", "--repo", str(tmp_path / "repo")).returncode == 0
     # the parts' evidence ran only their tests, isolated; the whole was verified in full
     bodies = {a["id"]: a["body"] for a in attestations(choir_home)}
-    part1 = [bodies[i] for i in asserted["calc.1"]["attestations"]]
+    part1 = [bodies[i] for i in asserted["calc~1"]["attestations"]]
     assert all(b["lens"] == "isolated_subset" and b["commands"][-1].endswith("test_add")
                for b in part1)
     whole = [bodies[i] for i in asserted["calc"]["attestations"]]
@@ -238,7 +238,9 @@ def test_a_part_that_cannot_be_satisfied_halts_the_run_as_its_parent(tmp_path: P
     assert proc.returncode == 1, proc.stderr
     out = json.loads(proc.stdout)
     assert out["status"] == "halted" and out["work_item"] == "calc" and out["attempt"] == 3
-    assert out["reason"].startswith("part calc.2 could not be satisfied: the same failure 3 ")
+    # the parts share the 3 attempts the parent had left: 2 each, and part 2 spends its own
+    assert out["reason"] == ("part calc~2 could not be satisfied: verification failed; "
+                             "attempt budget spent (2/2)")
     asserted = {a["work_item"] for a in atoms() if a["kind"] == "ASSERT" and a["references"]}
-    assert asserted == {"calc.1"}  # the part that was done stays done; the whole is not
+    assert asserted == {"calc~1"}  # the part that was done stays done; the whole is not
     assert choir("gate", "calc").returncode == 1

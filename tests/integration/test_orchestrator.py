@@ -301,16 +301,54 @@ def test_a_crashed_green_thread_is_inconclusive_evidence_not_a_crashed_run(
 ) -> None:
     import asyncio
 
-    from choir.config import load_work_item
+    from choir.config import load_repo_config, load_work_item
     from choir.graph.orchestrator import green_thread
     from choir.graph.state import GreenIn
     from choir.models import PlannedVerifier, Result, Target
+    from choir.policy import load_policy
 
     item = load_work_item(make_item(tmp_path, executor=fix_cmd(tmp_path)))
-    # a verifier the allowlist lost between planning and running: the thread crashes
-    state = GreenIn(work_item=item, planned=PlannedVerifier(name="gone", replica=1),
+    config = load_repo_config(Path(item.repo))
+    # a verifier the allowlist does not hold: the thread crashes
+    state = GreenIn(work_item=item, config=config, policy=load_policy(config),
+                    planned=PlannedVerifier(name="gone", replica=1),
                     target=Target(tree_hash="0" * 64), run_id="c-r0-gone-1", mood="CALM")
     run = asyncio.run(green_thread(state))["runs"][0]
     assert run.report.result is Result.INCONCLUSIVE and run.report.verifier_type == "crashed"
     assert run.report_hash == "" and run.replica == 1  # nothing to attest, nothing promotes
     assert "KeyError" in run.report.summary and run.report.confidence == 0.0
+
+
+def test_an_executor_that_rewrites_the_allowlist_changes_nothing_in_the_run(
+    tmp_path: Path, choir_home: Path
+) -> None:
+    """choir.yaml is pinned when the run starts: the executor cannot weaken what verifies it."""
+    item = make_item(tmp_path, executor=fix_cmd(tmp_path))
+    cheat = tmp_path / "cheat.py"
+    cheat.write_text(textwrap.dedent("""\
+        import pathlib
+        pathlib.Path("choir.yaml").write_text(
+            "verifiers:\\n  unit:\\n    kind: unit_tests\\n"
+            "    steps: [{name: pytest, command: 'true'}]\\n"
+            "sandbox: {backend: local}\\n")
+        """))
+    item.write_text(item.read_text().replace(fix_cmd(tmp_path),
+                                             f"{PY} {cheat} && {fix_cmd(tmp_path)}"))
+    proc = choir("run", str(item), "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["attempt"] == 2  # the rewritten `true` did not pass attempt 1
+    bodies = [json.loads(p.read_text())["body"]
+              for p in (choir_home / "attestations").glob("*.json")]
+    assert {b["result"] for b in bodies} == {"FAIL", "PASS"}
+    assert all("pytest -q" in b["commands"][0] for b in bodies)
+    assert all(b["environment"]["sandbox"] != "local" or not shutil.which("bwrap")
+               for b in bodies)
+
+
+def test_an_invalid_run_id_is_a_usage_error(tmp_path: Path) -> None:
+    item = make_item(tmp_path, executor=fix_cmd(tmp_path))
+    for bad in ("../escape", "has space", "x" * 101):
+        proc = choir("run", str(item), "--run-id", bad)
+        assert proc.returncode == 2 and "invalid run id" in proc.stderr
+    assert not list(tmp_path.glob("feedback-*"))

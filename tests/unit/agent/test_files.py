@@ -618,3 +618,19 @@ def test_methods_become_tools_with_documented_parameters(repo: Path) -> None:
         props = made.schema()["function"]["parameters"]["properties"]
         assert props and all(p.get("description") for p in props.values()), made.name
     assert tool(files.read_file).schema()["function"]["parameters"]["required"] == ["path"]
+
+
+def test_the_verifier_allowlist_is_not_the_executors_to_edit(tmp_path: Path) -> None:
+    from choir.agent.files import RepoFiles
+    from choir.exceptions import ToolInputError
+
+    (tmp_path / "choir.yaml").write_text("verifiers: {}\n")
+    files = RepoFiles(tmp_path)
+    for attempt in (lambda: files.write_file("choir.yaml", "verifiers: {}\n# gone\n"),
+                    lambda: files.write_file("./choir.yaml", "x"),
+                    lambda: files.apply_patch("--- a/choir.yaml\n+++ b/choir.yaml\n"
+                                              "@@ -1 +1 @@\n-verifiers: {}\n+x: 1\n")):
+        with pytest.raises(ToolInputError, match="verifier allowlist"):
+            attempt()
+    assert (tmp_path / "choir.yaml").read_text() == "verifiers: {}\n"
+    assert files.write_file("sub/choir.yaml", "ok\n").startswith("created")  # root only

@@ -99,3 +99,18 @@ def test_a_proposal_and_an_assert_under_one_key_stay_two_atoms(repo: Path) -> No
                                    claim="wi done", key="run1/x")
     assert asserted.id != proposed.id and asserted.references == (proposed.id,)
     assert events(db) == 3
+
+
+def test_a_verifier_with_an_attested_fail_on_a_tree_cannot_promote_it_later(
+        repo: Path) -> None:
+    """A tree does not change: a PASS after a recorded FAIL is disagreement, not progress."""
+    db = open_ahdb()
+    tree = tree_hash(repo)
+    failed = attest(repo, "unit", "false")
+    db.hypothesize("wi", tree, claim="not yet", discriminating_test="rerun unit",
+                   attestation_ids=[failed.id])
+    assert db.failed_verifiers("wi", tree) == {"unit"}
+    assert db.failed_verifiers("other-item", tree) == set()  # scoped to the work item
+    proposed = claim(db, repo, None)
+    with pytest.raises(PromotionError, match="attested FAIL for this work item on this tree"):
+        db.promote(proposed.id, [attest(repo, "unit", "true").id])

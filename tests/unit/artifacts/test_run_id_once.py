@@ -78,3 +78,20 @@ def test_a_manifest_that_does_not_parse_refuses_the_run(
     with pytest.raises(IntegrityError, match="does not parse"):
         run(store, repo, counter, "r1")
     assert runs_made(counter) == 0
+
+
+def test_a_run_id_of_another_verifier_or_tree_is_refused_not_reused(
+        store: ArtifactStore, repo: Path, counter: Path) -> None:
+    unit = spec(counter)
+    lint = unit.model_copy(update={"name": "lint", "kind": VerifierKind.LINT})
+
+    def go(which: VerifierSpec, tree: str) -> PipelineResult:
+        return run_verifier(which, repo=repo, sandbox=get_sandbox("local"), store=store,
+                            run_id="same", target=Target(tree_hash=tree * 64))
+
+    go(unit, "1")
+    with pytest.raises(IntegrityError, match="already names a run of 'unit'"):
+        go(lint, "1")
+    with pytest.raises(IntegrityError, match="already names a run of 'unit' on tree 111"):
+        go(unit, "2")
+    assert runs_made(counter) == 1

@@ -178,3 +178,21 @@ def test_a_lens_names_only_another_allowlisted_verifier(tmp_path: Path, independ
         load_repo_config(repo)
     assert info.value.line == 7 and needle in str(info.value)
     assert "name another verifier of this allowlist: lint" in str(info.value)
+
+
+def test_a_mood_that_names_no_verifier_is_refused(tmp_path: Path) -> None:
+    write(tmp_path, "verifiers:\n  unit: {kind: unit_tests, steps: [{name: t, command: x}]}\n"
+                    "moods:\n  CALM: {verifiers: []}\n")
+    with pytest.raises(ConfigError) as info:
+        load_repo_config(tmp_path)
+    assert "mood CALM names no verifier" in str(info.value) and info.value.line == 4
+
+
+def test_a_work_item_id_with_the_part_marker_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "repo").mkdir()
+    item_file = tmp_path / "item.yaml"
+    item_file.write_text("id: fix~1\ngoal: g\nrepo: ./repo\n"
+                         "executor: {kind: command, command: 'true'}\n")
+    with pytest.raises(ConfigError) as info:
+        load_work_item(item_file)
+    assert info.value.line == 1 and "marks the parts of a split work item" in str(info.value)

@@ -264,3 +264,45 @@ def test_a_focused_part_without_isolate_runs_the_whole_verifier(tmp_path: Path,
     planned = part_plan(part(("lint",), ("t::a",)), policy, Mood.PARANOID, specs)
     assert [(p.lens, p.tests) for p in planned.verifiers] == [("default", ()),
                                                              ("clean_rerun", ())]
+
+
+# -- review fixes: strictness never drops, evidence never thins ----------------------------
+
+def test_paranoid_is_never_left_by_a_mood_switch(policy: Policy) -> None:
+    from choir.director import next_mood
+
+    assert next_mood(Mood.PARANOID) is Mood.PARANOID
+    assert [next_mood(m) for m in (Mood.CALM, Mood.BOLD, Mood.CURIOUS, Mood.SKEPTICAL)] == [
+        Mood.CURIOUS, Mood.CURIOUS, Mood.SKEPTICAL, Mood.CURIOUS]
+    runs = [vrun("unit", Result.FAIL, tests=("t::a",), replica=r) for r in (0, 1)]
+    decision = decide(runs, policy, mood=Mood.PARANOID, history=[FAIL_SIG])
+    assert decision.action == "retry" and decision.mood is Mood.PARANOID
+
+
+def test_an_inconclusive_replica_does_not_lower_paranoids_bar(policy: Policy,
+                                                              tmp_path: Path) -> None:
+    runs = [vrun("unit", Result.PASS), vrun("unit", Result.INCONCLUSIVE, replica=1)]
+    assert verdicts(runs, need=2) == {"unit": Result.INCONCLUSIVE}
+    assert verdicts(runs, need=1) == {"unit": Result.PASS}
+    assert decide(runs, policy, mood=Mood.PARANOID).action == "nested"
+    from choir.lenses import nested_plan
+
+    specs = repo_config(tmp_path / "other").verifiers
+    planned = nested_plan({"unit": Result.INCONCLUSIVE}, runs, specs, need=3)
+    assert [(p.lens, p.replica) for p in planned if p.name == "unit"] == [
+        ("clean_rerun", 2), ("clean_rerun", 3)]  # one conclusive run; two more are owed
+
+
+def test_a_pass_after_an_attested_fail_on_the_same_tree_is_flaky_and_not_nested(
+        policy: Policy) -> None:
+    passing = [vrun("unit", Result.PASS)]
+    decision = adjudicate(passing, policy=policy, mood=Mood.CALM, attempt=1, max_attempts=4,
+                          history=[], nested_done=0, contradicted={"unit"})
+    assert decision.action == "retry"
+    assert "unit failed on this same tree before" in decision.reason
+
+
+def test_an_empty_round_halts_at_once(policy: Policy) -> None:
+    decision = decide([], policy)
+    assert decision.action == "halt" and "nothing was verified" in decision.reason
+

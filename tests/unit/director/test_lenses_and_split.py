@@ -119,9 +119,9 @@ def verdicts_of(runs: list[VerifierRun]) -> dict[str, Result]:
 
 
 def test_a_part_never_splits_again(specs: dict[str, VerifierSpec]) -> None:
-    part = item("wi.1").model_copy(update={"split_of": "wi"})
+    part = item("wi~1").model_copy(update={"split_of": "wi"})
     runs = [vrun("unit", Result.FAIL), vrun("lint", Result.FAIL)]
-    assert split_parts(part, runs, verdicts_of(runs), specs) == []
+    assert split_parts(part, runs, verdicts_of(runs), specs, attempt=3) == []
 
 
 @pytest.mark.parametrize("runs", [
@@ -130,26 +130,26 @@ def test_a_part_never_splits_again(specs: dict[str, VerifierSpec]) -> None:
 ], ids=["verifier-without-isolate", "one-failing-test"])
 def test_a_single_failing_piece_does_not_split(specs: dict[str, VerifierSpec],
                                                runs: list[VerifierRun]) -> None:
-    assert split_parts(item(), runs, verdicts_of(runs), specs) == []
+    assert split_parts(item(), runs, verdicts_of(runs), specs, attempt=3) == []
 
 
 def test_two_failing_verifiers_make_two_parts(specs: dict[str, VerifierSpec]) -> None:
     runs = [vrun("unit", Result.FAIL), vrun("lint", Result.FAIL), vrun("sec", Result.PASS)]
-    parts = split_parts(item(), runs, verdicts_of(runs), specs)
+    parts = split_parts(item(), runs, verdicts_of(runs), specs, attempt=3)
     assert [(p.id, p.required_verifiers, p.split_of) for p in parts] == [
-        ("wi.1", ("lint",), "wi"), ("wi.2", ("unit",), "wi")]
+        ("wi~1", ("lint",), "wi"), ("wi~2", ("unit",), "wi")]
 
 
 def test_flaky_counts_as_a_failing_piece(specs: dict[str, VerifierSpec]) -> None:
     runs = [vrun("unit", Result.FAIL), vrun("lint", Result.PASS)]
     verdicts = {"unit": Result.FAIL, "lint": Result.FLAKY}
-    assert len(split_parts(item(), runs, verdicts, specs)) == 2
+    assert len(split_parts(item(), runs, verdicts, specs, attempt=3)) == 2
 
 
 def test_a_verifier_that_isolates_splits_per_failing_test(
         specs: dict[str, VerifierSpec]) -> None:
     runs = [vrun("unit", Result.FAIL, tests=("t::a", "t::b", "t::c"))]
-    parts = split_parts(item(), runs, verdicts_of(runs), specs)
+    parts = split_parts(item(), runs, verdicts_of(runs), specs, attempt=3)
     assert [(p.required_verifiers, p.focus) for p in parts] == [
         (("unit",), ("t::a",)), (("unit",), ("t::b",)), (("unit",), ("t::c",))]
 
@@ -157,7 +157,7 @@ def test_a_verifier_that_isolates_splits_per_failing_test(
 def test_too_many_pieces_split_per_verifier(specs: dict[str, VerifierSpec]) -> None:
     tests = tuple(f"t::{n}" for n in range(MAX_PARTS + 1))
     runs = [vrun("unit", Result.FAIL, tests=tests), vrun("lint", Result.FAIL)]
-    parts = split_parts(item(), runs, verdicts_of(runs), specs)
+    parts = split_parts(item(), runs, verdicts_of(runs), specs, attempt=3)
     assert [(p.required_verifiers, p.focus) for p in parts] == [(("lint",), ()),
                                                                 (("unit",), tests)]
 
@@ -165,15 +165,15 @@ def test_too_many_pieces_split_per_verifier(specs: dict[str, VerifierSpec]) -> N
 @pytest.mark.parametrize("parent", ["wi", "w" * 128])
 def test_part_ids_are_valid_work_item_ids(specs: dict[str, VerifierSpec], parent: str) -> None:
     runs = [vrun("unit", Result.FAIL), vrun("lint", Result.FAIL)]
-    parts = split_parts(item(parent), runs, verdicts_of(runs), specs)
+    parts = split_parts(item(parent), runs, verdicts_of(runs), specs, attempt=3)
     for k, part in enumerate(parts, start=1):
-        assert part.id.endswith(f".{k}")
+        assert part.id.endswith(f"~{k}")
         assert WorkItem.model_validate(part.model_dump()) == part
     assert len({p.id for p in parts}) == len(parts)
 
 
 def test_part_feedback_keeps_only_the_parts_verifier() -> None:
-    part = item("wi.1").model_copy(update={"split_of": "wi", "required_verifiers": ("lint",)})
+    part = item("wi~1").model_copy(update={"split_of": "wi", "required_verifiers": ("lint",)})
     reports = [report("unit", Result.FAIL), report("lint", Result.FAIL),
                report("sec", Result.PASS)]
     assert [r.verifier for r in part_feedback(part, reports)] == ["lint"]
@@ -184,3 +184,20 @@ def test_a_focused_parts_feedback_keeps_only_its_tests() -> None:
     reports = [report("unit", Result.FAIL, tests=("t::a", "t::b", "t::c"))]
     [mine] = part_feedback(part, reports)
     assert [s.test_id for s in mine.failure_signatures] == ["t::b"]
+
+
+def test_parts_share_what_is_left_of_the_budget(specs: dict[str, VerifierSpec]) -> None:
+    runs = [vrun("unit", Result.FAIL), vrun("lint", Result.FAIL)]
+    wide = item().model_copy(update={"max_attempts": 10})
+    assert [p.max_attempts for p in split_parts(wide, runs, verdicts_of(runs), specs,
+                                                attempt=3)] == [4, 4]  # ceil(7 / 2)
+    assert [p.max_attempts for p in split_parts(wide, runs, verdicts_of(runs), specs,
+                                                attempt=10)] == [2, 2]  # at least two
+
+
+def test_test_ids_that_look_like_options_never_reach_the_isolate_command(
+        specs: dict[str, VerifierSpec]) -> None:
+    from choir.lenses import failing_tests
+
+    runs = [vrun("unit", Result.FAIL, tests=("--version", "t.py::ok", "bad\x1b[0m"))]
+    assert failing_tests(runs, "unit") == ("t.py::ok",)
