@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from choir.pipeline import PipelineResult
 
 WINDOW_BUDGET = 6000  # characters of log the model may see, in all
-COPY_RUN = 24  # a longer verbatim run of log text in the model's wording is a paste
+COPY_RUN = 20  # letters and digits: a longer run of the log in the model's wording is a paste
 REPLY_MAX = 8000
 ATTEMPTS = 3
 
@@ -86,16 +86,27 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _flat(text: str) -> str:
+    """Letters and digits only, case-folded: zero-width characters, escapes, spacing and
+    punctuation inserted into a copy do not hide it."""
+    return "".join(ch for ch in text.casefold() if ch.isalnum())
+
+
 def _shingles(text: str) -> set[str]:
-    flat = " ".join(text.split()).casefold()
+    flat = _flat(text)
     return {flat[i:i + COPY_RUN] for i in range(len(flat) - COPY_RUN + 1)}
 
 
 class _NoCopy:
     """Seed 002 §9, reports cite by pointer, not paste: model wording that repeats a run of
-    ``COPY_RUN`` characters of the log it was shown, which the deterministic report does not
-    already carry, is dropped. A log cannot smuggle text (a secret, an instruction for the
-    next prompt) into the control loop by asking the reporter to repeat it."""
+    ``COPY_RUN`` letters and digits of the log it was shown, which the deterministic report
+    does not already carry, is dropped. A log cannot smuggle text (a secret, an instruction
+    for the next prompt) into the control loop by asking the reporter to repeat it.
+
+    Limits, by design of a filter rather than a proof: a run shorter than ``COPY_RUN``
+    passes, and so does an encoding (base64, a translation). What bounds a report is its
+    schema and sizes; this rule removes the easy path.
+    """
 
     def __init__(self, seen: str, report: VerificationReport) -> None:
         own = " ".join([report.summary, *report.next_actions, *report.hyperthesis,
@@ -125,6 +136,8 @@ def merge(report: VerificationReport, reply: _Reply, usage: Usage,
     actions = [_clip(a, NEXT_ACTION_MAX) for a in reply.next_actions
                if a.strip() and paste.ok(a)][:3]
     summary = _clip(reply.summary, SUMMARY_MAX) if paste.ok(reply.summary) else ""
+    if not paste.ok("".join([summary, *actions, *hyper])):  # a paste split across fields
+        hyper, actions, summary = list(report.hyperthesis), [], ""
     if paste.dropped:
         hyper.insert(0, "The reporter pasted log text; that wording was dropped.")
     return report.model_copy(update={

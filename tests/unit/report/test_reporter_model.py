@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -159,3 +160,27 @@ def test_wording_that_pastes_the_log_is_dropped_so_raw_bytes_never_leave_the_thr
     assert report.next_actions == ("Make add return a + b.",)  # unpasted wording is kept
     assert report.hyperthesis[0] == "The reporter pasted log text; that wording was dropped."
     assert report.reporter == "model" and report.result is Result.FAIL
+
+
+@pytest.mark.parametrize("disguise", [
+    lambda s: "\u200b".join(s),                     # zero-width spaces between characters
+    lambda s: " ".join(s[i:i + 7] for i in range(0, len(s), 7)),  # spacing
+    lambda s: s.upper().replace("-", "_"),          # case and punctuation
+])
+def test_a_disguised_or_split_paste_is_dropped_too(tmp_path: Path, disguise: Any) -> None:
+    import sys
+
+    canary = "CANARY-5e0f-secret-token-abcdef0123456789"
+    repo = project(tmp_path, f"def test_add():\n    print('{canary}')\n    assert 2 - 3 == 5\n")
+    half = len(canary) // 2
+    pasting = json.dumps({
+        "summary": f"It printed {disguise(canary)}.",
+        "next_actions": [f"part one {canary[:half]}", "Make add return a + b."],
+        "confidence": 0.7, "hyperthesis": [f"{canary[half:]} is the rest"], "propose": "none"})
+    with respx.mock(assert_all_mocked=True) as mock:
+        mock.post(URL).mock(return_value=completion(pasting))
+        report = verify(repo, PYTEST.format(py=sys.executable), "junit", run_id="disguise",
+                        reporter=MODEL)[0]
+    flat = "".join(ch for ch in json.dumps(report.model_dump(mode="json")).casefold()
+                   if ch.isalnum())
+    assert "".join(ch for ch in canary.casefold() if ch.isalnum()) not in flat
