@@ -22,6 +22,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from choir.director import conclusive_runs
 from choir.models import PlannedVerifier, Result, StepSpec, VerifierSpec
 
 if TYPE_CHECKING:
@@ -69,7 +70,6 @@ def nested_plan(verdicts: Mapping[str, Result], runs: Sequence[VerifierRun],
     is the mood's reruns). Replica numbers continue after the runs already made, so each
     nested run has its own run id (and its own sandbox).
     """
-    from choir.director import conclusive_runs
 
     planned: list[PlannedVerifier] = []
     next_replica = {name: 1 + max((r.replica for r in runs if r.verifier == name), default=-1)

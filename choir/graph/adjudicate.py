@@ -19,6 +19,7 @@ from typing import Any, Literal
 from langgraph.types import Command, Overwrite
 
 from choir._failpoints import failpoint
+from choir.ahdb import AHDB, open_ahdb
 from choir.director import Decision, adjudicate, signatures, verdicts
 from choir.graph.state import RunState
 from choir.models import Mood, Result, WorkItem
@@ -27,20 +28,18 @@ from choir.split import ParentFrame, part_feedback, split_parts
 Goto = Literal["execute", "direct", "approve", "__end__"]
 
 
-def _record(state: RunState, decision: Decision, key: str) -> str:
+def _record(db: AHDB, state: RunState, decision: Decision, results: dict[str, Result],
+            key: str) -> str:
     """Write the round's atoms; returns the ASSERT id when the work item is done."""
-    from choir.ahdb import open_ahdb
-
     item = state["work_item"]
     runs = state.get("runs", [])
     minted = state.get("attestations", {})
     tree = state["target"].tree_hash
     commit = state["target"].commit_sha
-    db = open_ahdb()
     if decision.action == "done":
         voting = [r for r in runs if not r.diagnostic and r.report.result is Result.PASS
                   and r.run_id in minted]
-        required = sorted({*item.required_verifiers, *verdicts(runs)})
+        required = sorted({*item.required_verifiers, *results})
         if db.is_asserted(item.id, tree) is None:
             claim = db.propose(claim=f"{item.id}: {item.goal}"[:900], work_item=item.id,
                                tree_hash=tree, commit_sha=commit,
@@ -56,7 +55,7 @@ def _record(state: RunState, decision: Decision, key: str) -> str:
         first = next((s for r in failing for s in r.report.failure_signatures), None)
         test = (f"rerun {first.test_id or first.kind}; it must pass" if first
                 else "rerun the failing step; it must exit 0")
-        if verdicts(runs).get(failing[0].verifier) is Result.FLAKY:
+        if results.get(failing[0].verifier) is Result.FLAKY:
             test = f"rerun {failing[0].verifier} in clean sandboxes: it must pass every time"
         db.hypothesize(item.id, tree, claim=f"the change does not yet meet: {item.goal}"[:900],
                        discriminating_test=test, key=f"{key}/hypothesize",
@@ -104,9 +103,8 @@ async def adjudicate_node(state: RunState) -> Command[Goto]:
     results = verdicts(runs, policy.moods[mood].reruns)
     parts = [] if state.get("split_done") else split_parts(item, runs, results,
                                                            config.verifiers, state["attempt"])
-    from choir.ahdb import open_ahdb
-
-    contradicted = open_ahdb().failed_verifiers(item.id, state["target"].tree_hash)
+    db = open_ahdb()
+    contradicted = db.failed_verifiers(item.id, state["target"].tree_hash)
     ran = {r.verifier for r in runs}
     owed = [] if mood is not Mood.BOLD or item.split_of is not None else \
         [n for n in policy.moods[mood].broaden if n not in ran]
@@ -117,7 +115,7 @@ async def adjudicate_node(state: RunState) -> Command[Goto]:
     parts = [p.model_copy(update={"mood": decision.mood}) for p in parts]
     round_no = state.get("round", 0) + 1
     key = f"{state['run_id']}/{item.id}/{round_no}"
-    asserted = _record(state, decision, key)
+    asserted = _record(db, state, decision, results, key)
     failpoint("adjudicate:written")
     base: dict[str, Any] = {"mood": decision.mood.value, "reason": decision.reason,
                             "round": round_no}
