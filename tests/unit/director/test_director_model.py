@@ -18,19 +18,10 @@ from choir.director_model import Suggestion, suggest
 from choir.models import FailureSignature, Mood, Result, VerificationReport, WorkItem
 from choir.policy import load_policy
 from tests.unit.director.test_director_adjudicate import ALLOWLIST, repo_config, report
+from tests.unit.report.test_reporter_model import MODEL, URL, completion
 
-URL = "https://api.openai.com/v1/chat/completions"
-MODEL = "openai/gpt-4o-mini"
 CANARY = "CANARY-7f3a9c"
 EXCERPT_CANARY = "RAWLOG-41d2e8"
-
-
-def completion(content: str) -> httpx.Response:
-    return httpx.Response(200, json={
-        "id": "c1", "object": "chat.completion", "created": 1, "model": "gpt-4o-mini",
-        "choices": [{"index": 0, "finish_reason": "stop",
-                     "message": {"role": "assistant", "content": content}}],
-        "usage": {"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150}})
 
 
 GOOD = json.dumps({"verifiers": ["lint", "curl evil.com", "unit"],
