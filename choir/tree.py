@@ -4,19 +4,37 @@ The tree hash covers every file git would track (tracked and untracked-but-not-i
 its mode and contents, so uncommitted changes change the hash. Outside git, every file under
 the repo except ``.git`` and caches. Evidence is bound to this hash, so it cannot be reused
 for a different tree.
+
+Verifiers never read the live working tree: ``snapshot`` copies exactly the hashed files
+into a read-only directory in the same pass that hashes them (the hash is over the bytes
+copied), and that directory is what the sandbox sees. Ignored files (a ``conftest.py`` hidden
+by ``.git/info/exclude``, a stale ``__pycache__``) are absent from it, and a process left
+behind by the executor cannot change it afterwards (issue #11, items 1-2). A copy, not a
+hard link: a hard link would let a leftover process write through to the snapshot.
+
+``commit_sha`` is recorded only when the snapshot equals HEAD's tree file by file (git blob
+ids of the copied bytes against ``git ls-tree``), so a commit is never named for a tree that
+had uncommitted changes (item 4).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import secrets
+import shutil
 import stat
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import blake3
 
+from choir.exceptions import UserError
+
 _SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".venv"}
+_CHUNK = 1 << 20
 
 
 def _git(repo: Path, *args: str) -> str | None:
@@ -38,9 +56,13 @@ def commit_sha(repo: Path) -> str | None:
     return out.strip() or None if out else None
 
 
+def _is_git(repo: Path) -> bool:
+    return (repo / ".git").exists()
+
+
 def _files(repo: Path) -> Iterator[str]:
     listed = _git(repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
-    if listed is not None and (repo / ".git").exists():
+    if listed is not None and _is_git(repo):
         yield from sorted({p for p in listed.split("\0") if p})
         return
     found: list[str] = []
@@ -51,26 +73,214 @@ def _files(repo: Path) -> Iterator[str]:
     yield from sorted(found)
 
 
-def tree_hash(repo: Path) -> str:
-    """Hex blake3 over (path, mode, content hash) of every file in the working tree."""
-    outer = blake3.blake3()
+@dataclass(frozen=True)
+class Snapshot:
+    """What one hashing pass saw: the tree hash, its sha256 twin, and the clean commit.
+
+    ``path`` is the read-only copy of exactly the hashed files (None when only hashed).
+    ``sha256`` is the same canonical file list hashed with sha256 (for in-toto consumers
+    that match only sha256). ``commit_sha`` is HEAD only when the tree equals HEAD's tree.
+    """
+
+    tree_hash: str
+    sha256: str
+    commit_sha: str | None
+    path: Path | None
+    files: int
+    size: int
+
+
+def _head_blobs(repo: Path) -> tuple[str, dict[str, tuple[str, str]]] | None:
+    """HEAD's sha and {path: (kind, blob id)} of its tree, or None (no git, no commit)."""
+    head = commit_sha(repo)
+    if not head:
+        return None
+    listed = _git(repo, "ls-tree", "-r", "-z", "--full-tree", head)
+    if listed is None:
+        return None
+    blobs: dict[str, tuple[str, str]] = {}
+    for entry in listed.split("\0"):
+        if not entry:
+            continue
+        meta, _, path = entry.partition("\t")
+        mode, _kind, oid = meta.split(" ")
+        kind = {"100755": "x", "100644": "f", "120000": "l"}.get(mode, "?")
+        blobs[path] = (kind, oid)
+    return head, blobs
+
+
+def _blob_hasher(oid_len: int, size: int) -> hashlib._Hash:
+    hasher = hashlib.sha256() if oid_len == 64 else hashlib.sha1()  # noqa: S324 - git's id
+    hasher.update(f"blob {size}\0".encode())
+    return hasher
+
+
+def _inside(root: Path, link: Path, target: str) -> bool:
+    """True when a symlink at ``link`` pointing to ``target`` stays under ``root``."""
+    if os.path.isabs(target):
+        return False
+    resolved = os.path.normpath(os.path.join(os.path.dirname(link), target))
+    return resolved == str(root) or resolved.startswith(str(root) + os.sep)
+
+
+def _copy_file(src: Path, dst: Path | None, hashers: list[object]) -> int:
+    """Stream ``src`` into every hasher (and ``dst``); returns the size copied."""
+    size = 0
+    out = open(dst, "xb") if dst is not None else None  # noqa: SIM115 - closed below
+    try:
+        with open(src, "rb") as fh:
+            for chunk in iter(lambda: fh.read(_CHUNK), b""):
+                size += len(chunk)
+                for h in hashers:
+                    h.update(chunk)  # type: ignore[attr-defined]
+                if out is not None:
+                    out.write(chunk)
+    finally:
+        if out is not None:
+            out.close()
+    return size
+
+
+def _scan(repo: Path, dest: Path | None) -> Snapshot:
+    """One pass over the tree: hash every listed file and, with ``dest``, copy it there."""
+    repo = repo.resolve()
+    head = _head_blobs(repo) if _is_git(repo) else None
+    oid_len = len(head[0]) if head else 40
+    seen: dict[str, tuple[str, str]] = {}
+    outer, outer256 = blake3.blake3(), hashlib.sha256()
+    files = total = 0
     for rel in _files(repo):
         path = repo / rel
         try:
             st = path.lstat()
         except FileNotFoundError:  # listed by git but deleted in the working tree
             continue
+        inner, inner256 = blake3.blake3(max_threads=1), hashlib.sha256()
+        target_path = dest / rel if dest is not None else None
+        if target_path is not None:
+            target_path.parent.mkdir(parents=True, exist_ok=True)
         if stat.S_ISLNK(st.st_mode):
-            digest = blake3.blake3(os.readlink(path).encode("utf-8", "surrogateescape"))
-            kind = "l"
+            link = os.readlink(path)
+            data = link.encode("utf-8", "surrogateescape")
+            if target_path is not None:
+                if not _inside(repo, path, link):
+                    raise UserError(
+                        f"{path} is a symlink to {link}, outside the repo: a verifier could "
+                        "follow it out of the tree it verifies; fix: make it relative and "
+                        "inside the repo, or remove it")
+                os.symlink(link, target_path)
+            blob = _blob_hasher(oid_len, len(data))
+            for h in (inner, inner256, blob):
+                h.update(data)
+            kind, size = "l", len(data)
         elif stat.S_ISREG(st.st_mode):
-            digest = blake3.blake3(max_threads=1)
-            with open(path, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    digest.update(chunk)
+            blob = _blob_hasher(oid_len, st.st_size)
+            size = _copy_file(path, target_path, [inner, inner256, blob])
+            if size != st.st_size:  # changed under us: the blob id header is wrong
+                blob = _blob_hasher(oid_len, -1)
             kind = "x" if st.st_mode & 0o111 else "f"
+            if target_path is not None:
+                os.chmod(target_path, 0o555 if kind == "x" else 0o444)
         else:
             continue
-        outer.update(f"{kind} {rel}\0".encode("utf-8", "surrogateescape"))
-        outer.update(digest.digest())
-    return outer.hexdigest()
+        record = f"{kind} {rel}\0".encode("utf-8", "surrogateescape")
+        outer.update(record)
+        outer.update(inner.digest())
+        outer256.update(record)
+        outer256.update(inner256.digest())
+        seen[rel] = (kind, blob.hexdigest())
+        files += 1
+        total += size
+    clean = head is not None and seen == head[1]
+    return Snapshot(tree_hash=outer.hexdigest(), sha256=outer256.hexdigest(),
+                    commit_sha=head[0] if head and clean else None, path=dest,
+                    files=files, size=total)
+
+
+def tree_hash(repo: Path) -> str:
+    """Hex blake3 over (path, mode, content hash) of every file in the working tree."""
+    return _scan(repo, None).tree_hash
+
+
+def inspect_tree(repo: Path) -> Snapshot:
+    """Hash ``repo`` in place (no copy): its tree hash, sha256 twin and clean commit."""
+    return _scan(repo, None)
+
+
+def _seal(root: Path) -> None:
+    """Make every directory under ``root`` read-only (files were sealed as they were copied)."""
+    for dirpath, _dirs, _names in os.walk(root, topdown=False):
+        os.chmod(dirpath, 0o555)
+
+
+def remove_snapshot(path: Path) -> None:
+    """Delete a snapshot directory (unsealing it first); missing is fine."""
+    if not path.exists():
+        return
+    for dirpath, _dirs, _names in os.walk(path):
+        os.chmod(dirpath, 0o755)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def snapshot(repo: Path, root: Path) -> Snapshot:
+    """Copy exactly the hashed files of ``repo`` to ``root/<tree hash>``, sealed read-only.
+
+    The copy is made in a private temp directory and renamed into place, so a snapshot
+    directory that exists is complete; if one for the same hash exists already (a resumed
+    run, a parallel caller) it is reused and the fresh copy dropped.
+
+    Raises:
+        UserError: a symlink in the tree points outside it.
+    """
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = root / f".tmp-{os.getpid()}-{secrets.token_hex(6)}"
+    tmp.mkdir(mode=0o700)
+    try:
+        snap = _scan(repo, tmp)
+        _seal(tmp)
+        final = root / snap.tree_hash
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.is_dir():
+                raise
+            remove_snapshot(tmp)
+    except BaseException:
+        remove_snapshot(tmp)
+        raise
+    return Snapshot(tree_hash=snap.tree_hash, sha256=snap.sha256, commit_sha=snap.commit_sha,
+                    path=final, files=snap.files, size=snap.size)
+
+
+def snapshot_root() -> Path:
+    """Where ``choir`` keeps snapshots: a ``snapshots`` folder beside the run folders."""
+    from choir._paths import artifact_dir
+
+    return artifact_dir() / "snapshots"
+
+
+def ensure_snapshot(repo: Path, tree: str, root: Path | None = None) -> Path:
+    """The sealed snapshot of tree ``tree``: the existing one, or a fresh copy of ``repo``.
+
+    A resumed run (its snapshot removed, or taken on another machine) re-copies the live
+    tree and uses it only if it hashes to ``tree``: never verify a different tree than the
+    one the evidence will name.
+
+    Raises:
+        IntegrityError: the live tree no longer hashes to ``tree``.
+    """
+    from choir.exceptions import IntegrityError
+
+    root = root or snapshot_root()
+    existing = root / tree
+    if existing.is_dir():
+        return existing
+    snap = snapshot(repo, root)
+    if snap.tree_hash != tree:
+        assert snap.path is not None
+        remove_snapshot(snap.path)
+        raise IntegrityError(
+            f"the tree at {repo} changed since it was hashed ({tree[:12]} recorded, "
+            f"{snap.tree_hash[:12]} now); nothing verified on it")
+    assert snap.path is not None
+    return snap.path

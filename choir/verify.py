@@ -21,7 +21,7 @@ from typing import Any
 from choir.config import load_repo_config
 from choir.models import Mood, PlannedVerifier, Result, Target, WorkItem
 from choir.policy import load_policy
-from choir.tree import commit_sha, tree_hash
+from choir.tree import Snapshot, inspect_tree, remove_snapshot, snapshot, snapshot_root
 
 TAIL_LINES = 200
 
@@ -44,9 +44,26 @@ def new_run_id(prefix: str) -> str:
     return f"{prefix}-{stamp}-{secrets.token_hex(3)}"
 
 
+def target_of(snap: Snapshot, work_item: str | None = None) -> Target:
+    """The Target for a hashed tree: the commit only when the tree is exactly that commit's."""
+    return Target(work_item=work_item, commit_sha=snap.commit_sha, tree_hash=snap.tree_hash)
+
+
 def resolve_target(repo: Path, work_item: str | None = None) -> Target:
-    """The exact tree (and commit) evidence will be bound to."""
-    return Target(work_item=work_item, commit_sha=commit_sha(repo), tree_hash=tree_hash(repo))
+    """The exact tree (and, when clean, commit) evidence will be bound to."""
+    return target_of(inspect_tree(repo), work_item)
+
+
+def snapshot_target(repo: Path, root: Path,
+                    work_item: str | None = None) -> tuple[Target, Path]:
+    """Hash ``repo`` and copy exactly the hashed files into a sealed snapshot, in one pass.
+
+    Verifiers read the snapshot, never the live tree, so what they see is what the target
+    names (issue #11, items 1-2). The caller removes it (``remove_snapshot``) when done.
+    """
+    snap = snapshot(repo, root)
+    assert snap.path is not None
+    return target_of(snap, work_item), snap.path
 
 
 def _tail(results: list[Any]) -> str:
@@ -89,9 +106,15 @@ async def averify_tree(
         plan = director_plan(policy, mood, config.verifiers, suggestion=advice.names,
                              reason=advice.reason)
     sandbox = open_sandbox(config, policy, mood, sandbox_name)
-    target = resolve_target(repo)
     store, signer, attestations = ArtifactStore(), load_signer(), AttestationStore()
     session = new_run_id("verify")
+    snapshots = snapshot_root() / session  # this invocation's own: removed when it ends
+    try:
+        target, verified = snapshot_target(repo, snapshots)
+    except BaseException:
+        sandbox.close()
+        remove_snapshot(snapshots)
+        raise
     semaphore = asyncio.Semaphore(policy.max_parallel)
     started = time.monotonic()
 
@@ -100,7 +123,7 @@ async def averify_tree(
         async with semaphore:
             return await run_verifier_thread(
                 spec,
-                repo=repo,
+                repo=verified,
                 target=target,
                 sandbox=sandbox,
                 store=store,
@@ -121,6 +144,7 @@ async def averify_tree(
             pairs += await asyncio.gather(*(one(pv) for pv in wider))
     finally:
         sandbox.close()
+        remove_snapshot(snapshots)
     runs = [run for run, _ in pairs]
     results = [result for _, result in pairs]
     atts = [

@@ -24,7 +24,15 @@ from choir.director import part_plan, plan, verdicts
 from choir.graph.adjudicate import adjudicate_node
 from choir.graph.state import GreenIn, GreenOut, RunState
 from choir.lenses import lens_spec, nested_plan
-from choir.models import Counts, Mood, PlannedVerifier, Result, VerificationReport, VerifierPlan
+from choir.models import (
+    Counts,
+    Mood,
+    PlannedVerifier,
+    Result,
+    Target,
+    VerificationReport,
+    VerifierPlan,
+)
 from choir.verification import VerifierRun
 
 _SEMAPHORES: dict[tuple[int, int], asyncio.Semaphore] = {}
@@ -78,7 +86,8 @@ async def green_thread(state: GreenIn) -> GreenOut:
             sandbox = open_sandbox(config, policy, Mood(state["mood"]))
             try:
                 run, _ = await run_verifier_thread(
-                    lens_spec(config.verifiers[planned.name], planned), repo=Path(item.repo),
+                    lens_spec(config.verifiers[planned.name], planned),
+                    repo=verified_tree(Path(item.repo), state["target"]),
                     target=state["target"], sandbox=sandbox, store=ArtifactStore(),
                     run_id=state["run_id"], reporter=config.models.reporter,
                     lens=planned.lens, replica=planned.replica,
@@ -92,6 +101,34 @@ async def green_thread(state: GreenIn) -> GreenOut:
     return {"runs": [run]}
 
 
+def snapshot_round(repo: Path, work_item: str, previous: Target | None) -> Target:
+    """Hash the tree the executor left and seal a snapshot of it in the same pass.
+
+    Every green thread of the round (and nested rounds on the same tree) verifies this
+    snapshot, never the live folder. The previous round's snapshot is dropped when the tree
+    changed: nothing verifies it any more.
+    """
+    from choir.tree import remove_snapshot, snapshot, snapshot_root
+    from choir.verify import target_of
+
+    snap = snapshot(repo, snapshot_root())
+    if previous is not None and previous.tree_hash != snap.tree_hash:
+        remove_snapshot(snapshot_root() / previous.tree_hash)
+    return target_of(snap, work_item)
+
+
+def verified_tree(repo: Path, target: Target) -> Path:
+    """The sealed snapshot of ``target``'s tree for a green thread to verify.
+
+    After a crash the snapshot may be gone: the live tree is copied again and used only if it
+    still hashes to the recorded tree; otherwise ``IntegrityError`` makes the thread
+    INCONCLUSIVE, never a verification of a different tree.
+    """
+    from choir.tree import ensure_snapshot
+
+    return ensure_snapshot(repo, target.tree_hash)
+
+
 def _green_graph() -> Any:
     builder = StateGraph(GreenOut, input_schema=GreenIn, output_schema=GreenOut)
     builder.add_node("verify", green_thread)
@@ -102,8 +139,6 @@ def _green_graph() -> Any:
 
 async def execute(state: RunState) -> dict[str, Any]:
     from choir.executors import get_executor
-    from choir.verify import resolve_target
-
     item = state["work_item"]
     attempt = state.get("attempt", 0) + 1
     emit({"kind": "execute", "work_item": item.id, "attempt": attempt})
@@ -111,7 +146,7 @@ async def execute(state: RunState) -> dict[str, Any]:
     output = await asyncio.to_thread(get_executor(item.executor.kind), item, attempt,
                                      state.get("feedback", []), run_id=run_id)
     failpoint("execute:done")
-    target = resolve_target(Path(item.repo), item.id)
+    target = snapshot_round(Path(item.repo), item.id, state.get("target"))
     return {"attempt": attempt, "target": target, "executor_output": output.artifact,
             "usage": [("executor", u) for u in output.usage], "nested": 0,
             "round_kind": "primary", "runs": Overwrite([]), "attestations": {},

@@ -111,6 +111,10 @@ async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> Run
                             on_event(node, update)
             snap = await graph.aget_state(cfg)
     values = snap.values or {}
+    if values.get("target") is not None:  # the round's sealed snapshot is no longer needed
+        from choir.tree import remove_snapshot, snapshot_root
+
+        remove_snapshot(snapshot_root() / values["target"].tree_hash)
     item = values.get("work_item")
     return RunOutcome(run_id=run_id, status=values.get("status", "unknown"),
                       reason=values.get("reason", ""), attempt=values.get("attempt", 0),
