@@ -6,7 +6,17 @@ signature and returns named violations; ``AttestationStore`` keeps them write-on
 """
 
 from choir.attest.intoto import pae, payload_of, statement, to_dsse, verify_dsse
-from choir.attest.keys import Signer, key_id_of, load_signer, trusted_key_ids, verify_signature
+from choir.attest.keys import (
+    Signer,
+    TrustRoot,
+    key_id_of,
+    load_signer,
+    signer_counts,
+    trust_root,
+    trust_violations,
+    trusted_key_ids,
+    verify_signature,
+)
 from choir.attest.mint import mint, signed_bytes
 from choir.attest.store import AttestationStore
 from choir.attest.verify import verify_attestation
@@ -14,14 +24,18 @@ from choir.attest.verify import verify_attestation
 __all__ = [
     "AttestationStore",
     "Signer",
+    "TrustRoot",
     "key_id_of",
     "load_signer",
     "mint",
     "pae",
     "payload_of",
     "signed_bytes",
+    "signer_counts",
     "statement",
     "to_dsse",
+    "trust_root",
+    "trust_violations",
     "trusted_key_ids",
     "verify_attestation",
     "verify_dsse",

@@ -6,6 +6,9 @@ several processes race: each writes a complete key to a private temp file and ha
 to the final name; ``link`` fails if the name exists, so exactly one key wins and the losers
 read it. A reader never sees a half-written key.
 
+Trust is pinned, not found: ``trust_root`` reads the key ids to trust from
+``CHOIR_TRUSTED_KEYS`` or ``$CHOIR_HOME/trusted_keys`` (issue #10 item 7).
+
 A key id is the first 32 hex characters of blake3 over the raw public key, so anyone holding
 an attestation can recompute it from the public key it carries.
 """
@@ -16,8 +19,10 @@ import base64
 import binascii
 import os
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -25,7 +30,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from choir._canonical import blake3_hex
 from choir._paths import choir_home
-from choir.exceptions import IntegrityError
+from choir.exceptions import ConfigError, IntegrityError
+
+if TYPE_CHECKING:
+    from choir.models import Attestation, Violation
 
 KEY_FILE = "ed25519.key"
 PUB_FILE = "ed25519.pub"
@@ -157,19 +165,114 @@ def load_signer(home: Path | None = None) -> Signer:
     return signer
 
 
-def trusted_key_ids(home: Path | None = None) -> set[str]:
-    """Key ids this ``CHOIR_HOME`` trusts: its own key plus ``keys/trusted/*.pub``.
+TRUST_ENV = "CHOIR_TRUSTED_KEYS"
+PIN_FILE = "trusted_keys"
 
-    Each trusted file holds one base64 raw public key (the format of ``ed25519.pub``), so
-    trusting another machine's signer is copying its ``.pub`` file. Unreadable files are
-    skipped: trust is only ever granted by a well-formed key.
+
+@dataclass(frozen=True)
+class TrustRoot:
+    """The key ids whose signatures count, and where that list came from.
+
+    ``source`` names the variable or file that pinned them; ``first_use`` is True when no pin
+    existed and this home's own key was just recorded as the pin (trust on first use).
     """
-    base = (home or choir_home()) / "keys"
-    ids = {load_signer(home).key_id}
-    for path in sorted((base / "trusted").glob("*.pub")):
-        try:
-            raw = decode_public_key(path.read_text("ascii").strip()).public_bytes_raw()
-        except (OSError, ValueError, UnicodeDecodeError):
+
+    keys: frozenset[str]
+    source: str
+    first_use: bool = False
+
+    def describe(self) -> str:
+        """One line for ``gate`` and ``audit`` answers: the pinned ids and their source."""
+        return f"trusted keys ({self.source}): {', '.join(sorted(self.keys))}"
+
+
+def _parse_ids(text: str, *, path: str, lines: bool) -> frozenset[str]:
+    ids: set[str] = set()
+    items = text.splitlines() if lines else text.split(",")
+    for number, raw in enumerate(items, start=1):
+        item = raw.split("#", 1)[0].strip()
+        if not item:
             continue
-        ids.add(key_id_of(raw))
-    return ids
+        if len(item) != KEY_ID_LEN or any(c not in "0123456789abcdef" for c in item):
+            raise ConfigError(
+                f"{item[:80]!r} is not a key id ({KEY_ID_LEN} lower-case hex characters)",
+                path=path, line=number if lines else None,
+                hint="list key ids as `choir gate` and `choir audit` print them "
+                     "(the signer's id is in every attestation's signer_key_id)")
+        ids.add(item)
+    if not ids:
+        raise ConfigError("names no key id, so no attestation could ever count", path=path,
+                          hint=f"list at least one key id, or unset {TRUST_ENV} / remove "
+                               "the file to trust this home's own key on first use")
+    return frozenset(ids)
+
+
+def trust_root(home: Path | None = None) -> TrustRoot:
+    """The pinned trusted keys: ``$CHOIR_TRUSTED_KEYS``, else ``$CHOIR_HOME/trusted_keys``.
+
+    Like in-toto/SLSA verification, only pinned key ids are trusted; a ``.pub`` file dropped
+    somewhere is not. ``CHOIR_TRUSTED_KEYS=id1,id2`` (what a CI system sets) wins over the
+    file (one id per line, ``#`` comments). With neither, this home's own signing key is
+    recorded in the file on first use (TOFU, reported as ``first_use``): replacing the key
+    pair afterwards makes every new signature untrusted, so it cannot go unnoticed. The file
+    lives in ``CHOIR_HOME``, which no sandboxed step can write; an executor running on the
+    host as the same user can, which is why CI should pin with the variable.
+
+    Raises:
+        ConfigError: the variable or file is malformed or names no key (naming the line).
+    """
+    env = os.environ.get(TRUST_ENV)
+    if env is not None and env.strip():
+        return TrustRoot(_parse_ids(env, path=TRUST_ENV, lines=False), TRUST_ENV)
+    base = home or choir_home()
+    pin = base / PIN_FILE
+    first_use = False
+    if not pin.exists():
+        signer = load_signer(home)
+        note = (f"# Choir trusted key ids, one per line (pinned on first use; {TRUST_ENV} "
+                f"overrides)\n{signer.key_id}\n")
+        base.mkdir(parents=True, exist_ok=True)
+        _publish(base, PIN_FILE, note.encode("ascii"), 0o600)
+        first_use = True
+    try:
+        text = pin.read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"cannot read the pinned key list: {err}", path=str(pin),
+                          hint=f"fix or remove it, or set {TRUST_ENV}") from None
+    return TrustRoot(_parse_ids(text, path=str(pin), lines=True), str(pin), first_use)
+
+
+def trusted_key_ids(home: Path | None = None) -> set[str]:
+    """Key ids this ``CHOIR_HOME`` trusts: exactly the pinned list (``trust_root``)."""
+    return set(trust_root(home).keys)
+
+
+def trust_violations(home: Path | None = None) -> list[Violation]:
+    """What ``audit`` reports about the trust root itself: a signing key nobody pinned.
+
+    The home's own key not being in the pinned list means the key pair was replaced (or the
+    pin names another signer): everything it signs is untrusted, and audit says so by name.
+    """
+    from choir.models import Violation
+
+    base = home or choir_home()
+    root = trust_root(home)
+    if not (base / "keys" / KEY_FILE).exists():
+        return []
+    key_id = load_signer(home).key_id
+    if key_id in root.keys:
+        return []
+    return [Violation(kind="signer_not_pinned", object=str(base / "keys" / KEY_FILE),
+                      expected=f"a key pinned by {root.source}"[:200], found=key_id)]
+
+
+def signer_counts(attestations: Iterable[Attestation]) -> dict[str, int]:
+    """How many attestations each key id signed (recomputed from the key each carries)."""
+    counts: dict[str, int] = {}
+    for att in attestations:
+        try:
+            key_id = key_id_of(decode_public_key(att.public_key).public_bytes_raw())
+        except ValueError:
+            key_id = f"unreadable:{att.signer_key_id[:32]}"
+        counts[key_id] = counts.get(key_id, 0) + 1
+    return counts

@@ -35,14 +35,14 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
     from choir.ahdb.rules import apply
     from choir.ahdb.store import AHDB, attestation_lookup, check_chain
     from choir.artifacts import MANIFEST, ArtifactStore, hash_file
-    from choir.attest import AttestationStore, trusted_key_ids, verify_attestation
+    from choir.attest import AttestationStore, trust_violations, trusted_key_ids, verify_attestation
     from choir.exceptions import IntegrityError, PromotionError
 
     base = home or choir_home()
     store = ArtifactStore(artifacts_root)
     atts = AttestationStore(base / "attestations")
     trusted = trusted_key_ids(base)
-    found: list[Violation] = []
+    found: list[Violation] = list(trust_violations(base))  # the pinned trust root itself
     counts: Counter[str] = Counter()
 
     # 1. every stored object re-hashes to its name

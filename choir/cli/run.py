@@ -85,16 +85,27 @@ def approve(run_id: str, reject: bool) -> int:
 @click.argument("work_item_id")
 @click.option("--commit", default=None, help="Only an ASSERT for exactly this commit.")
 @click.option("--repo", type=click.Path(path_type=Path), default=None,
-              help="Only an ASSERT for exactly this working tree.")
+              help="The working tree to check (default: the current directory's).")
 def gate(work_item_id: str, commit: str | None, repo: Path | None) -> int:
-    """Exit 0 only if WORK_ITEM_ID is ASSERTed with valid attestations (for that tree/commit)."""
-    from choir.ahdb import open_ahdb
-    from choir.tree import tree_hash
+    """Exit 0 only if WORK_ITEM_ID is ASSERTed with valid, trusted attestations for the tree.
 
-    tree = tree_hash(repo.resolve()) if repo else None
-    atom = open_ahdb().is_asserted(work_item_id, tree_hash=tree, commit_sha=commit)
-    if atom is None:
-        click.echo(f"gate: {work_item_id} is not ASSERTed" + (" for that tree" if tree else ""))
-        return EXIT_FAIL
-    click.echo(f"gate: {work_item_id} ASSERTed by {len(atom.attestations)} attestation(s)")
-    return EXIT_OK
+    The tree is --repo's, else the current directory's; with only --commit, that commit.
+    Exit 1 otherwise, 2 when no tree can be determined.
+    """
+    from choir.gate import check_gate, gate_tree
+
+    answer = check_gate(work_item_id, tree=gate_tree(repo, commit), commit=commit)
+    signed = ", ".join(f"{k} ({n})" for k, n in sorted(answer.signers.items())) or "none"
+    if answer.passed:
+        count = sum(answer.signers.values())
+        click.echo(f"gate: {work_item_id} ASSERTed by {count} attestation(s); signed by key "
+                   f"{signed}")
+    else:
+        click.echo(f"gate: {work_item_id} refused; signed by key {signed}")
+        for problem in answer.problems:
+            click.echo(f"  {problem}")
+    click.echo(f"gate: {answer.trust}")
+    if answer.first_use:
+        click.echo("gate: note: no trusted keys were pinned; this home's own key was pinned on "
+                   "first use. In CI set CHOIR_TRUSTED_KEYS=id1,id2.", err=True)
+    return EXIT_OK if answer.passed else EXIT_FAIL

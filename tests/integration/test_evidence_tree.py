@@ -21,9 +21,9 @@ CANARY = "CANARY-evidence-tree"
 PATCH = "import calc\ncalc.add = lambda a, b: a + b\n"
 
 
-def choir(*args: str, cwd: Path | None = None,
-          timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+def choir(*args: str, cwd: Path | None = None, timeout: float = 300,
+          **extra: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **extra)
     return subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
                           cwd=cwd, env=env, timeout=timeout)
 
@@ -143,7 +143,14 @@ def test_gate_without_repo_checks_the_current_directory_tree(tmp_path: Path) -> 
     repo = _asserted_run(tmp_path)
     ok = choir("gate", "fix-add", cwd=repo)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "key" in ok.stdout
+    signer = json.loads(next((tmp_path / "choir-home" / "attestations").rglob("*.json"))
+                        .read_text())["signer_key_id"]
+    assert f"signed by key {signer}" in ok.stdout and "trusted keys" in ok.stdout
+    # a pin that does not name the signer: the same ASSERT no longer opens the gate
+    pinned = choir("gate", "fix-add", cwd=repo, CHOIR_TRUSTED_KEYS="0" * 32)
+    assert pinned.returncode == 1 and "attestation_untrusted_key" in pinned.stdout
+    assert signer in pinned.stdout
+    assert choir("gate", "fix-add", cwd=repo, CHOIR_TRUSTED_KEYS=signer).returncode == 0
     (repo / "calc.py").write_text(BUGGY)  # changed after the ASSERT
     assert choir("gate", "fix-add", cwd=repo).returncode == 1
     # the uncommitted fix was verified, HEAD (buggy) never was

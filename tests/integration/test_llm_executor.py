@@ -67,7 +67,7 @@ def test_llm_executor_is_gated_by_green_threads_and_asserted(tmp_path: Path) -> 
     tools = [t["function"]["name"] for t in server.bodies[0]["tools"]]
     assert tools == ["list_files", "read_file", "search", "write_file", "apply_patch",
                      "final_output"]
-    gate = choir("gate", "fix-add-llm", env=env)
+    gate = choir("gate", "fix-add-llm", "--repo", str(tmp_path / "repo"), env=env)
     assert gate.returncode == 0, gate.stdout
 
 

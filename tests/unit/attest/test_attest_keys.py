@@ -92,11 +92,12 @@ def test_processes_racing_to_create_the_key_end_with_one(tmp_path: Path) -> None
     assert sorted(p.name for p in (home / "keys").iterdir()) == ["ed25519.key", "ed25519.pub"]
 
 
-def test_trusted_key_ids(tmp_path: Path) -> None:
+def test_a_pub_dropped_in_keys_trusted_is_not_trusted(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CHOIR_TRUSTED_KEYS", raising=False)
     mine = load_signer(tmp_path)
-    friend = Signer.generate()
+    intruder = Signer.generate()
     trusted = tmp_path / "keys" / "trusted"
     trusted.mkdir()
-    (trusted / "ci.pub").write_text(friend.public_key + "\n")
-    (trusted / "broken.pub").write_text("not a key\n")
-    assert trusted_key_ids(tmp_path) == {mine.key_id, friend.key_id}
+    (trusted / "ci.pub").write_text(intruder.public_key + "\n")
+    assert trusted_key_ids(tmp_path) == {mine.key_id}  # pinned on first use, nothing else
