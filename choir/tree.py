@@ -78,8 +78,8 @@ class Snapshot:
     """What one hashing pass saw: the tree hash, its sha256 twin, and the clean commit.
 
     ``path`` is the read-only copy of exactly the hashed files (None when only hashed).
-    ``sha256`` is the same canonical file list hashed with sha256 (for in-toto consumers
-    that match only sha256). ``commit_sha`` is HEAD only when the tree equals HEAD's tree.
+    ``sha256`` is the sha256 of the same file list as bytes (``tree_manifest``), for in-toto
+    consumers that match only sha256. ``commit_sha`` is HEAD only when the tree equals HEAD's tree.
     """
 
     tree_hash: str
@@ -141,7 +141,7 @@ def _copy_file(src: Path, dst: Path | None, hashers: list[object]) -> int:
     return size
 
 
-def _scan(repo: Path, dest: Path | None) -> Snapshot:
+def _scan(repo: Path, dest: Path | None, manifest: list[bytes] | None = None) -> Snapshot:
     """One pass over the tree: hash every listed file and, with ``dest``, copy it there."""
     repo = repo.resolve()
     head = _head_blobs(repo) if _is_git(repo) else None
@@ -186,8 +186,10 @@ def _scan(repo: Path, dest: Path | None) -> Snapshot:
         record = f"{kind} {rel}\0".encode("utf-8", "surrogateescape")
         outer.update(record)
         outer.update(inner.digest())
-        outer256.update(record)
-        outer256.update(inner256.digest())
+        line = f"{kind} {inner256.hexdigest()} {rel}\0".encode("utf-8", "surrogateescape")
+        outer256.update(line)
+        if manifest is not None:
+            manifest.append(line)
         seen[rel] = (kind, blob.hexdigest())
         files += 1
         total += size
@@ -200,6 +202,18 @@ def _scan(repo: Path, dest: Path | None) -> Snapshot:
 def tree_hash(repo: Path) -> str:
     """Hex blake3 over (path, mode, content hash) of every file in the working tree."""
     return _scan(repo, None).tree_hash
+
+
+def tree_manifest(repo: Path) -> bytes:
+    """The tree's canonical manifest: ``KIND SHA256 PATH\\0`` per file, in path order.
+
+    KIND is ``f`` (file), ``x`` (executable) or ``l`` (symlink; its target is hashed). Its
+    sha256 is the tree subject's ``sha256`` digest in the in-toto export, so a tool that
+    matches only sha256 can be handed these bytes as the artifact.
+    """
+    lines: list[bytes] = []
+    _scan(repo, None, lines)
+    return b"".join(lines)
 
 
 def inspect_tree(repo: Path) -> Snapshot:

@@ -46,7 +46,8 @@ def new_run_id(prefix: str) -> str:
 
 def target_of(snap: Snapshot, work_item: str | None = None) -> Target:
     """The Target for a hashed tree: the commit only when the tree is exactly that commit's."""
-    return Target(work_item=work_item, commit_sha=snap.commit_sha, tree_hash=snap.tree_hash)
+    return Target(work_item=work_item, commit_sha=snap.commit_sha, tree_hash=snap.tree_hash,
+                  tree_sha256=snap.sha256)
 
 
 def resolve_target(repo: Path, work_item: str | None = None) -> Target:

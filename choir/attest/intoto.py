@@ -3,8 +3,9 @@
 Subjects are the verified tree and the evidence objects (report, manifest, artifacts). Each
 object carries ``sha256`` (computed streaming from the artifact store) beside ``blake3``:
 in-toto consumers ignore digest names they do not know, and most match on sha256. The tree
-has no byte stream of its own, so its subject carries the Choir tree hash as ``blake3`` and,
-when known, the commit as ``gitCommit`` (a name the in-toto digest set defines).
+has no byte stream of its own, so its subject carries the Choir tree hash as ``blake3``, the
+sha256 of its canonical manifest (``choir.tree.tree_manifest``) as ``sha256`` and, only when
+the verified tree was exactly that commit's, the commit as ``gitCommit``.
 
 The envelope follows DSSE v1: ``payloadType`` ``application/vnd.in-toto+json``, ``payload``
 base64 of the canonical JSON statement, and ``signatures: [{keyid, sig}]`` where ``sig`` is
@@ -59,7 +60,9 @@ def statement(att: Attestation, artifacts: ArtifactStore) -> dict[str, Any]:
     """
     body = att.body
     target: dict[str, str] = {"blake3": body.target.tree_hash}
-    if body.target.commit_sha:
+    if body.target.tree_sha256:  # sha256 of the tree's canonical manifest (choir.tree)
+        target["sha256"] = body.target.tree_sha256
+    if body.target.commit_sha:  # recorded only when the verified tree was exactly it
         target["gitCommit"] = body.target.commit_sha
     subjects: list[dict[str, Any]] = [
         {"name": f"tree:{body.target.work_item or 'working-tree'}", "digest": target}

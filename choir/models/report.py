@@ -37,6 +37,10 @@ class Target(Frozen):
     files: tuple[str, ...] = Field(default=(), max_length=MAX_FILES)
     commit_sha: str | None = None
     tree_hash: str
+    # sha256 of the tree's canonical manifest (``choir.tree.tree_manifest``), for in-toto
+    # consumers that match only sha256; left out of the JSON when absent, so evidence minted
+    # before it existed keeps its hashes
+    tree_sha256: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class Citation(Frozen):

@@ -7,13 +7,19 @@ while the verifier runs, and ``gate`` / ``--commit`` on trees that were never ve
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import py_compile
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+
+import pytest
 
 from tests.workitems import BUGGY, FIXED, PY, calc_repo
 
@@ -39,6 +45,13 @@ def git_repo(path: Path) -> Path:
     git(path, "add", "-A")
     git(path, "commit", "-qm", "buggy")
     return path
+
+
+def manifest_bytes(repo: Path) -> bytes:
+    """The tree's canonical manifest, as a user hands it to a sha256-only tool."""
+    return subprocess.run([PY, "-c", "import sys, pathlib; from choir.tree import tree_manifest;"
+                           f" sys.stdout.buffer.write(tree_manifest(pathlib.Path({str(repo)!r})))"],
+                          capture_output=True, check=True).stdout
 
 
 def verify(repo: Path) -> dict[str, object]:
@@ -120,6 +133,12 @@ def test_commit_is_recorded_only_for_a_clean_tree(tmp_path: Path) -> None:
     manifest = out["manifest"]
     assert isinstance(manifest, dict)
     assert manifest["commit_sha"] is None  # HEAD is the buggy commit: it was never verified
+    [att_id] = out["attestations"]  # type: ignore[misc]
+    shown = choir("attest", "show", att_id, "--in-toto")
+    stmt = json.loads(base64.b64decode(json.loads(shown.stdout)["payload"]))
+    tree_subject = stmt["subject"][0]["digest"]
+    assert "gitCommit" not in tree_subject  # a dirty tree names no commit
+    assert tree_subject["sha256"] == hashlib.sha256(manifest_bytes(repo)).hexdigest()
     git(repo, "commit", "-qam", "fix")
     fixed = git(repo, "rev-parse", "HEAD").strip()
     manifest = verify(repo)["manifest"]
@@ -177,3 +196,47 @@ def test_an_ignored_conftest_written_by_the_executor_does_not_assert(tmp_path: P
     assert json.loads(proc.stdout)["status"] != "asserted"
     snapshots = tmp_path / "choir-home" / "artifacts" / "snapshots"
     assert not snapshots.exists() or list(snapshots.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_resumed_round_never_verifies_a_tree_that_changed_after_the_crash(
+        tmp_path: Path) -> None:
+    """kill -9 while the verifier runs; the tree changes; the resumed round must not ASSERT."""
+    repo = git_repo(tmp_path / "repo")
+    (repo / "test_calc.py").write_text(
+        "import time\nfrom calc import add\n\ndef test_add():\n    time.sleep(3)\n"
+        "    assert add(2, 3) == 5\n")
+    (tmp_path / "noop.py").write_text("")
+    item = tmp_path / "item.yaml"
+    item.write_text(f"id: fix-add\ngoal: add must add\nrepo: ./repo\nmax_attempts: 1\n"
+                    f"executor:\n  kind: command\n  command: {PY} {tmp_path / 'noop.py'}\n")
+    buggy = subprocess.run([PY, "-c", f"from choir.tree import tree_hash; import pathlib; "
+                            f"print(tree_hash(pathlib.Path({str(repo)!r})))"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.Popen([PY, "-m", "choir", "run", str(item), "--run-id", "k1", "--json"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    runs = tmp_path / "choir-home" / "artifacts" / "runs"
+    deadline = time.monotonic() + 120
+    while not (runs.is_dir() and any(runs.iterdir())) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.5)  # the verifier is inside its 3 s test
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    snapshots = tmp_path / "choir-home" / "artifacts" / "snapshots"
+    subprocess.run(["rm", "-rf", str(snapshots)], check=True)  # lost with the crash
+    (repo / "calc.py").write_text(FIXED)  # the tree changes before the resume
+    resumed = choir("run", "--resume", "k1", "--json")
+    out = json.loads(resumed.stdout)
+    assert out["status"] != "asserted", out
+    assert choir("gate", "fix-add", "--repo", str(repo)).returncode == 1
+    (repo / "calc.py").write_text(BUGGY)
+    assert tree_of(repo) == buggy
+    assert choir("gate", "fix-add", "--repo", str(repo)).returncode == 1
+
+
+def tree_of(repo: Path) -> str:
+    return subprocess.run([PY, "-c", f"from choir.tree import tree_hash; import pathlib; "
+                           f"print(tree_hash(pathlib.Path({str(repo)!r})))"],
+                          capture_output=True, text=True, check=True).stdout.strip()

@@ -77,3 +77,24 @@ def test_export_refuses_missing_evidence(evidence: Any) -> None:
     evidence.store.path_of(evidence.log_hash).unlink()
     with pytest.raises(IntegrityError, match="logs/combined.log"):
         to_dsse(att, evidence.signer, artifacts=evidence.store)
+
+
+def test_a_dirty_tree_gets_no_git_commit_and_a_sha256_subject(evidence: Any) -> None:
+    from choir.models import Target
+
+    target = Target(work_item="fix-add", tree_hash="7" * 64, tree_sha256="5" * 64)
+    body = evidence.body.model_copy(update={"target": target})
+    stmt = payload_of(to_dsse(mint(body, evidence.signer), evidence.signer,
+                              artifacts=evidence.store))
+    subjects = {s["name"]: s["digest"] for s in stmt["subject"]}
+    assert subjects["tree:fix-add"] == {"blake3": "7" * 64, "sha256": "5" * 64}
+
+
+def test_a_target_without_sha256_hashes_as_before(evidence: Any) -> None:
+    """Attestations minted before ``tree_sha256`` existed keep their ids."""
+    assert "tree_sha256" not in canonical_json(evidence.body).decode()
+    att = mint(evidence.body, evidence.signer)
+    from choir.models import Attestation
+
+    again = Attestation.model_validate_json(att.model_dump_json())
+    assert mint(again.body, evidence.signer).id == att.id

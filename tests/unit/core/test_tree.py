@@ -1,0 +1,135 @@
+"""The snapshot verifiers read: exactly the hashed files, sealed, hashed from the bytes copied."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from choir.exceptions import IntegrityError, UserError
+from choir.tree import (
+    ensure_snapshot,
+    inspect_tree,
+    remove_snapshot,
+    snapshot,
+    tree_hash,
+    tree_manifest,
+)
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t",
+                           *args], check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    path = tmp_path / "repo"
+    (path / "pkg").mkdir(parents=True)
+    (path / "pkg" / "mod.py").write_text("x = 1\n")
+    (path / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    os.chmod(path / "run.sh", 0o755)
+    (path / "link.py").symlink_to("pkg/mod.py")
+    (path / ".gitignore").write_text("ignored.txt\n__pycache__/\n")
+    git(path, "init", "-q")
+    git(path, "add", "-A")
+    git(path, "commit", "-qm", "one")
+    return path
+
+
+def listing(root: Path) -> dict[str, tuple[str, int]]:
+    out = {}
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            p = Path(dirpath, name)
+            st = p.lstat()
+            kind = "l" if stat.S_ISLNK(st.st_mode) else "f"
+            out[str(p.relative_to(root))] = (kind, stat.S_IMODE(st.st_mode))
+    return out
+
+
+def test_snapshot_holds_exactly_the_hashed_files_sealed(repo: Path, tmp_path: Path) -> None:
+    (repo / "ignored.txt").write_text("hidden\n")
+    (repo / "__pycache__").mkdir()
+    (repo / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"stale")
+    (repo / "new.py").write_text("untracked, not ignored\n")
+    snap = snapshot(repo, tmp_path / "snaps")
+    assert snap.path == tmp_path / "snaps" / snap.tree_hash
+    assert snap.tree_hash == tree_hash(repo)
+    files = listing(snap.path)
+    assert set(files) == {".gitignore", "pkg/mod.py", "run.sh", "link.py", "new.py"}
+    assert files["run.sh"][1] == 0o555 and files["pkg/mod.py"][1] == 0o444
+    assert os.readlink(snap.path / "link.py") == "pkg/mod.py"
+    assert stat.S_IMODE((snap.path / "pkg").stat().st_mode) == 0o555
+    # a copy, not a link: writing the live file later cannot reach the snapshot
+    assert (snap.path / "pkg/mod.py").stat().st_ino != (repo / "pkg/mod.py").stat().st_ino
+    (repo / "pkg" / "mod.py").write_text("x = 2\n")
+    assert (snap.path / "pkg/mod.py").read_text() == "x = 1\n"
+    assert tree_hash(snap.path) != tree_hash(repo)
+    assert [p.name for p in (tmp_path / "snaps").iterdir()] == [snap.tree_hash]
+    remove_snapshot(snap.path)
+    assert list((tmp_path / "snaps").iterdir()) == []
+
+
+def test_a_symlink_out_of_the_tree_is_refused_and_nothing_is_left(repo: Path,
+                                                                 tmp_path: Path) -> None:
+    (repo / "escape").symlink_to("/etc/passwd")
+    with pytest.raises(UserError, match="escape.*outside the repo"):
+        snapshot(repo, tmp_path / "snaps")
+    assert list((tmp_path / "snaps").iterdir()) == []
+    (repo / "escape").unlink()
+    (repo / "up").symlink_to("../../outside")
+    with pytest.raises(UserError, match="outside the repo"):
+        snapshot(repo, tmp_path / "snaps")
+
+
+def test_commit_only_when_the_tree_is_exactly_head(repo: Path) -> None:
+    head = git(repo, "rev-parse", "HEAD").strip()
+    assert inspect_tree(repo).commit_sha == head
+    (repo / "ignored.txt").write_text("ignored files are not in the verified tree\n")
+    assert inspect_tree(repo).commit_sha == head
+    (repo / "pkg" / "mod.py").write_text("x = 2\n")
+    assert inspect_tree(repo).commit_sha is None  # modified
+    git(repo, "checkout", "--", "pkg/mod.py")
+    (repo / "extra.py").write_text("")
+    assert inspect_tree(repo).commit_sha is None  # untracked, not ignored
+    (repo / "extra.py").unlink()
+    os.chmod(repo / "run.sh", 0o644)
+    assert inspect_tree(repo).commit_sha is None  # mode changed
+    os.chmod(repo / "run.sh", 0o755)
+    (repo / "pkg" / "mod.py").unlink()
+    assert inspect_tree(repo).commit_sha is None  # deleted
+    git(repo, "checkout", "--", "pkg/mod.py")
+    assert inspect_tree(repo).commit_sha == head
+
+
+def test_outside_git_there_is_no_commit(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("a\n")
+    snap = inspect_tree(tmp_path)
+    assert snap.commit_sha is None and snap.files == 1
+
+
+def test_the_sha256_digest_is_over_the_canonical_manifest(repo: Path) -> None:
+    manifest = tree_manifest(repo)
+    assert hashlib.sha256(manifest).hexdigest() == inspect_tree(repo).sha256
+    mod = hashlib.sha256(b"x = 1\n").hexdigest()
+    assert f"f {mod} pkg/mod.py\0".encode() in manifest
+    assert b"x " in manifest and b"l " in manifest
+
+
+def test_ensure_snapshot_reuses_recopies_or_refuses(repo: Path, tmp_path: Path) -> None:
+    root = tmp_path / "snaps"
+    recorded = tree_hash(repo)
+    first = ensure_snapshot(repo, recorded, root)
+    assert ensure_snapshot(repo, recorded, root) == first  # reused, not copied again
+    remove_snapshot(first)
+    assert ensure_snapshot(repo, recorded, root) == first  # re-copied: same tree
+    remove_snapshot(first)
+    (repo / "pkg" / "mod.py").write_text("x = 2\n")  # the tree changed after it was hashed
+    with pytest.raises(IntegrityError, match="changed since it was hashed"):
+        ensure_snapshot(repo, recorded, root)
+    assert list(root.iterdir()) == []
