@@ -22,7 +22,7 @@ import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -276,3 +276,25 @@ def signer_counts(attestations: Iterable[Attestation]) -> dict[str, int]:
             key_id = f"unreadable:{att.signer_key_id[:32]}"
         counts[key_id] = counts.get(key_id, 0) + 1
     return counts
+
+
+def key_summary(home: Path | None = None) -> dict[str, Any]:
+    """For ``audit`` answers: the key ids that signed stored attestations and the pin.
+
+    ``{"signers": {key_id: count}, "trusted": [ids], "source": where the pin came from}``;
+    unreadable attestations are audit's business and are not counted here.
+    """
+    from choir.attest.store import AttestationStore
+    from choir.exceptions import IntegrityError
+
+    base = home or choir_home()
+    store = AttestationStore(base / "attestations")
+    loaded = []
+    for att_id in store.ids():
+        try:
+            loaded.append(store.get(att_id))
+        except (IntegrityError, OSError, ValueError):
+            continue
+    root = trust_root(home)
+    return {"signers": signer_counts(loaded), "trusted": sorted(root.keys),
+            "source": root.source}

@@ -13,17 +13,22 @@ from choir.cli._errors import EXIT_FAIL, EXIT_OK
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def audit(as_json: bool) -> int:
     """Re-derive every hash, signature and AHDB event: exit 0 clean, 1 violations."""
+    from choir.attest import key_summary
     from choir.audit import audit as run_audit
 
     result = run_audit()
+    keys = key_summary()  # which keys signed, and which the pin trusts
     if as_json:
-        click.echo(result.model_dump_json(indent=2))
+        click.echo(json.dumps({**json.loads(result.model_dump_json()), "keys": keys}, indent=2))
     else:
         for v in result.violations:
             click.echo(f"VIOLATION {v.kind}: {v.object}: expected {v.expected}, found {v.found}")
         checked = ", ".join(f"{n} {k}" for k, n in sorted(result.counts.items()))
         verdict = "clean" if result.ok else f"{len(result.violations)} violation(s)"
         click.echo(f"audit: {verdict} ({checked})")
+        signed = ", ".join(f"{k} ({n})" for k, n in sorted(keys["signers"].items())) or "none"
+        click.echo(f"audit: signed by key {signed}")
+        click.echo(f"audit: trusted keys ({keys['source']}): {', '.join(keys['trusted'])}")
     return EXIT_OK if result.ok else EXIT_FAIL
 
 

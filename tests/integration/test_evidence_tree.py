@@ -170,6 +170,15 @@ def test_gate_without_repo_checks_the_current_directory_tree(tmp_path: Path) -> 
     assert pinned.returncode == 1 and "attestation_untrusted_key" in pinned.stdout
     assert signer in pinned.stdout
     assert choir("gate", "fix-add", cwd=repo, CHOIR_TRUSTED_KEYS=signer).returncode == 0
+    audited = choir("audit")
+    assert audited.returncode == 0 and f"signed by key {signer} (" in audited.stdout
+    keys = json.loads(choir("audit", "--json").stdout)["keys"]
+    assert signer in keys["signers"] and keys["trusted"] == [signer]
+    for name in ("ed25519.key", "ed25519.pub"):  # the key pair is swapped behind our back
+        (tmp_path / "choir-home" / "keys" / name).unlink()
+    subprocess.run([PY, "-c", "from choir.attest import load_signer; load_signer()"], check=True)
+    swapped = choir("audit")
+    assert swapped.returncode == 1 and "VIOLATION signer_not_pinned" in swapped.stdout
     (repo / "calc.py").write_text(BUGGY)  # changed after the ASSERT
     assert choir("gate", "fix-add", cwd=repo).returncode == 1
     # the uncommitted fix was verified, HEAD (buggy) never was
