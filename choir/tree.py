@@ -141,10 +141,11 @@ def _copy_file(src: Path, dst: Path | None, hashers: list[object]) -> int:
     return size
 
 
-def _scan(repo: Path, dest: Path | None, manifest: list[bytes] | None = None) -> Snapshot:
+def _scan(repo: Path, dest: Path | None, manifest: list[bytes] | None = None,
+          *, commit: bool = True) -> Snapshot:
     """One pass over the tree: hash every listed file and, with ``dest``, copy it there."""
     repo = repo.resolve()
-    head = _head_blobs(repo) if _is_git(repo) else None
+    head = _head_blobs(repo) if commit and _is_git(repo) else None
     oid_len = len(head[0]) if head else 40
     seen: dict[str, tuple[str, str]] = {}
     outer, outer256 = blake3.blake3(), hashlib.sha256()
@@ -201,7 +202,7 @@ def _scan(repo: Path, dest: Path | None, manifest: list[bytes] | None = None) ->
 
 def tree_hash(repo: Path) -> str:
     """Hex blake3 over (path, mode, content hash) of every file in the working tree."""
-    return _scan(repo, None).tree_hash
+    return _scan(repo, None, commit=False).tree_hash
 
 
 def tree_manifest(repo: Path) -> bytes:
