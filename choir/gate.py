@@ -4,8 +4,9 @@ The answer is yes only when the work item has a live ASSERT for exactly the tree
 and every attestation behind it re-verifies now (id, signature, stored evidence) and was
 signed by a pinned trusted key (``choir.attest.trust_root``). Without ``--repo`` the tree is
 the current directory's (issue #11 item 3): a gate that checked nothing would pass any tree.
-With ``--commit`` only, the ASSERT must name that commit, which Choir records only when the
-verified tree was exactly that commit's tree (item 4).
+With ``--commit``, the ASSERT must name that commit, which Choir records only when the
+verified tree was exactly that commit's tree (item 4), and, when the repo is at hand, be for
+the tree git holds for that commit.
 """
 
 from __future__ import annotations
@@ -30,29 +31,44 @@ class GateAnswer:
     problems: list[str] = field(default_factory=list)
 
 
-def gate_tree(repo: Path | None, commit: str | None, cwd: Path | None = None) -> str | None:
-    """The tree hash to gate: ``repo``'s, else (without ``commit``) the current directory's.
+def gate_target(repo: Path | None, commit: str | None,
+                cwd: Path | None = None) -> tuple[str | None, str | None]:
+    """(tree hash, full commit sha) to gate.
+
+    Without ``commit``: ``repo``'s working tree, else the current directory's. With
+    ``commit`` and a repo to read it from (``repo``, or a git current directory): that
+    commit's tree, computed from git's objects, so an ASSERT recorded for another tree under
+    the same sha cannot pass. With ``commit`` and no repo: the commit alone (Choir records a
+    commit only for a tree that was exactly it).
 
     Raises:
-        UserError: no tree can be determined (not a directory, or the current directory is
-            not a git work tree and no ``--repo``/``--commit`` was given).
+        UserError: no tree can be determined (not a directory; the current directory is
+            not a git work tree nor a repo with ``choir.yaml``), or the commit is unknown.
     """
-    from choir.tree import tree_hash
+    from choir.tree import commit_tree_hash, resolve_commit, tree_hash
 
-    if repo is not None:
-        if not repo.is_dir():
-            raise UserError(f"gate: {repo} is not a directory\n  fix: pass --repo with the "
-                            "verified repo's working tree")
-        return tree_hash(repo.resolve())
+    fix = "run `choir gate` at the root of the verified repo, or pass --repo DIR or --commit SHA"
+    if repo is not None and not repo.is_dir():
+        raise UserError(f"gate: {repo} is not a directory\n  fix: {fix}")
+    here = (repo or cwd or Path.cwd()).resolve()
+    is_git = (here / ".git").exists()
     if commit is not None:
-        return None
-    here = (cwd or Path.cwd()).resolve()
-    if not (here / ".git").exists() and not (here / "choir.yaml").is_file():
+        if not is_git:
+            if repo is not None:
+                raise UserError(f"gate: {here} is not a git work tree, so commit {commit} "
+                                f"cannot be read there\n  fix: {fix}")
+            return None, commit
+        full = resolve_commit(here, commit)
+        tree = commit_tree_hash(here, full) if full else None
+        if tree is None:
+            raise UserError(f"gate: {commit} is not a commit in {here}\n  fix: fetch it, or "
+                            "give the full sha of the commit that was verified")
+        return tree, full
+    if repo is None and not is_git and not (here / "choir.yaml").is_file():
         raise UserError(
             f"gate: cannot tell which tree to check: {here} is neither a git work tree nor a "
-            "repo with choir.yaml\n  fix: run `choir gate` at the root of the verified repo, "
-            "or pass --repo DIR or --commit SHA")
-    return tree_hash(here)
+            f"repo with choir.yaml\n  fix: {fix}")
+    return tree_hash(here), None
 
 
 def check_gate(work_item: str, *, tree: str | None, commit: str | None) -> GateAnswer:

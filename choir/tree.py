@@ -50,6 +50,12 @@ def _git(repo: Path, *args: str) -> str | None:
     return out.stdout.decode("utf-8", "surrogateescape")
 
 
+def resolve_commit(repo: Path, rev: str) -> str | None:
+    """The full sha of commit ``rev`` in ``repo``, or None."""
+    out = _git(repo, "rev-parse", "--verify", "-q", f"{rev}^{{commit}}")
+    return out.strip() or None if out else None
+
+
 def commit_sha(repo: Path) -> str | None:
     """HEAD's sha, or None outside git or before the first commit."""
     out = _git(repo, "rev-parse", "--verify", "-q", "HEAD")
@@ -299,3 +305,40 @@ def ensure_snapshot(repo: Path, tree: str, root: Path | None = None) -> Path:
             f"{snap.tree_hash[:12]} now); nothing verified on it")
     assert snap.path is not None
     return snap.path
+
+
+def commit_tree_hash(repo: Path, rev: str) -> str | None:
+    """The tree hash ``rev``'s committed tree would have, computed from git's objects.
+
+    The same (kind, path, blake3) list ``tree_hash`` makes of a clean checkout, so ``gate
+    --commit`` can check that an ASSERT's tree really is that commit's. None when ``rev`` is
+    not a commit in ``repo``.
+    """
+    sha = _git(repo, "rev-parse", "--verify", "-q", f"{rev}^{{commit}}")
+    listed = _git(repo, "ls-tree", "-r", "-z", "--full-tree", sha.strip()) if sha else None
+    if listed is None:
+        return None
+    entries: list[tuple[str, str, str]] = []
+    for entry in listed.split("\0"):
+        if not entry:
+            continue
+        meta, _, path = entry.partition("\t")
+        mode, _kind, oid = meta.split(" ")
+        kind = {"100755": "x", "100644": "f", "120000": "l"}.get(mode)
+        if kind is not None:  # submodules are not files in the tree either
+            entries.append((path, kind, oid))
+    entries.sort()
+    outer = blake3.blake3()
+    with subprocess.Popen(["git", "-C", str(repo), "cat-file", "--batch"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        for path, kind, oid in entries:
+            proc.stdin.write(f"{oid}\n".encode())
+            proc.stdin.flush()
+            size = int(proc.stdout.readline().split()[2])
+            data = proc.stdout.read(size)
+            proc.stdout.read(1)
+            outer.update(f"{kind} {path}\0".encode("utf-8", "surrogateescape"))
+            outer.update(blake3.blake3(data).digest())
+        proc.stdin.close()
+    return outer.hexdigest()

@@ -89,12 +89,14 @@ def approve(run_id: str, reject: bool) -> int:
 def gate(work_item_id: str, commit: str | None, repo: Path | None) -> int:
     """Exit 0 only if WORK_ITEM_ID is ASSERTed with valid, trusted attestations for the tree.
 
-    The tree is --repo's, else the current directory's; with only --commit, that commit.
+    The tree is --repo's, else the current directory's; with --commit, that commit's tree.
     Exit 1 otherwise, 2 when no tree can be determined.
     """
-    from choir.gate import check_gate, gate_tree
+    from choir.gate import check_gate, gate_target
 
-    answer = check_gate(work_item_id, tree=gate_tree(repo, commit), commit=commit)
+    tree, sha = gate_target(repo, commit)
+    # a commit read from git is checked by its tree: the bytes, not the label
+    answer = check_gate(work_item_id, tree=tree, commit=None if tree else sha)
     signed = ", ".join(f"{k} ({n})" for k, n in sorted(answer.signers.items())) or "none"
     if answer.passed:
         count = sum(answer.signers.values())

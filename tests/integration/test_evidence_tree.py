@@ -184,6 +184,13 @@ def test_gate_without_repo_checks_the_current_directory_tree(tmp_path: Path) -> 
     # the uncommitted fix was verified, HEAD (buggy) never was
     head = git(repo, "rev-parse", "HEAD").strip()
     assert choir("gate", "fix-add", "--commit", head, cwd=repo).returncode == 1
+    unknown = choir("gate", "fix-add", "--commit", "f" * 40, cwd=repo)
+    assert unknown.returncode == 2 and "fix:" in unknown.stderr
+    (repo / "calc.py").write_text(FIXED)
+    git(repo, "commit", "-qam", "the verified fix")  # now a commit holds exactly that tree
+    assert choir("gate", "fix-add", "--commit", "HEAD", cwd=repo).returncode == 0
+    git(repo, "reset", "-q", "--hard", head)  # back to the buggy commit
+    assert choir("gate", "fix-add", "--commit", head, "--repo", str(repo)).returncode == 1
     nowhere = tmp_path / "empty"
     nowhere.mkdir()
     refused = choir("gate", "fix-add", cwd=nowhere)

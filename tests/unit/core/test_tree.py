@@ -12,6 +12,7 @@ import pytest
 
 from choir.exceptions import IntegrityError, UserError
 from choir.tree import (
+    commit_tree_hash,
     ensure_snapshot,
     inspect_tree,
     remove_snapshot,
@@ -133,3 +134,11 @@ def test_ensure_snapshot_reuses_recopies_or_refuses(repo: Path, tmp_path: Path) 
     with pytest.raises(IntegrityError, match="changed since it was hashed"):
         ensure_snapshot(repo, recorded, root)
     assert list(root.iterdir()) == []
+
+
+def test_commit_tree_hash_is_the_clean_checkouts_tree_hash(repo: Path) -> None:
+    head = git(repo, "rev-parse", "HEAD").strip()
+    assert commit_tree_hash(repo, head) == tree_hash(repo)
+    (repo / "pkg" / "mod.py").write_text("x = 2\n")
+    assert commit_tree_hash(repo, head) != tree_hash(repo)
+    assert commit_tree_hash(repo, "0" * 40) is None
