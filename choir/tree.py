@@ -129,21 +129,25 @@ def _inside(root: Path, link: Path, target: str) -> bool:
     return resolved == str(root) or resolved.startswith(str(root) + os.sep)
 
 
-def _copy_file(src: Path, dst: Path | None, hashers: list[object]) -> int:
-    """Stream ``src`` into every hasher (and ``dst``); returns the size copied."""
+def _copy_file(src: Path, dst: Path | None, hashers: list[object], mode: int) -> int:
+    """Stream ``src`` into every hasher (and ``dst``, created read-only); returns the size."""
     size = 0
-    out = open(dst, "xb") if dst is not None else None  # noqa: SIM115 - closed below
+    out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode) if dst is not None else -1
     try:
+        if out >= 0:
+            os.fchmod(out, mode)  # whatever the umask: a sandbox user must be able to read it
         with open(src, "rb") as fh:
             for chunk in iter(lambda: fh.read(_CHUNK), b""):
                 size += len(chunk)
                 for h in hashers:
                     h.update(chunk)  # type: ignore[attr-defined]
-                if out is not None:
-                    out.write(chunk)
+                if out >= 0:
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(out, view):]
     finally:
-        if out is not None:
-            out.close()
+        if out >= 0:
+            os.close(out)
     return size
 
 
@@ -156,6 +160,7 @@ def _scan(repo: Path, dest: Path | None, manifest: list[bytes] | None = None,
     seen: dict[str, tuple[str, str]] = {}
     outer, outer256 = blake3.blake3(), hashlib.sha256()
     files = total = 0
+    made: set[Path] = set()
     for rel in _files(repo):
         path = repo / rel
         try:
@@ -164,8 +169,9 @@ def _scan(repo: Path, dest: Path | None, manifest: list[bytes] | None = None,
             continue
         inner, inner256 = blake3.blake3(max_threads=1), hashlib.sha256()
         target_path = dest / rel if dest is not None else None
-        if target_path is not None:
+        if target_path is not None and target_path.parent not in made:
             target_path.parent.mkdir(parents=True, exist_ok=True)
+            made.add(target_path.parent)
         if stat.S_ISLNK(st.st_mode):
             link = os.readlink(path)
             data = link.encode("utf-8", "surrogateescape")
@@ -182,12 +188,11 @@ def _scan(repo: Path, dest: Path | None, manifest: list[bytes] | None = None,
             kind, size = "l", len(data)
         elif stat.S_ISREG(st.st_mode):
             blob = _blob_hasher(oid_len, st.st_size)
-            size = _copy_file(path, target_path, [inner, inner256, blob])
+            kind = "x" if st.st_mode & 0o111 else "f"
+            size = _copy_file(path, target_path, [inner, inner256, blob],
+                              0o555 if kind == "x" else 0o444)
             if size != st.st_size:  # changed under us: the blob id header is wrong
                 blob = _blob_hasher(oid_len, -1)
-            kind = "x" if st.st_mode & 0o111 else "f"
-            if target_path is not None:
-                os.chmod(target_path, 0o555 if kind == "x" else 0o444)
         else:
             continue
         record = f"{kind} {rel}\0".encode("utf-8", "surrogateescape")
