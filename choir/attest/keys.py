@@ -298,3 +298,24 @@ def key_summary(home: Path | None = None) -> dict[str, Any]:
     root = trust_root(home)
     return {"signers": signer_counts(loaded), "trusted": sorted(root.keys),
             "source": root.source}
+
+
+def require_pinned_signer(home: Path | None = None) -> Signer:
+    """This home's signer, refused up front when the pin does not trust it.
+
+    A run whose attestations could never count would verify for nothing and then fail on
+    its first AHDB write; say so before any work starts.
+
+    Raises:
+        UserError: the signing key is not among the pinned trusted keys.
+    """
+    from choir.exceptions import UserError
+
+    signer = load_signer(home)
+    root = trust_root(home)
+    if signer.key_id not in root.keys:
+        raise UserError(
+            f"this home's signing key {signer.key_id} is not among the trusted keys pinned by "
+            f"{root.source}, so nothing it attests could count\n  fix: add {signer.key_id} "
+            f"to {root.source}, or run with the key that is pinned")
+    return signer

@@ -82,11 +82,13 @@ async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> Run
     from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
+    from choir.attest.keys import require_pinned_signer
     from choir.graph.orchestrator import build
     from choir.graph.state import checkpoint_types
 
     home = choir_home()
     home.mkdir(parents=True, exist_ok=True)
+    require_pinned_signer()  # attestations by an unpinned key could never promote anything
     with _driving(run_id):
         async with AsyncSqliteSaver.from_conn_string(str(home / "checkpoints.sqlite")) as saver:
             saver.serde = JsonPlusSerializer(allowed_msgpack_modules=checkpoint_types())

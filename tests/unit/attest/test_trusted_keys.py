@@ -91,3 +91,16 @@ def test_audit_names_attestations_signed_after_the_key_pair_was_replaced(
     assert ("attestation_untrusted_key", forged_by.key_id) in kinds
     assert ("signer_not_pinned", forged_by.key_id) in kinds
     assert any(v.object.startswith(forged.id) for v in result.violations)
+
+
+def test_a_signer_outside_the_pin_is_refused_up_front(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from choir.exceptions import UserError
+
+    mine = load_signer(tmp_path)
+    monkeypatch.setenv(TRUST_ENV, Signer.generate().key_id)
+    with pytest.raises(UserError, match=f"{mine.key_id} is not among") as err:
+        keys_mod.require_pinned_signer(tmp_path)
+    assert "fix:" in str(err.value)
+    monkeypatch.setenv(TRUST_ENV, mine.key_id)
+    assert keys_mod.require_pinned_signer(tmp_path).key_id == mine.key_id
