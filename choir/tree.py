@@ -66,14 +66,15 @@ def _is_git(repo: Path) -> bool:
     return (repo / ".git").exists()
 
 
-def _files(repo: Path) -> Iterator[str]:
-    listed = _git(repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+def _files(repo: Path, *, everything: bool = False) -> Iterator[str]:
+    listed = None if everything else _git(repo, "ls-files", "-z", "--cached", "--others",
+                                           "--exclude-standard")
     if listed is not None and _is_git(repo):
         yield from sorted({p for p in listed.split("\0") if p})
         return
     found: list[str] = []
     for root, dirs, names in os.walk(repo):
-        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
+        dirs[:] = sorted(d for d in dirs if everything or d not in _SKIP_DIRS)
         for name in names:
             found.append(os.path.relpath(os.path.join(root, name), repo))
     yield from sorted(found)
@@ -152,7 +153,7 @@ def _copy_file(src: Path, dst: Path | None, hashers: list[object], mode: int) ->
 
 
 def _scan(repo: Path, dest: Path | None, manifest: list[bytes] | None = None,
-          *, commit: bool = True) -> Snapshot:
+          *, commit: bool = True, everything: bool = False) -> Snapshot:
     """One pass over the tree: hash every listed file and, with ``dest``, copy it there."""
     repo = repo.resolve()
     head = _head_blobs(repo) if commit and _is_git(repo) else None
@@ -161,7 +162,7 @@ def _scan(repo: Path, dest: Path | None, manifest: list[bytes] | None = None,
     outer, outer256 = blake3.blake3(), hashlib.sha256()
     files = total = 0
     made: set[Path] = set()
-    for rel in _files(repo):
+    for rel in _files(repo, everything=everything):
         path = repo / rel
         try:
             st = path.lstat()
@@ -233,6 +234,15 @@ def inspect_tree(repo: Path) -> Snapshot:
     return _scan(repo, None)
 
 
+def _holds(path: Path, tree: str) -> bool:
+    """True when snapshot directory ``path`` hashes, every file in it, to ``tree``.
+
+    A directory that merely carries a tree's name proves nothing: anyone who can compute the
+    hash of the buggy tree could plant a fixed one under that name.
+    """
+    return _scan(path, None, commit=False, everything=True).tree_hash == tree
+
+
 def _seal(root: Path) -> None:
     """Make every directory under ``root`` read-only (files were sealed as they were copied)."""
     for dirpath, _dirs, _names in os.walk(root, topdown=False):
@@ -270,7 +280,11 @@ def snapshot(repo: Path, root: Path) -> Snapshot:
         except OSError:
             if not final.is_dir():
                 raise
-            remove_snapshot(tmp)
+            if _holds(final, snap.tree_hash):  # a parallel caller's copy of the same tree
+                remove_snapshot(tmp)
+            else:  # planted or altered under the name of this tree: ours replaces it
+                remove_snapshot(final)
+                os.rename(tmp, final)
     except BaseException:
         remove_snapshot(tmp)
         raise
@@ -300,7 +314,9 @@ def ensure_snapshot(repo: Path, tree: str, root: Path | None = None) -> Path:
     root = root or snapshot_root()
     existing = root / tree
     if existing.is_dir():
-        return existing
+        if _holds(existing, tree):
+            return existing
+        remove_snapshot(existing)  # not the tree it is named for: never verify it
     snap = snapshot(repo, root)
     if snap.tree_hash != tree:
         assert snap.path is not None

@@ -142,3 +142,21 @@ def test_commit_tree_hash_is_the_clean_checkouts_tree_hash(repo: Path) -> None:
     (repo / "pkg" / "mod.py").write_text("x = 2\n")
     assert commit_tree_hash(repo, head) != tree_hash(repo)
     assert commit_tree_hash(repo, "0" * 40) is None
+
+
+def test_a_directory_planted_under_the_trees_name_is_never_verified(repo: Path,
+                                                                   tmp_path: Path) -> None:
+    """An executor can compute the buggy tree's hash and plant a fixed copy under it."""
+    root = tmp_path / "snaps"
+    recorded = tree_hash(repo)
+    planted = root / recorded
+    (planted / "pkg").mkdir(parents=True)
+    (planted / "pkg" / "mod.py").write_text("x = 'patched'\n")
+    assert ensure_snapshot(repo, recorded, root) == planted
+    assert (planted / "pkg" / "mod.py").read_text() == "x = 1\n"  # replaced by a real copy
+    remove_snapshot(planted)
+    (planted / "pkg").mkdir(parents=True)
+    (planted / "pkg" / "mod.py").write_text("x = 'patched'\n")
+    snap = snapshot(repo, root)
+    assert snap.path == planted and (planted / "pkg" / "mod.py").read_text() == "x = 1\n"
+    assert [p.name for p in root.iterdir()] == [recorded]
