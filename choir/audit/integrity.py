@@ -36,6 +36,7 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
     from choir.ahdb.store import AHDB, attestation_lookup, check_chain
     from choir.artifacts import MANIFEST, ArtifactStore, hash_file
     from choir.attest import AttestationStore, trusted_key_ids, verify_attestation
+    from choir.audit.citations import check_citations
     from choir.exceptions import IntegrityError, PromotionError
 
     base = home or choir_home()
@@ -63,7 +64,10 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
             found.append(_v("attestation_unreadable", att_id, "a valid attestation", str(exc)))
             continue
         manifests.add(att.body.manifest_hash)
-        found.extend(verify_attestation(att, artifacts=store, trusted_keys=trusted))
+        problems = verify_attestation(att, artifacts=store, trusted_keys=trusted)
+        found.extend(problems)
+        if not any(p.kind.startswith(("object_", "report_")) for p in problems):
+            found.extend(check_citations(att, store))
 
     # 3. every run folder: manifest parses, lists exactly its files, and is attested
     for run_id in store.iter_runs():

@@ -174,3 +174,46 @@ def test_audit_fails_closed_on_an_unreadable_attestation(world: dict[str, object
     (home / "attestations" / ("b" * 64 + ".json")).write_text("{not json")
     code, out = audit()
     assert code == 1 and out["violations"]
+
+
+def _forge_citation(world: dict[str, object], start: int, end: int, span: str | None) -> str:
+    """A report signed by the trusted key whose one citation is chosen by the attacker."""
+    from choir.artifacts import ArtifactStore
+    from choir.attest import AttestationStore, load_signer, mint
+    from choir.models import Citation, FailureSignature, VerificationReport
+
+    ok = world["ok"]
+    store = ArtifactStore()
+    body = ok.body  # type: ignore[attr-defined]
+    log = body.artifacts["logs/combined.log"]
+    report = VerificationReport.model_validate_json(store.read_bytes(body.report_hash))
+    cite = Citation(artifact=log, line_start=start, line_end=end,
+                    span_hash=span if span is not None else store.span_hash(log, start, end))
+    forged = report.model_copy(update={"failure_signatures": (
+        FailureSignature(id="f" * 16, kind="assertion", excerpt="x", citation=cite),)})
+    digest = store.ingest_bytes(forged.model_dump_json().encode())
+    att = mint(body.model_copy(update={"report_hash": digest}), load_signer())
+    AttestationStore().put(att)
+    return att.id
+
+
+def test_audit_rederives_every_citation(world: dict[str, object]) -> None:
+    """Issue #11 item 12: lines 9000-9999 of a one-line log with a zero hash, signed."""
+    _forge_citation(world, 9000, 9999, "0" * 64)
+    code, out = audit()
+    assert code == 1
+    kinds = {v["kind"] for v in out["violations"]}
+    assert "citation_bounds" in kinds, kinds
+
+
+def test_audit_catches_a_wrong_span_hash_in_bounds(world: dict[str, object]) -> None:
+    _forge_citation(world, 1, 1, "0" * 64)
+    code, out = audit()
+    assert code == 1
+    assert {v["kind"] for v in out["violations"]} == {"citation_hash"}, out["violations"]
+
+
+def test_a_true_citation_passes_audit(world: dict[str, object]) -> None:
+    _forge_citation(world, 1, 1, None)
+    code, out = audit()
+    assert code == 0, out["violations"]
