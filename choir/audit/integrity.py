@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
 from pathlib import Path
 
 from pydantic import Field
 
 from choir._paths import choir_home
-from choir.models import Atom, RunManifest, Violation
+from choir.models import Attestation, Result, RunManifest, Violation
 from choir.models._base import Frozen
 
 
@@ -32,12 +31,12 @@ def _v(kind: str, obj: str, expected: str, found: str) -> Violation:
 
 
 def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> AuditResult:
-    from choir.ahdb.rules import apply
     from choir.ahdb.store import AHDB, attestation_lookup, check_chain
     from choir.artifacts import MANIFEST, ArtifactStore, hash_file
     from choir.attest import AttestationStore, trusted_key_ids, verify_attestation
     from choir.audit.citations import check_citations
-    from choir.exceptions import IntegrityError, PromotionError
+    from choir.audit.ledger import compare_tables, contradicted, replay_log
+    from choir.exceptions import IntegrityError
 
     base = home or choir_home()
     store = ArtifactStore(artifacts_root)
@@ -56,6 +55,7 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
 
     # 2. every attestation: id, signature, trusted key, referenced objects, stored report
     manifests: set[str] = set()
+    stored_fails: list[Attestation] = []
     for att_id in atts.ids():
         counts["attestations"] += 1
         try:
@@ -66,6 +66,8 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
         manifests.add(att.body.manifest_hash)
         problems = verify_attestation(att, artifacts=store, trusted_keys=trusted)
         found.extend(problems)
+        if not problems and att.body.result is Result.FAIL:
+            stored_fails.append(att)
         if not any(p.kind.startswith(("object_", "report_")) for p in problems):
             found.extend(check_citations(att, store))
 
@@ -95,25 +97,17 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
     # 4. the AHDB: chain links, then a replay through the write rules
     db_path = base / "ahdb.sqlite"
     if db_path.exists():
-        db = AHDB(db_path, attestations=atts, artifacts=store, trusted_keys=trusted)
         try:
+            db = AHDB(db_path, attestations=atts, artifacts=store, trusted_keys=trusted)
             events = list(db.events())
         except (json.JSONDecodeError, Exception) as exc:  # fail closed on a corrupt log
             found.append(_v("ahdb_unreadable", str(db_path), "a readable log", str(exc)[:200]))
-            events = []
+            return AuditResult(ok=False, violations=tuple(found), counts=dict(counts))
         for seq, what, expected, got in check_chain(events):
             found.append(_v(what, f"event {seq}", expected, got))
-        lookup = attestation_lookup(atts, store, trusted)
-        atoms: dict[str, Atom] = {}
-        for ev in events:
-            counts["ahdb_events"] += 1
-            try:
-                atom = apply(atoms, ev.kind, ev.payload, datetime.fromisoformat(ev.created_at),
-                             lookup)
-            except (PromotionError, ValueError, KeyError, TypeError) as exc:
-                found.append(_v("ahdb_rule", f"event {ev.seq} ({ev.kind})",
-                                "an event the promotion rules allow", str(exc)[:300]))
-                continue
-            atoms[atom.id] = atom
-        counts["atoms"] = len(atoms)
+        replay = replay_log(events, attestation_lookup(atts, store, trusted), found)
+        counts["ahdb_events"] = len(events)
+        counts["atoms"] = len(replay.atoms)
+        found.extend(compare_tables(db, replay))
+        found.extend(contradicted(replay, stored_fails))
     return AuditResult(ok=not found, violations=tuple(found), counts=dict(counts))

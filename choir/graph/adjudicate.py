@@ -60,6 +60,8 @@ def _record(db: AHDB, state: RunState, decision: Decision, results: dict[str, Re
         db.hypothesize(item.id, tree, claim=f"the change does not yet meet: {item.goal}"[:900],
                        discriminating_test=test, key=f"{key}/hypothesize",
                        attestation_ids=[minted[r.run_id] for r in failing])
+    if failing:  # whatever the move, an attested FAIL demotes the claims it contradicts
+        db.demote_failed(item.id, tree, [minted[r.run_id] for r in failing])
     this_round = f"{state['run_id']}-r{state.get('round', 0)}-"
     unsettled = [minted[r.run_id] for r in runs if r.run_id in minted and r.report.result in
                  (Result.FLAKY, Result.INCONCLUSIVE) and r.run_id.startswith(this_round)]

@@ -148,6 +148,30 @@ def forged_assert_with_recomputed_chain(w: dict[str, object]) -> None:
     conn.commit()
 
 
+@tamper("ahdb_state")
+def forged_row_in_the_materialised_table(w: dict[str, object]) -> None:
+    """The gate reads the tables: a forged ASSERT row there must not go unnoticed."""
+    home, repo = w["home"], w["repo"]
+    assert isinstance(home, Path) and isinstance(repo, Path)
+    conn = sqlite3.connect(home / "ahdb.sqlite")
+    claim_id, body = conn.execute("SELECT id, body FROM atoms WHERE kind = 'ASSERT' AND "
+                                  "body NOT LIKE '%\"references\":[]%'").fetchone()
+    conn.execute("INSERT INTO atoms VALUES (?, 99, 'ASSERT', 'PROMOTED', 'other', ?, ?)",
+                 ("e" * 32, tree_hash(repo),
+                  body.replace(claim_id, "e" * 32).replace('"wi"', '"other"')))
+    conn.commit()
+    assert open_ahdb().is_asserted("other") is not None  # the forgery reaches the gate
+
+
+@tamper("ahdb_state")
+def fail_forgotten_in_the_materialised_table(w: dict[str, object]) -> None:
+    home = w["home"]
+    assert isinstance(home, Path)
+    conn = sqlite3.connect(home / "ahdb.sqlite")
+    assert conn.execute("DELETE FROM fails").rowcount == 1
+    conn.commit()
+
+
 @tamper("object_missing")
 def deleted_report(w: dict[str, object]) -> None:
     home, ok = w["home"], w["ok"]
