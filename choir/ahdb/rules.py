@@ -12,6 +12,8 @@ is caught exactly as a forbidden write would have been refused.
 - demote: a valid FAIL attestation for the same tree, of a verifier the claim requires.
 - HYPOTHESIZE: valid FAIL attestations for that tree and a discriminating test.
 - HYPERTHESIS: a disclosure; it can never be promoted or referenced.
+- outcome: a valid attestation's result, written when it is minted; it changes no atom, so
+  audit can require that every stored attestation appears in the log (anchoring).
 """
 
 from __future__ import annotations
@@ -39,13 +41,16 @@ class State(Protocol):
 
     def failed(self, work_item: str, tree_hash: str) -> set[str]: ...
 
+    def has_outcome(self, attestation_id: str) -> bool: ...
+
 
 @dataclass(frozen=True)
 class Change:
     """What one allowed event does: the atom it writes and the verifiers it records as FAILed."""
 
-    atom: Atom
+    atom: Atom | None
     failed: frozenset[str] = frozenset()
+    outcome: str | None = None
 
 
 class Replay:
@@ -54,6 +59,7 @@ class Replay:
     def __init__(self) -> None:
         self.atoms: dict[str, Atom] = {}
         self.fails: set[tuple[str, str, str]] = set()
+        self.outcomes: set[str] = set()
 
     def get(self, atom_id: str) -> Atom | None:
         return self.atoms.get(atom_id)
@@ -61,8 +67,15 @@ class Replay:
     def failed(self, work_item: str, tree_hash: str) -> set[str]:
         return {v for w, t, v in self.fails if w == work_item and t == tree_hash}
 
+    def has_outcome(self, attestation_id: str) -> bool:
+        return attestation_id in self.outcomes
+
     def record(self, change: Change) -> None:
+        if change.outcome:
+            self.outcomes.add(change.outcome)
         atom = change.atom
+        if atom is None:
+            return
         self.atoms[atom.id] = atom
         if atom.work_item and atom.tree_hash:
             self.fails |= {(atom.work_item, atom.tree_hash, v) for v in change.failed}
@@ -117,6 +130,11 @@ def apply(atoms: State, kind: str, payload: dict[str, Any], at: datetime,
                 raise PromotionError("HYPERTHESIS is a PROPOSED disclosure, nothing more")
             _atts(lookup, atom.attestations, atom, None)
         return Change(atom)
+    if kind == "outcome":
+        att_id = str(payload.get("attestation", ""))
+        if atoms.has_outcome(att_id):
+            raise PromotionError(f"the outcome of {att_id[:16]} is already recorded")
+        return Change(None, outcome=lookup(att_id).id)
     atom_id = payload.get("atom_id", "")
     found = atoms.get(atom_id)
     if found is None:

@@ -20,13 +20,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from choir._canonical import blake3_hex, canonical_json
 from choir._paths import choir_home
+from choir.ahdb.heads import heads_path, write_head
 from choir.ahdb.rules import Change, Lookup, apply
 from choir.exceptions import IntegrityError, PromotionError
 from choir.models import Atom, AtomKind, AtomStatus, Attestation, Result
+
+if TYPE_CHECKING:
+    from choir.attest import Signer
 
 GENESIS = "0" * 64
 _SCHEMA = """
@@ -42,6 +46,8 @@ CREATE TABLE IF NOT EXISTS atoms (
   status TEXT NOT NULL, work_item TEXT, tree_hash TEXT, body TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS atoms_by_item ON atoms (work_item, kind, created_seq);
 CREATE INDEX IF NOT EXISTS atoms_by_tree ON atoms (work_item, tree_hash, kind, status);
+CREATE TABLE IF NOT EXISTS outcomes (attestation TEXT PRIMARY KEY, seq INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS atoms_on_tree ON atoms (tree_hash, kind, status);
 CREATE TABLE IF NOT EXISTS fails (
   work_item TEXT NOT NULL, tree_hash TEXT NOT NULL, verifier TEXT NOT NULL,
   PRIMARY KEY (work_item, tree_hash, verifier));
@@ -99,8 +105,17 @@ class _Tables:
                                  "tree_hash = ?", (work_item, tree_hash)).fetchall()
         return {r[0] for r in rows}
 
+    def has_outcome(self, attestation_id: str) -> bool:
+        return self.conn.execute("SELECT 1 FROM outcomes WHERE attestation = ?",
+                                 (attestation_id,)).fetchone() is not None
+
     def record(self, change: Change, seq: int) -> None:
+        if change.outcome:
+            self.conn.execute("INSERT INTO outcomes (attestation, seq) VALUES (?, ?)",
+                              (change.outcome, seq))
         atom = change.atom
+        if atom is None:
+            return
         self.conn.execute(
             "INSERT INTO atoms (id, created_seq, kind, status, work_item, tree_hash, body) "
             "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
@@ -117,9 +132,11 @@ class AHDB:
     """The control-state store. Only attestations can promote; see ``choir.ahdb.rules``."""
 
     def __init__(self, path: Path | None = None, *, attestations: Any, artifacts: Any,
-                 trusted_keys: Collection[str] | None = None) -> None:
+                 trusted_keys: Collection[str] | None = None, signer: Signer | None = None
+                 ) -> None:
         self.path = path or choir_home() / "ahdb.sqlite"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.signer = signer
         self._lookup = attestation_lookup(attestations, artifacts, trusted_keys)
         self._local = threading.local()
         conn = self._conn()
@@ -134,7 +151,7 @@ class AHDB:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA busy_timeout=60000")
             self._local.conn = conn
-            self._local.depth = 0
+            self._local.depth, self._local.appended = 0, None
         return conn
 
     def _materialise_once(self) -> None:
@@ -165,7 +182,7 @@ class AHDB:
                 self._local.depth -= 1
             return
         conn.execute("BEGIN IMMEDIATE")
-        self._local.depth = 1
+        self._local.depth, self._local.appended = 1, None
         try:
             yield conn
         except BaseException:
@@ -174,6 +191,9 @@ class AHDB:
             raise
         self._local.depth = 0
         conn.execute("COMMIT")
+        if self._local.appended and self.signer is not None:
+            seq, head = self._local.appended
+            write_head(heads_path(self.path), seq, head, self.signer)
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -227,6 +247,27 @@ class AHDB:
 
     # -- writing -------------------------------------------------------------------------
     def _append(self, kind: str, payload: dict[str, Any]) -> Atom:
+        atom = self._write(kind, payload)
+        if atom is None:
+            raise PromotionError(f"an AHDB {kind!r} event writes no atom")
+        return atom
+
+    def record_outcome(self, attestation_id: str) -> None:
+        """Log a minted attestation's result (anchoring it), demoting what a FAIL contradicts.
+
+        Called where attestations are minted, so the log and the attestation store can be
+        held against each other: deleting or truncating events cannot hide an outcome.
+        """
+        with self._tx():
+            if _Tables(self._conn()).has_outcome(attestation_id):
+                return
+            self._write("outcome", {"attestation": attestation_id})
+            att = self._lookup(attestation_id)
+            if att.body.result is Result.FAIL:
+                self.demote_failed(att.body.target.work_item, att.body.target.tree_hash,
+                                   [attestation_id])
+
+    def _write(self, kind: str, payload: dict[str, Any]) -> Atom | None:
         """The one write path: check the rules against the current state, then append.
 
         A write that the log already holds (an atom with the same keyed id, a promotion with
@@ -242,12 +283,13 @@ class AHDB:
             change = apply(tables, kind, payload, now, self._lookup)
             prev_seq, prev = self.head()
             seq, created = prev_seq + 1, now.isoformat()
+            ehash = event_hash(prev, seq, kind, payload, created)
             conn.execute(
                 "INSERT INTO events (seq, prev_hash, event_hash, kind, payload, created_at) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                (seq, prev, event_hash(prev, seq, kind, payload, created), kind,
-                 canonical_json(payload).decode(), created))
+                (seq, prev, ehash, kind, canonical_json(payload).decode(), created))
             tables.record(change, seq)
+            self._local.appended = (seq, ehash)
             return change.atom
 
     def _new(self, kind: AtomKind, status: AtomStatus, *, key: str | None = None,
@@ -301,9 +343,12 @@ class AHDB:
                 self.demote_failed(work_item, tree_hash, attestation_ids)
             return atom
 
-    def demote_failed(self, work_item: str, tree_hash: str,
+    def demote_failed(self, work_item: str | None, tree_hash: str,
                       attestation_ids: Sequence[str]) -> list[Atom]:
         """Demote every PROMOTED claim of ``work_item`` on ``tree_hash`` that these FAILs hit.
+
+        With no work item (``choir verify`` on a bare tree), claims of every work item on
+        that tree are checked: a tree does not change, whoever looked at it.
 
         A tree does not change, so an attested FAIL of a required verifier on it means the
         evidence disagrees: the claim (and so the ASSERT over it) no longer holds. Each
@@ -313,9 +358,9 @@ class AHDB:
         with self._tx() as conn:
             fails = [self._lookup(a) for a in sorted(set(attestation_ids))]
             rows = conn.execute(
-                "SELECT body FROM atoms WHERE work_item = ? AND tree_hash = ? AND "
-                "kind = 'ASSERT' AND status = 'PROMOTED' ORDER BY created_seq",
-                (work_item, tree_hash)).fetchall()
+                "SELECT body FROM atoms WHERE tree_hash = ? AND kind = 'ASSERT' AND "
+                "status = 'PROMOTED' AND coalesce(?, work_item) = work_item "
+                "ORDER BY created_seq", (tree_hash, work_item)).fetchall()
             for (body,) in rows:
                 claim = Atom.model_validate_json(body)
                 hit = next((f for f in fails if f.body.result is Result.FAIL and
@@ -349,13 +394,17 @@ def _already_applied(atoms: _Tables, kind: str, payload: dict[str, Any]) -> Atom
 
 
 def open_ahdb(home: Path | None = None) -> AHDB:
-    """The AHDB under ``CHOIR_HOME`` with the default stores and this home's trusted key."""
+    """The AHDB under ``CHOIR_HOME`` with the default stores and this home's key.
+
+    The key signs a head record after every write (``choir.ahdb.heads``).
+    """
     from choir.artifacts import ArtifactStore
-    from choir.attest import AttestationStore, trusted_key_ids
+    from choir.attest import AttestationStore, load_signer, trusted_key_ids
 
     base = home or choir_home()
     return AHDB(base / "ahdb.sqlite", attestations=AttestationStore(base / "attestations"),
-                artifacts=ArtifactStore(), trusted_keys=trusted_key_ids(base))
+                artifacts=ArtifactStore(), trusted_keys=trusted_key_ids(base),
+                signer=load_signer(base))
 
 
 def check_chain(events: Sequence[Event]) -> list[tuple[int, str, str, str]]:

@@ -31,6 +31,7 @@ def _v(kind: str, obj: str, expected: str, found: str) -> Violation:
 
 
 def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> AuditResult:
+    from choir.ahdb.heads import check_heads, heads_path
     from choir.ahdb.store import AHDB, attestation_lookup, check_chain
     from choir.artifacts import MANIFEST, ArtifactStore, hash_file
     from choir.attest import AttestationStore, trusted_key_ids, verify_attestation
@@ -56,6 +57,7 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
     # 2. every attestation: id, signature, trusted key, referenced objects, stored report
     manifests: set[str] = set()
     stored_fails: list[Attestation] = []
+    valid: set[str] = set()
     for att_id in atts.ids():
         counts["attestations"] += 1
         try:
@@ -66,6 +68,8 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
         manifests.add(att.body.manifest_hash)
         problems = verify_attestation(att, artifacts=store, trusted_keys=trusted)
         found.extend(problems)
+        if not problems:
+            valid.add(att_id)
         if not problems and att.body.result is Result.FAIL:
             stored_fails.append(att)
         if not any(p.kind.startswith(("object_", "report_")) for p in problems):
@@ -110,4 +114,17 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
         counts["atoms"] = len(replay.atoms)
         found.extend(compare_tables(db, replay))
         found.extend(contradicted(replay, stored_fails))
+        chain = {ev.seq: ev.event_hash for ev in events}
+        for kind, obj, expected, got in check_heads(heads_path(db_path), chain,
+                                                    max(chain, default=0), trusted):
+            found.append(_v(kind, obj, expected, got))
+        for att_id in sorted(valid - replay.outcomes):
+            found.append(_v("ahdb_outcome_missing", att_id, "its outcome in the AHDB log",
+                            "absent"))
+    else:  # no log at all: every attestation's outcome and every signed head is missing
+        for kind, obj, expected, got in check_heads(heads_path(db_path), {}, 0, trusted):
+            found.append(_v(kind, obj, expected, got))
+        for att_id in sorted(valid):
+            found.append(_v("ahdb_outcome_missing", att_id, "its outcome in the AHDB log",
+                            "no AHDB"))
     return AuditResult(ok=not found, violations=tuple(found), counts=dict(counts))

@@ -125,7 +125,7 @@ def ahdb_event(w: dict[str, object]) -> None:
     conn = sqlite3.connect(home / "ahdb.sqlite")
     conn.execute("DROP TRIGGER events_no_update")
     conn.execute("UPDATE events SET payload = replace(payload, 'unit passes', 'all passes') "
-                 "WHERE seq = 1")
+                 "WHERE kind = 'propose'")
     conn.commit()
 
 
@@ -170,6 +170,46 @@ def fail_forgotten_in_the_materialised_table(w: dict[str, object]) -> None:
     conn = sqlite3.connect(home / "ahdb.sqlite")
     assert conn.execute("DELETE FROM fails").rowcount == 1
     conn.commit()
+
+
+def _rewrite_log(home: Path, drop: Callable[[str], bool]) -> None:
+    """Delete events and recompute every later seq and hash: a chain that links perfectly."""
+    from choir._canonical import canonical_json
+
+    conn = sqlite3.connect(home / "ahdb.sqlite")
+    conn.execute("DROP TRIGGER events_no_delete")
+    rows = conn.execute("SELECT kind, payload, created_at FROM events ORDER BY seq").fetchall()
+    conn.execute("DELETE FROM events")
+    prev, seq = "0" * 64, 0
+    for kind, payload, created in rows:
+        if drop(kind):
+            continue
+        seq += 1
+        body = json.loads(payload)
+        digest = event_hash(prev, seq, kind, body, created)
+        conn.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)",
+                     (seq, prev, digest, kind, canonical_json(body).decode(), created))
+        prev = digest
+    conn.execute("DELETE FROM fails")  # keep the tables true to the rewritten log
+    conn.execute("DELETE FROM atoms WHERE kind = 'HYPOTHESIZE'")
+    conn.commit()
+
+
+@tamper("ahdb_head")
+def middle_event_deleted_and_chain_recomputed(w: dict[str, object]) -> None:
+    """Drop the HYPOTHESIZE (the lint FAIL's explanation), re-link everything after it."""
+    home = w["home"]
+    assert isinstance(home, Path)
+    open_ahdb().propose(claim="later", work_item="wi2", tree_hash="1" * 64,
+                        required_verifiers=["unit"])
+    _rewrite_log(home, lambda kind: kind == "hypothesize")
+
+
+@tamper("ahdb_truncated")
+def tail_truncated(w: dict[str, object]) -> None:
+    home = w["home"]
+    assert isinstance(home, Path)
+    _rewrite_log(home, lambda kind: kind == "hypothesize")  # it is the last event
 
 
 @tamper("object_missing")
@@ -218,6 +258,7 @@ def _forge_citation(world: dict[str, object], start: int, end: int, span: str | 
     digest = store.ingest_bytes(forged.model_dump_json().encode())
     att = mint(body.model_copy(update={"report_hash": digest}), load_signer())
     AttestationStore().put(att)
+    open_ahdb().record_outcome(att.id)  # the attacker holds the key: as anchored as can be
     return att.id
 
 
