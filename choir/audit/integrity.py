@@ -57,7 +57,7 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
     # 2. every attestation: id, signature, trusted key, referenced objects, stored report
     manifests: set[str] = set()
     stored_fails: list[Attestation] = []
-    valid: set[str] = set()
+    valid: dict[str, Attestation] = {}
     for att_id in atts.ids():
         counts["attestations"] += 1
         try:
@@ -69,7 +69,7 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
         problems = verify_attestation(att, artifacts=store, trusted_keys=trusted)
         found.extend(problems)
         if not problems:
-            valid.add(att_id)
+            valid[att_id] = att
         if not problems and att.body.result is Result.FAIL:
             stored_fails.append(att)
         if not any(p.kind.startswith(("object_", "report_")) for p in problems):
@@ -109,7 +109,7 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
             return AuditResult(ok=False, violations=tuple(found), counts=dict(counts))
         for seq, what, expected, got in check_chain(events):
             found.append(_v(what, f"event {seq}", expected, got))
-        replay = replay_log(events, attestation_lookup(atts, store, trusted), found)
+        replay = replay_log(events, attestation_lookup(atts, store, trusted), found, valid)
         counts["ahdb_events"] = len(events)
         counts["atoms"] = len(replay.atoms)
         found.extend(compare_tables(db, replay))
@@ -118,7 +118,7 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
         for kind, obj, expected, got in check_heads(heads_path(db_path), chain,
                                                     max(chain, default=0), trusted):
             found.append(_v(kind, obj, expected, got))
-        for att_id in sorted(valid - replay.outcomes):
+        for att_id in sorted(set(valid) - replay.outcomes):
             found.append(_v("ahdb_outcome_missing", att_id, "its outcome in the AHDB log",
                             "absent"))
     else:  # no log at all: every attestation's outcome and every signed head is missing

@@ -24,9 +24,13 @@ def _v(kind: str, obj: str, expected: str, found: str) -> Violation:
     return Violation(kind=kind, object=obj[:200], expected=expected[:300], found=found[:300])
 
 
-def cached(lookup: Lookup) -> Lookup:
-    """Verify each attestation once per audit: 100,000 events cite a few hundred of them."""
-    seen: dict[str, Attestation | PromotionError] = {}
+def cached(lookup: Lookup, verified: dict[str, Attestation] | None = None) -> Lookup:
+    """Verify each attestation once per audit: 100,000 events cite a few hundred of them.
+
+    ``verified``: attestations this audit has already checked in full (id, signature,
+    trusted key, every object), so the replay does not check them twice.
+    """
+    seen: dict[str, Attestation | PromotionError] = dict(verified or {})
 
     def once(att_id: str) -> Attestation:
         if att_id not in seen:
@@ -42,9 +46,10 @@ def cached(lookup: Lookup) -> Lookup:
     return once
 
 
-def replay_log(events: Sequence[Event], lookup: Lookup, found: list[Violation]) -> Replay:
+def replay_log(events: Sequence[Event], lookup: Lookup, found: list[Violation],
+               verified: dict[str, Attestation] | None = None) -> Replay:
     """The state the log implies, every event re-checked; refused events become violations."""
-    replay, check = Replay(), cached(lookup)
+    replay, check = Replay(), cached(lookup, verified)
     for ev in events:
         try:
             change = apply(replay, ev.kind, ev.payload, datetime.fromisoformat(ev.created_at),
