@@ -15,7 +15,7 @@ import json
 import secrets
 import sqlite3
 import threading
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -132,8 +132,8 @@ class AHDB:
     """The control-state store. Only attestations can promote; see ``choir.ahdb.rules``."""
 
     def __init__(self, path: Path | None = None, *, attestations: Any, artifacts: Any,
-                 trusted_keys: Collection[str] | None = None, signer: Signer | None = None
-                 ) -> None:
+                 trusted_keys: Collection[str] | None = None,
+                 signer: Signer | Callable[[], Signer] | None = None) -> None:
         self.path = path or choir_home() / "ahdb.sqlite"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.signer = signer
@@ -192,6 +192,8 @@ class AHDB:
         self._local.depth = 0
         conn.execute("COMMIT")
         if self._local.appended and self.signer is not None:
+            if callable(self.signer):  # loaded on the first write: reads never touch the key
+                self.signer = self.signer()
             seq, head = self._local.appended
             write_head(heads_path(self.path), seq, head, self.signer)
 
@@ -404,7 +406,7 @@ def open_ahdb(home: Path | None = None) -> AHDB:
     base = home or choir_home()
     return AHDB(base / "ahdb.sqlite", attestations=AttestationStore(base / "attestations"),
                 artifacts=ArtifactStore(), trusted_keys=trusted_key_ids(base),
-                signer=load_signer(base))
+                signer=lambda: load_signer(base))
 
 
 def check_chain(events: Sequence[Event]) -> list[tuple[int, str, str, str]]:
