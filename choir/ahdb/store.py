@@ -161,6 +161,8 @@ class AHDB:
         with self._tx() as conn:
             if conn.execute("PRAGMA user_version").fetchone()[0] >= 1:
                 return
+            for table in ("atoms", "fails", "outcomes"):  # executescript would commit
+                conn.execute(f"DELETE FROM {table}")
             replay = Replay()
             tables = _Tables(conn)
             for ev in self.events():
@@ -169,6 +171,8 @@ class AHDB:
                 replay.record(change)
                 tables.record(change, ev.seq)
             conn.execute("PRAGMA user_version = 1")
+            if replay.atoms or replay.outcomes:  # anchor the upgraded log as it now stands
+                self._local.appended = self.head()
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:

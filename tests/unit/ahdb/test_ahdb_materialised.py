@@ -47,3 +47,14 @@ def test_a_log_written_before_the_tables_is_materialised_once_on_open(
     assert asserted is not None and asserted.id == assert_id
     assert sqlite3.connect(choir_home / "ahdb.sqlite").execute(
         "PRAGMA user_version").fetchone() == (1,)
+    (choir_home / "ahdb.sqlite.heads").unlink()  # an old home had no signed heads either
+    open_ahdb()
+    conn = sqlite3.connect(choir_home / "ahdb.sqlite")
+    conn.execute("PRAGMA user_version = 0")
+    conn.commit()
+    open_ahdb()  # the upgrade signs the head of the log it was given
+    from choir.audit import audit
+
+    result = audit()
+    assert result.ok, result.violations
+
