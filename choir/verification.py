@@ -181,4 +181,7 @@ def attest_run(
     )
     attestation = mint(body, signer)
     attestations.put(attestation)
+    from choir.ahdb import open_ahdb
+
+    open_ahdb().record_outcome(attestation.id)  # anchors it in the log; a FAIL demotes
     return attestation

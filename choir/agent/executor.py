@@ -66,34 +66,50 @@ def _rejection(runs: Sequence[VerifierRun]) -> VerificationRejected:
 
 
 def green_verifier(item: WorkItem, run_id: str) -> Any:
-    """A verifier that runs the work item's plan in sandboxes on the current tree."""
+    """A verifier that runs the work item's plan in sandboxes on the current tree.
+
+    Configuration, policy and mood come from the run (``choir.agent.pinned``), never from
+    the working tree the agent edits; outside a run they are read once, when the agent is
+    built. Every check is sealed and attested like any green thread (lens
+    ``executor_gate``): ``choir audit`` accounts for it, and its FAIL counts as evidence
+    on that tree; it never promotes anything (only the Director loop's rounds do).
+    """
+    from choir.agent.pinned import GateContext, current_gate
     from choir.artifacts import ArtifactStore
+    from choir.attest import AttestationStore, load_signer
     from choir.config import load_repo_config
     from choir.director import plan
     from choir.policy import load_policy
-    from choir.verification import open_sandbox, run_verifier_thread
+    from choir.verification import attest_run, open_sandbox, run_verifier_thread
     from choir.verify import resolve_target
 
     repo = Path(item.repo)
+    pinned = current_gate()
+    if pinned is None:
+        config = load_repo_config(repo)
+        pinned = GateContext(config, load_policy(config), item.mood)
 
     async def verify(output: ChangeSummary) -> ChangeSummary:
-        config = load_repo_config(repo)
-        policy = load_policy(config)
-        chosen = plan(policy, item.mood, config.verifiers, required=item.required_verifiers)
+        config, policy, mood = pinned.config, pinned.policy, pinned.mood
+        chosen = plan(policy, mood, config.verifiers, required=item.required_verifiers)
         names = list(dict.fromkeys(p.name for p in chosen.verifiers))
         target = resolve_target(repo, item.id)
         check = secrets.token_hex(4)  # a fresh id per check, also after a resumed agent run
+        store = ArtifactStore()
 
         async def one(name: str) -> VerifierRun:
-            sandbox = open_sandbox(config, policy, item.mood)
+            spec = config.verifiers[name]
+            sandbox = open_sandbox(config, policy, mood)
             try:
                 run, _ = await run_verifier_thread(
-                    config.verifiers[name], repo=repo, target=target, sandbox=sandbox,
-                    store=ArtifactStore(), run_id=f"{run_id}-check{check}-{name}",
-                    lens="executor_gate")
-                return run
+                    spec, repo=repo, target=target, sandbox=sandbox, store=store,
+                    run_id=f"{run_id}-check{check}-{name}", lens="executor_gate")
             finally:
                 sandbox.close()
+            await asyncio.to_thread(attest_run, run, spec, store=store, signer=load_signer(),
+                                    attestations=AttestationStore(), policy_hash=policy.hash,
+                                    mood=mood.value)
+            return run
 
         runs = await asyncio.gather(*(one(n) for n in names))
         if any(r.report.result is Result.FAIL for r in runs):

@@ -9,22 +9,76 @@ is caught exactly as a forbidden write would have been refused.
   every required verifier, none of which has an attested FAIL for that work item on that tree
   (a HYPOTHESIZE on record): a tree does not change, so that would be disagreement.
 - a work-item ASSERT references only PROMOTED claims of the same work item and tree.
-- demote: a valid FAIL attestation for the same tree.
+- demote: a valid FAIL attestation for the same tree, of a verifier the claim requires.
 - HYPOTHESIZE: valid FAIL attestations for that tree and a discriminating test.
 - HYPERTHESIS: a disclosure; it can never be promoted or referenced.
+- outcome: a valid attestation's result, written when it is minted; it changes no atom, so
+  audit can require that every stored attestation appears in the log (anchoring).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from choir.exceptions import PromotionError
 from choir.models import Atom, AtomKind, AtomStatus, Attestation, Result
 
 # attestation id -> the attestation, or raises PromotionError when missing/invalid/untrusted
 Lookup = Callable[[str], Attestation]
+
+
+class State(Protocol):
+    """What the rules read: atoms by id and the attested FAILs on record per tree.
+
+    The store answers from its materialised tables (indexed: a write costs the same at 1,000
+    or 100,000 events); audit answers from a replay of the log (``Replay``).
+    """
+
+    def get(self, atom_id: str) -> Atom | None: ...
+
+    def failed(self, work_item: str, tree_hash: str) -> set[str]: ...
+
+    def has_outcome(self, attestation_id: str) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Change:
+    """What one allowed event does: the atom it writes and the verifiers it records as FAILed."""
+
+    atom: Atom | None
+    failed: frozenset[str] = frozenset()
+    outcome: str | None = None
+
+
+class Replay:
+    """``State`` held in memory, built by applying events in order (audit, tests)."""
+
+    def __init__(self) -> None:
+        self.atoms: dict[str, Atom] = {}
+        self.fails: set[tuple[str, str, str]] = set()
+        self.outcomes: set[str] = set()
+
+    def get(self, atom_id: str) -> Atom | None:
+        return self.atoms.get(atom_id)
+
+    def failed(self, work_item: str, tree_hash: str) -> set[str]:
+        return {v for w, t, v in self.fails if w == work_item and t == tree_hash}
+
+    def has_outcome(self, attestation_id: str) -> bool:
+        return attestation_id in self.outcomes
+
+    def record(self, change: Change) -> None:
+        if change.outcome:
+            self.outcomes.add(change.outcome)
+        atom = change.atom
+        if atom is None:
+            return
+        self.atoms[atom.id] = atom
+        if atom.work_item and atom.tree_hash:
+            self.fails |= {(atom.work_item, atom.tree_hash, v) for v in change.failed}
 
 
 def _atts(lookup: Lookup, ids: tuple[str, ...] | list[str], atom: Atom,
@@ -44,16 +98,16 @@ def _atts(lookup: Lookup, ids: tuple[str, ...] | list[str], atom: Atom,
     return found
 
 
-def apply(atoms: Mapping[str, Atom], kind: str, payload: dict[str, Any], at: datetime,
-          lookup: Lookup) -> Atom:
-    """Check ``payload`` against the rules and return the atom it creates or changes.
+def apply(atoms: State, kind: str, payload: dict[str, Any], at: datetime,
+          lookup: Lookup) -> Change:
+    """Check ``payload`` against the rules and return the change it makes.
 
     Raises:
         PromotionError: the event is forbidden.
     """
     if kind in ("propose", "assert", "hypothesize", "hyperthesis"):
         atom = Atom.model_validate(payload["atom"])
-        if atom.id in atoms:
+        if atoms.get(atom.id) is not None:
             raise PromotionError(f"atom {atom.id} already exists")
         if kind == "propose":
             if atom.kind is not AtomKind.ASSERT or atom.status is not AtomStatus.PROPOSED:
@@ -69,12 +123,18 @@ def apply(atoms: Mapping[str, Atom], kind: str, payload: dict[str, Any], at: dat
                 raise PromotionError("HYPOTHESIZE needs a discriminating test")
             if not atom.attestations:
                 raise PromotionError("HYPOTHESIZE needs the FAIL attestation it explains")
-            _atts(lookup, atom.attestations, atom, Result.FAIL)
+            fails = _atts(lookup, atom.attestations, atom, Result.FAIL)
+            return Change(atom, frozenset(a.body.verifier for a in fails))
         else:
             if atom.kind is not AtomKind.HYPERTHESIS or atom.status is not AtomStatus.PROPOSED:
                 raise PromotionError("HYPERTHESIS is a PROPOSED disclosure, nothing more")
             _atts(lookup, atom.attestations, atom, None)
-        return atom
+        return Change(atom)
+    if kind == "outcome":
+        att_id = str(payload.get("attestation", ""))
+        if atoms.has_outcome(att_id):
+            raise PromotionError(f"the outcome of {att_id[:16]} is already recorded")
+        return Change(None, outcome=lookup(att_id).id)
     atom_id = payload.get("atom_id", "")
     found = atoms.get(atom_id)
     if found is None:
@@ -93,38 +153,28 @@ def apply(atoms: Mapping[str, Atom], kind: str, payload: dict[str, Any], at: dat
             raise PromotionError(f"no PASS attestation for required verifier(s): {missing}")
         if atom.work_item and atom.tree_hash:
             disputed = sorted(set(atom.required_verifiers) &
-                              failed_on(atoms, atom.work_item, atom.tree_hash, lookup))
+                              atoms.failed(atom.work_item, atom.tree_hash))
             if disputed:
                 raise PromotionError(f"required verifier(s) {disputed} have an attested FAIL "
                                      "for this work item on this tree: the evidence disagrees")
-        return atom.model_copy(update={"status": AtomStatus.PROMOTED, "attestations": ids,
-                                       "updated_at": at})
+        return Change(atom.model_copy(update={"status": AtomStatus.PROMOTED,
+                                              "attestations": ids, "updated_at": at}))
     if kind == "demote":
-        if atom.status is not AtomStatus.PROMOTED:
-            raise PromotionError(f"atom {atom_id[:16]} is not PROMOTED")
+        if atom.status is not AtomStatus.PROMOTED or atom.kind is not AtomKind.ASSERT or \
+                atom.references:
+            raise PromotionError(f"atom {atom_id[:16]} is not a PROMOTED claim")
         att_id = str(payload.get("attestation", ""))
-        _atts(lookup, [att_id], atom, Result.FAIL)
-        return atom.model_copy(update={"status": AtomStatus.DEMOTED, "updated_at": at,
-                                       "attestations": (*atom.attestations, att_id)})
+        (fail,) = _atts(lookup, [att_id], atom, Result.FAIL)
+        if fail.body.verifier not in atom.required_verifiers:
+            raise PromotionError(f"verifier {fail.body.verifier!r} is not required by "
+                                 f"claim {atom_id[:16]}")
+        return Change(atom.model_copy(update={"status": AtomStatus.DEMOTED, "updated_at": at,
+                                              "attestations": (*atom.attestations, att_id)}),
+                      frozenset({fail.body.verifier}))
     raise PromotionError(f"unknown AHDB event kind {kind!r}")
 
 
-def failed_on(atoms: Mapping[str, Atom], work_item: str, tree_hash: str,
-              lookup: Lookup) -> set[str]:
-    """Verifiers whose FAIL for ``work_item`` on ``tree_hash`` a HYPOTHESIZE has recorded.
-
-    A tree does not change, so a PASS on it after an attested FAIL is disagreement (FLAKY),
-    not progress: such a verifier can never promote that work item on that tree.
-    """
-    failed: set[str] = set()
-    for other in atoms.values():
-        if other.kind is AtomKind.HYPOTHESIZE and other.work_item == work_item and \
-                other.tree_hash == tree_hash:
-            failed |= {lookup(a).body.verifier for a in other.attestations}
-    return failed
-
-
-def _check_assert(atoms: Mapping[str, Atom], atom: Atom) -> None:
+def _check_assert(atoms: State, atom: Atom) -> None:
     if atom.kind is not AtomKind.ASSERT or atom.status is not AtomStatus.PROMOTED:
         raise PromotionError("an ASSERT is written PROMOTED, over promoted claims")
     if not atom.references:

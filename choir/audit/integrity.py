@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
 from pathlib import Path
 
 from pydantic import Field
 
 from choir._paths import choir_home
-from choir.models import Atom, RunManifest, Violation
+from choir.models import Attestation, Result, RunManifest, Violation
 from choir.models._base import Frozen
 
 
@@ -32,11 +31,13 @@ def _v(kind: str, obj: str, expected: str, found: str) -> Violation:
 
 
 def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> AuditResult:
-    from choir.ahdb.rules import apply
+    from choir.ahdb.heads import check_heads, heads_path
     from choir.ahdb.store import AHDB, attestation_lookup, check_chain
     from choir.artifacts import MANIFEST, ArtifactStore, hash_file
     from choir.attest import AttestationStore, trust_violations, trusted_key_ids, verify_attestation
-    from choir.exceptions import IntegrityError, PromotionError
+    from choir.audit.citations import check_citations
+    from choir.audit.ledger import compare_tables, contradicted, replay_log
+    from choir.exceptions import IntegrityError
 
     base = home or choir_home()
     store = ArtifactStore(artifacts_root)
@@ -55,6 +56,8 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
 
     # 2. every attestation: id, signature, trusted key, referenced objects, stored report
     manifests: set[str] = set()
+    stored_fails: list[Attestation] = []
+    valid: dict[str, Attestation] = {}
     for att_id in atts.ids():
         counts["attestations"] += 1
         try:
@@ -63,7 +66,14 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
             found.append(_v("attestation_unreadable", att_id, "a valid attestation", str(exc)))
             continue
         manifests.add(att.body.manifest_hash)
-        found.extend(verify_attestation(att, artifacts=store, trusted_keys=trusted))
+        problems = verify_attestation(att, artifacts=store, trusted_keys=trusted)
+        found.extend(problems)
+        if not problems:
+            valid[att_id] = att
+        if not problems and att.body.result is Result.FAIL:
+            stored_fails.append(att)
+        if not any(p.kind.startswith(("object_", "report_")) for p in problems):
+            found.extend(check_citations(att, store))
 
     # 3. every run folder: manifest parses, lists exactly its files, and is attested
     for run_id in store.iter_runs():
@@ -91,25 +101,30 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
     # 4. the AHDB: chain links, then a replay through the write rules
     db_path = base / "ahdb.sqlite"
     if db_path.exists():
-        db = AHDB(db_path, attestations=atts, artifacts=store, trusted_keys=trusted)
         try:
+            db = AHDB(db_path, attestations=atts, artifacts=store, trusted_keys=trusted)
             events = list(db.events())
         except (json.JSONDecodeError, Exception) as exc:  # fail closed on a corrupt log
             found.append(_v("ahdb_unreadable", str(db_path), "a readable log", str(exc)[:200]))
-            events = []
+            return AuditResult(ok=False, violations=tuple(found), counts=dict(counts))
         for seq, what, expected, got in check_chain(events):
             found.append(_v(what, f"event {seq}", expected, got))
-        lookup = attestation_lookup(atts, store, trusted)
-        atoms: dict[str, Atom] = {}
-        for ev in events:
-            counts["ahdb_events"] += 1
-            try:
-                atom = apply(atoms, ev.kind, ev.payload, datetime.fromisoformat(ev.created_at),
-                             lookup)
-            except (PromotionError, ValueError, KeyError, TypeError) as exc:
-                found.append(_v("ahdb_rule", f"event {ev.seq} ({ev.kind})",
-                                "an event the promotion rules allow", str(exc)[:300]))
-                continue
-            atoms[atom.id] = atom
-        counts["atoms"] = len(atoms)
+        replay = replay_log(events, attestation_lookup(atts, store, trusted), found, valid)
+        counts["ahdb_events"] = len(events)
+        counts["atoms"] = len(replay.atoms)
+        found.extend(compare_tables(db, replay))
+        found.extend(contradicted(replay, stored_fails))
+        chain = {ev.seq: ev.event_hash for ev in events}
+        for kind, obj, expected, got in check_heads(heads_path(db_path), chain,
+                                                    max(chain, default=0), trusted):
+            found.append(_v(kind, obj, expected, got))
+        for att_id in sorted(set(valid) - replay.outcomes):
+            found.append(_v("ahdb_outcome_missing", att_id, "its outcome in the AHDB log",
+                            "absent"))
+    else:  # no log at all: every attestation's outcome and every signed head is missing
+        for kind, obj, expected, got in check_heads(heads_path(db_path), {}, 0, trusted):
+            found.append(_v(kind, obj, expected, got))
+        for att_id in sorted(valid):
+            found.append(_v("ahdb_outcome_missing", att_id, "its outcome in the AHDB log",
+                            "no AHDB"))
     return AuditResult(ok=not found, violations=tuple(found), counts=dict(counts))

@@ -36,6 +36,10 @@ def _record(db: AHDB, state: RunState, decision: Decision, results: dict[str, Re
     minted = state.get("attestations", {})
     tree = state["target"].tree_hash
     commit = state["target"].commit_sha
+    blind_spots, disclosed = _disclosures(state, results)
+    if blind_spots:
+        db.hyperthesis(item.id, tree, claim="; ".join(blind_spots)[:1000],
+                       attestation_ids=disclosed, key=f"{key}/hyperthesis")
     if decision.action == "done":
         voting = [r for r in runs if not r.diagnostic and r.report.result is Result.PASS
                   and r.run_id in minted]
@@ -60,14 +64,43 @@ def _record(db: AHDB, state: RunState, decision: Decision, results: dict[str, Re
         db.hypothesize(item.id, tree, claim=f"the change does not yet meet: {item.goal}"[:900],
                        discriminating_test=test, key=f"{key}/hypothesize",
                        attestation_ids=[minted[r.run_id] for r in failing])
-    this_round = f"{state['run_id']}-r{state.get('round', 0)}-"
-    unsettled = [minted[r.run_id] for r in runs if r.run_id in minted and r.report.result in
-                 (Result.FLAKY, Result.INCONCLUSIVE) and r.run_id.startswith(this_round)]
-    if unsettled:
-        db.hyperthesis(item.id, tree, claim="some verification was flaky or inconclusive: "
-                       "it rules nothing out", attestation_ids=unsettled,
-                       key=f"{key}/hyperthesis")
+    if failing:  # whatever the move, an attested FAIL demotes the claims it contradicts
+        db.demote_failed(item.id, tree, [minted[r.run_id] for r in failing])
     return ""
+
+
+def _disclosures(state: RunState, results: dict[str, Result]) -> tuple[list[str], list[str]]:
+    """This round's blind spots (seed 002 §6.3) and the attestations that show them.
+
+    Named: every verifier whose verdict is FLAKY or INCONCLUSIVE, every run that was itself
+    (a crashed green thread has no attestation, so its name is the only trace), every run
+    over a subset of the tests, and the blind spots the reports name. A HYPERTHESIS is a
+    disclosure: it is admissible, and it authorises nothing.
+    """
+    minted = state.get("attestations", {})
+    this_round = f"{state['run_id']}-r{state.get('round', 0)}-"
+    runs = [r for r in state.get("runs", []) if r.run_id.startswith(this_round)]
+    unsettled = (Result.FLAKY, Result.INCONCLUSIVE)
+    spots: list[str] = []
+    shown: list[str] = []
+    for run in runs:
+        verdict = results.get(run.verifier)
+        why = []
+        if run.report.verifier_type == "crashed":
+            why.append("its green thread crashed")
+        elif run.report.result in unsettled:
+            why.append(f"the run was {run.report.result.value}")
+        if verdict in unsettled and not run.diagnostic:
+            why.append(f"the verdict is {verdict.value}")
+        if run.tests:
+            why.append(f"it covered only {len(run.tests)} selected test(s)")
+        if not why:
+            continue
+        spots.append(f"{run.verifier} ({run.lens}): {', '.join(why)}; it rules nothing out")
+        spots.extend(f"{run.verifier}: {h}" for h in run.report.hyperthesis)
+        if run.run_id in minted:
+            shown.append(minted[run.run_id])
+    return list(dict.fromkeys(spots)), sorted(set(shown))
 
 
 def _next_part(state: RunState, base: dict[str, Any]) -> Command[Goto]:

@@ -143,8 +143,11 @@ async def execute(state: RunState) -> dict[str, Any]:
     attempt = state.get("attempt", 0) + 1
     emit({"kind": "execute", "work_item": item.id, "attempt": attempt})
     run_id = state["run_id"] if item.split_of is None else f"{state['run_id']}-{item.id}"
-    output = await asyncio.to_thread(get_executor(item.executor.kind), item, attempt,
-                                     state.get("feedback", []), run_id=run_id)
+    from choir.agent.pinned import pinned_gate
+
+    with pinned_gate(state["config"], state["policy"], Mood(state["mood"])):
+        output = await asyncio.to_thread(get_executor(item.executor.kind), item, attempt,
+                                         state.get("feedback", []), run_id=run_id)
     failpoint("execute:done")
     target = snapshot_round(Path(item.repo), item.id, state.get("target"))
     return {"attempt": attempt, "target": target, "executor_output": output.artifact,

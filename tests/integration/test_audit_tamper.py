@@ -125,7 +125,7 @@ def ahdb_event(w: dict[str, object]) -> None:
     conn = sqlite3.connect(home / "ahdb.sqlite")
     conn.execute("DROP TRIGGER events_no_update")
     conn.execute("UPDATE events SET payload = replace(payload, 'unit passes', 'all passes') "
-                 "WHERE seq = 1")
+                 "WHERE kind = 'propose'")
     conn.commit()
 
 
@@ -146,6 +146,70 @@ def forged_assert_with_recomputed_chain(w: dict[str, object]) -> None:
                  (seq + 1, prev, event_hash(prev, seq + 1, "assert", payload, created),
                   "assert", canonical_json(payload).decode(), created))
     conn.commit()
+
+
+@tamper("ahdb_state")
+def forged_row_in_the_materialised_table(w: dict[str, object]) -> None:
+    """The gate reads the tables: a forged ASSERT row there must not go unnoticed."""
+    home, repo = w["home"], w["repo"]
+    assert isinstance(home, Path) and isinstance(repo, Path)
+    conn = sqlite3.connect(home / "ahdb.sqlite")
+    claim_id, body = conn.execute("SELECT id, body FROM atoms WHERE kind = 'ASSERT' AND "
+                                  "body NOT LIKE '%\"references\":[]%'").fetchone()
+    conn.execute("INSERT INTO atoms VALUES (?, 99, 'ASSERT', 'PROMOTED', 'other', ?, ?)",
+                 ("e" * 32, tree_hash(repo),
+                  body.replace(claim_id, "e" * 32).replace('"wi"', '"other"')))
+    conn.commit()
+    assert open_ahdb().is_asserted("other") is not None  # the forgery reaches the gate
+
+
+@tamper("ahdb_state")
+def fail_forgotten_in_the_materialised_table(w: dict[str, object]) -> None:
+    home = w["home"]
+    assert isinstance(home, Path)
+    conn = sqlite3.connect(home / "ahdb.sqlite")
+    assert conn.execute("DELETE FROM fails").rowcount == 1
+    conn.commit()
+
+
+def _rewrite_log(home: Path, drop: Callable[[str], bool]) -> None:
+    """Delete events and recompute every later seq and hash: a chain that links perfectly."""
+    from choir._canonical import canonical_json
+
+    conn = sqlite3.connect(home / "ahdb.sqlite")
+    conn.execute("DROP TRIGGER events_no_delete")
+    rows = conn.execute("SELECT kind, payload, created_at FROM events ORDER BY seq").fetchall()
+    conn.execute("DELETE FROM events")
+    prev, seq = "0" * 64, 0
+    for kind, payload, created in rows:
+        if drop(kind):
+            continue
+        seq += 1
+        body = json.loads(payload)
+        digest = event_hash(prev, seq, kind, body, created)
+        conn.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)",
+                     (seq, prev, digest, kind, canonical_json(body).decode(), created))
+        prev = digest
+    conn.execute("DELETE FROM fails")  # keep the tables true to the rewritten log
+    conn.execute("DELETE FROM atoms WHERE kind = 'HYPOTHESIZE'")
+    conn.commit()
+
+
+@tamper("ahdb_head")
+def middle_event_deleted_and_chain_recomputed(w: dict[str, object]) -> None:
+    """Drop the HYPOTHESIZE (the lint FAIL's explanation), re-link everything after it."""
+    home = w["home"]
+    assert isinstance(home, Path)
+    open_ahdb().propose(claim="later", work_item="wi2", tree_hash="1" * 64,
+                        required_verifiers=["unit"])
+    _rewrite_log(home, lambda kind: kind == "hypothesize")
+
+
+@tamper("ahdb_truncated")
+def tail_truncated(w: dict[str, object]) -> None:
+    home = w["home"]
+    assert isinstance(home, Path)
+    _rewrite_log(home, lambda kind: kind == "hypothesize")  # it is the last event
 
 
 @tamper("object_missing")
@@ -174,3 +238,47 @@ def test_audit_fails_closed_on_an_unreadable_attestation(world: dict[str, object
     (home / "attestations" / ("b" * 64 + ".json")).write_text("{not json")
     code, out = audit()
     assert code == 1 and out["violations"]
+
+
+def _forge_citation(world: dict[str, object], start: int, end: int, span: str | None) -> str:
+    """A report signed by the trusted key whose one citation is chosen by the attacker."""
+    from choir.artifacts import ArtifactStore
+    from choir.attest import AttestationStore, load_signer, mint
+    from choir.models import Citation, FailureSignature, VerificationReport
+
+    ok = world["ok"]
+    store = ArtifactStore()
+    body = ok.body  # type: ignore[attr-defined]
+    log = body.artifacts["logs/combined.log"]
+    report = VerificationReport.model_validate_json(store.read_bytes(body.report_hash))
+    cite = Citation(artifact=log, line_start=start, line_end=end,
+                    span_hash=span if span is not None else store.span_hash(log, start, end))
+    forged = report.model_copy(update={"failure_signatures": (
+        FailureSignature(id="f" * 16, kind="assertion", excerpt="x", citation=cite),)})
+    digest = store.ingest_bytes(forged.model_dump_json().encode())
+    att = mint(body.model_copy(update={"report_hash": digest}), load_signer())
+    AttestationStore().put(att)
+    open_ahdb().record_outcome(att.id)  # the attacker holds the key: as anchored as can be
+    return att.id
+
+
+def test_audit_rederives_every_citation(world: dict[str, object]) -> None:
+    """Issue #11 item 12: lines 9000-9999 of a one-line log with a zero hash, signed."""
+    _forge_citation(world, 9000, 9999, "0" * 64)
+    code, out = audit()
+    assert code == 1
+    kinds = {v["kind"] for v in out["violations"]}
+    assert "citation_bounds" in kinds, kinds
+
+
+def test_audit_catches_a_wrong_span_hash_in_bounds(world: dict[str, object]) -> None:
+    _forge_citation(world, 1, 1, "0" * 64)
+    code, out = audit()
+    assert code == 1
+    assert {v["kind"] for v in out["violations"]} == {"citation_hash"}, out["violations"]
+
+
+def test_a_true_citation_passes_audit(world: dict[str, object]) -> None:
+    _forge_citation(world, 1, 1, None)
+    code, out = audit()
+    assert code == 0, out["violations"]

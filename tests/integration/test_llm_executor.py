@@ -69,6 +69,12 @@ def test_llm_executor_is_gated_by_green_threads_and_asserted(tmp_path: Path) -> 
                      "final_output"]
     gate = choir("gate", "fix-add-llm", "--repo", str(tmp_path / "repo"), env=env)
     assert gate.returncode == 0, gate.stdout
+    # issue #11 item 13: the agent's own gate runs are sealed AND attested (lens executor_gate)
+    audit = choir("audit", "--json", env=env)
+    assert audit.returncode == 0, audit.stdout[:2000]
+    lenses = [json.loads(p.read_text())["body"]["lens"]
+              for p in (Path(env["CHOIR_HOME"]) / "attestations").glob("*.json")]
+    assert lenses.count("executor_gate") == 2, lenses  # the rejected check and the passing one
 
 
 def test_llm_executor_without_a_model_is_a_configuration_error(tmp_path: Path) -> None:

@@ -78,9 +78,12 @@ def test_fail_demotes_and_unasserts(repo: Path) -> None:
     ok = attest(repo, "unit", "true")
     atom = db.promote(claim(db, repo).id, [ok.id])
     db.assert_work_item("wi", tree_hash(repo), references=[atom.id], claim="done")
-    bad = attest(repo, "unit", "false")
-    assert db.demote(atom.id, bad.id, "rerun failed").status is AtomStatus.DEMOTED
+    bad = attest(repo, "unit", "false")  # minting it logs its outcome, which demotes
+    (demoted,) = [a for a in db.atoms("wi") if a.id == atom.id]
+    assert demoted.status is AtomStatus.DEMOTED and bad.id in demoted.attestations
     assert db.is_asserted("wi", tree_hash(repo)) is None
+    with pytest.raises(PromotionError, match="not a PROMOTED claim"):
+        db.demote(atom.id, bad.id, "again")
 
 
 def test_hypothesize_needs_fail_evidence_and_a_test(repo: Path) -> None:

@@ -1,0 +1,44 @@
+"""What the ``llm`` executor's own gate verifies with: the run's pinned configuration and mood.
+
+The agent edits the repo it is verified in, ``choir.yaml`` included, so its gate must not
+read the configuration back from the working tree; and the Director's mood of the moment,
+not the work item's starting mood, decides the plan. The orchestrator's execute node sets
+this around the executor call (``asyncio.to_thread`` carries context variables across).
+Kept free of heavy imports so the orchestrator can import it without the agent stack.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from choir.config import RepoConfig
+    from choir.models import Mood
+    from choir.policy import Policy
+
+
+@dataclass(frozen=True)
+class GateContext:
+    config: RepoConfig
+    policy: Policy
+    mood: Mood
+
+
+_GATE: ContextVar[GateContext | None] = ContextVar("choir_llm_gate", default=None)
+
+
+@contextmanager
+def pinned_gate(config: RepoConfig, policy: Policy, mood: Mood) -> Iterator[None]:
+    token = _GATE.set(GateContext(config, policy, mood))
+    try:
+        yield
+    finally:
+        _GATE.reset(token)
+
+
+def current_gate() -> GateContext | None:
+    return _GATE.get()

@@ -1,0 +1,117 @@
+"""Signed chain heads: the AHDB's anchor against deleted, rewritten or truncated events.
+
+A hash chain alone proves nothing against someone who can write the database: delete an event,
+recompute every later hash, and the chain is whole again. So after every committed write the
+store signs ``(seq, head hash)`` with this home's ed25519 key and appends the record to a file
+beside the database. Audit then requires that the chain reaches every signed head with
+exactly that hash: rewriting the past changes the hash at a signed seq, and cutting the tail
+leaves a signed head beyond it. Together with every attestation's outcome being in the log
+(``rules``, ``outcome``), an attacker must also delete the attestations, whose runs then show
+as unattested. Rolling back every store at once, consistently, is beyond what files on one
+machine can show; an external witness of the heads would be the next step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from choir._canonical import canonical_json
+
+if TYPE_CHECKING:
+    from choir.attest import Signer
+
+HEAD_TYPE = "choir.ahdb-head/v1"
+
+
+@dataclass(frozen=True)
+class Head:
+    seq: int
+    head: str
+    key_id: str
+    public_key: str
+    signature: str
+
+
+def heads_path(db_path: Path) -> Path:
+    return db_path.with_name(db_path.name + ".heads")
+
+
+def signed_bytes(seq: int, head: str) -> bytes:
+    return canonical_json({"type": HEAD_TYPE, "seq": seq, "head": head})
+
+
+def write_head(path: Path, seq: int, head: str, signer: Signer) -> None:
+    """Append one signed head; a single O_APPEND write, so concurrent writers never mix.
+
+    Written after the commit: a crash before it loses an anchor, never invents one.
+    """
+    line = canonical_json({"seq": seq, "head": head, "key_id": signer.key_id,
+                           "public_key": signer.public_key,
+                           "signature": signer.sign(signed_bytes(seq, head))}) + b"\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def read_heads(path: Path) -> Iterator[Head | str]:
+    """Each record as a ``Head``, or the reason the line is not one."""
+    if not path.exists():
+        return
+    with path.open("rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            try:
+                data = json.loads(raw)
+                yield Head(int(data["seq"]), str(data["head"]), str(data["key_id"]),
+                           str(data["public_key"]), str(data["signature"]))
+            except (ValueError, KeyError, TypeError):
+                yield f"line {number} is not a head record"
+
+
+def check_heads(path: Path, chain: dict[int, str], tail: int,
+                trusted_keys: Collection[str]) -> list[tuple[str, str, str, str]]:
+    """(kind, object, expected, found) for every signed head the chain does not honour.
+
+    ``chain`` maps seq to event hash for the log as stored; ``tail`` is its last seq.
+    """
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from choir.attest.keys import _b64decode, decode_public_key, key_id_of
+
+    found: list[tuple[str, str, str, str]] = []
+    keys: dict[str, tuple[Ed25519PublicKey, str]] = {}
+    count = 0
+    for head in read_heads(path):
+        if isinstance(head, str):
+            found.append(("ahdb_head_unreadable", str(path), "a signed head record", head))
+            continue
+        count += 1
+        where = f"signed head at seq {head.seq}"
+        try:
+            if head.public_key not in keys:
+                key = decode_public_key(head.public_key)
+                keys[head.public_key] = (key, key_id_of(key.public_bytes_raw()))
+            key, key_id = keys[head.public_key]
+            key.verify(_b64decode(head.signature), signed_bytes(head.seq, head.head))
+        except (ValueError, TypeError, InvalidSignature):
+            found.append(("ahdb_head_signature", where, "a valid signature", "invalid"))
+            continue
+        if key_id not in trusted_keys:
+            found.append(("ahdb_head_untrusted_key", where, "a trusted key", key_id))
+        elif head.seq > tail:
+            found.append(("ahdb_truncated", where, f"the log reaches seq {head.seq}",
+                          f"it ends at seq {tail}"))
+        elif chain.get(head.seq) != head.head:
+            found.append(("ahdb_head_mismatch", where, head.head,
+                          chain.get(head.seq, "no such event")))
+    if tail and not count:
+        found.append(("ahdb_heads_missing", str(path), "signed heads for a non-empty log",
+                      "none"))
+    return found

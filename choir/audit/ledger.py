@@ -1,0 +1,115 @@
+"""Auditing the AHDB's state: replay the log through the write rules, then hold every
+materialised row and every live ASSERT against what the replay and the stored evidence say.
+
+The store answers reads from tables it updates in the append's transaction; those tables are
+derived data, so an edit to them alone (a DEMOTED claim set back to PROMOTED) is exactly what
+this module exists to catch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from choir.ahdb.rules import Lookup, Replay, apply
+from choir.exceptions import PromotionError
+from choir.models import Atom, AtomKind, AtomStatus, Attestation, Violation
+
+if TYPE_CHECKING:
+    from choir.ahdb.store import AHDB, Event
+
+
+def _v(kind: str, obj: str, expected: str, found: str) -> Violation:
+    return Violation(kind=kind, object=obj[:200], expected=expected[:300], found=found[:300])
+
+
+def cached(lookup: Lookup, verified: dict[str, Attestation] | None = None) -> Lookup:
+    """Verify each attestation once per audit: 100,000 events cite a few hundred of them.
+
+    ``verified``: attestations this audit has already checked in full (id, signature,
+    trusted key, every object), so the replay does not check them twice.
+    """
+    seen: dict[str, Attestation | PromotionError] = dict(verified or {})
+
+    def once(att_id: str) -> Attestation:
+        if att_id not in seen:
+            try:
+                seen[att_id] = lookup(att_id)
+            except PromotionError as exc:
+                seen[att_id] = exc
+        got = seen[att_id]
+        if isinstance(got, PromotionError):
+            raise got
+        return got
+
+    return once
+
+
+def replay_log(events: Sequence[Event], lookup: Lookup, found: list[Violation],
+               verified: dict[str, Attestation] | None = None) -> Replay:
+    """The state the log implies, every event re-checked; refused events become violations."""
+    replay, check = Replay(), cached(lookup, verified)
+    for ev in events:
+        try:
+            change = apply(replay, ev.kind, ev.payload, datetime.fromisoformat(ev.created_at),
+                           check)
+        except (PromotionError, ValueError, KeyError, TypeError) as exc:
+            found.append(_v("ahdb_rule", f"event {ev.seq} ({ev.kind})",
+                            "an event the promotion rules allow", str(exc)))
+            continue
+        replay.record(change)
+    return replay
+
+
+def compare_tables(db: AHDB, replay: Replay) -> list[Violation]:
+    """Every materialised row that the log does not imply, and every implied row missing."""
+    found: list[Violation] = []
+    conn = db._conn()
+    try:
+        rows = conn.execute("SELECT id, kind, status, work_item, tree_hash, body "
+                            "FROM atoms").fetchall()
+        fails = set(conn.execute("SELECT work_item, tree_hash, verifier FROM fails"))
+    except Exception as exc:  # fail closed: unreadable tables are a violation
+        return [_v("ahdb_state_unreadable", str(db.path), "readable atoms/fails", str(exc))]
+    seen: set[str] = set()
+    for atom_id, kind, status, work_item, tree, body in rows:
+        seen.add(atom_id)
+        want = replay.atoms.get(atom_id)
+        try:
+            got: Atom | None = Atom.model_validate_json(body)
+        except ValueError:
+            got = None
+        if want is None:
+            found.append(_v("ahdb_state_extra", f"atom {atom_id}", "absent (not in the log)",
+                            f"{kind} {status}"))
+        elif got != want or (kind, status, work_item, tree) != (
+                want.kind.value, want.status.value, want.work_item, want.tree_hash):
+            found.append(_v("ahdb_state_atom", f"atom {atom_id}",
+                            f"{want.kind.value} {want.status.value}", f"{kind} {status}"))
+    for atom_id in sorted(set(replay.atoms) - seen):
+        found.append(_v("ahdb_state_missing", f"atom {atom_id}", "a row", "absent"))
+    for w, t, v in sorted(fails ^ replay.fails):
+        where = "extra" if (w, t, v) in fails else "missing"
+        found.append(_v("ahdb_state_fails", f"{w}/{t[:16]}/{v}", "as the log implies", where))
+    return found
+
+
+def contradicted(replay: Replay, stored_fails: Sequence[Attestation]) -> list[Violation]:
+    """Live claims that a valid, stored FAIL of a required verifier on their tree disputes.
+
+    A FAIL can be minted (by ``choir verify``, or a run that crashed before adjudicating)
+    without reaching the AHDB; the claim it contradicts must then not pass for evidence.
+    """
+    found: list[Violation] = []
+    for atom in replay.atoms.values():
+        if atom.kind is not AtomKind.ASSERT or atom.status is not AtomStatus.PROMOTED or \
+                atom.references:
+            continue
+        for att in stored_fails:
+            target = att.body.target
+            if target.tree_hash == atom.tree_hash and att.body.verifier in \
+                    atom.required_verifiers and target.work_item in (None, atom.work_item):
+                found.append(_v("ahdb_contradicted", f"claim {atom.id}",
+                                "demoted by the attested FAIL", f"PROMOTED despite {att.id}"))
+    return found
