@@ -82,7 +82,9 @@ class ConfigError(UserError):
         text = f"{where}{self.message}"
         if self.hint:
             text += f"\n  fix: {self.hint}"
-        return text
+        from choir._terminal import strip_controls  # values come from the user's files
+
+        return strip_controls(text)
 
     @property
     def errors(self) -> tuple[ConfigError, ...]:
