@@ -136,7 +136,8 @@ def parse_generic(inp: ParseInput) -> ParseResult:
 
 
 _PYTEST_FAIL = re.compile(r"^(FAILED|ERROR) (\S+)(?: - (.*))?$")
-_PYTEST_SUMMARY = re.compile(r"(\d+) (passed|failed|errors?|skipped)")
+_PYTEST_SUMMARY = re.compile(
+    r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|subtests passed|subtests skipped)")
 
 
 @register_parser("pytest")
@@ -158,10 +159,12 @@ def parse_pytest_text(inp: ParseInput) -> ParseResult:
             if found:
                 counts = found
     if counts:
-        failed = counts.get("failed", 0)
-        result.counts = Counts(run=sum(v for k, v in counts.items() if k != "skipped"),
-                               failed=failed, errors=counts.get("error", 0),
-                               skipped=counts.get("skipped", 0))
+        # as pytest's JUnit XML counts: every subtest is a test, an xfail is a skip
+        skipped = counts.get("skipped", 0) + counts.get("xfailed", 0)
+        result.counts = Counts(run=sum(v for k, v in counts.items()
+                                       if k not in ("skipped", "subtests skipped")),
+                               failed=counts.get("failed", 0), errors=counts.get("error", 0),
+                               skipped=skipped)
     elif inp.exit_codes and inp.exit_codes[-1] != 0 and not result.signatures:
         return parse_generic(inp)
     return result

@@ -164,3 +164,72 @@ def test_a_passing_run_whose_report_cannot_be_built_is_inconclusive_never_pass(
     run, att = _attested(tmp_path, spec)
     assert att.body.result is Result.INCONCLUSIVE
     assert "report could not be built" in run.report.summary
+
+
+EVERY_OUTCOME = """
+    import unittest
+    import pytest
+    def test_ok(): pass
+    def test_bad(): assert 0
+    @pytest.mark.skip
+    def test_skip(): pass
+    @pytest.mark.xfail
+    def test_xf(): assert 0
+    @pytest.mark.xfail
+    def test_xp(): pass
+    @pytest.fixture
+    def broken():
+        raise RuntimeError("setup")
+    def test_err(broken): pass
+    @pytest.fixture
+    def bad_teardown():
+        yield
+        raise RuntimeError("teardown")
+    def test_td(bad_teardown): pass
+    class T(unittest.TestCase):
+        def test_sub(self):
+            for i in range(3):
+                with self.subTest(i=i):
+                    self.assertNotEqual(i, 1)
+    def test_subtests(subtests):
+        for i in range(3):
+            with subtests.test(i=i):
+                assert i != 2
+"""
+# pytest's own count of this file: "4 failed, 3 passed, 1 skipped, 1 xfailed, 1 xpassed,
+# 2 errors, 4 subtests passed"; its JUnit testsuite: tests=15 failures=4 errors=2 skipped=2
+# (an xfail is a skip in JUnit; every subtest is a test).
+PYTEST_COUNTS = (15, 4, 2, 2)
+
+
+def _counts(report) -> tuple[object, ...]:  # type: ignore[no-untyped-def]
+    c = report.counts
+    return (c.run, c.failed, c.errors, c.skipped)
+
+
+def test_junit_counts_subtests_skips_xfail_xpass_and_errors_as_pytest_does(
+        tmp_path: Path) -> None:
+    repo = project(tmp_path, EVERY_OUTCOME)
+    report, _, _ = verify(repo, PYTEST, "junit")
+    assert report.result is Result.FAIL
+    assert _counts(report) == PYTEST_COUNTS
+    ids = {s.test_id for s in report.failure_signatures}
+    assert {"test_x::test_bad", "test_x.T::test_sub", "test_x::test_subtests",
+            "test_x::test_err", "test_x::test_td"} <= ids
+
+
+def test_pytest_text_counts_match_the_junit_counts(tmp_path: Path) -> None:
+    repo = project(tmp_path, EVERY_OUTCOME)
+    report, _, _ = verify(repo, f"{PY} -m pytest -q -rA -p no:cacheprovider", "pytest")
+    assert report.result is Result.FAIL
+    assert _counts(report) == PYTEST_COUNTS
+
+
+def test_junit_cannot_hide_failures_behind_its_summary_attributes(tmp_path: Path) -> None:
+    repo = project(tmp_path, "x = 1\n")
+    xml = ('<testsuite tests="1" failures="0" errors="0" skipped="0">'
+           '<testcase name="a"><failure message="boom"/></testcase>'
+           '<testcase name="b"/></testsuite>')
+    (repo / "j.xml").write_text(xml)
+    report, _, _ = verify(repo, 'cp j.xml "$CHOIR_OUT/j.xml"', "junit")
+    assert report.result is Result.FAIL and _counts(report) == (2, 1, 0, 0)
