@@ -358,20 +358,25 @@ class ArtifactStore:
                 if number >= start:
                     yield number, piece
 
-    def read_lines(self, digest: str, start: int, end: int) -> list[bytes]:
+    def read_lines(self, digest: str, start: int, end: int,
+                   line_max: int | None = None) -> list[bytes]:
         """Lines ``start..end`` (1-based, inclusive, newlines kept), read streaming.
 
         Lines before ``start`` are skipped in bounded chunks, so citing line 10 million of a
-        huge log costs no more memory than the cited lines themselves.
+        huge log costs no more memory than the cited lines themselves; with ``line_max``
+        each line is cut to its first ``line_max`` bytes while reading, so a cited 1 GiB
+        line costs ``line_max`` bytes.
         """
         lines: list[bytes] = []
         current = 0
         for number, piece in self._span(digest, start, end):
             if number != current:
-                lines.append(piece)
+                lines.append(piece if line_max is None else piece[:line_max])
                 current = number
-            else:
+            elif line_max is None:
                 lines[-1] += piece
+            elif len(lines[-1]) < line_max:
+                lines[-1] += piece[:line_max - len(lines[-1])]
         return lines
 
     def span_hash(self, digest: str, start: int, end: int) -> str:

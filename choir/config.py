@@ -6,12 +6,13 @@ line and what to write instead, which the CLI turns into exit code 2.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
-from choir._yaml import YamlDoc, load_yaml, validate
+from choir._yaml import YamlDoc, load_yaml, validate, validation_errors
 from choir.exceptions import ConfigError
 from choir.models import Mood, StepSpec, VerifierKind, VerifierSpec, WorkItem
 from choir.models._base import Frozen
@@ -72,23 +73,62 @@ class RepoConfig(Frozen):
     lines: dict[str, int] = Field(default_factory=dict)
 
 
-def _verifier_spec(doc: YamlDoc, name: str, raw: dict[str, Any]) -> VerifierSpec:
-    if "name" in raw or "schema_version" in raw:
+def _verifier_spec(doc: YamlDoc, name: str, raw: Any) -> tuple[VerifierSpec | None,
+                                                                 list[ConfigError]]:
+    if isinstance(raw, dict) and ("name" in raw or "schema_version" in raw):
         key = "name" if "name" in raw else "schema_version"
-        raise ConfigError(f"unknown key 'verifiers.{name}.{key}'", path=str(doc.path),
-                          line=doc.line_of(("verifiers", name, key)),
-                          hint="a verifier is named by its key under 'verifiers:'")
-    spec: VerifierSpec = validate(doc, VerifierSpec, {**raw, "name": name},
-                                  prefix=("verifiers", name))
-    return spec
+        return None, [ConfigError(f"unknown key 'verifiers.{name}.{key}'", path=str(doc.path),
+                                  line=doc.line_of(("verifiers", name, key)),
+                                  hint="a verifier is named by its key under 'verifiers:'")]
+    if not isinstance(raw, dict):
+        return None, [ConfigError(f"verifier '{name}' must be a mapping", path=str(doc.path),
+                                  line=doc.line_of(("verifiers", name)),
+                                  hint="give it 'kind:' and 'steps:'")]
+    spec, errors = validation_errors(doc, VerifierSpec, {**raw, "name": name},
+                                     prefix=("verifiers", name))
+    return spec, errors
+
+
+def unknown_name(doc: YamlDoc, loc: tuple[str | int, ...], what: str, value: Any,
+                 known: list[str]) -> ConfigError | None:
+    """A ConfigError when ``value`` is not one of ``known`` (did-you-mean when close)."""
+    if not isinstance(value, str) or value in known:
+        return None
+    close = difflib.get_close_matches(value, known, n=1)
+    hint = (f"did you mean '{close[0]}'? " if close else "") + f"known: {', '.join(known)}"
+    return ConfigError(f"unknown {what} '{value}'", path=str(doc.path), line=doc.line_of(loc),
+                       hint=hint)
+
+
+def _section(data: Any, key: str) -> dict[str, Any]:
+    value = data.get(key) if isinstance(data, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def _unknown_names(doc: YamlDoc) -> list[ConfigError]:
+    """Parser and sandbox names checked at load: a typo must never reach a run (issue #11)."""
+    from choir.report.parsers import parser_names
+    from choir.sandbox import sandbox_names
+
+    parsers = parser_names()
+    found = [unknown_name(doc, ("verification", "parser"), "parser",
+                          _section(doc.data, "verification").get("parser"), parsers)]
+    for name, raw in _section(doc.data, "verifiers").items():
+        if isinstance(raw, dict):
+            found.append(unknown_name(doc, ("verifiers", name, "parser"), "parser",
+                                      raw.get("parser"), parsers))
+    found.append(unknown_name(doc, ("sandbox", "backend"), "sandbox",
+                              _section(doc.data, "sandbox").get("backend"),
+                              sorted({"auto", *sandbox_names()})))
+    return [err for err in found if err is not None]
 
 
 def load_repo_config(repo: Path) -> RepoConfig:
-    """Load ``repo/choir.yaml``.
+    """Load ``repo/choir.yaml``; every mistake in it is reported at once.
 
     Raises:
         ConfigError: the repo does not exist, the file is missing or invalid, or it names no
-            verifier at all (no verifier, no assert).
+            verifier at all (no verifier, no assert). Several mistakes raise ConfigErrors.
     """
     repo = repo.expanduser().resolve()
     if not repo.is_dir():
@@ -96,6 +136,9 @@ def load_repo_config(repo: Path) -> RepoConfig:
             "repo folder does not exist", path=str(repo), hint="pass --repo DIR with a real folder"
         )
     path = repo / CONFIG_NAME
+    if not path.exists():
+        raise ConfigError("file not found", path=str(path),
+                          hint="run 'choir init' in the repo to write one, or pass --repo DIR")
     doc = load_yaml(path)
     if doc.data is None:
         doc = YamlDoc(path=doc.path, data={}, _tree=None)
@@ -103,10 +146,11 @@ def load_repo_config(repo: Path) -> RepoConfig:
         raise ConfigError(
             "choir.yaml must be a mapping", path=str(path), line=1, hint="start with 'verifiers:'"
         )
-    parsed: _ChoirFile = validate(doc, _ChoirFile)
+    parsed, errors = validation_errors(doc, _ChoirFile)
+    errors += _unknown_names(doc)
     verifiers: dict[str, VerifierSpec] = {}
     lines: dict[str, int] = {}
-    if parsed.verification is not None:
+    if parsed is not None and parsed.verification is not None:
         verifiers[PIPELINE] = VerifierSpec(
             name=PIPELINE,
             kind=VerifierKind.PIPELINE,
@@ -115,17 +159,24 @@ def load_repo_config(repo: Path) -> RepoConfig:
             parser=parsed.verification.parser,
         )
         lines[PIPELINE] = doc.line_of(("verification",)) or 1
-    for name, raw in parsed.verifiers.items():
-        if name == PIPELINE and PIPELINE in verifiers:
-            raise ConfigError(
+    names = set(_section(doc.data, "verifiers"))
+    if "verification" in doc.data:
+        names.add(PIPELINE)
+    for name, raw in _section(doc.data, "verifiers").items():
+        if name == PIPELINE and "verification" in doc.data:
+            errors.append(ConfigError(
                 "verifier name 'pipeline' is taken by the 'verification:' section",
                 path=str(path),
                 line=doc.line_of(("verifiers", name)),
                 hint="rename this verifier",
-            )
-        verifiers[name] = _verifier_spec(doc, name, raw)
-        lines[name] = doc.line_of(("verifiers", name)) or 1
-    if not verifiers:
+            ))
+            continue
+        spec, spec_errors = _verifier_spec(doc, name, raw)
+        errors += spec_errors
+        if spec is not None:
+            verifiers[name] = spec
+            lines[name] = doc.line_of(("verifiers", name)) or 1
+    if not names and not errors:
         raise ConfigError(
             "no verifier is configured: nothing could ever be asserted",
             path=str(path),
@@ -134,31 +185,35 @@ def load_repo_config(repo: Path) -> RepoConfig:
         )
     for name, spec in verifiers.items():
         other = spec.lenses.independent
-        if other is not None and (other not in verifiers or other == name):
-            raise ConfigError(
+        if other is not None and (other not in names or other == name):
+            errors.append(ConfigError(
                 f"verifier '{name}': lenses.independent names "
                 + ("itself" if other == name else f"unknown verifier '{other}'"),
                 path=str(path),
                 line=doc.line_of(("verifiers", name, "lenses", "independent")),
                 hint="name another verifier of this allowlist: "
-                     + ", ".join(sorted(set(verifiers) - {name})),
-            )
-    for mood, override in parsed.moods.items():
-        if override.verifiers == ():
-            raise ConfigError(
-                f"mood {mood.value} names no verifier: nothing could ever be asserted",
-                path=str(path), line=doc.line_of(("moods", mood.value, "verifiers")),
-                hint=f"name at least one of: {', '.join(sorted(verifiers))}",
-            )
+                     + ", ".join(sorted(names - {name})),
+            ))
+    for mood, override in _section(doc.data, "moods").items():
+        override = override if isinstance(override, dict) else {}
+        if override.get("verifiers", None) == []:
+            errors.append(ConfigError(
+                f"mood {mood} names no verifier: nothing could ever be asserted",
+                path=str(path), line=doc.line_of(("moods", mood, "verifiers")),
+                hint=f"name at least one of: {', '.join(sorted(names))}",
+            ))
         for field in ("verifiers", "broaden"):
-            for i, name in enumerate(getattr(override, field) or ()):
-                if name not in verifiers:
-                    raise ConfigError(
-                        f"mood {mood.value} names unknown verifier '{name}'",
+            listed = override.get(field)
+            for i, name in enumerate(listed if isinstance(listed, list) else ()):
+                if isinstance(name, str) and name not in names:
+                    errors.append(ConfigError(
+                        f"mood {mood} names unknown verifier '{name}'",
                         path=str(path),
-                        line=doc.line_of(("moods", mood.value, field, i)),
-                        hint=f"use one of: {', '.join(sorted(verifiers))}",
-                    )
+                        line=doc.line_of(("moods", mood, field, i)),
+                        hint=f"use one of: {', '.join(sorted(names))}",
+                    ))
+    ConfigError.raise_all(errors)
+    assert parsed is not None  # no error was found, so the file validated
     return RepoConfig(
         path=str(repo),
         source=str(path),

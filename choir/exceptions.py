@@ -28,6 +28,7 @@ __all__ = [
     "AgentError",
     "ChoirError",
     "ConfigError",
+    "ConfigErrors",
     "FatalAgentError",
     "IntegrityError",
     "InvalidModelResponse",
@@ -81,7 +82,47 @@ class ConfigError(UserError):
         text = f"{where}{self.message}"
         if self.hint:
             text += f"\n  fix: {self.hint}"
-        return text
+        from choir._terminal import strip_controls  # values come from the user's files
+
+        return strip_controls(text)
+
+    @property
+    def errors(self) -> tuple[ConfigError, ...]:
+        """The individual errors (this one alone, unless it aggregates several)."""
+        return (self,)
+
+    @staticmethod
+    def raise_all(errors: list[ConfigError]) -> None:
+        """Raise nothing, the one error, or all of them together (sorted by line)."""
+        flat = [e for err in errors for e in err.errors]
+        flat.sort(key=lambda e: (e.path or "", e.line or 0))
+        if len(flat) == 1:
+            raise flat[0]
+        if flat:
+            raise ConfigErrors(flat)
+
+
+class ConfigErrors(ConfigError):
+    """Every mistake found in one file, reported together so the user fixes them in one pass.
+
+    Args:
+        errors: the individual errors, in file order; each names its line and a fix.
+    """
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        self._errors = tuple(errors)
+        first = self._errors[0]
+        super().__init__(first.message, path=first.path, line=first.line, hint=first.hint)
+
+    @property
+    def errors(self) -> tuple[ConfigError, ...]:
+        return self._errors
+
+    def __str__(self) -> str:
+        items = getattr(self, "_errors", ())
+        if not items:
+            return super().__str__()
+        return f"{len(items)} errors:\n" + "\n".join(str(e) for e in items)
 
 
 class UnknownNameError(UserError):

@@ -9,6 +9,7 @@ every file in the run folder is hashed into the manifest, whose own hash is sign
 from __future__ import annotations
 
 import collections
+import os
 import platform
 import shutil
 import time
@@ -108,6 +109,9 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
     infra_error: str | None = None
     total = 0
     step_env = {**spec.env, **(env or {})}
+    # Each byte is stored once: a one-step verifier's combined.log is its step log (one
+    # inode, so one object); the command and any failure are in the manifest and the tail.
+    single = len(spec.steps) == 1
     with open(logs / "combined.log", "wb") as combined:
         for number, step in enumerate(spec.steps, start=1):
             remaining = deadline - time.monotonic()
@@ -117,10 +121,11 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
                 status = "FAIL"
                 break
             header = f"$ {step.command}\n".encode()
-            combined.write(header)
+            if not single:
+                combined.write(header)
             tail.feed(header)
             with open(logs / f"step-{number:02d}-{step.name}.log", "wb") as step_log:
-                sink = _sink(step_log, combined, tail)
+                sink = _sink(step_log, None if single else combined, tail)
                 result = sandbox.exec(step.command, repo=repo, out_dir=out, env=step_env,
                                       timeout_s=remaining, limits=spec.limits,
                                       network=spec.network, sink=sink)
@@ -129,7 +134,8 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
                 infra_error = result.infra_error
                 status = "INCONCLUSIVE"
                 note = f"\n[choir] sandbox error: {infra_error}\n".encode()
-                combined.write(note)
+                if not single:
+                    combined.write(note)
                 tail.feed(note)
                 break
             records.append(CommandRecord(name=step.name, command=step.command,
@@ -142,10 +148,15 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
                        "killed: out of memory" if result.oom_killed else
                        f"exit code {result.exit_code}")
                 note = f"\n[choir] step {step.name} failed: {why}\n".encode()
-                combined.write(note)
+                if not single:
+                    combined.write(note)
                 tail.feed(note)
                 status = "FAIL"
                 break
+    only = logs / f"step-01-{spec.steps[0].name}.log"
+    if single and only.exists():
+        (logs / "combined.log").unlink()
+        os.link(only, logs / "combined.log")
     shutil.rmtree(out / "tmp", ignore_errors=True)  # temporaries are not evidence
     shutil.rmtree(out / "cache", ignore_errors=True)
     shutil.rmtree(out / "home", ignore_errors=True)
@@ -183,10 +194,11 @@ def _stored_result(store: ArtifactStore, run_id: str, manifest: RunManifest,
                           infra_error=manifest.infra_error)
 
 
-def _sink(step_log: BinaryIO, combined: BinaryIO, tail: _Tail):  # type: ignore[no-untyped-def]
+def _sink(step_log: BinaryIO, combined: BinaryIO | None, tail: _Tail):  # type: ignore[no-untyped-def]
     def write(chunk: bytes) -> None:
         step_log.write(chunk)
-        combined.write(chunk)
+        if combined is not None:
+            combined.write(chunk)
         tail.feed(chunk)
 
     return write

@@ -16,6 +16,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from choir._terminal import strip_controls
+
 _STYLE = {"PASS": "green", "FAIL": "red", "FLAKY": "yellow", "INCONCLUSIVE": "magenta"}
 _KEEP = 8
 
@@ -63,6 +65,7 @@ class Progress:
         line = self._apply(kind, data)
         if line is None:
             return
+        line = strip_controls(line)  # summaries and events carry text from the run
         self.log = [*self.log, line][-_KEEP:]
         if self._live is not None:
             self._live.refresh()  # every event is drawn at least once, not only on the timer
@@ -115,14 +118,16 @@ class Progress:
         return None
 
     def render(self) -> Group:
-        table = Table(title=f"{self.step}   mood {self.mood or '-'}", title_justify="left",
+        table = Table(title=Text(strip_controls(f"{self.step}   mood {self.mood or '-'}")),
+                      title_justify="left",
                       expand=False)
         for column in ("green thread", "state", "time", "result", "summary"):
             table.add_column(column)
         for thread in self.threads.values():
             style = _STYLE.get(thread.result, "")
-            table.add_row(thread.label, thread.state, thread.elapsed(),
-                          Text(thread.result, style=style), thread.summary[:70])
+            table.add_row(Text(strip_controls(thread.label)), Text(strip_controls(thread.state)),
+                          thread.elapsed(), Text(strip_controls(thread.result), style=style),
+                          Text(strip_controls(thread.summary[:70])))
         return Group(table, Text("\n".join(self.log[-_KEEP:]), style="dim"))
 
 

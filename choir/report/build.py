@@ -17,20 +17,69 @@ if TYPE_CHECKING:
     from choir.artifacts import ArtifactStore
     from choir.pipeline import PipelineResult
 
+ARTIFACTS_MAX = 16  # VerificationReport.artifacts holds at most this many entries
 _STRUCTURED = {"junit", "sarif"}
 
+# Exit codes with which a tool says it could not run the checks (its own crash or misuse),
+# not that the checks found a bug: INCONCLUSIVE, so the executor never chases a phantom bug.
+TOOL_CRASHES: dict[str, dict[int, str]] = {
+    "pytest": {2: "pytest interrupted", 3: "pytest internal error", 4: "pytest usage error",
+               5: "no tests collected"},
+    "ruff": {2: "ruff could not run"},
+    "mypy": {2: "mypy could not run"},
+}
+_RUNNERS = {"python", "python3", "uv", "poetry", "pipenv", "hatch", "pdm", "run", "exec"}
 
-def decide(result: PipelineResult, parsed: ParseResult, parser: str) -> tuple[Result, str]:
-    """The verdict and the reason, from evidence alone."""
+
+def tool_of(command: str) -> str | None:
+    """The tool a step runs (``pytest``, ``ruff``, ``mypy``), read from its command line:
+    ``pytest ...``, ``/venv/bin/ruff ...``, ``python -m mypy ...``, ``uv run pytest ...``."""
+    import shlex
+
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    expect_module = False
+    for word in words[:8]:
+        if "=" in word and not word.startswith("-"):
+            continue  # VAR=value before the command
+        base = word.rsplit("/", 1)[-1]
+        if expect_module or base in TOOL_CRASHES:
+            return base if base in TOOL_CRASHES else None
+        if word == "-m":
+            expect_module = True
+            continue
+        if base.startswith("python") or base in _RUNNERS or word.startswith("-"):
+            continue
+        return None
+    return None
+
+
+def decide(result: PipelineResult, parsed: ParseResult, parser: str,
+           steps: int | None = None) -> tuple[Result, str]:
+    """The verdict and the reason, from evidence alone.
+
+    ``steps`` is how many steps the verifier declares: the last one is the one that
+    promised the structured evidence (JUnit XML) the parser reads.
+    """
     if result.infra_error:
         return Result.INCONCLUSIVE, f"the sandbox failed: {result.infra_error[:200]}"
     records = result.manifest.commands_executed
-    for rec in records:
+    for index, rec in enumerate(records):
         if rec.timed_out:
             return Result.FAIL, f"step {rec.name} timed out after {rec.duration_ms} ms"
         if rec.oom_killed:
             return Result.FAIL, f"step {rec.name} was killed: out of memory"
         if rec.exit_code != 0:
+            crash = TOOL_CRASHES.get(tool_of(rec.command) or "", {}).get(rec.exit_code)
+            if crash:
+                return Result.INCONCLUSIVE, (f"step {rec.name}: {crash} (exit {rec.exit_code}):"
+                                             " the checks did not run")
+            last = steps is None or index == steps - 1
+            if last and parser == "junit" and parsed.error and "no JUnit XML" in parsed.error:
+                return Result.INCONCLUSIVE, (f"step {rec.name} exited {rec.exit_code} and wrote"
+                                             " no JUnit XML to $CHOIR_OUT (parser: junit)")
             return Result.FAIL, f"step {rec.name} exited {rec.exit_code}"
     counts = parsed.counts
     if (counts.failed or 0) > 0 or (counts.errors or 0) > 0 or parsed.signatures:
@@ -54,13 +103,19 @@ def _counts_text(counts: Counts) -> str:
 def deterministic_report(result: PipelineResult, *, spec: VerifierSpec, target: Target,
                          parsed: ParseResult, verdict: Result, reason: str) -> VerificationReport:
     counts = _counts_text(parsed.counts)
+    listed, unlisted = _listed_artifacts(result)
     summary = f"{spec.name}: {verdict.value}: {reason}" + (f" ({counts})" if counts else "")
     if parsed.dropped:
         summary += f"; {parsed.dropped} more failure signature(s) not listed"
+    if unlisted:
+        summary += f"; {unlisted} more artifact(s) not listed (the manifest lists every file)"
     if verdict is Result.PASS:
         actions = ["No action needed: every step passed."]
-    elif verdict is Result.INCONCLUSIVE:
+    elif verdict is Result.INCONCLUSIVE and result.infra_error:
         actions = ["Rerun in a working sandbox; this run proves nothing either way."]
+    elif verdict is Result.INCONCLUSIVE:
+        actions = ["Fix the verifier's command or configuration in choir.yaml: the tool did "
+                   "not run the checks, so this run proves nothing either way."]
     else:
         actions = [_clip(f"Fix {s.test_id or s.kind}: {s.excerpt}", NEXT_ACTION_MAX)
                    for s in parsed.signatures[:3]] or [
@@ -85,10 +140,17 @@ def deterministic_report(result: PipelineResult, *, spec: VerifierSpec, target: 
         summary=_clip(summary, SUMMARY_MAX), next_actions=tuple(actions[:3]),
         confidence=confidence, hyperthesis=tuple(hyper[:4]), counts=parsed.counts,
         parser=spec.parser, parser_truncated=parsed.truncated,
-        artifacts={k: v for k, v in sorted(result.artifacts.items())
-                   if k.startswith("logs/combined") or k.endswith(".xml")} | {
-                       "manifest": result.manifest_hash},
+        artifacts=listed,
     )
+
+
+def _listed_artifacts(result: PipelineResult) -> tuple[dict[str, str], int]:
+    """The artifacts a report names (the manifest, which lists every file, always first)
+    within the report's bound, and how many more there were."""
+    wanted = [(k, v) for k, v in sorted(result.artifacts.items())
+              if k.startswith("logs/combined") or k.endswith(".xml")]
+    room = ARTIFACTS_MAX - 1
+    return {"manifest": result.manifest_hash, **dict(wanted[:room])}, max(0, len(wanted) - room)
 
 
 def parse_run(result: PipelineResult, spec: VerifierSpec, store: ArtifactStore) -> ParseResult:
@@ -100,17 +162,60 @@ def parse_run(result: PipelineResult, spec: VerifierSpec, store: ArtifactStore) 
         return ParseResult(error=f"parser {spec.parser} crashed: {type(exc).__name__}")
 
 
+def exit_code_report(result: PipelineResult, *, spec: VerifierSpec, target: Target,
+                     why: str) -> VerificationReport:
+    """The report of last resort, from exit codes alone, for when the full report could not
+    be built: still evidence, still attested. It can FAIL or be INCONCLUSIVE, never PASS
+    (the declared evidence was not read)."""
+    verdict, reason = decide(result, ParseResult(), "generic")
+    if verdict is Result.PASS:
+        verdict, reason = Result.INCONCLUSIVE, "every step exited 0, but the report could " \
+            "not be built"
+    summary = f"{spec.name}: {verdict.value}: {reason}; report could not be built: {why}"
+    action = ("Rerun; the report of this run could not be built, so it proves nothing."
+              if verdict is Result.INCONCLUSIVE else
+              f"Make step '{reason}' succeed; read the cited log lines.")
+    combined = {k: v for k, v in result.artifacts.items() if k == "logs/combined.log"}
+    return VerificationReport(
+        verifier=spec.name[:64], verifier_type=spec.kind.value[:64], target=target,
+        result=verdict, summary=_clip(summary, SUMMARY_MAX),
+        next_actions=(_clip(action, NEXT_ACTION_MAX),),
+        confidence=0.2 if verdict is Result.INCONCLUSIVE else 0.5,
+        hyperthesis=("The report builder failed; only exit codes were read.",),
+        parser=spec.parser[:32], parser_truncated=True,
+        artifacts={**combined, "manifest": result.manifest_hash},
+        reporter="deterministic_fallback",
+    )
+
+
+def _build(result: PipelineResult, spec: VerifierSpec, store: ArtifactStore,
+           target: Target) -> VerificationReport:
+    parsed = parse_run(result, spec, store)
+    verdict, reason = decide(result, parsed, spec.parser, steps=len(spec.steps))
+    return deterministic_report(result, spec=spec, target=target, parsed=parsed,
+                                verdict=verdict, reason=reason)
+
+
 async def abuild_report(result: PipelineResult, *, spec: VerifierSpec, store: ArtifactStore,
                         target: Target, reporter: str | None = None,
                         deadline_s: float = 30.0) -> VerificationReport:
-    """The report for ``result``; with ``reporter`` set, worded by the cheap model."""
-    parsed = parse_run(result, spec, store)
-    verdict, reason = decide(result, parsed, spec.parser)
-    report = deterministic_report(result, spec=spec, target=target, parsed=parsed,
-                                  verdict=verdict, reason=reason)
+    """The report for ``result``; with ``reporter`` set, worded by the cheap model.
+
+    Never raises for what a run produced: hostile artifacts or a buggy parser give the
+    exit-code report, a failing reporter gives the deterministic one, so every run leaves a
+    report to attest (and a recorded FAIL cannot be dodged by crashing the builder).
+    """
+    try:
+        report = _build(result, spec, store, target)
+    except Exception as exc:  # noqa: BLE001 - any fault here must still leave evidence
+        return exit_code_report(result, spec=spec, target=target,
+                                why=f"{type(exc).__name__}")
     if reporter is None:
         return report
     from choir.report.model import model_report
 
-    return await model_report(report, result=result, store=store, model=reporter,
-                              deadline_s=deadline_s)
+    try:
+        return await model_report(report, result=result, store=store, model=reporter,
+                                  deadline_s=deadline_s)
+    except Exception:  # noqa: BLE001 - the model words a report; it never removes one
+        return report.model_copy(update={"reporter": "deterministic_fallback"})

@@ -24,7 +24,8 @@ def parse_junit_files(inp: ParseInput, *, result: ParseResult,
         fallback = add_text(inp)
         fallback.error = "no JUnit XML in $CHOIR_OUT"
         return fallback
-    run = failed = errors = skipped = 0
+    run = failed = errors = skipped = 0  # counted from <testcase> elements
+    declared = [0, 0, 0, 0]  # the producer's own totals (<testsuite tests= failures= ...>)
     for rel in files:
         digest = inp.artifacts[rel]
         head = inp.store.read_bytes(digest, limit=4096)
@@ -34,17 +35,23 @@ def parse_junit_files(inp: ParseInput, *, result: ParseResult,
         try:
             with inp.store.open(digest) as fh:
                 for _, elem in ET.iterparse(fh, events=("end",)):
+                    if elem.tag == "testsuite":
+                        if not any(child.tag == "testsuite" for child in elem):  # leaves only
+                            for i, key in enumerate(("tests", "failures", "errors", "skipped")):
+                                declared[i] += _int(elem.get(key))
+                        elem.clear()
+                        continue
                     if elem.tag != "testcase":
                         continue
                     run += 1
-                    problem = next((c for c in elem if c.tag in ("failure", "error")), None)
+                    problems = [c for c in elem if c.tag in ("failure", "error")]
                     if any(c.tag == "skipped" for c in elem):
                         skipped += 1
+                    # pytest writes one <failure> per failed subtest into its test's element
+                    failed += sum(c.tag == "failure" for c in problems)
+                    errors += sum(c.tag == "error" for c in problems)
+                    problem = problems[0] if problems else None
                     if problem is not None:
-                        if problem.tag == "failure":
-                            failed += 1
-                        else:
-                            errors += 1
                         classname = elem.get("classname", "")
                         name = elem.get("name", "?")
                         test_id = f"{classname}::{name}" if classname else name
@@ -60,5 +67,14 @@ def parse_junit_files(inp: ParseInput, *, result: ParseResult,
                     elem.clear()
         except ET.ParseError as exc:
             result.error = f"{rel}: malformed XML ({exc})"
+    # The producer's totals are how pytest counts (every subtest is a test, an xfail is a
+    # skip); what the elements show can only raise them, so a summary cannot hide a failure.
+    run, failed, errors, skipped = (max(a, b) for a, b in
+                                    zip((run, failed, errors, skipped), declared, strict=True))
     result.counts = Counts(run=run, failed=failed, errors=errors, skipped=skipped)
     return result
+
+
+def _int(text: str | None) -> int:
+    """A count attribute, or 0 when absent or not a small non-negative integer."""
+    return int(text) if text is not None and text.isdigit() and len(text) < 10 else 0

@@ -14,12 +14,12 @@ if TYPE_CHECKING:
 
 
 def _step_json(inp: ParseInput) -> list[Any]:
-    from choir.report.parsers import json_objects
+    from choir.report.parsers import JSON_MAX, json_objects
 
     found = [obj for _, obj in json_objects(inp, ".json")]
     for rel, digest in sorted(inp.artifacts.items()):
         if rel.startswith("logs/step-"):
-            raw = inp.store.read_bytes(digest, limit=64 << 20)
+            raw = inp.store.read_bytes(digest, limit=JSON_MAX)
             start = raw.find(b"[")
             try:
                 found.append(json.loads(raw[start:])) if start >= 0 else None

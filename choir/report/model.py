@@ -59,7 +59,8 @@ def windows(report: VerificationReport, result: PipelineResult, store: ArtifactS
         if sig.citation is None or budget <= 0:
             continue
         start = max(1, sig.citation.line_start - 3)
-        lines = store.read_lines(sig.citation.artifact, start, sig.citation.line_end + 3)
+        lines = store.read_lines(sig.citation.artifact, start, sig.citation.line_end + 3,
+                                 line_max=300)
         text = clean_text(b"".join(line[:300] for line in lines).decode("utf-8", "replace"))
         pieces.append(f"[lines {start}-{sig.citation.line_end + 3}]\n{text[:budget]}")
         budget -= len(pieces[-1])

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from choir.exceptions import UnknownNameError
 from choir.models import Citation, Counts, FailureSignature
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from choir.artifacts import ArtifactStore
 
 LINE_MAX = 4096
+WINDOW = 1 << 20  # bytes read at a time, whatever the line length
 COMBINED = "logs/combined.log"
 
 
@@ -88,8 +89,27 @@ def _lines(inp: ParseInput, rel: str):  # type: ignore[no-untyped-def]
     if digest is None:
         return
     with inp.store.open(digest) as fh:
-        for number, raw in enumerate(fh, start=1):
-            yield number, raw[:LINE_MAX].decode("utf-8", "replace").rstrip("\r\n"), len(raw)
+        yield from bounded_lines(fh)
+
+
+def bounded_lines(fh: BinaryIO) -> Iterator[tuple[int, str, int]]:
+    """``(number, first LINE_MAX bytes as text, full length)`` per line, reading windows of
+    at most ``WINDOW`` bytes: a 1 GiB line without a newline costs one window, not 1 GiB."""
+    number, head, size = 1, b"", 0
+    for chunk in iter(lambda: fh.read(WINDOW), b""):
+        start = 0
+        while True:
+            cut = chunk.find(b"\n", start)
+            piece = chunk[start:] if cut < 0 else chunk[start:cut + 1]
+            if len(head) < LINE_MAX:
+                head += piece[:LINE_MAX - len(head)]
+            size += len(piece)
+            if cut < 0:
+                break
+            yield number, head.decode("utf-8", "replace").rstrip("\r\n"), size
+            number, head, size, start = number + 1, b"", 0, cut + 1
+    if size:
+        yield number, head.decode("utf-8", "replace").rstrip("\r\n"), size
 
 
 def _cite(inp: ParseInput, rel: str, start: int, end: int) -> Citation | None:
@@ -136,7 +156,8 @@ def parse_generic(inp: ParseInput) -> ParseResult:
 
 
 _PYTEST_FAIL = re.compile(r"^(FAILED|ERROR) (\S+)(?: - (.*))?$")
-_PYTEST_SUMMARY = re.compile(r"(\d+) (passed|failed|errors?|skipped)")
+_PYTEST_SUMMARY = re.compile(
+    r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|subtests passed|subtests skipped)")
 
 
 @register_parser("pytest")
@@ -158,10 +179,12 @@ def parse_pytest_text(inp: ParseInput) -> ParseResult:
             if found:
                 counts = found
     if counts:
-        failed = counts.get("failed", 0)
-        result.counts = Counts(run=sum(v for k, v in counts.items() if k != "skipped"),
-                               failed=failed, errors=counts.get("error", 0),
-                               skipped=counts.get("skipped", 0))
+        # as pytest's JUnit XML counts: every subtest is a test, an xfail is a skip
+        skipped = counts.get("skipped", 0) + counts.get("xfailed", 0)
+        result.counts = Counts(run=sum(v for k, v in counts.items()
+                                       if k not in ("skipped", "subtests skipped")),
+                               failed=counts.get("failed", 0), errors=counts.get("error", 0),
+                               skipped=skipped)
     elif inp.exit_codes and inp.exit_codes[-1] != 0 and not result.signatures:
         return parse_generic(inp)
     return result
@@ -196,7 +219,10 @@ def parse_sarif(inp: ParseInput) -> ParseResult:
     return parse_sarif_files(inp, ParseResult())
 
 
-def json_objects(inp: ParseInput, suffix: str, limit: int = 64 << 20) -> list[tuple[str, object]]:
+JSON_MAX = 8 << 20  # a JSON document larger than this is not read (the parser says so)
+
+
+def json_objects(inp: ParseInput, suffix: str, limit: int = JSON_MAX) -> list[tuple[str, object]]:
     """Parse every ``out/*suffix`` artifact as JSON (bounded size); errors are skipped."""
     found: list[tuple[str, object]] = []
     for rel, digest in sorted(inp.artifacts.items()):
