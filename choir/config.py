@@ -78,7 +78,9 @@ def _verifier_spec(doc: YamlDoc, name: str, raw: dict[str, Any]) -> VerifierSpec
         raise ConfigError(f"unknown key 'verifiers.{name}.{key}'", path=str(doc.path),
                           line=doc.line_of(("verifiers", name, key)),
                           hint="a verifier is named by its key under 'verifiers:'")
-    spec: VerifierSpec = validate(doc, VerifierSpec, {**raw, "name": name},
+    from choir.presets import expand
+
+    spec: VerifierSpec = validate(doc, VerifierSpec, {**expand(doc, name, raw), "name": name},
                                   prefix=("verifiers", name))
     return spec
 
