@@ -22,6 +22,11 @@ _MOODS = ["CALM", "SKEPTICAL", "PARANOID", "BOLD", "CURIOUS"]
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def verify(repo: Path, mood: str | None, sandbox_name: str | None, as_json: bool) -> int:
     """Verify the working tree now: exit 0 PASS, 1 FAIL, 2 configuration error."""
+    return run_verify(repo, mood=mood, sandbox_name=sandbox_name, as_json=as_json)
+
+
+def run_verify(repo: Path, *, mood: str | None, sandbox_name: str | None, as_json: bool) -> int:
+    """The one path ``choir verify`` and ``choir init`` take: verify, render, exit code."""
     from choir.models import Mood
     from choir.verify import verify_tree
 
