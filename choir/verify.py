@@ -18,12 +18,68 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 from choir.config import load_repo_config
 from choir.models import Mood, PlannedVerifier, Result, Target, WorkItem
+from choir.models._base import Frozen
+from choir.models.manifest import Platform
 from choir.policy import load_policy
 from choir.tree import commit_sha, tree_hash
 
 TAIL_LINES = 200
+SESSION_KIND = "verify_session"
+
+
+class SessionCommand(Frozen):
+    """One executed step of a ``choir verify``: named by its step, with its verifier beside."""
+
+    name: str
+    verifier: str
+    replica: int = 0
+    run_id: str
+    command: str
+    exit_code: int
+    duration_ms: int
+
+
+class SessionManifest(Frozen):
+    """The seed-001 manifest of a whole ``choir verify``, at ``runs/{run_id}/manifest.json``.
+
+    It holds no evidence of its own: ``runs`` maps each verifier run folder to the hash of its
+    manifest, which an attestation signs, so ``choir audit`` can check every claim here
+    against signed evidence (a session listing an unattested manifest is a violation).
+    """
+
+    schema_version: int = 1
+    kind: str = Field(default=SESSION_KIND, pattern=f"^{SESSION_KIND}$")
+    run_id: str
+    status: str = Field(pattern="^(PASS|FAIL)$")
+    mood: str
+    timestamp_start: str | None
+    timestamp_end: str | None
+    commit_sha: str | None
+    tree_hash: str
+    commands_executed: tuple[SessionCommand, ...]
+    platform: dict[str, str | None]
+    duration_ms: int
+    runs: dict[str, str]
+    attestations: tuple[str, ...]
+
+
+def is_session_manifest(data: object) -> bool:
+    """True for a parsed ``manifest.json`` written by ``choir verify`` for its session."""
+    return isinstance(data, dict) and data.get("kind") == SESSION_KIND
+
+
+def is_session_folder(manifest_path: Path) -> bool:
+    """True when ``manifest_path`` parses as JSON and says it is a verify session's."""
+    import json
+
+    try:
+        return is_session_manifest(json.loads(manifest_path.read_bytes()))
+    except (OSError, ValueError):
+        return False
 
 
 @dataclass
@@ -58,6 +114,66 @@ def _tail(results: list[Any]) -> str:
         lines.append(f"==> {result.run_id} <==")
         lines.extend(body)
     return "\n".join(lines[-TAIL_LINES:])
+
+
+def check_session(run_dir: Path, attestations: Any) -> list[tuple[str, str, str]]:
+    """What ``choir audit`` finds wrong with a verify session's folder, as (kind, expected,
+    found). The folder holds its manifest only; every run it lists is backed by a valid
+    attestation in the list, with the same target; PASS only if every one of them passed.
+    """
+    from choir.exceptions import IntegrityError
+
+    problems: list[tuple[str, str, str]] = []
+    extra = sorted(p.name for p in run_dir.iterdir() if p.name != "manifest.json")
+    if extra:
+        problems.append(("session_extra_file", "manifest.json only", ", ".join(extra)[:200]))
+    try:
+        session = SessionManifest.model_validate_json((run_dir / "manifest.json").read_bytes())
+    except (OSError, ValueError) as exc:
+        return [*problems, ("session_manifest", "a valid verify session manifest",
+                            str(exc)[:200])]
+    if session.run_id != run_dir.name:
+        problems.append(("session_run_id", run_dir.name, session.run_id))
+    backed: dict[str, Any] = {}
+    for att_id in session.attestations:
+        try:
+            body = attestations.get(att_id).body
+        except (IntegrityError, OSError, ValueError) as exc:
+            problems.append(("session_attestation", f"attestation {att_id}", str(exc)[:200]))
+            continue
+        if session.runs.get(body.run_id) != body.manifest_hash:
+            problems.append(("session_run_unattested", f"{body.run_id}: {body.manifest_hash}",
+                             str(session.runs.get(body.run_id))))
+        if body.target.tree_hash != session.tree_hash:
+            problems.append(("session_target", session.tree_hash, body.target.tree_hash))
+        backed[body.run_id] = body
+    for run_id in sorted(set(session.runs) - set(backed)):
+        problems.append(("session_run_unattested", f"an attestation of {run_id}", "none"))
+    for cmd in session.commands_executed:
+        if cmd.run_id not in session.runs:
+            problems.append(("session_command", "a run of this session", cmd.run_id))
+    passed = bool(backed) and all(b.result is Result.PASS for b in backed.values())
+    if session.status != ("PASS" if passed else "FAIL"):
+        problems.append(("session_status", "PASS" if passed else "FAIL", session.status))
+    return problems
+
+
+def _platform(first: Platform | None, sandbox: str, isolation: str) -> dict[str, str | None]:
+    return {"os": first.os if first else "", "arch": first.arch if first else "",
+            "container_image": first.container_image if first else None,
+            "sandbox": sandbox, "isolation": isolation}
+
+
+def _write_session(store: Any, session: str, manifest: dict[str, Any]) -> None:
+    """Write the session's seed-001 folder: ``runs/{session}/manifest.json``, once, read-only."""
+    import json
+
+    from choir.artifacts import write_once
+
+    folder = store.run_dir(session)
+    folder.mkdir(parents=True, exist_ok=False)
+    data = json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"
+    write_once(folder / "manifest.json", data, f"run {session}: manifest already written")
 
 
 async def averify_tree(
@@ -139,12 +255,26 @@ async def averify_tree(
     status = "PASS" if passed else "FAIL"
     manifests = [load_manifest(store, run.manifest_hash) for run in runs]
     commands = [
-        {**cmd.model_dump(mode="json", include={"name", "command", "exit_code", "duration_ms"}),
-         "name": f"{m.verifier}/{cmd.name}"}
-        for m in manifests
+        SessionCommand(name=cmd.name, verifier=m.verifier, replica=run.replica, run_id=m.run_id,
+                       command=cmd.command, exit_code=cmd.exit_code, duration_ms=cmd.duration_ms)
+        for run, m in zip(runs, manifests, strict=True)
         for cmd in m.commands_executed
     ]
     first = manifests[0].platform if manifests else None
+    start = min((m.timestamp_start for m in manifests), default=None)
+    end = max((m.timestamp_end for m in manifests), default=None)
+    session_manifest = SessionManifest(
+        run_id=session, status=status, mood=mood.value,
+        timestamp_start=start.isoformat() if start else None,
+        timestamp_end=end.isoformat() if end else None,
+        commit_sha=target.commit_sha, tree_hash=target.tree_hash,
+        commands_executed=tuple(commands),
+        platform=_platform(first, sandbox.name, sandbox.isolation),
+        duration_ms=int((time.monotonic() - started) * 1000),
+        runs={run.run_id: run.manifest_hash for run in runs},
+        attestations=tuple(att.id for att in atts))
+    manifest_json = session_manifest.model_dump(mode="json")
+    _write_session(store, session, manifest_json)
     contract: dict[str, Any] = {
         "status": status,
         "run_id": session,
@@ -154,22 +284,7 @@ async def averify_tree(
             f"{run.verifier}: {run.report.result.value} ({run.report.summary[:120]})"
             for run in runs
         ),
-        "manifest": {
-            "run_id": session,
-            "timestamp_start": min((m.timestamp_start for m in manifests), default=None),
-            "timestamp_end": max((m.timestamp_end for m in manifests), default=None),
-            "commit_sha": target.commit_sha,
-            "tree_hash": target.tree_hash,
-            "commands_executed": commands,
-            "platform": {
-                "os": first.os if first else "",
-                "arch": first.arch if first else "",
-                "container_image": first.container_image if first else None,
-                "sandbox": sandbox.name,
-                "isolation": sandbox.isolation,
-            },
-            "duration_ms": int((time.monotonic() - started) * 1000),
-        },
+        "manifest": manifest_json,
         "mood": mood.value,
         "plan": [pv.name for pv in planned],
         "plan_dropped": list(plan.dropped),
@@ -177,9 +292,6 @@ async def averify_tree(
         "reports": [run.report.model_dump(mode="json") for run in runs],
         "attestations": [att.id for att in atts],
     }
-    for key in ("timestamp_start", "timestamp_end"):
-        value = contract["manifest"][key]
-        contract["manifest"][key] = value.isoformat() if value else None
     return VerifyOutcome(status=status, contract=contract)
 
 

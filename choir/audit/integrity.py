@@ -37,6 +37,7 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
     from choir.artifacts import MANIFEST, ArtifactStore, hash_file
     from choir.attest import AttestationStore, trusted_key_ids, verify_attestation
     from choir.exceptions import IntegrityError, PromotionError
+    from choir.verify import check_session, is_session_folder
 
     base = home or choir_home()
     store = ArtifactStore(artifacts_root)
@@ -70,6 +71,10 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
         counts["runs"] += 1
         run_dir = store.run_dir(run_id)
         manifest_path = run_dir / MANIFEST
+        if is_session_folder(manifest_path):  # a `choir verify` session: checked by its owner
+            found.extend(_v(kind, run_id, want, got)
+                         for kind, want, got in check_session(run_dir, atts))
+            continue
         try:
             manifest = RunManifest.model_validate_json(manifest_path.read_bytes())
         except (OSError, ValueError):
