@@ -18,6 +18,7 @@ from choir._version import __version__
 _COMMANDS: dict[str, tuple[str, str, str]] = {
     "verify": ("choir.cli.verify", "verify", "Verify the working tree now."),
     "init": ("choir.cli.init", "init", "Write a choir.yaml that fits this repo; verify once."),
+    "runs": ("choir.cli.runs", "runs", "List past runs, or show one: reports, verdicts, logs."),
     "run": ("choir.cli.run", "run", "Run the orchestrator loop on a work item."),
     "approve": ("choir.cli.run", "approve", "Answer a human-approval gate."),
     "gate": ("choir.cli.run", "gate", "Exit 0 only if a work item is ASSERTed for this tree."),
