@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -158,6 +159,64 @@ def check_session(run_dir: Path, attestations: Any) -> list[tuple[str, str, str]
     return problems
 
 
+_DEF = r"^\s*(?:async\s+)?def\s+{name}\b"
+
+
+def pytest_node(repo: Path, test_id: str, location: str | None) -> tuple[str, str | None]:
+    """A pytest node id a user can paste, and ``file:line`` of the test's ``def``.
+
+    JUnit names a test ``package.module.Class::name``; pytest wants
+    ``package/module.py::Class::name``. The module is the longest dotted prefix that is a
+    file in the repo (never outside it); without one, the id is returned as it was.
+    """
+    import re
+
+    head, _, name = test_id.rpartition("::")
+    parts = [p for p in head.split("::") if p] if ".py" in head else head.split(".")
+    found: Path | None = None
+    rest: list[str] = []
+    if parts and parts[0].endswith(".py"):
+        found, rest = repo / parts[0], parts[1:]
+    else:
+        for cut in range(len(parts), 0, -1):
+            candidate = repo.joinpath(*parts[:cut]).with_suffix(".py") if parts[:cut] else None
+            if candidate is not None and candidate.is_file():
+                found, rest = candidate, parts[cut:]
+                break
+    if found is None and location and location.endswith(".py"):
+        found = repo / location
+    try:
+        rel = found.resolve().relative_to(repo) if found is not None else None
+    except ValueError:
+        rel = None  # a name pointing outside the repo is not followed
+    if rel is None or not (repo / rel).is_file():
+        return test_id, location
+    node = "::".join([rel.as_posix(), *rest, name])
+    base = re.escape(name.split("[", 1)[0])
+    try:
+        lines = (repo / rel).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return node, rel.as_posix()
+    pattern = re.compile(_DEF.format(name=base))
+    line = next((i for i, text in enumerate(lines, 1) if pattern.match(text)), None)
+    return node, f"{rel.as_posix()}:{line}" if line else rel.as_posix()
+
+
+def failing_tests(repo: Path, runs: list[Any]) -> list[dict[str, Any]]:
+    """The failing tests of every run that did not pass, as pytest node ids with file:line."""
+    out: list[dict[str, Any]] = []
+    for run in runs:
+        if run.report.result is Result.PASS:
+            continue
+        for sig in run.report.failure_signatures:
+            if not sig.kind.startswith("test") or not sig.test_id:
+                continue
+            node, where = pytest_node(repo, sig.test_id, sig.location)
+            out.append({"verifier": run.verifier, "replica": run.replica, "node_id": node,
+                        "location": where, "excerpt": sig.excerpt})
+    return out
+
+
 def _platform(first: Platform | None, sandbox: str, isolation: str) -> dict[str, str | None]:
     return {"os": first.os if first else "", "arch": first.arch if first else "",
             "container_image": first.container_image if first else None,
@@ -176,10 +235,21 @@ def _write_session(store: Any, session: str, manifest: dict[str, Any]) -> None:
     write_once(folder / "manifest.json", data, f"run {session}: manifest already written")
 
 
+OnEvent = Callable[[str, dict[str, Any]], None]
+
+
+def _quiet(kind: str, data: dict[str, Any]) -> None:
+    return None
+
+
 async def averify_tree(
-    repo: Path, *, mood: Mood | None = None, sandbox_name: str | None = None
+    repo: Path, *, mood: Mood | None = None, sandbox_name: str | None = None,
+    on_event: OnEvent | None = None,
 ) -> VerifyOutcome:
     """Verify ``repo``'s working tree now. See the module docstring.
+
+    ``on_event`` gets the same ``("progress", {...})`` events ``choir run`` streams (the plan,
+    the sandbox, each verifier queued/running/done), so the CLI draws the same live view.
 
     Raises:
         UserError: bad configuration, or a policy that refuses the sandbox available.
@@ -204,7 +274,12 @@ async def averify_tree(
             specs=config.verifiers, last=[])
         plan = director_plan(policy, mood, config.verifiers, suggestion=advice.names,
                              reason=advice.reason)
+    emit = on_event or _quiet
+    emit("progress", {"kind": "plan", "mood": mood.value, "round_kind": "verify",
+                      "verifiers": [f"{p.name}#{p.replica}" for p in plan.verifiers],
+                      "dropped": list(plan.dropped), "reason": plan.reason})
     sandbox = open_sandbox(config, policy, mood, sandbox_name)
+    emit("progress", {"kind": "sandbox", "name": sandbox.name, "isolation": sandbox.isolation})
     target = resolve_target(repo)
     store, signer, attestations = ArtifactStore(), load_signer(), AttestationStore()
     session = new_run_id("verify")
@@ -213,18 +288,29 @@ async def averify_tree(
 
     async def one(planned: PlannedVerifier) -> Any:
         spec = config.verifiers[planned.name]
+        run_id = f"{session}-{planned.name}-{planned.replica}"
+        label = {"kind": "green", "key": run_id, "verifier": planned.name,
+                 "lens": planned.lens, "replica": planned.replica}
+        emit("progress", {**label, "state": "queued"})
         async with semaphore:
-            return await run_verifier_thread(
+            emit("progress", {**label, "state": "running"})
+            began = time.monotonic()
+            pair = await run_verifier_thread(
                 spec,
                 repo=repo,
                 target=target,
                 sandbox=sandbox,
                 store=store,
-                run_id=f"{session}-{planned.name}-{planned.replica}",
+                run_id=run_id,
                 reporter=config.models.reporter,
                 lens=planned.lens,
                 replica=planned.replica,
             )
+        report = pair[0].report
+        emit("progress", {**label, "state": "done", "result": report.result.value,
+                          "seconds": round(time.monotonic() - began, 2),
+                          "summary": report.summary[:160]})
+        return pair
 
     planned = list(plan.verifiers)
     try:
@@ -290,13 +376,18 @@ async def averify_tree(
         "plan_dropped": list(plan.dropped),
         "plan_reason": plan.reason,
         "reports": [run.report.model_dump(mode="json") for run in runs],
+        "threads": [{"verifier": run.verifier, "replica": run.replica, "lens": run.lens,
+                     "run_id": run.run_id, "result": run.report.result.value} for run in runs],
+        "failing_tests": failing_tests(repo, runs),
         "attestations": [att.id for att in atts],
     }
     return VerifyOutcome(status=status, contract=contract)
 
 
 def verify_tree(
-    repo: Path, *, mood: Mood | None = None, sandbox_name: str | None = None
+    repo: Path, *, mood: Mood | None = None, sandbox_name: str | None = None,
+    on_event: OnEvent | None = None,
 ) -> VerifyOutcome:
     """Synchronous ``averify_tree``."""
-    return asyncio.run(averify_tree(repo, mood=mood, sandbox_name=sandbox_name))
+    return asyncio.run(averify_tree(repo, mood=mood, sandbox_name=sandbox_name,
+                                    on_event=on_event))
