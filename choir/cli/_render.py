@@ -8,6 +8,7 @@ from typing import Any
 def render_verify(contract: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from choir.cli.runs import strip_control
 
@@ -27,8 +28,9 @@ def render_verify(contract: dict[str, Any]) -> None:
         style = "green" if report["result"] == "PASS" else "red"
         label = f"{report['verifier']}#{thread.get('replica', 0)}" + (
             f" ({thread['lens']})" if thread.get("lens", "default") != "default" else "")
-        table.add_row(label, f"[{style}]{report['result']}[/{style}]",
-                      f"{report['confidence']:.2f}", report["summary"][:100])
+        table.add_row(Text(label), Text(report["result"], style=style),
+                      f"{report['confidence']:.2f}",
+                      Text(strip_control(report["summary"][:100])))  # text, never markup
     console.print(table)
     failing: dict[tuple[str, str], list[str]] = {}
     for test in contract.get("failing_tests") or []:

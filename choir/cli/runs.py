@@ -4,7 +4,7 @@ Everything shown is read back from what the run stored: the checkpoint of a ``ch
 (status, attempts, the executor's log hash), the attestations minted for it (each names its
 report and manifest by hash), the AHDB's verdicts on its work item, the artifact run folders,
 and, for ``choir verify``, its session manifest at ``runs/{run_id}/manifest.json``. Nothing
-is re-run and nothing is written.
+is re-run, and no stored file is changed (the checkpoint database is opened read-only).
 """
 
 from __future__ import annotations
