@@ -7,7 +7,6 @@ put first, as a user's activated venv would be.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import sys
@@ -74,9 +73,18 @@ def test_pytest_ruff_mypy_presets_name_each_failure(tmp_path: Path) -> None:
     assert "return-value" in sigs["mypy"]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("bandit_sarif_formatter") is None,
-                    reason="bandit with its SARIF formatter is not installed")
+def _bandit_sarif() -> bool:
+    from importlib.metadata import entry_points
+
+    return any(e.name == "sarif" for e in entry_points(group="bandit.formatters"))
+
+
+@pytest.mark.skipif(not _bandit_sarif(), reason="bandit with its SARIF formatter is not installed")
 def test_bandit_preset_reports_a_finding(tmp_path: Path) -> None:
     repo = _project(tmp_path / "sec", ["bandit"], broken=False)
     (repo / "danger.py").write_text("import subprocess\nsubprocess.call('ls', shell=True)\n")
-    assert _reports(repo)["bandit"]["result"] == "FAIL"
+    report = _reports(repo)["bandit"]
+    assert report["result"] == "FAIL", report
+    assert any(s["test_id"] == "B602" for s in report["failure_signatures"])  # type: ignore[union-attr]
+    clean = _project(tmp_path / "clean", ["bandit"], broken=False)
+    assert _reports(clean)["bandit"]["result"] == "PASS"
