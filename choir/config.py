@@ -84,7 +84,13 @@ def _verifier_spec(doc: YamlDoc, name: str, raw: Any) -> tuple[VerifierSpec | No
         return None, [ConfigError(f"verifier '{name}' must be a mapping", path=str(doc.path),
                                   line=doc.line_of(("verifiers", name)),
                                   hint="give it 'kind:' and 'steps:'")]
-    spec, errors = validation_errors(doc, VerifierSpec, {**raw, "name": name},
+    from choir.presets import expand
+
+    try:
+        expanded = expand(doc, name, raw)
+    except ConfigError as err:
+        return None, [err]
+    spec, errors = validation_errors(doc, VerifierSpec, {**expanded, "name": name},
                                      prefix=("verifiers", name))
     return spec, errors
 

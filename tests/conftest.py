@@ -65,3 +65,18 @@ def choir_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
     monkeypatch.setenv("CHOIR_ARTIFACT_DIR", str(home / "artifacts"))
     monkeypatch.delenv("AGENT_ARTIFACT_DIR", raising=False)
     yield home
+
+
+@pytest.fixture(autouse=True)
+def _private_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Temporary files of the test and of every process it starts go under its tmp_path.
+
+    A test that kills a process with SIGKILL (the crash tests) leaves that process's
+    ``TemporaryDirectory`` behind; under tmp_path pytest removes it, not /tmp forever.
+    """
+    import tempfile
+
+    private = tmp_path / "tmp"
+    private.mkdir(exist_ok=True)
+    monkeypatch.setenv("TMPDIR", str(private))
+    monkeypatch.setattr(tempfile, "tempdir", str(private))

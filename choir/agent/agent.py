@@ -4,8 +4,9 @@ The model finishes by calling ``final_output``. Its arguments are validated into
 ``output_type`` first (invalid arguments are an invalid model response: the model is told
 what was wrong, and no verification attempt is spent). The verifier then passes (its return
 value is the output), rejects (one attempt, compact feedback, the model revises), or fails
-the run (``FatalAgentError``). A turn bound ends a run whose model never converges, for
-example one that resubmits the identical rejected candidate forever.
+the run (``FatalAgentError``). A model that resubmits the identical rejected candidate is stopped
+after a few tries (``no_progress``, then ``verification_exhausted``); a turn bound ends any
+other run whose model never converges.
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ class Agent:
         verifier_max_attempts: rejections allowed before ``verification_exhausted``.
         max_turns: model calls allowed in a run.
         max_invalid_responses: unusable replies allowed (bad arguments, unknown tools).
+        max_identical_rejections: times the identical candidate may be rejected in a row
+            before the run ends with ``no_progress`` and ``verification_exhausted``.
         retry: retries for system errors (model transport, verifier crashes).
         model_settings: passed to litellm (``api_base``, ``temperature``, ...).
     """
@@ -106,6 +109,7 @@ class Agent:
                  tools: Iterable[Tool | Callable[..., Any]] = (), output_type: Any = str,
                  verifier: Callable[..., Any] | None = None, verifier_max_attempts: int = 3,
                  *, max_turns: int = 40, max_invalid_responses: int = 3,
+                 max_identical_rejections: int = 3,
                  retry: RetryPolicy | None = None, model_settings: dict[str, Any] | None = None,
                  name: str = "agent") -> None:
         if model is None:
@@ -119,7 +123,10 @@ class Agent:
         self.output_type = output_type if output_type is not None else str
         self.final_args, self._wrapped = _final_model(self.output_type)
         self.retry = retry or RetryPolicy()
-        self.gate = (Gate(verifier, verifier_max_attempts, self.retry)
+        if max_identical_rejections < 2:
+            raise ValueError("max_identical_rejections must be at least 2")
+        self.gate = (Gate(verifier, verifier_max_attempts, self.retry,
+                          max_repeats=max_identical_rejections)
                      if verifier is not None else None)
         self.verifier_max_attempts = verifier_max_attempts
         self.max_turns = max_turns
@@ -314,6 +321,8 @@ class Agent:
             ctx = (ctx.with_messages({"role": "user", "content": result.feedback})
                    if call is None else self._tool_reply(ctx, call, result.feedback))
             if result.kind == "exhausted":
+                if result.no_progress:
+                    emit("no_progress", {**state, "repeats": result.state.repeats})
                 emit("verification_exhausted", state)
                 raise _Done(self._fail(ctx, "verification_exhausted"))
             return ctx

@@ -24,12 +24,18 @@ class VerificationState(Frozen):
     """Attempt accounting for the verifier gate (seed 000).
 
     ``last_candidate_hash`` is the canonical-JSON hash of the last verified candidate: a
-    rejection of the same candidate again (a replay after a crash) does not count twice.
+    rejection of the same candidate again does not spend a second attempt. ``repeats``
+    counts how many times in a row that identical candidate was rejected, and
+    ``checked_turn`` the model turn that submitted it last: the same candidate again at the
+    same turn is a replay after a crash (counted nothing), at a later turn a resubmission
+    (one more repeat; too many end the run with no progress).
     """
 
     attempts_used: int = Field(default=0, ge=0)
     last_candidate_hash: str | None = None
     last_outcome: Outcome | None = None
+    repeats: int = Field(default=0, ge=0)
+    checked_turn: int | None = None
 
 
 class AgentContext(Frozen):

@@ -61,12 +61,17 @@ def sanitize_metadata(metadata: dict[str, Any] | None) -> dict[str, str]:
 
 
 def rejection_feedback(message: str, code: str | None, metadata: dict[str, Any] | None, *,
-                       attempts_used: int, max_attempts: int) -> str:
+                       attempts_used: int, max_attempts: int, repeats: int = 1,
+                       max_repeats: int = 0) -> str:
     """The feedback block appended for a rejected candidate. Same input, same bytes."""
     lines = [f'<verification_rejected code="{safe_code(code)}">',
              f"Summary: {one_line(message, MAX_MESSAGE)}"]
     for key, value in sanitize_metadata(metadata).items():
         lines.append(f"- {key}: {value}")
+    if repeats > 1:
+        lines.append(f"This identical candidate was rejected {repeats} times"
+                     + (f" (the run ends at {max_repeats})" if max_repeats else "")
+                     + ": it cannot pass unchanged.")
     lines.append(f"Attempts used: {attempts_used} of {max_attempts}. "
                  "Revise, then call final_output again.")
     lines.append("</verification_rejected>")

@@ -1,7 +1,11 @@
 """The verifier gate of seed 000: pass, reject (counted once per candidate), fatal, error.
 
 A rejection counts one attempt unless it is the same candidate (canonical-JSON hash) as the
-last one, which is what a replay after a crash looks like. ``FatalAgentError`` ends the run.
+last one. The same candidate submitted again at the same model turn is a replay after a crash
+and counts nothing; at a later turn it is a resubmission that makes no progress: after
+``max_repeats`` identical rejections in a row the gate is exhausted (``no_progress``), long
+before a turn bound would stop a model that never changes its answer. ``FatalAgentError``
+ends the run.
 Any other exception is a system error: retried within the policy, never an attempt.
 """
 
@@ -46,6 +50,7 @@ class GateResult:
     output: Any = None
     feedback: str = ""
     error: str = ""
+    no_progress: bool = False
 
 
 def candidate_hash(candidate: Any) -> str:
@@ -60,6 +65,7 @@ class Gate:
     verifier: Callable[..., Any]
     max_attempts: int
     retry: RetryPolicy
+    max_repeats: int = 3
 
     async def check(self, candidate: Any, agent_ctx: AgentContext,
                     execution_ctx: ExecutionContext) -> GateResult:
@@ -70,14 +76,15 @@ class Gate:
             try:
                 value = await call_maybe_async(self.verifier, candidate, **kwargs)
             except VerificationRejected as rejected:
-                used = state.attempts_used + (0 if digest == state.last_candidate_hash else 1)
-                new = VerificationState(attempts_used=used, last_candidate_hash=digest,
-                                        last_outcome="rejected")
+                new = self._count(state, digest, agent_ctx.turn)
                 feedback = rejection_feedback(rejected.message, rejected.code,
-                                              rejected.metadata, attempts_used=used,
-                                              max_attempts=self.max_attempts)
-                kind: GateKind = "exhausted" if used >= self.max_attempts else "rejected"
-                return GateResult(kind, new, feedback=feedback,
+                                              rejected.metadata, attempts_used=new.attempts_used,
+                                              max_attempts=self.max_attempts,
+                                              repeats=new.repeats, max_repeats=self.max_repeats)
+                stuck = new.repeats >= self.max_repeats
+                kind: GateKind = ("exhausted" if stuck or new.attempts_used >= self.max_attempts
+                                  else "rejected")
+                return GateResult(kind, new, feedback=feedback, no_progress=stuck,
                                   error=one_line(rejected.message))
             except FatalAgentError as fatal:
                 return GateResult("fatal", state, error=one_line(str(fatal)))
@@ -89,6 +96,21 @@ class Gate:
                 await asyncio.sleep(self.retry.delay(retry))
                 continue
             passed = VerificationState(attempts_used=state.attempts_used,
-                                       last_candidate_hash=digest, last_outcome="passed")
+                                       last_candidate_hash=digest, last_outcome="passed",
+                                       checked_turn=agent_ctx.turn)
             return GateResult("passed", passed, output=value)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    @staticmethod
+    def _count(state: VerificationState, digest: str, turn: int) -> VerificationState:
+        """The accounting after a rejection of ``digest`` submitted at model turn ``turn``."""
+        same = digest == state.last_candidate_hash and state.last_outcome == "rejected"
+        if same and state.checked_turn in (None, turn):  # a replay: already counted
+            return state.model_copy(update={"checked_turn": turn,
+                                            "repeats": max(state.repeats, 1)})
+        if same:  # resubmitted unchanged: no new attempt, one more repeat
+            return state.model_copy(update={"repeats": state.repeats + 1,
+                                            "checked_turn": turn})
+        return VerificationState(attempts_used=state.attempts_used + 1,
+                                 last_candidate_hash=digest, last_outcome="rejected",
+                                 repeats=1, checked_turn=turn)

@@ -38,6 +38,7 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
     from choir.audit.citations import check_citations
     from choir.audit.ledger import compare_tables, contradicted, replay_log
     from choir.exceptions import IntegrityError
+    from choir.verify import check_session, is_session_folder
 
     base = home or choir_home()
     store = ArtifactStore(artifacts_root)
@@ -80,6 +81,10 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
         counts["runs"] += 1
         run_dir = store.run_dir(run_id)
         manifest_path = run_dir / MANIFEST
+        if is_session_folder(manifest_path):  # a `choir verify` session: checked by its owner
+            found.extend(_v(kind, run_id, want, got)
+                         for kind, want, got in check_session(run_dir, atts))
+            continue
         try:
             manifest = RunManifest.model_validate_json(manifest_path.read_bytes())
         except (OSError, ValueError):

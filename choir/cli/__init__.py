@@ -17,6 +17,8 @@ from choir._version import __version__
 # command name -> (module, attribute, one-line help shown by --help without importing it)
 _COMMANDS: dict[str, tuple[str, str, str]] = {
     "verify": ("choir.cli.verify", "verify", "Verify the working tree now."),
+    "init": ("choir.cli.init", "init", "Write a choir.yaml that fits this repo; verify once."),
+    "runs": ("choir.cli.runs", "runs", "List past runs, or show one: reports, verdicts, logs."),
     "run": ("choir.cli.run", "run", "Run the orchestrator loop on a work item."),
     "approve": ("choir.cli.run", "approve", "Answer a human-approval gate."),
     "gate": ("choir.cli.run", "gate", "Exit 0 only if a work item is ASSERTed for this tree."),

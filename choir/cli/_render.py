@@ -12,6 +12,7 @@ from typing import Any
 def render_verify(contract: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from choir._terminal import safe_markup, strip_controls
 
@@ -20,16 +21,34 @@ def render_verify(contract: dict[str, Any]) -> None:
     if tail and contract["status"] != "PASS":
         console.rule("tail of the logs (for you only; never shown to an agent)")
         console.out(strip_controls(tail), highlight=False)
-    table = Table(title=safe_markup(f"choir verify  {contract['run_id']}  mood {contract['mood']}"))
+    platform = contract.get("manifest", {}).get("platform", {})
+    isolation = f"sandbox {platform.get('sandbox', '?')} (isolation: {platform.get('isolation')})"
+    table = Table(title=safe_markup(f"choir verify  {contract['run_id']}  mood {contract['mood']}  "
+                                    f"{isolation}"))
     for column in ("verifier", "result", "confidence", "summary"):
         table.add_column(column)
-    for report in contract["reports"]:
+    threads = contract.get("threads") or [{} for _ in contract["reports"]]
+    for report, thread in zip(contract["reports"], threads, strict=True):
         style = "green" if report["result"] == "PASS" else "red"
-        table.add_row(safe_markup(report["verifier"]),
-                      f"[{style}]{safe_markup(report['result'])}[/{style}]",
-                      f"{report['confidence']:.2f}", safe_markup(report["summary"][:100]))
+        label = f"{report['verifier']}#{thread.get('replica', 0)}" + (
+            f" ({thread['lens']})" if thread.get("lens", "default") != "default" else "")
+        table.add_row(Text(label), Text(report["result"], style=style),
+                      f"{report['confidence']:.2f}",
+                      Text(strip_controls(report["summary"][:100])))  # text, never markup
     console.print(table)
+    failing: dict[tuple[str, str], list[str]] = {}
+    for test in contract.get("failing_tests") or []:
+        key = (strip_controls(test["node_id"]), strip_controls(test.get("location") or ""))
+        failing.setdefault(key, []).append(f"{test['verifier']}#{test['replica']}")
+    if failing:
+        console.print("[bold red]failing tests[/] (paste a node id after `python3 -m pytest`):")
+        for (node, where), labels in list(failing.items())[:30]:
+            console.out(f"  {node}" + (f"  ({where})" if where else "")
+                        + f"   [{', '.join(labels)}]", highlight=False)
+        if len(failing) > 30:
+            console.print(f"  ... and {len(failing) - 30} more (--json lists them all)")
     colour = "green" if contract["status"] == "PASS" else "red"
-    console.print(f"[bold {colour}]{safe_markup(contract['status'])}[/]  attestations: "
+    console.print(f"[bold {colour}]{safe_markup(contract['status'])}[/]  "
+                  f"{safe_markup(isolation)}  attestations: "
                   + safe_markup(", ".join(a[:16] for a in contract["attestations"])))
     console.print("artifacts: " + safe_markup(", ".join(contract["artifact_paths"])))

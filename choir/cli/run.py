@@ -37,7 +37,10 @@ def _finish(outcome: Any, as_json: bool) -> int:
     from choir.cli._progress import spend_lines
 
     if as_json:
-        click.echo(json.dumps(outcome.__dict__, indent=2, default=str))
+        from choir.cli.runs import show_run
+
+        stored = show_run(outcome.run_id)  # reports, attestations, verdicts, executor output
+        click.echo(json.dumps({**stored, **outcome.__dict__}, indent=2, default=str))
     else:
         click.echo(f"{outcome.status.upper()}  run {outcome.run_id}  {outcome.work_item}  "
                    f"attempt {outcome.attempt}  mood {outcome.mood}  {outcome.reason}")

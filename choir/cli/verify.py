@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -22,11 +23,20 @@ _MOODS = ["CALM", "SKEPTICAL", "PARANOID", "BOLD", "CURIOUS"]
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def verify(repo: Path, mood: str | None, sandbox_name: str | None, as_json: bool) -> int:
     """Verify the working tree now: exit 0 PASS, 1 FAIL, 2 configuration error."""
+    return run_verify(repo, mood=mood, sandbox_name=sandbox_name, as_json=as_json)
+
+
+def run_verify(repo: Path, *, mood: str | None, sandbox_name: str | None, as_json: bool) -> int:
+    """The one path ``choir verify`` and ``choir init`` take: verify, render, exit code."""
     from choir.models import Mood
     from choir.verify import verify_tree
 
-    outcome = verify_tree(repo, mood=Mood(mood.upper()) if mood else None,
-                          sandbox_name=sandbox_name)
+    progress = _progress(as_json)
+    try:
+        outcome = verify_tree(repo, mood=Mood(mood.upper()) if mood else None,
+                              sandbox_name=sandbox_name, on_event=progress)
+    finally:
+        progress.close()
     if as_json:
         click.echo(json.dumps(outcome.contract, indent=2, sort_keys=True))
     else:
@@ -34,3 +44,29 @@ def verify(repo: Path, mood: str | None, sandbox_name: str | None, as_json: bool
 
         render_verify(outcome.contract)
     return EXIT_OK if outcome.passed else EXIT_FAIL
+
+
+def _progress(as_json: bool) -> Any:
+    """``choir run``'s live view on a terminal (plain lines on stderr otherwise), plus a
+    warning on stderr when the sandbox isolates nothing."""
+    from rich.console import Console
+
+    from choir.cli._progress import Progress
+
+    console = Console(stderr=True, highlight=False)
+    view = Progress(console=console, live=console.is_terminal and not as_json)
+
+    class _Verify:
+        def __call__(self, kind: str, data: dict[str, Any]) -> None:
+            if data.get("kind") == "sandbox":
+                if data.get("isolation") == "none":
+                    console.print(f"[bold yellow]warning:[/] sandbox '{data['name']}' isolates "
+                                  "nothing: verifier commands run as you, with your files, keys "
+                                  "and network. Use --sandbox bwrap or docker.")
+                return
+            view(kind, data)
+
+        def close(self) -> None:
+            view.close()
+
+    return _Verify()

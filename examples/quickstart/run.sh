@@ -6,9 +6,16 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 work="$(mktemp -d)"
+# The working copy (and CHOIR_HOME, unless you set one) is removed on exit; KEEP=1 keeps it,
+# e.g. to look at the run afterwards with `choir runs list` / `choir runs show RUN_ID`.
+if [ "${KEEP:-0}" = 1 ]; then
+  trap 'echo "== kept $work"' EXIT
+else
+  trap 'rm -rf "$work"' EXIT
+fi
 export CHOIR_HOME="${CHOIR_HOME:-$work/choir-home}"
 cp -r "$here/repo" "$here/fix.py" "$here/workitem.yaml" "$work/"
-echo "== working copy: $work   CHOIR_HOME: $CHOIR_HOME"
+echo "== working copy: $work   CHOIR_HOME: $CHOIR_HOME   (KEEP=1 keeps them)"
 
 echo "== choir run workitem.yaml"
 choir run "$work/workitem.yaml"

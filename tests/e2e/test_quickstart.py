@@ -28,3 +28,6 @@ def test_quickstart_fails_hypothesizes_fixes_passes_asserts_and_audits_clean(
     assert "audit: clean" in out
     # the example itself is never modified: the job works on a copy
     assert "return a - b" in (ROOT / "examples/quickstart/repo/calc.py").read_text()
+    # and it leaves no working copy behind in /tmp
+    work = out.split("== working copy: ", 1)[1].split()[0]
+    assert work.startswith(("/tmp", os.environ.get("TMPDIR", "/tmp"))) and not Path(work).exists()

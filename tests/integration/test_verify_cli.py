@@ -83,7 +83,8 @@ def test_verify_pass_prints_the_contract_and_exits_0(tmp_path: Path) -> None:
     unit = next(r for r in out["reports"] if r["verifier"] == "unit")
     assert unit["counts"]["run"] == 2 and unit["counts"]["failed"] == 0
     commands = out["manifest"]["commands_executed"]
-    assert {c["name"] for c in commands} == {"unit/pytest", "lint/compile"}
+    assert {(c["verifier"], c["name"]) for c in commands} == {("unit", "pytest"),
+                                                              ("lint", "compile")}
     assert all(c["exit_code"] == 0 and c["duration_ms"] >= 0 for c in commands)
     assert out["manifest"]["platform"]["sandbox"] == sandbox_name()
     for path in out["artifact_paths"]:
@@ -168,3 +169,39 @@ def test_bold_verify_broadens_only_once_the_core_is_green(tmp_path: Path, calc: 
     out = json.loads(proc.stdout)
     assert out["plan"] == plan and [r["verifier"] for r in out["reports"]] == plan
     assert len(out["attestations"]) == len(plan)
+
+
+def test_seed001_contract_run_id_is_a_real_run_folder(tmp_path: Path, choir_home: Path) -> None:
+    """seed 001: run_id names runs/{run_id}/manifest.json; commands are named by step."""
+    repo = make_repo(tmp_path / "repo", CALC_OK)
+    proc = run("verify", "--repo", str(repo), "--json", "--sandbox", sandbox_name(),
+               "--mood", "SKEPTICAL")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    folder = choir_home / "artifacts" / "runs" / out["run_id"]
+    stored = json.loads((folder / "manifest.json").read_text())
+    assert stored == out["manifest"]
+    assert stored["run_id"] == out["run_id"] and stored["status"] == "PASS"
+    steps = {c["verifier"]: c for c in stored["commands_executed"]}
+    assert steps["unit"]["name"] == "pytest" and steps["lint"]["name"] == "compile"
+    for c in stored["commands_executed"]:  # each names the verifier run that holds its logs
+        assert Path(out["artifact_paths"][0]).parent.joinpath(c["run_id"]).is_dir()
+    assert run("audit").returncode == 0
+
+
+def test_audit_catches_a_forged_verify_session_manifest(tmp_path: Path, choir_home: Path) -> None:
+    """Attack: rewrite a FAIL session's manifest to say PASS and point at other runs."""
+    good = make_repo(tmp_path / "good", CALC_OK)
+    bad = make_repo(tmp_path / "bad", CALC_BUG)
+    passed = json.loads(run("verify", "--repo", str(good), "--json", "--sandbox",
+                            sandbox_name()).stdout)
+    failed = json.loads(run("verify", "--repo", str(bad), "--json", "--sandbox",
+                            sandbox_name()).stdout)
+    assert failed["status"] == "FAIL" and run("audit").returncode == 0
+    path = choir_home / "artifacts" / "runs" / failed["run_id"] / "manifest.json"
+    forged = dict(json.loads(path.read_text()), status="PASS", runs={"x-unit-0": "0" * 64})
+    path.chmod(0o644)
+    path.write_text(json.dumps(forged))
+    proc = run("audit", "--json")
+    assert proc.returncode == 1
+    assert failed["run_id"] in proc.stdout and passed["run_id"] not in proc.stdout

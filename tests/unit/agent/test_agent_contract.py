@@ -168,14 +168,74 @@ async def test_a_crashing_verifier_is_retried_and_never_counts_an_attempt() -> N
     assert result.context.verification == VerificationState(last_outcome="system_error")
 
 
-async def test_resubmitting_the_same_rejected_candidate_forever_ends_at_the_turn_bound() -> None:
+async def test_resubmitting_the_same_rejected_candidate_ends_early_with_no_progress() -> None:
+    """A model that resubmits the identical rejected candidate is stopped after 3 tries,
+    not at the 40-turn bound; the identical candidate still costs one attempt only."""
     seen: list[Any] = []
     a, model = agent([final_output(summary="same")], reject_until("never", seen),
-                     repeat_last=True, max_turns=6)
+                     repeat_last=True, verifier_max_attempts=5)
     result = await a.run("q")
-    assert (result.status, result.error) == ("failed", "turn_limit")
+    assert (result.status, result.error) == ("failed", "verification_exhausted")
     assert result.context.verification.attempts_used == 1, "identical candidate counted once"
-    assert model.calls == 6 and len(seen) == 6
+    assert model.calls == 3 and len(seen) == 3
+    assert result.events[-3:] == ("no_progress", "verification_exhausted", "run_failed")
+    assert "identical" in result.context.messages[-1]["content"]
+
+
+async def test_a_changed_candidate_resets_the_no_progress_count() -> None:
+    seen: list[Any] = []
+    script = [final_output(summary="a"), final_output(summary="a"), final_output(summary="b"),
+              final_output(summary="b"), final_output(summary="good")]
+    a, _ = agent(script, reject_until("good", seen), verifier_max_attempts=5)
+    result = await a.run("q")
+    assert result.status == "completed" and "no_progress" not in result.events
+    assert result.context.verification.attempts_used == 2
+
+
+class CrashOnSecondRepeat(SqliteContextStore):
+    """Crashes on the save that would persist the second identical rejection."""
+
+    def save(self, run_id: str, ctx: AgentContext) -> None:
+        if ctx.verification.repeats == 2 and not getattr(self, "crashed", False):
+            self.crashed = True
+            raise _Crash
+        super().save(run_id, ctx)
+
+
+async def test_no_progress_count_survives_a_crash_without_counting_twice(tmp_path: Any) -> None:
+    store = CrashOnSecondRepeat(tmp_path / "agents.sqlite")
+    seen: list[Any] = []
+    a, model = agent([final_output(summary="same")], reject_until("never", seen),
+                     repeat_last=True)
+    with pytest.raises(_Crash):
+        await a.run("q", run_id="job", store=store)
+    assert model.calls == 2 and store.load("job").verification.repeats == 1  # type: ignore
+    b, model2 = agent([final_output(summary="same")], reject_until("never", seen),
+                      repeat_last=True)
+    result = await b.run("q", run_id="job", store=store)
+    assert (result.status, result.error) == ("failed", "verification_exhausted")
+    assert model2.calls == 1, "the replayed second submission was not counted again"
+    assert len(seen) == 4  # 2 before the crash, the replay, then the third submission
+    assert result.context.verification.repeats == 3
+    assert result.context.verification.attempts_used == 1
+
+
+async def test_replaying_an_already_counted_repeat_is_idempotent(tmp_path: Any) -> None:
+    """Saved after the check at turn 2 but before the tool reply: the replay is no repeat."""
+    store = SqliteContextStore(tmp_path / "agents.sqlite")
+    call = tool_call("final_output", {"summary": "bad", "tests": 1})
+    counted = AgentContext(
+        query="q", turn=2,
+        messages=({"role": "user", "content": "q"},
+                  {"role": "assistant", "content": None, "tool_calls": [call.as_message()]}),
+        verification=VerificationState(attempts_used=1, last_outcome="rejected", repeats=2,
+                                       checked_turn=2, last_candidate_hash=candidate_hash(
+                                           Patch(summary="bad"))))
+    store.save("job", counted)
+    a, _ = agent([final_output(summary="good")], reject_until("good", []))
+    result = await a.run("q", run_id="job", store=store)
+    assert result.status == "completed", result.events
+    assert result.context.verification.attempts_used == 1
 
 
 def test_candidate_hash_is_canonical() -> None:

@@ -1,0 +1,212 @@
+"""``choir init``: look at a repo, write a commented ``choir.yaml`` that fits, verify it once.
+
+Detection reads only the files a project already has (pyproject.toml, setup.cfg, tox.ini,
+package.json) and picks presets for the tools it finds configured or depended on, so the
+first ``choir verify`` runs the project's own test and lint tools. The file is validated
+before it is written and written in one rename: nothing half-written, and an existing
+``choir.yaml`` is never replaced without ``--force``.
+"""
+
+from __future__ import annotations
+
+import configparser
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+from choir.cli._errors import EXIT_FAIL, EXIT_OK
+
+_MOODS = ["CALM", "SKEPTICAL", "PARANOID", "BOLD", "CURIOUS"]
+_PY_TOOLS = ("pytest", "ruff", "mypy", "bandit")
+_WHY = {"pytest": "runs your tests; JUnit XML goes to $CHOIR_OUT, cache off",
+        "ruff": "lint as JSON, no cache written into the repo",
+        "mypy": "type checks; its cache lives under $CHOIR_OUT",
+        "bandit": "security scan as SARIF (needs bandit[sarif])"}
+
+
+@dataclass
+class Detected:
+    """What ``detect`` found: presets by tool, npm scripts, and why (shown in the file)."""
+
+    presets: list[str] = field(default_factory=list)
+    npm_scripts: list[str] = field(default_factory=list)
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    def add(self, tool: str, reason: str) -> None:
+        if tool not in self.presets:
+            self.presets.append(tool)
+            self.reasons[tool] = reason
+
+
+def _mentions(names: list[str], tool: str) -> bool:
+    pattern = re.compile(rf"^\s*{re.escape(tool)}(?![\w-])", re.IGNORECASE)
+    return any(pattern.match(n) for n in names)
+
+
+def _pyproject(repo: Path, found: Detected) -> None:
+    import tomllib
+
+    path = repo / "pyproject.toml"
+    if not path.is_file():
+        return
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return  # not ours to judge; other files may still tell
+    tool = data.get("tool", {}) if isinstance(data.get("tool"), dict) else {}
+    project = data.get("project", {}) if isinstance(data.get("project"), dict) else {}
+    deps: list[str] = [str(d) for d in project.get("dependencies", []) or []]
+    for group in (project.get("optional-dependencies") or {}).values():
+        deps += [str(d) for d in group or []]
+    for group in (data.get("dependency-groups") or {}).values():
+        deps += [str(d) for d in group or [] if isinstance(d, str)]
+    poetry = tool.get("poetry", {}) if isinstance(tool.get("poetry"), dict) else {}
+    deps += list((poetry.get("dev-dependencies") or {}).keys())
+    for group in (poetry.get("group") or {}).values():
+        deps += list((group.get("dependencies") or {}).keys()) if isinstance(group, dict) else []
+    for name in _PY_TOOLS:
+        if name in tool:
+            found.add(name, f"pyproject.toml has [tool.{name}]")
+        elif _mentions(deps, name):
+            found.add(name, f"pyproject.toml depends on {name}")
+
+
+def _ini(repo: Path, name: str, sections: dict[str, str], found: Detected) -> None:
+    path = repo / name
+    if not path.is_file():
+        return
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    try:
+        parser.read_string(path.read_text(encoding="utf-8"))
+    except (configparser.Error, UnicodeDecodeError):
+        return
+    for section, tool in sections.items():
+        if parser.has_section(section):
+            found.add(tool, f"{name} has [{section}]")
+    if name == "tox.ini":
+        for section in parser.sections():
+            deps = parser.get(section, "deps", fallback="").splitlines()
+            for tool in _PY_TOOLS:
+                if _mentions(deps, tool):
+                    found.add(tool, f"tox.ini [{section}] depends on {tool}")
+
+
+def _package_json(repo: Path, found: Detected) -> None:
+    path = repo / "package.json"
+    if not path.is_file():
+        return
+    try:
+        scripts = json.loads(path.read_text(encoding="utf-8")).get("scripts") or {}
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return
+    for script in ("lint", "typecheck", "build", "test"):
+        if isinstance(scripts, dict) and isinstance(scripts.get(script), str):
+            found.npm_scripts.append(script)
+
+
+def detect(repo: Path) -> Detected:
+    """The presets and npm scripts that fit ``repo``; pytest also when test files exist."""
+    found = Detected()
+    _pyproject(repo, found)
+    _ini(repo, "setup.cfg", {"tool:pytest": "pytest", "mypy": "mypy"}, found)
+    _ini(repo, "tox.ini", {"pytest": "pytest", "mypy": "mypy"}, found)
+    _ini(repo, "pytest.ini", {"pytest": "pytest"}, found)
+    _package_json(repo, found)
+    if "pytest" not in found.presets and (
+            any(repo.glob("test_*.py")) or any(repo.glob("tests/**/test_*.py"))):
+        found.add("pytest", "test_*.py files found")
+    found.presets.sort(key=_PY_TOOLS.index)
+    return found
+
+
+def render(found: Detected) -> str:
+    """The commented ``choir.yaml`` text for what was found."""
+    out = ["# choir.yaml: written by `choir init`. Only the verifiers below may ever run.",
+           "# `uses: NAME` starts from a preset; a field written beside it replaces the",
+           "# preset's field (e.g. `timeout_s: 120`, or `steps:` to replace the command).",
+           "# Presets run `python3 -m TOOL`: the tool must be installed where python3 is.", ""]
+    if found.npm_scripts:
+        out += ["# npm: the scripts package.json defines, in order; stops at the first failure.",
+                "verification:", "  steps:"]
+        for script in found.npm_scripts:
+            command = "npm test" if script == "test" else f"npm run {script}"
+            out += [f"    - name: {script}", f"      command: {command}"]
+        out += ["  timeout_s: 900", ""]
+    if found.presets:
+        out.append("verifiers:")
+        for name in found.presets:
+            out += [f"  # {_WHY[name]}; chosen because {found.reasons[name]}",
+                    f"  {name}:", f"    uses: {name}"]
+        out.append("")
+    out += ["# Moods pick verifiers by kind: CALM runs unit tests, SKEPTICAL adds lint and",
+            "# type checks, PARANOID adds security scans. `choir verify --mood SKEPTICAL`."]
+    return "\n".join(out) + "\n"
+
+
+def write_config(repo: Path, text: str, *, force: bool) -> Path:
+    """Validate ``text`` as a choir.yaml, then put it in place with one rename.
+
+    Raises:
+        ConfigError: the file exists and ``force`` is false (it is left untouched).
+    """
+    from choir.config import CONFIG_NAME, load_repo_config
+    from choir.exceptions import ConfigError
+
+    target = repo / CONFIG_NAME
+    if target.exists() and not force:
+        raise ConfigError("already exists; choir init leaves it as it is", path=str(target),
+                          hint="edit it, or run `choir init --force` to replace it")
+    with tempfile.TemporaryDirectory(prefix="choir-init-") as scratch:
+        (Path(scratch) / CONFIG_NAME).write_text(text, encoding="utf-8")
+        load_repo_config(Path(scratch))  # a generated file that does not load is our bug
+    fd, tmp = tempfile.mkstemp(prefix=".choir.yaml.", dir=repo)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+@click.command()
+@click.option("--repo", type=click.Path(path_type=Path), default=Path("."), show_default=True,
+              help="The repo to inspect; choir.yaml is written at its root.")
+@click.option("--force", is_flag=True, help="Replace an existing choir.yaml.")
+@click.option("--no-verify", is_flag=True, help="Write the file only; do not verify once.")
+@click.option("--mood", type=click.Choice(_MOODS, case_sensitive=False), default=None,
+              help="Mood of the first verification (default CALM).")
+@click.option("--sandbox", "sandbox_name", default=None,
+              help="docker | bwrap | local | auto for the first verification.")
+def init(repo: Path, force: bool, no_verify: bool, mood: str | None,
+         sandbox_name: str | None) -> int:
+    """Write a commented choir.yaml that fits this repo, then verify it once."""
+    from choir.exceptions import UserError
+
+    repo = repo.expanduser().resolve()
+    if not repo.is_dir():
+        raise UserError(f"{repo}: repo folder does not exist\n  fix: pass --repo DIR")
+    found = detect(repo)
+    if not found.presets and not found.npm_scripts:
+        raise UserError(
+            f"{repo}: found no tests or tools to verify with (looked at pyproject.toml, "
+            "setup.cfg, tox.ini, pytest.ini, package.json, test_*.py)\n"
+            "  fix: write choir.yaml by hand, e.g. 'verifiers: {unit: {uses: pytest}}'")
+    path = write_config(repo, render(found), force=force)
+    chosen = ", ".join(found.presets + [f"npm {s}" for s in found.npm_scripts])
+    click.echo(f"wrote {path} ({chosen})", err=True)
+    if no_verify:
+        return EXIT_OK
+    from choir.cli.verify import run_verify
+
+    code = run_verify(repo, mood=mood, sandbox_name=sandbox_name, as_json=False)
+    if code != EXIT_OK:
+        click.echo("choir.yaml is written; the first verification did not pass: fix the code, "
+                   "or edit choir.yaml, then run `choir verify`", err=True)
+    return EXIT_FAIL if code != EXIT_OK else EXIT_OK

@@ -1,0 +1,256 @@
+"""``choir runs list`` and ``choir runs show RUN_ID``: inspect a run after the fact.
+
+Everything shown is read back from what the run stored: the checkpoint of a ``choir run``
+(status, attempts, the executor's log hash), the attestations minted for it (each names its
+report and manifest by hash), the AHDB's verdicts on its work item, the artifact run folders,
+and, for ``choir verify``, its session manifest at ``runs/{run_id}/manifest.json``. Nothing
+is re-run, and no stored file is changed (the checkpoint database is opened read-only).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import click
+
+from choir._terminal import strip_controls
+from choir.cli._errors import EXIT_OK
+
+OUTPUT_TAIL_LINES = 40
+_EXITED = re.compile(rb"\[choir\] executor exited (-?\d+)")
+
+
+def strip_control(text: str) -> str:
+    """Text safe for a terminal, carriage returns made newlines (an overwritten line shows)."""
+    return strip_controls(text.replace("\r\n", "\n").replace("\r", "\n"))
+
+
+def _saver(home: Path) -> Any:
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    from choir.graph.state import checkpoint_types
+
+    conn = sqlite3.connect(f"file:{home / 'checkpoints.sqlite'}?mode=ro", uri=True,
+                           check_same_thread=False)
+    saver = SqliteSaver(conn)
+    saver.serde = JsonPlusSerializer(allowed_msgpack_modules=checkpoint_types())
+    return saver
+
+
+def _loop_threads(home: Path) -> list[str]:
+    path = home / "checkpoints.sqlite"
+    if not path.is_file():
+        return []
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+        try:
+            rows = conn.execute("SELECT DISTINCT thread_id FROM checkpoints "
+                                "WHERE checkpoint_ns = ''").fetchall()
+        except sqlite3.OperationalError:
+            return []
+    return sorted(str(r[0]) for r in rows)
+
+
+def _loop_state(home: Path, run_id: str) -> tuple[dict[str, Any], str] | None:
+    """The last checkpoint's values and time of a ``choir run``, or None."""
+    if run_id not in _loop_threads(home):
+        return None
+    saver = _saver(home)
+    try:
+        found = saver.get_tuple({"configurable": {"thread_id": run_id, "checkpoint_ns": ""}})
+    finally:
+        saver.conn.close()
+    if found is None:
+        return None
+    return dict(found.checkpoint.get("channel_values") or {}), str(found.checkpoint.get("ts"))
+
+
+def _loop_summary(run_id: str, values: dict[str, Any], ts: str) -> dict[str, Any]:
+    item = values.get("work_item")
+    return {"run_id": run_id, "kind": "run", "status": values.get("status", "unknown"),
+            "work_item": getattr(item, "split_of", None) or getattr(item, "id", ""),
+            "mood": values.get("mood", ""), "attempt": values.get("attempt", 0),
+            "reason": values.get("reason", ""), "updated": ts}
+
+
+def _session(store: Any, run_id: str) -> dict[str, Any] | None:
+    from choir.verify import is_session_manifest
+
+    try:
+        data = json.loads((store.run_dir(run_id) / "manifest.json").read_bytes())
+    except (OSError, ValueError):
+        return None
+    return data if is_session_manifest(data) else None
+
+
+def list_runs() -> list[dict[str, Any]]:
+    """Every ``choir run`` and ``choir verify`` stored under this CHOIR_HOME, newest first."""
+    from choir._paths import choir_home
+    from choir.artifacts import ArtifactStore
+
+    home, store = choir_home(), ArtifactStore()
+    rows = []
+    for run_id in _loop_threads(home):
+        state = _loop_state(home, run_id)
+        if state is not None:
+            rows.append(_loop_summary(run_id, *state))
+    for run_id in store.iter_runs():
+        session = _session(store, run_id)
+        if session is not None:
+            rows.append({"run_id": run_id, "kind": "verify", "status": session["status"],
+                         "work_item": "", "mood": session.get("mood", ""), "attempt": 1,
+                         "reason": "", "updated": session.get("timestamp_end") or ""})
+    return sorted(rows, key=lambda r: str(r["updated"]), reverse=True)
+
+
+def _attestations(att_ids: list[str], store: Any) -> list[dict[str, Any]]:
+    from choir.attest import AttestationStore
+    from choir.exceptions import IntegrityError
+
+    atts, out = AttestationStore(), list[dict[str, Any]]()
+    for att_id in att_ids:
+        try:
+            body = atts.get(att_id).body
+        except (IntegrityError, OSError, ValueError) as exc:
+            out.append({"id": att_id, "error": str(exc)[:200]})
+            continue
+        try:
+            report = json.loads(store.read_bytes(body.report_hash, limit=4 << 20))
+        except (OSError, ValueError, IntegrityError):
+            report = None
+        folder = store.run_dir(body.run_id)
+        out.append({"id": att_id, "verifier": body.verifier, "run_id": body.run_id,
+                    "result": body.result.value, "lens": body.lens, "mood": body.mood,
+                    "report": report, "artifact_path": str(folder) if folder.is_dir() else None})
+    return out
+
+
+def _loop_attestation_ids(run_id: str) -> list[str]:
+    """Attestations minted for a ``choir run``: their run ids are ``{run_id}[-part]-rN-...``."""
+    from choir.attest import AttestationStore
+    from choir.exceptions import IntegrityError
+
+    mine = re.compile(rf"^{re.escape(run_id)}-(?:.+-)?r\d+-.+-\d+$")
+    atts, found = AttestationStore(), []
+    for att_id in atts.ids():
+        try:
+            att = atts.get(att_id)
+        except (IntegrityError, OSError, ValueError):
+            continue
+        if mine.match(att.body.run_id):
+            found.append((att.body.started_at, att_id))
+    return [att_id for _, att_id in sorted(found)]
+
+
+def _executor(store: Any, digest: str | None) -> dict[str, Any]:
+    if not digest:
+        return {"exit_code": None, "output_tail": "", "output_hash": None}
+    try:
+        raw = store.read_bytes(digest, limit=16 << 20)
+    except (OSError, ValueError):
+        return {"exit_code": None, "output_tail": "(output not readable)", "output_hash": digest}
+    codes = _EXITED.findall(raw)
+    tail = strip_control(raw.decode("utf-8", "replace")).splitlines()[-OUTPUT_TAIL_LINES:]
+    return {"exit_code": int(codes[-1]) if codes else None, "output_tail": "\n".join(tail),
+            "output_hash": digest}
+
+
+def show_run(run_id: str) -> dict[str, Any]:
+    """All that is stored about one run.
+
+    Raises:
+        UserError: no ``choir run`` or ``choir verify`` with this id is stored here.
+    """
+    from choir._paths import choir_home
+    from choir.ahdb import open_ahdb
+    from choir.artifacts import ArtifactStore
+    from choir.exceptions import UserError
+
+    home, store = choir_home(), ArtifactStore()
+    store.run_dir(run_id)  # a malformed id is a usage error before anything is read
+    state = _loop_state(home, run_id)
+    if state is not None:
+        values, ts = state
+        out = _loop_summary(run_id, values, ts)
+        out["events"] = list(values.get("events", []))
+        out["executor"] = _executor(store, values.get("executor_output"))
+        out["attestations"] = _attestations(_loop_attestation_ids(run_id), store)
+        item = out["work_item"]
+        out["verdicts"] = [atom.model_dump(mode="json", include={
+            "id", "kind", "status", "claim", "tree_hash", "attestations", "updated_at"})
+            for atom in open_ahdb(home).atoms(work_item=item)] if item else []
+        return out
+    session = _session(store, run_id)
+    if session is None:
+        raise UserError(f"no run {run_id!r} under {home}\n  fix: `choir runs list` shows them")
+    return {"run_id": run_id, "kind": "verify", "status": session["status"],
+            "mood": session.get("mood", ""), "updated": session.get("timestamp_end"),
+            "manifest_path": str(store.run_dir(run_id) / "manifest.json"),
+            "commands_executed": session["commands_executed"],
+            "platform": session["platform"],
+            "attestations": _attestations(list(session["attestations"]), store),
+            "verdicts": [], "executor": None}
+
+
+@click.group()
+def runs() -> None:
+    """Inspect past runs of `choir run` and `choir verify`."""
+
+
+@runs.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON array on stdout.")
+def list_command(as_json: bool) -> int:
+    """Every stored run, newest first."""
+    rows = list_runs()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return EXIT_OK
+    if not rows:
+        click.echo("no runs yet: `choir verify` or `choir run WORKITEM.yaml` makes one")
+    for r in rows:
+        click.echo(f"{r['run_id']}  {r['kind']:6}  {str(r['status']).upper():17}  "
+                   f"{r['work_item'] or '-'}  mood {r['mood'] or '-'}  attempt {r['attempt']}  "
+                   f"{str(r['updated'])[:19]}")
+    return EXIT_OK
+
+
+@runs.command("show")
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+def show_command(run_id: str, as_json: bool) -> int:
+    """One run: reports, verdicts, attestations, artifact paths, the executor's output."""
+    data = show_run(run_id)
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+        return EXIT_OK
+    click.echo(f"{data['kind']} {run_id}  {str(data['status']).upper()}  mood {data['mood']}"
+               + (f"  work item {data['work_item']}  attempt {data['attempt']}"
+                  if data["kind"] == "run" else ""))
+    if data.get("reason"):
+        click.echo(f"reason: {strip_control(str(data['reason']))}")
+    if data.get("manifest_path"):
+        click.echo(f"manifest: {data['manifest_path']}")
+    for att in data["attestations"]:
+        report = att.get("report") or {}
+        summary = strip_control(str(report.get("summary", "")))[:120]
+        click.echo(f"  {att.get('verifier', '?'):14} {att.get('result', 'ERROR'):12} "
+                   f"attestation {att['id'][:16]}  {summary}")
+        for sig in report.get("failure_signatures", [])[:10]:
+            where = f"  ({sig['location']})" if sig.get("location") else ""
+            click.echo(f"      - {strip_control(str(sig.get('test_id') or sig['kind']))}{where}")
+        if att.get("artifact_path"):
+            click.echo(f"      artifacts: {att['artifact_path']}")
+    for atom in data.get("verdicts", []):
+        click.echo(f"verdict: {atom['kind']} {atom['status']}  {strip_control(atom['claim'])}")
+    executor = data.get("executor")
+    if executor:
+        click.echo(f"executor exit code: {executor['exit_code']}  "
+                   f"(output {executor['output_hash']})")
+        if executor["output_tail"]:
+            click.echo(f"--- last {OUTPUT_TAIL_LINES} lines of the executor's output ---")
+            click.echo(executor["output_tail"])
+    return EXIT_OK

@@ -1,0 +1,107 @@
+"""``choir init`` on real small projects: the file it writes, the verification it runs once,
+and the existing file it never touches without --force."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from choir.config import load_repo_config
+
+CHOIR = [sys.executable, "-m", "choir"]
+PYPROJECT = textwrap.dedent("""\
+    [project]
+    name = "calc"
+    version = "0.1"
+    [project.optional-dependencies]
+    dev = ["pytest>=8", "mypy"]
+    [tool.ruff]
+    line-length = 100
+    """)
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1",
+               PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    return subprocess.run([*CHOIR, *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def project(path: Path, body: str = "def add(a: int, b: int) -> int:\n    return a + b\n") -> Path:
+    path.mkdir()
+    (path / "pyproject.toml").write_text(PYPROJECT)
+    (path / "calc.py").write_text(body)
+    (path / "test_calc.py").write_text(
+        "from calc import add\n\n\ndef test_add() -> None:\n    assert add(2, 3) == 5\n")
+    return path
+
+
+def sandbox() -> str:
+    return "bwrap" if shutil.which("bwrap") else "local"
+
+
+def test_init_writes_fitting_presets_and_verifies_once(tmp_path: Path) -> None:
+    repo = project(tmp_path / "calc")
+    proc = run("init", "--repo", str(repo), "--sandbox", sandbox(), "--mood", "SKEPTICAL")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = (repo / "choir.yaml").read_text()
+    assert text.startswith("# choir.yaml: written by `choir init`")
+    assert "chosen because pyproject.toml has [tool.ruff]" in text
+    config = load_repo_config(repo)
+    assert sorted(config.verifiers) == ["mypy", "pytest", "ruff"]
+    assert config.verifiers["pytest"].parser == "junit"
+    assert "PASS" in proc.stdout and "pytest" in proc.stdout and "ruff" in proc.stdout
+    assert not list(repo.glob(".choir.yaml.*"))  # no temporary file left beside it
+
+
+def test_init_on_failing_code_writes_the_file_and_exits_1(tmp_path: Path) -> None:
+    repo = project(tmp_path / "calc", "def add(a: int, b: int) -> int:\n    return a - b\n")
+    proc = run("init", "--repo", str(repo), "--sandbox", sandbox())
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAIL" in proc.stdout and "did not pass" in proc.stderr
+    assert (repo / "choir.yaml").is_file()
+
+
+def test_existing_file_is_left_byte_identical_without_force(tmp_path: Path) -> None:
+    repo = project(tmp_path / "calc")
+    mine = b"# mine\nverifiers:\n  t: {kind: unit_tests, steps: [{name: a, command: 'true'}]}\n"
+    (repo / "choir.yaml").write_bytes(mine)
+    stat = (repo / "choir.yaml").stat()
+    proc = run("init", "--repo", str(repo), "--no-verify")
+    assert proc.returncode == 2
+    assert str(repo / "choir.yaml") in proc.stderr and "--force" in proc.stderr
+    assert (repo / "choir.yaml").read_bytes() == mine
+    assert (repo / "choir.yaml").stat().st_mtime_ns == stat.st_mtime_ns
+    assert sorted(p.name for p in repo.iterdir()) == ["calc.py", "choir.yaml", "pyproject.toml",
+                                                      "test_calc.py"]
+    forced = run("init", "--repo", str(repo), "--no-verify", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert "uses: pytest" in (repo / "choir.yaml").read_text()
+
+
+def test_setup_cfg_tox_and_package_json_are_read(tmp_path: Path) -> None:
+    repo = tmp_path / "mixed"
+    repo.mkdir()
+    (repo / "setup.cfg").write_text("[tool:pytest]\naddopts = -q\n[mypy]\nstrict = True\n")
+    (repo / "tox.ini").write_text("[testenv:lint]\ndeps =\n    ruff\n    bandit\n")
+    (repo / "package.json").write_text(json.dumps(
+        {"scripts": {"test": "jest", "lint": "eslint .", "start": "node x"}}))
+    proc = run("init", "--repo", str(repo), "--no-verify")
+    assert proc.returncode == 0, proc.stderr
+    config = load_repo_config(repo)
+    assert sorted(config.verifiers) == ["bandit", "mypy", "pipeline", "pytest", "ruff"]
+    steps = config.verifiers["pipeline"].steps
+    assert [(s.name, s.command) for s in steps] == [("lint", "npm run lint"), ("test", "npm test")]
+
+
+def test_nothing_to_verify_is_exit_2_and_writes_nothing(tmp_path: Path) -> None:
+    repo = tmp_path / "empty"
+    repo.mkdir()
+    (repo / "README").write_text("hi\n")
+    proc = run("init", "--repo", str(repo))
+    assert proc.returncode == 2 and "fix:" in proc.stderr
+    assert [p.name for p in repo.iterdir()] == ["README"]

@@ -1,0 +1,81 @@
+"""``choir runs list/show`` and ``choir run --json``: a finished run can be inspected later
+from what it stored, in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.workitems import FIXED, calc_repo
+
+CHOIR = [sys.executable, "-m", "choir"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    return subprocess.run([*CHOIR, *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def _item(tmp_path: Path) -> Path:
+    """Fixes ``add`` on attempt 2; prints terminal escapes an attacker could plant."""
+    sandbox = "bwrap" if shutil.which("bwrap") else "local"
+    calc_repo(tmp_path / "repo", canary="runs-canary", sandbox=sandbox)
+    (tmp_path / "fix.py").write_text(
+        "import os, pathlib, sys\n"
+        "print('\\x1b]0;pwned-title\\x07\\x1b[2Jexecutor says hi\\x1b[31m', flush=True)\n"
+        "if os.environ.get('CHOIR_FEEDBACK_FILE'):\n"
+        f"    pathlib.Path('calc.py').write_text({FIXED!r})\n"
+        "sys.exit(0)\n")
+    item = tmp_path / "item.yaml"
+    item.write_text(f"id: fix-add\ngoal: add must add\nrepo: ./repo\nexecutor:\n"
+                    f"  kind: command\n  command: {sys.executable} {tmp_path / 'fix.py'}\n")
+    return item
+
+
+def test_run_json_then_runs_list_and_show(tmp_path: Path) -> None:
+    proc = run("run", str(_item(tmp_path)), "--run-id", "r1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["status"] == "asserted" and out["run_id"] == "r1"
+    # structured results, not only event names
+    results = {a["verifier"]: a["result"] for a in out["attestations"]}
+    assert results == {"unit": "PASS"}
+    assert all(a["report"]["verifier"] == a["verifier"] for a in out["attestations"])
+    assert all(Path(a["artifact_path"], "manifest.json").is_file() for a in out["attestations"])
+    assert out["executor"]["exit_code"] == 0
+    assert any(v["kind"] == "ASSERT" for v in out["verdicts"])
+
+    listed = json.loads(run("runs", "list", "--json").stdout)
+    assert [(r["run_id"], r["kind"], r["status"]) for r in listed] == [("r1", "run", "asserted")]
+
+    shown = json.loads(run("runs", "show", "r1", "--json").stdout)
+    assert shown["attempt"] == 2 and shown["work_item"] == "fix-add"
+    assert shown["executor"]["exit_code"] == 0
+    assert "executor says hi" in shown["executor"]["output_tail"]
+    # every round's evidence, the failing first attempt included
+    assert sorted(a["result"] for a in shown["attestations"]) == ["FAIL", "PASS"]
+    failing = next(a for a in shown["attestations"] if a["result"] == "FAIL")
+    assert any("test_add" in (s["test_id"] or "") for s in failing["report"]["failure_signatures"])
+
+    text = run("runs", "show", "r1")
+    assert text.returncode == 0
+    assert "executor says hi" in text.stdout and "test_add" in text.stdout
+    assert "\x1b" not in text.stdout and "\x07" not in text.stdout  # no terminal injection
+    assert "executor exit code: 0" in text.stdout
+
+
+def test_runs_show_a_verify_session_and_an_unknown_id(tmp_path: Path) -> None:
+    repo = calc_repo(tmp_path / "repo", canary="c", sandbox="local")
+    verified = json.loads(run("verify", "--repo", str(repo), "--json").stdout)
+    shown = json.loads(run("runs", "show", verified["run_id"], "--json").stdout)
+    assert shown["kind"] == "verify" and shown["status"] == "FAIL"
+    assert [a["id"] for a in shown["attestations"]] == verified["attestations"]
+    assert shown["attestations"][0]["report"]["result"] == "FAIL"
+    assert run("runs", "list").stdout.startswith(verified["run_id"])
+    missing = run("runs", "show", "nope")
+    assert missing.returncode == 2 and "choir runs list" in missing.stderr
+    assert run("runs", "show", "../etc").returncode == 2
