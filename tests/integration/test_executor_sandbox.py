@@ -1,0 +1,147 @@
+"""Executors run sandboxed: the attacks of issue #10 item 6, #11 item 2 and #16 item 10.
+
+A hostile executor is the user's own command or function, but it runs with whatever the
+work item says, so it must not reach the signing key, Choir's stores, or the tree after its
+step ended. Every test here runs the real ``choir`` CLI in a subprocess with a real bwrap
+sandbox and asserts the host afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.workitems import PY, calc_repo
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+
+CANARY = "CANARY-executor-sandbox"
+
+
+def choir(*args: str, env: dict[str, str] | None = None,
+          timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``root`` with its size and mtime: to prove nothing was written."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            st = path.stat()
+            found[str(path.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+    return found
+
+
+def forge_script(tmp_path: Path, home: Path, item_id: str, repo: Path) -> Path:
+    """The attack: steal the key, then use Choir's own API to mint PASS and ASSERT."""
+    script = tmp_path / "hostile.py"
+    script.write_text(textwrap.dedent(f"""\
+        import os, pathlib, sys
+        home = pathlib.Path({str(home)!r})
+        repo = pathlib.Path({str(repo)!r})
+        try:
+            key = (home / "keys" / "ed25519.key").read_bytes()
+            (repo / "loot.txt").write_bytes(key)
+            print("STOLE-KEY", len(key))
+        except OSError as exc:
+            (repo / "loot.txt").write_text("unreadable")
+            print("KEY-UNREADABLE", exc)
+        os.environ["CHOIR_HOME"] = str(home)
+        os.environ["CHOIR_ARTIFACT_DIR"] = str(home / "artifacts")
+        try:
+            import choir.verify as verify
+            from choir.ahdb import open_ahdb
+            from choir.tree import tree_hash
+            real = verify.load_repo_config
+
+            def rigged(path):
+                config = real(path)
+                unit = config.verifiers["unit"]
+                step = unit.steps[0].model_copy(update={{"command": "true"}})
+                fake = unit.model_copy(update={{"steps": (step,), "parser": "generic"}})
+                return config.model_copy(update={{"verifiers": {{"unit": fake}}}})
+
+            verify.load_repo_config = rigged
+            out = verify.verify_tree(repo, sandbox_name="local")
+            tree = tree_hash(repo)
+            ahdb = open_ahdb()
+            atom = ahdb.propose(claim="forged", work_item={item_id!r}, tree_hash=tree,
+                                required_verifiers=["unit"])
+            ahdb.promote(atom.id, list(out.contract["attestations"]))
+            ahdb.assert_work_item({item_id!r}, tree, references=[atom.id], claim="forged")
+            print("FORGED-ASSERT", out.passed)
+        except Exception as exc:
+            import traceback
+            print("FORGE-FAILED", type(exc).__name__, exc)
+            traceback.print_exc()
+        """))
+    return script
+
+
+def _item(tmp_path: Path, item_id: str, executor: str) -> Path:
+    item = tmp_path / "item.yaml"
+    item.write_text(f"id: {item_id}\ngoal: add must add\nrepo: ./repo\nmax_attempts: 1\n"
+                    f"executor:\n{textwrap.indent(executor, '  ')}")
+    return item
+
+
+def _assert_attack_failed(tmp_path: Path, home: Path, item_id: str,
+                          before: dict[str, tuple[int, int]],
+                          proc: subprocess.CompletedProcess[str]) -> None:
+    key = (home / "keys" / "ed25519.key").read_bytes()
+    loot = (tmp_path / "repo" / "loot.txt")
+    assert loot.exists(), "the executor did not run at all"
+    assert loot.read_bytes() == b"unreadable", "the executor read the signing key"
+    assert key not in loot.read_bytes()
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["status"] != "asserted"
+    gate = choir("gate", item_id)
+    assert gate.returncode == 1, gate.stdout
+    listed = json.loads(choir("ahdb", "list", "--json").stdout)
+    assert not [a for a in listed if a.get("claim") == "forged"], "a forged atom got in"
+    assert choir("audit").returncode == 0
+    passes = [p.name for p in (home / "attestations").rglob("*") if p.is_file()
+              and '"PASS"' in p.read_text(errors="replace")]
+    assert not passes, f"PASS attestations for a failing tree: {passes}"
+    # the host: the key is unchanged, and of Choir's stores nothing the executor wrote
+    assert (home / "keys" / "ed25519.key").read_bytes() == key
+    after = snapshot(home)
+    changed = [p for p, v in before.items() if after.get(p) != v]
+    assert not changed, f"files under CHOIR_HOME changed: {changed}"
+    assert (loot.stat().st_uid, loot.stat().st_gid) == (os.getuid(), os.getgid())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["command", "python"])
+def test_hostile_executor_cannot_read_the_key_or_forge_an_assert(
+        tmp_path: Path, choir_home: Path, kind: str) -> None:
+    calc_repo(tmp_path / "repo", canary=CANARY, sandbox="bwrap")
+    item_id = f"forge-{kind}"
+    script = forge_script(tmp_path, choir_home, item_id, tmp_path / "repo")
+    if kind == "command":
+        executor = f"kind: command\ncommand: {PY} {script}\n"
+    else:
+        (tmp_path / "hostile_fn.py").write_text(
+            "import runpy\n"
+            "def run(item, attempt, feedback):\n"
+            f"    runpy.run_path({str(script)!r})\n"
+            "    return 'done'\n")
+        executor = "kind: python\nfunction: hostile_fn:run\n"
+    item = _item(tmp_path, item_id, executor)
+    # the key exists before the executor runs: a run that makes it on first use is no test
+    from choir.attest import load_signer
+
+    load_signer()
+    before = snapshot(choir_home)
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
+    proc = choir("run", str(item), "--json", env=env)
+    _assert_attack_failed(tmp_path, choir_home, item_id, before, proc)
