@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,70 @@ def test_hostile_executor_cannot_read_the_key_or_forge_an_assert(
     env = dict(os.environ, PYTHONPATH=f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
     proc = choir("run", str(item), "--json", env=env)
     _assert_attack_failed(tmp_path, choir_home, item_id, before, proc)
+
+
+def test_a_background_process_left_by_the_executor_is_gone_when_it_returns(
+        tmp_path: Path) -> None:
+    """Issue #11: setsid, nohup and a double fork all die with the executor's sandbox."""
+    from choir.executors import run_command
+    from choir.models import WorkItem
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text("good\n")
+    swapper = ("while :; do echo bad > calc.py; echo $$ >> pids; sleep 0.05; "
+               "echo good > calc.py; done")
+    command = (f"setsid sh -c '{swapper}' >/dev/null 2>&1 & "
+               f"nohup sh -c '{swapper}' >/dev/null 2>&1 & "
+               f"( ( sh -c '{swapper}' >/dev/null 2>&1 & ) & ) ; sleep 0.3; echo started")
+    item = WorkItem(id="leftover", goal="g", repo=str(repo),
+                    executor={"kind": "command", "command": command})  # type: ignore[arg-type]
+    output = run_command(item, 1, [])
+    assert output.exit_code == 0 and output.isolation == "namespace"
+    pids = {int(p) for p in (repo / "pids").read_text().split()}
+    assert pids, "the swappers never ran"
+    settled = (repo / "calc.py").read_text(), (repo / "pids").stat().st_size
+    time.sleep(0.5)
+    assert ((repo / "calc.py").read_text(), (repo / "pids").stat().st_size) == settled, \
+        "something the executor left behind still writes the repo"
+    # the pids are the sandbox's own; no host process runs the swapper's loop either
+    alive = subprocess.run(["pgrep", "-f", "echo bad > calc.py"], capture_output=True,
+                           text=True).stdout.split()
+    assert not alive, f"leftover processes on the host: {alive}"
+
+
+def test_a_failing_executor_is_recorded_and_its_output_kept_as_an_artifact(
+        tmp_path: Path, choir_home: Path) -> None:
+    """Issue #16: exit code in the run's events and stream; raw output only as an artifact."""
+    calc_repo(tmp_path / "repo", canary=CANARY, sandbox="bwrap")
+    item = _item(tmp_path, "fails", "kind: command\n"
+                 "command: echo EXECUTOR-SECRET-OUTPUT; exit 3\n")
+    proc = choir("run", str(item), "--json")
+    assert proc.returncode == 1, proc.stderr
+    out = json.loads(proc.stdout)
+    assert any("executor exited 3" in e for e in out["events"]), out["events"]
+    assert "exited 3" in proc.stderr  # the live view shows it
+    assert "EXECUTOR-SECRET-OUTPUT" not in proc.stdout + proc.stderr
+    kept = [p for p in (choir_home / "artifacts").rglob("*") if p.is_file()
+            and b"EXECUTOR-SECRET-OUTPUT" in p.read_bytes()]
+    assert kept, "the executor's output was not kept as an artifact"
+    atts = [json.loads(p.read_text()) for p in (choir_home / "attestations").rglob("*.json")]
+    assert atts and {a["body"]["executor_isolation"] for a in atts} == {"namespace"}
+
+
+def test_paranoid_refuses_an_unsandboxed_executor_before_it_runs(tmp_path: Path) -> None:
+    calc_repo(tmp_path / "repo", canary=CANARY, sandbox="bwrap")
+    marker = tmp_path / "repo" / "ran"
+    item = _item(tmp_path, "trust", f"kind: command\ncommand: touch {marker}\nsandbox: none\n")
+    proc = choir("run", str(item), "--mood", "PARANOID")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "refuses an unsandboxed executor" in proc.stderr
+    assert not marker.exists()
+
+
+def test_trust_mode_is_recorded_in_every_attestation(tmp_path: Path, choir_home: Path) -> None:
+    calc_repo(tmp_path / "repo", canary=CANARY, sandbox="bwrap")
+    item = _item(tmp_path, "trusted", "kind: command\ncommand: 'true'\nsandbox: none\n")
+    assert choir("run", str(item)).returncode == 1
+    atts = [json.loads(p.read_text()) for p in (choir_home / "attestations").rglob("*.json")]
+    assert atts and {a["body"]["executor_isolation"] for a in atts} == {"none"}
