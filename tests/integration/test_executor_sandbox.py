@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from choir.models import WorkItem
 from tests.workitems import PY, calc_repo
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
@@ -213,3 +214,64 @@ def test_trust_mode_is_recorded_in_every_attestation(tmp_path: Path, choir_home:
     assert choir("run", str(item)).returncode == 1
     atts = [json.loads(p.read_text()) for p in (choir_home / "attestations").rglob("*.json")]
     assert atts and {a["body"]["executor_isolation"] for a in atts} == {"none"}
+
+
+def _direct_item(tmp_path: Path, **executor: object) -> WorkItem:
+    repo = tmp_path / "repo"
+    repo.mkdir(exist_ok=True)
+    return WorkItem(id="direct", goal="g", repo=str(repo),
+                    executor=executor)  # type: ignore[arg-type]
+
+
+def _log(artifact: str) -> bytes:
+    from choir.artifacts import ArtifactStore
+
+    return ArtifactStore().read_bytes(artifact)
+
+
+def test_network_is_off_unless_the_work_item_turns_it_on(tmp_path: Path) -> None:
+    import socket
+
+    from choir.executors import run_command
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        probe = f"{PY} -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 2)\""
+        off = run_command(_direct_item(tmp_path, kind="command", command=probe), 1, [])
+        on = run_command(_direct_item(tmp_path, kind="command", command=probe,
+                                      network=True), 1, [])
+    assert off.exit_code != 0, "the executor reached a host port with network off"
+    assert on.exit_code == 0, _log(on.artifact)
+
+
+def test_a_timed_out_executor_is_recorded_as_such(tmp_path: Path) -> None:
+    from choir.executors import run_command
+
+    started = time.monotonic()
+    out = run_command(_direct_item(tmp_path, kind="command", command="sleep 30",
+                                   timeout_s=0.5), 1, [])
+    assert out.timed_out and out.exit_code == 124 and time.monotonic() - started < 10
+    assert b"[choir] executor timed out" in _log(out.artifact)
+
+
+def test_a_python_executor_runs_in_a_child_and_its_exception_is_its_exit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from choir.executors import run_python
+
+    (tmp_path / "user_fn.py").write_text(
+        "import os\n"
+        "def ok(item, attempt, feedback):\n"
+        "    open('calc.py', 'w').write(f'{item.id} {attempt} {os.getpid()}')\n"
+        "    return 'returned-value'\n"
+        "def boom(item, attempt, feedback):\n"
+        "    raise RuntimeError('user code broke')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    ok = run_python(_direct_item(tmp_path, kind="python", function="user_fn:ok"), 2, [])
+    assert ok.exit_code == 0 and b"returned-value" in _log(ok.artifact)
+    item_id, attempt, pid = (tmp_path / "repo" / "calc.py").read_text().split()
+    assert (item_id, attempt) == ("direct", "2") and int(pid) != os.getpid()
+    assert "user_fn" not in sys.modules, "user code was imported into Choir's process"
+    bad = run_python(_direct_item(tmp_path, kind="python", function="user_fn:boom"), 1, [])
+    assert bad.exit_code == 1 and b"user code broke" in _log(bad.artifact)
