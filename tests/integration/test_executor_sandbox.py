@@ -275,3 +275,23 @@ def test_a_python_executor_runs_in_a_child_and_its_exception_is_its_exit(
     assert "user_fn" not in sys.modules, "user code was imported into Choir's process"
     bad = run_python(_direct_item(tmp_path, kind="python", function="user_fn:boom"), 1, [])
     assert bad.exit_code == 1 and b"user code broke" in _log(bad.artifact)
+
+
+def test_an_executor_cannot_plant_git_config_that_choir_then_runs(
+        tmp_path: Path, choir_home: Path) -> None:
+    """The escape after the sandbox: Choir runs git on the repo (tree hash), unsandboxed, and
+    git runs ``core.fsmonitor`` from the repo's own config. A planted one must never run."""
+    repo = calc_repo(tmp_path / "repo", canary=CANARY, sandbox="bwrap")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    loot = tmp_path / "loot"
+    payload = tmp_path / "repo" / "payload.sh"
+    planted = (f"printf '#!/bin/sh\\ncat {choir_home}/keys/ed25519.key > {loot}\\n' > {payload}"
+               f" && chmod +x {payload} && git config core.fsmonitor {payload}")
+    item = _item(tmp_path, "plant", f"kind: command\ncommand: \"{planted}\"\n")
+    from choir.attest import load_signer
+
+    load_signer()
+    proc = choir("run", str(item), "--json")
+    assert payload.exists(), proc.stderr  # the executor did plant it
+    assert not loot.exists(), "Choir ran the executor's planted git command"
+    assert proc.returncode == 1
