@@ -2,31 +2,58 @@
 
 ``command`` runs a shell command in the repo with ``CHOIR_WORKITEM_FILE``, ``CHOIR_ATTEMPT``
 and ``CHOIR_FEEDBACK_FILE`` (the last round's reports as bounded JSON: never raw output).
-``python`` calls ``module:function(work_item, attempt, feedback)``. Executor output goes to
-the artifact store, never into the control state.
+``python`` calls ``module:function(work_item, attempt, feedback)`` in a child process
+(``python -m choir._exec_python``): user code is never imported into Choir's process.
+
+Both run the user's code, which may be hostile (issue #10): it must not read the signing
+key or write Choir's stores, or it could mint a PASS attestation for a failing tree. So both
+run in bubblewrap with the repo writable, the work item's folder and the toolchain
+read-only, ``CHOIR_HOME`` and the artifact store masked, network off unless the work item
+turns it on, and a fresh PID namespace that dies with the step: nothing the executor
+started outlives it (issue #11). The parent streams the output into the artifact store;
+the run keeps only its hash, exit code and timed-out flag (issue #16).
+
+Why the repo owner's uid: bwrap maps the sandbox user to the caller's uid, so a root
+Choir writes a root-owned repo with its files' owner unchanged, with every capability
+dropped. That makes masking, not permissions, what keeps the key out of reach: anything
+of Choir's that lies under a bound folder is hidden (``_hidden``).
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
-import subprocess
+import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
-from choir.exceptions import ConfigError
-from choir.models import Usage, VerificationReport, WorkItem
+from choir.exceptions import ConfigError, UserError
+from choir.models import Limits, Usage, VerificationReport, WorkItem
 from choir.models._base import Frozen
+from choir.models.workitem import ExecutorSpec
+
+ExecutorIsolation = Literal["namespace", "none", "tools"]
+"""``namespace``: bwrap; ``none``: unsandboxed (trust mode, or no sandbox available);
+``tools``: the ``llm`` executor, Choir's own code acting only through repo-scoped file tools."""
+
+_NEVER = ("/run", "/var/run", "/proc", "/sys", "/dev")  # the Docker socket lives there
+LOG_LIMIT = 16 << 20  # executor output kept per attempt; the rest is counted, not stored
 
 
 class ExecutorOutput(Frozen):
-    """What one executor attempt left behind: its log's artifact hash, and model spend."""
+    """One executor attempt: its log's artifact hash, how it ended, where it ran, spend.
+
+    Bounded on purpose: this goes into the run's state, raw output never does.
+    """
 
     artifact: str
     usage: tuple[Usage, ...] = ()
+    exit_code: int | None = None
+    timed_out: bool = False
+    isolation: ExecutorIsolation = "tools"
 
 
 class Executor(Protocol):
@@ -61,45 +88,136 @@ def feedback_json(reports: Sequence[VerificationReport]) -> bytes:
     return json.dumps([r.model_dump(mode="json") for r in reports], indent=1).encode()
 
 
+def executor_isolation(spec: ExecutorSpec) -> ExecutorIsolation:
+    """The isolation ``spec`` will run with here; the execute node checks it against the mood.
+
+    ``auto`` falls back to ``none`` with a loud warning when bubblewrap cannot run, so the
+    quickstart still works on a bare machine; PARANOID refuses that (``allow_unsafe``).
+
+    Raises:
+        UserError: ``sandbox: bwrap`` was asked for and bubblewrap cannot run here.
+    """
+    if spec.kind == "llm":
+        return "tools"
+    if spec.sandbox == "none":
+        return "none"
+    from choir.sandbox.bwrap import BwrapSandbox
+
+    if BwrapSandbox.available():
+        return "namespace"
+    if spec.sandbox == "bwrap":
+        raise UserError("the executor asks for 'sandbox: bwrap' but bubblewrap cannot run "
+                        "here; install it (apt-get install bubblewrap) or set 'sandbox: none' "
+                        "under 'executor:' to trust the executor explicitly")
+    warnings.warn("bubblewrap cannot run here: the executor runs UNSANDBOXED with your "
+                  "privileges (executor isolation 'none' is recorded in every attestation)",
+                  RuntimeWarning, stacklevel=2)
+    return "none"
+
+
+def _passed_env() -> dict[str, str]:
+    """The user's environment minus Choir's own settings (the executor must not find them)
+    and minus what the sandbox sets itself (home, temp and caches: private per step)."""
+    own = {"AGENT_ARTIFACT_DIR", "HOME", "TMPDIR", "TMP", "TEMP", "XDG_CACHE_HOME"}
+    return {k: v for k, v in os.environ.items() if k not in own and not k.startswith("CHOIR_")}
+
+
+def _hidden() -> list[Path]:
+    """Choir's stores and the host's password hashes: masked inside the sandbox.
+
+    Bound folders (the work item's folder, the toolchain, the repo) may hold CHOIR_HOME,
+    as in the quickstart where it sits beside the repo: masking them covers every case.
+    """
+    from choir._paths import artifact_dir, choir_home
+
+    found = [choir_home(), artifact_dir(), Path("/etc/shadow"), Path("/etc/gshadow")]
+    return [p.resolve() for p in found if p.exists()]
+
+
+def _choir_root() -> Path:
+    """Where the ``choir`` package is imported from: the python runner needs it in the box."""
+    import choir
+
+    return Path(choir.__file__).resolve().parent.parent
+
+
+def _run_user_code(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport],
+                   run_id: str | None, argv: Callable[[Path], str],
+                   extra_env: dict[str, str] | None = None) -> ExecutorOutput:
+    """Run ``argv(inputs_dir)`` for one attempt in the executor's sandbox; keep its output."""
+    from choir.artifacts import ArtifactStore
+    from choir.sandbox.bwrap import BwrapSandbox
+    from choir.sandbox.local import LocalSandbox
+
+    isolation = executor_isolation(item.executor)
+    repo = Path(item.repo).resolve()
+    if any(repo == h or repo.is_relative_to(h) for h in _hidden() if h.is_dir()):
+        raise UserError(f"the repo {repo} lies inside Choir's home or artifact store; move it "
+                        "out (an executor may not see Choir's keys or stores)")
+    with tempfile.TemporaryDirectory(prefix="choir-exec-") as tmp:
+        inputs, out = Path(tmp) / "in", Path(tmp) / "out"
+        inputs.mkdir()
+        env = {**_passed_env(), **(extra_env or {}), "CHOIR_ATTEMPT": str(attempt)}
+        if run_id:
+            env["CHOIR_RUN_ID"] = run_id
+        (inputs / "workitem.json").write_text(item.model_dump_json())
+        env["CHOIR_WORKITEM_FILE"] = str(inputs / "workitem.json")
+        if feedback:
+            (inputs / "feedback.json").write_bytes(feedback_json(feedback))
+            env["CHOIR_FEEDBACK_FILE"] = str(inputs / "feedback.json")
+        log = Path(tmp) / "executor.log"
+        kept = 0
+
+        with open(log, "wb") as sink_file:
+            def sink(chunk: bytes) -> None:
+                nonlocal kept
+                if kept < LOG_LIMIT:
+                    sink_file.write(chunk[:LOG_LIMIT - kept])
+                kept += len(chunk)
+
+            common = {"repo": repo, "out_dir": out, "env": env,
+                      "timeout_s": item.executor.timeout_s, "limits": Limits(),
+                      "network": item.executor.network, "sink": sink, "repo_writable": True}
+            if isolation == "namespace":
+                readable = sorted({p for p in (repo.parent, inputs, _choir_root())
+                                   if p != Path("/") and not str(p).startswith(_NEVER)})
+                result = BwrapSandbox().exec(argv(inputs), readable=readable,
+                                             hidden=_hidden(), **common)  # type: ignore[arg-type]
+            else:
+                result = LocalSandbox().exec(argv(inputs), **common)  # type: ignore[arg-type]
+            if kept > LOG_LIMIT:
+                sink_file.write(f"\n[choir] output cut at {LOG_LIMIT} of {kept} bytes\n".encode())
+            if result.infra_error:
+                sink_file.write(f"\n[choir] sandbox failed: {result.infra_error}\n".encode())
+            elif result.timed_out:
+                sink_file.write(f"\n[choir] executor timed out after "
+                                f"{item.executor.timeout_s:g}s\n".encode())
+            else:
+                sink_file.write(f"\n[choir] executor exited {result.exit_code}\n".encode())
+        artifact = ArtifactStore().ingest_file(log, link=False)
+    return ExecutorOutput(artifact=artifact, exit_code=result.exit_code,
+                          timed_out=result.timed_out, isolation=isolation)
+
+
 @register_executor("command")
 def run_command(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport],
                 run_id: str | None = None) -> ExecutorOutput:
-    """Run the command; its output goes to the artifact store."""
-    from choir.artifacts import ArtifactStore
-
+    """Run the command in the repo, sandboxed; its output goes to the artifact store."""
     assert item.executor.command
-    with tempfile.TemporaryDirectory(prefix="choir-exec-") as tmp:
-        env = dict(os.environ, CHOIR_ATTEMPT=str(attempt))
-        if run_id:
-            env["CHOIR_RUN_ID"] = run_id
-        item_file = Path(tmp) / "workitem.json"
-        item_file.write_text(item.model_dump_json())
-        env["CHOIR_WORKITEM_FILE"] = str(item_file)
-        env.pop("CHOIR_FEEDBACK_FILE", None)
-        if feedback:
-            fb = Path(tmp) / "feedback.json"
-            fb.write_bytes(feedback_json(feedback))
-            env["CHOIR_FEEDBACK_FILE"] = str(fb)
-        log = Path(tmp) / "executor.log"
-        with open(log, "wb") as out:
-            try:
-                proc = subprocess.run(item.executor.command, shell=True, cwd=item.repo, env=env,
-                                      stdout=out, stderr=subprocess.STDOUT,
-                                      timeout=item.executor.timeout_s)
-                out.write(f"\n[choir] executor exited {proc.returncode}\n".encode())
-            except subprocess.TimeoutExpired:
-                out.write(b"\n[choir] executor timed out\n")
-        return ExecutorOutput(artifact=ArtifactStore().ingest_file(log, link=False))
+    command = item.executor.command
+    return _run_user_code(item, attempt, feedback, run_id, lambda _inputs: command)
 
 
 @register_executor("python")
 def run_python(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport],
                run_id: str | None = None) -> ExecutorOutput:
-    from choir.artifacts import ArtifactStore
+    """Call ``module:function`` in a child Python inside the sandbox (``choir._exec_python``)."""
+    import shlex
 
-    module, _, name = (item.executor.function or "").partition(":")
-    fn = getattr(importlib.import_module(module), name)
-    result = fn(item, attempt, list(feedback))
-    if isinstance(result, ExecutorOutput):
-        return result
-    return ExecutorOutput(artifact=ArtifactStore().ingest_bytes(str(result).encode()[:65536]))
+    function = item.executor.function or ""
+    root = str(_choir_root())
+    path = os.environ.get("PYTHONPATH", "")
+    return _run_user_code(
+        item, attempt, feedback, run_id,
+        lambda _inputs: shlex.join([sys.executable, "-m", "choir._exec_python", function]),
+        extra_env={"PYTHONPATH": f"{path}{os.pathsep}{root}" if path else root})

@@ -40,7 +40,10 @@ _CHUNK = 1 << 20
 def _git(repo: Path, *args: str) -> str | None:
     try:
         out = subprocess.run(
-            ["git", "-C", str(repo), *args],
+            # an executor can write the repo's .git/config, and git runs core.fsmonitor
+            # from it, here, outside any sandbox: never let it (tests/integration/
+            # test_executor_sandbox.py::test_an_executor_cannot_plant_git_config...)
+            ["git", "-c", "core.fsmonitor=false", "-C", str(repo), *args],
             capture_output=True,
             check=True,
             timeout=60,

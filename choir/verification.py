@@ -14,7 +14,7 @@ import asyncio
 import functools
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from choir._canonical import canonical_json, hash_json
 from choir._failpoints import failpoint
@@ -141,6 +141,7 @@ def attest_run(
     attestations: AttestationStore,
     policy_hash: str | None,
     mood: str | None,
+    executor_isolation: Literal["namespace", "none", "tools"] | None = None,
 ) -> Attestation:
     """Mint and store the attestation for one verifier run (idempotent: content-addressed).
 
@@ -176,6 +177,7 @@ def attest_run(
         policy_hash=policy_hash,
         mood=mood,
         lens=run.lens,
+        executor_isolation=executor_isolation,
         started_at=manifest.timestamp_start,
         ended_at=manifest.timestamp_end,
     )

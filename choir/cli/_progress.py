@@ -88,6 +88,10 @@ class Progress:
 
     def _progress(self, data: dict[str, Any]) -> str | None:
         what = data.get("kind")
+        if what == "execute" and data.get("state") == "done":
+            ended = ("timed out" if data.get("timed_out") else "done"
+                     if data.get("exit_code") is None else f"exited {data['exit_code']}")
+            return f"  [execute] executor {ended} (isolation {data.get('isolation')})"
         if what == "execute":
             self.step = f"execute {data['work_item']} attempt {data['attempt']}"
             self.threads = {}

@@ -138,10 +138,25 @@ def _green_graph() -> Any:
 
 
 async def execute(state: RunState) -> dict[str, Any]:
-    from choir.executors import get_executor
+    """One executor attempt, sandboxed; a mood that forbids an unsandboxed one refuses it.
+
+    The executor's sandbox (and every process it started) is gone when this returns, so the
+    tree the verifiers see cannot change under them. A failing executor is recorded (exit
+    code, timed out) and verification still runs: the evidence decides, not the executor.
+    """
+    from choir.exceptions import UserError
+    from choir.executors import executor_isolation, get_executor
+
     item = state["work_item"]
     attempt = state.get("attempt", 0) + 1
-    emit({"kind": "execute", "work_item": item.id, "attempt": attempt})
+    mood = Mood(state["mood"])
+    isolation = executor_isolation(item.executor)
+    if isolation == "none" and not state["policy"].moods[mood].allow_unsafe_isolation:
+        raise UserError(f"mood {mood.value} refuses an unsandboxed executor (work item "
+                        f"{item.id}); install bubblewrap, or drop 'sandbox: none' under "
+                        "'executor:', or choose another mood")
+    emit({"kind": "execute", "work_item": item.id, "attempt": attempt, "state": "running",
+          "isolation": isolation})
     run_id = state["run_id"] if item.split_of is None else f"{state['run_id']}-{item.id}"
     from choir.agent.pinned import pinned_gate
 
@@ -149,11 +164,19 @@ async def execute(state: RunState) -> dict[str, Any]:
         output = await asyncio.to_thread(get_executor(item.executor.kind), item, attempt,
                                          state.get("feedback", []), run_id=run_id)
     failpoint("execute:done")
+    ended = ("timed out" if output.timed_out else
+             "done" if output.exit_code is None else f"exited {output.exit_code}")
+    emit({"kind": "execute", "work_item": item.id, "attempt": attempt, "state": "done",
+          "exit_code": output.exit_code, "timed_out": output.timed_out,
+          "isolation": output.isolation, "output": output.artifact})
     target = snapshot_round(Path(item.repo), item.id, state.get("target"))
     return {"attempt": attempt, "target": target, "executor_output": output.artifact,
+            "executor_exit": output.exit_code, "executor_timed_out": output.timed_out,
+            "executor_isolation": output.isolation,
             "usage": [("executor", u) for u in output.usage], "nested": 0,
             "round_kind": "primary", "runs": Overwrite([]), "attestations": {},
-            "events": [f"execute {item.id} attempt {attempt}"]}
+            "events": [f"execute {item.id} attempt {attempt}: executor {ended} "
+                       f"(isolation {output.isolation})"]}
 
 
 async def direct(state: RunState) -> dict[str, Any]:
@@ -233,8 +256,11 @@ async def attest(state: RunState) -> dict[str, Any]:
         planned = PlannedVerifier(name=run.verifier, lens=run.lens,  # type: ignore[arg-type]
                                   replica=run.replica, tests=run.tests)
         spec = lens_spec(config.verifiers[run.verifier], planned)
-        minted[run.run_id] = attest_run(run, spec, store=store, signer=signer, attestations=atts,
-                                        policy_hash=policy.hash, mood=state["mood"]).id
+        minted[run.run_id] = attest_run(
+            run, spec, store=store, signer=signer, attestations=atts, policy_hash=policy.hash,
+            mood=state["mood"],
+            executor_isolation=state.get("executor_isolation"),  # type: ignore[arg-type]
+        ).id
         if run.report.usage.model:
             usage.append(("reporter", run.report.usage))
     failpoint("attest:minted")

@@ -35,7 +35,10 @@ class RunState(TypedDict, total=False):
     round_kind: RoundKind
     nested: int  # nested rounds spent on this tree
     target: Target
-    executor_output: str
+    executor_output: str  # the executor's log: an artifact hash, never its bytes
+    executor_exit: int | None  # None: an executor without a process (llm)
+    executor_timed_out: bool
+    executor_isolation: str  # namespace | none | tools; recorded in every attestation
     plan: VerifierPlan
     runs: Annotated[list[VerifierRun], operator.add]  # every run on this tree
     attestations: dict[str, str]  # green-thread run id -> attestation id, this tree

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from choir.models._base import Frozen
 from choir.models.report import Result, Target
@@ -50,6 +50,17 @@ class AttestationBody(Frozen):
     lens: str = "default"
     started_at: datetime
     ended_at: datetime
+    executor_isolation: Literal["namespace", "none", "tools"] | None = None
+    """How the executor that made this tree ran (``choir run``); absent for ``choir verify``.
+    ``none`` means its code could have read the signing key: judge the evidence by that."""
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_executor(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        """Absent stays absent, so bodies minted before the field existed keep their ids."""
+        data: dict[str, object] = handler(self)
+        if data.get("executor_isolation") is None:
+            data.pop("executor_isolation", None)
+        return data
 
 
 class Attestation(Frozen):

@@ -33,6 +33,12 @@ class ExecutorSpec(Frozen):
 
     ``command``: a shell command run in the repo. ``python``: ``module:function``.
     ``llm``: a Choir Agent with file tools scoped to the repo.
+
+    ``command`` and ``python`` run the user's code, so they run in a sandbox (bubblewrap)
+    with the repo writable and Choir's keys and stores out of sight. ``sandbox: none`` is the
+    explicit trust mode for local development: unsandboxed, recorded as executor isolation
+    ``none`` in every attestation of the run, and refused by PARANOID. ``network`` is off
+    unless the work item turns it on.
     """
 
     schema_version: Literal[1] = 1
@@ -42,6 +48,8 @@ class ExecutorSpec(Frozen):
     model: str | None = None
     instructions: str | None = None
     timeout_s: float = Field(default=600.0, gt=0)
+    sandbox: Literal["auto", "bwrap", "none"] = "auto"
+    network: bool = False
     max_turns: int = Field(default=30, ge=1, le=500)
     verifier_max_attempts: int = Field(default=3, ge=1, le=50)
 

@@ -153,8 +153,11 @@ class Sandbox(abc.ABC):
 
     @abc.abstractmethod
     def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
-             timeout_s: float, limits: Limits, network: bool, sink: Sink) -> ExecResult:
+             timeout_s: float, limits: Limits, network: bool, sink: Sink,
+             repo_writable: bool = False) -> ExecResult:
         """Run ``sh -c command`` with cwd = ``repo`` (read-only) and ``out_dir`` writable.
+
+        ``repo_writable`` is for executors only (they change the tree); verifiers never set it.
 
         Raises:
             Nothing for command failures (they are the exit code); start-up failures are

@@ -13,7 +13,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
@@ -81,7 +81,10 @@ class BwrapSandbox(Sandbox):
         return cls._usable
 
     def argv(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
-             network: bool) -> list[str]:
+             network: bool, repo_writable: bool = False, readable: Sequence[Path] = (),
+             hidden: Sequence[Path] = ()) -> list[str]:
+        """The bwrap command line. ``readable``/``hidden`` serve executors (choir.executors):
+        extra read-only binds, then paths masked (an empty tmpfs, or /dev/null for a file)."""
         args = [self._bwrap, "--ro-bind", "/usr", "/usr"]
         for name in ("bin", "lib", "lib64", "sbin"):
             path = Path("/") / name
@@ -93,7 +96,13 @@ class BwrapSandbox(Sandbox):
                  "--tmpfs", "/tmp"]  # before any bind under /tmp, or it would hide them
         for tool in _toolchain_paths():
             args += ["--ro-bind", tool, tool]
-        args += ["--ro-bind", str(repo), str(repo), "--bind", str(out_dir), str(out_dir)]
+        for path in readable:
+            args += ["--ro-bind", str(path), str(path)]
+        args += ["--bind" if repo_writable else "--ro-bind", str(repo), str(repo),
+                 "--bind", str(out_dir), str(out_dir)]
+        for path in hidden:
+            args += ["--tmpfs", str(path)] if path.is_dir() else \
+                ["--ro-bind", "/dev/null", str(path)]
         args += ["--unshare-all", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL",
                  "--die-with-parent", "--new-session", "--clearenv"]
         if network:
@@ -104,10 +113,13 @@ class BwrapSandbox(Sandbox):
         return args
 
     def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
-             timeout_s: float, limits: Limits, network: bool, sink: Sink) -> ExecResult:
+             timeout_s: float, limits: Limits, network: bool, sink: Sink,
+             repo_writable: bool = False, readable: Sequence[Path] = (),
+             hidden: Sequence[Path] = ()) -> ExecResult:
         prepare_out(out_dir)
         argv = self.argv(command, repo=repo.resolve(), out_dir=out_dir.resolve(), env=env,
-                         network=network)
+                         network=network, repo_writable=repo_writable, readable=readable,
+                         hidden=hidden)
         cgroup = CgroupLimits(limits)
         try:
             if not cgroup.applied:

@@ -91,8 +91,9 @@ class DockerSandbox(Sandbox):
         digests = image.attrs.get("RepoDigests") or []
         return {"image": self.image, "image_digest": digests[0] if digests else image.id}
 
-    def _volumes(self, repo: Path, out_dir: Path) -> dict[str, dict[str, str]]:
-        volumes = {str(repo): {"bind": "/repo", "mode": "ro"},
+    def _volumes(self, repo: Path, out_dir: Path,
+                 repo_writable: bool = False) -> dict[str, dict[str, str]]:
+        volumes = {str(repo): {"bind": "/repo", "mode": "rw" if repo_writable else "ro"},
                    str(out_dir): {"bind": OUT, "mode": "rw"}}
         if self.host_usr:
             import sys
@@ -103,7 +104,8 @@ class DockerSandbox(Sandbox):
         return volumes
 
     def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
-             timeout_s: float, limits: Limits, network: bool, sink: Sink) -> ExecResult:
+             timeout_s: float, limits: Limits, network: bool, sink: Sink,
+             repo_writable: bool = False) -> ExecResult:
         prepare_out(out_dir)
         for path in [out_dir, *out_dir.rglob("*")]:
             os.chown(path, 65534, 65534)  # the container user must be able to write
@@ -113,7 +115,7 @@ class DockerSandbox(Sandbox):
             container = client.containers.create(
                 self.image, ["/bin/sh", "-c", command],
                 working_dir="/repo", environment=step_env(OUT, env),
-                volumes=self._volumes(repo.resolve(), out_dir.resolve()),
+                volumes=self._volumes(repo.resolve(), out_dir.resolve(), repo_writable),
                 network_disabled=not network, read_only=True,
                 tmpfs={"/tmp": "rw,nosuid,size=256m"},
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], user="65534:65534",

@@ -22,7 +22,8 @@ class LocalSandbox(Sandbox):
     isolation = "none"
 
     def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
-             timeout_s: float, limits: Limits, network: bool, sink: Sink) -> ExecResult:
+             timeout_s: float, limits: Limits, network: bool, sink: Sink,
+             repo_writable: bool = False) -> ExecResult:
         prepare_out(out_dir)
         return run_process(["/bin/sh", "-c", command], env=step_env(str(out_dir), env),
                            cwd=str(repo), timeout_s=timeout_s, sink=sink)

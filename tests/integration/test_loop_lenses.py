@@ -151,7 +151,7 @@ def two_bugs(tmp_path: Path, *, knows: tuple[str, ...] = ("add", "mul")) -> Path
     isolating_pytest(tmp_path / "repo")
     write(tmp_path / "fix.py", f"""\
         import json, os, pathlib
-        log = pathlib.Path({str(tmp_path / 'executor.log')!r})
+        log = pathlib.Path({str(tmp_path / 'repo' / '.executor.log')!r})  # sandboxed: repo only
         item = json.loads(pathlib.Path(os.environ["CHOIR_WORKITEM_FILE"]).read_text())
         fb = os.environ.get("CHOIR_FEEDBACK_FILE")
         failing = sorted({{s["test_id"] for r in json.loads(pathlib.Path(fb).read_text())
@@ -179,7 +179,7 @@ def test_a_repeating_failure_that_divides_is_split_into_parts_then_verified_whol
     assert out["status"] == "asserted" and out["work_item"] == "calc"
     assert "split calc into calc~1, calc~2" in proc.stderr
     assert "every part done: verifying calc whole" in proc.stderr
-    calls = (tmp_path / "executor.log").read_text().splitlines()
+    calls = (tmp_path / "repo" / ".executor.log").read_text().splitlines()
     # three blind rounds on the whole item, then each part sees only its own test
     assert calls[3] == "calc~1 1 ['test_calc.py::test_add']"
     assert calls[4] == "calc~2 1 ['test_calc.py::test_mul']"

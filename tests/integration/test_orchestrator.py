@@ -23,15 +23,16 @@ CANARY = "CANARY-7f3a9c-raw-output-must-stay-in-artifacts"
 def make_item(tmp_path: Path, *, executor: str, blast: str = "small",
               max_attempts: int = 4, test_body: str | None = None) -> Path:
     calc_repo(tmp_path / "repo", canary=CANARY, test_body=test_body)
+    spy(tmp_path).mkdir()
     (tmp_path / "fix.py").write_text(textwrap.dedent(f"""\
         import os, shutil, sys, time
         from pathlib import Path
         fb = os.environ.get("CHOIR_FEEDBACK_FILE")
         if fb:
             attempt = os.environ["CHOIR_ATTEMPT"]
-            shutil.copy(fb, Path({str(tmp_path)!r}) / f"feedback-{{attempt}}.json")
+            shutil.copy(fb, Path({str(spy(tmp_path))!r}) / f"feedback-{{attempt}}.json")
             if os.environ.get("SLOW_FIX"):
-                Path({str(tmp_path)!r}, "executing").touch()
+                Path({str(spy(tmp_path))!r}, "executing").touch()
                 time.sleep(30)
             calc = Path("calc.py")
             calc.write_text(calc.read_text().replace("a - b", "a + b"))
@@ -56,6 +57,12 @@ def choir(*args: str, env: dict[str, str] | None = None,
                           timeout=timeout, env=env)
 
 
+def spy(tmp_path: Path) -> Path:
+    """Where the test executor leaves what it saw: inside the repo, the one folder an
+    executor may write (it runs sandboxed; its own folder is read-only there)."""
+    return tmp_path / "repo" / ".spy"
+
+
 def fix_cmd(tmp_path: Path) -> str:
     return f"{PY} {tmp_path / 'fix.py'}"
 
@@ -74,7 +81,7 @@ def test_fail_hypothesize_fix_pass_assert_gate(tmp_path: Path) -> None:
     hyp = next(a for a in atoms if a["kind"] == "HYPOTHESIZE")
     assert "test_add" in hyp["discriminating_test"]
     # the executor got bounded reports, never raw output
-    feedback = json.loads((tmp_path / "feedback-2.json").read_text())
+    feedback = json.loads((spy(tmp_path) / "feedback-2.json").read_text())
     assert feedback[0]["result"] == "FAIL" and "tail_log" not in json.dumps(feedback)
     assert choir("audit").returncode == 0
 
@@ -88,7 +95,7 @@ def assert_canary_only_in_artifacts(choir_home: Path, tmp_path: Path) -> None:
             assert CANARY.encode() not in path.read_bytes(), path
     for path in (choir_home / "attestations").glob("*.json"):
         assert CANARY not in path.read_text()
-    feedback = list(tmp_path.glob("feedback-*.json"))
+    feedback = list(spy(tmp_path).glob("feedback-*.json"))
     assert feedback
     for path in feedback:
         assert CANARY not in path.read_text()
@@ -172,7 +179,7 @@ def test_bad_work_item_exits_2_and_runs_nothing(tmp_path: Path) -> None:
     item.write_text(item.read_text().replace("max_attempts: 4", "max_attempts: -1"))
     proc = choir("run", str(item))
     assert proc.returncode == 2 and f"{item}:" in proc.stderr
-    assert not list(tmp_path.glob("feedback-*"))
+    assert not list(spy(tmp_path).glob("feedback-*"))
 
 
 @pytest.mark.slow
@@ -185,7 +192,7 @@ def test_kill_9_mid_run_then_resume_completes_without_double_counting(
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.monotonic() + 120
-    while not (tmp_path / "executing").exists():
+    while not (spy(tmp_path) / "executing").exists():
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGKILL)  # the orchestrator and the executor die mid-attempt 2
@@ -212,7 +219,7 @@ def test_an_unknown_sandbox_is_a_configuration_error_and_nothing_runs(tmp_path: 
     config.write_text(config.read_text() + "sandbox: {backend: no-such-sandbox}\n")
     proc = choir("run", str(item), "--json")
     assert proc.returncode == 2 and "no-such-sandbox" in proc.stderr
-    assert proc.stdout == "" and not list(tmp_path.glob("feedback-*"))
+    assert proc.stdout == "" and not list(spy(tmp_path).glob("feedback-*"))
     assert json.loads(choir("ahdb", "list", "--json").stdout) == []
 
 
@@ -284,7 +291,7 @@ def test_a_run_is_driven_by_one_process_at_a_time(tmp_path: Path) -> None:
                              start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while not (tmp_path / "executing").exists():
+        while not (spy(tmp_path) / "executing").exists():
             assert time.monotonic() < deadline and first.poll() is None
             time.sleep(0.1)
         second = choir("run", "--resume", "busy")
@@ -351,4 +358,4 @@ def test_an_invalid_run_id_is_a_usage_error(tmp_path: Path) -> None:
     for bad in ("../escape", "has space", "x" * 101):
         proc = choir("run", str(item), "--run-id", bad)
         assert proc.returncode == 2 and "invalid run id" in proc.stderr
-    assert not list(tmp_path.glob("feedback-*"))
+    assert not list(spy(tmp_path).glob("feedback-*"))

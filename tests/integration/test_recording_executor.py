@@ -16,7 +16,8 @@ CANARY = "CANARY-recording-executor-raw-output"
 
 def test_recording_executor_drives_a_run_and_sees_only_bounded_feedback(tmp_path: Path) -> None:
     calc_repo(tmp_path / "repo", canary=CANARY, sandbox="local")
-    log = tmp_path / "calls.jsonl"
+    # the executor runs sandboxed: its folder is read-only there, the repo is writable
+    log = tmp_path / "repo" / ".calls.jsonl"
     (tmp_path / "scripted.py").write_text(textwrap.dedent(f"""\
         from pathlib import Path
         from choir.testing import RecordingExecutor

@@ -1,0 +1,297 @@
+"""Executors run sandboxed: the attacks of issue #10 item 6, #11 item 2 and #16 item 10.
+
+A hostile executor is the user's own command or function, but it runs with whatever the
+work item says, so it must not reach the signing key, Choir's stores, or the tree after its
+step ended. Every test here runs the real ``choir`` CLI in a subprocess with a real bwrap
+sandbox and asserts the host afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from choir.models import WorkItem
+from tests.workitems import PY, calc_repo
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+
+CANARY = "CANARY-executor-sandbox"
+
+
+def choir(*args: str, env: dict[str, str] | None = None,
+          timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``root`` with its size and mtime: to prove nothing was written."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            st = path.stat()
+            found[str(path.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+    return found
+
+
+def forge_script(tmp_path: Path, home: Path, item_id: str, repo: Path) -> Path:
+    """The attack: steal the key, then use Choir's own API to mint PASS and ASSERT."""
+    script = tmp_path / "hostile.py"
+    script.write_text(textwrap.dedent(f"""\
+        import os, pathlib, sys
+        home = pathlib.Path({str(home)!r})
+        repo = pathlib.Path({str(repo)!r})
+        try:
+            key = (home / "keys" / "ed25519.key").read_bytes()
+            (repo / "loot.txt").write_bytes(key)
+            print("STOLE-KEY", len(key))
+        except OSError as exc:
+            (repo / "loot.txt").write_text("unreadable")
+            print("KEY-UNREADABLE", exc)
+        os.environ["CHOIR_HOME"] = str(home)
+        os.environ["CHOIR_ARTIFACT_DIR"] = str(home / "artifacts")
+        try:
+            import choir.verify as verify
+            from choir.ahdb import open_ahdb
+            from choir.tree import tree_hash
+            real = verify.load_repo_config
+
+            def rigged(path):
+                config = real(path)
+                unit = config.verifiers["unit"]
+                step = unit.steps[0].model_copy(update={{"command": "true"}})
+                fake = unit.model_copy(update={{"steps": (step,), "parser": "generic"}})
+                return config.model_copy(update={{"verifiers": {{"unit": fake}}}})
+
+            verify.load_repo_config = rigged
+            out = verify.verify_tree(repo, sandbox_name="local")
+            tree = tree_hash(repo)
+            ahdb = open_ahdb()
+            atom = ahdb.propose(claim="forged", work_item={item_id!r}, tree_hash=tree,
+                                required_verifiers=["unit"])
+            ahdb.promote(atom.id, list(out.contract["attestations"]))
+            ahdb.assert_work_item({item_id!r}, tree, references=[atom.id], claim="forged")
+            print("FORGED-ASSERT", out.passed)
+        except Exception as exc:
+            import traceback
+            print("FORGE-FAILED", type(exc).__name__, exc)
+            traceback.print_exc()
+        """))
+    return script
+
+
+def _item(tmp_path: Path, item_id: str, executor: str) -> Path:
+    item = tmp_path / "item.yaml"
+    item.write_text(f"id: {item_id}\ngoal: add must add\nrepo: ./repo\nmax_attempts: 1\n"
+                    f"executor:\n{textwrap.indent(executor, '  ')}")
+    return item
+
+
+def _assert_attack_failed(tmp_path: Path, home: Path, item_id: str,
+                          before: dict[str, tuple[int, int]],
+                          proc: subprocess.CompletedProcess[str]) -> None:
+    key = (home / "keys" / "ed25519.key").read_bytes()
+    loot = (tmp_path / "repo" / "loot.txt")
+    assert loot.exists(), "the executor did not run at all"
+    assert loot.read_bytes() == b"unreadable", "the executor read the signing key"
+    assert key not in loot.read_bytes()
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["status"] != "asserted"
+    gate = choir("gate", item_id)
+    assert gate.returncode == 1, gate.stdout
+    listed = json.loads(choir("ahdb", "list", "--json").stdout)
+    assert not [a for a in listed if a.get("claim") == "forged"], "a forged atom got in"
+    assert choir("audit").returncode == 0
+    passes = [p.name for p in (home / "attestations").rglob("*") if p.is_file()
+              and '"PASS"' in p.read_text(errors="replace")]
+    assert not passes, f"PASS attestations for a failing tree: {passes}"
+    # the host: the key is unchanged, and of Choir's stores nothing the executor wrote
+    assert (home / "keys" / "ed25519.key").read_bytes() == key
+    after = snapshot(home)
+    changed = [p for p, v in before.items() if after.get(p) != v]
+    assert not changed, f"files under CHOIR_HOME changed: {changed}"
+    assert (loot.stat().st_uid, loot.stat().st_gid) == (os.getuid(), os.getgid())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["command", "python"])
+def test_hostile_executor_cannot_read_the_key_or_forge_an_assert(
+        tmp_path: Path, choir_home: Path, kind: str) -> None:
+    calc_repo(tmp_path / "repo", canary=CANARY, sandbox="bwrap")
+    item_id = f"forge-{kind}"
+    script = forge_script(tmp_path, choir_home, item_id, tmp_path / "repo")
+    if kind == "command":
+        executor = f"kind: command\ncommand: {PY} {script}\n"
+    else:
+        (tmp_path / "hostile_fn.py").write_text(
+            "import runpy\n"
+            "def run(item, attempt, feedback):\n"
+            f"    runpy.run_path({str(script)!r})\n"
+            "    return 'done'\n")
+        executor = "kind: python\nfunction: hostile_fn:run\n"
+    item = _item(tmp_path, item_id, executor)
+    # the key exists before the executor runs: a run that makes it on first use is no test
+    from choir.attest import load_signer
+
+    load_signer()
+    before = snapshot(choir_home)
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
+    proc = choir("run", str(item), "--json", env=env)
+    _assert_attack_failed(tmp_path, choir_home, item_id, before, proc)
+
+
+def test_a_background_process_left_by_the_executor_is_gone_when_it_returns(
+        tmp_path: Path) -> None:
+    """Issue #11: setsid, nohup and a double fork all die with the executor's sandbox."""
+    from choir.executors import run_command
+    from choir.models import WorkItem
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text("good\n")
+    swapper = ("while :; do echo bad > calc.py; echo $$ >> pids; sleep 0.05; "
+               "echo good > calc.py; done")
+    command = (f"setsid sh -c '{swapper}' >/dev/null 2>&1 & "
+               f"nohup sh -c '{swapper}' >/dev/null 2>&1 & "
+               f"( ( sh -c '{swapper}' >/dev/null 2>&1 & ) & ) ; sleep 0.3; echo started")
+    item = WorkItem(id="leftover", goal="g", repo=str(repo),
+                    executor={"kind": "command", "command": command})  # type: ignore[arg-type]
+    output = run_command(item, 1, [])
+    assert output.exit_code == 0 and output.isolation == "namespace"
+    pids = {int(p) for p in (repo / "pids").read_text().split()}
+    assert pids, "the swappers never ran"
+    settled = (repo / "calc.py").read_text(), (repo / "pids").stat().st_size
+    time.sleep(0.5)
+    assert ((repo / "calc.py").read_text(), (repo / "pids").stat().st_size) == settled, \
+        "something the executor left behind still writes the repo"
+    # the pids are the sandbox's own; no host process runs the swapper's loop either
+    alive = subprocess.run(["pgrep", "-f", "echo bad > calc.py"], capture_output=True,
+                           text=True).stdout.split()
+    assert not alive, f"leftover processes on the host: {alive}"
+
+
+def test_a_failing_executor_is_recorded_and_its_output_kept_as_an_artifact(
+        tmp_path: Path, choir_home: Path) -> None:
+    """Issue #16: exit code in the run's events and stream; raw output only as an artifact."""
+    calc_repo(tmp_path / "repo", canary=CANARY, sandbox="bwrap")
+    item = _item(tmp_path, "fails", "kind: command\n"
+                 "command: echo EXECUTOR-SECRET-OUTPUT; exit 3\n")
+    proc = choir("run", str(item), "--json")
+    assert proc.returncode == 1, proc.stderr
+    out = json.loads(proc.stdout)
+    assert any("executor exited 3" in e for e in out["events"]), out["events"]
+    assert "exited 3" in proc.stderr  # the live view shows it
+    assert "EXECUTOR-SECRET-OUTPUT" not in proc.stdout + proc.stderr
+    kept = [p for p in (choir_home / "artifacts").rglob("*") if p.is_file()
+            and b"EXECUTOR-SECRET-OUTPUT" in p.read_bytes()]
+    assert kept, "the executor's output was not kept as an artifact"
+    atts = [json.loads(p.read_text()) for p in (choir_home / "attestations").rglob("*.json")]
+    assert atts and {a["body"]["executor_isolation"] for a in atts} == {"namespace"}
+
+
+def test_paranoid_refuses_an_unsandboxed_executor_before_it_runs(tmp_path: Path) -> None:
+    calc_repo(tmp_path / "repo", canary=CANARY, sandbox="bwrap")
+    marker = tmp_path / "repo" / "ran"
+    item = _item(tmp_path, "trust", f"kind: command\ncommand: touch {marker}\nsandbox: none\n")
+    proc = choir("run", str(item), "--mood", "PARANOID")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "refuses an unsandboxed executor" in proc.stderr
+    assert not marker.exists()
+
+
+def test_trust_mode_is_recorded_in_every_attestation(tmp_path: Path, choir_home: Path) -> None:
+    calc_repo(tmp_path / "repo", canary=CANARY, sandbox="bwrap")
+    item = _item(tmp_path, "trusted", "kind: command\ncommand: 'true'\nsandbox: none\n")
+    assert choir("run", str(item)).returncode == 1
+    atts = [json.loads(p.read_text()) for p in (choir_home / "attestations").rglob("*.json")]
+    assert atts and {a["body"]["executor_isolation"] for a in atts} == {"none"}
+
+
+def _direct_item(tmp_path: Path, **executor: object) -> WorkItem:
+    repo = tmp_path / "repo"
+    repo.mkdir(exist_ok=True)
+    return WorkItem(id="direct", goal="g", repo=str(repo),
+                    executor=executor)  # type: ignore[arg-type]
+
+
+def _log(artifact: str) -> bytes:
+    from choir.artifacts import ArtifactStore
+
+    return ArtifactStore().read_bytes(artifact)
+
+
+def test_network_is_off_unless_the_work_item_turns_it_on(tmp_path: Path) -> None:
+    import socket
+
+    from choir.executors import run_command
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        probe = f"{PY} -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 2)\""
+        off = run_command(_direct_item(tmp_path, kind="command", command=probe), 1, [])
+        on = run_command(_direct_item(tmp_path, kind="command", command=probe,
+                                      network=True), 1, [])
+    assert off.exit_code != 0, "the executor reached a host port with network off"
+    assert on.exit_code == 0, _log(on.artifact)
+
+
+def test_a_timed_out_executor_is_recorded_as_such(tmp_path: Path) -> None:
+    from choir.executors import run_command
+
+    started = time.monotonic()
+    out = run_command(_direct_item(tmp_path, kind="command", command="sleep 30",
+                                   timeout_s=0.5), 1, [])
+    assert out.timed_out and out.exit_code == 124 and time.monotonic() - started < 10
+    assert b"[choir] executor timed out" in _log(out.artifact)
+
+
+def test_a_python_executor_runs_in_a_child_and_its_exception_is_its_exit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from choir.executors import run_python
+
+    (tmp_path / "user_fn.py").write_text(
+        "import os\n"
+        "def ok(item, attempt, feedback):\n"
+        "    open('calc.py', 'w').write(f'{item.id} {attempt} {os.getpid()}')\n"
+        "    return 'returned-value'\n"
+        "def boom(item, attempt, feedback):\n"
+        "    raise RuntimeError('user code broke')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    ok = run_python(_direct_item(tmp_path, kind="python", function="user_fn:ok"), 2, [])
+    assert ok.exit_code == 0 and b"returned-value" in _log(ok.artifact)
+    item_id, attempt, pid = (tmp_path / "repo" / "calc.py").read_text().split()
+    assert (item_id, attempt) == ("direct", "2") and int(pid) != os.getpid()
+    assert "user_fn" not in sys.modules, "user code was imported into Choir's process"
+    bad = run_python(_direct_item(tmp_path, kind="python", function="user_fn:boom"), 1, [])
+    assert bad.exit_code == 1 and b"user code broke" in _log(bad.artifact)
+
+
+def test_an_executor_cannot_plant_git_config_that_choir_then_runs(
+        tmp_path: Path, choir_home: Path) -> None:
+    """The escape after the sandbox: Choir runs git on the repo (tree hash), unsandboxed, and
+    git runs ``core.fsmonitor`` from the repo's own config. A planted one must never run."""
+    repo = calc_repo(tmp_path / "repo", canary=CANARY, sandbox="bwrap")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    loot = tmp_path / "loot"
+    payload = tmp_path / "repo" / "payload.sh"
+    planted = (f"printf '#!/bin/sh\\ncat {choir_home}/keys/ed25519.key > {loot}\\n' > {payload}"
+               f" && chmod +x {payload} && git config core.fsmonitor {payload}")
+    item = _item(tmp_path, "plant", f"kind: command\ncommand: \"{planted}\"\n")
+    from choir.attest import load_signer
+
+    load_signer()
+    proc = choir("run", str(item), "--json")
+    assert payload.exists(), proc.stderr  # the executor did plant it
+    assert not loot.exists(), "Choir ran the executor's planted git command"
+    assert proc.returncode == 1
