@@ -72,7 +72,13 @@ def decide(result: PipelineResult, parsed: ParseResult, parser: str,
         if rec.oom_killed:
             return Result.FAIL, f"step {rec.name} was killed: out of memory"
         if rec.exit_code != 0:
-            crash = TOOL_CRASHES.get(tool_of(rec.command) or "", {}).get(rec.exit_code)
+            tool = tool_of(rec.command) or ""
+            crash = TOOL_CRASHES.get(tool, {}).get(rec.exit_code)
+            if tool == "pytest" and rec.exit_code == 2 and (parsed.counts.errors or 0) > 0:
+                # pytest also exits 2 on collection errors: the code under test does not
+                # import (a syntax error the executor made). That is a bug to fix, not a crash.
+                return Result.FAIL, f"step {rec.name}: pytest could not collect the tests " \
+                                    f"(exit 2): errors during collection"
             if crash:
                 return Result.INCONCLUSIVE, (f"step {rec.name}: {crash} (exit {rec.exit_code}):"
                                              " the checks did not run")

@@ -60,6 +60,18 @@ def test_pytest_interrupted_is_inconclusive_not_fail(tmp_path: Path) -> None:
     _inconclusive(report, "pytest interrupted (exit 2)")
 
 
+def test_a_collection_error_in_the_code_is_a_failure_not_a_crash(tmp_path: Path) -> None:
+    """pytest exits 2 on collection errors too: a syntax error the executor made is a bug in
+    the code, and the executor must hear about it (FAIL), not a halt for a human."""
+    repo = project(tmp_path, "from calc import add\n\ndef test_a():\n    assert add(1, 2) == 3\n")
+    (repo / "calc.py").write_text("def add(a, b)\n    return a + b\n")
+    text = f"{PY} -m pytest -q -p no:cacheprovider"
+    for parser, command in (("junit", PYTEST), ("pytest", text)):
+        report, _, _ = verify(repo, command, parser, run_id=f"r-{parser}")
+        assert report.result is Result.FAIL, (parser, report.result, report.summary)
+        assert "could not collect" in report.summary
+
+
 def test_ruff_crash_exit_2_is_inconclusive_not_fail(tmp_path: Path) -> None:
     repo = project(tmp_path, "x = 1\n")
     report, _, _ = verify(repo, f"{BIN / 'ruff'} check --no-cache --select NOPE999 "
