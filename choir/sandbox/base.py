@@ -12,6 +12,7 @@ import abc
 import os
 import selectors
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -64,9 +65,30 @@ def step_env(out_dir: str, extra: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def prepare_out(out_dir: Path) -> None:
+def prepare_out(out_dir: Path, owner: tuple[int, int] | None = None) -> None:
+    """Make ``$CHOIR_OUT`` and its temp/home/cache folders, owned by ``owner`` if given.
+
+    Never follows a link: an earlier step of the same run may have replaced ``tmp`` with a
+    symlink to the signing key or any host file, and a ``chown`` through it would hand that
+    file to the sandbox user (issue #10.5). Anything at those names that is not a real
+    folder is removed and the folder made afresh; ownership is changed with ``lchown`` on
+    exactly the folders made here, never on what a step left in them.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if os.path.islink(out_dir) or not out_dir.is_dir():
+        raise OSError(f"{out_dir} is not a real folder")
     for sub in ("tmp", "home", "cache"):
-        (out_dir / sub).mkdir(parents=True, exist_ok=True)
+        path = out_dir / sub
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            mode = None
+        if mode is not None and not stat.S_ISDIR(mode):
+            path.unlink()  # a symlink, FIFO or file planted by a step: drop it, never follow
+        path.mkdir(exist_ok=True)
+    if owner is not None:
+        for path in (out_dir, out_dir / "tmp", out_dir / "home", out_dir / "cache"):
+            os.chown(path, *owner, follow_symlinks=False)
 
 
 def run_process(argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None,

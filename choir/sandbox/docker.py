@@ -36,6 +36,7 @@ DEADLINE = "choir.deadline"
 EXPIRES = "choir.expires"
 GRACE_S = 120.0
 OUT = "/choir/out"
+NOBODY = 65534
 
 _SWEEP_LOCK = threading.Lock()
 _SWEPT_IN: int | None = None  # the PID that swept already: once per process, again after fork
@@ -47,6 +48,21 @@ def _client(timeout: float = 10) -> Any:
     except ImportError as exc:
         raise MissingExtraError("the docker sandbox needs: pip install 'choir[docker]'") from exc
     return docker.from_env(timeout=int(timeout))
+
+
+def _unix_ping(path: str, *, timeout: float) -> bool:
+    """``GET /_ping`` on the engine's unix socket; the socket is closed on every path."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(path)
+            sock.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+            reply = sock.recv(64)
+    except OSError:
+        return False
+    return reply.startswith(b"HTTP/1.") and reply[9:12] == b"200"
 
 
 @register_sandbox("docker")
@@ -61,12 +77,22 @@ class DockerSandbox(Sandbox):
 
     @classmethod
     def available(cls) -> bool:
+        """True when an engine answers ``/_ping``; leaves no socket open either way (#16.1)."""
+        host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        if host.startswith("unix://"):
+            # The SDK's unix transport does not close a socket whose connect() failed, and
+            # under filterwarnings=error that ResourceWarning broke later tests: ask directly.
+            return _unix_ping(host[len("unix://"):], timeout=2.0)
         try:
             client = _client(timeout=2)
-            client.ping()
-            client.close()
         except Exception:
             return False
+        try:
+            client.ping()
+        except Exception:
+            return False
+        finally:
+            client.close()
         return True
 
     def has_image(self) -> bool:
@@ -104,9 +130,10 @@ class DockerSandbox(Sandbox):
 
     def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
              timeout_s: float, limits: Limits, network: bool, sink: Sink) -> ExecResult:
-        prepare_out(out_dir)
-        for path in [out_dir, *out_dir.rglob("*")]:
-            os.chown(path, 65534, 65534)  # the container user must be able to write
+        try:  # the container user must be able to write; links a step left are not followed
+            prepare_out(out_dir, owner=(NOBODY, NOBODY))
+        except OSError as exc:
+            return ExecResult(-1, 0, infra_error=f"could not prepare the output folder: {exc}")
         start = time.monotonic()
         try:
             client = self.client()
@@ -116,7 +143,7 @@ class DockerSandbox(Sandbox):
                 volumes=self._volumes(repo.resolve(), out_dir.resolve()),
                 network_disabled=not network, read_only=True,
                 tmpfs={"/tmp": "rw,nosuid,size=256m"},
-                cap_drop=["ALL"], security_opt=["no-new-privileges"], user="65534:65534",
+                cap_drop=["ALL"], security_opt=["no-new-privileges"], user=f"{NOBODY}:{NOBODY}",
                 mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
                 pids_limit=limits.pids, nano_cpus=int(limits.cpus * 1e9),
                 labels=run_labels(time.time(), timeout_s), detach=True,

@@ -176,3 +176,74 @@ print(json.dumps({{"status": res.status, "size": store.path_of(digest).stat().st
     expected.update(bytes(size % len(chunk)))
     assert got["digest"] == expected.hexdigest()
     assert got["rss_kb"] < 150 * 1024, f"peak RSS {got['rss_kb'] / 1024:.0f} MiB"
+
+
+# --- issue #10: each attack below was reproduced on the code before its fix ---------------
+
+SECRET = "PRIVATE-KEY-MATERIAL-do-not-leak"
+
+
+def _plant_key(home: Path) -> Path:
+    key = home / ".choir" / "keys" / "ed25519.key"
+    key.parent.mkdir(parents=True)
+    key.write_text(SECRET)
+    key.chmod(0o600)
+    return key
+
+
+def test_home_bin_on_path_does_not_expose_the_signing_key(
+    sandbox: Sandbox, repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#10.1: ``$HOME/bin`` (and a relative entry) on PATH must not bind $HOME."""
+    home = tmp_path / "home"
+    (home / "bin").mkdir(parents=True)
+    home.chmod(0o755)
+    key = _plant_key(home)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("CHOIR_HOME", str(home / ".choir"))
+    monkeypatch.chdir(home)
+    monkeypatch.setenv("PATH", f"{home}/bin:bin:.:{os.environ['PATH']}")
+    code, out, _ = run(sandbox, repo, tmp_path / "out",
+                       f"cat {key}; cat ~/.choir/keys/ed25519.key; ls {home}; echo done")
+    assert b"done" in out
+    assert SECRET.encode() not in out
+    assert key.read_text() == SECRET and key.stat().st_uid == 0  # host: key untouched
+
+
+def test_step_has_no_host_privilege(sandbox: Sandbox, repo: Path, tmp_path: Path) -> None:
+    """#10.2: the step's uid maps to an unprivileged host uid: root-only files stay closed."""
+    secret = repo / "root-only.txt"
+    secret.write_text(SECRET)
+    secret.chmod(0o600)
+    group = repo / "root-group.txt"
+    group.write_text(SECRET)
+    group.chmod(0o640)
+    code, out, _ = run(sandbox, repo, tmp_path / "out",
+                       "cat root-only.txt; cat root-group.txt; head -c 40 /etc/shadow; "
+                       "touch $CHOIR_OUT/made-by-step && echo made")
+    assert SECRET.encode() not in out
+    assert b"root:" not in out  # /etc/shadow
+    assert b"made" in out
+    # the host's view of the step's uid and gid: what it creates is not root's
+    made = (tmp_path / "out" / "made-by-step").stat()
+    assert made.st_uid != 0 and made.st_gid != 0, (made.st_uid, made.st_gid)
+    assert secret.stat().st_uid == 0 and secret.stat().st_mode & 0o777 == 0o600
+
+
+def test_planted_symlink_in_the_output_folder_is_never_followed(
+    sandbox: Sandbox, repo: Path, tmp_path: Path
+) -> None:
+    """#10.5: a link a step leaves in $CHOIR_OUT must not make the next step own its target."""
+    home = tmp_path / "home"
+    home.mkdir()
+    key = _plant_key(home)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    out = tmp_path / "out"
+    run(sandbox, repo, out, f"ln -s {key} $CHOIR_OUT/link; ln -s {victim} $CHOIR_OUT/dirlink;"
+                            f" rm -rf $CHOIR_OUT/tmp && ln -s {victim} $CHOIR_OUT/tmp; true")
+    run(sandbox, repo, out, "true")  # the next step of the same run prepares the folder again
+    for path in (key, key.parent, victim):
+        st = os.stat(path)
+        assert (st.st_uid, st.st_gid) == (0, 0), path
+    assert key.stat().st_mode & 0o777 == 0o600
