@@ -6,8 +6,8 @@ Binding the parent of every PATH entry ending in ``/bin`` bound ``$HOME`` whole 
 chosen interpreter's installation and its venv, resolved exactly, plus the ``binds`` that
 ``choir.yaml`` names; PATH entries are never bound. The interpreter is, in this order:
 ``sandbox.python`` in ``choir.yaml`` (an interpreter or a venv folder), the active venv
-(``VIRTUAL_ENV``), the repo's ``.venv``, else the base installation Choir's own Python came
-from; never Choir's own venv, whose packages (pytest plugins) would leak into the project's
+(``VIRTUAL_ENV``, unless it is Choir's own), the repo's ``.venv``, else the base
+installation Choir's own Python came from; never Choir's own venv, whose packages (pytest plugins) would leak into the project's
 test run (#16.7). A venv is read from its ``pyvenv.cfg``, never by running its interpreter on
 the host: the repo's ``.venv`` is the project's code.
 """
@@ -106,6 +106,15 @@ def _from_interpreter(python: str) -> tuple[str | None, str]:
     return None, os.path.dirname(os.path.dirname(real))
 
 
+def _active_venv() -> bool:
+    """True when VIRTUAL_ENV names a venv that is not Choir's own (an activated Choir venv
+    is where Choir's plugins come from, not the project's environment)."""
+    active = os.environ.get("VIRTUAL_ENV")
+    if not active or not (Path(active) / "pyvenv.cfg").is_file():
+        return False
+    return os.path.realpath(active) != os.path.realpath(sys.prefix)
+
+
 def choose(repo: Path, python: str | None = None,
            extra_binds: tuple[str, ...] = ()) -> Toolchain:
     """The toolchain a step in ``repo`` runs with (module docstring gives the order).
@@ -115,8 +124,7 @@ def choose(repo: Path, python: str | None = None,
     """
     if python:
         venv, base = _from_interpreter(python)
-    elif os.environ.get("VIRTUAL_ENV") and (Path(os.environ["VIRTUAL_ENV"]) / "pyvenv.cfg"
-                                            ).is_file():
+    elif _active_venv():
         venv, base = _from_interpreter(os.environ["VIRTUAL_ENV"])
     elif (repo / ".venv" / "pyvenv.cfg").is_file():
         venv, base = _from_interpreter(str(repo / ".venv"))

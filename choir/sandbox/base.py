@@ -242,12 +242,12 @@ def resolve_auto(**options: object) -> Sandbox:
             return sandbox
         sandbox.close()  # an engine without the image would make every run INCONCLUSIVE
     if _REGISTRY["bwrap"].available():
-        return _REGISTRY["bwrap"]()
+        return _REGISTRY["bwrap"](**options)
     warnings.warn(
         "no Docker engine and no bubblewrap: verifiers run UNSANDBOXED (isolation 'none' is "
         "recorded in every attestation)", RuntimeWarning, stacklevel=2,
     )
-    return _REGISTRY["local"]()
+    return _REGISTRY["local"](**options)
 
 
 resolve_sandbox = get_sandbox

@@ -25,6 +25,7 @@ from typing import Any
 
 from choir.exceptions import MissingExtraError
 from choir.models import Limits
+from choir.sandbox import _toolchain
 from choir.sandbox.base import ExecResult, Sandbox, Sink, prepare_out, register_sandbox, step_env
 
 DEFAULT_IMAGE = "choir-test:host"
@@ -69,8 +70,17 @@ def _unix_ping(path: str, *, timeout: float) -> bool:
 class DockerSandbox(Sandbox):
     isolation = "container"
 
-    def __init__(self, image: str | None = None, host_usr: bool | None = None) -> None:
+    def __init__(self, image: str | None = None, host_usr: bool | None = None,
+                 python: str | None = None, binds: tuple[str, ...] = ()) -> None:
+        """``python``/``binds`` (``choir.yaml``) matter only for an image borrowing host /usr.
+
+        Raises:
+            ConfigError: a bind would expose CHOIR_HOME, the artifact store or $HOME.
+        """
         self.image = image or os.environ.get("CHOIR_DOCKER_IMAGE") or DEFAULT_IMAGE
+        self._python = python
+        self._binds = tuple(_toolchain.check_bind(b, origin="choir.yaml sandbox.binds")
+                            for b in binds)
         # the locally built test image carries no toolchain: it borrows the host's /usr
         self.host_usr = host_usr if host_usr is not None else self.image == DEFAULT_IMAGE
         self._client: Any = None
@@ -121,12 +131,26 @@ class DockerSandbox(Sandbox):
         volumes = {str(repo): {"bind": "/repo", "mode": "ro"},
                    str(out_dir): {"bind": OUT, "mode": "rw"}}
         if self.host_usr:
-            import sys
-
-            for path in {"/usr", "/etc/alternatives", sys.base_prefix, sys.prefix}:
+            # the project's interpreter, never Choir's own venv (#16.7), never $HOME (#10.1)
+            tools = _toolchain.choose(repo, self._python, self._binds)
+            for path in ("/usr", "/etc/alternatives", *tools.binds):
                 if os.path.isdir(path):
                     volumes[path] = {"bind": path, "mode": "ro"}
         return volumes
+
+    def _environment(self, repo: Path, env: Mapping[str, str]) -> dict[str, str]:
+        variables = step_env(OUT, env)
+        for var in ("PYENV_ROOT", "PYENV_VERSION", "CONDA_PREFIX", "VIRTUAL_ENV"):
+            variables.pop(var, None)  # the host's toolchain is not in the container
+        if self.host_usr and "PATH" not in env:
+            tools = _toolchain.choose(repo, self._python, self._binds)
+            variables["PATH"] = ":".join((*tools.path_head, "/usr/local/bin", "/usr/bin",
+                                          "/bin"))
+            if tools.venv:
+                variables["VIRTUAL_ENV"] = tools.venv
+        elif "PATH" not in env:
+            variables["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        return variables
 
     def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
              timeout_s: float, limits: Limits, network: bool, sink: Sink) -> ExecResult:
@@ -139,7 +163,7 @@ class DockerSandbox(Sandbox):
             client = self.client()
             container = client.containers.create(
                 self.image, ["/bin/sh", "-c", command],
-                working_dir="/repo", environment=step_env(OUT, env),
+                working_dir="/repo", environment=self._environment(repo.resolve(), env),
                 volumes=self._volumes(repo.resolve(), out_dir.resolve()),
                 network_disabled=not network, read_only=True,
                 tmpfs={"/tmp": "rw,nosuid,size=256m"},

@@ -21,6 +21,9 @@ from choir.sandbox.base import (
 class LocalSandbox(Sandbox):
     isolation = "none"
 
+    def __init__(self, **_options: object) -> None:
+        """Options (image, python, binds) are the isolating backends'; unsafe runs the host's."""
+
     def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
              timeout_s: float, limits: Limits, network: bool, sink: Sink) -> ExecResult:
         prepare_out(out_dir)

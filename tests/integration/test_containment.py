@@ -247,3 +247,19 @@ def test_planted_symlink_in_the_output_folder_is_never_followed(
         st = os.stat(path)
         assert (st.st_uid, st.st_gid) == (0, 0), path
     assert key.stat().st_mode & 0o777 == 0o600
+
+
+def test_step_runs_the_projects_interpreter_not_choirs(
+    sandbox: Sandbox, repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#16.7: with Choir's venv active, a step still gets the repo's plain venv."""
+    venv = repo / ".venv"
+    subprocess.run([sys.base_prefix + "/bin/python3", "-m", "venv", "--without-pip", str(venv)],
+                   check=True)
+    monkeypatch.setenv("VIRTUAL_ENV", sys.prefix)  # Choir's own venv, activated
+    monkeypatch.setenv("PATH", f"{sys.prefix}/bin:{os.environ['PATH']}")
+    code, out, _ = run(sandbox, repo, tmp_path / "out",
+                       f"{PY} -c 'import sys; print(\"PREFIX\", sys.prefix)'; "
+                       f"{PY} -c 'import langgraph' && echo LEAKED; echo end")
+    assert f"PREFIX {venv}".encode() in out, out
+    assert b"LEAKED" not in out and b"end" in out
