@@ -8,8 +8,9 @@ chosen interpreter's installation and its venv, resolved exactly, plus the ``bin
 ``sandbox.python`` in ``choir.yaml`` (an interpreter or a venv folder), the active venv
 (``VIRTUAL_ENV``, unless it is Choir's own), the repo's ``.venv``, else the base
 installation Choir's own Python came from; never Choir's own venv, whose packages (pytest
-plugins) would leak into the project's test run (#16.7). A venv is read from its ``pyvenv.cfg``, never by running its interpreter on
-the host: the repo's ``.venv`` is the project's code.
+plugins) would leak into the project's test run (#16.7). A venv is read from its
+``pyvenv.cfg``, never by running its interpreter on the host: the repo's ``.venv`` is the
+project's code.
 """
 
 from __future__ import annotations
