@@ -30,6 +30,8 @@ def decide(result: PipelineResult, parsed: ParseResult, parser: str) -> tuple[Re
             return Result.FAIL, f"step {rec.name} timed out after {rec.duration_ms} ms"
         if rec.oom_killed:
             return Result.FAIL, f"step {rec.name} was killed: out of memory"
+        if rec.limit_exceeded:
+            return Result.FAIL, f"step {rec.name} was stopped: {rec.limit_exceeded}"
         if rec.exit_code != 0:
             return Result.FAIL, f"step {rec.name} exited {rec.exit_code}"
     counts = parsed.counts

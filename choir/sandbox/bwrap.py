@@ -26,6 +26,7 @@ from choir.sandbox import _toolchain
 from choir.sandbox._cgroups import STAGE, STAGE_MOUNT, CgroupLimits
 from choir.sandbox.base import (
     ExecResult,
+    OutWatch,
     Sandbox,
     Sink,
     prepare_out,
@@ -172,22 +173,27 @@ class BwrapSandbox(Sandbox):
                                        env=env, network=network)
         except (OSError, ConfigError) as exc:
             return ExecResult(-1, 0, infra_error=f"bwrap could not prepare the run: {exc}")
+        watch = OutWatch(out_dir, limits.out_mb)
+        setup = f"ulimit -f {watch.fsize_blocks} && {setup}"  # no single file beyond the cap
         cgroup = CgroupLimits(limits)
         try:
             if not cgroup.applied:
-                if setup:
+                shell = ["/bin/sh", "-c"]
+                if _drops_privilege():
                     os.makedirs(STAGE, mode=0o755, exist_ok=True)
-                    argv = ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
-                            f"{STAGE_MOUNT} && {setup}exec {shlex.join(argv)}"]
-                return run_process(argv, env={"PATH": "/usr/bin:/bin"}, cwd=None,
-                                   timeout_s=timeout_s, sink=sink)
+                    shell = ["unshare", "--mount", "--propagation", "private", *shell]
+                    setup = f"{STAGE_MOUNT} && {setup}"
+                return run_process([*shell, f"{setup}exec {shlex.join(argv)}"],
+                                   env={"PATH": "/usr/bin:/bin"}, cwd=None,
+                                   timeout_s=timeout_s, sink=sink, watch=watch)
             start = time.monotonic()
             try:
                 proc = cgroup.spawn(argv, setup=setup)
             except OSError as exc:
                 return ExecResult(-1, int((time.monotonic() - start) * 1000),
                                   infra_error=f"bwrap could not start inside its limits: {exc}")
-            result = stream_process(proc, start=start, timeout_s=timeout_s, sink=sink)
+            result = stream_process(proc, start=start, timeout_s=timeout_s, sink=sink,
+                                    watch=watch)
             if result.exit_code != 0 and cgroup.oom_killed():
                 result = replace(result, oom_killed=True)
             return result

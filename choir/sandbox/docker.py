@@ -26,7 +26,15 @@ from typing import Any
 from choir.exceptions import MissingExtraError
 from choir.models import Limits
 from choir.sandbox import _toolchain
-from choir.sandbox.base import ExecResult, Sandbox, Sink, prepare_out, register_sandbox, step_env
+from choir.sandbox.base import (
+    ExecResult,
+    OutWatch,
+    Sandbox,
+    Sink,
+    prepare_out,
+    register_sandbox,
+    step_env,
+)
 
 DEFAULT_IMAGE = "choir-test:host"
 LABEL = "choir.managed"
@@ -158,8 +166,11 @@ class DockerSandbox(Sandbox):
             prepare_out(out_dir, owner=(NOBODY, NOBODY))
         except OSError as exc:
             return ExecResult(-1, 0, infra_error=f"could not prepare the output folder: {exc}")
+        watch = OutWatch(out_dir, limits.out_mb)
         start = time.monotonic()
         try:
+            from docker.types import Ulimit
+
             client = self.client()
             container = client.containers.create(
                 self.image, ["/bin/sh", "-c", command],
@@ -171,6 +182,7 @@ class DockerSandbox(Sandbox):
                 mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
                 pids_limit=limits.pids, nano_cpus=int(limits.cpus * 1e9),
                 labels=run_labels(time.time(), timeout_s), detach=True,
+                ulimits=[Ulimit(name="fsize", soft=watch.cap, hard=watch.cap)],
             )
         except MissingExtraError:
             raise
@@ -180,6 +192,7 @@ class DockerSandbox(Sandbox):
         total = 0
         try:
             container.start()
+            watch.start(lambda: _kill_quietly(container))
             stream = container.logs(stream=True, follow=True, stdout=True, stderr=True)
 
             def pump() -> None:
@@ -206,14 +219,16 @@ class DockerSandbox(Sandbox):
             if code == 137 and not timed_out:  # SIGKILL: ask the engine whether it was OOM
                 container.reload()
                 oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
-            return ExecResult(code, int((time.monotonic() - start) * 1000), timed_out=timed_out,
-                              oom_killed=oom, output_bytes=total,
-                              infra_error="docker log stream did not finish: output incomplete"
-                              if incomplete else None)
+            result = ExecResult(code, int((time.monotonic() - start) * 1000),
+                                timed_out=timed_out, oom_killed=oom, output_bytes=total,
+                                infra_error="docker log stream did not finish: output incomplete"
+                                if incomplete else None)
+            return watch.verdict(result, sink)
         except Exception as exc:
             return ExecResult(-1, int((time.monotonic() - start) * 1000),
                               infra_error=f"docker failed: {exc}")
         finally:
+            watch.stop()
             try:
                 container.remove(force=True)
             except Exception:
@@ -223,6 +238,13 @@ class DockerSandbox(Sandbox):
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def _kill_quietly(container: Any) -> None:
+    try:
+        container.kill()
+    except Exception:  # noqa: BLE001 - it ended meanwhile
+        pass
 
 
 def host_identity() -> str:

@@ -263,3 +263,47 @@ def test_step_runs_the_projects_interpreter_not_choirs(
                        f"{PY} -c 'import langgraph' && echo LEAKED; echo end")
     assert f"PREFIX {venv}".encode() in out, out
     assert b"LEAKED" not in out and b"end" in out
+
+
+def _usage(path: Path) -> int:
+    return sum(p.lstat().st_size for p in path.rglob("*"))
+
+
+@pytest.mark.parametrize("writer", [
+    "head -c 300M /dev/zero > $CHOIR_OUT/big; echo wrote",
+    "for i in $(seq 300); do head -c 1M /dev/zero > $CHOIR_OUT/f$i || exit 3; done; echo wrote",
+])
+def test_output_folder_is_capped_and_the_step_stopped(
+    sandbox: Sandbox, repo: Path, tmp_path: Path, writer: str
+) -> None:
+    """#10.4: $CHOIR_OUT has a cap from policy; a step over it is stopped, host disk bounded."""
+    out = tmp_path / "out"
+    code, text, result = run(sandbox, repo, out, writer, limits=Limits(out_mb=8))
+    assert code != 0
+    assert result.limit_exceeded and "8 MiB" in result.limit_exceeded  # type: ignore[attr-defined]
+    assert b"exceeded its cap of 8 MiB" in text
+    assert _usage(out) < 8 * 1024 * 1024 + 96 * 1024 * 1024, _usage(out)  # cap + one interval
+    code, text, result = run(sandbox, repo, tmp_path / "out2",
+                             "head -c 1M /dev/zero > $CHOIR_OUT/small && echo ok",
+                             limits=Limits(out_mb=8))
+    assert code == 0 and result.limit_exceeded is None  # type: ignore[attr-defined]
+
+
+def test_output_cap_fails_the_verifier_with_the_cap_as_reason(
+    sandbox: Sandbox, repo: Path, tmp_path: Path
+) -> None:
+    import asyncio
+
+    from choir.artifacts import ArtifactStore
+    from choir.models import StepSpec, Target, VerifierKind, VerifierSpec
+    from choir.verification import run_verifier_thread
+
+    spec = VerifierSpec(name="spill", kind=VerifierKind.SMOKE, timeout_s=60,
+                        limits=Limits(out_mb=4),
+                        steps=(StepSpec(name="fill", command="head -c 64M /dev/zero > "
+                                        "$CHOIR_OUT/fill; true"),))
+    run_, _ = asyncio.run(run_verifier_thread(
+        spec, repo=repo, target=Target(tree_hash=tree_hash(repo)), sandbox=sandbox,
+        store=ArtifactStore(), run_id=f"spill-{sandbox.name}"))
+    assert run_.report.result.value == "FAIL"
+    assert "exceeded its cap of 4 MiB" in run_.report.summary
