@@ -53,6 +53,13 @@ def step_env(out_dir: str, extra: Mapping[str, str]) -> dict[str, str]:
         "TMPDIR": tmp, "TEMP": tmp, "TMP": tmp,
         "HOME": f"{out_dir}/home",
         "XDG_CACHE_HOME": f"{out_dir}/cache",
+        # tools that would write a cache into the read-only repo (#16.4): pytest's cache
+        # plugin warns there, and filterwarnings=error turns that into a failure
+        "RUFF_CACHE_DIR": f"{out_dir}/cache/ruff",
+        "MYPY_CACHE_DIR": f"{out_dir}/cache/mypy",
+        "PYTEST_ADDOPTS": f"-o cache_dir={out_dir}/cache/pytest",
+        "COVERAGE_FILE": f"{out_dir}/cache/coverage",
+        "HYPOTHESIS_STORAGE_DIRECTORY": f"{out_dir}/cache/hypothesis",
         # no PYTHONPYCACHEPREFIX: it would hide the stdlib's bytecode too and make every
         # interpreter recompile its imports (measured: 376 ms instead of 128 ms)
         "PYTHONDONTWRITEBYTECODE": "1",

@@ -307,3 +307,18 @@ def test_output_cap_fails_the_verifier_with_the_cap_as_reason(
         store=ArtifactStore(), run_id=f"spill-{sandbox.name}"))
     assert run_.report.result.value == "FAIL"
     assert "exceeded its cap of 4 MiB" in run_.report.summary
+
+
+def test_pytest_runs_unchanged_in_a_read_only_repo_with_warnings_as_errors(
+    sandbox: Sandbox, repo: Path, tmp_path: Path
+) -> None:
+    """#16.4: tool caches go to $CHOIR_OUT, so a cache write cannot fail a strict test run."""
+    (repo / "pyproject.toml").write_text(
+        '[tool.pytest.ini_options]\nfilterwarnings = ["error"]\n')
+    (repo / "test_mod.py").write_text("import mod\n\n\ndef test_x():\n    assert mod.x == 1\n")
+    before = tree_hash(repo)
+    code, out, _ = run(sandbox, repo, tmp_path / "out", f"{PY} -m pytest -q -p no:randomly",
+                       timeout_s=60)
+    assert code == 0, out.decode(errors="replace")[-2000:]
+    assert b"1 passed" in out
+    assert tree_hash(repo) == before and not (repo / ".pytest_cache").exists()
