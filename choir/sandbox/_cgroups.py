@@ -43,7 +43,9 @@ _CONTROLLERS = ("pids", "memory")
 _READY = b"J"
 _JOIN_TIMEOUT_S = 10.0
 STAGE = "/run/choir-stage"  # an empty mount point; filled only inside private mount namespaces
-STAGE_MOUNT = f"mount -t tmpfs -o mode=0755,size=64k choir-stage {STAGE}"
+STAGE_SLOTS = 16  # mount points made with the tmpfs, off the run's path (one exec fewer each)
+STAGE_MOUNT = (f"mount -t tmpfs -o mode=0755,size=64k choir-stage {STAGE} && mkdir "
+               + " ".join(f"{STAGE}/{n}" for n in range(STAGE_SLOTS)))
 
 
 @dataclass

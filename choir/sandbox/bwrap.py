@@ -23,7 +23,7 @@ from typing import ClassVar
 from choir.exceptions import ConfigError
 from choir.models import Limits
 from choir.sandbox import _toolchain
-from choir.sandbox._cgroups import STAGE, STAGE_MOUNT, CgroupLimits
+from choir.sandbox._cgroups import STAGE, STAGE_MOUNT, STAGE_SLOTS, CgroupLimits
 from choir.sandbox.base import (
     ExecResult,
     OutWatch,
@@ -158,7 +158,8 @@ class BwrapSandbox(Sandbox):
         for number, path in enumerate(self._staging(repo, out_dir)):
             target = f"{STAGE}/{number}"
             staged[path] = target
-            setup.append(f"mkdir {target} && mount --bind {shlex.quote(path)} {target} && ")
+            make = f"mkdir {target} && " if number >= STAGE_SLOTS else ""
+            setup.append(f"{make}mount --bind {shlex.quote(path)} {target} && ")
         argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
                 *self.argv(command, repo=repo, out_dir=out_dir, env=env, network=network,
                            staged=staged)]
