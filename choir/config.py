@@ -34,6 +34,12 @@ class SandboxConfig(Frozen):
 
     backend: str = "auto"
     image: str | None = None
+    # the project's interpreter (a python executable or a venv folder; relative to the repo),
+    # else VIRTUAL_ENV, else the repo's .venv: see choir/sandbox/_toolchain.py
+    python: str | None = None
+    # extra read-only folders a step may see; never one containing CHOIR_HOME, the artifact
+    # store or $HOME (refused with a ConfigError)
+    binds: tuple[str, ...] = ()
 
 
 class MoodOverride(Frozen):
@@ -129,6 +135,27 @@ def _unknown_names(doc: YamlDoc) -> list[ConfigError]:
     return [err for err in found if err is not None]
 
 
+def _sandbox_section(section: SandboxConfig, repo: Path, doc: YamlDoc) -> SandboxConfig:
+    """The ``sandbox:`` section with ``python`` made absolute and every bind checked.
+
+    Raises:
+        ConfigError: a bind would expose CHOIR_HOME, the artifact store or $HOME, or does
+            not exist (file and line given).
+    """
+    from choir.sandbox._toolchain import check_bind
+
+    for i, bind in enumerate(section.binds):
+        try:
+            check_bind(bind, origin=f"sandbox.binds[{i}]")
+        except ConfigError as exc:
+            raise ConfigError(exc.message, path=str(doc.path),
+                              line=doc.line_of(("sandbox", "binds", i)),
+                              hint="bind the exact folder the step needs") from None
+    if section.python and not Path(section.python).is_absolute():
+        return section.model_copy(update={"python": str(repo / section.python)})
+    return section
+
+
 def load_repo_config(repo: Path) -> RepoConfig:
     """Load ``repo/choir.yaml``; every mistake in it is reported at once.
 
@@ -220,13 +247,14 @@ def load_repo_config(repo: Path) -> RepoConfig:
                     ))
     ConfigError.raise_all(errors)
     assert parsed is not None  # no error was found, so the file validated
+    sandbox = _sandbox_section(parsed.sandbox, repo, doc)
     return RepoConfig(
         path=str(repo),
         source=str(path),
         verifiers=verifiers,
         models=parsed.models,
         moods=parsed.moods,
-        sandbox=parsed.sandbox,
+        sandbox=sandbox,
         max_parallel=parsed.max_parallel,
         lines=lines,
     )

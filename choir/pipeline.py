@@ -142,10 +142,12 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
                                          exit_code=result.exit_code,
                                          duration_ms=result.duration_ms,
                                          timed_out=result.timed_out,
-                                         oom_killed=result.oom_killed))
+                                         oom_killed=result.oom_killed,
+                                         limit_exceeded=result.limit_exceeded))
             if result.timed_out or result.oom_killed or result.exit_code != 0:
                 why = ("timed out" if result.timed_out else
                        "killed: out of memory" if result.oom_killed else
+                       f"stopped: {result.limit_exceeded}" if result.limit_exceeded else
                        f"exit code {result.exit_code}")
                 note = f"\n[choir] step {step.name} failed: {why}\n".encode()
                 if not single:

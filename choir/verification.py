@@ -73,7 +73,10 @@ def open_sandbox(config: RepoConfig, policy: Policy, mood: Mood,
     from choir.exceptions import UserError
     from choir.sandbox import resolve_sandbox
 
-    options = {"image": config.sandbox.image} if config.sandbox.image else {}
+    options: dict[str, object] = {}
+    for key in ("image", "python", "binds"):  # only those set: a plugin backend may take none
+        if getattr(config.sandbox, key):
+            options[key] = getattr(config.sandbox, key)
     sandbox = resolve_sandbox(name or config.sandbox.backend, **options)
     if sandbox.isolation == "none" and not policy.moods[mood].allow_unsafe_isolation:
         sandbox.close()

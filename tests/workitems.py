@@ -5,11 +5,14 @@ The failing test prints a canary, so a test can check where raw verifier output 
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 from pathlib import Path
 
 PY = sys.executable
+# what a sandboxed step runs: the base interpreter (it never sees Choir's own venv, #16.7)
+STEP_PY = os.path.realpath(sys.executable)
 BUGGY = "def add(a, b):\n    return a - b\n"
 FIXED = "def add(a, b):\n    return a + b\n"
 
@@ -36,7 +39,7 @@ def calc_repo(path: Path, *, canary: str, sandbox: str | None = None,
             kind: unit_tests
             steps:
               - name: pytest
-                command: {PY} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml
+                command: {STEP_PY} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml
             parser: junit
         """) + textwrap.indent(textwrap.dedent(verifiers), "  ") + textwrap.dedent(extra)
     if sandbox:

@@ -19,6 +19,8 @@ class CommandRecord(Frozen):
     duration_ms: int
     timed_out: bool = False
     oom_killed: bool = False
+    # which enforced limit stopped the step (e.g. the $CHOIR_OUT cap), when one did
+    limit_exceeded: str | None = None
 
 
 class Platform(Frozen):

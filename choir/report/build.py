@@ -71,6 +71,8 @@ def decide(result: PipelineResult, parsed: ParseResult, parser: str,
             return Result.FAIL, f"step {rec.name} timed out after {rec.duration_ms} ms"
         if rec.oom_killed:
             return Result.FAIL, f"step {rec.name} was killed: out of memory"
+        if rec.limit_exceeded:
+            return Result.FAIL, f"step {rec.name} was stopped: {rec.limit_exceeded}"
         if rec.exit_code != 0:
             tool = tool_of(rec.command) or ""
             crash = TOOL_CRASHES.get(tool, {}).get(rec.exit_code)

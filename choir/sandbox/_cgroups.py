@@ -42,6 +42,10 @@ _ROOT = Path("/sys/fs/cgroup")
 _CONTROLLERS = ("pids", "memory")
 _READY = b"J"
 _JOIN_TIMEOUT_S = 10.0
+STAGE = "/run/choir-stage"  # an empty mount point; filled only inside private mount namespaces
+STAGE_SLOTS = 16  # mount points made with the tmpfs, off the run's path (one exec fewer each)
+STAGE_MOUNT = (f"mount -t tmpfs -o mode=0755,size=64k choir-stage {STAGE} && mkdir "
+               + " ".join(f"{STAGE}/{n}" for n in range(STAGE_SLOTS)))
 
 
 @dataclass
@@ -77,13 +81,21 @@ def _kill(path: Path) -> None:
 
 def _launch(slot: _Slot) -> subprocess.Popen[bytes]:
     """A shell that moves itself into the slot's groups, says so, then waits for its command."""
+    shell, stage = ["/bin/sh", "-s"], ""
+    if os.geteuid() == 0:
+        # a private mount namespace with a tmpfs on STAGE, where the run binds what the
+        # unprivileged bwrap must see but cannot reach (bwrap.BwrapSandbox.command)
+        os.makedirs(STAGE, mode=0o755, exist_ok=True)
+        shell = ["unshare", "--mount", "--propagation", "private", *shell]
+        stage = f" && {STAGE_MOUNT}"
     proc = subprocess.Popen(
-        ["/bin/sh", "-s"], env={"PATH": "/usr/bin:/bin"}, stdin=subprocess.PIPE,
+        shell, env={"PATH": "/usr/bin:/bin"}, stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
     )
     assert proc.stdin is not None
     pids, mem = (shlex.quote(str(p / "cgroup.procs")) for p in (slot.pids, slot.mem))
-    proc.stdin.write(f"echo $$ > {pids} && echo $$ > {mem} && printf J || exit 125\n".encode())
+    proc.stdin.write(
+        f"echo $$ > {pids} && echo $$ > {mem}{stage} && printf J || exit 125\n".encode())
     proc.stdin.flush()
     return proc
 
@@ -282,11 +294,12 @@ class CgroupLimits:
                 self.slot.launcher = None
                 self.slot = None  # never reused: its limits are unknown (removed at exit)
 
-    def spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
+    def spawn(self, argv: list[str], setup: str = "") -> subprocess.Popen[bytes]:
         """Start ``argv`` inside the groups, as the leader of a new session.
 
         The idle launcher already sits in both groups; it ``exec``s ``argv`` with stdin from
-        /dev/null, so nothing of the command ever runs outside the limits.
+        /dev/null, so nothing of the command ever runs outside the limits. ``setup`` is
+        shell text run first, in the launcher's private mount namespace (``&&``-terminated).
 
         Raises:
             OSError: the process could not be placed in the groups.
@@ -303,7 +316,7 @@ class CgroupLimits:
                 raise OSError("could not move the sandbox into its cgroups")
         assert launcher.stdin is not None
         try:
-            launcher.stdin.write(os.fsencode(f"exec {shlex.join(argv)} </dev/null\n"))
+            launcher.stdin.write(os.fsencode(f"{setup}exec {shlex.join(argv)} </dev/null\n"))
             launcher.stdin.close()
         except OSError:
             _discard(launcher)

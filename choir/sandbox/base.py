@@ -12,10 +12,12 @@ import abc
 import os
 import selectors
 import signal
+import stat
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -38,6 +40,7 @@ class ExecResult:
     oom_killed: bool = False
     infra_error: str | None = None
     output_bytes: int = 0
+    limit_exceeded: str | None = None  # set when an enforced limit (the out cap) stopped it
 
 
 def step_env(out_dir: str, extra: Mapping[str, str]) -> dict[str, str]:
@@ -50,6 +53,13 @@ def step_env(out_dir: str, extra: Mapping[str, str]) -> dict[str, str]:
         "TMPDIR": tmp, "TEMP": tmp, "TMP": tmp,
         "HOME": f"{out_dir}/home",
         "XDG_CACHE_HOME": f"{out_dir}/cache",
+        # tools that would write a cache into the read-only repo (#16.4): pytest's cache
+        # plugin warns there, and filterwarnings=error turns that into a failure
+        "RUFF_CACHE_DIR": f"{out_dir}/cache/ruff",
+        "MYPY_CACHE_DIR": f"{out_dir}/cache/mypy",
+        "PYTEST_ADDOPTS": f"-o cache_dir={out_dir}/cache/pytest",
+        "COVERAGE_FILE": f"{out_dir}/cache/coverage",
+        "HYPOTHESIS_STORAGE_DIRECTORY": f"{out_dir}/cache/hypothesis",
         # no PYTHONPYCACHEPREFIX: it would hide the stdlib's bytecode too and make every
         # interpreter recompile its imports (measured: 376 ms instead of 128 ms)
         "PYTHONDONTWRITEBYTECODE": "1",
@@ -64,13 +74,110 @@ def step_env(out_dir: str, extra: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def prepare_out(out_dir: Path) -> None:
+def prepare_out(out_dir: Path, owner: tuple[int, int] | None = None) -> None:
+    """Make ``$CHOIR_OUT`` and its temp/home/cache folders, owned by ``owner`` if given.
+
+    Never follows a link: an earlier step of the same run may have replaced ``tmp`` with a
+    symlink to the signing key or any host file, and a ``chown`` through it would hand that
+    file to the sandbox user (issue #10.5). Anything at those names that is not a real
+    folder is removed and the folder made afresh; ownership is changed with ``lchown`` on
+    exactly the folders made here, never on what a step left in them.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if os.path.islink(out_dir) or not out_dir.is_dir():
+        raise OSError(f"{out_dir} is not a real folder")
     for sub in ("tmp", "home", "cache"):
-        (out_dir / sub).mkdir(parents=True, exist_ok=True)
+        path = out_dir / sub
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            mode = None
+        if mode is not None and not stat.S_ISDIR(mode):
+            path.unlink()  # a symlink, FIFO or file planted by a step: drop it, never follow
+        path.mkdir(exist_ok=True)
+    if owner is not None:
+        for path in (out_dir, out_dir / "tmp", out_dir / "home", out_dir / "cache"):
+            os.chown(path, *owner, follow_symlinks=False)
+
+
+def out_usage(out_dir: Path) -> int:
+    """Bytes under ``out_dir``: the larger of apparent size and blocks, links not followed
+    (a sparse file counts whole: the artifact store would copy it whole)."""
+    total = 0
+    stack = [str(out_dir)]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            total += max(st.st_size, st.st_blocks * 512)
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(entry.path)
+    return total
+
+
+class OutWatch:
+    """Stops a step whose ``$CHOIR_OUT`` grows past its cap (issue #10.4).
+
+    Two layers: the kernel's RLIMIT_FSIZE (``fsize_blocks``, set by each backend) stops any
+    single file at the cap exactly; this watchdog sums the whole folder every ``interval``
+    seconds and calls ``kill`` once it is over, so host disk use stays within the cap plus
+    what the step can write in one interval.
+    """
+
+    def __init__(self, out_dir: Path, cap_mb: int, interval: float = 0.1) -> None:
+        self.out_dir = out_dir
+        self.cap = cap_mb * 1024 * 1024
+        self.cap_mb = cap_mb
+        self.interval = interval
+        self.exceeded = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def fsize_blocks(self) -> int:
+        """The cap in 512-byte blocks, for ``ulimit -f``."""
+        return max(1, self.cap // 512)
+
+    def reason(self) -> str:
+        return f"$CHOIR_OUT exceeded its cap of {self.cap_mb} MiB (limits.out_mb)"
+
+    def start(self, kill: Callable[[], None]) -> None:
+        def watch() -> None:
+            while not self._stop.wait(self.interval):
+                if out_usage(self.out_dir) > self.cap:
+                    self.exceeded = True
+                    kill()
+                    return
+
+        self._thread = threading.Thread(target=watch, name="choir-out-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> bool:
+        """Stop watching; True when the cap was exceeded (checked once more at the end)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if not self.exceeded and out_usage(self.out_dir) > self.cap:
+            self.exceeded = True
+        return self.exceeded
+
+    def verdict(self, result: ExecResult, sink: Sink) -> ExecResult:
+        """``result`` marked as stopped by the cap (never a PASS), with a note in the log."""
+        if not self.stop():
+            return result
+        sink(f"\n[choir] {self.reason()}: the step was stopped\n".encode())
+        code = result.exit_code if result.exit_code != 0 else 125
+        return replace(result, exit_code=code, limit_exceeded=self.reason())
 
 
 def run_process(argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str | None,
-                timeout_s: float, sink: Sink) -> ExecResult:
+                timeout_s: float, sink: Sink, watch: OutWatch | None = None) -> ExecResult:
     """Run ``argv`` in a new session, stream its output, kill the group on timeout."""
     start = time.monotonic()
     try:
@@ -81,11 +188,11 @@ def run_process(argv: Sequence[str], *, env: Mapping[str, str] | None, cwd: str 
         )
     except OSError as exc:
         return ExecResult(-1, 0, infra_error=f"could not start: {exc}")
-    return stream_process(proc, start=start, timeout_s=timeout_s, sink=sink)
+    return stream_process(proc, start=start, timeout_s=timeout_s, sink=sink, watch=watch)
 
 
 def stream_process(proc: subprocess.Popen[bytes], *, start: float, timeout_s: float,
-                   sink: Sink) -> ExecResult:
+                   sink: Sink, watch: OutWatch | None = None) -> ExecResult:
     """Stream a started process's combined output to ``sink``; kill its group on timeout.
 
     ``proc`` must lead its own session (``start_new_session=True``) so that one ``killpg``
@@ -93,6 +200,8 @@ def stream_process(proc: subprocess.Popen[bytes], *, start: float, timeout_s: fl
     caller that spent time before the spawn (joining cgroups) is charged for it.
     """
     assert proc.stdout is not None
+    if watch is not None:
+        watch.start(lambda: _kill_group(proc))
     deadline = start + timeout_s
     timed_out = False
     total = 0
@@ -125,12 +234,13 @@ def stream_process(proc: subprocess.Popen[bytes], *, start: float, timeout_s: fl
         code = proc.wait(timeout=5)
     _kill_group(proc)  # leftovers that daemonised inside the group
     proc.stdout.close()
-    return ExecResult(
+    result = ExecResult(
         exit_code=124 if timed_out else code,
         duration_ms=int((time.monotonic() - start) * 1000),
         timed_out=timed_out,
         output_bytes=total,
     )
+    return watch.verdict(result, sink) if watch is not None else result
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -223,12 +333,12 @@ def resolve_auto(**options: object) -> Sandbox:
             return sandbox
         sandbox.close()  # an engine without the image would make every run INCONCLUSIVE
     if _REGISTRY["bwrap"].available():
-        return _REGISTRY["bwrap"]()
+        return _REGISTRY["bwrap"](**options)
     warnings.warn(
         "no Docker engine and no bubblewrap: verifiers run UNSANDBOXED (isolation 'none' is "
         "recorded in every attestation)", RuntimeWarning, stacklevel=2,
     )
-    return _REGISTRY["local"]()
+    return _REGISTRY["local"](**options)
 
 
 resolve_sandbox = get_sandbox

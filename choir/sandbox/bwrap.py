@@ -1,27 +1,32 @@
 """``bwrap``: Linux namespaces via bubblewrap, for machines without a Docker engine.
 
-Two holes measured on these machines are closed (PLATFORM.md): the process never keeps
-capabilities (``--unshare-all --cap-drop ALL --uid 65534``), so it cannot remount the repo
-read-write; and ``/``, ``/run`` and ``/var/run`` are never bound, so the Docker socket is not
-reachable. Only the toolchain (``/usr``, ``/etc``, the Python installation and active venv)
-is bound, read-only, at the same paths, so ``python3 -m pytest`` works unchanged.
+Holes measured on these machines are closed (PLATFORM.md, issue #10): the process never keeps
+capabilities (``--unshare-all --cap-drop ALL``), so it cannot remount the repo read-write;
+``/``, ``/run`` and ``/var/run`` are never bound, so the Docker socket is not reachable; as
+root, bwrap runs as host ``nobody`` (see ``command``), so the step's uid is unprivileged on
+the host too; and only ``/usr``, ``/etc`` and the project's interpreter (``_toolchain``) are
+bound, read-only, at the same paths, so ``python3 -m pytest`` works unchanged.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
-import sys
+import stat
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
 
+from choir.exceptions import ConfigError
 from choir.models import Limits
-from choir.sandbox._cgroups import CgroupLimits
+from choir.sandbox import _toolchain
+from choir.sandbox._cgroups import STAGE, STAGE_MOUNT, STAGE_SLOTS, CgroupLimits
 from choir.sandbox.base import (
     ExecResult,
+    OutWatch,
     Sandbox,
     Sink,
     prepare_out,
@@ -31,34 +36,43 @@ from choir.sandbox.base import (
     stream_process,
 )
 
-_FORBIDDEN = ("/run", "/var/run", "/proc", "/sys", "/dev")
+NOBODY = 65534
 
 
-def _toolchain_paths() -> list[str]:
-    """Read-only binds for the user's toolchain, outside /usr, deepest-first de-duplicated."""
-    candidates = {sys.base_prefix, sys.prefix, os.environ.get("VIRTUAL_ENV", "")}
-    for entry in os.environ.get("PATH", "").split(os.pathsep):
-        if entry and os.path.isdir(entry):
-            candidates.add(os.path.dirname(entry) if entry.endswith("/bin") else entry)
-    paths = sorted(
-        os.path.realpath(p) for p in candidates
-        if p and os.path.isdir(p) and p != "/"
-        and not p.startswith(("/usr", "/etc")) and not p.startswith(_FORBIDDEN)
-        and os.path.realpath(p) != "/"
-    )
-    kept: list[str] = []
-    for path in paths:
-        if not any(path == k or path.startswith(k + "/") for k in kept):
-            kept.append(path)
-    return kept
+def _traversable(path: str) -> bool:
+    """True when an unprivileged user can reach ``path`` (every ancestor has o+x)."""
+    parent = os.path.dirname(path)
+    while parent and parent != "/":
+        try:
+            if not os.stat(parent).st_mode & stat.S_IXOTH:
+                return False
+        except OSError:
+            return False
+        parent = os.path.dirname(parent)
+    return True
+
+
+def _drops_privilege() -> bool:
+    """As root, bwrap's user namespace would map the step to host root: drop to nobody."""
+    return os.geteuid() == 0
 
 
 @register_sandbox("bwrap")
 class BwrapSandbox(Sandbox):
     isolation = "namespace"
 
-    def __init__(self) -> None:
+    def __init__(self, image: str | None = None, python: str | None = None,
+                 binds: tuple[str, ...] = ()) -> None:
+        """``image`` is docker's and ignored here; ``python``/``binds``: ``choir.yaml``'s.
+
+        Raises:
+            ConfigError: a bind would expose CHOIR_HOME, the artifact store or $HOME.
+        """
+        del image
         self._bwrap = shutil.which("bwrap") or "bwrap"
+        self._python = python
+        self._binds = tuple(_toolchain.check_bind(b, origin="choir.yaml sandbox.binds")
+                            for b in binds)
 
     _usable: ClassVar[bool | None] = None
 
@@ -74,6 +88,7 @@ class BwrapSandbox(Sandbox):
                 from choir.models import Limits as _Limits
 
                 with tempfile.TemporaryDirectory(prefix="choir-bwrap-probe-") as tmp:
+                    os.chmod(tmp, 0o755)  # the step runs as nobody: its repo must be readable
                     result = cls().exec("true", repo=Path(tmp), out_dir=Path(tmp) / "out",
                                         env={}, timeout_s=10, limits=_Limits(),
                                         network=False, sink=lambda _: None)
@@ -81,10 +96,20 @@ class BwrapSandbox(Sandbox):
         return cls._usable
 
     def argv(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
-             network: bool, repo_writable: bool = False, readable: Sequence[Path] = (),
+             network: bool, staged: Mapping[str, str] | None = None,
+             repo_writable: bool = False, readable: Sequence[Path] = (),
              hidden: Sequence[Path] = ()) -> list[str]:
-        """The bwrap command line. ``readable``/``hidden`` serve executors (choir.executors):
-        extra read-only binds, then paths masked (an empty tmpfs, or /dev/null for a file)."""
+        """The bwrap command line; ``staged`` maps a host path to where the launcher bound it
+        (a path an unprivileged bwrap can reach), for sources behind a 0700 folder.
+        ``repo_writable``, ``readable`` and ``hidden`` serve executors (choir.executors): the
+        repo read-write, extra read-only binds, then paths masked (an empty tmpfs, or
+        /dev/null for a file).
+
+        Raises:
+            ConfigError: the chosen interpreter or a bind would expose a secret.
+        """
+        staged = staged or {}
+        tools = _toolchain.choose(repo, self._python, self._binds)
         args = [self._bwrap, "--ro-bind", "/usr", "/usr"]
         for name in ("bin", "lib", "lib64", "sbin"):
             path = Path("/") / name
@@ -94,44 +119,101 @@ class BwrapSandbox(Sandbox):
                 args += ["--ro-bind", str(path), str(path)]
         args += ["--ro-bind", "/etc", "/etc", "--dev", "/dev", "--proc", "/proc",
                  "--tmpfs", "/tmp"]  # before any bind under /tmp, or it would hide them
-        for tool in _toolchain_paths():
-            args += ["--ro-bind", tool, tool]
+        for tool in tools.binds:
+            args += ["--ro-bind", staged.get(tool, tool), tool]
         for path in readable:
             args += ["--ro-bind", str(path), str(path)]
-        args += ["--bind" if repo_writable else "--ro-bind", str(repo), str(repo),
-                 "--bind", str(out_dir), str(out_dir)]
+        args += ["--bind" if repo_writable else "--ro-bind", staged.get(str(repo), str(repo)),
+                 str(repo), "--bind", staged.get(str(out_dir), str(out_dir)), str(out_dir)]
         for path in hidden:
             args += ["--tmpfs", str(path)] if path.is_dir() else \
                 ["--ro-bind", "/dev/null", str(path)]
-        args += ["--unshare-all", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL",
-                 "--die-with-parent", "--new-session", "--clearenv"]
+        args += ["--unshare-all", "--uid", str(NOBODY), "--gid", str(NOBODY),
+                 "--cap-drop", "ALL", "--die-with-parent", "--new-session", "--clearenv"]
         if network:
             args.append("--share-net")
-        for key, value in step_env(str(out_dir), env).items():
+        variables = step_env(str(out_dir), env)
+        for var in ("PYENV_ROOT", "PYENV_VERSION", "CONDA_PREFIX", "VIRTUAL_ENV"):
+            variables.pop(var, None)  # the host's toolchain is not bound: only the chosen one
+        if tools.venv:
+            variables["VIRTUAL_ENV"] = tools.venv
+        if "PATH" not in env:
+            variables["PATH"] = ":".join((*tools.path_head, "/usr/local/bin", "/usr/bin",
+                                          "/bin"))
+        for key, value in variables.items():
             args += ["--setenv", key, value]
         args += ["--chdir", str(repo), "/bin/sh", "-c", command]
         return args
+
+    def _staging(self, repo: Path, out_dir: Path) -> list[str]:
+        """Host paths an unprivileged bwrap could not reach: bound under STAGE first."""
+        tools = _toolchain.choose(repo, self._python, self._binds)
+        return [p for p in (*tools.binds, str(repo), str(out_dir)) if not _traversable(p)]
+
+    def command(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
+                network: bool, repo_writable: bool = False, readable: Sequence[Path] = (),
+                hidden: Sequence[Path] = ()) -> tuple[str, list[str]]:
+        """(shell setup, argv) that a root launcher runs as ``setup; exec argv``.
+
+        As root, bwrap's own user namespace maps the step's uid to host root (it read
+        /etc/shadow, #10.2). So the launcher, alone in a private mount namespace, binds the
+        sources a non-root user cannot reach (the pyenv Python under a 0700 /root, a repo in
+        a 0700 temp folder) under STAGE, then runs bwrap as ``nobody`` with no groups: bwrap
+        makes an unprivileged user namespace whose uid maps to host ``nobody``.
+        """
+        if repo_writable or not _drops_privilege():
+            # An executor must write the (caller-owned) repo: it keeps the caller's uid, with
+            # every capability dropped; what it must not see is masked (``hidden``), see
+            # docs/security.md.
+            return "", self.argv(command, repo=repo, out_dir=out_dir, env=env,
+                                 network=network, repo_writable=repo_writable,
+                                 readable=readable, hidden=hidden)
+        staged: dict[str, str] = {}
+        setup = []
+        for number, path in enumerate(self._staging(repo, out_dir)):
+            target = f"{STAGE}/{number}"
+            staged[path] = target
+            make = f"mkdir {target} && " if number >= STAGE_SLOTS else ""
+            setup.append(f"{make}mount --bind {shlex.quote(path)} {target} && ")
+        argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                *self.argv(command, repo=repo, out_dir=out_dir, env=env, network=network,
+                           staged=staged)]
+        return "".join(setup), argv
 
     def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
              timeout_s: float, limits: Limits, network: bool, sink: Sink,
              repo_writable: bool = False, readable: Sequence[Path] = (),
              hidden: Sequence[Path] = ()) -> ExecResult:
-        prepare_out(out_dir)
-        argv = self.argv(command, repo=repo.resolve(), out_dir=out_dir.resolve(), env=env,
-                         network=network, repo_writable=repo_writable, readable=readable,
-                         hidden=hidden)
+        drops = _drops_privilege() and not repo_writable
+        owner = (NOBODY, NOBODY) if drops else None
+        try:
+            prepare_out(out_dir, owner=owner)
+            setup, argv = self.command(command, repo=repo.resolve(), out_dir=out_dir.resolve(),
+                                       env=env, network=network, repo_writable=repo_writable,
+                                       readable=readable, hidden=hidden)
+        except (OSError, ConfigError) as exc:
+            return ExecResult(-1, 0, infra_error=f"bwrap could not prepare the run: {exc}")
+        watch = OutWatch(out_dir, limits.out_mb)
+        setup = f"ulimit -f {watch.fsize_blocks} && {setup}"  # no single file beyond the cap
         cgroup = CgroupLimits(limits)
         try:
             if not cgroup.applied:
-                return run_process(argv, env={"PATH": "/usr/bin:/bin"}, cwd=None,
-                                   timeout_s=timeout_s, sink=sink)
+                shell = ["/bin/sh", "-c"]
+                if drops:
+                    os.makedirs(STAGE, mode=0o755, exist_ok=True)
+                    shell = ["unshare", "--mount", "--propagation", "private", *shell]
+                    setup = f"{STAGE_MOUNT} && {setup}"
+                return run_process([*shell, f"{setup}exec {shlex.join(argv)}"],
+                                   env={"PATH": "/usr/bin:/bin"}, cwd=None,
+                                   timeout_s=timeout_s, sink=sink, watch=watch)
             start = time.monotonic()
             try:
-                proc = cgroup.spawn(argv)
+                proc = cgroup.spawn(argv, setup=setup)
             except OSError as exc:
                 return ExecResult(-1, int((time.monotonic() - start) * 1000),
                                   infra_error=f"bwrap could not start inside its limits: {exc}")
-            result = stream_process(proc, start=start, timeout_s=timeout_s, sink=sink)
+            result = stream_process(proc, start=start, timeout_s=timeout_s, sink=sink,
+                                    watch=watch)
             if result.exit_code != 0 and cgroup.oom_killed():
                 result = replace(result, oom_killed=True)
             return result

@@ -25,7 +25,16 @@ from typing import Any
 
 from choir.exceptions import MissingExtraError
 from choir.models import Limits
-from choir.sandbox.base import ExecResult, Sandbox, Sink, prepare_out, register_sandbox, step_env
+from choir.sandbox import _toolchain
+from choir.sandbox.base import (
+    ExecResult,
+    OutWatch,
+    Sandbox,
+    Sink,
+    prepare_out,
+    register_sandbox,
+    step_env,
+)
 
 DEFAULT_IMAGE = "choir-test:host"
 LABEL = "choir.managed"
@@ -36,6 +45,7 @@ DEADLINE = "choir.deadline"
 EXPIRES = "choir.expires"
 GRACE_S = 120.0
 OUT = "/choir/out"
+NOBODY = 65534
 
 _SWEEP_LOCK = threading.Lock()
 _SWEPT_IN: int | None = None  # the PID that swept already: once per process, again after fork
@@ -49,24 +59,58 @@ def _client(timeout: float = 10) -> Any:
     return docker.from_env(timeout=int(timeout))
 
 
+def _unix_ping(path: str, *, timeout: float) -> bool:
+    """``GET /_ping`` on the engine's unix socket; the socket is closed on every path."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(path)
+            sock.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+            reply = sock.recv(64)
+    except OSError:
+        return False
+    return reply.startswith(b"HTTP/1.") and reply[9:12] == b"200"
+
+
 @register_sandbox("docker")
 class DockerSandbox(Sandbox):
     isolation = "container"
 
-    def __init__(self, image: str | None = None, host_usr: bool | None = None) -> None:
+    def __init__(self, image: str | None = None, host_usr: bool | None = None,
+                 python: str | None = None, binds: tuple[str, ...] = ()) -> None:
+        """``python``/``binds`` (``choir.yaml``) matter only for an image borrowing host /usr.
+
+        Raises:
+            ConfigError: a bind would expose CHOIR_HOME, the artifact store or $HOME.
+        """
         self.image = image or os.environ.get("CHOIR_DOCKER_IMAGE") or DEFAULT_IMAGE
+        self._python = python
+        self._binds = tuple(_toolchain.check_bind(b, origin="choir.yaml sandbox.binds")
+                            for b in binds)
         # the locally built test image carries no toolchain: it borrows the host's /usr
         self.host_usr = host_usr if host_usr is not None else self.image == DEFAULT_IMAGE
         self._client: Any = None
 
     @classmethod
     def available(cls) -> bool:
+        """True when an engine answers ``/_ping``; leaves no socket open either way (#16.1)."""
+        host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        if host.startswith("unix://"):
+            # The SDK's unix transport does not close a socket whose connect() failed, and
+            # under filterwarnings=error that ResourceWarning broke later tests: ask directly.
+            return _unix_ping(host[len("unix://"):], timeout=2.0)
         try:
             client = _client(timeout=2)
-            client.ping()
-            client.close()
         except Exception:
             return False
+        try:
+            client.ping()
+        except Exception:
+            return False
+        finally:
+            client.close()
         return True
 
     def has_image(self) -> bool:
@@ -96,32 +140,51 @@ class DockerSandbox(Sandbox):
         volumes = {str(repo): {"bind": "/repo", "mode": "rw" if repo_writable else "ro"},
                    str(out_dir): {"bind": OUT, "mode": "rw"}}
         if self.host_usr:
-            import sys
-
-            for path in {"/usr", "/etc/alternatives", sys.base_prefix, sys.prefix}:
+            # the project's interpreter, never Choir's own venv (#16.7), never $HOME (#10.1)
+            tools = _toolchain.choose(repo, self._python, self._binds)
+            for path in ("/usr", "/etc/alternatives", *tools.binds):
                 if os.path.isdir(path):
                     volumes[path] = {"bind": path, "mode": "ro"}
         return volumes
 
+    def _environment(self, repo: Path, env: Mapping[str, str]) -> dict[str, str]:
+        variables = step_env(OUT, env)
+        for var in ("PYENV_ROOT", "PYENV_VERSION", "CONDA_PREFIX", "VIRTUAL_ENV"):
+            variables.pop(var, None)  # the host's toolchain is not in the container
+        if self.host_usr and "PATH" not in env:
+            tools = _toolchain.choose(repo, self._python, self._binds)
+            variables["PATH"] = ":".join((*tools.path_head, "/usr/local/bin", "/usr/bin",
+                                          "/bin"))
+            if tools.venv:
+                variables["VIRTUAL_ENV"] = tools.venv
+        elif "PATH" not in env:
+            variables["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        return variables
+
     def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
              timeout_s: float, limits: Limits, network: bool, sink: Sink,
              repo_writable: bool = False) -> ExecResult:
-        prepare_out(out_dir)
-        for path in [out_dir, *out_dir.rglob("*")]:
-            os.chown(path, 65534, 65534)  # the container user must be able to write
+        try:  # the container user must be able to write; links a step left are not followed
+            prepare_out(out_dir, owner=(NOBODY, NOBODY))
+        except OSError as exc:
+            return ExecResult(-1, 0, infra_error=f"could not prepare the output folder: {exc}")
+        watch = OutWatch(out_dir, limits.out_mb)
         start = time.monotonic()
         try:
+            from docker.types import Ulimit
+
             client = self.client()
             container = client.containers.create(
                 self.image, ["/bin/sh", "-c", command],
-                working_dir="/repo", environment=step_env(OUT, env),
+                working_dir="/repo", environment=self._environment(repo.resolve(), env),
                 volumes=self._volumes(repo.resolve(), out_dir.resolve(), repo_writable),
                 network_disabled=not network, read_only=True,
                 tmpfs={"/tmp": "rw,nosuid,size=256m"},
-                cap_drop=["ALL"], security_opt=["no-new-privileges"], user="65534:65534",
+                cap_drop=["ALL"], security_opt=["no-new-privileges"], user=f"{NOBODY}:{NOBODY}",
                 mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
                 pids_limit=limits.pids, nano_cpus=int(limits.cpus * 1e9),
                 labels=run_labels(time.time(), timeout_s), detach=True,
+                ulimits=[Ulimit(name="fsize", soft=watch.cap, hard=watch.cap)],
             )
         except MissingExtraError:
             raise
@@ -131,6 +194,7 @@ class DockerSandbox(Sandbox):
         total = 0
         try:
             container.start()
+            watch.start(lambda: _kill_quietly(container))
             stream = container.logs(stream=True, follow=True, stdout=True, stderr=True)
 
             def pump() -> None:
@@ -157,14 +221,16 @@ class DockerSandbox(Sandbox):
             if code == 137 and not timed_out:  # SIGKILL: ask the engine whether it was OOM
                 container.reload()
                 oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
-            return ExecResult(code, int((time.monotonic() - start) * 1000), timed_out=timed_out,
-                              oom_killed=oom, output_bytes=total,
-                              infra_error="docker log stream did not finish: output incomplete"
-                              if incomplete else None)
+            result = ExecResult(code, int((time.monotonic() - start) * 1000),
+                                timed_out=timed_out, oom_killed=oom, output_bytes=total,
+                                infra_error="docker log stream did not finish: output incomplete"
+                                if incomplete else None)
+            return watch.verdict(result, sink)
         except Exception as exc:
             return ExecResult(-1, int((time.monotonic() - start) * 1000),
                               infra_error=f"docker failed: {exc}")
         finally:
+            watch.stop()
             try:
                 container.remove(force=True)
             except Exception:
@@ -174,6 +240,13 @@ class DockerSandbox(Sandbox):
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def _kill_quietly(container: Any) -> None:
+    try:
+        container.kill()
+    except Exception:  # noqa: BLE001 - it ended meanwhile
+        pass
 
 
 def host_identity() -> str:

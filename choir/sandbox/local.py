@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
 from choir.models import Limits
 from choir.sandbox.base import (
     ExecResult,
+    OutWatch,
     Sandbox,
     Sink,
     prepare_out,
@@ -21,9 +23,14 @@ from choir.sandbox.base import (
 class LocalSandbox(Sandbox):
     isolation = "none"
 
+    def __init__(self, **_options: object) -> None:
+        """Options (image, python, binds) are the isolating backends'; unsafe runs the host's."""
+
     def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
              timeout_s: float, limits: Limits, network: bool, sink: Sink,
              repo_writable: bool = False) -> ExecResult:
         prepare_out(out_dir)
-        return run_process(["/bin/sh", "-c", command], env=step_env(str(out_dir), env),
-                           cwd=str(repo), timeout_s=timeout_s, sink=sink)
+        watch = OutWatch(out_dir, limits.out_mb)
+        return run_process(["/bin/sh", "-c", f"ulimit -f {watch.fsize_blocks} && exec /bin/sh -c "
+                            f"{shlex.quote(command)}"], env=step_env(str(out_dir), env),
+                           cwd=str(repo), timeout_s=timeout_s, sink=sink, watch=watch)

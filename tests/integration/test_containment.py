@@ -176,3 +176,149 @@ print(json.dumps({{"status": res.status, "size": store.path_of(digest).stat().st
     expected.update(bytes(size % len(chunk)))
     assert got["digest"] == expected.hexdigest()
     assert got["rss_kb"] < 150 * 1024, f"peak RSS {got['rss_kb'] / 1024:.0f} MiB"
+
+
+# --- issue #10: each attack below was reproduced on the code before its fix ---------------
+
+SECRET = "PRIVATE-KEY-MATERIAL-do-not-leak"
+
+
+def _plant_key(home: Path) -> Path:
+    key = home / ".choir" / "keys" / "ed25519.key"
+    key.parent.mkdir(parents=True)
+    key.write_text(SECRET)
+    key.chmod(0o600)
+    return key
+
+
+def test_home_bin_on_path_does_not_expose_the_signing_key(
+    sandbox: Sandbox, repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#10.1: ``$HOME/bin`` (and a relative entry) on PATH must not bind $HOME."""
+    home = tmp_path / "home"
+    (home / "bin").mkdir(parents=True)
+    home.chmod(0o755)
+    key = _plant_key(home)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("CHOIR_HOME", str(home / ".choir"))
+    monkeypatch.chdir(home)
+    monkeypatch.setenv("PATH", f"{home}/bin:bin:.:{os.environ['PATH']}")
+    code, out, _ = run(sandbox, repo, tmp_path / "out",
+                       f"cat {key}; cat ~/.choir/keys/ed25519.key; ls {home}; echo done")
+    assert b"done" in out
+    assert SECRET.encode() not in out
+    assert key.read_text() == SECRET and key.stat().st_uid == 0  # host: key untouched
+
+
+def test_step_has_no_host_privilege(sandbox: Sandbox, repo: Path, tmp_path: Path) -> None:
+    """#10.2: the step's uid maps to an unprivileged host uid: root-only files stay closed."""
+    secret = repo / "root-only.txt"
+    secret.write_text(SECRET)
+    secret.chmod(0o600)
+    group = repo / "root-group.txt"
+    group.write_text(SECRET)
+    group.chmod(0o640)
+    code, out, _ = run(sandbox, repo, tmp_path / "out",
+                       "cat root-only.txt; cat root-group.txt; head -c 40 /etc/shadow; "
+                       "touch $CHOIR_OUT/made-by-step && echo made")
+    assert SECRET.encode() not in out
+    assert b"root:" not in out  # /etc/shadow
+    assert b"made" in out
+    # the host's view of the step's uid and gid: what it creates is not root's
+    made = (tmp_path / "out" / "made-by-step").stat()
+    assert made.st_uid != 0 and made.st_gid != 0, (made.st_uid, made.st_gid)
+    assert secret.stat().st_uid == 0 and secret.stat().st_mode & 0o777 == 0o600
+
+
+def test_planted_symlink_in_the_output_folder_is_never_followed(
+    sandbox: Sandbox, repo: Path, tmp_path: Path
+) -> None:
+    """#10.5: a link a step leaves in $CHOIR_OUT must not make the next step own its target."""
+    home = tmp_path / "home"
+    home.mkdir()
+    key = _plant_key(home)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    out = tmp_path / "out"
+    run(sandbox, repo, out, f"ln -s {key} $CHOIR_OUT/link; ln -s {victim} $CHOIR_OUT/dirlink;"
+                            f" rm -rf $CHOIR_OUT/tmp && ln -s {victim} $CHOIR_OUT/tmp; true")
+    run(sandbox, repo, out, "true")  # the next step of the same run prepares the folder again
+    for path in (key, key.parent, victim):
+        st = os.stat(path)
+        assert (st.st_uid, st.st_gid) == (0, 0), path
+    assert key.stat().st_mode & 0o777 == 0o600
+
+
+def test_step_runs_the_projects_interpreter_not_choirs(
+    sandbox: Sandbox, repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#16.7: with Choir's venv active, a step still gets the repo's plain venv."""
+    venv = repo / ".venv"
+    subprocess.run([sys.base_prefix + "/bin/python3", "-m", "venv", "--without-pip", str(venv)],
+                   check=True)
+    monkeypatch.setenv("VIRTUAL_ENV", sys.prefix)  # Choir's own venv, activated
+    monkeypatch.setenv("PATH", f"{sys.prefix}/bin:{os.environ['PATH']}")
+    code, out, _ = run(sandbox, repo, tmp_path / "out",
+                       f"{PY} -c 'import sys; print(\"PREFIX\", sys.prefix)'; "
+                       f"{PY} -c 'import langgraph' && echo LEAKED; echo end")
+    assert f"PREFIX {venv}".encode() in out, out
+    assert b"LEAKED" not in out and b"end" in out
+
+
+def _usage(path: Path) -> int:
+    return sum(p.lstat().st_size for p in path.rglob("*"))
+
+
+@pytest.mark.parametrize("writer", [
+    "head -c 300M /dev/zero > $CHOIR_OUT/big; echo wrote",
+    "for i in $(seq 300); do head -c 1M /dev/zero > $CHOIR_OUT/f$i || exit 3; done; echo wrote",
+])
+def test_output_folder_is_capped_and_the_step_stopped(
+    sandbox: Sandbox, repo: Path, tmp_path: Path, writer: str
+) -> None:
+    """#10.4: $CHOIR_OUT has a cap from policy; a step over it is stopped, host disk bounded."""
+    out = tmp_path / "out"
+    code, text, result = run(sandbox, repo, out, writer, limits=Limits(out_mb=8))
+    assert code != 0
+    assert result.limit_exceeded and "8 MiB" in result.limit_exceeded  # type: ignore[attr-defined]
+    assert b"exceeded its cap of 8 MiB" in text
+    assert _usage(out) < 8 * 1024 * 1024 + 96 * 1024 * 1024, _usage(out)  # cap + one interval
+    code, text, result = run(sandbox, repo, tmp_path / "out2",
+                             "head -c 1M /dev/zero > $CHOIR_OUT/small && echo ok",
+                             limits=Limits(out_mb=8))
+    assert code == 0 and result.limit_exceeded is None  # type: ignore[attr-defined]
+
+
+def test_output_cap_fails_the_verifier_with_the_cap_as_reason(
+    sandbox: Sandbox, repo: Path, tmp_path: Path
+) -> None:
+    import asyncio
+
+    from choir.artifacts import ArtifactStore
+    from choir.models import StepSpec, Target, VerifierKind, VerifierSpec
+    from choir.verification import run_verifier_thread
+
+    spec = VerifierSpec(name="spill", kind=VerifierKind.SMOKE, timeout_s=60,
+                        limits=Limits(out_mb=4),
+                        steps=(StepSpec(name="fill", command="head -c 64M /dev/zero > "
+                                        "$CHOIR_OUT/fill; true"),))
+    run_, _ = asyncio.run(run_verifier_thread(
+        spec, repo=repo, target=Target(tree_hash=tree_hash(repo)), sandbox=sandbox,
+        store=ArtifactStore(), run_id=f"spill-{sandbox.name}"))
+    assert run_.report.result.value == "FAIL"
+    assert "exceeded its cap of 4 MiB" in run_.report.summary
+
+
+def test_pytest_runs_unchanged_in_a_read_only_repo_with_warnings_as_errors(
+    sandbox: Sandbox, repo: Path, tmp_path: Path
+) -> None:
+    """#16.4: tool caches go to $CHOIR_OUT, so a cache write cannot fail a strict test run."""
+    (repo / "pyproject.toml").write_text(
+        '[tool.pytest.ini_options]\nfilterwarnings = ["error"]\n')
+    (repo / "test_mod.py").write_text("import mod\n\n\ndef test_x():\n    assert mod.x == 1\n")
+    before = tree_hash(repo)
+    code, out, _ = run(sandbox, repo, tmp_path / "out", f"{PY} -m pytest -q -p no:randomly",
+                       timeout_s=60)
+    assert code == 0, out.decode(errors="replace")[-2000:]
+    assert b"1 passed" in out
+    assert tree_hash(repo) == before and not (repo / ".pytest_cache").exists()

@@ -13,9 +13,9 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from tests.workitems import PY
+from tests.workitems import PY, STEP_PY
 
-PYTEST = f"{PY} -m pytest -q -p no:cacheprovider"
+PYTEST = f"{STEP_PY} -m pytest -q -p no:cacheprovider"
 
 
 def choir(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

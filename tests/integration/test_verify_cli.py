@@ -54,7 +54,8 @@ def make_repo(path: Path, calc: str) -> Path:
     path.mkdir()
     (path / "calc.py").write_text(calc)
     (path / "test_calc.py").write_text(TEST_CALC)
-    (path / "choir.yaml").write_text(CHOIR_YAML.format(python=sys.executable))
+    # the base interpreter: a sandboxed step never sees Choir's own venv (#16.7)
+    (path / "choir.yaml").write_text(CHOIR_YAML.format(python=os.path.realpath(sys.executable)))
     return path
 
 

@@ -134,7 +134,7 @@ def test_bwrap_reports_an_unjoinable_group_as_infra_error(tmp_path: Path,
         pytest.skip("bubblewrap is not installed")
     from choir.sandbox.bwrap import BwrapSandbox
 
-    def refuse(self: CgroupLimits, argv: list[str]) -> subprocess.Popen[bytes]:
+    def refuse(self: CgroupLimits, argv: list[str], setup: str = "") -> subprocess.Popen[bytes]:
         raise OSError("could not move the sandbox into its cgroups")
 
     monkeypatch.setattr(CgroupLimits, "spawn", refuse)

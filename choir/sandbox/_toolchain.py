@@ -1,0 +1,150 @@
+"""Which host folders a sandboxed step may see besides /usr and /etc: exactly the project's
+interpreter, and nothing that holds a secret.
+
+Binding the parent of every PATH entry ending in ``/bin`` bound ``$HOME`` whole whenever
+``~/bin`` was on PATH, and a step printed the signing key (issue #10.1). Now a step sees the
+chosen interpreter's installation and its venv, resolved exactly, plus the ``binds`` that
+``choir.yaml`` names; PATH entries are never bound. The interpreter is, in this order:
+``sandbox.python`` in ``choir.yaml`` (an interpreter or a venv folder), the active venv
+(``VIRTUAL_ENV``, unless it is Choir's own), the repo's ``.venv``, else the base
+installation Choir's own Python came from; never Choir's own venv, whose packages (pytest
+plugins) would leak into the project's test run (#16.7). A venv is read from its
+``pyvenv.cfg``, never by running its interpreter on the host: the repo's ``.venv`` is the
+project's code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from choir._paths import artifact_dir, choir_home
+from choir.exceptions import ConfigError
+
+SYSTEM = ("/usr", "/etc", "/bin", "/lib", "/lib64", "/sbin")
+FORBIDDEN = ("/proc", "/sys", "/dev", "/run", "/var/run", "/boot")
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """Read-only binds (host path = sandbox path) and the PATH head that finds them."""
+
+    binds: tuple[str, ...]
+    path_head: tuple[str, ...]
+    venv: str | None
+
+
+def _protected() -> list[Path]:
+    """Folders no bind may contain: the key and AHDB home, the artifact store, $HOME."""
+    found = []
+    for path in (choir_home(), artifact_dir(), Path.home()):
+        try:
+            found.append(Path(os.path.realpath(path)))
+        except OSError:
+            continue
+    return found
+
+
+def check_bind(path: str, *, origin: str) -> str:
+    """``path`` resolved, or ConfigError when binding it would expose a secret or the host.
+
+    Raises:
+        ConfigError: the path is relative, missing, a system pseudo-filesystem, or contains
+            CHOIR_HOME, the artifact store or $HOME.
+    """
+    if not os.path.isabs(path):
+        raise ConfigError(f"{origin}: bind '{path}' is relative; give an absolute path")
+    real = os.path.realpath(path)
+    if not os.path.exists(real):
+        raise ConfigError(f"{origin}: bind '{path}' does not exist")
+    here = Path(real)
+    if real == "/" or any(real == f or real.startswith(f + "/") for f in FORBIDDEN):
+        raise ConfigError(f"{origin}: bind '{path}' exposes the host ({real}); bind a "
+                          "narrower folder")
+    for secret in _protected():
+        if secret == here or here in secret.parents:
+            raise ConfigError(
+                f"{origin}: bind '{path}' contains {secret} (CHOIR_HOME, the artifact store or "
+                "$HOME): the signing key would be readable; bind the exact folder the step "
+                "needs instead")
+    return real
+
+
+def _venv_base(venv: Path) -> str | None:
+    """The base installation of a venv, from its ``pyvenv.cfg`` ``home = .../bin``."""
+    try:
+        lines = (venv / "pyvenv.cfg").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key.strip() == "home" and value.strip():
+            home = os.path.realpath(value.strip())
+            return os.path.dirname(home) if home.endswith("/bin") else home
+    return None
+
+
+def _from_interpreter(python: str) -> tuple[str | None, str]:
+    """(venv, base prefix) of an interpreter path or a venv folder."""
+    given = Path(python)
+    if given.is_dir():
+        venv: Path | None = given
+    elif (given.parent.parent / "pyvenv.cfg").is_file():
+        venv = given.parent.parent
+    else:
+        venv = None
+    if venv is not None:
+        base = _venv_base(venv)
+        if base is None:
+            raise ConfigError(f"sandbox.python: {python} is not a venv (no readable "
+                              "pyvenv.cfg with 'home =')")
+        return str(venv.absolute()), base
+    real = os.path.realpath(python)
+    if not os.path.isfile(real):
+        raise ConfigError(f"sandbox.python: {python} does not exist")
+    return None, os.path.dirname(os.path.dirname(real))
+
+
+def _active_venv() -> bool:
+    """True when VIRTUAL_ENV names a venv that is not Choir's own (an activated Choir venv
+    is where Choir's plugins come from, not the project's environment)."""
+    active = os.environ.get("VIRTUAL_ENV")
+    if not active or not (Path(active) / "pyvenv.cfg").is_file():
+        return False
+    return os.path.realpath(active) != os.path.realpath(sys.prefix)
+
+
+def choose(repo: Path, python: str | None = None,
+           extra_binds: tuple[str, ...] = ()) -> Toolchain:
+    """The toolchain a step in ``repo`` runs with (module docstring gives the order).
+
+    Raises:
+        ConfigError: a configured interpreter or bind is unusable or would expose a secret.
+    """
+    if python:
+        venv, base = _from_interpreter(python)
+    elif _active_venv():
+        venv, base = _from_interpreter(os.environ["VIRTUAL_ENV"])
+    elif (repo / ".venv" / "pyvenv.cfg").is_file():
+        venv, base = _from_interpreter(str(repo / ".venv"))
+    else:
+        venv, base = None, sys.base_prefix
+    binds: list[str] = []
+    head: list[str] = []
+    for path, origin in ((venv, "the project's venv"), (base, "the project's Python")):
+        if not path:
+            continue
+        head.append(f"{path}/bin")
+        real = os.path.realpath(path)
+        if real == "/usr" or real.startswith(SYSTEM):
+            continue
+        binds.append(check_bind(path, origin=origin))
+    for bind in extra_binds:
+        binds.append(check_bind(bind, origin="choir.yaml sandbox.binds"))
+    kept: list[str] = []
+    for path in sorted(set(binds)):
+        if not any(path.startswith(k + "/") for k in kept):
+            kept.append(path)
+    return Toolchain(binds=tuple(kept), path_head=tuple(dict.fromkeys(head)), venv=venv)

@@ -1,0 +1,57 @@
+"""#10.1: what a step may see is chosen exactly; binds that would expose secrets are refused."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from choir.config import load_repo_config
+from choir.exceptions import ConfigError
+from choir.sandbox._toolchain import check_bind, choose
+
+CONFIG = """verification:
+  steps: [{name: t, command: "true"}]
+sandbox:
+  backend: bwrap
+  binds:
+    - {bind}
+"""
+
+
+def test_a_bind_containing_choir_home_is_refused_with_file_and_line(tmp_path: Path) -> None:
+    home = Path(os.environ["CHOIR_HOME"])  # the suite's private CHOIR_HOME (conftest)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "choir.yaml").write_text(CONFIG.replace("{bind}", str(home.parent)))
+    with pytest.raises(ConfigError) as caught:
+        load_repo_config(repo)
+    assert caught.value.line == 6 and str(repo / "choir.yaml") in str(caught.value)
+    assert "signing key" in str(caught.value)
+
+
+@pytest.mark.parametrize("path", ["/", "/run", "relative/bin", "/proc/self"])
+def test_host_wide_and_relative_binds_are_refused(path: str) -> None:
+    with pytest.raises(ConfigError):
+        check_bind(path, origin="test")
+
+
+def test_home_is_never_bound_even_with_home_bin_on_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", f"{tmp_path}/bin:bin:{os.environ['PATH']}")
+    monkeypatch.delenv("VIRTUAL_ENV", raising=False)
+    tools = choose(tmp_path / "repo")
+    assert all(not str(tmp_path).startswith(b) for b in tools.binds)
+    assert os.path.realpath(sys.prefix) not in tools.binds or sys.prefix == sys.base_prefix
+
+
+def test_a_configured_interpreter_binds_its_installation(tmp_path: Path) -> None:
+    tools = choose(tmp_path, python=os.path.realpath(sys.executable))
+    base = os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))
+    assert tools.venv is None
+    assert tools.path_head[0] == f"{base}/bin"
