@@ -124,12 +124,15 @@ def detect(repo: Path) -> Detected:
     return found
 
 
-def render(found: Detected) -> str:
-    """The commented ``choir.yaml`` text for what was found."""
+def render(found: Detected, python: Path | None = None) -> str:
+    """The commented ``choir.yaml`` text for what was found (``python``: the interpreter the
+    checks run with, written as ``sandbox.python``)."""
     out = ["# choir.yaml: written by `choir init`. Only the verifiers below may ever run.",
            "# `uses: NAME` starts from a preset; a field written beside it replaces the",
            "# preset's field (e.g. `timeout_s: 120`, or `steps:` to replace the command).",
-           "# Presets run `python3 -m TOOL`: the tool must be installed where python3 is.", ""]
+           "# Presets run `python3 -m TOOL` with the project's interpreter: `sandbox.python`,",
+           "# else an active venv, else the repo's .venv, else the system Python. Install the",
+           "# tools there.", ""]
     if found.npm_scripts:
         out += ["# npm: the scripts package.json defines, in order; stops at the first failure.",
                 "verification:", "  steps:"]
@@ -143,6 +146,9 @@ def render(found: Detected) -> str:
             out += [f"  # {_WHY[name]}; chosen because {found.reasons[name]}",
                     f"  {name}:", f"    uses: {name}"]
         out.append("")
+    if python is not None:
+        out += ["# The interpreter (and its installed tools) every step runs with.",
+                "sandbox:", f"  python: {json.dumps(str(python))}", ""]
     out += ["# Moods pick verifiers by kind: CALM runs unit tests, SKEPTICAL adds lint and",
             "# type checks, PARANOID adds security scans. `choir verify --mood SKEPTICAL`."]
     return "\n".join(out) + "\n"
@@ -184,8 +190,10 @@ def write_config(repo: Path, text: str, *, force: bool) -> Path:
               help="Mood of the first verification (default CALM).")
 @click.option("--sandbox", "sandbox_name", default=None,
               help="docker | bwrap | local | auto for the first verification.")
+@click.option("--python", type=click.Path(path_type=Path), default=None,
+              help="The project's interpreter, with its tools (written as sandbox.python).")
 def init(repo: Path, force: bool, no_verify: bool, mood: str | None,
-         sandbox_name: str | None) -> int:
+         sandbox_name: str | None, python: Path | None) -> int:
     """Write a commented choir.yaml that fits this repo, then verify it once."""
     from choir.exceptions import UserError
 
@@ -198,7 +206,9 @@ def init(repo: Path, force: bool, no_verify: bool, mood: str | None,
             f"{repo}: found no tests or tools to verify with (looked at pyproject.toml, "
             "setup.cfg, tox.ini, pytest.ini, package.json, test_*.py)\n"
             "  fix: write choir.yaml by hand, e.g. 'verifiers: {unit: {uses: pytest}}'")
-    path = write_config(repo, render(found), force=force)
+    if python is not None and not python.is_absolute():
+        python = python.absolute()
+    path = write_config(repo, render(found, python), force=force)
     chosen = ", ".join(found.presets + [f"npm {s}" for s in found.npm_scripts])
     click.echo(f"wrote {path} ({chosen})", err=True)
     if no_verify:

@@ -39,7 +39,7 @@ def _finish(outcome: Any, as_json: bool) -> int:
     if as_json:
         from choir.cli.runs import show_run
 
-        stored = show_run(outcome.run_id)  # reports, attestations, verdicts, executor output
+        stored = show_run(outcome.run_id, with_output=False)  # reports, attestations, verdicts
         click.echo(json.dumps({**stored, **outcome.__dict__}, indent=2, default=str))
     else:
         click.echo(f"{outcome.status.upper()}  run {outcome.run_id}  {outcome.work_item}  "

@@ -146,7 +146,20 @@ def _loop_attestation_ids(run_id: str) -> list[str]:
     return [att_id for _, att_id in sorted(found)]
 
 
-def _executor(store: Any, digest: str | None) -> dict[str, Any]:
+def _executor(store: Any, digest: str | None, values: dict[str, Any],
+              with_output: bool = True) -> dict[str, Any]:
+    """The executor's last attempt: exit code, timed out, isolation (recorded in the run's
+    state), and for a person its output tail, read from the artifact store."""
+    recorded = {"timed_out": values.get("executor_timed_out"),
+                "isolation": values.get("executor_isolation")}
+    out = _executor_output(store, digest) if with_output else {
+        "exit_code": None, "output_hash": digest}
+    if values.get("executor_exit") is not None:
+        out["exit_code"] = values["executor_exit"]
+    return {**out, **recorded}
+
+
+def _executor_output(store: Any, digest: str | None) -> dict[str, Any]:
     if not digest:
         return {"exit_code": None, "output_tail": "", "output_hash": None}
     try:
@@ -159,8 +172,9 @@ def _executor(store: Any, digest: str | None) -> dict[str, Any]:
             "output_hash": digest}
 
 
-def show_run(run_id: str) -> dict[str, Any]:
-    """All that is stored about one run.
+def show_run(run_id: str, with_output: bool = True) -> dict[str, Any]:
+    """All that is stored about one run (``with_output``: the executor's output tail too, for
+    a person; ``choir run --json`` leaves it out, its readers are scripts).
 
     Raises:
         UserError: no ``choir run`` or ``choir verify`` with this id is stored here.
@@ -177,7 +191,7 @@ def show_run(run_id: str) -> dict[str, Any]:
         values, ts = state
         out = _loop_summary(run_id, values, ts)
         out["events"] = list(values.get("events", []))
-        out["executor"] = _executor(store, values.get("executor_output"))
+        out["executor"] = _executor(store, values.get("executor_output"), values, with_output)
         out["attestations"] = _attestations(_loop_attestation_ids(run_id), store)
         item = out["work_item"]
         out["verdicts"] = [atom.model_dump(mode="json", include={

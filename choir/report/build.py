@@ -81,6 +81,12 @@ def decide(result: PipelineResult, parsed: ParseResult, parser: str,
                 # import (a syntax error the executor made). That is a bug to fix, not a crash.
                 return Result.FAIL, f"step {rec.name}: pytest could not collect the tests " \
                                     f"(exit 2): errors during collection"
+            if rec.exit_code == 127:
+                return Result.INCONCLUSIVE, (f"step {rec.name}: command not found (exit 127):"
+                                             " the checks did not run")
+            if tool and rec.exit_code == 1 and f"No module named {tool}" in result.tail_log:
+                return Result.INCONCLUSIVE, (f"step {rec.name}: {tool} is not installed in the"
+                                             " project's interpreter: the checks did not run")
             if crash:
                 return Result.INCONCLUSIVE, (f"step {rec.name}: {crash} (exit {rec.exit_code}):"
                                              " the checks did not run")

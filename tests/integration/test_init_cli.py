@@ -46,13 +46,15 @@ def sandbox() -> str:
 
 def test_init_writes_fitting_presets_and_verifies_once(tmp_path: Path) -> None:
     repo = project(tmp_path / "calc")
-    proc = run("init", "--repo", str(repo), "--sandbox", sandbox(), "--mood", "SKEPTICAL")
+    proc = run("init", "--repo", str(repo), "--sandbox", sandbox(), "--mood", "SKEPTICAL",
+               "--python", sys.executable)  # an interpreter that has ruff and mypy
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = (repo / "choir.yaml").read_text()
     assert text.startswith("# choir.yaml: written by `choir init`")
     assert "chosen because pyproject.toml has [tool.ruff]" in text
     config = load_repo_config(repo)
     assert sorted(config.verifiers) == ["mypy", "pytest", "ruff"]
+    assert config.sandbox.python == sys.executable
     assert config.verifiers["pytest"].parser == "junit"
     assert "PASS" in proc.stdout and "pytest" in proc.stdout and "ruff" in proc.stdout
     assert not list(repo.glob(".choir.yaml.*"))  # no temporary file left beside it

@@ -1,8 +1,8 @@
 """Each preset runs for real in a bubblewrap sandbox and its parser reads what the tool wrote.
 
-pytest, ruff and mypy come from this venv (``.[dev]``); bandit runs only when it is installed
-with its SARIF formatter. The sandbox takes PATH from the environment, so the venv's bin/ is
-put first, as a user's activated venv would be.
+pytest, ruff and mypy come from this venv (``.[dev]``), named as the project's interpreter
+with ``sandbox: {python: ...}`` (a step never sees Choir's own venv unless the project says so);
+bandit runs only when it is installed with its SARIF formatter.
 """
 
 from __future__ import annotations
@@ -22,11 +22,6 @@ pytestmark = pytest.mark.skipif(not shutil.which("bwrap") and not os.environ.get
                                 reason="bubblewrap is not installed")
 
 
-@pytest.fixture(autouse=True)
-def _venv_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
-
-
 def _project(root: Path, uses: list[str], *, broken: bool) -> Path:
     root.mkdir()
     body = "def add(a: int, b: int) -> int:\n    return a - b\n" if broken else \
@@ -42,7 +37,8 @@ def _project(root: Path, uses: list[str], *, broken: bool) -> Path:
             assert add(2, 3) == 5
         """))
     lines = ["verifiers:"] + [f"  {name}: {{uses: {name}}}" for name in uses]
-    lines += ["moods:", f"  PARANOID: {{verifiers: [{', '.join(uses)}], reruns: 1}}"]
+    lines += ["moods:", f"  PARANOID: {{verifiers: [{', '.join(uses)}], reruns: 1}}",
+              f"sandbox: {{python: {sys.executable}}}"]
     (root / "choir.yaml").write_text("\n".join(lines) + "\n")
     return root
 

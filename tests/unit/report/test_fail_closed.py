@@ -72,6 +72,24 @@ def test_a_collection_error_in_the_code_is_a_failure_not_a_crash(tmp_path: Path)
         assert "could not collect" in report.summary
 
 
+def test_a_tool_that_is_not_installed_is_inconclusive_not_fail(tmp_path: Path) -> None:
+    """A missing tool says nothing about the code: the executor must not chase it."""
+    repo = project(tmp_path, "def test_a(): pass\n")
+    report, _, _ = verify(repo, f"{PY} -m no_such_tool_xyz check .", "generic", run_id="r-mod")
+    assert report.result is Result.FAIL  # not a tool Choir knows: the exit code decides
+    report, _, _ = verify(repo, "no-such-command-xyz --check", "generic", run_id="r-cmd")
+    _inconclusive(report, "command not found (exit 127)")
+    report, _, _ = verify(repo, f"{PY} -c 'import sys; print(\"{PY}: No module named ruff\");"
+                                f" sys.exit(1)' && true", "generic", run_id="r-ruff")
+    assert report.result is Result.FAIL  # the command is not ruff: no excuse taken
+
+
+def test_a_python_module_tool_that_is_not_installed_is_inconclusive(tmp_path: Path) -> None:
+    repo = project(tmp_path, "def test_a(): pass\n")
+    report, _, _ = verify(repo, f"{PY} -I -S -m ruff check .", "ruff", run_id="r-noruff")
+    _inconclusive(report, "ruff is not installed")
+
+
 def test_ruff_crash_exit_2_is_inconclusive_not_fail(tmp_path: Path) -> None:
     repo = project(tmp_path, "x = 1\n")
     report, _, _ = verify(repo, f"{BIN / 'ruff'} check --no-cache --select NOPE999 "
