@@ -110,8 +110,9 @@ def test_container_of_a_killed_process_is_removed_by_the_next_use(
         child.wait()
     time.sleep(0.5)
     container = found[0]
-    container.reload()
-    assert container.status == "running"  # nobody cleaned up after the SIGKILL
+    if engine.exists(container.id):  # else another Choir process (a parallel worker) swept it
+        container.reload()
+        assert container.status == "running"  # nobody cleaned up after the SIGKILL
 
     import choir.sandbox.docker as docker_mod
 
@@ -137,9 +138,10 @@ def test_live_owner_and_unlabelled_containers_survive_cleanup(engine: Engine) ->
     gone = engine.sleeper({**run_labels(now, 600), OWNER_PID: str(dead_pid())})
     expired = engine.sleeper(run_labels(now - 10_000, 60))  # live owner, far past its time
 
-    removed = cleanup_leftovers(engine.client)
+    # another Choir process (a parallel test worker) may sweep some first, so the count it
+    # returns is not asserted: what counts is which containers are left
+    cleanup_leftovers(engine.client)
 
-    assert removed >= 2
     assert not engine.exists(gone.id) and not engine.exists(expired.id)
     for survivor in (live, unlabelled, legacy, foreign):
         assert engine.exists(survivor.id)
