@@ -142,7 +142,7 @@ def _sandbox_section(section: SandboxConfig, repo: Path, doc: YamlDoc) -> Sandbo
         ConfigError: a bind would expose CHOIR_HOME, the artifact store or $HOME, or does
             not exist (file and line given).
     """
-    from choir.sandbox._toolchain import check_bind
+    from choir.sandbox._toolchain import active_venv, check_bind
 
     for i, bind in enumerate(section.binds):
         try:
@@ -153,6 +153,10 @@ def _sandbox_section(section: SandboxConfig, repo: Path, doc: YamlDoc) -> Sandbo
                               hint="bind the exact folder the step needs") from None
     if section.python and not Path(section.python).is_absolute():
         return section.model_copy(update={"python": str(repo / section.python)})
+    if not section.python and not active_venv() and (repo / ".venv" / "pyvenv.cfg").is_file():
+        # Resolved here, against the repo itself: verifiers run on a snapshot of the hashed
+        # files, which never holds the (untracked or ignored) .venv.
+        return section.model_copy(update={"python": str(repo / ".venv")})
     return section
 
 

@@ -107,7 +107,7 @@ def _from_interpreter(python: str) -> tuple[str | None, str]:
     return None, os.path.dirname(os.path.dirname(real))
 
 
-def _active_venv() -> bool:
+def active_venv() -> bool:
     """True when VIRTUAL_ENV names a venv that is not Choir's own (an activated Choir venv
     is where Choir's plugins come from, not the project's environment)."""
     active = os.environ.get("VIRTUAL_ENV")
@@ -125,7 +125,7 @@ def choose(repo: Path, python: str | None = None,
     """
     if python:
         venv, base = _from_interpreter(python)
-    elif _active_venv():
+    elif active_venv():
         venv, base = _from_interpreter(os.environ["VIRTUAL_ENV"])
     elif (repo / ".venv" / "pyvenv.cfg").is_file():
         venv, base = _from_interpreter(str(repo / ".venv"))

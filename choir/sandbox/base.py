@@ -54,10 +54,13 @@ def step_env(out_dir: str, extra: Mapping[str, str]) -> dict[str, str]:
         "HOME": f"{out_dir}/home",
         "XDG_CACHE_HOME": f"{out_dir}/cache",
         # tools that would write a cache into the read-only repo (#16.4): pytest's cache
-        # plugin warns there, and filterwarnings=error turns that into a failure
+        # plugin warns there, and filterwarnings=error turns that into a failure. pytest's
+        # cache is switched off rather than moved: `-o cache_dir=` is an unknown option once a
+        # command says `-p no:cacheprovider`, which --strict-config projects refuse, and a
+        # fresh $CHOIR_OUT per run would keep nothing for a next run anyway
         "RUFF_CACHE_DIR": f"{out_dir}/cache/ruff",
         "MYPY_CACHE_DIR": f"{out_dir}/cache/mypy",
-        "PYTEST_ADDOPTS": f"-o cache_dir={out_dir}/cache/pytest",
+        "PYTEST_ADDOPTS": "-p no:cacheprovider",
         "COVERAGE_FILE": f"{out_dir}/cache/coverage",
         "HYPOTHESIS_STORAGE_DIRECTORY": f"{out_dir}/cache/hypothesis",
         # no PYTHONPYCACHEPREFIX: it would hide the stdlib's bytecode too and make every

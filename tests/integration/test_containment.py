@@ -322,3 +322,20 @@ def test_pytest_runs_unchanged_in_a_read_only_repo_with_warnings_as_errors(
     assert code == 0, out.decode(errors="replace")[-2000:]
     assert b"1 passed" in out
     assert tree_hash(repo) == before and not (repo / ".pytest_cache").exists()
+
+
+def test_the_pytest_preset_runs_a_strict_config_project_unchanged(
+    sandbox: Sandbox, repo: Path, tmp_path: Path
+) -> None:
+    """The `uses: pytest` command (``-p no:cacheprovider``) on a project with --strict-config:
+    an environment that moved the cache with ``-o cache_dir=`` made pytest refuse it
+    ("Unknown config option: cache_dir", seen on toolz)."""
+    (repo / "pyproject.toml").write_text(
+        '[tool.pytest.ini_options]\naddopts = ["--strict-config", "--strict-markers"]\n'
+        'filterwarnings = ["error"]\n')
+    (repo / "test_mod.py").write_text("import mod\n\n\ndef test_x():\n    assert mod.x == 1\n")
+    code, out, _ = run(sandbox, repo, tmp_path / "out",
+                       f"{PY} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml",
+                       timeout_s=60)
+    assert code == 0, out.decode(errors="replace")[-2000:]
+    assert b"1 passed" in out
