@@ -138,7 +138,8 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
                                       timeout_s=remaining, limits=spec.limits,
                                       network=spec.network, sink=sink)
             total += result.output_bytes
-            applied.append(result.limits_applied)
+            if result.limits_applied is not None or not result.infra_error:
+                applied.append(result.limits_applied)  # a sandbox that never started: none
             if result.infra_error:
                 infra_error = result.infra_error
                 status = "INCONCLUSIVE"

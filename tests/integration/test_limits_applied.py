@@ -20,7 +20,7 @@ import pytest
 
 from choir.artifacts import ArtifactStore
 from choir.attest import AttestationStore, load_signer
-from choir.models import Limits, Mood, StepSpec, Target, VerifierKind, VerifierSpec
+from choir.models import Limits, Mood, Result, StepSpec, Target, VerifierKind, VerifierSpec
 from choir.sandbox import _cgroups, get_sandbox
 from choir.tree import tree_hash
 from choir.verification import attest_run, load_manifest, run_verifier_thread
@@ -168,3 +168,52 @@ def test_paranoid_policy_requires_limits() -> None:
     packaged = load_packaged_policy()
     assert packaged.moods[Mood.PARANOID].require_limits is True
     assert packaged.moods[Mood.CALM].require_limits is False
+
+
+@pytest.mark.bwrap
+def test_a_bwrap_step_that_loses_its_cgroups_under_required_limits_is_inconclusive(
+        tmp_path: Path, no_cgroups: Path) -> None:
+    """The groups vanish between open_sandbox's check and the run: never a PASS without them."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    os.chmod(repo, 0o755)
+    marker = tmp_path / "ran"
+    sandbox = isolated_backend("bwrap")
+    sandbox.require_limits = True  # as open_sandbox sets it for PARANOID
+    one = VerifierSpec(name="unit", kind=VerifierKind.UNIT_TESTS, limits=LIMITS,
+                       steps=(StepSpec(name="a", command=f"touch {marker}"),))
+    try:
+        run, result = asyncio.run(run_verifier_thread(
+            one, repo=repo, target=Target(tree_hash="0" * 64), sandbox=sandbox,
+            store=ArtifactStore(), run_id="r-lost"))
+    finally:
+        sandbox.close()
+    assert result.status == "INCONCLUSIVE" and run.report.result is Result.INCONCLUSIVE
+    assert result.infra_error is not None and "requires limits" in result.infra_error
+    assert result.manifest.platform.limits_applied is None  # nothing ran, nothing enforced
+    assert not marker.exists()
+
+
+def test_bodies_without_the_record_keep_their_ids() -> None:
+    """An environment minted before the field existed serialises as it did: same id."""
+    from choir.models import AppliedLimits, Environment, Platform
+
+    env = Environment(sandbox="bwrap", isolation="namespace")
+    assert "limits_applied" not in env.model_dump(mode="json")
+    platform = Platform(os="linux", arch="x86_64", sandbox="local", isolation="none")
+    assert "limits_applied" not in platform.model_dump(mode="json")
+    recorded = Environment(sandbox="local", isolation="none",
+                           limits_applied=AppliedLimits(out_mb=16))
+    assert recorded.model_dump(mode="json")["limits_applied"] == {
+        "memory_mb": None, "pids": None, "cpus": None, "out_mb": 16}  # null is explicit
+
+
+def test_the_manifest_records_what_held_for_every_step() -> None:
+    from choir.models import AppliedLimits
+
+    full = AppliedLimits(memory_mb=300, pids=64, out_mb=16)
+    partial = AppliedLimits(out_mb=16)
+    assert AppliedLimits.weakest([full, full]) == full
+    assert AppliedLimits.weakest([full, partial]) == partial  # one step without cgroups
+    assert AppliedLimits.weakest([full, None]) == AppliedLimits()
+    assert AppliedLimits.weakest([]) is None
