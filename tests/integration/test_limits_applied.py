@@ -196,10 +196,12 @@ def test_a_bwrap_step_that_loses_its_cgroups_under_required_limits_is_inconclusi
 
 def test_bodies_without_the_record_keep_their_ids() -> None:
     """An environment minted before the field existed serialises as it did: same id."""
+    from choir._canonical import canonical_json
     from choir.models import AppliedLimits, Environment, Platform
 
     env = Environment(sandbox="bwrap", isolation="namespace")
     assert "limits_applied" not in env.model_dump(mode="json")
+    assert b"limits_applied" not in canonical_json(env)  # the bytes ids are computed from
     platform = Platform(os="linux", arch="x86_64", sandbox="local", isolation="none")
     assert "limits_applied" not in platform.model_dump(mode="json")
     recorded = Environment(sandbox="local", isolation="none",
@@ -217,3 +219,16 @@ def test_the_manifest_records_what_held_for_every_step() -> None:
     assert AppliedLimits.weakest([full, partial]) == partial  # one step without cgroups
     assert AppliedLimits.weakest([full, None]) == AppliedLimits()
     assert AppliedLimits.weakest([]) is None
+
+
+def test_docker_records_null_for_a_limit_the_engine_dropped() -> None:
+    """An engine on a kernel without a controller keeps the container but zeroes the limit
+    (with only a warning): the record follows the inspected HostConfig, not the request."""
+    from choir.sandbox.docker import engine_limits
+
+    kept = engine_limits({"Memory": 300 * 1024 * 1024, "PidsLimit": 64,
+                          "NanoCpus": 1_000_000_000}, LIMITS)
+    assert kept.model_dump() == {"memory_mb": 300, "pids": 64, "cpus": 1.0, "out_mb": 16}
+    dropped = engine_limits({"Memory": 0, "PidsLimit": None, "NanoCpus": 0}, LIMITS)
+    assert dropped.model_dump() == {"memory_mb": None, "pids": None, "cpus": None,
+                                    "out_mb": 16}
