@@ -197,6 +197,11 @@ class DockerSandbox(Sandbox):
                               infra_error=f"docker could not create a container: {exc}")
         total = 0
         try:
+            applied = engine_limits(container.attrs.get("HostConfig") or {}, limits)
+            if self.require_limits and (applied.memory_mb is None or applied.pids is None):
+                return ExecResult(-1, int((time.monotonic() - start) * 1000),
+                                  infra_error="the docker engine dropped the memory/pids "
+                                  "limits and the mood requires limits")
             container.start()
             watch.start(lambda: _kill_quietly(container))
             stream = container.logs(stream=True, follow=True, stdout=True, stderr=True)
@@ -225,7 +230,6 @@ class DockerSandbox(Sandbox):
             if code == 137 and not timed_out:  # SIGKILL: ask the engine whether it was OOM
                 container.reload()
                 oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
-            applied = engine_limits(container.attrs.get("HostConfig") or {}, limits)
             result = ExecResult(code, int((time.monotonic() - start) * 1000),
                                 timed_out=timed_out, oom_killed=oom, output_bytes=total,
                                 limits_applied=applied,

@@ -63,8 +63,8 @@ def spec() -> VerifierSpec:
                                StepSpec(name="b", command="echo ok > $CHOIR_OUT/ok")))
 
 
-def run_and_attest(tmp_path: Path,
-                   sandbox_name: str) -> tuple[dict[str, object], dict[str, object]]:
+def run_and_attest(tmp_path: Path, sandbox_name: str, *, require_limits: bool = False,
+                   ) -> tuple[dict[str, object], dict[str, object]]:
     """One real run of ``spec()``; returns (stored manifest JSON, attestation body JSON)."""
     repo = tmp_path / "repo"
     repo.mkdir(exist_ok=True)
@@ -74,6 +74,7 @@ def run_and_attest(tmp_path: Path,
     target = Target(tree_hash=tree_hash(repo))
     sandbox = (isolated_backend(sandbox_name) if sandbox_name != "local"
                else get_sandbox("local"))
+    sandbox.require_limits = require_limits  # as open_sandbox sets it for PARANOID
     try:
         run, result = asyncio.run(run_verifier_thread(
             spec(), repo=repo, target=target, sandbox=sandbox, store=store,
@@ -103,7 +104,7 @@ def assert_recorded(manifest: dict[str, object], body: dict[str, object],
 @pytest.mark.bwrap
 @cgroups_writable
 def test_bwrap_records_the_memory_pids_and_out_caps_it_applied(tmp_path: Path) -> None:
-    manifest, body = run_and_attest(tmp_path, "bwrap")
+    manifest, body = run_and_attest(tmp_path, "bwrap", require_limits=True)
     assert_recorded(manifest, body, {"memory_mb": 300, "pids": 64, "cpus": None, "out_mb": 16})
 
 
@@ -118,7 +119,8 @@ def test_bwrap_without_cgroups_records_memory_and_pids_as_null(tmp_path: Path,
 
 @pytest.mark.docker
 def test_docker_records_the_limits_the_engine_kept(tmp_path: Path) -> None:
-    manifest, body = run_and_attest(tmp_path, "docker")
+    # required limits, as under PARANOID: an engine that kept them runs the step
+    manifest, body = run_and_attest(tmp_path, "docker", require_limits=True)
     assert_recorded(manifest, body, {"memory_mb": 300, "pids": 64, "cpus": 1.0, "out_mb": 16})
 
 
