@@ -49,6 +49,7 @@ class MoodOverride(Frozen):
     broaden: tuple[str, ...] | None = None
     reruns: int | None = Field(default=None, ge=1, le=5)
     allow_unsafe_isolation: bool | None = None
+    require_limits: bool | None = None
 
 
 class _Pipeline(Frozen):

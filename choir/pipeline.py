@@ -21,7 +21,14 @@ from typing import BinaryIO, Literal
 
 from choir.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError
-from choir.models import CommandRecord, Platform, RunManifest, Target, VerifierSpec
+from choir.models import (
+    AppliedLimits,
+    CommandRecord,
+    Platform,
+    RunManifest,
+    Target,
+    VerifierSpec,
+)
 from choir.sandbox import Sandbox
 
 TAIL_LINES = 200
@@ -105,6 +112,7 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
     deadline = time.monotonic() + spec.timeout_s
     tail = _Tail()
     records: list[CommandRecord] = []
+    applied: list[AppliedLimits | None] = []  # per step the sandbox actually ran
     status: Status = "PASS"
     infra_error: str | None = None
     total = 0
@@ -130,6 +138,8 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
                                       timeout_s=remaining, limits=spec.limits,
                                       network=spec.network, sink=sink)
             total += result.output_bytes
+            if result.limits_applied is not None or not result.infra_error:
+                applied.append(result.limits_applied)  # a sandbox that never started: none
             if result.infra_error:
                 infra_error = result.infra_error
                 status = "INCONCLUSIVE"
@@ -143,7 +153,8 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
                                          duration_ms=result.duration_ms,
                                          timed_out=result.timed_out,
                                          oom_killed=result.oom_killed,
-                                         limit_exceeded=result.limit_exceeded))
+                                         limit_exceeded=result.limit_exceeded,
+                                         limits_applied=result.limits_applied))
             if result.timed_out or result.oom_killed or result.exit_code != 0:
                 why = ("timed out" if result.timed_out else
                        "killed: out of memory" if result.oom_killed else
@@ -172,7 +183,8 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
         platform=Platform(os=platform.system().lower(), arch=platform.machine(),
                           container_image=described.get("image"),
                           image_digest=described.get("image_digest"),
-                          sandbox=sandbox.name, isolation=sandbox.isolation),
+                          sandbox=sandbox.name, isolation=sandbox.isolation,
+                          limits_applied=AppliedLimits.weakest(applied)),
         infra_error=infra_error[:1000] if infra_error else None,
         files=files, bytes_logged=total,
     )

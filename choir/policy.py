@@ -27,6 +27,7 @@ class _PackagedMood(Frozen):
     broaden_kinds: tuple[VerifierKind, ...] = ()
     reruns: int = Field(default=1, ge=1, le=5)
     allow_unsafe_isolation: bool = True
+    require_limits: bool = False
 
 
 class _PackagedPolicy(Frozen):
@@ -45,6 +46,8 @@ class MoodPolicy(Frozen):
     broaden: tuple[str, ...] = ()
     reruns: int = 1
     allow_unsafe_isolation: bool = True
+    # refuse a sandbox that cannot enforce memory/pids/out limits (Sandbox.limits_enforceable)
+    require_limits: bool = False
 
 
 class Policy(Frozen):
@@ -102,6 +105,7 @@ def load_policy(config: RepoConfig, packaged: _PackagedPolicy | None = None) -> 
             "broaden": broaden,
             "reruns": default.reruns,
             "allow_unsafe_isolation": default.allow_unsafe_isolation,
+            "require_limits": default.require_limits,
         }
         override = config.moods.get(mood)
         if override is not None:

@@ -67,8 +67,8 @@ def open_sandbox(config: RepoConfig, policy: Policy, mood: Mood,
     """The sandbox a repo's verifiers run in (``choir.yaml``'s backend and image, or ``name``).
 
     Raises:
-        UserError: the mood refuses a sandbox without isolation (PARANOID), or the name is
-            unknown.
+        UserError: the mood refuses a sandbox without isolation or one that cannot apply
+            resource limits (PARANOID), or the name is unknown.
     """
     from choir.exceptions import UserError
     from choir.sandbox import resolve_sandbox
@@ -84,6 +84,16 @@ def open_sandbox(config: RepoConfig, policy: Policy, mood: Mood,
             f"mood {mood.value} refuses the '{sandbox.name}' sandbox (no isolation); "
             "install bubblewrap or start a Docker engine, or choose another mood"
         )
+    if policy.moods[mood].require_limits:
+        if not sandbox.limits_enforceable():
+            sandbox.close()
+            raise UserError(
+                f"mood {mood.value} requires resource limits, but the '{sandbox.name}' sandbox "
+                "cannot apply memory and pids limits here (bwrap needs writable cgroup v1 "
+                "pids and memory controllers, i.e. root on a cgroup-v1 host); use the docker "
+                "sandbox, or choose another mood"
+            )
+        sandbox.require_limits = True  # a step that loses them at run time is INCONCLUSIVE
     return sandbox
 
 
@@ -176,6 +186,7 @@ def attest_run(
             os=platform.os,
             arch=platform.arch,
             choir_version=__version__,
+            limits_applied=platform.limits_applied,
         ),
         policy_hash=policy_hash,
         mood=mood,

@@ -2,7 +2,7 @@
 
 from choir.models.atom import Atom, AtomKind, AtomStatus
 from choir.models.attestation import Attestation, AttestationBody, Environment
-from choir.models.manifest import CommandRecord, Platform, RunManifest
+from choir.models.manifest import AppliedLimits, CommandRecord, Platform, RunManifest
 from choir.models.report import (
     Citation,
     Counts,
@@ -33,6 +33,7 @@ __all__ = [
     "AttestationBody",
     "BlastRadius",
     "Citation",
+    "AppliedLimits",
     "CommandRecord",
     "Counts",
     "Environment",

@@ -2,12 +2,45 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal
 
 from pydantic import Field
 
 from choir.models._base import Frozen
+
+
+class AppliedLimits(Frozen):
+    """The limits a backend actually enforced on a step: the value, or None when it was not.
+
+    Not what the policy asked for: a bwrap step where the cgroup controllers are not writable
+    records ``memory_mb``/``pids`` as None, a ``local`` step records only the ``out_mb`` cap.
+    Every field is always written (None as ``null``), so "not enforced" is explicit.
+    """
+
+    memory_mb: int | None = None
+    pids: int | None = None
+    cpus: float | None = None
+    out_mb: int | None = None  # $CHOIR_OUT cap (RLIMIT_FSIZE per file plus the watchdog)
+
+    @staticmethod
+    def weakest(steps: Sequence[AppliedLimits | None]) -> AppliedLimits | None:
+        """What held for every step: a field keeps its value only if each step had it.
+
+        None when no step ran (nothing was enforced on anything).
+        """
+        if not steps:
+            return None
+        fields: dict[str, object] = {}
+        for name in AppliedLimits.model_fields:
+            values = {getattr(s, name) if s is not None else None for s in steps}
+            fields[name] = values.pop() if len(values) == 1 else None
+        return AppliedLimits.model_validate(fields)
+
+
+def _absent(value: object) -> bool:
+    return value is None
 
 
 class CommandRecord(Frozen):
@@ -21,6 +54,9 @@ class CommandRecord(Frozen):
     oom_killed: bool = False
     # which enforced limit stopped the step (e.g. the $CHOIR_OUT cap), when one did
     limit_exceeded: str | None = None
+    # the limits enforced on this step; left out of the JSON when absent (manifests written
+    # before it existed keep their hashes)
+    limits_applied: AppliedLimits | None = Field(default=None, exclude_if=_absent)
 
 
 class Platform(Frozen):
@@ -30,6 +66,8 @@ class Platform(Frozen):
     image_digest: str | None = None
     sandbox: str
     isolation: Literal["container", "namespace", "none"]
+    # what held for every step that ran (``AppliedLimits.weakest``); absent when none ran
+    limits_applied: AppliedLimits | None = Field(default=None, exclude_if=_absent)
 
 
 class RunManifest(Frozen):

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from choir.exceptions import UnknownNameError
-from choir.models import Limits
+from choir.models import AppliedLimits, Limits
 
 Isolation = Literal["container", "namespace", "none"]
 Sink = Callable[[bytes], None]
@@ -41,6 +41,8 @@ class ExecResult:
     infra_error: str | None = None
     output_bytes: int = 0
     limit_exceeded: str | None = None  # set when an enforced limit (the out cap) stopped it
+    # the limits this backend actually enforced on the run (None: it never started)
+    limits_applied: AppliedLimits | None = None
 
 
 def step_env(out_dir: str, extra: Mapping[str, str]) -> dict[str, str]:
@@ -258,6 +260,9 @@ class Sandbox(abc.ABC):
 
     name: ClassVar[str]
     isolation: ClassVar[Isolation]
+    # set by ``open_sandbox`` for a mood that requires limits: a backend that finds at run
+    # time that it cannot apply them fails the step as infra_error (INCONCLUSIVE, never PASS)
+    require_limits: bool = False
 
     @classmethod
     def available(cls) -> bool:
@@ -276,6 +281,14 @@ class Sandbox(abc.ABC):
             Nothing for command failures (they are the exit code); start-up failures are
             returned as ``ExecResult.infra_error``.
         """
+
+    def limits_enforceable(self) -> bool:
+        """True when this backend enforces the memory, pids and ``$CHOIR_OUT`` caps here.
+
+        A mood that requires limits (PARANOID's ``require_limits``) refuses a sandbox that
+        says False. The default is False: a backend must prove it can.
+        """
+        return False
 
     def describe(self) -> dict[str, str | None]:
         """Image and digest, for the manifest and attestation."""

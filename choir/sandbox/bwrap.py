@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from choir.exceptions import ConfigError
-from choir.models import Limits
+from choir.models import AppliedLimits, Limits
 from choir.sandbox import _toolchain
 from choir.sandbox._cgroups import STAGE, STAGE_MOUNT, STAGE_SLOTS, CgroupLimits
 from choir.sandbox.base import (
@@ -94,6 +94,18 @@ class BwrapSandbox(Sandbox):
                                         network=False, sink=lambda _: None)
                 cls._usable = result.exit_code == 0 and result.infra_error is None
         return cls._usable
+
+    def limits_enforceable(self) -> bool:
+        """True when a real probe places a group pair under the cgroup controllers here.
+
+        Without them (not root, cgroups read-only, a cgroup-v2-only host) a step would run
+        with the out cap only, and its manifest records memory and pids as null.
+        """
+        cgroup = CgroupLimits(Limits())
+        try:
+            return cgroup.applied
+        finally:
+            cgroup.close()
 
     def argv(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
              network: bool, staged: Mapping[str, str] | None = None,
@@ -196,16 +208,26 @@ class BwrapSandbox(Sandbox):
         watch = OutWatch(out_dir, limits.out_mb)
         setup = f"ulimit -f {watch.fsize_blocks} && {setup}"  # no single file beyond the cap
         cgroup = CgroupLimits(limits)
+        # what holds for this run: the out cap always (ulimit -f plus the watchdog), memory
+        # and pids only inside the cgroups; bwrap has no CPU limit of its own
+        applied = AppliedLimits(out_mb=limits.out_mb,
+                                memory_mb=limits.memory_mb if cgroup.applied else None,
+                                pids=limits.pids if cgroup.applied else None)
         try:
             if not cgroup.applied:
+                if self.require_limits:
+                    return ExecResult(-1, 0, infra_error="bwrap could not place the run in its "
+                                      "memory/pids cgroups and the mood requires limits")
                 shell = ["/bin/sh", "-c"]
                 if drops:
                     os.makedirs(STAGE, mode=0o755, exist_ok=True)
                     shell = ["unshare", "--mount", "--propagation", "private", *shell]
                     setup = f"{STAGE_MOUNT} && {setup}"
-                return run_process([*shell, f"{setup}exec {shlex.join(argv)}"],
-                                   env={"PATH": "/usr/bin:/bin"}, cwd=None,
-                                   timeout_s=timeout_s, sink=sink, watch=watch)
+                result = run_process([*shell, f"{setup}exec {shlex.join(argv)}"],
+                                     env={"PATH": "/usr/bin:/bin"}, cwd=None,
+                                     timeout_s=timeout_s, sink=sink, watch=watch)
+                return result if result.infra_error else replace(result,
+                                                                 limits_applied=applied)
             start = time.monotonic()
             try:
                 proc = cgroup.spawn(argv, setup=setup)
@@ -216,6 +238,6 @@ class BwrapSandbox(Sandbox):
                                     watch=watch)
             if result.exit_code != 0 and cgroup.oom_killed():
                 result = replace(result, oom_killed=True)
-            return result
+            return replace(result, limits_applied=applied)
         finally:
             cgroup.close()

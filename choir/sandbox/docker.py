@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from choir.exceptions import MissingExtraError
-from choir.models import Limits
+from choir.models import AppliedLimits, Limits
 from choir.sandbox import _toolchain
 from choir.sandbox.base import (
     ExecResult,
@@ -113,6 +113,10 @@ class DockerSandbox(Sandbox):
             client.close()
         return True
 
+    def limits_enforceable(self) -> bool:
+        """Always: the engine applies memory, pids and CPU limits itself, fsize by ulimit."""
+        return True
+
     def has_image(self) -> bool:
         """True when the configured image is present locally (no registry is assumed)."""
         try:
@@ -193,6 +197,11 @@ class DockerSandbox(Sandbox):
                               infra_error=f"docker could not create a container: {exc}")
         total = 0
         try:
+            applied = engine_limits(container.attrs.get("HostConfig") or {}, limits)
+            if self.require_limits and (applied.memory_mb is None or applied.pids is None):
+                return ExecResult(-1, int((time.monotonic() - start) * 1000),
+                                  infra_error="the docker engine dropped the memory/pids "
+                                  "limits and the mood requires limits")
             container.start()
             watch.start(lambda: _kill_quietly(container))
             stream = container.logs(stream=True, follow=True, stdout=True, stderr=True)
@@ -223,6 +232,7 @@ class DockerSandbox(Sandbox):
                 oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
             result = ExecResult(code, int((time.monotonic() - start) * 1000),
                                 timed_out=timed_out, oom_killed=oom, output_bytes=total,
+                                limits_applied=applied,
                                 infra_error="docker log stream did not finish: output incomplete"
                                 if incomplete else None)
             return watch.verdict(result, sink)
@@ -240,6 +250,23 @@ class DockerSandbox(Sandbox):
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def engine_limits(host_config: Mapping[str, Any], limits: Limits) -> AppliedLimits:
+    """The limits the engine kept for a container, from its inspected ``HostConfig``.
+
+    An engine on a kernel without a controller drops that limit with only a warning (its
+    ``HostConfig`` then shows 0): what is recorded is what the engine kept, not what was asked.
+    """
+    memory = int(host_config.get("Memory") or 0)
+    pids = int(host_config.get("PidsLimit") or 0)
+    nano = int(host_config.get("NanoCpus") or 0)
+    return AppliedLimits(
+        memory_mb=memory // (1024 * 1024) if memory > 0 else None,
+        pids=pids if pids > 0 else None,
+        cpus=nano / 1e9 if nano > 0 else None,
+        out_mb=limits.out_mb,  # Choir's own watchdog (OutWatch) plus the fsize ulimit
+    )
 
 
 def _kill_quietly(container: Any) -> None:
