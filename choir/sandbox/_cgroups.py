@@ -42,6 +42,7 @@ _ROOT = Path("/sys/fs/cgroup")
 _CONTROLLERS = ("pids", "memory")
 _READY = b"J"
 _JOIN_TIMEOUT_S = 10.0
+_ARM_WAIT_S = 0.25  # how long a run waits for a pair being re-armed before making its own
 STAGE = "/run/choir-stage"  # an empty mount point; filled only inside private mount namespaces
 STAGE_SLOTS = 16  # mount points made with the tmpfs, off the run's path (one exec fewer each)
 STAGE_MOUNT = (f"mount -t tmpfs -o mode=0755,size=64k choir-stage {STAGE} && mkdir "
@@ -148,6 +149,8 @@ class _Pool:
     def __init__(self) -> None:
         self.owner = os.getpid()
         self.lock = threading.Lock()
+        self.armed = threading.Condition(self.lock)
+        self.arming = 0  # pairs queued to be (re-)armed: they will be ready soon
         self.ready: collections.deque[_Slot] = collections.deque()
         self.slots: list[_Slot] = []
         self.closed = False
@@ -162,8 +165,17 @@ class _Pool:
             OSError: the groups cannot be made (no writable cgroup v1 controllers).
         """
         with self.lock:
+            # A pair being re-armed is ready within a cgroup move; waiting for it beats making
+            # a new pair (which pays the same move, on this path). Without the wait, a run
+            # that came back faster than the background thread re-armed its pair made a new
+            # one each time, and the pool grew with load, not with concurrency (a flaky test).
+            deadline = time.monotonic() + _ARM_WAIT_S
+            while not self.ready and self.arming and time.monotonic() < deadline:
+                self.armed.wait(timeout=max(0.0, deadline - time.monotonic()))
             slot = self.ready.popleft() if self.ready else None
-            low = not self.ready
+            low = not self.ready and not self.arming
+            if low:
+                self.arming += 1  # the spare queued below
         if slot is None:
             slot = self._new_slot()
             slot.launcher = _launch(slot)
@@ -173,6 +185,8 @@ class _Pool:
 
     def give_back(self, slot: _Slot) -> None:
         """Return an empty pair; it is re-armed off the caller's path."""
+        with self.lock:
+            self.arming += 1
         self._background(lambda: self._arm(slot))
 
     def _new_slot(self) -> _Slot:
@@ -193,12 +207,27 @@ class _Pool:
         return slot
 
     def _add_spare(self) -> None:
-        slot = self._new_slot()
+        try:
+            slot = self._new_slot()
+        except BaseException:
+            self._armed_one()
+            raise
         self._arm(slot)
 
-    def _arm(self, slot: _Slot) -> None:
-        launcher = _launch(slot)
+    def _armed_one(self) -> None:
         with self.lock:
+            self.arming -= 1
+            self.armed.notify_all()
+
+    def _arm(self, slot: _Slot) -> None:
+        try:
+            launcher = _launch(slot)
+        except BaseException:
+            self._armed_one()
+            raise
+        with self.lock:
+            self.arming -= 1
+            self.armed.notify_all()
             if not self.closed:
                 slot.launcher = launcher
                 self.ready.append(slot)

@@ -99,6 +99,34 @@ def test_pairs_are_reused_not_made_per_run() -> None:
     assert len(after) <= max(len(before), 6)  # a spare per pair in flight at most
 
 
+def test_pairs_are_not_made_per_run_when_re_arming_lags(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flaky test above, made deterministic: under load the background thread re-arms a
+    returned pair later than the next run asks for one. The pool must wait for it, not make a
+    new pair per run (it grew to one pair or two per run, then failed the bound)."""
+    import threading
+
+    real_launch = _cgroups._launch
+
+    def slow_in_background(slot):  # type: ignore[no-untyped-def]
+        if threading.current_thread().name == "choir-cgroups":
+            time.sleep(0.05)  # a loaded machine
+        return real_launch(slot)
+
+    cg = CgroupLimits(Limits())
+    run_in(cg, ["true"])
+    cg.close()
+    time.sleep(0.3)
+    before = own_groups(os.getpid())
+    monkeypatch.setattr(_cgroups, "_launch", slow_in_background)
+    for _ in range(8):
+        cg = CgroupLimits(Limits())
+        assert run_in(cg, ["true"])[0] == 0
+        cg.close()
+    time.sleep(0.5)
+    after = own_groups(os.getpid())
+    assert len(after - before) <= 2, sorted(after - before)
+
+
 def test_a_dead_launcher_is_replaced_and_the_run_still_happens() -> None:
     cg = CgroupLimits(Limits())
     try:
