@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from choir._yaml import YamlDoc, load_yaml, validate, validation_errors
+from choir._yaml import YamlDoc, load_yaml, validation_errors
 from choir.exceptions import ConfigError
 from choir.models import Mood, StepSpec, VerifierKind, VerifierSpec, WorkItem
 from choir.models._base import Frozen
@@ -277,40 +277,48 @@ def load_work_item(path: Path) -> WorkItem:
         raise ConfigError(
             "a work item must be a mapping", path=str(path), line=1, hint="start with 'id: my-item'"
         )
+    errors: list[ConfigError] = []
     for key in ("split_of", "focus"):
         if key in doc.data:
-            raise ConfigError(f"'{key}' is set by Choir on the parts of a split work item",
-                              path=str(path), line=doc.line_of((key,)),
-                              hint=f"remove '{key}:'")
-    item: WorkItem = validate(doc, WorkItem)
+            errors.append(ConfigError(f"'{key}' is set by Choir on the parts of a split work "
+                                      "item", path=str(path), line=doc.line_of((key,)),
+                                      hint=f"remove '{key}:'"))
+    parsed, found = validation_errors(doc, WorkItem)
+    errors += found
+    if parsed is None:
+        ConfigError.raise_all(errors)
+    item: WorkItem = parsed
     if "~" in item.id:
-        raise ConfigError(f"work item id '{item.id}' holds '~', which marks the parts of a "
-                          "split work item", path=str(path), line=doc.line_of(("id",)),
-                          hint="use letters, digits, '.', '_' and '-'")
+        errors.append(ConfigError(f"work item id '{item.id}' holds '~', which marks the parts "
+                                  "of a split work item", path=str(path),
+                                  line=doc.line_of(("id",)),
+                                  hint="use letters, digits, '.', '_' and '-'"))
     repo = (path.parent / item.repo).resolve()
     if not repo.is_dir():
-        raise ConfigError(
+        errors.append(ConfigError(
             f"repo '{item.repo}' does not exist (resolved to {repo})",
             path=str(path),
             line=doc.line_of(("repo",)),
             hint="repo is relative to the work item file",
-        )
+        ))
     executor = item.executor
     needs: dict[str, Literal["command", "function"]] = {"command": "command", "python": "function"}
     field = needs.get(executor.kind)
     if field is not None and not getattr(executor, field):
-        raise ConfigError(
+        errors.append(ConfigError(
             f"executor kind '{executor.kind}' needs '{field}'",
             path=str(path),
             line=doc.line_of(("executor",)),
             hint=f"add '{field}:' under 'executor:'",
-        )
-    allowlist = load_repo_config(repo).verifiers if item.required_verifiers else {}
-    for i, name in enumerate(item.required_verifiers):
-        if name not in allowlist:
-            raise ConfigError(
-                f"required verifier '{name}' is not in {repo / CONFIG_NAME}",
-                path=str(path), line=doc.line_of(("required_verifiers", i)),
-                hint=f"use one of: {', '.join(sorted(allowlist))}",
-            )
+        ))
+    if item.required_verifiers and repo.is_dir():
+        allowlist = load_repo_config(repo).verifiers
+        for i, name in enumerate(item.required_verifiers):
+            if name not in allowlist:
+                errors.append(ConfigError(
+                    f"required verifier '{name}' is not in {repo / CONFIG_NAME}",
+                    path=str(path), line=doc.line_of(("required_verifiers", i)),
+                    hint=f"use one of: {', '.join(sorted(allowlist))}",
+                ))
+    ConfigError.raise_all(errors)
     return item.model_copy(update={"repo": str(repo)})

@@ -115,7 +115,8 @@ def test_work_item_resolves_repo_relative_to_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "line", "needle"),
     [
-        ("id: x\ngoal: g\nrepo: ./missing\n", 3, "does not exist"),
+        ("id: x\ngoal: g\nrepo: ./missing\nexecutor: {kind: command, command: 'true'}\n", 3,
+         "does not exist"),
         ("id: x\ngoal: g\nrepo: ./repo\nmax_attempts: 0\n", 4, "max_attempts"),
         ("id: x\ngoal: g\nrepo: ./repo\nexecutor:\n  kind: command\n", 4, "needs 'command'"),
         ("id: x\ngoal: g\nrepo: ./repo\nmood: SLEEPY\n", 4, "mood"),

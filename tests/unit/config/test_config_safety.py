@@ -201,3 +201,20 @@ def test_ordinary_anchors_and_merge_keys_still_work(tmp_path: Path) -> None:
         """)
     config = load_repo_config(tmp_path)
     assert config.verifiers["again"].steps == config.verifiers["unit"].steps
+
+
+def test_every_mistake_in_a_work_item_is_reported_at_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """#16.11 for work items: a bad id, a missing repo and an incomplete executor, together."""
+    from choir.config import load_work_item
+    from choir.exceptions import ConfigErrors
+
+    item = tmp_path / "item.yaml"
+    item.write_text("id: a~b\ngoal: g\nrepo: ./nowhere\nsplit_of: x\nexecutor:\n  kind: command\n")
+    with pytest.raises(ConfigErrors) as caught:
+        load_work_item(item)
+    text = str(caught.value)
+    for needle in ("split_of", "holds '~'", "does not exist", "needs 'command'"):
+        assert needle in text, text
+    assert text.count("fix:") >= 4
+    lines = sorted(e.line for e in caught.value.errors)
+    assert lines == [1, 3, 4, 5], lines
