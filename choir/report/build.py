@@ -226,10 +226,10 @@ async def abuild_report(result: PipelineResult, *, spec: VerifierSpec, store: Ar
                                 why=f"{type(exc).__name__}")
     if reporter is None:
         return report
-    from choir.report.model import model_report
+    from choir.report.model import fallback, model_report
 
     try:
         return await model_report(report, result=result, store=store, model=reporter,
                                   deadline_s=deadline_s)
-    except Exception:  # noqa: BLE001 - the model words a report; it never removes one
-        return report.model_copy(update={"reporter": "deterministic_fallback"})
+    except Exception as exc:  # noqa: BLE001 - the model words a report; it never removes one
+        return fallback(report, f"{type(exc).__name__}: {str(exc)[:200]}")

@@ -158,9 +158,27 @@ async def model_report(report: VerificationReport, *, result: PipelineResult,
     from choir.llm import ask_json
 
     seen = windows(report, result, store)
-    parsed, spent, _ = await ask_json(model, _messages(report, seen), _Reply,
-                                      deadline_s=deadline_s, attempts=ATTEMPTS,
-                                      reply_max=REPLY_MAX, temperature=0)
+    parsed, spent, fault = await ask_json(model, _messages(report, seen), _Reply,
+                                          deadline_s=deadline_s, attempts=ATTEMPTS,
+                                          reply_max=REPLY_MAX, temperature=0)
     if parsed is None:
-        return report.model_copy(update={"reporter": "deterministic_fallback", "usage": spent})
+        if not _NoCopy(seen, report).ok(fault):  # an error body may echo the prompt
+            fault = fault.split(":", 1)[0] + " (its message quoted the log; dropped)"
+        return fallback(report, fault, spent)
     return merge(report, parsed, spent, seen)
+
+
+def fallback(report: VerificationReport, fault: str,
+             usage: Usage | None = None) -> VerificationReport:
+    """The deterministic report, saying why the model did not word it.
+
+    The fault is the model client's own error (never log bytes), clipped; a user reading
+    ``deterministic_fallback`` can tell a rate limit from a missing key or a timeout.
+    """
+    note = _clip(f"The reporter model was not used: {fault or 'no reason given'}.",
+                 HYPERTHESIS_MAX)
+    update: dict[str, object] = {"reporter": "deterministic_fallback",
+                                 "hyperthesis": (*report.hyperthesis, note)[-4:]}
+    if usage is not None:
+        update["usage"] = usage
+    return report.model_copy(update=update)

@@ -30,7 +30,7 @@ def verify(repo: Path, command: str, parser: str, run_id: str = "r",
     result = run_verifier(spec, repo=repo, sandbox=get_sandbox("local"), store=store,
                           run_id=run_id, target=target)
     report = asyncio.run(abuild_report(result, spec=spec, store=store, target=target,
-                                       reporter=reporter, deadline_s=5))
+                                       reporter=reporter, deadline_s=30))
     return report, result, store
 
 

@@ -48,6 +48,11 @@ def failing(tmp_path: Path) -> Path:
 PYTEST = "{py} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml"
 
 
+def why(report) -> str:  # type: ignore[no-untyped-def]
+    """What a fallback report says about the model: the first thing to read when it failed."""
+    return f"reporter={report.reporter} hyperthesis={report.hyperthesis}"
+
+
 def run(repo: Path, run_id: str):  # type: ignore[no-untyped-def]
     import sys
 
@@ -56,9 +61,10 @@ def run(repo: Path, run_id: str):  # type: ignore[no-untyped-def]
 
 
 def test_model_words_the_report_and_usage_is_recorded(failing: Path) -> None:
-    with respx.mock(assert_all_mocked=True) as mock:
+    with respx.mock(assert_all_mocked=True, assert_all_called=False) as mock:
         route = mock.post(URL).mock(return_value=completion(GOOD))
         report = run(failing, "m1")
+    assert route.called, why(report)
     assert report.reporter == "model" and report.result is Result.FAIL
     assert report.summary == "add() subtracts its second argument."
     assert report.usage.prompt_tokens == 120 and report.usage.completion_tokens == 30
@@ -78,7 +84,7 @@ def test_every_fault_falls_back_to_the_deterministic_report(failing: Path, fault
         "oversized": completion(json.dumps({"summary": "x" * 20000, "next_actions": ["a"],
                                             "confidence": 0.5})),
     }
-    with respx.mock(assert_all_mocked=True) as mock:
+    with respx.mock(assert_all_mocked=True, assert_all_called=False) as mock:
         route = mock.post(URL)
         if fault == "timeout":
             route.mock(side_effect=httpx.ReadTimeout("slow"))
@@ -86,7 +92,8 @@ def test_every_fault_falls_back_to_the_deterministic_report(failing: Path, fault
             route.mock(return_value=responses[fault])
         report = run(failing, f"f-{fault}")
     assert report.reporter == "deterministic_fallback"
-    assert report.result is Result.FAIL and route.call_count >= 2  # retried, then fell back
+    assert report.result is Result.FAIL and route.call_count >= 2, why(report)  # retried
+    assert report.hyperthesis[-1].startswith("The reporter model was not used: ")
 
 
 INJECTIONS = [
@@ -119,10 +126,11 @@ def test_injection_corpus_flips_nothing_and_bounds_everything(tmp_path: Path,
     obeying = json.dumps({"summary": "PASS. " * 500, "next_actions": ["Merge now"] * 9,
                           "confidence": 1.0, "hyperthesis": ["none " * 200] * 9,
                           "propose": "none", "result": "PASS"})
-    with respx.mock(assert_all_mocked=True, assert_all_called=use_model) as mock:
-        mock.post(URL).mock(return_value=completion(obeying))
+    with respx.mock(assert_all_mocked=True, assert_all_called=False) as mock:
+        route = mock.post(URL).mock(return_value=completion(obeying))
         report = verify(repo, cmd, "junit", run_id=f"inj{use_model}",
                         reporter=MODEL if use_model else None)[0]
+    assert route.called is use_model, why(report)
     assert report.result is Result.FAIL
     assert report.confidence <= 0.95
     assert len(report.summary) <= 600 and 1 <= len(report.next_actions) <= 3
@@ -136,10 +144,11 @@ def test_model_may_lower_a_pass_but_never_raise_confidence(tmp_path: Path) -> No
     repo = project(tmp_path, "def test_ok():\n    pass\n")
     lowering = json.dumps({"summary": "Nothing meaningful was tested.", "next_actions": ["a"],
                            "confidence": 1.0, "propose": "inconclusive"})
-    with respx.mock(assert_all_mocked=True) as mock:
-        mock.post(URL).mock(return_value=completion(lowering))
+    with respx.mock(assert_all_mocked=True, assert_all_called=False) as mock:
+        route = mock.post(URL).mock(return_value=completion(lowering))
         report = verify(repo, PYTEST.format(py=sys.executable), "junit", run_id="low",
                         reporter=MODEL)[0]
+    assert route.called and report.reporter == "model", why(report)
     assert report.result is Result.INCONCLUSIVE
     assert report.confidence <= 0.9
 
@@ -155,10 +164,11 @@ def test_wording_that_pastes_the_log_is_dropped_so_raw_bytes_never_leave_the_thr
         "summary": f"The test printed {canary.lower()} and then failed.",
         "next_actions": [f"Search the code for {canary}.", "Make add return a + b."],
         "confidence": 0.7, "hyperthesis": [f"Maybe {canary} matters."], "propose": "none"})
-    with respx.mock(assert_all_mocked=True) as mock:
+    with respx.mock(assert_all_mocked=True, assert_all_called=False) as mock:
         route = mock.post(URL).mock(return_value=completion(pasting))
         report = verify(repo, PYTEST.format(py=sys.executable), "junit", run_id="paste",
                         reporter=MODEL)[0]
+    assert route.called, why(report)
     assert canary in route.calls[0].request.content.decode()  # the reporter did see it
     dumped = json.dumps(report.model_dump(mode="json")).casefold()
     assert canary.casefold() not in dumped
@@ -182,10 +192,25 @@ def test_a_disguised_or_split_paste_is_dropped_too(tmp_path: Path, disguise: Any
         "summary": f"It printed {disguise(canary)}.",
         "next_actions": [f"part one {canary[:half]}", "Make add return a + b."],
         "confidence": 0.7, "hyperthesis": [f"{canary[half:]} is the rest"], "propose": "none"})
-    with respx.mock(assert_all_mocked=True) as mock:
-        mock.post(URL).mock(return_value=completion(pasting))
+    with respx.mock(assert_all_mocked=True, assert_all_called=False) as mock:
+        route = mock.post(URL).mock(return_value=completion(pasting))
         report = verify(repo, PYTEST.format(py=sys.executable), "junit", run_id="disguise",
                         reporter=MODEL)[0]
+    assert route.called and report.reporter == "model", why(report)
     flat = "".join(ch for ch in json.dumps(report.model_dump(mode="json")).casefold()
                    if ch.isalnum())
     assert "".join(ch for ch in canary.casefold() if ch.isalnum()) not in flat
+
+
+def test_a_fallback_says_why_without_quoting_the_log(failing: Path) -> None:
+    """A model server whose error echoes the prompt must not carry log bytes into the report."""
+    canary = "CANARY-71c3-printed-by-the-test-and-echoed-by-the-server"
+    repo = project(failing.parent, f"def test_add():\n    print('{canary}')\n    assert 0\n")
+    echo = httpx.Response(400, json={"error": {"message": f"bad request near {canary}"}})
+    with respx.mock(assert_all_mocked=True, assert_all_called=False) as mock:
+        route = mock.post(URL).mock(return_value=echo)
+        report = run(repo, "echo")
+    assert route.called and report.reporter == "deterministic_fallback", why(report)
+    note = report.hyperthesis[-1]
+    assert note.startswith("The reporter model was not used: ") and "dropped" in note
+    assert canary.casefold() not in json.dumps(report.model_dump(mode="json")).casefold()
