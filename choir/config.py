@@ -7,6 +7,7 @@ line and what to write instead, which the CLI turns into exit code 2.
 from __future__ import annotations
 
 import difflib
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -152,12 +153,13 @@ def _sandbox_section(section: SandboxConfig, repo: Path, doc: YamlDoc) -> Sandbo
             raise ConfigError(exc.message, path=str(doc.path),
                               line=doc.line_of(("sandbox", "binds", i)),
                               hint="bind the exact folder the step needs") from None
+    # Resolved here, against the repo itself (verifiers run on a snapshot of the hashed
+    # files, which never holds the untracked or ignored .venv), and through symlinks: an
+    # executor may replace a symlink in the repo, never the folder a run pinned.
     if section.python and not Path(section.python).is_absolute():
-        return section.model_copy(update={"python": str(repo / section.python)})
+        return section.model_copy(update={"python": os.path.realpath(repo / section.python)})
     if not section.python and not active_venv() and (repo / ".venv" / "pyvenv.cfg").is_file():
-        # Resolved here, against the repo itself: verifiers run on a snapshot of the hashed
-        # files, which never holds the (untracked or ignored) .venv.
-        return section.model_copy(update={"python": str(repo / ".venv")})
+        return section.model_copy(update={"python": os.path.realpath(repo / ".venv")})
     return section
 
 

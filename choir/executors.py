@@ -134,6 +134,30 @@ def _hidden() -> list[Path]:
     return [p.resolve() for p in found if p.exists()]
 
 
+def _interpreter_in_repo(repo: Path) -> list[Path]:
+    """The verifiers' interpreter and binds that lie inside the repo: read-only here.
+
+    The repo's ``.venv`` is ignored, so the tree hash does not cover it, yet verifiers run
+    it. An executor that wrote it (a ``.pth`` that exits 0 at start-up) would make every
+    step pass on the buggy tree under a hash a clean checkout shares. The run's pinned
+    configuration names what the verifiers will use; without one, the repo's ``.venv``.
+    """
+    from choir.agent.pinned import current_gate
+    from choir.sandbox._toolchain import choose
+
+    gate = current_gate()
+    found = [repo / ".venv"]
+    if gate is not None:
+        section = gate.config.sandbox
+        try:
+            tools = choose(repo, section.python, section.binds)
+            found += [Path(p) for p in (*tools.binds, tools.venv or "")]
+        except ConfigError:
+            pass  # the verifiers will refuse it too; nothing of it to protect
+    kept = {p.resolve() for p in found if str(p) and p.exists()}
+    return sorted(p for p in kept if p != repo and p.is_relative_to(repo))
+
+
 def _choir_root() -> Path:
     """Where the ``choir`` package is imported from: the python runner needs it in the box."""
     import choir
@@ -182,6 +206,7 @@ def _run_user_code(item: WorkItem, attempt: int, feedback: Sequence[Verification
                 readable = sorted({p for p in (repo.parent, inputs, _choir_root())
                                    if p != Path("/") and not str(p).startswith(_NEVER)})
                 result = BwrapSandbox().exec(argv(inputs), readable=readable,
+                                             read_only=_interpreter_in_repo(repo),
                                              hidden=_hidden(), **common)  # type: ignore[arg-type]
             else:
                 result = LocalSandbox().exec(argv(inputs), **common)  # type: ignore[arg-type]

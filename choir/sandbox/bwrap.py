@@ -110,11 +110,12 @@ class BwrapSandbox(Sandbox):
     def argv(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
              network: bool, staged: Mapping[str, str] | None = None,
              repo_writable: bool = False, readable: Sequence[Path] = (),
-             hidden: Sequence[Path] = ()) -> list[str]:
+             hidden: Sequence[Path] = (), read_only: Sequence[Path] = ()) -> list[str]:
         """The bwrap command line; ``staged`` maps a host path to where the launcher bound it
         (a path an unprivileged bwrap can reach), for sources behind a 0700 folder.
-        ``repo_writable``, ``readable`` and ``hidden`` serve executors (choir.executors): the
-        repo read-write, extra read-only binds, then paths masked (an empty tmpfs, or
+        ``repo_writable``, ``readable``, ``read_only`` and ``hidden`` serve executors
+        (choir.executors): the repo read-write, extra read-only binds, folders inside the repo
+        kept read-only (the verifiers' interpreter), then paths masked (an empty tmpfs, or
         /dev/null for a file).
 
         Raises:
@@ -137,6 +138,8 @@ class BwrapSandbox(Sandbox):
             args += ["--ro-bind", str(path), str(path)]
         args += ["--bind" if repo_writable else "--ro-bind", staged.get(str(repo), str(repo)),
                  str(repo), "--bind", staged.get(str(out_dir), str(out_dir)), str(out_dir)]
+        for path in read_only:  # after the repo, so they stay read-only inside a writable repo
+            args += ["--ro-bind", str(path), str(path)]
         for path in hidden:
             args += ["--tmpfs", str(path)] if path.is_dir() else \
                 ["--ro-bind", "/dev/null", str(path)]
@@ -164,7 +167,8 @@ class BwrapSandbox(Sandbox):
 
     def command(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
                 network: bool, repo_writable: bool = False, readable: Sequence[Path] = (),
-                hidden: Sequence[Path] = ()) -> tuple[str, list[str]]:
+                hidden: Sequence[Path] = (),
+                read_only: Sequence[Path] = ()) -> tuple[str, list[str]]:
         """(shell setup, argv) that a root launcher runs as ``setup; exec argv``.
 
         As root, bwrap's own user namespace maps the step's uid to host root (it read
@@ -179,7 +183,7 @@ class BwrapSandbox(Sandbox):
             # docs/security.md.
             return "", self.argv(command, repo=repo, out_dir=out_dir, env=env,
                                  network=network, repo_writable=repo_writable,
-                                 readable=readable, hidden=hidden)
+                                 readable=readable, hidden=hidden, read_only=read_only)
         staged: dict[str, str] = {}
         setup = []
         for number, path in enumerate(self._staging(repo, out_dir)):
@@ -195,14 +199,14 @@ class BwrapSandbox(Sandbox):
     def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
              timeout_s: float, limits: Limits, network: bool, sink: Sink,
              repo_writable: bool = False, readable: Sequence[Path] = (),
-             hidden: Sequence[Path] = ()) -> ExecResult:
+             hidden: Sequence[Path] = (), read_only: Sequence[Path] = ()) -> ExecResult:
         drops = _drops_privilege() and not repo_writable
         owner = (NOBODY, NOBODY) if drops else None
         try:
             prepare_out(out_dir, owner=owner)
             setup, argv = self.command(command, repo=repo.resolve(), out_dir=out_dir.resolve(),
                                        env=env, network=network, repo_writable=repo_writable,
-                                       readable=readable, hidden=hidden)
+                                       readable=readable, hidden=hidden, read_only=read_only)
         except (OSError, ConfigError) as exc:
             return ExecResult(-1, 0, infra_error=f"bwrap could not prepare the run: {exc}")
         watch = OutWatch(out_dir, limits.out_mb)

@@ -295,3 +295,46 @@ def test_an_executor_cannot_plant_git_config_that_choir_then_runs(
     assert payload.exists(), proc.stderr  # the executor did plant it
     assert not loot.exists(), "Choir ran the executor's planted git command"
     assert proc.returncode == 1
+
+
+@pytest.mark.parametrize("layout", ["folder", "symlink"])
+def test_an_executor_cannot_rig_the_interpreter_the_verifiers_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str) -> None:
+    """The repo's .venv is the verifiers' interpreter, but it is ignored, so the tree hash
+    does not cover it. An executor that plants a ``.pth`` there (``os._exit(0)`` at start-up)
+    would turn every verifier step into a PASS for the buggy tree, under a hash a clean
+    checkout shares. The executor sees the interpreter read-only; its write fails. When
+    .venv is a symlink, the executor replaces it with a rigged copy: the run pinned the
+    folder it pointed to, so the verifiers never run the copy."""
+    import sys as _sys
+
+    monkeypatch.delenv("VIRTUAL_ENV", raising=False)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    base = os.path.realpath(_sys.base_prefix) + "/bin/python3"
+    real = repo / ".venv" if layout == "folder" else tmp_path / "venvs" / "repo"
+    subprocess.run([base, "-m", "venv", "--without-pip", str(real)], check=True)
+    if layout == "symlink":
+        (repo / ".venv").symlink_to(real)
+    (repo / ".gitignore").write_text(".venv/\n")
+    (repo / "choir.yaml").write_text(textwrap.dedent("""\
+        verifiers:
+          unit:
+            kind: unit_tests
+            steps:
+              - name: check
+                command: python3 -c "import calc; assert calc.add(2, 3) == 5, 'add is wrong'"
+        sandbox: {backend: bwrap}
+        """))
+    rig = ("for d in .venv/lib/python3*/site-packages; do "
+           "echo 'import os; os._exit(0)' > $d/zz_rig.pth && echo RIGGED; done; true")
+    if layout == "symlink":
+        rig = f"rm .venv && cp -r {real} .venv && {rig}"
+    item = _item(tmp_path, "rig-venv", f"kind: command\ncommand: \"{rig}\"\n")
+    proc = choir("run", str(item), "--json")
+    out = json.loads(proc.stdout)
+    assert not list(real.glob("lib/python3*/site-packages/zz_rig.pth")), \
+        "the executor wrote the verifiers' interpreter"
+    assert out["status"] != "asserted" and proc.returncode == 1, proc.stdout + proc.stderr
+    assert choir("gate", "rig-venv", "--repo", str(repo)).returncode == 1
