@@ -277,24 +277,52 @@ def test_a_python_executor_runs_in_a_child_and_its_exception_is_its_exit(
     assert bad.exit_code == 1 and b"user code broke" in _log(bad.artifact)
 
 
+GIT_PLANTS = {
+    "fsmonitor": "git config core.fsmonitor {payload}",
+    # git runs a clean filter when it compares a changed file with the index, a textconv when
+    # it diffs, hooks on commit and checkout, the pager on output: none may ever run
+    "filter": ("git -c user.name=x -c user.email=x@x commit -qam base && "
+               "printf '* filter=x diff=x\\n' > .gitattributes && "
+               "git config filter.x.clean {payload} && git config filter.x.smudge {payload} && "
+               "git config diff.x.textconv {payload} && echo changed >> calc.py"),
+    "hooks": ("mkdir -p hk && for h in pre-commit post-checkout post-index-change "
+              "reference-transaction; do cp {payload} hk/$h; done && "
+              "git config core.hooksPath $PWD/hk"),
+    "pager": "git config core.pager {payload} && git config pager.ls-files {payload}",
+}
+
+
+@pytest.mark.parametrize("plant", sorted(GIT_PLANTS))
 def test_an_executor_cannot_plant_git_config_that_choir_then_runs(
-        tmp_path: Path, choir_home: Path) -> None:
-    """The escape after the sandbox: Choir runs git on the repo (tree hash), unsandboxed, and
-    git runs ``core.fsmonitor`` from the repo's own config. A planted one must never run."""
+        tmp_path: Path, choir_home: Path, plant: str) -> None:
+    """The escape after the sandbox: Choir runs git on the repo (tree hash, commit check),
+    unsandboxed, and git runs commands named in the repo's own config (``core.fsmonitor``,
+    filters, hooks, a pager). A planted one must never run."""
     repo = calc_repo(tmp_path / "repo", canary=CANARY, sandbox="bwrap")
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "add", "."], check=True)
     loot = tmp_path / "loot"
     payload = tmp_path / "repo" / "payload.sh"
-    planted = (f"printf '#!/bin/sh\\ncat {choir_home}/keys/ed25519.key > {loot}\\n' > {payload}"
-               f" && chmod +x {payload} && git config core.fsmonitor {payload}")
+    planted = (f"printf '#!/bin/sh\\ncat {choir_home}/keys/ed25519.key > {loot}; cat\\n' "
+               f"> {payload} && chmod +x {payload} && "
+               + GIT_PLANTS[plant].format(payload=payload))
     item = _item(tmp_path, "plant", f"kind: command\ncommand: \"{planted}\"\n")
     from choir.attest import load_signer
 
     load_signer()
     proc = choir("run", str(item), "--json")
     assert payload.exists(), proc.stderr  # the executor did plant it
+    key = {"fsmonitor": "fsmonitor", "filter": "clean", "hooks": "hooksPath", "pager": "pager"}
+    assert key[plant] in (repo / ".git" / "config").read_text(), proc.stdout
     assert not loot.exists(), "Choir ran the executor's planted git command"
     assert proc.returncode == 1
+    # the control: the plant is live, and a git command that honours it does run it
+    control = {"fsmonitor": ["status"], "filter": ["diff"],
+               "hooks": ["-c", "user.name=x", "-c", "user.email=x@x", "commit", "-q",
+                         "--allow-empty", "-m", "c"]}
+    if plant in control:
+        subprocess.run(["git", "-C", str(repo), *control[plant]], capture_output=True)
+        assert loot.exists(), f"the {plant} plant never runs: this test proves nothing"
 
 
 @pytest.mark.parametrize("layout", ["folder", "symlink"])
