@@ -31,14 +31,22 @@ from typing import IO
 CHUNK = 1 << 16
 
 
-def pack_tree(root: Path, fh: IO[bytes], *, uid: int, gid: int, writable: bool) -> None:
-    """Write ``root``'s contents (not ``root`` itself) to ``fh`` as an uncompressed tar.
+def pack_tree(root: Path, fh: IO[bytes], *, uid: int, gid: int, writable: bool,
+              name: str) -> None:
+    """Write ``root`` to ``fh`` as an uncompressed tar whose top folder is ``name``.
+
+    The top folder is a member of its own (the engine ignores ``.``), so extracting into the
+    parent of a volume's mount point gives the volume's root this owner and mode.
 
     Links are stored as links, never followed. Every member is owned by ``uid:gid``;
     ``writable=False`` (the repo) leaves only read/execute bits, so the unprivileged step
     user cannot change it even before the read-only mount applies. Special files are skipped.
     """
     with tarfile.open(fileobj=fh, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        top = tarfile.TarInfo(name)
+        top.type, top.uid, top.gid = tarfile.DIRTYPE, uid, gid
+        top.mode = 0o755 if writable else 0o555
+        tar.addfile(top)
         stack = [root]
         while stack:
             folder = stack.pop()
@@ -51,7 +59,8 @@ def pack_tree(root: Path, fh: IO[bytes], *, uid: int, gid: int, writable: bool) 
                 if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)
                         or stat.S_ISLNK(st.st_mode)):
                     continue
-                info = tar.gettarinfo(entry.path, arcname=os.path.relpath(entry.path, root))
+                info = tar.gettarinfo(entry.path,
+                                      arcname=f"{name}/{os.path.relpath(entry.path, root)}")
                 info.uid, info.gid, info.uname, info.gname = uid, gid, "", ""
                 mode = info.mode & 0o755
                 if info.isdir():

@@ -134,13 +134,13 @@ def test_pack_tree_never_follows_links_and_drops_write_bits(tmp_path: Path) -> N
     (root / "link").symlink_to("/etc/shadow")
     os.mkfifo(root / "fifo")
     buf = io.BytesIO()
-    pack_tree(root, buf, uid=0, gid=0, writable=False)
+    pack_tree(root, buf, uid=0, gid=0, writable=False, name="repo")
     buf.seek(0)
     with tarfile.open(fileobj=buf) as tar:
         members = {m.name: m for m in tar.getmembers()}
-    assert set(members) == {"pkg", "pkg/m.py", "secret", "link"}
-    assert members["link"].issym() and members["link"].size == 0
-    assert members["secret"].mode == 0o444  # readable by the step user, writable by nobody
+    assert set(members) == {"repo", "repo/pkg", "repo/pkg/m.py", "repo/secret", "repo/link"}
+    assert members["repo/link"].issym() and members["repo/link"].size == 0
+    assert members["repo/secret"].mode == 0o444  # readable by the step user, writable by nobody
     assert all(m.uid == 0 and not m.mode & 0o222 for m in members.values())
 
 
