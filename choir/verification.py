@@ -74,7 +74,8 @@ def open_sandbox(config: RepoConfig, policy: Policy, mood: Mood,
     from choir.sandbox import resolve_sandbox
 
     options: dict[str, object] = {}
-    for key in ("image", "python", "binds", "transfer"):  # only those set: a plugin backend may take none
+    # only those set: a plugin backend may take none
+    for key in ("image", "python", "binds", "transfer"):
         if getattr(config.sandbox, key):
             options[key] = getattr(config.sandbox, key)
     sandbox = resolve_sandbox(name or config.sandbox.backend, **options)
