@@ -25,12 +25,26 @@ if TYPE_CHECKING:
     from choir.sandbox import Sandbox
 
 SCHEDULER_ENV = "CHOIR_SCHEDULER"
+TIMEOUT_ENV = "CHOIR_SCHEDULER_TIMEOUT_S"  # how long to try to reach it (default 30 s)
 
 
 def fanout_from_env(options: dict[str, Any] | None = None) -> DaskFanout | None:
-    """A fan-out to the scheduler named by ``CHOIR_SCHEDULER``, or None when it is unset."""
+    """A fan-out to the scheduler named by ``CHOIR_SCHEDULER``, or None when it is unset.
+
+    Raises:
+        UserError: ``CHOIR_SCHEDULER_TIMEOUT_S`` is not a positive number.
+    """
     address = os.environ.get(SCHEDULER_ENV)
-    return DaskFanout(address, options or {}) if address else None
+    if not address:
+        return None
+    raw = os.environ.get(TIMEOUT_ENV, "30")
+    try:
+        timeout = float(raw)
+        if timeout <= 0:
+            raise ValueError(raw)
+    except ValueError:
+        raise UserError(f"{TIMEOUT_ENV}={raw!r}: give a number of seconds above 0") from None
+    return DaskFanout(address, options or {}, timeout_s=timeout)
 
 
 def pack_snapshot(root: Path) -> bytes:
