@@ -89,7 +89,8 @@ class DaskFanout:
             client = self._connect()
             if repo not in self._snapshots:
                 data = pack_snapshot(repo)
-                [future] = client.scatter([data], hash=False)
+                # on every worker: placement by free threads, not by where the bytes are
+                [future] = client.scatter([data], hash=False, broadcast=True)
                 self._snapshots[repo] = (future, blake3_hex(data))
             return self._snapshots[repo]
 

@@ -156,3 +156,19 @@ def test_transfer_is_copy_for_a_remote_engine(monkeypatch: pytest.MonkeyPatch) -
     assert resolve_transfer("copy") == "copy"
     with pytest.raises(ConfigError, match="sandbox.transfer"):
         resolve_transfer("rsync")
+
+
+STEPS = 'verification: {steps: [{name: t, command: "exit 0"}]}\n'
+
+
+def test_a_bad_transfer_in_choir_yaml_names_the_line(tmp_path: Path) -> None:
+    from choir.config import load_repo_config
+
+    (tmp_path / "choir.yaml").write_text("sandbox:\n  backend: docker\n  transfer: rsync\n"
+                                         + STEPS)
+    with pytest.raises(ConfigError) as err:
+        load_repo_config(tmp_path)
+    assert err.value.line == 3 and "transfer" in str(err.value)
+    (tmp_path / "choir.yaml").write_text("sandbox: {backend: docker, transfer: copy}\n"
+                                         + STEPS)
+    assert load_repo_config(tmp_path).sandbox.transfer == "copy"
