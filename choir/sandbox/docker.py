@@ -15,14 +15,15 @@ it never touches unlabelled containers, nor containers of a live owner within th
 
 Remote engines (``transfer: copy``): an engine reached over ``tcp://`` or ``ssh://`` cannot
 see this machine's folders, so no bind carries the repo or the output. The sealed snapshot is
-copied into a fresh volume (through a loader container that is created, never started) and
-mounted read-only at ``/repo``; ``$CHOIR_OUT`` is a container volume filled from the host
-folder before the start and copied back after the step ends, through ``remote_copy`` (names,
-links, devices and size checked: see there). Containment is the same: no network, all caps
-dropped, no-new-privileges, uid 65534, read-only root, memory/pids/CPU limits, the ``fsize``
-ulimit per file; the output's total is capped when it is copied back (the host never receives
-more than ``limits.out_mb``). Binds are kept only for an image that borrows the engine host's
-``/usr`` (the toolchain). The mode is recorded in the manifest (``platform.transfer``).
+copied once per sandbox into a volume (through a loader container that is created, never
+started) and mounted read-only at ``/repo`` by every step; ``$CHOIR_OUT`` is ``/choir/vol/out``
+in an anonymous volume, filled from the host folder before the start and copied back after
+the step ends through ``remote_copy`` (names, links, devices and size checked: see there).
+Containment is the same: no network, all caps dropped, no-new-privileges, uid 65534,
+read-only root, memory/pids/CPU limits, the ``fsize`` ulimit per file; the output's total is
+capped when it is copied back (the host never receives more than ``limits.out_mb``). Binds are
+kept only for an image that borrows the engine host's ``/usr`` (the toolchain). The mode is
+recorded in the manifest (``platform.transfer``).
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ GRACE_S = 120.0
 OUT = "/choir/out"
 NOBODY = 65534
 REPO = "/repo"
+COPY_ROOT = "/choir/vol"  # copy mode: a volume whose root stays root's; $CHOIR_OUT inside it
+COPY_OUT = f"{COPY_ROOT}/out"
+REPO_VOLUME_TTL_S = 6 * 3600.0  # a cached repo volume's expiry label (removed by close())
 TRANSFERS = ("auto", "bind", "copy")
 
 _SWEEP_LOCK = threading.Lock()
@@ -111,6 +115,8 @@ class DockerSandbox(Sandbox):
         # the locally built test image carries no toolchain: it borrows the host's /usr
         self.host_usr = host_usr if host_usr is not None else self.image == DEFAULT_IMAGE
         self._client: Any = None
+        self._repo_volumes: dict[str, str] = {}  # snapshot fingerprint -> volume (copy mode)
+        self._load_lock = threading.Lock()
 
     @classmethod
     def available(cls) -> bool:
@@ -160,11 +166,10 @@ class DockerSandbox(Sandbox):
                 "transfer": self.transfer}
 
     def _volumes(self, repo: Path, out_dir: Path, repo_writable: bool = False,
-                 copied: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
+                 repo_volume: str | None = None) -> dict[str, dict[str, str]]:
         volumes: dict[str, dict[str, str]] = {}
-        if copied:  # copy mode: volumes on the engine, never binds of this machine's folders
-            volumes[copied[0]] = {"bind": REPO, "mode": "ro"}
-            volumes[copied[1]] = {"bind": OUT, "mode": "rw"}
+        if repo_volume:  # copy mode: a volume on the engine, never a bind of this machine's
+            volumes[repo_volume] = {"bind": REPO, "mode": "ro"}
         else:
             volumes[str(repo)] = {"bind": REPO, "mode": "rw" if repo_writable else "ro"}
             volumes[str(out_dir)] = {"bind": OUT, "mode": "rw"}
@@ -177,7 +182,7 @@ class DockerSandbox(Sandbox):
         return volumes
 
     def _environment(self, repo: Path, env: Mapping[str, str]) -> dict[str, str]:
-        variables = step_env(OUT, env)
+        variables = step_env(COPY_OUT if self.transfer == "copy" else OUT, env)
         for var in ("PYENV_ROOT", "PYENV_VERSION", "CONDA_PREFIX", "VIRTUAL_ENV"):
             variables.pop(var, None)  # the host's toolchain is not in the container
         if self.host_usr and "PATH" not in env:
@@ -205,20 +210,22 @@ class DockerSandbox(Sandbox):
         watch = OutWatch(out_dir, limits.out_mb)
         start = time.monotonic()
         labels = run_labels(time.time(), timeout_s)
-        volumes: tuple[str, ...] = ()
+        repo_volume: str | None = None
         client: Any = None
         container: Any = None
         try:
-            from docker.types import Ulimit
+            from docker.types import Mount, Ulimit
 
             client = self.client()
             if copy:
-                volumes = self._load(client, repo.resolve(), out_dir, labels)
+                repo_volume = self._repo_volume(client, repo.resolve())
             container = client.containers.create(
                 self.image, ["/bin/sh", "-c", command],
                 working_dir=REPO, environment=self._environment(repo.resolve(), env),
                 volumes=self._volumes(repo.resolve(), out_dir.resolve(), repo_writable,
-                                      volumes),
+                                      repo_volume),
+                # copy mode: an anonymous volume, removed with the container
+                mounts=[Mount(COPY_ROOT, None, type="volume")] if copy else None,
                 network_disabled=not network, read_only=True,
                 tmpfs={"/tmp": "rw,nosuid,size=256m"},
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], user=f"{NOBODY}:{NOBODY}",
@@ -227,10 +234,12 @@ class DockerSandbox(Sandbox):
                 labels=labels, detach=True,
                 ulimits=[Ulimit(name="fsize", soft=watch.cap, hard=watch.cap)],
             )
+            if copy:  # into the volume (the root is read-only); the step user owns out/
+                _put_tree(container, out_dir, COPY_OUT, uid=NOBODY, writable=True)
         except MissingExtraError:
             raise
         except Exception as exc:
-            _remove_quietly(client, container, *volumes)
+            _remove_quietly(client, container)
             return ExecResult(-1, int((time.monotonic() - start) * 1000),
                               infra_error=f"docker could not create a container: {exc}")
         total = 0
@@ -282,36 +291,46 @@ class DockerSandbox(Sandbox):
                               infra_error=f"docker failed: {exc}")
         finally:
             watch.stop()
-            _remove_quietly(client, container, *volumes)
+            _remove_quietly(client, container)
 
-    def _load(self, client: Any, repo: Path, out_dir: Path,
-              labels: Mapping[str, str]) -> tuple[str, str]:
-        """Two fresh volumes holding ``repo`` and ``out_dir``, filled through a loader that is
-        created and never started; returns their names (repo, out).
+    def _repo_volume(self, client: Any, repo: Path) -> str:
+        """A volume holding ``repo`` (the sealed snapshot), made once per snapshot and reused
+        by every step and verifier of this sandbox until ``close``.
 
-        The loader mounts both writable (the API refuses to extract into a read-only mount or
-        root); the step's container then mounts the repo read-only. Repo files are owned by
-        root with no write bits, so uid 65534 could not change them through any mount; the
-        output volume's root is made the step user's by extracting its top folder.
+        Keyed by a fingerprint of the tree (every path's type, mode, size, mtime and inode),
+        so a tree changed in place gets a new volume. Filled through a loader container that
+        is created and never started (the API refuses to extract into a read-only mount); the
+        steps mount it read-only, and its files are root's with no write bits, so uid 65534
+        could not change them through any mount.
         """
-        names: list[str] = []
-        loader: Any = None
-        try:
-            for _ in range(2):
-                names.append(str(client.volumes.create(labels=dict(labels)).name))
-            loader = client.containers.create(
-                self.image, ["/bin/true"], network_disabled=True, labels=dict(labels),
-                volumes={names[0]: {"bind": REPO, "mode": "rw"},
-                         names[1]: {"bind": OUT, "mode": "rw"}})
-            _put_tree(loader, repo, REPO, uid=0, writable=False)
-            _put_tree(loader, out_dir, OUT, uid=NOBODY, writable=True)
-        except BaseException:
-            _remove_quietly(client, loader, *names)
-            raise
-        _remove_quietly(client, loader)
-        return names[0], names[1]
+        key = _fingerprint(repo)
+        with self._load_lock:
+            name = self._repo_volumes.get(key)
+            if name is not None:
+                try:
+                    client.volumes.get(name)
+                    return name
+                except Exception:  # noqa: BLE001 - removed meanwhile: load it again
+                    del self._repo_volumes[key]
+            labels = run_labels(time.time(), REPO_VOLUME_TTL_S)
+            name = str(client.volumes.create(labels=labels).name)
+            loader: Any = None
+            try:
+                loader = client.containers.create(
+                    self.image, ["/bin/true"], network_disabled=True, labels=labels,
+                    volumes={name: {"bind": REPO, "mode": "rw"}})
+                _put_tree(loader, repo, REPO, uid=0, writable=False)
+            except BaseException:
+                _remove_quietly(client, loader, name)
+                raise
+            _remove_quietly(client, loader)
+            self._repo_volumes[key] = name
+            return name
 
     def close(self) -> None:
+        if self._client is not None and self._repo_volumes:
+            _remove_quietly(self._client, None, *self._repo_volumes.values())
+        self._repo_volumes.clear()
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -353,14 +372,28 @@ def _take_out(container: Any, out_dir: Path, cap: int, sink: Sink) -> bool:
     in the step log, never written."""
     from choir.sandbox.remote_copy import clear_folder, unpack_out
 
-    chunks, _ = container.get_archive(OUT)
+    chunks, _ = container.get_archive(COPY_OUT)
     clear_folder(out_dir)
-    done = unpack_out(chunks, out_dir, prefix=PurePosixPath(OUT).name, cap=cap)
+    done = unpack_out(chunks, out_dir, prefix=PurePosixPath(COPY_OUT).name, cap=cap)
     for what in done.refused[:20]:
         sink(f"\n[choir] not copied from the container: {what}\n".encode())
     if len(done.refused) > 20:
         sink(f"[choir] ... and {len(done.refused) - 20} more not copied\n".encode())
     return done.exceeded
+
+
+def _fingerprint(root: Path) -> str:
+    """A hash of every path under ``root`` with its type, mode, size, mtime and inode."""
+    from choir._canonical import blake3_hex
+
+    rows: list[str] = [str(root)]
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(dirnames + filenames):
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            rows.append(f"{path}\0{st.st_mode}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}")
+    return blake3_hex("\n".join(rows).encode())
 
 
 def _remove_quietly(client: Any, container: Any, *volumes: str) -> None:

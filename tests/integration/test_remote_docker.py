@@ -182,11 +182,11 @@ def test_copy_mode_runs_contained_with_no_bind_for_repo_or_output(
     assert not (repo / "planted").exists()
     # the step container: repo and output are engine volumes, never binds of host folders
     loader, step = mounts  # the loader (never started), then the step's container
-    assert not [m for m in loader if m["Type"] == "bind" and m["Destination"] in ("/repo",
-                                                                               "/choir/out")]
+    assert [m["Type"] for m in loader if m["Destination"] == "/repo"] == ["volume"]
     by_dest = {m["Destination"]: m for m in step}
     assert by_dest["/repo"]["Type"] == "volume" and by_dest["/repo"]["RW"] is False
-    assert by_dest["/choir/out"]["Type"] == "volume" and by_dest["/choir/out"]["RW"] is True
+    # $CHOIR_OUT (/choir/vol/out) lives in a volume too
+    assert by_dest["/choir/vol"]["Type"] == "volume" and by_dest["/choir/vol"]["RW"] is True
     binds = [m for m in step if m["Type"] == "bind"]
     assert binds and all(m["RW"] is False for m in binds)  # the toolchain only, read-only
     tools = _toolchain.choose(repo.resolve(), None, ()).binds  # the project's interpreter
@@ -228,7 +228,7 @@ def test_links_fifos_and_oversize_output_never_reach_the_host(
         assert result.exit_code == 0, log
         assert sorted(p.name for p in out.iterdir()) == ["cache", "home", "kept.txt", "tmp"]
         assert not any(p.is_symlink() for p in out.rglob("*"))
-        assert "'out/shadow': a symlink -> '/etc/shadow'" in log
+        assert "'out/shadow': a symlink -> '/etc/shadow'" in log, log
         # more than the cap in files each below it: stopped when copied back, never PASS
         out2 = tmp_path / "out2"
         result, log = _run(sandbox, "for i in 1 2 3; do head -c 600000 /dev/zero "
@@ -241,6 +241,22 @@ def test_links_fifos_and_oversize_output_never_reach_the_host(
     if shadow_before is not None:
         after = os.stat("/etc/shadow")
         assert (after.st_uid, after.st_mode) == (shadow_before.st_uid, shadow_before.st_mode)
+
+
+def test_the_snapshot_is_loaded_once_per_sandbox_and_again_when_it_changes(
+        remote: str, repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sandbox, mounts = _sandbox_recording_mounts(monkeypatch)
+    try:
+        for i in range(3):
+            result, log = _run(sandbox, "cat pkg/data.txt", repo, tmp_path / f"out{i}")
+            assert result.exit_code == 0 and "from the snapshot" in log, log
+        assert len(mounts) == 4  # one loader, three steps
+        (repo / "pkg" / "data.txt").write_text("changed in place\n")
+        result, log = _run(sandbox, "cat pkg/data.txt", repo, tmp_path / "out3")
+        assert "changed in place" in log, log
+        assert len(mounts) == 6  # a new loader for the changed tree
+    finally:
+        sandbox.close()
 
 
 def test_a_later_step_sees_what_an_earlier_one_left(remote: str, repo: Path,
