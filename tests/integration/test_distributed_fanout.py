@@ -121,3 +121,29 @@ def test_no_scheduler_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("CHOIR_SCHEDULER_TIMEOUT_S", "2")
     with pytest.raises(UserError, match="CHOIR_SCHEDULER"):
         verify_tree(repo, mood=Mood.SKEPTICAL, sandbox_name="bwrap")
+
+
+async def test_choir_run_green_threads_fan_out_too(
+        cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop's green threads take the same path: run on a worker, attested here, ASSERTed."""
+    from choir.attest import AttestationStore
+    from choir.graph.runner import run_work_item
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "choir.yaml").write_text(
+        "sandbox: {backend: bwrap}\n" + CHOIR_YAML.format(
+            verifiers=verifier("unit", "echo ran > $CHOIR_OUT/mark").replace(
+                "kind: smoke", "kind: unit_tests")))
+    item = tmp_path / "item.yaml"
+    item.write_text("id: dist\ngoal: g\nrepo: ./repo\n"
+                    "executor: {kind: command, command: 'true'}\n")
+    monkeypatch.setenv("CHOIR_SCHEDULER", cluster.address)
+    out = await run_work_item(item, run_id="dist-run")
+    assert out.status == "asserted", out
+    [att] = [a for a in AttestationStore() if a.body.verifier == "unit"]
+    assert att.body.environment.sandbox == "bwrap"
+    # the verifier read the snapshot a worker unpacked (this test's choir.yaml, on a worker)
+    text = (repo / "choir.yaml").read_text()
+    assert any(p.read_text() == text for local in cluster.worker_dirs
+               for p in local.rglob("choir-tree-*/choir.yaml"))
