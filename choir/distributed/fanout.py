@@ -75,8 +75,11 @@ class DaskFanout:
                                     "pip install 'choir[distributed]'") from exc
         if self._client is None:
             try:
+                # What workers send back is loaded as plain data only: a pickle from a
+                # compromised worker would run its code here, before any hash is checked.
                 self._client = Client(  # type: ignore[no-untyped-call]
-                    self.address, timeout=self.timeout_s, set_as_default=False)
+                    self.address, timeout=self.timeout_s, set_as_default=False,
+                    deserializers=["msgpack"])
             except OSError as exc:
                 raise UserError(f"{SCHEDULER_ENV}={self.address}: no Dask scheduler answers "
                                 f"({exc}); start one or unset {SCHEDULER_ENV}") from exc
@@ -117,9 +120,11 @@ class DaskFanout:
             spec.model_dump_json(), target.model_dump_json(), run_id, snapshot, snapshot_hash,
             sandbox.name, self.options, sandbox.require_limits, pure=False,
             key=f"choir-{run_id}")
-        remote = future.result()
-        if not isinstance(remote, RemoteRun):
-            raise IntegrityError(f"run {run_id}: the worker returned {type(remote).__name__}")
+        try:
+            remote = RemoteRun.model_validate(future.result(), strict=True)
+        except (TypeError, ValueError) as exc:
+            raise IntegrityError(f"run {run_id}: the worker's answer is not a run folder "
+                                 f"({str(exc)[:300]})") from None
         return land(remote, store=store, spec=spec, target=target)
 
     def close(self) -> None:
@@ -130,8 +135,10 @@ class DaskFanout:
             self._snapshots.clear()
 
 
-def _run_on_worker(*args: Any) -> Any:
-    """Imported on the worker by reference (cloudpickle pickles this module function by name)."""
+def _run_on_worker(*args: Any) -> dict[str, Any]:
+    """Imported on the worker by reference (cloudpickle pickles this module function by name).
+
+    Returns plain data (str, bytes, dict), which msgpack carries back."""
     from choir.distributed.worker import run_on_worker
 
-    return run_on_worker(*args)
+    return run_on_worker(*args).model_dump()

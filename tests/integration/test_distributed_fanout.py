@@ -147,3 +147,30 @@ async def test_choir_run_green_threads_fan_out_too(
     text = (repo / "choir.yaml").read_text()
     assert any(p.read_text() == text for local in cluster.worker_dirs
                for p in local.rglob("choir-tree-*/choir.yaml"))
+
+
+def test_a_worker_cannot_run_code_on_the_coordinator(
+        cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compromised worker returns a pickle whose loading would run code here; the
+    coordinator accepts plain data only (msgpack), so nothing runs and nothing is attested."""
+    import choir.distributed.fanout as fanout
+    from choir.models import Mood
+    from choir.verify import verify_tree
+
+    marker = tmp_path / "pwned"
+
+    def hostile_worker(*args: object) -> object:
+        class Payload:
+            def __reduce__(self) -> tuple[object, tuple[str, str]]:
+                return open, (str(marker), "w")  # unpickling creates the marker
+
+        return Payload()
+
+    monkeypatch.setattr(fanout, "_run_on_worker", hostile_worker)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "choir.yaml").write_text(CHOIR_YAML.format(verifiers=verifier("good", "exit 0")))
+    monkeypatch.setenv("CHOIR_SCHEDULER", cluster.address)
+    with pytest.raises(Exception):  # noqa: B017 - any refusal; what matters is below
+        verify_tree(repo, mood=Mood.SKEPTICAL, sandbox_name="bwrap")
+    assert not marker.exists()
