@@ -172,3 +172,15 @@ def test_a_bad_transfer_in_choir_yaml_names_the_line(tmp_path: Path) -> None:
     (tmp_path / "choir.yaml").write_text("sandbox: {backend: docker, transfer: copy}\n"
                                          + STEPS)
     assert load_repo_config(tmp_path).sandbox.transfer == "copy"
+
+
+def test_the_transfer_option_reaches_docker_only() -> None:
+    """``sandbox: {transfer: copy}`` with bwrap (or auto falling back to it) is not a crash."""
+    from choir.sandbox import get_sandbox
+
+    bwrap = get_sandbox("bwrap", transfer="copy", binds=())
+    assert bwrap.name == "bwrap"
+    assert get_sandbox("local", transfer="copy").name == "local"
+    docker = get_sandbox("docker", transfer="copy")
+    assert docker.transfer == "copy"  # type: ignore[attr-defined]
+    docker.close()
