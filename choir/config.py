@@ -41,6 +41,9 @@ class SandboxConfig(Frozen):
     # extra read-only folders a step may see; never one containing CHOIR_HOME, the artifact
     # store or $HOME (refused with a ConfigError)
     binds: tuple[str, ...] = ()
+    # docker only: bind mounts, or copy through the API (a remote engine); auto copies when
+    # DOCKER_HOST is tcp:// or ssh://
+    transfer: Literal["auto", "bind", "copy"] | None = None
 
 
 class MoodOverride(Frozen):

@@ -184,6 +184,7 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
                           container_image=described.get("image"),
                           image_digest=described.get("image_digest"),
                           sandbox=sandbox.name, isolation=sandbox.isolation,
+                          transfer=described.get("transfer"),  # type: ignore[arg-type]
                           limits_applied=AppliedLimits.weakest(applied)),
         infra_error=infra_error[:1000] if infra_error else None,
         files=files, bytes_logged=total,

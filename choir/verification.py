@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -62,6 +63,15 @@ class VerifierRun(Frozen):
     manifest_hash: str
 
 
+def sandbox_options(config: RepoConfig) -> dict[str, object]:
+    """The sandbox options ``choir.yaml`` sets; only those set: a plugin backend may take none."""
+    options: dict[str, object] = {}
+    for key in ("image", "python", "binds", "transfer"):
+        if getattr(config.sandbox, key):
+            options[key] = getattr(config.sandbox, key)
+    return options
+
+
 def open_sandbox(config: RepoConfig, policy: Policy, mood: Mood,
                  name: str | None = None) -> Sandbox:
     """The sandbox a repo's verifiers run in (``choir.yaml``'s backend and image, or ``name``).
@@ -73,11 +83,7 @@ def open_sandbox(config: RepoConfig, policy: Policy, mood: Mood,
     from choir.exceptions import UserError
     from choir.sandbox import resolve_sandbox
 
-    options: dict[str, object] = {}
-    for key in ("image", "python", "binds"):  # only those set: a plugin backend may take none
-        if getattr(config.sandbox, key):
-            options[key] = getattr(config.sandbox, key)
-    sandbox = resolve_sandbox(name or config.sandbox.backend, **options)
+    sandbox = resolve_sandbox(name or config.sandbox.backend, **sandbox_options(config))
     if sandbox.isolation == "none" and not policy.moods[mood].allow_unsafe_isolation:
         sandbox.close()
         raise UserError(
@@ -110,17 +116,21 @@ async def run_verifier_thread(
     replica: int = 0,
     diagnostic: bool = False,
     tests: tuple[str, ...] = (),
+    runner: Callable[..., PipelineResult] | None = None,
 ) -> tuple[VerifierRun, PipelineResult]:
     """Run ``spec`` in ``sandbox`` and turn its artifacts into a stored report.
 
     The sandbox call blocks, so it runs in a worker thread; verifiers run side by side.
+    ``runner`` replaces the local ``choir.pipeline.run_verifier`` (same signature): the
+    distributed fan-out (``choir.distributed``) runs the step on a worker and lands the
+    sealed run here; the report and attestation below are the same either way.
     """
     from choir.pipeline import run_verifier
     from choir.report import abuild_report
 
     result = await asyncio.get_running_loop().run_in_executor(
         _POOL,
-        functools.partial(run_verifier, spec, repo=repo, sandbox=sandbox, store=store,
+        functools.partial(runner or run_verifier, spec, repo=repo, sandbox=sandbox, store=store,
                           run_id=run_id, target=target),
     )
     failpoint("green:ran")

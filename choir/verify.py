@@ -275,7 +275,13 @@ async def averify_tree(
     from choir.artifacts import ArtifactStore
     from choir.attest import AttestationStore, load_signer
     from choir.director import plan as director_plan
-    from choir.verification import attest_run, load_manifest, open_sandbox, run_verifier_thread
+    from choir.verification import (
+        attest_run,
+        load_manifest,
+        open_sandbox,
+        run_verifier_thread,
+        sandbox_options,
+    )
 
     repo = repo.expanduser().resolve()
     config = load_repo_config(repo)
@@ -298,6 +304,9 @@ async def averify_tree(
                       "dropped": list(plan.dropped), "reason": plan.reason})
     sandbox = open_sandbox(config, policy, mood, sandbox_name)
     emit("progress", {"kind": "sandbox", "name": sandbox.name, "isolation": sandbox.isolation})
+    from choir.distributed import fanout_from_env
+
+    fanout = fanout_from_env(sandbox_options(config))  # CHOIR_SCHEDULER: verifiers on a cluster
     store, signer, attestations = ArtifactStore(), load_signer(), AttestationStore()
     session = new_run_id("verify")
     snapshots = snapshot_root() / session  # this invocation's own: removed when it ends
@@ -329,6 +338,7 @@ async def averify_tree(
                 reporter=config.models.reporter,
                 lens=planned.lens,
                 replica=planned.replica,
+                runner=fanout.run_verifier if fanout else None,
             )
         report = pair[0].report
         emit("progress", {**label, "state": "done", "result": report.result.value,
@@ -347,6 +357,8 @@ async def averify_tree(
             pairs += await asyncio.gather(*(one(pv) for pv in wider))
     finally:
         sandbox.close()
+        if fanout:
+            fanout.close()
         remove_snapshot(snapshots)
     runs = [run for run, _ in pairs]
     results = [result for _, result in pairs]

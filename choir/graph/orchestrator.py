@@ -71,7 +71,8 @@ def _crash_report(state: GreenIn, error: BaseException) -> VerifierRun:
 async def green_thread(state: GreenIn) -> GreenOut:
     """One verifier in its own sandbox; raw output stays in the artifact store."""
     from choir.artifacts import ArtifactStore
-    from choir.verification import open_sandbox, run_verifier_thread
+    from choir.distributed import fanout_from_env
+    from choir.verification import open_sandbox, run_verifier_thread, sandbox_options
 
     item = state["work_item"]
     planned = state["planned"]
@@ -84,6 +85,7 @@ async def green_thread(state: GreenIn) -> GreenOut:
         started = time.monotonic()
         try:
             sandbox = open_sandbox(config, policy, Mood(state["mood"]))
+            fanout = fanout_from_env(sandbox_options(config))  # CHOIR_SCHEDULER: on a cluster
             try:
                 run, _ = await run_verifier_thread(
                     lens_spec(config.verifiers[planned.name], planned),
@@ -91,9 +93,12 @@ async def green_thread(state: GreenIn) -> GreenOut:
                     target=state["target"], sandbox=sandbox, store=ArtifactStore(),
                     run_id=state["run_id"], reporter=config.models.reporter,
                     lens=planned.lens, replica=planned.replica,
-                    diagnostic=planned.diagnostic, tests=planned.tests)
+                    diagnostic=planned.diagnostic, tests=planned.tests,
+                    runner=fanout.run_verifier if fanout else None)
             finally:
                 sandbox.close()
+                if fanout:
+                    fanout.close()
         except Exception as exc:  # noqa: BLE001 - a crash is evidence of nothing
             run = _crash_report(state, exc)
     emit({**label, "state": "done", "result": run.report.result.value,

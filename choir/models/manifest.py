@@ -66,6 +66,9 @@ class Platform(Frozen):
     image_digest: str | None = None
     sandbox: str
     isolation: Literal["container", "namespace", "none"]
+    # docker: how the repo and output reached the engine (bind mounts, or copied through the
+    # API for a remote engine); absent for other backends and in older manifests
+    transfer: Literal["bind", "copy"] | None = Field(default=None, exclude_if=_absent)
     # what held for every step that ran (``AppliedLimits.weakest``); absent when none ran
     limits_applied: AppliedLimits | None = Field(default=None, exclude_if=_absent)
 

@@ -336,7 +336,18 @@ def get_sandbox(name: str, **options: object) -> Sandbox:
         raise UnknownNameError(
             f"unknown sandbox '{name}'; known: auto, {', '.join(sorted(_REGISTRY))}"
         )
-    return cls(**options)
+    return cls(**accepted(cls, options))
+
+
+def accepted(cls: type[Sandbox], options: Mapping[str, object]) -> dict[str, object]:
+    """The ``options`` ``cls`` takes: one backend's option (docker's ``transfer``) is not
+    passed to another (``auto`` falling back to bwrap, a worker resolving its own)."""
+    import inspect
+
+    params = inspect.signature(cls.__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(options)
+    return {key: value for key, value in options.items() if key in params}
 
 
 def resolve_auto(**options: object) -> Sandbox:
@@ -344,17 +355,17 @@ def resolve_auto(**options: object) -> Sandbox:
 
     docker_cls = _REGISTRY["docker"]
     if docker_cls.available():
-        sandbox = docker_cls(**options)
+        sandbox = docker_cls(**accepted(docker_cls, options))
         if getattr(sandbox, "has_image", lambda: True)():
             return sandbox
         sandbox.close()  # an engine without the image would make every run INCONCLUSIVE
     if _REGISTRY["bwrap"].available():
-        return _REGISTRY["bwrap"](**options)
+        return _REGISTRY["bwrap"](**accepted(_REGISTRY["bwrap"], options))
     warnings.warn(
         "no Docker engine and no bubblewrap: verifiers run UNSANDBOXED (isolation 'none' is "
         "recorded in every attestation)", RuntimeWarning, stacklevel=2,
     )
-    return _REGISTRY["local"](**options)
+    return _REGISTRY["local"](**accepted(_REGISTRY["local"], options))
 
 
 resolve_sandbox = get_sandbox

@@ -12,6 +12,18 @@ PID reuse) and the time after which no live owner can still need it (``choir.exp
 run deadline plus the log drain plus a grace). The first time a process uses the docker
 backend it removes Choir's containers whose owner is gone or that are past ``choir.expires``;
 it never touches unlabelled containers, nor containers of a live owner within their time.
+
+Remote engines (``transfer: copy``): an engine reached over ``tcp://`` or ``ssh://`` cannot
+see this machine's folders, so no bind carries the repo or the output. The sealed snapshot is
+copied once per sandbox into a volume (through a loader container that is created, never
+started) and mounted read-only at ``/repo`` by every step; ``$CHOIR_OUT`` is ``/choir/vol/out``
+in an anonymous volume, filled from the host folder before the start and copied back after
+the step ends through ``remote_copy`` (names, links, devices and size checked: see there).
+Containment is the same: no network, all caps dropped, no-new-privileges, uid 65534,
+read-only root, memory/pids/CPU limits, the ``fsize`` ulimit per file; the output's total is
+capped when it is copied back (the host never receives more than ``limits.out_mb``). Binds are
+kept only for an image that borrows the engine host's ``/usr`` (the toolchain). The mode is
+recorded in the manifest (``platform.transfer``).
 """
 
 from __future__ import annotations
@@ -20,10 +32,10 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from choir.exceptions import MissingExtraError
+from choir.exceptions import ConfigError, MissingExtraError
 from choir.models import AppliedLimits, Limits
 from choir.sandbox import _toolchain
 from choir.sandbox.base import (
@@ -46,6 +58,11 @@ EXPIRES = "choir.expires"
 GRACE_S = 120.0
 OUT = "/choir/out"
 NOBODY = 65534
+REPO = "/repo"
+COPY_ROOT = "/choir/vol"  # copy mode: a volume whose root stays root's; $CHOIR_OUT inside it
+COPY_OUT = f"{COPY_ROOT}/out"
+REPO_VOLUME_TTL_S = 6 * 3600.0  # a cached repo volume's expiry label (removed by close())
+TRANSFERS = ("auto", "bind", "copy")
 
 _SWEEP_LOCK = threading.Lock()
 _SWEPT_IN: int | None = None  # the PID that swept already: once per process, again after fork
@@ -79,12 +96,18 @@ class DockerSandbox(Sandbox):
     isolation = "container"
 
     def __init__(self, image: str | None = None, host_usr: bool | None = None,
-                 python: str | None = None, binds: tuple[str, ...] = ()) -> None:
+                 python: str | None = None, binds: tuple[str, ...] = (),
+                 transfer: str | None = None) -> None:
         """``python``/``binds`` (``choir.yaml``) matter only for an image borrowing host /usr.
 
+        ``transfer``: ``bind`` (bind mounts, a local engine), ``copy`` (through the API, for a
+        remote engine) or ``auto`` (copy when ``DOCKER_HOST`` is ``tcp://`` or ``ssh://``).
+
         Raises:
-            ConfigError: a bind would expose CHOIR_HOME, the artifact store or $HOME.
+            ConfigError: a bind would expose CHOIR_HOME, the artifact store or $HOME, or the
+                transfer is unknown.
         """
+        self.transfer = resolve_transfer(transfer)
         self.image = image or os.environ.get("CHOIR_DOCKER_IMAGE") or DEFAULT_IMAGE
         self._python = python
         self._binds = tuple(_toolchain.check_bind(b, origin="choir.yaml sandbox.binds")
@@ -92,6 +115,8 @@ class DockerSandbox(Sandbox):
         # the locally built test image carries no toolchain: it borrows the host's /usr
         self.host_usr = host_usr if host_usr is not None else self.image == DEFAULT_IMAGE
         self._client: Any = None
+        self._repo_volumes: dict[str, str] = {}  # snapshot fingerprint -> volume (copy mode)
+        self._load_lock = threading.Lock()
 
     @classmethod
     def available(cls) -> bool:
@@ -135,14 +160,19 @@ class DockerSandbox(Sandbox):
         try:
             image = self.client().images.get(self.image)
         except Exception:
-            return {"image": self.image, "image_digest": None}
+            return {"image": self.image, "image_digest": None, "transfer": self.transfer}
         digests = image.attrs.get("RepoDigests") or []
-        return {"image": self.image, "image_digest": digests[0] if digests else image.id}
+        return {"image": self.image, "image_digest": digests[0] if digests else image.id,
+                "transfer": self.transfer}
 
-    def _volumes(self, repo: Path, out_dir: Path,
-                 repo_writable: bool = False) -> dict[str, dict[str, str]]:
-        volumes = {str(repo): {"bind": "/repo", "mode": "rw" if repo_writable else "ro"},
-                   str(out_dir): {"bind": OUT, "mode": "rw"}}
+    def _volumes(self, repo: Path, out_dir: Path, repo_writable: bool = False,
+                 repo_volume: str | None = None) -> dict[str, dict[str, str]]:
+        volumes: dict[str, dict[str, str]] = {}
+        if repo_volume:  # copy mode: a volume on the engine, never a bind of this machine's
+            volumes[repo_volume] = {"bind": REPO, "mode": "ro"}
+        else:
+            volumes[str(repo)] = {"bind": REPO, "mode": "rw" if repo_writable else "ro"}
+            volumes[str(out_dir)] = {"bind": OUT, "mode": "rw"}
         if self.host_usr:
             # the project's interpreter, never Choir's own venv (#16.7), never $HOME (#10.1)
             tools = _toolchain.choose(repo, self._python, self._binds)
@@ -152,7 +182,7 @@ class DockerSandbox(Sandbox):
         return volumes
 
     def _environment(self, repo: Path, env: Mapping[str, str]) -> dict[str, str]:
-        variables = step_env(OUT, env)
+        variables = step_env(COPY_OUT if self.transfer == "copy" else OUT, env)
         for var in ("PYENV_ROOT", "PYENV_VERSION", "CONDA_PREFIX", "VIRTUAL_ENV"):
             variables.pop(var, None)  # the host's toolchain is not in the container
         if self.host_usr and "PATH" not in env:
@@ -168,31 +198,48 @@ class DockerSandbox(Sandbox):
     def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
              timeout_s: float, limits: Limits, network: bool, sink: Sink,
              repo_writable: bool = False) -> ExecResult:
+        copy = self.transfer == "copy"
+        if copy and repo_writable:
+            return ExecResult(-1, 0, infra_error="the docker sandbox's copy transfer (remote "
+                              "engine) brings no change to the repo back: an executor needs "
+                              "sandbox.transfer: bind and a local engine")
         try:  # the container user must be able to write; links a step left are not followed
-            prepare_out(out_dir, owner=(NOBODY, NOBODY))
+            prepare_out(out_dir, owner=None if copy else (NOBODY, NOBODY))
         except OSError as exc:
             return ExecResult(-1, 0, infra_error=f"could not prepare the output folder: {exc}")
         watch = OutWatch(out_dir, limits.out_mb)
         start = time.monotonic()
+        labels = run_labels(time.time(), timeout_s)
+        repo_volume: str | None = None
+        client: Any = None
+        container: Any = None
         try:
-            from docker.types import Ulimit
+            from docker.types import Mount, Ulimit
 
             client = self.client()
+            if copy:
+                repo_volume = self._repo_volume(client, repo.resolve())
             container = client.containers.create(
                 self.image, ["/bin/sh", "-c", command],
-                working_dir="/repo", environment=self._environment(repo.resolve(), env),
-                volumes=self._volumes(repo.resolve(), out_dir.resolve(), repo_writable),
+                working_dir=REPO, environment=self._environment(repo.resolve(), env),
+                volumes=self._volumes(repo.resolve(), out_dir.resolve(), repo_writable,
+                                      repo_volume),
+                # copy mode: an anonymous volume, removed with the container
+                mounts=[Mount(COPY_ROOT, None, type="volume")] if copy else None,
                 network_disabled=not network, read_only=True,
                 tmpfs={"/tmp": "rw,nosuid,size=256m"},
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], user=f"{NOBODY}:{NOBODY}",
                 mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
                 pids_limit=limits.pids, nano_cpus=int(limits.cpus * 1e9),
-                labels=run_labels(time.time(), timeout_s), detach=True,
+                labels=labels, detach=True,
                 ulimits=[Ulimit(name="fsize", soft=watch.cap, hard=watch.cap)],
             )
+            if copy:  # into the volume (the root is read-only); the step user owns out/
+                _put_tree(container, out_dir, COPY_OUT, uid=NOBODY, writable=True)
         except MissingExtraError:
             raise
         except Exception as exc:
+            _remove_quietly(client, container)
             return ExecResult(-1, int((time.monotonic() - start) * 1000),
                               infra_error=f"docker could not create a container: {exc}")
         total = 0
@@ -203,7 +250,8 @@ class DockerSandbox(Sandbox):
                                   infra_error="the docker engine dropped the memory/pids "
                                   "limits and the mood requires limits")
             container.start()
-            watch.start(lambda: _kill_quietly(container))
+            if not copy:  # in copy mode the output is capped when it comes back
+                watch.start(lambda: _kill_quietly(container))
             stream = container.logs(stream=True, follow=True, stdout=True, stderr=True)
 
             def pump() -> None:
@@ -230,6 +278,8 @@ class DockerSandbox(Sandbox):
             if code == 137 and not timed_out:  # SIGKILL: ask the engine whether it was OOM
                 container.reload()
                 oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
+            if copy:
+                watch.exceeded = _take_out(container, out_dir, watch.cap, sink)
             result = ExecResult(code, int((time.monotonic() - start) * 1000),
                                 timed_out=timed_out, oom_killed=oom, output_bytes=total,
                                 limits_applied=applied,
@@ -241,15 +291,123 @@ class DockerSandbox(Sandbox):
                               infra_error=f"docker failed: {exc}")
         finally:
             watch.stop()
+            _remove_quietly(client, container)
+
+    def _repo_volume(self, client: Any, repo: Path) -> str:
+        """A volume holding ``repo`` (the sealed snapshot), made once per snapshot and reused
+        by every step and verifier of this sandbox until ``close``.
+
+        Keyed by a fingerprint of the tree (every path's type, mode, size, mtime and inode),
+        so a tree changed in place gets a new volume. Filled through a loader container that
+        is created and never started (the API refuses to extract into a read-only mount); the
+        steps mount it read-only, and its files are root's with no write bits, so uid 65534
+        could not change them through any mount.
+        """
+        key = _fingerprint(repo)
+        with self._load_lock:
+            name = self._repo_volumes.get(key)
+            if name is not None:
+                try:
+                    client.volumes.get(name)
+                    return name
+                except Exception:  # noqa: BLE001 - removed meanwhile: load it again
+                    del self._repo_volumes[key]
+            labels = run_labels(time.time(), REPO_VOLUME_TTL_S)
+            name = str(client.volumes.create(labels=labels).name)
+            loader: Any = None
             try:
-                container.remove(force=True)
-            except Exception:
-                pass
+                loader = client.containers.create(
+                    self.image, ["/bin/true"], network_disabled=True, labels=labels,
+                    volumes={name: {"bind": REPO, "mode": "rw"}})
+                _put_tree(loader, repo, REPO, uid=0, writable=False)
+            except BaseException:
+                _remove_quietly(client, loader, name)
+                raise
+            _remove_quietly(client, loader)
+            self._repo_volumes[key] = name
+            return name
 
     def close(self) -> None:
+        if self._client is not None and self._repo_volumes:
+            _remove_quietly(self._client, None, *self._repo_volumes.values())
+        self._repo_volumes.clear()
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def resolve_transfer(transfer: str | None) -> str:
+    """``bind`` or ``copy``: ``auto`` (the default) copies when the engine is remote.
+
+    Raises:
+        ConfigError: an unknown transfer.
+    """
+    transfer = transfer or os.environ.get("CHOIR_DOCKER_TRANSFER") or "auto"
+    if transfer not in TRANSFERS:
+        raise ConfigError(f"unknown docker transfer '{transfer}'",
+                          hint=f"sandbox.transfer must be one of: {', '.join(TRANSFERS)}")
+    if transfer == "auto":
+        host = os.environ.get("DOCKER_HOST") or ""
+        return "copy" if host.startswith(("tcp://", "ssh://", "http://", "https://")) else "bind"
+    return transfer
+
+
+def _put_tree(container: Any, root: Path, dest: str, *, uid: int, writable: bool) -> None:
+    """Copy ``root`` to ``dest`` in ``container`` through the API, streamed from a temp file."""
+    import tempfile
+
+    from choir.sandbox.remote_copy import pack_tree
+
+    parent = PurePosixPath(dest)
+    with tempfile.TemporaryFile() as fh:
+        pack_tree(root, fh, uid=uid, gid=uid, writable=writable, name=parent.name)
+        fh.seek(0)
+        if not container.put_archive(str(parent.parent), fh):
+            raise RuntimeError(f"the engine refused the copy into {dest}")
+
+
+def _take_out(container: Any, out_dir: Path, cap: int, sink: Sink) -> bool:
+    """Replace ``out_dir``'s contents with the container's ``$CHOIR_OUT``; True when the
+    copy stopped at ``cap`` bytes. What was refused (links, devices, bad names) is noted
+    in the step log, never written."""
+    from choir.sandbox.remote_copy import clear_folder, unpack_out
+
+    chunks, _ = container.get_archive(COPY_OUT)
+    clear_folder(out_dir)
+    done = unpack_out(chunks, out_dir, prefix=PurePosixPath(COPY_OUT).name, cap=cap)
+    for what in done.refused[:20]:
+        sink(f"\n[choir] not copied from the container: {what}\n".encode())
+    if len(done.refused) > 20:
+        sink(f"[choir] ... and {len(done.refused) - 20} more not copied\n".encode())
+    return done.exceeded
+
+
+def _fingerprint(root: Path) -> str:
+    """A hash of every path under ``root`` with its type, mode, size, mtime and inode."""
+    from choir._canonical import blake3_hex
+
+    rows: list[str] = [str(root)]
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(dirnames + filenames):
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            rows.append(f"{path}\0{st.st_mode}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}")
+    return blake3_hex("\n".join(rows).encode())
+
+
+def _remove_quietly(client: Any, container: Any, *volumes: str) -> None:
+    """Remove a container with its anonymous volumes, then named volumes; never raise."""
+    if container is not None:
+        try:
+            container.remove(force=True, v=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+    for volume in volumes if client is not None else ():
+        try:
+            client.volumes.get(volume).remove(force=True)
+        except Exception:  # noqa: BLE001 - already gone; the sweep takes what is left
+            pass
 
 
 def engine_limits(host_config: Mapping[str, Any], limits: Limits) -> AppliedLimits:
@@ -338,9 +496,16 @@ def cleanup_leftovers(client: Any | None = None) -> int:
         for container in client.containers.list(all=True, filters={"label": f"{LABEL}=1"}):
             if is_leftover(container.labels, now=now, host=host):
                 try:
-                    container.remove(force=True)
+                    container.remove(force=True, v=True)
                     removed += 1
                 except Exception:  # noqa: BLE001 - removed by someone else meanwhile
+                    pass
+        # copy mode's repo volumes (a volume still in use is refused by the engine: kept)
+        for volume in client.volumes.list(filters={"label": f"{LABEL}=1"}):
+            if is_leftover(volume.attrs.get("Labels") or {}, now=now, host=host):
+                try:
+                    volume.remove(force=True)
+                except Exception:  # noqa: BLE001 - in use or removed meanwhile
                     pass
         return removed
     finally:

@@ -1,0 +1,90 @@
+"""What a worker sends back for one verifier run, and how the coordinator lands it.
+
+The worker is trusted to run the step, not to tell the truth about bytes in transit: every
+file is hashed again on arrival and must match the manifest the worker sealed, the manifest
+must name this verifier, tree and run, and nothing may arrive that the manifest does not list.
+Anything else is an ``IntegrityError``: no report, no attestation (fail-closed).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
+
+from pydantic import Field
+
+from choir._canonical import blake3_hex as hash_bytes
+from choir.exceptions import IntegrityError
+from choir.models import RunManifest, Target, VerifierSpec
+from choir.models._base import Frozen
+
+if TYPE_CHECKING:
+    from choir.artifacts import ArtifactStore
+    from choir.pipeline import PipelineResult
+
+
+class RemoteRun(Frozen):
+    """A sealed run folder in transit: the manifest as the worker wrote it, and its files."""
+
+    run_id: str
+    manifest_json: bytes
+    manifest_hash: str
+    files: dict[str, bytes] = Field(default_factory=dict)
+    worker: str = ""
+
+
+def _clean(rel: str) -> PurePosixPath:
+    path = PurePosixPath(rel)
+    if path.is_absolute() or ".." in path.parts or not path.parts or rel == "manifest.json":
+        raise IntegrityError(f"a returned run holds a file named {rel!r}")
+    return path
+
+
+def land(remote: RemoteRun, *, store: ArtifactStore, spec: VerifierSpec,
+         target: Target) -> PipelineResult:
+    """Store ``remote`` under its run id, re-hash everything, and return the stored result.
+
+    Raises:
+        IntegrityError: a byte, a name or the manifest does not match (see module docstring).
+    """
+    from choir.pipeline import _stored_result
+
+    try:
+        manifest = RunManifest.model_validate_json(remote.manifest_json)
+    except ValueError as exc:
+        raise IntegrityError(f"run {remote.run_id}: the returned manifest does not parse: "
+                             f"{exc}") from None
+    if hash_bytes(remote.manifest_json) != remote.manifest_hash:
+        raise IntegrityError(f"run {remote.run_id}: the returned manifest does not hash to "
+                             f"{remote.manifest_hash}")
+    if (manifest.run_id, manifest.verifier, manifest.tree_hash) != (
+            remote.run_id, spec.name, target.tree_hash):
+        raise IntegrityError(f"run {remote.run_id}: the worker returned a manifest of "
+                             f"{manifest.run_id} ({manifest.verifier} on "
+                             f"{manifest.tree_hash[:12]})")
+    if set(remote.files) != set(manifest.files):
+        raise IntegrityError(f"run {remote.run_id}: the returned files are not those the "
+                             "manifest lists")
+    for rel, data in remote.files.items():
+        _clean(rel)
+        if hash_bytes(data) != manifest.files[rel]:
+            raise IntegrityError(f"run {remote.run_id}: {rel} does not hash to "
+                                 f"{manifest.files[rel]} where it landed")
+    sealed = store.sealed(remote.run_id)
+    if sealed is not None:
+        if sealed[1] != remote.manifest_hash:
+            raise IntegrityError(f"run id {remote.run_id} already names another run")
+        return _stored_result(store, remote.run_id, *sealed)
+    store.set_aside(remote.run_id)
+    base = store.run_dir(remote.run_id)
+    base.mkdir(parents=True)
+    for rel, data in remote.files.items():
+        path = base / Path(*_clean(rel).parts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    if store.seal_run(remote.run_id) != dict(manifest.files):  # hashed again, as stored
+        raise IntegrityError(f"run {remote.run_id}: the stored files differ from the manifest")
+    manifest_hash = store.write_manifest(remote.run_id, manifest)
+    if manifest_hash != remote.manifest_hash:
+        raise IntegrityError(f"run {remote.run_id}: the manifest is not canonical")
+    return _stored_result(store, remote.run_id, manifest, manifest_hash)
