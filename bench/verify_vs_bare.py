@@ -14,10 +14,14 @@ with ``unit: {uses: pytest}``), then runs, interleaved, one of each per round:
 - ``choir-base``: the same with ``--base-src`` (an older checkout's source) first on
   ``PYTHONPATH``, to measure a change before and after in one run.
 
-Prints wall and CPU seconds (user+sys of the whole process tree) of every run, the medians
-and the median ratios to ``bare``. ``--project toolz`` uses toolz 1.2.0's sdist from the pip
-cache (``pip download`` works offline from it); ``generated`` writes ``--tests`` tests of
-about ``--work-ms`` of pure-Python work each, for a longer suite. Nothing is left behind.
+Prints wall and CPU seconds (user+sys of the reaped process tree) of every run, the medians
+and the median ratios to ``bare``. For the ``choir`` rows the CPU is Choir's own (its
+process, git, the launcher): the sandboxed pytest is reaped inside bwrap's pid namespace and
+is not counted, so ``cpu`` there is the fixed overhead in CPU seconds, which a loaded machine
+does not stretch the way it stretches wall time. ``--project toolz`` uses toolz 1.2.0's
+sdist from the pip cache (``pip download`` works offline from it); ``generated`` writes
+``--tests`` tests of about ``--work-ms`` of pure-Python work each, for a longer suite.
+Nothing is left behind.
 """
 
 from __future__ import annotations
