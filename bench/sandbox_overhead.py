@@ -8,6 +8,8 @@ Median wall time from Python, end to end (``Sandbox.exec`` returns), of each com
 - ``local``: the unsafe backend (same process tree, Choir's environment);
 - ``bwrap-ns``: bwrap's namespaces only, no cgroup limits (what a non-root user gets);
 - ``bwrap``: the default policy (``Limits()``: pids and memory cgroups on), as verifiers run;
+- ``bwrap-run``: as ``bwrap``, but the base interpreter bound by a ``mount`` on each run's
+  path rather than when the launcher is armed (the cost before that change);
 - ``docker``: a fresh container per run, when an engine answers.
 
 Samples are interleaved (one of each configuration per round), so the machine's drift hits
@@ -59,11 +61,30 @@ def namespaces_only(command: str, repo: Path, out: Path) -> Callable[[], None]:
     return once
 
 
+def unstaged(run: Callable[[], None]) -> Callable[[], None]:
+    """``run`` as before the interpreter was staged when the launcher is armed: it is bound
+    by a ``mount`` on each run's path instead (the launcher's own binding goes unused)."""
+    from choir.sandbox import bwrap
+
+    def once() -> None:
+        saved = bwrap.prestaged_python
+        bwrap.prestaged_python = lambda: None  # type: ignore[assignment]
+        try:
+            run()
+        finally:
+            bwrap.prestaged_python = saved  # type: ignore[assignment]
+
+    return once
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--gap-ms", type=float, default=0.0,
                         help="idle time between rounds (verifier steps are rarely back-to-back)")
+    parser.add_argument("--no-docker", action="store_true", help="skip the docker rows")
+    parser.add_argument("--no-bwrap-run", action="store_true",
+                        help="skip the bwrap-run row (the interpreter mounted per run)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp())
     repo, out = tmp / "repo", tmp / "out"
@@ -72,7 +93,7 @@ def main() -> None:
     from choir.sandbox.docker import DockerSandbox
 
     sandboxes = {"local": get_sandbox("local"), "bwrap": get_sandbox("bwrap")}
-    if DockerSandbox.available():
+    if not args.no_docker and DockerSandbox.available():
         sandboxes["docker"] = get_sandbox("docker")
     real = os.path.realpath(sys.executable)
     commands = ["true", "python3 -c pass", f"{real} -c pass"]
@@ -86,6 +107,8 @@ def main() -> None:
         for name in ("bwrap", "docker"):
             if name in sandboxes:
                 configs[name] = sandbox_run(sandboxes[name], command, repo, out)
+        if "bwrap" in sandboxes and not args.no_bwrap_run:
+            configs["bwrap-run"] = unstaged(configs["bwrap"])
         samples: dict[str, list[float]] = {name: [] for name in configs}
         for fn in configs.values():
             fn()  # warm-up

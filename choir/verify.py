@@ -275,45 +275,51 @@ async def averify_tree(
     from choir.artifacts import ArtifactStore
     from choir.attest import AttestationStore, load_signer
     from choir.director import plan as director_plan
-    from choir.verification import (
-        attest_run,
-        load_manifest,
-        open_sandbox,
-        run_verifier_thread,
-        sandbox_options,
-    )
+    from choir.distributed import fanout_from_env
+    from choir.verification import open_sandbox, run_verifier_thread, sandbox_options
 
     repo = repo.expanduser().resolve()
-    config = load_repo_config(repo)
-    policy = load_policy(config)
-    mood = mood or Mood.CALM
-    plan = director_plan(policy, mood, config.verifiers)
-    if config.models.director:
-        from choir.director_model import suggest
-
-        advice = await suggest(
-            config.models.director, WorkItem(id="verify", goal="verify the tree as it is",
-                                             repo=str(repo)),
-            mood=mood, attempt=1, planned=[p.name for p in plan.verifiers if p.replica == 0],
-            specs=config.verifiers, last=[])
-        plan = director_plan(policy, mood, config.verifiers, suggestion=advice.names,
-                             reason=advice.reason)
-    emit = on_event or _quiet
-    emit("progress", {"kind": "plan", "mood": mood.value, "round_kind": "verify",
-                      "verifiers": [f"{p.name}#{p.replica}" for p in plan.verifiers],
-                      "dropped": list(plan.dropped), "reason": plan.reason})
-    sandbox = open_sandbox(config, policy, mood, sandbox_name)
-    emit("progress", {"kind": "sandbox", "name": sandbox.name, "isolation": sandbox.isolation})
-    from choir.distributed import fanout_from_env
-
-    fanout = fanout_from_env(sandbox_options(config))  # CHOIR_SCHEDULER: verifiers on a cluster
-    store, signer, attestations = ArtifactStore(), load_signer(), AttestationStore()
+    loop = asyncio.get_running_loop()
     session = new_run_id("verify")
     snapshots = snapshot_root() / session  # this invocation's own: removed when it ends
+    # The snapshot (git, hashing, copying: mostly waiting on git and the disk) is taken while
+    # the configuration is parsed and the plan made; nothing runs on it before both are done,
+    # and a configuration error still wins (the snapshot is then removed).
+    taking = loop.run_in_executor(None, snapshot_target, repo, snapshots)
+    sandbox = fanout = None
     try:
-        target, verified = snapshot_target(repo, snapshots)
+        config = load_repo_config(repo)
+        policy = load_policy(config)
+        mood = mood or Mood.CALM
+        plan = director_plan(policy, mood, config.verifiers)
+        if config.models.director:
+            from choir.director_model import suggest
+
+            advice = await suggest(
+                config.models.director, WorkItem(id="verify", goal="verify the tree as it is",
+                                                 repo=str(repo)),
+                mood=mood, attempt=1,
+                planned=[p.name for p in plan.verifiers if p.replica == 0],
+                specs=config.verifiers, last=[])
+            plan = director_plan(policy, mood, config.verifiers, suggestion=advice.names,
+                                 reason=advice.reason)
+        emit = on_event or _quiet
+        emit("progress", {"kind": "plan", "mood": mood.value, "round_kind": "verify",
+                          "verifiers": [f"{p.name}#{p.replica}" for p in plan.verifiers],
+                          "dropped": list(plan.dropped), "reason": plan.reason})
+        sandbox = open_sandbox(config, policy, mood, sandbox_name)
+        emit("progress", {"kind": "sandbox", "name": sandbox.name,
+                          "isolation": sandbox.isolation})
+        # CHOIR_SCHEDULER: the verifiers run on a cluster's workers
+        fanout = fanout_from_env(sandbox_options(config))
+        store, signer, attestations = ArtifactStore(), load_signer(), AttestationStore()
+        target, verified = await taking
     except BaseException:
-        sandbox.close()
+        if sandbox is not None:
+            sandbox.close()
+        if fanout is not None:
+            fanout.close()
+        await asyncio.wait([taking])  # never remove a snapshot still being written
         remove_snapshot(snapshots)
         raise
     semaphore = asyncio.Semaphore(policy.max_parallel)
@@ -355,11 +361,30 @@ async def averify_tree(
                      if n not in {pv.name for pv in planned}]
             planned += wider
             pairs += await asyncio.gather(*(one(pv) for pv in wider))
-    finally:
+    except BaseException:
         sandbox.close()
         if fanout:
             fanout.close()
         remove_snapshot(snapshots)
+        raise
+    sandbox.close()
+    if fanout:
+        fanout.close()
+    # removed beside the attestations (a few hundred unlinks), and awaited before returning
+    removing = loop.run_in_executor(None, remove_snapshot, snapshots)
+    try:
+        return _conclude(repo, session, mood, plan, planned, pairs, config, policy, sandbox,
+                         target, store, signer, attestations, started)
+    finally:
+        await removing
+
+
+def _conclude(repo: Path, session: str, mood: Mood, plan: Any, planned: list[PlannedVerifier],
+              pairs: list[Any], config: Any, policy: Any, sandbox: Any, target: Target,
+              store: Any, signer: Any, attestations: Any, started: float) -> VerifyOutcome:
+    """Attest every run, write the session folder and assemble the contract."""
+    from choir.verification import attest_run, load_manifest
+
     runs = [run for run, _ in pairs]
     results = [result for _, result in pairs]
     atts = [

@@ -59,4 +59,12 @@ def main(argv: list[str] | None = None) -> Any:
     """Entry point: user and configuration errors exit 2 with the message, never a traceback."""
     from choir.cli._errors import run_cli
 
+    if argv is None:  # the process entry point: the process ends when the command does
+        import atexit
+        import gc
+
+        # the interpreter's last garbage collection walks every object left (the imported
+        # models and schemas): 80-450 ms after a `choir verify`, measured. Frozen objects are
+        # skipped; the operating system frees the memory, and atexit handlers still run.
+        atexit.register(gc.freeze)
     return run_cli(cli, argv if argv is not None else sys.argv[1:])

@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import atexit
 import collections
+import functools
 import os
 import queue
 import secrets
 import select
 import shlex
 import signal
+import stat
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -45,8 +48,49 @@ _JOIN_TIMEOUT_S = 10.0
 _ARM_WAIT_S = 0.25  # how long a run waits for a pair being re-armed before making its own
 STAGE = "/run/choir-stage"  # an empty mount point; filled only inside private mount namespaces
 STAGE_SLOTS = 16  # mount points made with the tmpfs, off the run's path (one exec fewer each)
-STAGE_MOUNT = (f"mount -t tmpfs -o mode=0755,size=64k choir-stage {STAGE} && mkdir "
-               + " ".join(f"{STAGE}/{n}" for n in range(STAGE_SLOTS)))
+STAGE_PYTHON = f"{STAGE}/python"  # where the launcher binds the base interpreter when armed
+
+
+def reachable(path: str) -> bool:
+    """True when an unprivileged user can reach ``path`` (every ancestor has o+x)."""
+    parent = os.path.dirname(path)
+    while parent and parent != "/":
+        try:
+            if not os.stat(parent).st_mode & stat.S_IXOTH:
+                return False
+        except OSError:
+            return False
+        parent = os.path.dirname(parent)
+    return True
+
+
+@functools.cache
+def prestaged_python() -> str | None:
+    """The base installation Choir's Python came from, when a step run as ``nobody`` cannot
+    reach it (pyenv under a 0700 /root): the launcher binds it at STAGE_PYTHON as it is
+    armed, so a run that uses it (nearly every run) pays no ``mount`` on its path.
+
+    Only the mount point moves off the path: a step still sees it only when its toolchain
+    chose it (``_toolchain.choose`` checks it like any bind), and only read-only.
+    """
+    if os.geteuid() != 0:
+        return None
+    real = os.path.realpath(sys.base_prefix)
+    if real == "/usr" or real.startswith(("/usr/", "/etc/")) or reachable(real):
+        return None
+    return real if os.path.isdir(real) else None
+
+
+def stage_mount() -> str:
+    """Shell text that fills STAGE in a fresh private mount namespace: a small tmpfs, the
+    spare mount points, and the base interpreter (``prestaged_python``) bound read-only."""
+    text = (f"mount -t tmpfs -o mode=0755,size=64k choir-stage {STAGE} && mkdir "
+            + " ".join(f"{STAGE}/{n}" for n in range(STAGE_SLOTS)))
+    python = prestaged_python()
+    if python is not None:
+        text += (f" && mkdir {STAGE_PYTHON} && mount --bind {shlex.quote(python)} "
+                 f"{STAGE_PYTHON}")
+    return text
 
 
 @dataclass
@@ -88,7 +132,7 @@ def _launch(slot: _Slot) -> subprocess.Popen[bytes]:
         # unprivileged bwrap must see but cannot reach (bwrap.BwrapSandbox.command)
         os.makedirs(STAGE, mode=0o755, exist_ok=True)
         shell = ["unshare", "--mount", "--propagation", "private", *shell]
-        stage = f" && {STAGE_MOUNT}"
+        stage = f" && {stage_mount()}"
     proc = subprocess.Popen(
         shell, env={"PATH": "/usr/bin:/bin"}, stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,

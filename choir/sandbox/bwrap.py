@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import stat
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -23,7 +22,15 @@ from typing import ClassVar
 from choir.exceptions import ConfigError
 from choir.models import AppliedLimits, Limits
 from choir.sandbox import _toolchain
-from choir.sandbox._cgroups import STAGE, STAGE_MOUNT, STAGE_SLOTS, CgroupLimits
+from choir.sandbox._cgroups import (
+    STAGE,
+    STAGE_PYTHON,
+    STAGE_SLOTS,
+    CgroupLimits,
+    prestaged_python,
+    reachable,
+    stage_mount,
+)
 from choir.sandbox.base import (
     ExecResult,
     OutWatch,
@@ -41,15 +48,7 @@ NOBODY = 65534
 
 def _traversable(path: str) -> bool:
     """True when an unprivileged user can reach ``path`` (every ancestor has o+x)."""
-    parent = os.path.dirname(path)
-    while parent and parent != "/":
-        try:
-            if not os.stat(parent).st_mode & stat.S_IXOTH:
-                return False
-        except OSError:
-            return False
-        parent = os.path.dirname(parent)
-    return True
+    return reachable(path)
 
 
 def _drops_privilege() -> bool:
@@ -110,19 +109,20 @@ class BwrapSandbox(Sandbox):
     def argv(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
              network: bool, staged: Mapping[str, str] | None = None,
              repo_writable: bool = False, readable: Sequence[Path] = (),
-             hidden: Sequence[Path] = (), read_only: Sequence[Path] = ()) -> list[str]:
+             hidden: Sequence[Path] = (), read_only: Sequence[Path] = (),
+             tools: _toolchain.Toolchain | None = None) -> list[str]:
         """The bwrap command line; ``staged`` maps a host path to where the launcher bound it
         (a path an unprivileged bwrap can reach), for sources behind a 0700 folder.
         ``repo_writable``, ``readable``, ``read_only`` and ``hidden`` serve executors
         (choir.executors): the repo read-write, extra read-only binds, folders inside the repo
         kept read-only (the verifiers' interpreter), then paths masked (an empty tmpfs, or
-        /dev/null for a file).
+        /dev/null for a file). ``tools``: the toolchain when the caller chose it already.
 
         Raises:
             ConfigError: the chosen interpreter or a bind would expose a secret.
         """
         staged = staged or {}
-        tools = _toolchain.choose(repo, self._python, self._binds)
+        tools = tools or _toolchain.choose(repo, self._python, self._binds)
         args = [self._bwrap, "--ro-bind", "/usr", "/usr"]
         for name in ("bin", "lib", "lib64", "sbin"):
             path = Path("/") / name
@@ -160,9 +160,8 @@ class BwrapSandbox(Sandbox):
         args += ["--chdir", str(repo), "/bin/sh", "-c", command]
         return args
 
-    def _staging(self, repo: Path, out_dir: Path) -> list[str]:
+    def _staging(self, tools: _toolchain.Toolchain, repo: Path, out_dir: Path) -> list[str]:
         """Host paths an unprivileged bwrap could not reach: bound under STAGE first."""
-        tools = _toolchain.choose(repo, self._python, self._binds)
         return [p for p in (*tools.binds, str(repo), str(out_dir)) if not _traversable(p)]
 
     def command(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
@@ -184,16 +183,22 @@ class BwrapSandbox(Sandbox):
             return "", self.argv(command, repo=repo, out_dir=out_dir, env=env,
                                  network=network, repo_writable=repo_writable,
                                  readable=readable, hidden=hidden, read_only=read_only)
+        tools = _toolchain.choose(repo, self._python, self._binds)  # once per step
         staged: dict[str, str] = {}
         setup = []
-        for number, path in enumerate(self._staging(repo, out_dir)):
+        todo = self._staging(tools, repo, out_dir)
+        python = prestaged_python()
+        if python in todo:  # bound by the launcher when it was armed, off this path
+            staged[python] = STAGE_PYTHON
+            todo.remove(python)
+        for number, path in enumerate(todo):
             target = f"{STAGE}/{number}"
             staged[path] = target
             make = f"mkdir {target} && " if number >= STAGE_SLOTS else ""
             setup.append(f"{make}mount --bind {shlex.quote(path)} {target} && ")
         argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
                 *self.argv(command, repo=repo, out_dir=out_dir, env=env, network=network,
-                           staged=staged)]
+                           staged=staged, tools=tools)]
         return "".join(setup), argv
 
     def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
@@ -226,7 +231,7 @@ class BwrapSandbox(Sandbox):
                 if drops:
                     os.makedirs(STAGE, mode=0o755, exist_ok=True)
                     shell = ["unshare", "--mount", "--propagation", "private", *shell]
-                    setup = f"{STAGE_MOUNT} && {setup}"
+                    setup = f"{stage_mount()} && {setup}"
                 result = run_process([*shell, f"{setup}exec {shlex.join(argv)}"],
                                      env={"PATH": "/usr/bin:/bin"}, cwd=None,
                                      timeout_s=timeout_s, sink=sink, watch=watch)

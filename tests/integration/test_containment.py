@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -102,14 +103,16 @@ def test_docker_socket_is_unreachable(sandbox: Sandbox, repo: Path, tmp_path: Pa
 
 def test_fork_bomb_is_bounded(sandbox: Sandbox, repo: Path, tmp_path: Path) -> None:
     start = time.monotonic()
+    # a name of its own: the other backend's bomb (another xdist worker) must not count here
+    bomb = f"bomb{uuid.uuid4().hex[:12]}"
     code, out, result = run(sandbox, repo, tmp_path / "out",
-                            "bomb(){ bomb|bomb& }; bomb; sleep 2; echo survived",
+                            f"{bomb}(){{ {bomb}|{bomb}& }}; {bomb}; sleep 2; echo survived",
                             timeout_s=15, limits=Limits(pids=64))
     assert time.monotonic() - start < 20
     # the host can still fork, and no bomb process outlived the sandbox
     assert subprocess.run(["true"]).returncode == 0
     time.sleep(0.5)
-    leftovers = subprocess.run(["pgrep", "-f", "bomb"], capture_output=True, text=True).stdout
+    leftovers = subprocess.run(["pgrep", "-f", bomb], capture_output=True, text=True).stdout
     assert leftovers.strip() == ""
 
 

@@ -1,0 +1,195 @@
+"""``choir verify --mood CALM`` against bare pytest on a real project's suite.
+
+    python bench/verify_vs_bare.py [--runs 3] [--project toolz|generated] [--sandbox bwrap]
+                                   [--tests 200] [--work-ms 50] [--base-src DIR]
+
+Makes the project in a temp folder (git repo, its own ``.venv`` with pytest, a ``choir.yaml``
+with ``unit: {uses: pytest}``), then runs, interleaved, one of each per round:
+
+- ``bare``: ``.venv/bin/python -m pytest -q -p no:cacheprovider`` in the repo, as a user
+  would (its bytecode cache warm after the warm-up round);
+- ``bare-cold``: the same in a copy with no ``__pycache__`` and ``PYTHONDONTWRITEBYTECODE=1``:
+  what pytest costs on a read-only tree, which is what a sandboxed verifier sees;
+- ``choir``: ``choir verify --mood CALM`` (this checkout), exit 0 required;
+- ``choir-base``: the same with ``--base-src`` (an older checkout's source) first on
+  ``PYTHONPATH``, to measure a change before and after in one run.
+
+Prints wall and CPU seconds (user+sys of the reaped process tree) of every run, the medians
+and the median ratios to ``bare``. For the ``choir`` rows the CPU is Choir's own (its
+process, git, the launcher): the sandboxed pytest is reaped inside bwrap's pid namespace and
+is not counted, so ``cpu`` there is the fixed overhead in CPU seconds, which a loaded machine
+does not stretch the way it stretches wall time. ``--project toolz`` uses toolz 1.2.0's
+sdist from the pip cache (``pip download`` works offline from it); ``generated`` writes
+``--tests`` tests of about ``--work-ms`` of pure-Python work each, for a longer suite.
+Nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+CHOIR_YAML = """verifiers:
+  unit: {{uses: pytest, timeout_s: 600}}
+sandbox: {{backend: {sandbox}}}
+moods:
+  CALM: {{verifiers: [unit]}}
+"""
+
+GENERATED_TEST = '''import pytest
+
+
+def work(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += i * i % 7
+    return total
+
+
+@pytest.mark.parametrize("k", range({per_file}))
+def test_work(k: int) -> None:
+    assert work({loops}) >= 0
+'''
+
+
+def sh(argv: list[str], cwd: Path, **kw: object) -> None:
+    subprocess.run(argv, cwd=cwd, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, **kw)  # type: ignore[call-overload]
+
+
+def make_toolz(tmp: Path) -> Path:
+    dl = tmp / "dl"
+    sh([sys.executable, "-m", "pip", "download", "-q", "toolz==1.2.0", "--no-deps",
+        "--no-binary", ":all:", "-d", str(dl)], tmp)
+    with tarfile.open(next(dl.glob("toolz-*.tar.gz"))) as tar:
+        tar.extractall(tmp, filter="data")
+    repo = tmp / "repo"
+    next(tmp.glob("toolz-*")).rename(repo)
+    return repo
+
+
+def make_generated(tmp: Path, tests: int, work_ms: float) -> Path:
+    repo = tmp / "repo"
+    (repo / "tests").mkdir(parents=True)
+    start = time.perf_counter()
+    n = 0
+    for i in range(200_000):
+        n += i * i % 7
+    per_loop = (time.perf_counter() - start) / 200_000
+    loops = max(1, int(work_ms / 1000 / per_loop))
+    per_file = 20
+    for f in range(max(1, tests // per_file)):
+        (repo / "tests" / f"test_gen_{f:03d}.py").write_text(
+            GENERATED_TEST.format(per_file=per_file, loops=loops))
+    (repo / "pyproject.toml").write_text('[project]\nname = "gen"\nversion = "0"\n'
+                                         '[tool.pytest.ini_options]\ntestpaths = ["tests"]\n')
+    return repo
+
+
+def prepare(repo: Path, sandbox: str) -> None:
+    for dirpath, dirs, files in os.walk(repo):  # an sdist's tar carries its maker's uid
+        for name in (*dirs, *files):
+            os.lchown(os.path.join(dirpath, name), os.getuid(), os.getgid())
+    os.chmod(repo.parent, 0o755)
+    (repo / ".gitignore").write_text(".venv/\n__pycache__/\n")
+    (repo / "choir.yaml").write_text(CHOIR_YAML.format(sandbox=sandbox))
+    sh([sys.executable, "-m", "venv", ".venv"], repo)
+    sh([str(repo / ".venv/bin/python"), "-m", "pip", "install", "-q", "pytest"], repo)
+    sh(["git", "init", "-q"], repo)
+    sh(["git", "add", "-A"], repo)
+    sh(["git", "-c", "user.email=bench@choir", "-c", "user.name=bench", "commit", "-qm",
+        "bench"], repo)
+
+
+def cold_copy(repo: Path, tmp: Path) -> Path:
+    cold = tmp / "cold"
+    shutil.copytree(repo, cold, ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__"),
+                    symlinks=True)
+    (cold / ".venv").symlink_to(repo / ".venv")
+    return cold
+
+
+def timed(argv: list[str], cwd: Path, env: dict[str, str], ok: tuple[int, ...] = (0,),
+          ) -> tuple[float, float]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, check=False)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode not in ok:
+        raise SystemExit(f"{argv[:4]} exited {proc.returncode}: "
+                         f"{proc.stderr.decode()[-2000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--project", choices=["toolz", "generated"], default="toolz")
+    parser.add_argument("--sandbox", default="bwrap")
+    parser.add_argument("--tests", type=int, default=200)
+    parser.add_argument("--work-ms", type=float, default=50.0)
+    parser.add_argument("--base-src", type=Path, default=None,
+                        help="an older checkout's source root, run as 'choir-base'")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="choir-bench-verify-"))
+    try:
+        repo = (make_toolz(tmp) if args.project == "toolz"
+                else make_generated(tmp, args.tests, args.work_ms))
+        prepare(repo, args.sandbox)
+        cold = cold_copy(repo, tmp)
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("VIRTUAL_ENV", "PYTHONPATH", "CHOIR_ARTIFACT_DIR",
+                            "AGENT_ARTIFACT_DIR")}
+        env["CHOIR_HOME"] = str(tmp / "home")
+        python = str(repo / ".venv/bin/python")
+        pytest_argv = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        choir_argv = [sys.executable, "-m", "choir", "verify", "--mood", "CALM", "--repo",
+                      str(repo)]
+        configs = {
+            "bare": (pytest_argv, repo, env),
+            "bare-cold": (pytest_argv, cold, {**env, "PYTHONDONTWRITEBYTECODE": "1"}),
+            "choir": (choir_argv, repo, env),
+        }
+        if args.base_src is not None:
+            configs["choir-base"] = (choir_argv, repo,
+                                     {**env, "PYTHONPATH": str(args.base_src.resolve())})
+        for argv, cwd, e in configs.values():
+            timed(argv, cwd, e)  # warm-up: bytecode caches, the signing key, page cache
+        samples: dict[str, list[tuple[float, float]]] = {name: [] for name in configs}
+        for round_ in range(1, args.runs + 1):
+            line = []
+            for name, (argv, cwd, e) in configs.items():
+                wall, cpu = timed(argv, cwd, e)
+                samples[name].append((wall, cpu))
+                line.append(f"{name} {wall:.2f}s wall {cpu:.2f}s cpu")
+            print(f"run {round_}: " + " | ".join(line), flush=True)
+        bare_wall = statistics.median(w for w, _ in samples["bare"])
+        bare_cpu = statistics.median(c for _, c in samples["bare"])
+        print(f"project {args.project}, sandbox {args.sandbox}, {args.runs} interleaved runs")
+        print(f"{'config':11} {'wall s':>7} {'cpu s':>7} {'wall ratio':>11} {'cpu ratio':>10}"
+              f" {'wall +s':>8} {'cpu +s':>7}")
+        for name, values in samples.items():
+            wall = statistics.median(w for w, _ in values)
+            cpu = statistics.median(c for _, c in values)
+            print(f"{name:11} {wall:7.2f} {cpu:7.2f} {wall / bare_wall:10.2f}x "
+                  f"{cpu / bare_cpu:9.2f}x {wall - bare_wall:8.2f} {cpu - bare_cpu:7.2f}")
+    finally:
+        for dirpath, _dirs, _names in os.walk(tmp):
+            os.chmod(dirpath, 0o755)  # sealed snapshots and run folders are read-only
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
