@@ -85,13 +85,17 @@ async def green_thread(state: GreenIn) -> GreenOut:
         try:
             sandbox = open_sandbox(config, policy, Mood(state["mood"]))
             try:
+                from choir.postconditions.context import context_env
+
+                spec = lens_spec(config.verifiers[planned.name], planned)
                 run, _ = await run_verifier_thread(
-                    lens_spec(config.verifiers[planned.name], planned),
+                    spec,
                     repo=verified_tree(Path(item.repo), state["target"]),
                     target=state["target"], sandbox=sandbox, store=ArtifactStore(),
                     run_id=state["run_id"], reporter=config.models.reporter,
                     lens=planned.lens, replica=planned.replica,
-                    diagnostic=planned.diagnostic, tests=planned.tests)
+                    diagnostic=planned.diagnostic, tests=planned.tests,
+                    env=context_env(spec, item, run_id=state["run_id"]))
             finally:
                 sandbox.close()
         except Exception as exc:  # noqa: BLE001 - a crash is evidence of nothing

@@ -65,6 +65,10 @@ def decide(result: PipelineResult, parsed: ParseResult, parser: str,
     """
     if result.infra_error:
         return Result.INCONCLUSIVE, f"the sandbox failed: {result.infra_error[:200]}"
+    if parser == "postcondition":  # exit codes 0/1/3 from the harness; any other fault:
+        from choir.postconditions.parser import decide_postcondition  # INCONCLUSIVE
+
+        return decide_postcondition(result, parsed)
     records = result.manifest.commands_executed
     for index, rec in enumerate(records):
         if rec.timed_out:
