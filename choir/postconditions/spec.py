@@ -153,6 +153,7 @@ def expand(doc: Any, name: str, raw: dict[str, Any],
                          "put the file under verifiers/ with a 'verify(context)' function, "
                          "or name an installed 'module:function'")
         payload["callable"] = ref
+        payload["resources"] = {n: r.for_harness(repo) for n, r in sorted(resources.items())}
     verify_ms = DEFAULT_VERIFY_TIMEOUT_MS
     if method != "callable":
         assert isinstance(check, ReadAfterWrite | InvariantCheck)
