@@ -290,7 +290,9 @@ def _resources(doc: YamlDoc) -> tuple[dict[str, Any], list[ConfigError]]:
     errors: list[ConfigError] = []
     for name, raw in _section(doc.data, "resources").items():
         value, bad = validation_errors(doc, Resource, raw, prefix=("resources", name))
-        errors += bad
+        errors += [ConfigError(e.message, path=e.path, line=e.line,
+                               hint="write 'sqlite: PATH', 'postgres: DSN' or 'http: BASE_URL'")
+                   for e in bad]
         if value is not None:
             found[name] = value
     return found, errors
