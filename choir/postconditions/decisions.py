@@ -25,6 +25,8 @@ class DecisionVerification(Frozen):
     required_above_blast_radius: Threshold = "none"
     methods: tuple[str, ...] = Field(min_length=1)
     verify_timeout_ms: int = Field(default=5000, gt=0, le=3_600_000)
+    on_red_drift: Literal["continue", "halt", "degrade"] = "continue"
+    degrade_to: Literal["SKEPTICAL", "PARANOID", "CURIOUS"] = "SKEPTICAL"
 
 
 class Decision(Frozen):
