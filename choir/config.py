@@ -225,6 +225,14 @@ def load_repo_config(repo: Path) -> RepoConfig:
             verifiers[name] = spec
             lines[name] = doc.line_of(("verifiers", name)) or 1
     errors += _decision_methods(doc, names, verifiers, lines, resources)
+    for name, resource in resources.items():
+        folder = Path(resource.for_harness(repo)["path"]).parent if resource.sqlite else None
+        if folder is not None and not folder.is_dir():
+            errors.append(ConfigError(
+                f"resource '{name}': folder {folder} does not exist", path=str(path),
+                line=doc.line_of(("resources", name)),
+                hint="create the folder (the sandbox binds it read-only so postconditions "
+                     "can read the database)"))
     if not names and not errors:
         raise ConfigError(
             "no verifier is configured: nothing could ever be asserted",
