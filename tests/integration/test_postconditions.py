@@ -289,3 +289,36 @@ def test_hostile_and_broken_verifiers_are_inconclusive_never_pass(tmp_path: Path
     run_dir = Path([p for p in contract["artifact_paths"] if p.endswith("-fake_file-0")][0])
     record = json.loads((run_dir / "out" / "postcondition.json").read_text())
     assert record["outcome"] == "inconclusive" and record["detail"] != "forged"
+
+
+def test_session_record_holds_the_outcomes_and_the_audit_covers_them(tmp_path: Path) -> None:
+    from choir.artifacts import ArtifactStore
+    from choir.audit.integrity import audit
+
+    db = flag_db(tmp_path / "system", {"beta": "off"})
+    repo = _repo(tmp_path / "repo", f"""\
+        resources:
+          flags: {{sqlite: {db}}}
+        verifiers:
+          beta_on:
+            read_after_write:
+              resource: flags
+              sql: SELECT value FROM flags WHERE name = 'beta'
+              expect: "on"
+              verify_timeout_ms: 200
+        """)
+    contract = _verify(repo)
+    entries = contract["manifest"]["verification"]
+    assert [(e["verifier"], e["outcome"], e["severity"]) for e in entries] == [
+        ("beta_on", "fail", "yellow")]
+    assert entries[0]["attestation"] == contract["attestations"][0]
+    assert audit().ok
+    # someone turns the recorded FAIL into a pass: the audit names it
+    manifest = ArtifactStore().run_dir(contract["run_id"]) / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["verification"][0].update(outcome="pass", severity=None)
+    manifest.chmod(0o644)
+    manifest.write_text(json.dumps(data))
+    result = audit()
+    assert not result.ok
+    assert any(v.kind == "episode_outcome" for v in result.violations)
