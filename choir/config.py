@@ -87,6 +87,7 @@ class RepoConfig(Frozen):
 def _verifier_spec(doc: YamlDoc, name: str, raw: Any,
                    resources: dict[str, Any] | None = None) -> tuple[VerifierSpec | None,
                                                                      list[ConfigError]]:
+    budget = _decision_budgets(doc).get(name)
     if isinstance(raw, dict) and ("name" in raw or "schema_version" in raw):
         key = "name" if "name" in raw else "schema_version"
         return None, [ConfigError(f"unknown key 'verifiers.{name}.{key}'", path=str(doc.path),
@@ -101,7 +102,8 @@ def _verifier_spec(doc: YamlDoc, name: str, raw: Any,
     from choir.presets import expand
 
     try:
-        expanded = (postcondition(doc, name, raw, resources or {}) if is_postcondition(raw)
+        expanded = (postcondition(doc, name, raw, resources or {}, budget)
+                    if is_postcondition(raw)
                     else expand(doc, name, raw))
     except ConfigError as err:
         return None, [err]
@@ -288,6 +290,20 @@ def load_repo_config(repo: Path) -> RepoConfig:
         lines=lines,
         decisions=parsed.decisions,
     )
+
+
+def _decision_budgets(doc: YamlDoc) -> dict[str, int]:
+    """Per verifier, the smallest ``verify_timeout_ms`` of the decisions that name it."""
+    budgets: dict[str, int] = {}
+    for raw in _section(doc.data, "decisions").values():
+        rule = _section(raw, "verification")
+        ms, methods = rule.get("verify_timeout_ms"), rule.get("methods")
+        if not isinstance(ms, int) or isinstance(ms, bool) or ms <= 0:
+            continue
+        for method in methods if isinstance(methods, list) else ():
+            if isinstance(method, str):
+                budgets[method] = min(ms, budgets.get(method, ms))
+    return budgets
 
 
 def _resources(doc: YamlDoc) -> tuple[dict[str, Any], list[ConfigError]]:

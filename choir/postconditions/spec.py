@@ -120,9 +120,12 @@ def _error(doc: Any, loc: tuple[str | int, ...], message: str, hint: str) -> Con
     return ConfigError(message, path=str(doc.path), line=doc.line_of(loc), hint=hint)
 
 
-def expand(doc: Any, name: str, raw: dict[str, Any],
-           resources: dict[str, Resource]) -> dict[str, Any]:
+def expand(doc: Any, name: str, raw: dict[str, Any], resources: dict[str, Resource],
+           decision_ms: int | None = None) -> dict[str, Any]:
     """The ``VerifierSpec`` fields of postcondition verifier ``name``.
+
+    ``decision_ms``: the smallest ``verify_timeout_ms`` of the decisions naming it, the
+    budget when the verifier sets none of its own.
 
     Raises:
         ConfigError: several or no methods, an unknown resource, a check with neither
@@ -154,10 +157,10 @@ def expand(doc: Any, name: str, raw: dict[str, Any],
                          "or name an installed 'module:function'")
         payload["callable"] = ref
         payload["resources"] = {n: r.for_harness(repo) for n, r in sorted(resources.items())}
-    verify_ms = DEFAULT_VERIFY_TIMEOUT_MS
+    verify_ms = decision_ms or DEFAULT_VERIFY_TIMEOUT_MS
     if method != "callable":
         assert isinstance(check, ReadAfterWrite | InvariantCheck)
-        verify_ms = check.verify_timeout_ms or DEFAULT_VERIFY_TIMEOUT_MS
+        verify_ms = check.verify_timeout_ms or verify_ms
         payload.update(check.model_dump(mode="json", exclude_none=True))
         payload["verify_timeout_ms"] = verify_ms
         if ref is None:
@@ -169,7 +172,8 @@ def expand(doc: Any, name: str, raw: dict[str, Any],
                      "in its attestation")
     payload["hosts"] = sorted(set(hosts))
     payload["timeout_s"] = spec.timeout_s or (verify_ms / 1000 + GRACE_S
-                                              if method != "callable" else 30.0)
+                                              if method != "callable" or decision_ms
+                                              else 30.0)
     from choir.postconditions._harness import BOOTSTRAP
 
     words = [f"postcondition={name}", f"method={method}"]

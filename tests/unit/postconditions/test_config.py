@@ -134,3 +134,13 @@ def test_every_mistake_reported_at_once_with_lines(tmp_path: Path) -> None:
                         (21, "required_above_blast_radius")]:
         assert any(f"{source}:{line}:" in part and words in part
                    for part in text.split("\n")), (line, words, text)
+
+
+def test_decision_timeout_is_the_budget_of_methods_without_their_own(tmp_path: Path) -> None:
+    repo = _write(tmp_path / "repo", GOOD, {"state/app.db": "",
+                                           "verifiers/audit_trail.py": "def verify(c): ..."})
+    config = load_repo_config(repo)
+    flag = json.loads(config.verifiers["flag_set"].env["CHOIR_PC_SPEC"])
+    custom = json.loads(config.verifiers["audit_trail"].env["CHOIR_PC_SPEC"])
+    assert flag["verify_timeout_ms"] == 3000 and flag["timeout_s"] == 5.0
+    assert custom["timeout_s"] == 5.0  # a callable gets the decision's budget too
