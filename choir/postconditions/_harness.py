@@ -125,7 +125,7 @@ def _read(spec: dict[str, Any], action: dict[str, Any], timeout: float) -> Any:
         return _sqlite_value(resource, spec["sql"], params, timeout)
     if resource["kind"] == "postgres":
         return _postgres_value(resource, spec["sql"], params, timeout)
-    status, body = _http_get(resource, _fill(spec["path"], action), timeout)
+    status, body = _http_get(resource, _fill(spec["path"], params), timeout)
     if status == 404:
         raise _NotVisible("404 Not Found")
     field = spec.get("field")

@@ -26,6 +26,7 @@ from choir.models._base import Frozen
 METHODS = ("callable", "read_after_write", "invariant_check")
 DEFAULT_VERIFY_TIMEOUT_MS = 5000
 GRACE_S = 2.0  # the harness's own start and teardown on top of verify_timeout_ms
+BACKSTOP_S = 10.0
 _REF = r"^([A-Za-z_][\w.]*:[A-Za-z_]\w*|[\w./-]+\.py(:[A-Za-z_]\w*)?)$"
 
 
@@ -184,7 +185,9 @@ def expand(doc: Any, name: str, raw: dict[str, Any], resources: dict[str, Resour
         "kind": "postcondition",
         "steps": [{"name": "postcondition", "command": command}],
         "parser": "postcondition",
-        "timeout_s": payload["timeout_s"] + GRACE_S,
+        # the host's backstop: the harness stops itself first; a sandbox that is slow to
+        # start (a container under load) must not turn a verdict into a host timeout
+        "timeout_s": payload["timeout_s"] + BACKSTOP_S,
         "network": bool(payload["hosts"]) or spec.network,
         "env": {**spec.env, "CHOIR_PC_SPEC": json.dumps(payload, sort_keys=True),
                 "CHOIR_PC_HARNESS": harness_source()},

@@ -17,9 +17,7 @@ from choir.attest import AttestationStore
 from choir.models import Mood
 from choir.verify import verify_tree
 from tests.postcondition_systems import flag_db, http_service, write_later
-from tests.sandboxes import isolated_backend
-
-pytestmark = pytest.mark.bwrap
+from tests.sandboxes import ISOLATED, isolated_backend
 
 
 def _repo(path: Path, config: str, files: dict[str, str] | None = None) -> Path:
@@ -31,9 +29,9 @@ def _repo(path: Path, config: str, files: dict[str, str] | None = None) -> Path:
     return path
 
 
-def _verify(repo: Path) -> dict[str, Any]:
-    isolated_backend("bwrap")
-    return verify_tree(repo, mood=Mood.CALM, sandbox_name="bwrap").contract
+def _verify(repo: Path, sandbox: str = "bwrap") -> dict[str, Any]:
+    isolated_backend(sandbox).close()
+    return verify_tree(repo, mood=Mood.CALM, sandbox_name=sandbox).contract
 
 
 def _by_name(contract: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -46,7 +44,8 @@ def _severity(report: dict[str, Any]) -> str:
         else "?"
 
 
-def test_read_after_write_sqlite_visible_lost_and_late(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sandbox", ISOLATED)
+def test_read_after_write_sqlite_visible_lost_and_late(tmp_path: Path, sandbox: str) -> None:
     db = flag_db(tmp_path / "system", {"beta": "on", "gamma": "off"})
     released = threading.Event()
     late = write_later(db, "INSERT INTO flags VALUES (?, ?)", ("delta", "on"), released)
@@ -78,7 +77,7 @@ def test_read_after_write_sqlite_visible_lost_and_late(tmp_path: Path) -> None:
         moods:
           CALM: {{verifiers: [visible, lost, late]}}
         """)
-    contract = _verify(repo)
+    contract = _verify(repo, sandbox)
     released.set()  # the write lands, after the deadline
     late.join(5)
     con = sqlite3.connect(db)
@@ -101,6 +100,7 @@ def test_read_after_write_sqlite_visible_lost_and_late(tmp_path: Path) -> None:
     assert sorted(p.name for p in db.parent.iterdir()) == ["flags.db"]
 
 
+@pytest.mark.bwrap
 def test_http_read_after_write_invariants_and_recorded_host(tmp_path: Path) -> None:
     with http_service() as (base, service):
         service.flags["beta"] = "on"
@@ -148,6 +148,7 @@ def test_http_read_after_write_invariants_and_recorded_host(tmp_path: Path) -> N
         assert f"hosts={host}" in body.commands[0]  # the host it talked to, signed
 
 
+@pytest.mark.bwrap
 def test_invariant_broken_by_the_action_in_sqlite(tmp_path: Path) -> None:
     db = flag_db(tmp_path / "system", {})
     write_later(db, "UPDATE accounts SET balance = balance - 80 WHERE id = ?", (2,)).join()
@@ -165,6 +166,7 @@ def test_invariant_broken_by_the_action_in_sqlite(tmp_path: Path) -> None:
     assert "invariant broken" in report["failure_signatures"][0]["excerpt"]
 
 
+@pytest.mark.bwrap
 def test_custom_verifier_from_verifiers_folder_sync_and_async(tmp_path: Path) -> None:
     db = flag_db(tmp_path / "system", {"beta": "on"})
     repo = _repo(tmp_path / "repo", f"""\
@@ -270,20 +272,24 @@ HOSTILE = {
 }
 
 
-def test_hostile_and_broken_verifiers_are_inconclusive_never_pass(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sandbox", ISOLATED)
+def test_hostile_and_broken_verifiers_are_inconclusive_never_pass(tmp_path: Path,
+                                                                  sandbox: str) -> None:
     names = sorted(HOSTILE)
     config = "verifiers:\n" + "".join(
-        f"  {n}:\n    callable: verifiers/{n}.py\n    timeout_s: 1.5\n" for n in names)
+        f"  {n}:\n    callable: verifiers/{n}.py\n"
+        + ("    timeout_s: 2\n" if n == "hang" else "") for n in names)
     config += f"moods:\n  CALM: {{verifiers: [{', '.join(names)}]}}\n"
     repo = _repo(tmp_path / "repo", config,
                  {f"verifiers/{n}.py": text for n, text in HOSTILE.items()})
-    contract = _verify(repo)
+    contract = _verify(repo, sandbox)
     reports = _by_name(contract)
     assert {n: r["result"] for n, r in reports.items()} == dict.fromkeys(names, "INCONCLUSIVE")
     assert contract["status"] == "FAIL"
     for att_id in contract["attestations"]:
         assert AttestationStore().get(att_id).body.result.value == "INCONCLUSIVE"
-    assert "did not finish" in reports["hang"]["summary"]
+    assert "did not finish" in reports["hang"]["summary"] or \
+        "harness timed out" in reports["hang"]["summary"]
     assert "raised RuntimeError" in reports["fake_line"]["summary"]
     # what the host kept is the harness's record, not the forgery
     run_dir = Path([p for p in contract["artifact_paths"] if p.endswith("-fake_file-0")][0])
@@ -291,6 +297,7 @@ def test_hostile_and_broken_verifiers_are_inconclusive_never_pass(tmp_path: Path
     assert record["outcome"] == "inconclusive" and record["detail"] != "forged"
 
 
+@pytest.mark.bwrap
 def test_session_record_holds_the_outcomes_and_the_audit_covers_them(tmp_path: Path) -> None:
     from choir.artifacts import ArtifactStore
     from choir.audit.integrity import audit
