@@ -329,3 +329,31 @@ def test_session_record_holds_the_outcomes_and_the_audit_covers_them(tmp_path: P
     result = audit()
     assert not result.ok
     assert any(v.kind == "episode_outcome" for v in result.violations)
+
+
+PEEK = """\
+import ctypes, os
+
+def verify(context):
+    parent = os.getppid()
+    try:
+        open(f"/proc/{parent}/mem", "r+b").close()
+        return {"outcome": "fail", "detail": "the harness's memory is writable"}
+    except OSError as exc:
+        opened = exc.errno
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.ptrace(16, parent, 0, 0) == 0:  # PTRACE_ATTACH
+        return {"outcome": "fail", "detail": "the harness can be traced"}
+    return {"outcome": "pass", "detail": f"protected (errno {opened}, {ctypes.get_errno()})"}
+"""
+
+
+@pytest.mark.parametrize("sandbox", ISOLATED)
+def test_verifier_cannot_reach_into_the_harness_that_decides(tmp_path: Path,
+                                                            sandbox: str) -> None:
+    """The verdict is the harness's exit code: a verifier that could write the harness's
+    memory or trace it could rewrite that code, so neither may be possible."""
+    repo = _repo(tmp_path / "repo", "verifiers:\n  peek:\n    callable: verifiers/peek.py\n",
+                 {"verifiers/peek.py": PEEK})
+    report = _by_name(_verify(repo, sandbox))["peek"]
+    assert report["result"] == "PASS", report["summary"]
