@@ -269,7 +269,14 @@ async def attest(state: RunState) -> dict[str, Any]:
             usage.append(("reporter", run.report.usage))
     failpoint("attest:minted")
     new = len(minted) - len(state.get("attestations", {}))
-    return {"attestations": minted, "usage": usage, "events": [f"attested {new}"]}
+    events = [f"attested {new}"]
+    from choir.postconditions.episode import seal_round
+
+    round_id = f"{state['run_id']}-r{state.get('round', 0)}"
+    this_round = [r for r in state.get("runs", []) if r.run_id.startswith(round_id + "-")]
+    if seal_round(round_id, this_round, minted, mood=state["mood"]):
+        events.append(f"episode sealed: runs/{round_id}/manifest.json")
+    return {"attestations": minted, "usage": usage, "events": events}
 
 
 def approve(state: RunState) -> dict[str, Any]:

@@ -64,3 +64,54 @@ def check_episode(entries: Iterable[VerificationOutcome],
         if body.verifier_kind == "postcondition" and run_id not in seen:
             problems.append(("episode_missing", f"the outcome of {run_id}", "none"))
     return problems
+
+
+def seal_round(session: str, runs: Iterable[Any], minted: Mapping[str, str], *,
+               mood: str) -> str | None:
+    """Seal the record of one action in ``choir run``: the round's attested runs, under
+    ``runs/{session}/manifest.json`` in the verify-session shape, with the postconditions'
+    outcomes under ``verification``. ``choir audit`` checks it like a verify session (every
+    run attested, status and outcomes re-derived). Only rounds with a postcondition get one;
+    a replayed node finds the record already sealed and writes nothing.
+    """
+    from choir.artifacts import ArtifactStore
+    from choir.attest import AttestationStore
+    from choir.verification import load_manifest
+    from choir.verify import SessionCommand, SessionManifest, _platform, _write_session
+
+    store, atts = ArtifactStore(), AttestationStore()
+    pairs = [(run, atts.get(minted[run.run_id])) for run in runs if run.run_id in minted]
+    entries = episode(pairs)
+    if not entries:
+        return None
+    if (store.run_dir(session) / "manifest.json").exists():
+        return session
+    manifests = [load_manifest(store, run.manifest_hash) for run, _ in pairs]
+    first = manifests[0]
+    passed = all(att.body.result is Result.PASS for _, att in pairs)
+    record = SessionManifest(
+        run_id=session, status="PASS" if passed else "FAIL", mood=mood,
+        timestamp_start=min(m.timestamp_start for m in manifests).isoformat(),
+        timestamp_end=max(m.timestamp_end for m in manifests).isoformat(),
+        commit_sha=first.commit_sha, tree_hash=first.tree_hash,
+        commands_executed=tuple(
+            SessionCommand(name=c.name, verifier=m.verifier, replica=run.replica,
+                           run_id=m.run_id, command=c.command, exit_code=c.exit_code,
+                           duration_ms=c.duration_ms)
+            for (run, _), m in zip(pairs, manifests, strict=True) for c in m.commands_executed),
+        platform=_platform(first.platform, first.platform.sandbox, first.platform.isolation),
+        duration_ms=int((max(m.timestamp_end for m in manifests)
+                         - min(m.timestamp_start for m in manifests)).total_seconds() * 1000),
+        runs={run.run_id: run.manifest_hash for run, _ in pairs},
+        attestations=tuple(att.id for _, att in pairs), verification=entries)
+    try:
+        _write_session(store, session, record.model_dump(mode="json"))
+    except FileExistsError:  # an earlier replay died between the folder and the file
+        import json
+
+        from choir.artifacts import write_once
+
+        data = json.dumps(record.model_dump(mode="json"), indent=2, sort_keys=True).encode()
+        write_once(store.run_dir(session) / "manifest.json", data + b"\n",
+                   f"run {session}: manifest already written")
+    return session

@@ -4,6 +4,7 @@ before anything is ASSERTed, and their drift reaches the run's events and the AH
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import sys
 import textwrap
@@ -99,6 +100,15 @@ def test_lost_write_blocks_assert_with_yellow_drift(tmp_path: Path) -> None:
     assert open_ahdb().is_asserted("flip-beta") is None
     assert any("drift verify yellow: flag_set" in e for e in outcome.events)
     assert any("drift verify yellow: flag_set" in c for c in _atoms(AtomKind.HYPOTHESIZE))
+    # the action's sealed record lists the outcome, and the audit re-derives it
+    from choir.artifacts import ArtifactStore
+    from choir.audit.integrity import audit
+
+    record = ArtifactStore().run_dir(f"{outcome.run_id}-r0") / "manifest.json"
+    entries = json.loads(record.read_text())["verification"]
+    assert [(e["verifier"], e["outcome"], e["severity"]) for e in entries] == [
+        ("flag_set", "fail", "yellow")]
+    assert audit().ok
 
 
 def test_below_the_threshold_the_method_is_not_required(tmp_path: Path) -> None:
