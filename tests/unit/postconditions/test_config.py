@@ -144,3 +144,16 @@ def test_decision_timeout_is_the_budget_of_methods_without_their_own(tmp_path: P
     custom = json.loads(config.verifiers["audit_trail"].env["CHOIR_PC_SPEC"])
     assert flag["verify_timeout_ms"] == 3000 and flag["timeout_s"] == 5.0
     assert custom["timeout_s"] == 5.0  # a callable gets the decision's budget too
+
+
+def test_decisions_survive_a_checkpoint_round_trip(tmp_path: Path) -> None:
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+    from choir.graph.state import checkpoint_types
+
+    repo = _write(tmp_path / "repo", GOOD, {"state/app.db": "",
+                                           "verifiers/audit_trail.py": "def verify(c): ..."})
+    config = load_repo_config(repo)
+    serde = JsonPlusSerializer(allowed_msgpack_modules=checkpoint_types())
+    back = serde.loads_typed(serde.dumps_typed(config))
+    assert back == config and type(back.decisions["set_flag"]) is Decision
