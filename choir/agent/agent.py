@@ -12,6 +12,7 @@ other run whose model never converges.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from choir.postconditions.agent import Postcondition
 
 FINAL = "final_output"
+_BLAST_RADIUS: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "choir_agent_blast_radius", default=None)
 MAX_ERROR_CHARS = 1_500
 
 
@@ -160,12 +163,24 @@ class Agent:
 
     async def run(self, query: str, *, run_id: str | None = None,
                   store: ContextStore | None = None, deps: Any = None,
-                  on_event: Callable[[AgentEvent], None] | None = None) -> AgentResult:
+                  on_event: Callable[[AgentEvent], None] | None = None,
+                  blast_radius: str | None = None) -> AgentResult:
         """Run until the output is accepted or the run fails; resumes a stored run.
 
         With ``store`` and ``run_id``, the context is saved after every step, and a run
         that already exists continues where it stopped (a finished one returns at once).
+        ``blast_radius`` (small, medium, large; default large) decides which tool
+        postconditions are required: those whose threshold it is above.
         """
+        token = _BLAST_RADIUS.set(blast_radius)  # per run, also for concurrent runs
+        try:
+            return await self._run(query, run_id=run_id, store=store, deps=deps,
+                                   on_event=on_event)
+        finally:
+            _BLAST_RADIUS.reset(token)
+
+    async def _run(self, query: str, *, run_id: str | None, store: ContextStore | None,
+                   deps: Any, on_event: Callable[[AgentEvent], None] | None) -> AgentResult:
         run_id = run_id or f"{self.name}-{secrets.token_hex(6)}"
         log: list[AgentEvent] = []
         output: Any = None
@@ -301,7 +316,10 @@ class Agent:
 
         action = {"tool": name, **args.model_dump(mode="json")}
         context = {"action": action, "tool_result": content[:4000]}
+        radius = _BLAST_RADIUS.get()
         for check in self.postconditions[name]:
+            if not check.required(radius):
+                continue
             result = await asyncio.to_thread(check.check, context)
             emit("postcondition_" + result.outcome,
                  {"tool": name, "postcondition": check.name, "severity": result.severity})

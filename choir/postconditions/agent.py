@@ -53,6 +53,14 @@ class Postcondition:
     resources: dict[str, Resource] = field(default_factory=dict)
     timeout_s: float | None = None
     cwd: str = "."
+    required_above_blast_radius: str = "none"
+
+    def required(self, blast_radius: str | None) -> bool:
+        """Whether this check runs for an action of ``blast_radius`` (the DTE's rule:
+        above the threshold; no radius given means the largest)."""
+        from choir.postconditions.decisions import _ORDER
+
+        return _ORDER[blast_radius or "large"] > _ORDER[self.required_above_blast_radius]
 
     def __post_init__(self) -> None:
         given = [m for m in ("callable", "read_after_write", "invariant_check")
@@ -60,6 +68,9 @@ class Postcondition:
         if len(given) != 1:
             raise ValueError(f"postcondition {self.name!r}: give exactly one of callable, "
                              "read_after_write, invariant_check")
+        if self.required_above_blast_radius not in ("none", "small", "medium", "large"):
+            raise ValueError(f"postcondition {self.name!r}: required_above_blast_radius must "
+                             "be none, small, medium or large")
 
     def _payload(self) -> dict[str, Any]:
         repo = Path(self.cwd).resolve()

@@ -93,3 +93,15 @@ def test_a_hung_check_is_inconclusive_and_rejected(tmp_path: Path) -> None:
 def test_postconditions_must_name_a_tool(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown tools: nope"):
         Agent(model=FakeModel([]), tools=[], postconditions={"nope": []})
+
+
+def test_blast_radius_at_or_below_the_threshold_skips_the_check(tmp_path: Path) -> None:
+    db = flag_db(tmp_path / "system", {"beta": "off"})
+    for radius, checked in (("small", False), ("medium", True)):
+        model = FakeModel([reply(tool_call("set_flag", {"name": "beta", "value": "on"})),
+                           final_output(output="done")])
+        check = _check(db, required_above_blast_radius="small")
+        agent = Agent(model=model, tools=[_flag_tool(db, lose_first=1)],
+                      postconditions={"set_flag": [check]})
+        result = agent.run_sync("turn beta on", blast_radius=radius)
+        assert ("postcondition_fail" in result.events) is checked
