@@ -184,7 +184,7 @@ async def adjudicate_node(state: RunState) -> Command[Goto]:
             **base, "work_item": parts[0], "parts": parts[1:], "parent": frame,
             "split_done": True, "attempt": 0, "history": [], "status": "running",
             "feedback": part_feedback(parts[0], reports),
-            "events": [event, f"split {item.id} into {', '.join(p.id for p in parts)}"]})
+            "events": [*base["events"], f"split {item.id} into {', '.join(p.id for p in parts)}"]})
     if decision.action == "retry":
         return Command(goto="execute", update={**base, "history": history, "status": "running",
                                                "feedback": reports})
