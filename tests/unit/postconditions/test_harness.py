@@ -83,14 +83,15 @@ def test_what_counts_as_a_result(value: Any, outcome: str) -> None:
     assert _normalise(value)["outcome"] == outcome
 
 
-def _harness(tmp_path: Path, body: str, timeout_s: float = 5) -> tuple[int, dict[str, Any]]:
+def _harness(tmp_path: Path, body: str, timeout_s: float = 5,
+             method: str = "callable") -> tuple[int, dict[str, Any]]:
     (tmp_path / "v.py").write_text(body)
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     env = {"PATH": os.environ["PATH"], "CHOIR_OUT": str(out),
            "CHOIR_PC_HARNESS": harness_source(),
-           "CHOIR_PC_SPEC": json.dumps({"name": "v", "method": "callable", "callable": "v.py",
-                                        "timeout_s": timeout_s})}
+           "CHOIR_PC_SPEC": json.dumps({"name": "v", "method": method, "callable": "v.py",
+                                        "timeout_s": timeout_s, "verify_timeout_ms": 1000})}
     proc = subprocess.run([sys.executable, "-B", "-c", BOOTSTRAP], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=30)
     return proc.returncode, json.loads((out / "postcondition.json").read_text())
@@ -113,3 +114,12 @@ def test_a_grandchild_left_behind_is_killed_with_the_group(tmp_path: Path) -> No
         "    return True\n"))
     time.sleep(1.5)
     assert code == 0 and not marker.exists()
+
+
+def test_invariant_check_with_a_callable(tmp_path: Path) -> None:
+    holds = _harness(tmp_path, "def verify(c):\n    return 1 + 1 == 2\n",
+                     method="invariant_check")
+    broken = _harness(tmp_path, "async def verify():\n    return []\n",
+                      method="invariant_check")
+    assert (holds[0], broken[0]) == (0, 1)
+    assert broken[1]["severity"] == "yellow" and "returned []" in broken[1]["detail"]
