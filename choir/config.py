@@ -17,6 +17,7 @@ from choir._yaml import YamlDoc, load_yaml, validation_errors
 from choir.exceptions import ConfigError
 from choir.models import Mood, StepSpec, VerifierKind, VerifierSpec, WorkItem
 from choir.models._base import Frozen
+from choir.postconditions.decisions import Decision
 
 CONFIG_NAME = "choir.yaml"
 PIPELINE = "pipeline"
@@ -69,6 +70,8 @@ class _ChoirFile(Frozen):
     moods: dict[Mood, MoodOverride] = Field(default_factory=dict)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     max_parallel: int | None = Field(default=None, ge=1, le=64)
+    resources: dict[str, dict[str, Any]] = Field(default_factory=dict)  # postconditions'
+    decisions: dict[str, Decision] = Field(default_factory=dict)
 
 
 class RepoConfig(Frozen):
@@ -82,10 +85,13 @@ class RepoConfig(Frozen):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     max_parallel: int | None = None
     lines: dict[str, int] = Field(default_factory=dict)
+    decisions: dict[str, Decision] = Field(default_factory=dict)
 
 
-def _verifier_spec(doc: YamlDoc, name: str, raw: Any) -> tuple[VerifierSpec | None,
-                                                                 list[ConfigError]]:
+def _verifier_spec(doc: YamlDoc, name: str, raw: Any,
+                   resources: dict[str, Any] | None = None) -> tuple[VerifierSpec | None,
+                                                                     list[ConfigError]]:
+    budget = _decision_budgets(doc).get(name)
     if isinstance(raw, dict) and ("name" in raw or "schema_version" in raw):
         key = "name" if "name" in raw else "schema_version"
         return None, [ConfigError(f"unknown key 'verifiers.{name}.{key}'", path=str(doc.path),
@@ -95,10 +101,14 @@ def _verifier_spec(doc: YamlDoc, name: str, raw: Any) -> tuple[VerifierSpec | No
         return None, [ConfigError(f"verifier '{name}' must be a mapping", path=str(doc.path),
                                   line=doc.line_of(("verifiers", name)),
                                   hint="give it 'kind:' and 'steps:'")]
+    from choir.postconditions.spec import expand as postcondition
+    from choir.postconditions.spec import is_postcondition
     from choir.presets import expand
 
     try:
-        expanded = expand(doc, name, raw)
+        expanded = (postcondition(doc, name, raw, resources or {}, budget)
+                    if is_postcondition(raw)
+                    else expand(doc, name, raw))
     except ConfigError as err:
         return None, [err]
     spec, errors = validation_errors(doc, VerifierSpec, {**expanded, "name": name},
@@ -205,6 +215,8 @@ def load_repo_config(repo: Path) -> RepoConfig:
     names = set(_section(doc.data, "verifiers"))
     if "verification" in doc.data:
         names.add(PIPELINE)
+    resources, found = _resources(doc)
+    errors += found
     for name, raw in _section(doc.data, "verifiers").items():
         if name == PIPELINE and "verification" in doc.data:
             errors.append(ConfigError(
@@ -214,11 +226,20 @@ def load_repo_config(repo: Path) -> RepoConfig:
                 hint="rename this verifier",
             ))
             continue
-        spec, spec_errors = _verifier_spec(doc, name, raw)
+        spec, spec_errors = _verifier_spec(doc, name, raw, resources)
         errors += spec_errors
         if spec is not None:
             verifiers[name] = spec
             lines[name] = doc.line_of(("verifiers", name)) or 1
+    errors += _decision_methods(doc, names, verifiers, lines, resources)
+    for name, resource in resources.items():
+        folder = Path(resource.for_harness(repo)["path"]).parent if resource.sqlite else None
+        if folder is not None and not folder.is_dir():
+            errors.append(ConfigError(
+                f"resource '{name}': folder {folder} does not exist", path=str(path),
+                line=doc.line_of(("resources", name)),
+                hint="create the folder (the sandbox binds it read-only so postconditions "
+                     "can read the database)"))
     if not names and not errors:
         raise ConfigError(
             "no verifier is configured: nothing could ever be asserted",
@@ -258,6 +279,11 @@ def load_repo_config(repo: Path) -> RepoConfig:
     ConfigError.raise_all(errors)
     assert parsed is not None  # no error was found, so the file validated
     sandbox = _sandbox_section(parsed.sandbox, repo, doc)
+    if resources:
+        from choir.postconditions.spec import resource_binds
+
+        extra = [b for b in resource_binds(resources, repo) if b not in sandbox.binds]
+        sandbox = sandbox.model_copy(update={"binds": (*sandbox.binds, *extra)})
     return RepoConfig(
         path=str(repo),
         source=str(path),
@@ -267,7 +293,70 @@ def load_repo_config(repo: Path) -> RepoConfig:
         sandbox=sandbox,
         max_parallel=parsed.max_parallel,
         lines=lines,
+        decisions=parsed.decisions,
     )
+
+
+def _decision_budgets(doc: YamlDoc) -> dict[str, int]:
+    """Per verifier, the smallest ``verify_timeout_ms`` of the decisions that name it."""
+    budgets: dict[str, int] = {}
+    for raw in _section(doc.data, "decisions").values():
+        rule = _section(raw, "verification")
+        ms, methods = rule.get("verify_timeout_ms"), rule.get("methods")
+        if not isinstance(ms, int) or isinstance(ms, bool) or ms <= 0:
+            continue
+        for method in methods if isinstance(methods, list) else ():
+            if isinstance(method, str):
+                budgets[method] = min(ms, budgets.get(method, ms))
+    return budgets
+
+
+def _resources(doc: YamlDoc) -> tuple[dict[str, Any], list[ConfigError]]:
+    """The ``resources:`` postconditions may read, each validated with its line."""
+    from choir.postconditions.spec import Resource
+
+    found: dict[str, Any] = {}
+    errors: list[ConfigError] = []
+    for name, raw in _section(doc.data, "resources").items():
+        value, bad = validation_errors(doc, Resource, raw, prefix=("resources", name))
+        errors += [ConfigError(e.message, path=e.path, line=e.line,
+                               hint="write 'sqlite: PATH', 'postgres: DSN' or 'http: BASE_URL'")
+                   for e in bad]
+        if value is not None:
+            found[name] = value
+    return found, errors
+
+
+def _decision_methods(doc: YamlDoc, names: set[str], verifiers: dict[str, VerifierSpec],
+                      lines: dict[str, int], resources: dict[str, Any]) -> list[ConfigError]:
+    """Every ``decisions.*.verification.methods`` entry names an allowlisted verifier or a
+    ``verifiers/NAME.py`` file of the repo (which then joins the allowlist as a callable)."""
+    errors: list[ConfigError] = []
+    for decision, raw in _section(doc.data, "decisions").items():
+        methods = _section(raw, "verification").get("methods") if isinstance(raw, dict) \
+            else None
+        for i, method in enumerate(methods if isinstance(methods, list) else ()):
+            if not isinstance(method, str) or method in names:
+                continue
+            loc = ("decisions", decision, "verification", "methods", i)
+            if (doc.path.parent / "verifiers" / f"{method}.py").is_file():
+                spec, bad = _verifier_spec(doc, method, {"callable": f"verifiers/{method}.py"},
+                                           resources)
+                errors += bad
+                if spec is not None:
+                    names.add(method)
+                    verifiers[method] = spec
+                    lines[method] = doc.line_of(loc) or 1
+                continue
+            known = sorted(names)
+            close = difflib.get_close_matches(method, known, n=1)
+            errors.append(ConfigError(
+                f"decision '{decision}' names unknown verification method '{method}'",
+                path=str(doc.path), line=doc.line_of(loc),
+                hint=(f"did you mean '{close[0]}'? " if close else "")
+                + f"name a verifier of 'verifiers:' ({', '.join(known) or 'none'}) or add "
+                  f"verifiers/{method}.py with a 'verify(context)' function"))
+    return errors
 
 
 def load_work_item(path: Path) -> WorkItem:
@@ -316,6 +405,9 @@ def load_work_item(path: Path) -> WorkItem:
             line=doc.line_of(("executor",)),
             hint=f"add '{field}:' under 'executor:'",
         ))
+    if item.decision_type is not None and repo.is_dir():
+        item, found = _decision_required(item, load_repo_config(repo), doc)
+        errors += found
     if item.required_verifiers and repo.is_dir():
         allowlist = load_repo_config(repo).verifiers
         for i, name in enumerate(item.required_verifiers):
@@ -327,3 +419,24 @@ def load_work_item(path: Path) -> WorkItem:
                 ))
     ConfigError.raise_all(errors)
     return item.model_copy(update={"repo": str(repo)})
+
+
+def _decision_required(item: WorkItem, config: RepoConfig,
+                       doc: YamlDoc) -> tuple[WorkItem, list[ConfigError]]:
+    """``item`` with its decision type's methods added to its required verifiers when its
+    blast radius is above the type's threshold (seed 003's DTE)."""
+    from choir.postconditions.decisions import required_methods
+
+    decision = config.decisions.get(item.decision_type or "")
+    if decision is None:
+        known = sorted(config.decisions)
+        close = difflib.get_close_matches(item.decision_type or "", known, n=1)
+        return item, [ConfigError(
+            f"unknown decision type '{item.decision_type}'", path=str(doc.path),
+            line=doc.line_of(("decision_type",)),
+            hint=(f"did you mean '{close[0]}'? " if close else "")
+            + f"declare it under 'decisions:' in {config.source} (known: "
+              f"{', '.join(known) or 'none'})")]
+    methods = required_methods(decision, item.blast_radius)
+    required = tuple(dict.fromkeys([*item.required_verifiers, *methods]))
+    return item.model_copy(update={"required_verifiers": required}), []

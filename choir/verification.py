@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -117,6 +117,7 @@ async def run_verifier_thread(
     diagnostic: bool = False,
     tests: tuple[str, ...] = (),
     runner: Callable[..., PipelineResult] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> tuple[VerifierRun, PipelineResult]:
     """Run ``spec`` in ``sandbox`` and turn its artifacts into a stored report.
 
@@ -131,7 +132,7 @@ async def run_verifier_thread(
     result = await asyncio.get_running_loop().run_in_executor(
         _POOL,
         functools.partial(runner or run_verifier, spec, repo=repo, sandbox=sandbox, store=store,
-                          run_id=run_id, target=target),
+                          run_id=run_id, target=target, env=env),
     )
     failpoint("green:ran")
     report = await abuild_report(result, spec=spec, store=store, target=target, reporter=reporter)

@@ -26,6 +26,7 @@ from choir.models import Mood, PlannedVerifier, Result, Target, WorkItem
 from choir.models._base import Frozen
 from choir.models.manifest import Platform
 from choir.policy import load_policy
+from choir.postconditions.episode import VerificationOutcome, episode
 from choir.tree import Snapshot, inspect_tree, remove_snapshot, snapshot, snapshot_root
 
 TAIL_LINES = 200
@@ -66,6 +67,8 @@ class SessionManifest(Frozen):
     duration_ms: int
     runs: dict[str, str]
     attestations: tuple[str, ...]
+    # postconditions' outcomes, each re-derived from its attestation by the audit (#13)
+    verification: tuple[VerificationOutcome, ...] = ()
 
 
 def is_session_manifest(data: object) -> bool:
@@ -166,6 +169,9 @@ def check_session(run_dir: Path, attestations: Any) -> list[tuple[str, str, str]
         if body.target.tree_hash != session.tree_hash:
             problems.append(("session_target", session.tree_hash, body.target.tree_hash))
         backed[body.run_id] = body
+    from choir.postconditions.episode import check_episode
+
+    problems += check_episode(session.verification, backed)
     for run_id in sorted(set(session.runs) - set(backed)):
         problems.append(("session_run_unattested", f"an attestation of {run_id}", "none"))
     for cmd in session.commands_executed:
@@ -420,7 +426,8 @@ def _conclude(repo: Path, session: str, mood: Mood, plan: Any, planned: list[Pla
         platform=_platform(first, sandbox.name, sandbox.isolation),
         duration_ms=int((time.monotonic() - started) * 1000),
         runs={run.run_id: run.manifest_hash for run in runs},
-        attestations=tuple(att.id for att in atts))
+        attestations=tuple(att.id for att in atts),
+        verification=episode(zip(runs, atts, strict=True)))
     manifest_json = session_manifest.model_dump(mode="json")
     _write_session(store, session, manifest_json)
     contract: dict[str, Any] = {

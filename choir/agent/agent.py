@@ -12,11 +12,12 @@ other run whose model never converges.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import secrets
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
@@ -30,7 +31,12 @@ from choir.agent.tools import Tool, as_tools, clip
 from choir.exceptions import FatalAgentError, ToolInputError
 from choir.models import Usage
 
+if TYPE_CHECKING:
+    from choir.postconditions.agent import Postcondition
+
 FINAL = "final_output"
+_BLAST_RADIUS: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "choir_agent_blast_radius", default=None)
 MAX_ERROR_CHARS = 1_500
 
 
@@ -103,6 +109,8 @@ class Agent:
             before the run ends with ``no_progress`` and ``verification_exhausted``.
         retry: retries for system errors (model transport, verifier crashes).
         model_settings: passed to litellm (``api_base``, ``temperature``, ...).
+        postconditions: per tool name, ``choir.postconditions.agent.Postcondition``s run
+            after each successful call; a fail or inconclusive is a rejection (one attempt).
     """
 
     def __init__(self, instructions: str = "", model: str | ModelClient | None = None,
@@ -111,7 +119,8 @@ class Agent:
                  *, max_turns: int = 40, max_invalid_responses: int = 3,
                  max_identical_rejections: int = 3,
                  retry: RetryPolicy | None = None, model_settings: dict[str, Any] | None = None,
-                 name: str = "agent") -> None:
+                 name: str = "agent",
+                 postconditions: Mapping[str, Sequence[Postcondition]] | None = None) -> None:
         if model is None:
             raise ValueError("Agent needs a model: a litellm name or a ModelClient")
         if verifier_max_attempts < 1 or max_turns < 1:
@@ -131,6 +140,11 @@ class Agent:
         self.verifier_max_attempts = verifier_max_attempts
         self.max_turns = max_turns
         self.max_invalid_responses = max_invalid_responses
+        self.postconditions = {k: tuple(v) for k, v in (postconditions or {}).items()}
+        unknown = sorted(set(self.postconditions) - set(self.tools))
+        if unknown:
+            raise ValueError(f"postconditions name unknown tools: {', '.join(unknown)}; "
+                             f"tools: {', '.join(self.tools) or 'none'}")
 
     # -- schema -----------------------------------------------------------------------
     def tool_schemas(self) -> list[dict[str, Any]]:
@@ -149,12 +163,24 @@ class Agent:
 
     async def run(self, query: str, *, run_id: str | None = None,
                   store: ContextStore | None = None, deps: Any = None,
-                  on_event: Callable[[AgentEvent], None] | None = None) -> AgentResult:
+                  on_event: Callable[[AgentEvent], None] | None = None,
+                  blast_radius: str | None = None) -> AgentResult:
         """Run until the output is accepted or the run fails; resumes a stored run.
 
         With ``store`` and ``run_id``, the context is saved after every step, and a run
         that already exists continues where it stopped (a finished one returns at once).
+        ``blast_radius`` (small, medium, large; default large) decides which tool
+        postconditions are required: those whose threshold it is above.
         """
+        token = _BLAST_RADIUS.set(blast_radius)  # per run, also for concurrent runs
+        try:
+            return await self._run(query, run_id=run_id, store=store, deps=deps,
+                                   on_event=on_event)
+        finally:
+            _BLAST_RADIUS.reset(token)
+
+    async def _run(self, query: str, *, run_id: str | None, store: ContextStore | None,
+                   deps: Any, on_event: Callable[[AgentEvent], None] | None) -> AgentResult:
         run_id = run_id or f"{self.name}-{secrets.token_hex(6)}"
         log: list[AgentEvent] = []
         output: Any = None
@@ -274,6 +300,49 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - the model is told, the run goes on
             emit("tool_error", {"tool": name, "error": type(exc).__name__})
             content = f"Error: the tool failed ({type(exc).__name__}: {one_line(str(exc))})"
+        else:
+            if self.postconditions.get(name):
+                return await self._postconditions(ctx, call, name, args, content, emit)
+        return self._tool_reply(ctx, call, content)
+
+    async def _postconditions(self, ctx: AgentContext, call: dict[str, Any], name: str,
+                              args: BaseModel, content: str,
+                              emit: Callable[[str, dict[str, Any] | None], None]
+                              ) -> AgentContext:
+        """The tool mutated state: check its effect. A fail or inconclusive is a rejection
+        (seed 000's block, one attempt, same accounting as a rejected final output)."""
+        from choir.agent.feedback import rejection_feedback
+        from choir.agent.gate import candidate_hash
+
+        action = {"tool": name, **args.model_dump(mode="json")}
+        context = {"action": action, "tool_result": content[:4000]}
+        radius = _BLAST_RADIUS.get()
+        for check in self.postconditions[name]:
+            if not check.required(radius):
+                continue
+            result = await asyncio.to_thread(check.check, context)
+            emit("postcondition_" + result.outcome,
+                 {"tool": name, "postcondition": check.name, "severity": result.severity})
+            if result.outcome == "pass":
+                continue
+            emit("drift", {"signal": "verify", "severity": result.severity,
+                           "postcondition": check.name, "detail": one_line(result.detail)})
+            state = Gate._count(ctx.verification, candidate_hash(action), ctx.turn)
+            ctx = ctx.model_copy(update={"verification": state,
+                                         "attempt": state.attempts_used})
+            stuck = state.repeats >= (self.gate.max_repeats if self.gate else 3)
+            feedback = rejection_feedback(
+                f"postcondition {check.name} {result.outcome} after {name}: {result.detail}",
+                f"postcondition_{result.outcome}",
+                {"tool": name, "severity": result.severity},
+                attempts_used=state.attempts_used, max_attempts=self.verifier_max_attempts,
+                repeats=state.repeats)
+            emit("verification_rejected", {"attempts_used": state.attempts_used})
+            ctx = self._tool_reply(ctx, call, f"{content}\n{feedback}")
+            if stuck or state.attempts_used >= self.verifier_max_attempts:
+                emit("verification_exhausted", {"attempts_used": state.attempts_used})
+                raise _Done(self._fail(ctx, "verification_exhausted"))
+            return ctx
         return self._tool_reply(ctx, call, content)
 
     def _invalid(self, ctx: AgentContext, call: dict[str, Any] | None, text: str,

@@ -13,6 +13,7 @@ import io
 import os
 import tarfile
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -98,7 +99,8 @@ class DaskFanout:
             return self._snapshots[repo]
 
     def run_verifier(self, spec: VerifierSpec, *, repo: Path, sandbox: Sandbox,
-                     store: ArtifactStore, run_id: str, target: Target) -> PipelineResult:
+                     store: ArtifactStore, run_id: str, target: Target,
+                     env: Mapping[str, str] | None = None) -> PipelineResult:
         """Run ``spec`` on a worker and land its sealed run folder in ``store``.
 
         A run id that already sealed here (a resumed green thread) is returned as stored,
@@ -118,7 +120,7 @@ class DaskFanout:
         future = self._client.submit(
             _run_on_worker,
             spec.model_dump_json(), target.model_dump_json(), run_id, snapshot, snapshot_hash,
-            sandbox.name, self.options, sandbox.require_limits, pure=False,
+            sandbox.name, self.options, sandbox.require_limits, dict(env or {}), pure=False,
             key=f"choir-{run_id}")
         try:
             remote = RemoteRun.model_validate(future.result(), strict=True)

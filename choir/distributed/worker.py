@@ -53,7 +53,7 @@ def _tree(snapshot: bytes, snapshot_hash: str) -> Path:
 
 def run_on_worker(spec_json: str, target_json: str, run_id: str, snapshot: bytes,
                   snapshot_hash: str, sandbox_name: str, options: dict[str, Any],
-                  require_limits: bool) -> RemoteRun:
+                  require_limits: bool, env: dict[str, str] | None = None) -> RemoteRun:
     """Run one verifier here; returns its sealed run folder as a ``RemoteRun``."""
     import socket
 
@@ -71,7 +71,7 @@ def run_on_worker(spec_json: str, target_json: str, run_id: str, snapshot: bytes
     try:
         store = ArtifactStore(scratch)
         result = run_verifier(spec, repo=repo, sandbox=sandbox, store=store, run_id=run_id,
-                              target=target)
+                              target=target, env=env)
         base = store.run_dir(run_id)
         files = {rel: (base / rel).read_bytes() for rel in result.manifest.files}
         remote = RemoteRun(run_id=run_id, manifest_json=(base / "manifest.json").read_bytes(),

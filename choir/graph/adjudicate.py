@@ -145,9 +145,16 @@ async def adjudicate_node(state: RunState) -> Command[Goto]:
                           max_attempts=item.max_attempts, history=state.get("history", []),
                           nested_done=state.get("nested", 0), can_split=len(parts) >= 2,
                           broaden=owed, contradicted=contradicted)
+    from choir.postconditions.drift import apply_policy, drift_events, record_drift
+
+    this_round = f"{state['run_id']}-r{state.get('round', 0)}-"
+    drift = drift_events([r for r in runs if r.run_id.startswith(this_round)],
+                         state.get("attestations", {}))
+    decision = apply_policy(decision, drift, config.decisions.get(item.decision_type or ""))
     parts = [p.model_copy(update={"mood": decision.mood}) for p in parts]
     round_no = state.get("round", 0) + 1
     key = f"{state['run_id']}/{item.id}/{round_no}"
+    record_drift(db, drift, work_item=item.id, tree_hash=state["target"].tree_hash, key=key)
     asserted = _record(db, state, decision, results, key)
     failpoint("adjudicate:written")
     base: dict[str, Any] = {"mood": decision.mood.value, "reason": decision.reason,
@@ -155,7 +162,7 @@ async def adjudicate_node(state: RunState) -> Command[Goto]:
     event = f"round {round_no} ({item.id}): {decision.action} ({decision.reason})"
     if decision.mood is not mood:
         event += f"; mood {mood.value} -> {decision.mood.value}"
-    base["events"] = [event]
+    base["events"] = [event, *(d.line() for d in drift)]
     if decision.action == "done":
         if item.split_of is not None:
             return _next_part(state, base)
@@ -177,7 +184,7 @@ async def adjudicate_node(state: RunState) -> Command[Goto]:
             **base, "work_item": parts[0], "parts": parts[1:], "parent": frame,
             "split_done": True, "attempt": 0, "history": [], "status": "running",
             "feedback": part_feedback(parts[0], reports),
-            "events": [event, f"split {item.id} into {', '.join(p.id for p in parts)}"]})
+            "events": [*base["events"], f"split {item.id} into {', '.join(p.id for p in parts)}"]})
     if decision.action == "retry":
         return Command(goto="execute", update={**base, "history": history, "status": "running",
                                                "feedback": reports})

@@ -87,14 +87,18 @@ async def green_thread(state: GreenIn) -> GreenOut:
             sandbox = open_sandbox(config, policy, Mood(state["mood"]))
             fanout = fanout_from_env(sandbox_options(config))  # CHOIR_SCHEDULER: on a cluster
             try:
+                from choir.postconditions.context import context_env
+
+                spec = lens_spec(config.verifiers[planned.name], planned)
                 run, _ = await run_verifier_thread(
-                    lens_spec(config.verifiers[planned.name], planned),
+                    spec,
                     repo=verified_tree(Path(item.repo), state["target"]),
                     target=state["target"], sandbox=sandbox, store=ArtifactStore(),
                     run_id=state["run_id"], reporter=config.models.reporter,
                     lens=planned.lens, replica=planned.replica,
                     diagnostic=planned.diagnostic, tests=planned.tests,
-                    runner=fanout.run_verifier if fanout else None)
+                    runner=fanout.run_verifier if fanout else None,
+                    env=context_env(spec, item, run_id=state["run_id"]))
             finally:
                 sandbox.close()
                 if fanout:
@@ -270,7 +274,14 @@ async def attest(state: RunState) -> dict[str, Any]:
             usage.append(("reporter", run.report.usage))
     failpoint("attest:minted")
     new = len(minted) - len(state.get("attestations", {}))
-    return {"attestations": minted, "usage": usage, "events": [f"attested {new}"]}
+    events = [f"attested {new}"]
+    from choir.postconditions.episode import seal_round
+
+    round_id = f"{state['run_id']}-r{state.get('round', 0)}"
+    this_round = [r for r in state.get("runs", []) if r.run_id.startswith(round_id + "-")]
+    if seal_round(round_id, this_round, minted, mood=state["mood"]):
+        events.append(f"episode sealed: runs/{round_id}/manifest.json")
+    return {"attestations": minted, "usage": usage, "events": events}
 
 
 def approve(state: RunState) -> dict[str, Any]:

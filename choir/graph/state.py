@@ -84,5 +84,7 @@ def checkpoint_types() -> list[tuple[str, str]]:
     found += [(config.__name__, n) for n in ("RepoConfig", "ModelsConfig", "SandboxConfig",
                                              "MoodOverride")]
     found += [(policy.__name__, n) for n in ("Policy", "MoodPolicy")]
+    found += [("choir.postconditions.decisions", n) for n in ("Decision",
+                                                             "DecisionVerification")]
     return [*found, (VerifierRun.__module__, "VerifierRun"),
             (ParentFrame.__module__, "ParentFrame")]

@@ -25,6 +25,7 @@ class VerifierKind(StrEnum):
     SECURITY_SCAN = "security_scan"
     POLICY_GATE = "policy_gate"
     PIPELINE = "pipeline"
+    POSTCONDITION = "postcondition"  # a callable or scaffold checking an action's effect
 
 
 class StepSpec(Frozen):

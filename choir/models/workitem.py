@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -71,3 +71,9 @@ class WorkItem(Frozen):
     """Set on a part of a split work item: the parent's id. A part verifies only its own
     required verifiers (narrowed to ``focus`` tests where the verifier can isolate them)."""
     focus: tuple[str, ...] = ()
+    decision_type: str | None = None
+    """A ``decisions:`` entry of ``choir.yaml``: above its blast-radius threshold, its
+    verification methods are required before anything is ASSERTed (issue #13)."""
+    action: dict[str, Any] = Field(default_factory=dict)
+    """What the action did (ids, values written), handed to postconditions as
+    ``context["action"]``: named SQL parameters and expected values come from here."""

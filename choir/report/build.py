@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from choir.models import Counts, Result, Target, VerificationReport, VerifierSpec
+from choir.models import (
+    Counts,
+    Result,
+    Target,
+    VerificationReport,
+    VerifierKind,
+    VerifierSpec,
+)
 from choir.models.report import NEXT_ACTION_MAX, SUMMARY_MAX
 from choir.report.parsers import ParseInput, ParseResult, get_parser
 
@@ -65,6 +72,10 @@ def decide(result: PipelineResult, parsed: ParseResult, parser: str,
     """
     if result.infra_error:
         return Result.INCONCLUSIVE, f"the sandbox failed: {result.infra_error[:200]}"
+    if parser == "postcondition":  # exit codes 0/1/3 from the harness; any other fault:
+        from choir.postconditions.parser import decide_postcondition  # INCONCLUSIVE
+
+        return decide_postcondition(result, parsed)
     records = result.manifest.commands_executed
     for index, rec in enumerate(records):
         if rec.timed_out:
@@ -127,6 +138,9 @@ def deterministic_report(result: PipelineResult, *, spec: VerifierSpec, target: 
         actions = ["No action needed: every step passed."]
     elif verdict is Result.INCONCLUSIVE and result.infra_error:
         actions = ["Rerun in a working sandbox; this run proves nothing either way."]
+    elif verdict is Result.INCONCLUSIVE and spec.kind is VerifierKind.POSTCONDITION:
+        actions = ["The action's effect could not be verified (no answer in time, or the "
+                   "check itself broke): check the resource and the verifier, then rerun."]
     elif verdict is Result.INCONCLUSIVE:
         actions = ["Fix the verifier's command or configuration in choir.yaml: the tool did "
                    "not run the checks, so this run proves nothing either way."]

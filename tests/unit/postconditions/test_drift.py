@@ -1,0 +1,45 @@
+"""Drift: which runs raise it, with which severity, and what a decision's policy does."""
+
+from __future__ import annotations
+
+import pytest
+
+from choir.director import Decision as Move
+from choir.models import Counts, FailureSignature, Mood, Result, Target, VerificationReport
+from choir.postconditions.decisions import Decision
+from choir.postconditions.drift import apply_policy, drift_events
+from choir.verification import VerifierRun
+
+
+def _run(name: str, result: Result, kind: str = "postcondition") -> VerifierRun:
+    sig = () if result is Result.PASS else (FailureSignature(
+        id="x", kind=f"postcondition_{result.value.lower()}", excerpt=f"{name} said no"),)
+    report = VerificationReport(
+        verifier=name, verifier_type=kind, result=result, summary="s", confidence=0.5,
+        target=Target(tree_hash="t" * 64), failure_signatures=sig, counts=Counts(),
+        next_actions=("a",))
+    return VerifierRun(verifier=name, run_id=f"r-{name}", report=report, report_hash="h",
+                       manifest_hash="m")
+
+
+def test_fail_is_yellow_inconclusive_red_and_tree_verifiers_raise_none() -> None:
+    events = drift_events([_run("a", Result.FAIL), _run("b", Result.INCONCLUSIVE),
+                           _run("c", Result.PASS), _run("d", Result.FAIL, "unit_tests")],
+                          {"r-a": "att-a"})
+    assert [(e.verifier, e.severity, e.attestation) for e in events] == [
+        ("a", "yellow", "att-a"), ("b", "red", None)]
+    assert events[0].line() == "drift verify yellow: a: a said no"
+
+
+@pytest.mark.parametrize(("policy", "action", "mood"), [
+    ("continue", "retry", Mood.CALM), ("halt", "halt", Mood.CALM),
+    ("degrade", "retry", Mood.SKEPTICAL)])
+def test_red_drift_policy(policy: str, action: str, mood: Mood) -> None:
+    rule = Decision.model_validate({"verification": {"methods": ["b"],
+                                                     "on_red_drift": policy}})
+    red = drift_events([_run("b", Result.INCONCLUSIVE)])
+    yellow = drift_events([_run("a", Result.FAIL)])
+    move = Move(action="retry", mood=Mood.CALM, reason="verification failed")
+    after = apply_policy(move, red, rule)
+    assert (after.action, after.mood) == (action, mood)
+    assert apply_policy(move, yellow, rule) == move  # only red drift triggers the policy
