@@ -182,6 +182,8 @@ def export_run(run_id: str, *, home: Path | None = None,
         elif ev.kind in ("decision", "run_ended", "awaiting_approval"):
             status = str(ev.data.get("status") or status)
             reason = str(ev.data.get("reason") or reason)
+        elif ev.kind == "run_resumed":  # what an earlier stop said no longer holds
+            insufficient = None
         elif ev.kind == "insufficient_evidence":
             insufficient = InsufficientEvidence(reason=str(ev.data.get("reason", "")))
     if attested and (base / "ahdb.sqlite").exists():

@@ -146,17 +146,25 @@ class TraceRecorder:
                 "status": update.get("status"), "reason": str(update.get("reason", ""))[:1000],
                 "mood": update.get("mood"), "asserted": update.get("asserted") or None})
 
-    def ended(self, values: dict[str, Any], waiting: bool) -> None:
-        """The run stopped: paused for approval, or ended (with its insufficiency, if any)."""
+    def ended(self, values: dict[str, Any], waiting: bool) -> str:
+        """The run stopped: paused for approval, or ended. Returns its insufficient-evidence
+        output (seed 004), '' when the evidence decided the run."""
         status = str(values.get("status", "unknown"))
         if waiting:
             self.emit("awaiting_approval", data={"status": status})
-            return
+            return ""
         reason = str(values.get("reason", ""))[:1000]
         missing = insufficiency(status, self.last_round)
         if missing:
             self.emit("insufficient_evidence", data={"reason": missing})
         self.emit("run_ended", data={"status": status, "reason": reason})
+        return missing
+
+
+    def failed(self, error: BaseException) -> None:
+        """The run stopped on an error (a refused sandbox, a broken executor): it ended."""
+        self.ended({"status": "error", "reason": f"{type(error).__name__}: {error}"[:1000]},
+                   waiting=False)
 
 
 def insufficiency(status: str, last_round: list[str]) -> str:

@@ -357,7 +357,11 @@ def _check_evidence_and_citations(trace: Trace, store: ArtifactStore,
 
 
 def _check_insufficient(trace: Trace, fails: _Failures) -> None:
-    emitted = [n for n, ev in enumerate(trace.events) if ev.kind == "insufficient_evidence"]
+    # the output of the run's last stretch counts: a resumed run may still find its evidence
+    resumed = max((n for n, ev in enumerate(trace.events) if ev.kind == "run_resumed"),
+                  default=-1)
+    emitted = [n for n, ev in enumerate(trace.events)
+               if ev.kind == "insufficient_evidence" and n > resumed]
     declared = trace.outcome.insufficient_evidence is not None
     if bool(emitted) != declared:
         fails.add("insufficient_evidence", "outcome.insufficient_evidence",

@@ -288,3 +288,57 @@ def test_cli_usage_errors_exit_2_naming_the_file(home: Path, tmp_path: Path) -> 
     assert proc.returncode == 2 and str(garbage) in proc.stderr and proc.stdout == ""
     proc = _cli(home, "export", "no-such-run")
     assert proc.returncode == 2 and "no-such-run" in proc.stderr
+
+
+def _audit(home: Path) -> tuple[int, list[dict[str, Any]]]:
+    proc = subprocess.run([PY, "-m", "choir", "audit", "--json"], capture_output=True,
+                          text=True, timeout=120, env=_env(home))
+    return proc.returncode, json.loads(proc.stdout)["violations"]
+
+
+def _edit_record(home: Path, keep: Callable[[dict[str, Any]], bool]) -> None:
+    path = home / "traces" / "t1.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines if keep(x)))
+
+
+def test_audit_verifies_every_runs_trace(home: Path) -> None:
+    code, violations = _audit(home)
+    assert code == 0 and violations == []
+    _edit_record(home, lambda r: not (r["kind"] == "tool_result" and r["name"] == "unit"))
+    code, violations = _audit(home)
+    assert code == 1
+    kinds = {v["kind"] for v in violations}
+    assert "trace_tool_linkage" in kinds and all(k.startswith("trace_") for k in kinds)
+
+
+def test_audit_names_a_truncated_trace(home: Path) -> None:
+    _edit_record(home, lambda r: r["kind"] != "run_ended")
+    code, violations = _audit(home)
+    assert code == 1 and [v["kind"] for v in violations] == ["trace_required_steps"]
+
+
+def test_a_run_without_enough_evidence_says_so(tmp_path: Path) -> None:
+    """A verifier that cannot run (command not found): INCONCLUSIVE, nested reruns, halt. The
+    run emits an explicit insufficient-evidence output and every claim is marked so."""
+    home = tmp_path / "home"
+    home.mkdir()
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "choir.yaml").write_text(
+        "verifiers:\n  unit:\n    kind: unit_tests\n    steps:\n"
+        "      - name: check\n        command: no-such-tool-7f3a --run\n")
+    item = tmp_path / "item.yaml"
+    item.write_text("id: probe\ngoal: the tool must pass\nrepo: ./repo\nmax_attempts: 1\n"
+                    "executor:\n  kind: command\n  command: 'true'\n")
+    proc = subprocess.run([PY, "-m", "choir", "run", str(item), "--run-id", "t2", "--json"],
+                          capture_output=True, text=True, timeout=300, env=_env(home))
+    assert proc.returncode == 1, proc.stderr
+    assert any(e.startswith("insufficient evidence: ") for e in json.loads(proc.stdout)["events"])
+    store = ArtifactStore(home / "artifacts")
+    raw = export_run("t2", home=home, store=store).model_dump(mode="json")
+    assert raw["outcome"]["insufficient_evidence"]["reason"]
+    assert raw["claims"] and all(c["insufficient"] for c in raw["claims"])
+    assert verify_trace(json.loads(json.dumps(raw)), store).ok
+    raw["claims"][0]["insufficient"] = False
+    assert _failed(verify_trace(raw, store)) == {"insufficient_evidence"}
