@@ -31,6 +31,7 @@ from choir.models import (
     Result,
     Target,
     VerificationReport,
+    VerifierKind,
     VerifierPlan,
 )
 from choir.verification import VerifierRun
@@ -83,17 +84,23 @@ async def green_thread(state: GreenIn) -> GreenOut:
         emit({**label, "state": "running"})
         started = time.monotonic()
         try:
-            sandbox = open_sandbox(config, policy, Mood(state["mood"]))
-            try:
-                run, _ = await run_verifier_thread(
-                    lens_spec(config.verifiers[planned.name], planned),
-                    repo=verified_tree(Path(item.repo), state["target"]),
-                    target=state["target"], sandbox=sandbox, store=ArtifactStore(),
-                    run_id=state["run_id"], reporter=config.models.reporter,
-                    lens=planned.lens, replica=planned.replica,
-                    diagnostic=planned.diagnostic, tests=planned.tests)
-            finally:
-                sandbox.close()
+            if config.verifiers[planned.name].kind is VerifierKind.TRACE:  # in-process
+                from choir.trace.step import run_trace_step
+
+                run = await asyncio.to_thread(run_trace_step, planned, state["run_id"],
+                                              state["target"], ArtifactStore())
+            else:
+                sandbox = open_sandbox(config, policy, Mood(state["mood"]))
+                try:
+                    run, _ = await run_verifier_thread(
+                        lens_spec(config.verifiers[planned.name], planned),
+                        repo=verified_tree(Path(item.repo), state["target"]),
+                        target=state["target"], sandbox=sandbox, store=ArtifactStore(),
+                        run_id=state["run_id"], reporter=config.models.reporter,
+                        lens=planned.lens, replica=planned.replica,
+                        diagnostic=planned.diagnostic, tests=planned.tests)
+                finally:
+                    sandbox.close()
         except Exception as exc:  # noqa: BLE001 - a crash is evidence of nothing
             run = _crash_report(state, exc)
     emit({**label, "state": "done", "result": run.report.result.value,
