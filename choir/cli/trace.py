@@ -19,11 +19,21 @@ def trace() -> None:
 @click.argument("run_id")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the trace here instead of stdout.")
-def trace_export(run_id: str, output: Path | None) -> int:
-    """Build the trace of a `choir run` from what it stored."""
+@click.option("--agent-store", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              default=None, help="A durable Agent run: the SqliteContextStore file it saved to.")
+def trace_export(run_id: str, output: Path | None, agent_store: Path | None) -> int:
+    """Build the trace of a `choir run` (or a durable Agent run) from what it stored."""
+    from choir.artifacts import ArtifactStore
     from choir.trace import export_run
 
-    text = export_run(run_id).model_dump_json(indent=1)
+    if agent_store is not None:
+        from choir.agent import SqliteContextStore
+        from choir.trace.agent import export_agent
+
+        trace = export_agent(run_id, SqliteContextStore(agent_store), ArtifactStore())
+    else:
+        trace = export_run(run_id)
+    text = trace.model_dump_json(indent=1)
     if output is None:
         click.echo(text)
     else:
