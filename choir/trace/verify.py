@@ -239,9 +239,8 @@ def _check_linkage(trace: Trace, fails: _Failures) -> int:
 
 def _check_required(trace: Trace, fails: _Failures, partial: bool) -> None:
     kinds = [ev.kind for ev in trace.events]
-    first = "run_started" if trace.source == "run" else None
-    if first and (not kinds or kinds[0] != first):
-        fails.add("required_steps", "events[0]", f"the trace does not begin with {first}")
+    if not kinds or kinds[0] != "run_started":
+        fails.add("required_steps", "events[0]", "the trace does not begin with run_started")
     if not partial and (not kinds or kinds[-1] not in ("run_ended", "awaiting_approval")):
         fails.add("required_steps", "events[-1]", "the trace does not end with run_ended "
                                                   "(an unfinished or truncated run)")
