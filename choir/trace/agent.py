@@ -102,7 +102,7 @@ def export_agent(run_id: str, contexts: SqliteContextStore, store: ArtifactStore
     if ctx.status == "completed" and final is not None:
         first, last = final
         seq = event("model_output", end, name=FINAL, data={"line": last})
-        text = json.dumps(ctx.output, default=str, sort_keys=True)[:1800]
+        text = json.dumps(ctx.output, default=str, sort_keys=True)[:1800].replace("[@", "[ @")
         claims.append(DerivedClaim(
             id=f"{run_id}/output", kind="output", text=f"output: {text} [@1]", event_seq=seq,
             citations=(TraceCitation(artifact=digest, line_start=first, line_end=last,

@@ -74,8 +74,9 @@ class _Builder:
               cites: list[TraceCitation | None]) -> None:
         found = tuple(dict.fromkeys(c for c in cites if c is not None))[:8]
         markers = "".join(f" [@{n}]" for n in range(1, len(found) + 1))
+        text = text[:1900].replace("[@", "[ @")  # text from a log never reads as a marker
         self.claims.append(DerivedClaim(
-            id=claim_id[:200], kind=kind, text=text[:1900] + markers,  # type: ignore[arg-type]
+            id=claim_id[:200], kind=kind, text=text + markers,  # type: ignore[arg-type]
             event_seq=seq, citations=found))
 
 
@@ -101,7 +102,8 @@ def _verifier_result(b: _Builder, ev: TraceEvent, reports: dict[str, str]) -> No
         cite = sig.citation
         own = TraceCitation(artifact=cite.artifact, line_start=cite.line_start,
                             line_end=cite.line_end, span_hash=cite.span_hash) if cite else None
-        b.add_evidence(cite.artifact, "log", f"{ev.call_id}/cited") if cite else None
+        if cite is not None:
+            b.add_evidence(cite.artifact, "log", f"{ev.call_id}/cited")
         what = " ".join(x for x in (sig.kind, sig.test_id or "", sig.location or "") if x)
         b.claim(f"{ev.call_id}/signature/{n}", "failure_signature",
                 f"{what}: {sig.excerpt}".strip(), ev.seq,

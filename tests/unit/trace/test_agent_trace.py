@@ -86,3 +86,11 @@ def test_an_unknown_agent_run_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="no agent run"):
         export_agent("nope", SqliteContextStore(tmp_path / "a.sqlite"),
                      ArtifactStore(tmp_path / "artifacts"))
+
+
+async def test_output_text_cannot_forge_a_citation_marker(tmp_path: Path) -> None:
+    """An output (or a log excerpt) that contains ``[@9]`` must not break or fake grounding."""
+    contexts, store = await _run(tmp_path, [final_output(summary="see [@9] and [@1]")])
+    trace = export_agent("job", contexts, store)
+    assert verify_trace(trace.model_dump(mode="json"), store).ok
+    assert trace.claims[0].text.count("[@") == 1
