@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -46,11 +47,32 @@ def recorded_runs(home: Path) -> Iterator[str]:
             yield path.name.removesuffix(".jsonl")
 
 
+def checkpointed_runs(home: Path) -> set[str]:
+    """Every ``choir run`` the checkpoint database knows (read-only; none without one)."""
+    path = home / "checkpoints.sqlite"
+    if not path.is_file():
+        return set()
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return {str(r[0]) for r in conn.execute("SELECT DISTINCT thread_id FROM checkpoints")}
+    except sqlite3.Error:
+        return set()  # no table yet: no run ever checkpointed
+    finally:
+        conn.close()
+
+
 def check_traces(home: Path, store: ArtifactStore, counts: dict[str, int]) -> list[Violation]:
-    """Violations of every recorded run's trace; ``counts`` gains traces (and traces_live)."""
+    """Violations of every recorded run's trace; ``counts`` gains traces (and traces_live).
+
+    A run the checkpoints know but whose trace is gone is named too: deleting a trace must
+    not be a way to hide it.
+    """
     from choir.trace import export_run, verify_trace
 
-    found: list[Violation] = []
+    found: list[Violation] = [
+        Violation(kind="trace_missing", object=f"trace {run_id}",
+                  expected="the run's recorded trace", found="absent")
+        for run_id in sorted(checkpointed_runs(home) - set(recorded_runs(home)))]
     for run_id in recorded_runs(home):
         if _live(home, run_id):
             counts["traces_live"] = counts.get("traces_live", 0) + 1

@@ -342,3 +342,31 @@ def test_a_run_without_enough_evidence_says_so(tmp_path: Path) -> None:
     assert verify_trace(json.loads(json.dumps(raw)), store).ok
     raw["claims"][0]["insufficient"] = False
     assert _failed(verify_trace(raw, store)) == {"insufficient_evidence"}
+
+
+def test_audit_names_a_deleted_trace(home: Path) -> None:
+    (home / "traces" / "t1.jsonl").unlink()
+    code, violations = _audit(home)
+    assert code == 1 and [(v["kind"], v["object"]) for v in violations] == [
+        ("trace_missing", "trace t1")]
+
+
+def test_a_run_killed_and_resumed_leaves_a_trace_that_verifies(tmp_path: Path,
+                                                               choir_home: Path) -> None:
+    from choir._failpoints import ENV
+
+    item = make_item(tmp_path, executor=fix_cmd(tmp_path))
+    env = _env(choir_home)
+    crashed = subprocess.run([PY, "-m", "choir", "run", str(item), "--run-id", "kr"],
+                             capture_output=True, text=True, timeout=300,
+                             env={**env, ENV: "attest:minted"})
+    assert crashed.returncode < 0, crashed.stderr
+    resumed = subprocess.run([PY, "-m", "choir", "run", "--resume", "kr", "--json"],
+                             capture_output=True, text=True, timeout=300, env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    store = ArtifactStore(choir_home / "artifacts")
+    raw = export_run("kr", home=choir_home, store=store).model_dump(mode="json")
+    kinds = [e["kind"] for e in raw["events"]]
+    assert kinds.count("run_resumed") == 1 and kinds[-1] == "run_ended"
+    assert kinds.count("attestation") == 2  # minted once each, though the node ran again
+    assert verify_trace(json.loads(json.dumps(raw)), store).ok
