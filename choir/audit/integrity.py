@@ -107,7 +107,7 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
     from choir.audit.traces import check_traces
 
     trace_counts: dict[str, int] = {}
-    found.extend(check_traces(base, store, trace_counts))
+    found.extend(check_traces(base, store, trace_counts, valid.values()))
     counts.update(trace_counts)
 
     # 5. the AHDB: chain links, then a replay through the write rules

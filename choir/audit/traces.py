@@ -10,14 +10,14 @@ from __future__ import annotations
 import fcntl
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from choir.exceptions import ChoirError
-from choir.models import Violation
+from choir.models import Attestation, Violation
 
 if TYPE_CHECKING:
     from choir.artifacts import ArtifactStore
@@ -61,13 +61,29 @@ def checkpointed_runs(home: Path) -> set[str]:
         conn.close()
 
 
-def check_traces(home: Path, store: ArtifactStore, counts: dict[str, int]) -> list[Violation]:
+def _attested_calls(attestations: Iterable[Attestation]) -> dict[str, dict[str, str]]:
+    """run id -> {attestation id: verifier call} for every attestation minted in a run."""
+    from choir.trace.step import parent_run
+
+    out: dict[str, dict[str, str]] = {}
+    for att in attestations:
+        run = parent_run(att.body.run_id, att.body.verifier)
+        if run != att.body.run_id:
+            out.setdefault(run, {})[att.id] = att.body.run_id
+    return out
+
+
+def check_traces(home: Path, store: ArtifactStore, counts: dict[str, int],
+                 attestations: Iterable[Attestation] = ()) -> list[Violation]:
     """Violations of every recorded run's trace; ``counts`` gains traces (and traces_live).
 
-    A run the checkpoints know but whose trace is gone is named too: deleting a trace must
-    not be a way to hide it.
+    A run the checkpoints know but whose trace is gone is named too, and so is a valid
+    attestation minted in a run that its trace does not record: deleting a trace, or a
+    verifier call from one, must not be a way to hide it.
     """
     from choir.trace import export_run, verify_trace
+
+    minted = _attested_calls(attestations)
 
     found: list[Violation] = [
         Violation(kind="trace_missing", object=f"trace {run_id}",
@@ -84,6 +100,13 @@ def check_traces(home: Path, store: ArtifactStore, counts: dict[str, int]) -> li
             found.append(Violation(kind="trace_unreadable", object=f"trace {run_id}",
                                    expected="an exportable trace", found=str(exc)[:200]))
             continue
+        recorded = {ev.name for ev in trace.events if ev.kind == "attestation"}
+        for att_id, call in sorted(minted.get(run_id, {}).items()):
+            if att_id not in recorded:
+                found.append(Violation(kind="trace_unrecorded_attestation",
+                                       object=f"trace {run_id}: {call}",
+                                       expected=f"attestation {att_id} in the trace",
+                                       found="absent"))
         result = verify_trace(trace.model_dump(mode="json"), store)
         for f in result.failures:
             found.append(Violation(kind=f"trace_{f.check}", object=f"trace {run_id}: {f.where}"

@@ -370,3 +370,22 @@ def test_a_run_killed_and_resumed_leaves_a_trace_that_verifies(tmp_path: Path,
     assert kinds.count("run_resumed") == 1 and kinds[-1] == "run_ended"
     assert kinds.count("attestation") == 2  # minted once each, though the node ran again
     assert verify_trace(json.loads(json.dumps(raw)), store).ok
+
+
+def test_audit_names_a_verifier_call_cut_from_a_trace(home: Path) -> None:
+    """Cut round 2's verifier (its plan entry, call, result and attestation) from the record:
+    the trace alone stays well-formed, but the minted attestation it no longer records is
+    named."""
+    path = home / "traces" / "t1.jsonl"
+    records = [json.loads(x) for x in path.read_text().splitlines()]
+    call = [r for r in records if r["kind"] == "tool_call" and r["name"] == "unit"][-1]
+    kept = [r for r in records if r.get("call_id") != call["call_id"]
+            and r.get("data", {}).get("call") != call["call_id"]
+            and not (r["kind"] == "plan" and r["data"]["plan"] == call["data"]["plan"])]
+    for n, record in enumerate(kept):
+        record["seq"] = n + 1
+    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    code, violations = _audit(home)
+    assert code == 1
+    assert [v["kind"] for v in violations] == ["trace_unrecorded_attestation"]
+    assert call["call_id"] in violations[0]["object"]
