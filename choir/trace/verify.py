@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -289,27 +290,33 @@ def _check_markers(trace: Trace, fails: _Failures) -> None:
 
 def _scan(store: ArtifactStore, digest: str,
           spans: list[tuple[int, int]]) -> tuple[str, int, dict[tuple[int, int], str]]:
-    """One streaming pass: the file's blake3, its line count, and each span's blake3."""
+    """One streaming pass: the file's blake3, its line count, and each span's blake3.
+
+    Lines are split only up to the last cited one; past it, newlines are just counted.
+
+    Raises:
+        IntegrityError: ``digest`` is missing or not a regular file.
+    """
     whole = blake3.blake3(max_threads=1)
     hashers = {span: blake3.blake3(max_threads=1) for span in spans}
-    line, pending = 1, False
+    last_cited = max((hi for _, hi in spans), default=0)
+    line, lines, pending = 1, 0, False
     with store.open(digest) as fh:
         for chunk in iter(lambda: fh.read(_CHUNK), b""):
             whole.update(chunk)
+            lines += chunk.count(b"\n")
+            pending = not chunk.endswith(b"\n")
             start = 0
-            while start < len(chunk):
+            while line <= last_cited and start < len(chunk):
                 cut = chunk.find(b"\n", start)
                 end = len(chunk) if cut < 0 else cut + 1
-                piece = chunk[start:end]
                 for (lo, hi), h in hashers.items():
                     if lo <= line <= hi:
-                        h.update(piece)
-                pending = cut < 0
+                        h.update(chunk[start:end])
                 if cut >= 0:
                     line += 1
                 start = end
-    lines = line - 1 + pending
-    return whole.hexdigest(), lines, {s: h.hexdigest() for s, h in hashers.items()}
+    return whole.hexdigest(), lines + pending, {s: h.hexdigest() for s, h in hashers.items()}
 
 
 def _check_evidence_and_citations(trace: Trace, store: ArtifactStore,
@@ -328,6 +335,16 @@ def _check_evidence_and_citations(trace: Trace, store: ArtifactStore,
                           f"cites {cite.artifact}, which is not among the evidence files")
                 continue
             cited[cite.artifact].append((where, cite))
+    def scan(digest: str) -> tuple[str, int, dict[tuple[int, int], str]] | Exception:
+        spans = list({(c.line_start, c.line_end) for _, c in cited.get(digest, [])})
+        try:
+            return _scan(store, digest, spans)
+        except Exception as exc:  # noqa: BLE001 - unreadable evidence is missing evidence
+            return exc
+
+    unique = list(dict.fromkeys(e.hash for e in trace.evidence))
+    with ThreadPoolExecutor(max_workers=4) as pool:  # file reads and hashing leave the GIL
+        scans = dict(zip(unique, pool.map(scan, unique), strict=True))
     seen: set[str] = set()
     scanned = 0
     for n, ev in enumerate(trace.evidence):
@@ -336,16 +353,12 @@ def _check_evidence_and_citations(trace: Trace, store: ArtifactStore,
             fails.add("evidence_integrity", where, f"{ev.hash} is listed twice")
             continue
         seen.add(ev.hash)
-        if not store.exists(ev.hash):
-            fails.add("evidence_integrity", where, f"{ev.hash} is missing from the store")
-            continue
         cites = cited.get(ev.hash, [])
-        spans = list({(c.line_start, c.line_end) for _, c in cites})
-        try:
-            digest, lines, span_hashes = _scan(store, ev.hash, spans)
-        except Exception as exc:  # noqa: BLE001 - unreadable evidence is missing evidence
-            fails.add("evidence_integrity", where, f"{ev.hash} is unreadable: {exc}")
+        got = scans[ev.hash]
+        if isinstance(got, Exception):
+            fails.add("evidence_integrity", where, f"not in the store as it was: {got}")
             continue
+        digest, lines, span_hashes = got
         scanned += 1
         if digest != ev.hash:
             fails.add("evidence_integrity", where, f"the stored bytes hash to {digest}")
