@@ -37,9 +37,9 @@ def read_records(path: Path) -> Iterator[dict[str, Any]]:
         IntegrityError: a line is not a JSON object (a torn or edited record).
     """
     with open(path, "rb") as fh:
-        for number, line in enumerate(fh, 1):
+        for number, line in enumerate(iter(lambda: fh.readline(MAX_RECORD_LINE + 1), b""), 1):
             try:
-                if len(line) > MAX_RECORD_LINE:
+                if len(line) > MAX_RECORD_LINE:  # read no further: a planted giant line
                     raise ValueError("line too long")
                 record = json.loads(line)
                 if not isinstance(record, dict):

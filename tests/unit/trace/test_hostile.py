@@ -85,3 +85,15 @@ def test_failures_are_capped(small: dict[str, Any], store: ArtifactStore) -> Non
     assert not result.ok and len(result.failures) <= 1000
     assert result.summary_metrics["failures"] >= len(result.failures)
     assert json.dumps(result.model_dump(mode="json"))
+
+
+def test_a_giant_record_line_is_refused_without_reading_it(tmp_path: Path) -> None:
+    from choir.exceptions import IntegrityError
+    from choir.trace.record import MAX_RECORD_LINE, read_records
+
+    path = tmp_path / "run.jsonl"
+    path.write_bytes(b'{"seq": 1}\n' + b"x" * (MAX_RECORD_LINE * 4))
+    records = read_records(path)
+    assert next(records) == {"seq": 1}
+    with pytest.raises(IntegrityError, match=r"run.jsonl:2: .*too long"):
+        next(records)
