@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
@@ -35,6 +36,10 @@ class SqliteContextStore:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("CREATE TABLE IF NOT EXISTS agent_context (run_id TEXT PRIMARY KEY, "
                        "context TEXT NOT NULL, updated REAL NOT NULL)")
+            # when each save happened and how many messages it held: the times a run's trace
+            # gives its events (choir.trace.agent); the context itself has none
+            db.execute("CREATE TABLE IF NOT EXISTS agent_saves (run_id TEXT NOT NULL, "
+                       "messages INTEGER NOT NULL, ts TEXT NOT NULL)")
 
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.path, timeout=30, isolation_level=None)
@@ -51,3 +56,12 @@ class SqliteContextStore:
                        "VALUES (?, ?, julianday('now')) ON CONFLICT(run_id) DO UPDATE SET "
                        "context = excluded.context, updated = excluded.updated",
                        (run_id, ctx.model_dump_json()))
+            db.execute("INSERT INTO agent_saves (run_id, messages, ts) VALUES (?, ?, ?)",
+                       (run_id, len(ctx.messages), datetime.now(UTC).isoformat()))
+
+    def saves(self, run_id: str) -> list[tuple[int, str]]:
+        """``(messages, ts)`` of every save of ``run_id``, oldest first."""
+        with self._lock, self._connect() as db:
+            rows = db.execute("SELECT messages, ts FROM agent_saves WHERE run_id = ? "
+                              "ORDER BY rowid", (run_id,)).fetchall()
+        return [(int(n), str(ts)) for n, ts in rows]

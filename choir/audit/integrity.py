@@ -103,7 +103,14 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
             if got != want:
                 found.append(_v("run_file_hash", f"{run_id}/{rel}", want, got))
 
-    # 4. the AHDB: chain links, then a replay through the write rules
+    # 4. every recorded run's trace, exported and verified (choir.audit.traces)
+    from choir.audit.traces import check_traces
+
+    trace_counts: dict[str, int] = {}
+    found.extend(check_traces(base, store, trace_counts, valid.values()))
+    counts.update(trace_counts)
+
+    # 5. the AHDB: chain links, then a replay through the write rules
     db_path = base / "ahdb.sqlite"
     if db_path.exists():
         try:

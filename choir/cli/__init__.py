@@ -25,6 +25,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "audit": ("choir.cli.audit", "audit", "Re-verify every stored hash, signature and event."),
     "attest": ("choir.cli.audit", "attest", "Show attestations."),
     "ahdb": ("choir.cli.audit", "ahdb", "Inspect the AHDB control state."),
+    "trace": ("choir.cli.trace", "trace", "Export a run's trace, or verify one."),
 }
 
 

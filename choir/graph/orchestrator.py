@@ -31,6 +31,7 @@ from choir.models import (
     Result,
     Target,
     VerificationReport,
+    VerifierKind,
     VerifierPlan,
 )
 from choir.verification import VerifierRun
@@ -84,25 +85,31 @@ async def green_thread(state: GreenIn) -> GreenOut:
         emit({**label, "state": "running"})
         started = time.monotonic()
         try:
-            sandbox = open_sandbox(config, policy, Mood(state["mood"]))
-            fanout = fanout_from_env(sandbox_options(config))  # CHOIR_SCHEDULER: on a cluster
-            try:
-                from choir.postconditions.context import context_env
+            if config.verifiers[planned.name].kind is VerifierKind.TRACE:  # in-process
+                from choir.trace.step import run_trace_step
 
-                spec = lens_spec(config.verifiers[planned.name], planned)
-                run, _ = await run_verifier_thread(
-                    spec,
-                    repo=verified_tree(Path(item.repo), state["target"]),
-                    target=state["target"], sandbox=sandbox, store=ArtifactStore(),
-                    run_id=state["run_id"], reporter=config.models.reporter,
-                    lens=planned.lens, replica=planned.replica,
-                    diagnostic=planned.diagnostic, tests=planned.tests,
-                    runner=fanout.run_verifier if fanout else None,
-                    env=context_env(spec, item, run_id=state["run_id"]))
-            finally:
-                sandbox.close()
-                if fanout:
-                    fanout.close()
+                run = await asyncio.to_thread(run_trace_step, planned, state["run_id"],
+                                              state["target"], ArtifactStore())
+            else:
+                sandbox = open_sandbox(config, policy, Mood(state["mood"]))
+                fanout = fanout_from_env(sandbox_options(config))  # CHOIR_SCHEDULER: a cluster
+                try:
+                    from choir.postconditions.context import context_env
+
+                    spec = lens_spec(config.verifiers[planned.name], planned)
+                    run, _ = await run_verifier_thread(
+                        spec,
+                        repo=verified_tree(Path(item.repo), state["target"]),
+                        target=state["target"], sandbox=sandbox, store=ArtifactStore(),
+                        run_id=state["run_id"], reporter=config.models.reporter,
+                        lens=planned.lens, replica=planned.replica,
+                        diagnostic=planned.diagnostic, tests=planned.tests,
+                        runner=fanout.run_verifier if fanout else None,
+                        env=context_env(spec, item, run_id=state["run_id"]))
+                finally:
+                    sandbox.close()
+                    if fanout:
+                        fanout.close()
         except Exception as exc:  # noqa: BLE001 - a crash is evidence of nothing
             run = _crash_report(state, exc)
     emit({**label, "state": "done", "result": run.report.result.value,

@@ -85,6 +85,7 @@ async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> Run
     from choir.attest.keys import require_pinned_signer
     from choir.graph.orchestrator import build
     from choir.graph.state import checkpoint_types
+    from choir.trace.record import TraceRecorder
 
     home = choir_home()
     home.mkdir(parents=True, exist_ok=True)
@@ -100,18 +101,26 @@ async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> Run
             if isinstance(graph_input, dict) and exists:
                 raise UserError(f"run id {run_id} is taken; choir run --resume {run_id} "
                                 "continues it, or give another --run-id")
-            async for namespace, mode, data in graph.astream(
-                    graph_input, cfg, stream_mode=["updates", "custom"], subgraphs=True,
-                    durability="sync"):
-                if on_event is None:
-                    continue
-                if mode == "custom":
-                    on_event("progress", data)
-                elif not namespace:
-                    for node, update in data.items():
-                        if isinstance(update, dict):
-                            on_event(node, update)
+            trace = TraceRecorder(run_id)  # every run records its trace (choir.trace)
+            trace.started(graph_input)
+            try:
+                async for namespace, mode, data in graph.astream(
+                        graph_input, cfg, stream_mode=["updates", "custom"], subgraphs=True,
+                        durability="sync"):
+                    if mode == "custom":
+                        if on_event is not None:
+                            on_event("progress", data)
+                    elif not namespace:
+                        for node, update in data.items():
+                            if isinstance(update, dict):
+                                trace.node(node, update)
+                                if on_event is not None:
+                                    on_event(node, update)
+            except Exception as exc:  # the trace ends with the error, not mid-air
+                trace.failed(exc)
+                raise
             snap = await graph.aget_state(cfg)
+            insufficient = trace.ended(snap.values or {}, waiting=bool(snap.next))
     values = snap.values or {}
     if values.get("target") is not None:  # the round's sealed snapshot is no longer needed
         from choir.tree import remove_snapshot, snapshot_root
@@ -122,7 +131,9 @@ async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> Run
                       reason=values.get("reason", ""), attempt=values.get("attempt", 0),
                       mood=values.get("mood", ""), asserted=values.get("asserted", ""),
                       work_item=item.id if item is not None else "",
-                      events=list(values.get("events", [])),
+                      events=[*values.get("events", []),
+                              *([f"insufficient evidence: {insufficient}"] if insufficient
+                                else [])],
                       usage=spend_by_role(values.get("usage", [])), waiting=bool(snap.next))
 
 

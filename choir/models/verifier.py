@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from choir.models._base import Frozen
 from choir.models.workitem import Mood
@@ -26,6 +26,7 @@ class VerifierKind(StrEnum):
     POLICY_GATE = "policy_gate"
     PIPELINE = "pipeline"
     POSTCONDITION = "postcondition"  # a callable or scaffold checking an action's effect
+    TRACE = "trace"  # the run's own trace, verified in-process (choir.trace.step)
 
 
 class StepSpec(Frozen):
@@ -79,6 +80,16 @@ class VerifierSpec(Frozen):
     limits: Limits = Field(default_factory=Limits)
     env: dict[str, str] = Field(default_factory=dict)
     lenses: Lenses = Field(default_factory=Lenses)
+
+    @model_validator(mode="after")
+    def _trace_runs_choir(self) -> VerifierSpec:
+        """A ``trace`` verifier runs Choir's trace verifier, nothing else: say so in config."""
+        if self.kind is VerifierKind.TRACE and \
+                [s.command for s in self.steps] != ["choir trace verify"]:
+            raise ValueError("a trace verifier has exactly one step, "
+                             "{name: verify, command: choir trace verify}; it checks the "
+                             "run's own trace in-process")
+        return self
 
 
 Lens = Literal["default", "clean_rerun", "isolated_subset", "instrumented", "independent"]

@@ -1,0 +1,118 @@
+"""Auditing run traces: every recorded run's trace is exported and verified (seed 004).
+
+A run still being driven holds its lock; its trace is unfinished by design, so it is counted
+and skipped, not reported. Anything else that does not verify is a violation named after the
+check that failed (``trace_citation_hash``, ``trace_required_steps``, ...).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
+
+from choir.exceptions import ChoirError
+from choir.models import Attestation, Violation
+
+if TYPE_CHECKING:
+    from choir.artifacts import ArtifactStore
+
+
+def _live(home: Path, run_id: str) -> bool:
+    """True while another process drives ``run_id`` (it holds the run's lock)."""
+    lock = home / "locks" / f"{run_id}.lock"
+    if not lock.exists():
+        return False
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def recorded_runs(home: Path) -> Iterator[str]:
+    from choir.trace.record import traces_dir
+
+    folder = traces_dir(home)
+    if folder.is_dir():
+        for path in sorted(folder.glob("*.jsonl")):
+            yield path.name.removesuffix(".jsonl")
+
+
+def checkpointed_runs(home: Path) -> set[str]:
+    """Every ``choir run`` the checkpoint database knows (read-only; none without one)."""
+    path = home / "checkpoints.sqlite"
+    if not path.is_file():
+        return set()
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return {str(r[0]) for r in conn.execute("SELECT DISTINCT thread_id FROM checkpoints")}
+    except sqlite3.Error:
+        return set()  # no table yet: no run ever checkpointed
+    finally:
+        conn.close()
+
+
+def _attested_calls(attestations: Iterable[Attestation]) -> dict[str, dict[str, str]]:
+    """run id -> {attestation id: verifier call} for every attestation minted in a run."""
+    from choir.trace.step import parent_run
+
+    out: dict[str, dict[str, str]] = {}
+    for att in attestations:
+        run = parent_run(att.body.run_id, att.body.verifier)
+        if run != att.body.run_id:
+            out.setdefault(run, {})[att.id] = att.body.run_id
+    return out
+
+
+def check_traces(home: Path, store: ArtifactStore, counts: dict[str, int],
+                 attestations: Iterable[Attestation] = ()) -> list[Violation]:
+    """Violations of every recorded run's trace; ``counts`` gains traces (and traces_live).
+
+    A run the checkpoints know but whose trace is gone is named too, and so is a valid
+    attestation minted in a run that its trace does not record: deleting a trace, or a
+    verifier call from one, must not be a way to hide it.
+    """
+    from choir.trace import export_run, verify_trace
+
+    minted = _attested_calls(attestations)
+
+    found: list[Violation] = [
+        Violation(kind="trace_missing", object=f"trace {run_id}",
+                  expected="the run's recorded trace", found="absent")
+        for run_id in sorted(checkpointed_runs(home) - set(recorded_runs(home)))]
+    for run_id in recorded_runs(home):
+        if _live(home, run_id):
+            counts["traces_live"] = counts.get("traces_live", 0) + 1
+            continue
+        counts["traces"] = counts.get("traces", 0) + 1
+        try:
+            trace = export_run(run_id, home=home, store=store)
+        except (ChoirError, ValidationError, ValueError, OSError) as exc:
+            found.append(Violation(kind="trace_unreadable", object=f"trace {run_id}",
+                                   expected="an exportable trace", found=str(exc)[:200]))
+            continue
+        recorded = {ev.name for ev in trace.events if ev.kind == "attestation"}
+        for att_id, call in sorted(minted.get(run_id, {}).items()):
+            if att_id not in recorded:
+                found.append(Violation(kind="trace_unrecorded_attestation",
+                                       object=f"trace {run_id}: {call}",
+                                       expected=f"attestation {att_id} in the trace",
+                                       found="absent"))
+        result = verify_trace(trace.model_dump(mode="json"), store)
+        for f in result.failures:
+            found.append(Violation(kind=f"trace_{f.check}", object=f"trace {run_id}: {f.where}"
+                                   [:200], expected=f"the {f.check} check passes",
+                                   found=f.detail[:200]))
+        if not result.ok and not result.failures:  # fail closed even without a named failure
+            found.append(Violation(kind="trace_unverified", object=f"trace {run_id}",
+                                   expected="every check passes", found="not verified"))
+    return found

@@ -1,0 +1,8 @@
+"""Run traces (seed 004): recorded per run, exported as one JSON document, verified fail-closed."""
+
+from choir.trace.export import export_run
+from choir.trace.model import Trace, trace_json_schema
+from choir.trace.verify import CHECKS, TraceVerification, verify_trace, verify_trace_file
+
+__all__ = ["CHECKS", "Trace", "TraceVerification", "export_run", "trace_json_schema",
+           "verify_trace", "verify_trace_file"]

@@ -1,0 +1,184 @@
+"""Recording a ``choir run``'s trace while it runs: one JSON line per event.
+
+What the stored records alone cannot say is recorded here: the order things happened in,
+when, and which result answers which call (call ids). Everything else (reports, manifests,
+attestations, AHDB claims) is read back from the stores at export time. Lines are appended
+with one ``write`` each and flushed, so a crash loses at most the event being written, and a
+resumed run appends to the same file, numbering on from the last line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from choir._paths import choir_home
+from choir.exceptions import IntegrityError
+
+MAX_RECORD_LINE = 64 << 10
+
+
+def traces_dir(home: Path | None = None) -> Path:
+    return (home or choir_home()) / "traces"
+
+
+def record_path(run_id: str, home: Path | None = None) -> Path:
+    return traces_dir(home) / f"{run_id}.jsonl"
+
+
+def read_records(path: Path) -> Iterator[dict[str, Any]]:
+    """The recorded events of a run, in order.
+
+    Raises:
+        IntegrityError: a line is not a JSON object (a torn or edited record).
+    """
+    with open(path, "rb") as fh:
+        for number, line in enumerate(iter(lambda: fh.readline(MAX_RECORD_LINE + 1), b""), 1):
+            try:
+                if len(line) > MAX_RECORD_LINE:  # read no further: a planted giant line
+                    raise ValueError("line too long")
+                record = json.loads(line)
+                if not isinstance(record, dict):
+                    raise ValueError("not an object")
+            except ValueError as exc:
+                raise IntegrityError(f"{path}:{number}: not a trace record ({exc})") from None
+            yield record
+
+
+class TraceRecorder:
+    """Appends a run's events to ``CHOIR_HOME/traces/RUN_ID.jsonl``.
+
+    ``node`` turns each orchestrator node's state update into events: the executor and each
+    verifier become a ``tool_call`` and its ``tool_result`` under one call id (the green
+    thread's run id for a verifier), plans number themselves, and attestations are linked to
+    the verifier call they attest.
+    """
+
+    def __init__(self, run_id: str, home: Path | None = None) -> None:
+        self.run_id = run_id
+        self.path = record_path(run_id, home)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.seq = 0
+        self.plans = 0
+        self.executions = 0
+        self.attested: set[str] = set()
+        self.last_round: list[str] = []  # results of the current plan's voting runs
+        if self.path.exists():
+            for rec in read_records(self.path):
+                self._replay(rec)
+
+    def _replay(self, rec: dict[str, Any]) -> None:
+        self.seq = int(rec.get("seq", self.seq))
+        kind, data = rec.get("kind"), rec.get("data") or {}
+        if kind == "plan":
+            self.plans += 1
+            self.last_round = []
+        elif kind == "tool_call" and rec.get("name") == "executor":
+            self.executions += 1
+        elif kind == "attestation":
+            self.attested.add(str(rec.get("name")))
+        elif kind == "tool_result" and "result" in data and not data.get("diagnostic"):
+            self.last_round.append(str(data["result"]))
+
+    def emit(self, kind: str, *, name: str = "", call_id: str | None = None,
+             data: dict[str, Any] | None = None) -> None:
+        rec: dict[str, Any] = {"seq": self.seq + 1, "kind": kind,
+                               "ts": datetime.now(UTC).isoformat(), "name": name,
+                               "data": data or {}}
+        if call_id is not None:
+            rec["call_id"] = call_id
+        line = (json.dumps(rec, sort_keys=True, separators=(",", ":")) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+        self._replay(rec)
+
+    def started(self, start: Any) -> None:
+        """A new run (``start`` is the graph input) or a resumed one (``start`` is not a dict)."""
+        if isinstance(start, dict):
+            item = start["work_item"]
+            self.emit("run_started", name=item.id, data={
+                "work_item": item.id, "mood": start.get("mood"),
+                "required": list(item.required_verifiers)})
+        else:
+            self.emit("run_resumed")
+
+    def node(self, node: str, update: dict[str, Any]) -> None:
+        if node == "execute":
+            call = f"{self.run_id}/execute/{self.executions + 1}"
+            self.emit("tool_call", name="executor", call_id=call,
+                      data={"attempt": update.get("attempt"),
+                            "isolation": update.get("executor_isolation")})
+            target = update.get("target")
+            self.emit("tool_result", name="executor", call_id=call, data={
+                "exit_code": update.get("executor_exit"),
+                "timed_out": bool(update.get("executor_timed_out")),
+                "output": update.get("executor_output") or None,
+                "tree_hash": target.tree_hash if target is not None else None})
+        elif node == "direct" and update.get("plan") is not None:
+            plan = update["plan"]
+            self.emit("plan", name=f"plan {self.plans + 1}", data={
+                "plan": self.plans + 1, "mood": plan.mood.value,
+                "verifiers": [f"{p.name}#{p.replica}" for p in plan.verifiers],
+                "lenses": [p.lens for p in plan.verifiers],
+                "dropped": list(plan.dropped), "reason": plan.reason[:1000]})
+        elif node == "green":
+            for run in update.get("runs", []):
+                self.emit("tool_call", name=run.verifier, call_id=run.run_id, data={
+                    "plan": self.plans, "replica": run.replica, "lens": run.lens,
+                    "diagnostic": run.diagnostic})
+                self.emit("tool_result", name=run.verifier, call_id=run.run_id, data={
+                    "result": run.report.result.value, "diagnostic": run.diagnostic,
+                    "report_hash": run.report_hash or None,
+                    "manifest_hash": run.manifest_hash or None})
+        elif node == "attest":
+            for call, att_id in sorted((update.get("attestations") or {}).items()):
+                if att_id not in self.attested:
+                    self.emit("attestation", name=att_id, data={"call": call})
+        elif node in ("adjudicate", "approve") and "status" in update:
+            self.emit("decision", name=node, data={
+                "status": update.get("status"), "reason": str(update.get("reason", ""))[:1000],
+                "mood": update.get("mood"), "asserted": update.get("asserted") or None})
+
+    def ended(self, values: dict[str, Any], waiting: bool) -> str:
+        """The run stopped: paused for approval, or ended. Returns its insufficient-evidence
+        output (seed 004), '' when the evidence decided the run."""
+        status = str(values.get("status", "unknown"))
+        if waiting:
+            self.emit("awaiting_approval", data={"status": status})
+            return ""
+        reason = str(values.get("reason", ""))[:1000]
+        missing = insufficiency(status, self.last_round)
+        if missing:
+            self.emit("insufficient_evidence", data={"reason": missing})
+        self.emit("run_ended", data={"status": status, "reason": reason})
+        return missing
+
+
+    def failed(self, error: BaseException) -> None:
+        """The run stopped on an error (a refused sandbox, a broken executor): it ended."""
+        self.ended({"status": "error", "reason": f"{type(error).__name__}: {error}"[:1000]},
+                   waiting=False)
+
+
+def insufficiency(status: str, last_round: list[str]) -> str:
+    """Why a run that ended without an ASSERT had too little evidence to decide, or ''.
+
+    A run that ended on an attested FAIL was decided by evidence; one that ended (halted,
+    budget spent) on INCONCLUSIVE or FLAKY results, or with no verifier result at all, was
+    not, and says so rather than leave its claims looking grounded.
+    """
+    if status in ("asserted", "rejected", "running"):
+        return ""
+    if "FAIL" in last_round:
+        return ""
+    if not last_round:
+        return f"the run ended ({status}) before any verifier reported"
+    seen = ", ".join(sorted(set(last_round)))
+    return f"the run ended ({status}) on results that decide nothing: {seen}"

@@ -1,0 +1,392 @@
+"""The trace verifier (seed 004): fail closed on anything not proven well-formed and grounded.
+
+Every check runs on the whole trace and names its failures; there are no warnings. ``version``
+and ``schema`` come first: a trace of a version Choir does not support, or one that does not
+validate, is rejected without looking further, and the checks that could not run are reported
+as not passed (never passed by default). Evidence is looked up in the artifact store by hash
+and re-hashed (blake3) while streaming; each cited span is hashed in the same pass that
+counts the file's lines, so memory stays bounded by the read chunk, not the file.
+
+The trace file is hostile: its size is capped before it is read, a nesting bomb fails as
+``schema``, and the models bound every collection and string.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import blake3
+from pydantic import Field, ValidationError
+
+from choir.exceptions import UserError
+from choir.models._base import Frozen
+from choir.trace.model import (
+    SUPPORTED_PLAN_VERSIONS,
+    SUPPORTED_TRACE_VERSIONS,
+    Trace,
+    TraceCitation,
+)
+
+if TYPE_CHECKING:
+    from choir.artifacts import ArtifactStore
+
+MAX_TRACE_BYTES = 64 << 20
+MAX_FAILURES = 1000
+CHECKS = ("schema", "version", "ordering", "tool_linkage", "required_steps", "citation_marker",
+          "citation_span", "citation_hash", "evidence_integrity", "insufficient_evidence")
+_MARKER = re.compile(r"\[@([^\]\s]{0,12})\]")
+_CHUNK = 1 << 20
+
+
+class CheckResult(Frozen):
+    name: str
+    passed: bool
+
+
+class Failure(Frozen):
+    check: str
+    severity: Literal["error"] = "error"
+    where: str = Field(max_length=300)
+    detail: str = Field(max_length=600)
+
+
+class TraceVerification(Frozen):
+    """The verifier's report: ``ok`` only when every check ran and passed."""
+
+    ok: bool
+    checks: tuple[CheckResult, ...]
+    failures: tuple[Failure, ...]
+    summary_metrics: dict[str, int]
+
+
+class _Failures:
+    def __init__(self) -> None:
+        self.items: list[Failure] = []
+        self.failed: set[str] = set()
+        self.dropped = 0
+
+    def add(self, check: str, where: str, detail: str) -> None:
+        self.failed.add(check)
+        if len(self.items) >= MAX_FAILURES:
+            self.dropped += 1
+            return
+        self.items.append(Failure(check=check, where=where[:300], detail=detail[:600]))
+
+
+def _report(fails: _Failures, ran: set[str], metrics: dict[str, int]) -> TraceVerification:
+    checks = tuple(CheckResult(name=c, passed=c in ran and c not in fails.failed)
+                   for c in CHECKS)
+    return TraceVerification(ok=all(c.passed for c in checks), checks=checks,
+                             failures=tuple(fails.items),
+                             summary_metrics={**metrics, "failures": len(fails.items)
+                                              + fails.dropped})
+
+
+def read_trace_file(path: Path) -> bytes:
+    """The bytes of a trace file, size-capped.
+
+    Raises:
+        UserError: the file is missing or unreadable (exit 2).
+    """
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(MAX_TRACE_BYTES + 1)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read the trace file ({exc.strerror}); give the path "
+                        "of a file written by `choir trace export RUN_ID -o FILE`") from None
+
+
+def parse_trace_json(data: bytes, path: Path | str) -> Any:
+    """The JSON value of a trace file; a file that is not JSON at all is a usage error.
+
+    Raises:
+        UserError: ``data`` is not JSON (exit 2), naming the file and the fix.
+    """
+    if len(data) > MAX_TRACE_BYTES:
+        return _TooLarge()
+    try:
+        return json.loads(data)
+    except RecursionError:
+        return _TooDeep()
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: not a JSON document ({exc}); a trace is the single JSON "
+                        "document `choir trace export RUN_ID -o FILE` writes") from None
+
+
+class _TooLarge:
+    pass
+
+
+class _TooDeep:
+    pass
+
+
+def verify_trace(raw: Any, store: ArtifactStore, *, partial: bool = False) -> TraceVerification:
+    """Run every check on a parsed trace (``parse_trace_json``) against ``store``.
+
+    ``partial``: the trace of a run still under way (the ``trace`` verifier kind): its end,
+    its last plan's steps and its required verifiers are not demanded yet.
+    """
+    fails, ran = _Failures(), set[str]()
+    ran.add("version")
+    if isinstance(raw, _TooLarge | _TooDeep):
+        fails.add("schema", "$", "larger than the cap of 64 MiB" if isinstance(raw, _TooLarge)
+                  else "nested too deeply to be a trace")
+        ran.add("schema")
+        return _report(fails, ran, {})
+    _check_versions(raw, fails)
+    if fails.failed:
+        return _report(fails, ran, {})
+    ran.add("schema")
+    try:
+        trace = Trace.model_validate(raw)
+    except ValidationError as err:
+        for e in err.errors()[:50]:
+            fails.add("schema", "$." + ".".join(str(x) for x in e["loc"]), e["msg"])
+        return _report(fails, ran, {})
+    ran.update(CHECKS)
+    _check_ordering(trace, fails)
+    calls = _check_linkage(trace, fails)
+    _check_required(trace, fails, partial)
+    _check_markers(trace, fails)
+    metrics = _check_evidence_and_citations(trace, store, fails)
+    _check_insufficient(trace, fails)
+    metrics.update(events=len(trace.events), tool_calls=calls, claims=len(trace.claims),
+                   citations=sum(len(c.citations) for c in trace.claims),
+                   insufficient_claims=sum(c.insufficient for c in trace.claims))
+    return _report(fails, ran, metrics)
+
+
+def verify_trace_file(path: Path, store: ArtifactStore) -> TraceVerification:
+    """Read, parse and verify a trace file.
+
+    Raises:
+        UserError: the file is missing, unreadable or not JSON (exit 2).
+    """
+    return verify_trace(parse_trace_json(read_trace_file(path), path), store)
+
+
+def _check_versions(raw: Any, fails: _Failures) -> None:
+    if not isinstance(raw, dict):
+        fails.add("version", "$", "a trace is a JSON object with schema_version first")
+        return
+    version = raw.get("schema_version")
+    if type(version) is not int or version not in SUPPORTED_TRACE_VERSIONS:
+        fails.add("version", "$.schema_version",
+                  f"trace schema version {version!r} is not supported "
+                  f"(supported: {sorted(SUPPORTED_TRACE_VERSIONS)})")
+    plan = raw.get("plan")
+    plan_version = plan.get("schema_version") if isinstance(plan, dict) else None
+    if type(plan_version) is not int or plan_version not in SUPPORTED_PLAN_VERSIONS:
+        fails.add("version", "$.plan.schema_version",
+                  f"plan schema version {plan_version!r} is not supported "
+                  f"(supported: {sorted(SUPPORTED_PLAN_VERSIONS)})")
+
+
+def _check_ordering(trace: Trace, fails: _Failures) -> None:
+    previous = None
+    for n, ev in enumerate(trace.events):
+        if ev.seq != n + 1:
+            fails.add("ordering", f"events[{n}]", f"seq {ev.seq} where {n + 1} comes next")
+        if ev.ts.tzinfo is None:
+            fails.add("ordering", f"events[{n}]", "a timestamp without a time zone")
+        elif previous is not None and previous.tzinfo is not None and ev.ts < previous:
+            fails.add("ordering", f"events[{n}]", f"ts {ev.ts.isoformat()} is before the "
+                                                  f"previous event's {previous.isoformat()}")
+        previous = ev.ts
+    for n, claim in enumerate(trace.claims):
+        if not 1 <= claim.event_seq <= len(trace.events):
+            fails.add("ordering", f"claims[{n}]",
+                      f"event_seq {claim.event_seq} names no event of this trace")
+
+
+def _check_linkage(trace: Trace, fails: _Failures) -> int:
+    calls: dict[str, tuple[int, str]] = {}
+    answered: set[str] = set()
+    for n, ev in enumerate(trace.events):
+        if ev.kind not in ("tool_call", "tool_result"):
+            if ev.call_id is not None:
+                fails.add("tool_linkage", f"events[{n}]", f"a {ev.kind} event carries call "
+                                                          f"id {ev.call_id!r}")
+            continue
+        if ev.call_id is None:
+            fails.add("tool_linkage", f"events[{n}]", f"a {ev.kind} without a call_id")
+            continue
+        if ev.kind == "tool_call":
+            if ev.call_id in calls:
+                fails.add("tool_linkage", f"events[{n}]", f"call id {ev.call_id!r} is reused")
+            calls[ev.call_id] = (n, ev.name)
+        elif ev.call_id not in calls:
+            fails.add("tool_linkage", f"events[{n}]",
+                      f"result {ev.call_id!r} answers no earlier call")
+        elif ev.call_id in answered:
+            fails.add("tool_linkage", f"events[{n}]", f"call {ev.call_id!r} has two results")
+        elif calls[ev.call_id][1] != ev.name:
+            fails.add("tool_linkage", f"events[{n}]", f"result of {ev.name!r} answers the call "
+                                                      f"of {calls[ev.call_id][1]!r}")
+            answered.add(ev.call_id)
+        else:
+            answered.add(ev.call_id)
+    for call_id, (n, _) in calls.items():
+        if call_id not in answered:
+            fails.add("tool_linkage", f"events[{n}]", f"call {call_id!r} has no result")
+    return len(calls)
+
+
+def _check_required(trace: Trace, fails: _Failures, partial: bool) -> None:
+    kinds = [ev.kind for ev in trace.events]
+    if not kinds or kinds[0] != "run_started":
+        fails.add("required_steps", "events[0]", "the trace does not begin with run_started")
+    if not partial and (not kinds or kinds[-1] not in ("run_ended", "awaiting_approval")):
+        fails.add("required_steps", "events[-1]", "the trace does not end with run_ended "
+                                                  "(an unfinished or truncated run)")
+    # a step is present when it was called; whether the call has its result is tool_linkage
+    ran: set[tuple[int, str, int]] = set()
+    called: set[str] = set()
+    for ev in trace.events:
+        plan, replica = ev.data.get("plan"), ev.data.get("replica") or 0
+        if ev.kind == "tool_call" and type(plan) is int and type(replica) is int:
+            ran.add((plan, ev.name, replica))
+            called.add(ev.name)
+    current = max((s.plan for s in trace.plan.planned), default=0) if partial else -1
+    for n, step in enumerate(trace.plan.planned):
+        if step.plan != current and (step.plan, step.name, step.replica) not in ran:
+            fails.add("required_steps", f"plan.planned[{n}]",
+                      f"planned step {step.name}#{step.replica} of plan {step.plan} was "
+                      "never called")
+    for name in () if partial else trace.plan.required:
+        if name not in called:
+            fails.add("required_steps", "plan.required",
+                      f"required verifier {name!r} was never called")
+
+
+def _check_markers(trace: Trace, fails: _Failures) -> None:
+    for n, claim in enumerate(trace.claims):
+        where = f"claims[{n}] ({claim.id})"
+        if not claim.citations and not claim.insufficient:
+            fails.add("citation_marker", where, "a derived claim without a citation")
+        used: set[int] = set()
+        for marker in _MARKER.finditer(claim.text):
+            body = marker.group(1)
+            if not body.isdigit() or body.startswith("0"):
+                fails.add("citation_marker", where, f"malformed marker {marker.group(0)!r}")
+            elif int(body) > len(claim.citations):
+                fails.add("citation_marker", where, f"marker {marker.group(0)} names no "
+                                                    f"citation ({len(claim.citations)} given)")
+            else:
+                used.add(int(body))
+        stray = claim.text.count("[@") - len(_MARKER.findall(claim.text))
+        if stray:
+            fails.add("citation_marker", where, "an unterminated or malformed [@ marker")
+        for k in range(1, len(claim.citations) + 1):
+            if k not in used:
+                fails.add("citation_marker", where, f"citation {k} has no [@{k}] marker")
+
+
+def _scan(store: ArtifactStore, digest: str,
+          spans: list[tuple[int, int]]) -> tuple[str, int, dict[tuple[int, int], str]]:
+    """One streaming pass: the file's blake3, its line count, and each span's blake3.
+
+    Lines are split only up to the last cited one; past it, newlines are just counted.
+
+    Raises:
+        IntegrityError: ``digest`` is missing or not a regular file.
+    """
+    whole = blake3.blake3(max_threads=1)
+    hashers = {span: blake3.blake3(max_threads=1) for span in spans}
+    last_cited = max((hi for _, hi in spans), default=0)
+    line, lines, pending = 1, 0, False
+    with store.open(digest) as fh:
+        for chunk in iter(lambda: fh.read(_CHUNK), b""):
+            whole.update(chunk)
+            lines += chunk.count(b"\n")
+            pending = not chunk.endswith(b"\n")
+            start = 0
+            while line <= last_cited and start < len(chunk):
+                cut = chunk.find(b"\n", start)
+                end = len(chunk) if cut < 0 else cut + 1
+                for (lo, hi), h in hashers.items():
+                    if lo <= line <= hi:
+                        h.update(chunk[start:end])
+                if cut >= 0:
+                    line += 1
+                start = end
+    return whole.hexdigest(), lines + pending, {s: h.hexdigest() for s, h in hashers.items()}
+
+
+def _check_evidence_and_citations(trace: Trace, store: ArtifactStore,
+                                  fails: _Failures) -> dict[str, int]:
+    listed = {e.hash for e in trace.evidence}
+    cited: dict[str, list[tuple[str, TraceCitation]]] = defaultdict(list)
+    for n, claim in enumerate(trace.claims):
+        for k, cite in enumerate(claim.citations):
+            where = f"claims[{n}].citations[{k}]"
+            if cite.line_start < 1 or cite.line_end < cite.line_start:
+                fails.add("citation_span", where,
+                          f"lines {cite.line_start}-{cite.line_end} are not a span")
+                continue
+            if cite.artifact not in listed:
+                fails.add("evidence_integrity", where,
+                          f"cites {cite.artifact}, which is not among the evidence files")
+                continue
+            cited[cite.artifact].append((where, cite))
+    def scan(digest: str) -> tuple[str, int, dict[tuple[int, int], str]] | Exception:
+        spans = list({(c.line_start, c.line_end) for _, c in cited.get(digest, [])})
+        try:
+            return _scan(store, digest, spans)
+        except Exception as exc:  # noqa: BLE001 - unreadable evidence is missing evidence
+            return exc
+
+    unique = list(dict.fromkeys(e.hash for e in trace.evidence))
+    with ThreadPoolExecutor(max_workers=4) as pool:  # file reads and hashing leave the GIL
+        scans = dict(zip(unique, pool.map(scan, unique), strict=True))
+    seen: set[str] = set()
+    scanned = 0
+    for n, ev in enumerate(trace.evidence):
+        where = f"evidence[{n}] ({ev.name or ev.role})"
+        if ev.hash in seen:
+            fails.add("evidence_integrity", where, f"{ev.hash} is listed twice")
+            continue
+        seen.add(ev.hash)
+        cites = cited.get(ev.hash, [])
+        got = scans[ev.hash]
+        if isinstance(got, Exception):
+            fails.add("evidence_integrity", where, f"not in the store as it was: {got}")
+            continue
+        digest, lines, span_hashes = got
+        scanned += 1
+        if digest != ev.hash:
+            fails.add("evidence_integrity", where, f"the stored bytes hash to {digest}")
+        for cwhere, cite in cites:
+            if cite.line_end > lines:
+                fails.add("citation_span", cwhere, f"lines {cite.line_start}-{cite.line_end} "
+                                                   f"of a file of {lines} lines")
+            elif span_hashes[(cite.line_start, cite.line_end)] != cite.span_hash:
+                fails.add("citation_hash", cwhere, f"lines {cite.line_start}-{cite.line_end} "
+                          f"hash to {span_hashes[(cite.line_start, cite.line_end)]}, not "
+                          f"{cite.span_hash}")
+    return {"evidence_files": len(trace.evidence), "evidence_verified": scanned}
+
+
+def _check_insufficient(trace: Trace, fails: _Failures) -> None:
+    # the output of the run's last stretch counts: a resumed run may still find its evidence
+    resumed = max((n for n, ev in enumerate(trace.events) if ev.kind == "run_resumed"),
+                  default=-1)
+    emitted = [n for n, ev in enumerate(trace.events)
+               if ev.kind == "insufficient_evidence" and n > resumed]
+    declared = trace.outcome.insufficient_evidence is not None
+    if bool(emitted) != declared:
+        fails.add("insufficient_evidence", "outcome.insufficient_evidence",
+                  "the outcome and the events disagree on whether evidence was insufficient")
+    if not (emitted or declared):
+        return
+    for n, claim in enumerate(trace.claims):
+        if not claim.insufficient:
+            fails.add("insufficient_evidence", f"claims[{n}] ({claim.id})",
+                      "the run emitted insufficient evidence, yet this claim is not marked "
+                      "insufficient")
