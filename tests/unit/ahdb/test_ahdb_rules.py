@@ -130,9 +130,21 @@ def test_forged_attestation_id_is_refused(repo: Path) -> None:
         db.promote(claim(db, repo).id, ["a" * 64])
 
 
-def test_log_is_append_only(repo: Path) -> None:
+def test_log_is_append_only(repo: Path, ahdb_backend: str) -> None:
     db = open_ahdb()
     claim(db, repo)
+    if ahdb_backend == "postgres":  # a second client, behind the store's back
+        import os
+
+        import psycopg
+
+        with psycopg.connect(os.environ["CHOIR_DATABASE_URL"], autocommit=True) as pg:
+            for sql in ("UPDATE events SET kind = 'assert'", "DELETE FROM events",
+                        "TRUNCATE events"):
+                with pytest.raises(psycopg.Error, match="append-only"):
+                    pg.execute(sql)
+            assert pg.execute("SELECT count(*) FROM events").fetchone() == (1,)
+        return
     conn = sqlite3.connect(db.path)
     with pytest.raises(sqlite3.DatabaseError, match="append-only"):
         conn.execute("UPDATE events SET kind = 'assert'")
