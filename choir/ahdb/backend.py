@@ -54,6 +54,8 @@ class Backend(Protocol):
     def ensure_schema(self) -> None: ...
     def version(self, conn: Conn) -> int: ...
     def set_version(self, conn: Conn, version: int) -> None: ...
+    def publish_head(self, record: bytes) -> None: ...
+    def shared_heads(self) -> list[bytes]: ...
 
 
 _SQLITE_SCHEMA = """
@@ -110,3 +112,9 @@ class SqliteBackend:
 
     def set_version(self, conn: Conn, version: int) -> None:
         conn.execute(f"PRAGMA user_version = {int(version)}")
+
+    def publish_head(self, record: bytes) -> None:
+        return None  # one machine: the file beside the database is the record
+
+    def shared_heads(self) -> list[bytes]:
+        return []

@@ -44,6 +44,15 @@ _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS fails (
       work_item TEXT NOT NULL, tree_hash TEXT NOT NULL, verifier TEXT NOT NULL,
       PRIMARY KEY (work_item, tree_hash, verifier))""",
+    # signed chain heads from every writing machine (each also keeps its own file)
+    "CREATE TABLE IF NOT EXISTS heads (n BIGSERIAL PRIMARY KEY, record BYTEA NOT NULL)",
+    """CREATE OR REPLACE TRIGGER heads_no_change BEFORE UPDATE OR DELETE ON heads
+      FOR EACH ROW EXECUTE FUNCTION choir_append_only()""",
+    # the attestation index (choir.attest.shared): write-once, like the files it mirrors;
+    # created last, so its presence means the whole schema is in place
+    "CREATE TABLE IF NOT EXISTS attestations (id TEXT PRIMARY KEY, body BYTEA NOT NULL)",
+    """CREATE OR REPLACE TRIGGER attestations_no_change BEFORE UPDATE OR DELETE
+      ON attestations FOR EACH ROW EXECUTE FUNCTION choir_append_only()""",
 )
 
 
@@ -134,7 +143,7 @@ class PostgresBackend:
         if self.url in _ready:
             return
         conn = self.session().conn
-        if conn.execute("SELECT to_regclass('fails')").fetchone()[0] is not None:
+        if conn.execute("SELECT to_regclass('attestations')").fetchone()[0] is not None:
             _ready.add(self.url)
             return
         self.begin(conn)  # under the writer's lock: CREATE ... IF NOT EXISTS races otherwise
@@ -152,3 +161,10 @@ class PostgresBackend:
 
     def set_version(self, conn: Any, version: int) -> None:
         return None
+
+    def publish_head(self, record: bytes) -> None:
+        self.session().conn.execute("INSERT INTO heads (record) VALUES (?)", (record,))
+
+    def shared_heads(self) -> list[bytes]:
+        rows = self.session().conn.execute("SELECT record FROM heads ORDER BY n")
+        return [bytes(r[0]) for r in rows]

@@ -185,7 +185,7 @@ class AHDB:
             if callable(self.signer):  # loaded on the first write: reads never touch the key
                 self.signer = self.signer()
             seq, head = sess.appended
-            write_head(self.backend.heads, seq, head, self.signer)
+            self.backend.publish_head(write_head(self.backend.heads, seq, head, self.signer))
 
     @contextmanager
     def batch(self) -> Iterator[None]:

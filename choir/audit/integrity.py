@@ -125,7 +125,8 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
         found.extend(contradicted(replay, stored_fails))
         chain = {ev.seq: ev.event_hash for ev in events}
         for kind, obj, expected, got in check_heads(db.backend.heads, chain,
-                                                    max(chain, default=0), trusted):
+                                                    max(chain, default=0), trusted,
+                                                    db.backend.shared_heads()):
             found.append(_v(kind, obj, expected, got))
         for att_id in sorted(set(valid) - replay.outcomes):
             found.append(_v("ahdb_outcome_missing", att_id, "its outcome in the AHDB log",

@@ -93,9 +93,11 @@ def start_server(root: Path, *, durable: bool = False) -> PgServer:
             os.chown(d, nobody.pw_uid, nobody.pw_gid)
         kwargs = {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
     env = {**os.environ, "LC_ALL": "C", "TZ": "UTC"}
-    subprocess.run([str(bindir / "initdb"), "-D", str(data), "-U", "choir", "--auth=trust",
-                    "--no-sync", "-E", "UTF8", "--locale=C"], check=True, env=env,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kwargs)  # type: ignore[call-overload]
+    done = subprocess.run([str(bindir / "initdb"), "-D", str(data), "-U", "choir",
+                           "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C"], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kwargs)  # type: ignore[call-overload]
+    if done.returncode:
+        raise RuntimeError(f"initdb failed in {data}: {done.stderr.decode(errors='replace')}")
     opts = ["-c", "listen_addresses=", "-c", f"unix_socket_directories={sock}",
             "-c", "max_connections=100", "-c", "shared_buffers=32MB"]
     if not durable:

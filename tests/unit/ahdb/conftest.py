@@ -6,10 +6,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.postgres import pg_server, pg_url  # noqa: F401 - fixtures
-
-__all__ = ["pg_server", "pg_url"]
-
 
 @pytest.fixture(params=["sqlite", "postgres"], autouse=True)
 def ahdb_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
