@@ -96,6 +96,11 @@ class _Tables:
         if change.outcome:
             self.conn.execute("INSERT INTO outcomes (attestation, seq) VALUES (?, ?)",
                               (change.outcome, seq))
+        if change.fail_target:
+            self.conn.executemany(
+                "INSERT INTO fails (work_item, tree_hash, verifier) VALUES (?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
+                [(*change.fail_target, v) for v in sorted(change.failed)])
         atom = change.atom
         if atom is None:
             return

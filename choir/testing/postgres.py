@@ -93,11 +93,20 @@ def start_server(root: Path, *, durable: bool = False) -> PgServer:
             os.chown(d, nobody.pw_uid, nobody.pw_gid)
         kwargs = {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
     env = {**os.environ, "LC_ALL": "C", "TZ": "UTC"}
-    done = subprocess.run([str(bindir / "initdb"), "-D", str(data), "-U", "choir",
-                           "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C"], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kwargs)  # type: ignore[call-overload]
-    if done.returncode:
-        raise RuntimeError(f"initdb failed in {data}: {done.stderr.decode(errors='replace')}")
+    for attempt in range(3):
+        if os.geteuid() == 0:  # another pytest session may have reset its base dir to 0700
+            _open_path_to(root)
+        done = subprocess.run([str(bindir / "initdb"), "-D", str(data), "-U", "choir",
+                               "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              **kwargs)  # type: ignore[call-overload]
+        if not done.returncode:
+            break
+        if attempt == 2 or b"Permission denied" not in done.stderr:
+            raise RuntimeError(f"initdb failed in {data}: "
+                               f"{done.stderr.decode(errors='replace')}")
+        time.sleep(0.2)
+        subprocess.run(["rm", "-rf", str(data)], check=False)
     opts = ["-c", "listen_addresses=", "-c", f"unix_socket_directories={sock}",
             "-c", "max_connections=100", "-c", "shared_buffers=32MB"]
     if not durable:
@@ -107,6 +116,8 @@ def start_server(root: Path, *, durable: bool = False) -> PgServer:
                             stdout=log, stderr=subprocess.STDOUT, **kwargs)  # type: ignore[call-overload]
     log.close()
     server = PgServer(root, proc)
+    if os.geteuid() == 0:
+        _open_path_to(root)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -178,3 +178,14 @@ def test_two_processes_writing_at_once_lose_nothing(repo: Path, choir_home: Path
     events = list(db.events())
     assert len(events) == 120 and len(db.atoms()) == 120
     assert check_chain(events) == []
+
+
+def test_a_fail_logged_before_any_promotion_still_blocks_the_promotion(repo: Path) -> None:
+    """The FAIL's outcome is on record before the claim is promoted: nothing to demote then,
+    but a PASS of the same verifier on the same tree must not promote it afterwards."""
+    db = open_ahdb()
+    c = claim(db, repo)
+    attest(repo, "unit", "false")  # logs the outcome; no claim is PROMOTED yet
+    with pytest.raises(PromotionError, match="attested FAIL"):
+        db.promote(c.id, [attest(repo, "unit", "true").id])
+    assert db.failed_verifiers("wi", tree_hash(repo)) == {"unit"}
