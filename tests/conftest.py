@@ -66,6 +66,8 @@ def choir_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
     monkeypatch.setenv("CHOIR_HOME", str(home))
     monkeypatch.setenv("CHOIR_ARTIFACT_DIR", str(home / "artifacts"))
     monkeypatch.delenv("AGENT_ARTIFACT_DIR", raising=False)
+    for var in ("CHOIR_DATABASE_URL", "CHOIR_LEASE_WAIT_S"):  # a shell's shared store stays out
+        monkeypatch.delenv(var, raising=False)
     yield home
 
 
