@@ -79,8 +79,8 @@ def pg_lease(url: str, run_id: str, wait_s: float) -> Iterator[None]:
 
     conn = connect(url)
     try:
-        # the server notices a dead holder by its socket closing; keepalives cover a machine
-        # that vanished without closing it (a TCP connection to a remote server)
+        # the server notices a dead holder by its socket closing; TCP keepalives (set in
+        # ``connect``, and the server's own tcp_keepalives_*) cover a vanished machine
         key, deadline = lease_key(run_id), time.monotonic() + wait_s
         while not conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
             if time.monotonic() >= deadline:

@@ -97,7 +97,9 @@ def connect(url: str) -> Any:
         raise UserError("CHOIR_DATABASE_URL needs psycopg: pip install 'choir[postgres]'") \
             from None
     try:
-        return psycopg.connect(url, autocommit=True, connect_timeout=10)
+        # keepalives: a holder whose machine vanished loses its locks in about a minute
+        return psycopg.connect(url, autocommit=True, connect_timeout=10, keepalives=1,
+                               keepalives_idle=30, keepalives_interval=10, keepalives_count=3)
     except psycopg.Error as exc:
         raise UserError(f"cannot reach the store at {redact(url)}: "
                         f"{str(exc).strip()[:300]}") from None
