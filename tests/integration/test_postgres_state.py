@@ -83,3 +83,27 @@ def test_a_forged_row_in_the_shared_index_is_refused(
         AttestationStore().get(att.id)
     with pytest.raises(IntegrityError, match="other content"):
         AttestationStore(b / "attestations").shared.put(att.id, b"{}")  # type: ignore[union-attr]
+
+
+def test_a_truncated_shared_log_is_named_by_every_machine_that_can_see_a_head(
+        machines: tuple[Path, Path], tmp_path: Path, pg_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The database owner drops the guard and cuts the log's tail: the writer's own heads
+    file names it; another machine names it from the shared heads; deleting those too hides
+    it from that machine only, never from the writer."""
+    import psycopg
+
+    from choir.audit import audit
+
+    a, b = machines
+    repo = make_repo(tmp_path / "repo")
+    _assert_on(b, repo, monkeypatch)
+    with psycopg.connect(pg_url, autocommit=True) as pg:
+        pg.execute("DROP TRIGGER events_no_change ON events")
+        pg.execute("DELETE FROM events WHERE seq = (SELECT max(seq) FROM events)")
+    kinds_a = {v.kind for v in audit(home=a).violations}
+    assert "ahdb_truncated" in kinds_a
+    with psycopg.connect(pg_url, autocommit=True) as pg:
+        pg.execute("DROP TRIGGER heads_no_change ON heads")
+        pg.execute("DELETE FROM heads")
+    assert "ahdb_truncated" in {v.kind for v in audit(home=b).violations}
