@@ -77,7 +77,6 @@ def check_gate(work_item: str, *, tree: str | None, commit: str | None) -> GateA
     Raises:
         ConfigError: the pinned trusted-key list is malformed.
     """
-    from choir._paths import choir_home
     from choir.ahdb import AHDB
     from choir.artifacts import ArtifactStore
     from choir.attest import AttestationStore, signer_counts, trust_root, verify_attestation
@@ -93,7 +92,7 @@ def check_gate(work_item: str, *, tree: str | None, commit: str | None) -> GateA
     store, atts = ArtifactStore(), AttestationStore()
     # the log is replayed with intact-evidence checks; trust is judged below, per attestation,
     # so the answer can name the key that signed even when it is not pinned
-    ahdb = AHDB(choir_home() / "ahdb.sqlite", attestations=atts, artifacts=store)
+    ahdb = AHDB(attestations=atts, artifacts=store)  # the configured store (choir.store_url)
     try:
         atom = ahdb.is_asserted(work_item, tree_hash=tree, commit_sha=commit)
     except PromotionError as err:

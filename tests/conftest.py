@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+pytest_plugins = ["tests.postgres"]  # pg_server / pg_url: a real throwaway Postgres
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("DISABLE_AIOHTTP_TRANSPORT", "True")
 for _key in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_API_BASE", "OPENAI_BASE_URL"):
@@ -64,6 +66,8 @@ def choir_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
     monkeypatch.setenv("CHOIR_HOME", str(home))
     monkeypatch.setenv("CHOIR_ARTIFACT_DIR", str(home / "artifacts"))
     monkeypatch.delenv("AGENT_ARTIFACT_DIR", raising=False)
+    for var in ("CHOIR_DATABASE_URL", "CHOIR_LEASE_WAIT_S"):  # a shell's shared store stays out
+        monkeypatch.delenv(var, raising=False)
     yield home
 
 

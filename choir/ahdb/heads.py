@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,40 +45,54 @@ def signed_bytes(seq: int, head: str) -> bytes:
     return canonical_json({"type": HEAD_TYPE, "seq": seq, "head": head})
 
 
-def write_head(path: Path, seq: int, head: str, signer: Signer) -> None:
+def head_line(seq: int, head: str, signer: Signer) -> bytes:
+    """One signed head record: a line of canonical JSON."""
+    return canonical_json({"seq": seq, "head": head, "key_id": signer.key_id,
+                           "public_key": signer.public_key,
+                           "signature": signer.sign(signed_bytes(seq, head))}) + b"\n"
+
+
+def write_head(path: Path, seq: int, head: str, signer: Signer) -> bytes:
     """Append one signed head; a single O_APPEND write, so concurrent writers never mix.
 
     Written after the commit: a crash before it loses an anchor, never invents one.
+    Returns the record, for a shared copy (``Backend.publish_head``).
     """
-    line = canonical_json({"seq": seq, "head": head, "key_id": signer.key_id,
-                           "public_key": signer.public_key,
-                           "signature": signer.sign(signed_bytes(seq, head))}) + b"\n"
+    line = head_line(seq, head, signer)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)
     finally:
         os.close(fd)
+    return line
 
 
-def read_heads(path: Path) -> Iterator[Head | str]:
-    """Each record as a ``Head``, or the reason the line is not one."""
-    if not path.exists():
-        return
-    with path.open("rb") as fh:
-        for number, raw in enumerate(fh, start=1):
-            try:
-                data = json.loads(raw)
-                yield Head(int(data["seq"]), str(data["head"]), str(data["key_id"]),
-                           str(data["public_key"]), str(data["signature"]))
-            except (ValueError, KeyError, TypeError):
-                yield f"line {number} is not a head record"
+def read_heads(path: Path, shared: Iterable[bytes] = ()) -> Iterator[Head | str]:
+    """Each record (the file's, then ``shared`` ones) as a ``Head``, or why it is not one."""
+    def parse(raw: bytes, where: str) -> Head | str:
+        try:
+            data = json.loads(raw)
+            return Head(int(data["seq"]), str(data["head"]), str(data["key_id"]),
+                        str(data["public_key"]), str(data["signature"]))
+        except (ValueError, KeyError, TypeError):
+            return f"{where} is not a head record"
+
+    if path.exists():
+        with path.open("rb") as fh:
+            for number, raw in enumerate(fh, start=1):
+                yield parse(raw, f"line {number}")
+    for number, raw in enumerate(shared, start=1):
+        yield parse(raw, f"shared head {number}")
 
 
 def check_heads(path: Path, chain: dict[int, str], tail: int,
-                trusted_keys: Collection[str]) -> list[tuple[str, str, str, str]]:
+                trusted_keys: Collection[str], shared: Iterable[bytes] = ()
+                ) -> list[tuple[str, str, str, str]]:
     """(kind, object, expected, found) for every signed head the chain does not honour.
 
     ``chain`` maps seq to event hash for the log as stored; ``tail`` is its last seq.
+    ``shared``: records other machines published to a shared store (Postgres); this
+    machine's file still anchors its own writes if someone deletes those.
     """
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -88,7 +102,7 @@ def check_heads(path: Path, chain: dict[int, str], tail: int,
     found: list[tuple[str, str, str, str]] = []
     keys: dict[str, tuple[Ed25519PublicKey, str]] = {}
     count = 0
-    for head in read_heads(path):
+    for head in read_heads(path, shared):
         if isinstance(head, str):
             found.append(("ahdb_head_unreadable", str(path), "a signed head record", head))
             continue

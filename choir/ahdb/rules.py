@@ -51,6 +51,8 @@ class Change:
     atom: Atom | None
     failed: frozenset[str] = frozenset()
     outcome: str | None = None
+    # (work item, tree) of an outcome's FAIL: on record even when no claim was live to demote
+    fail_target: tuple[str, str] | None = None
 
 
 class Replay:
@@ -73,6 +75,8 @@ class Replay:
     def record(self, change: Change) -> None:
         if change.outcome:
             self.outcomes.add(change.outcome)
+        if change.fail_target:
+            self.fails |= {(*change.fail_target, v) for v in change.failed}
         atom = change.atom
         if atom is None:
             return
@@ -134,7 +138,13 @@ def apply(atoms: State, kind: str, payload: dict[str, Any], at: datetime,
         att_id = str(payload.get("attestation", ""))
         if atoms.has_outcome(att_id):
             raise PromotionError(f"the outcome of {att_id[:16]} is already recorded")
-        return Change(None, outcome=lookup(att_id).id)
+        att = lookup(att_id)
+        target = att.body.target
+        if att.body.result is Result.FAIL and target.work_item:
+            # a FAIL blocks promotion on its tree whether or not a claim was live to demote
+            return Change(None, frozenset({att.body.verifier}), att.id,
+                          (target.work_item, target.tree_hash))
+        return Change(None, outcome=att.id)
     atom_id = payload.get("atom_id", "")
     found = atoms.get(atom_id)
     if found is None:

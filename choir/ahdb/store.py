@@ -1,20 +1,21 @@
-"""The AHDB: an append-only, hash-chained event log in SQLite (WAL), with materialised state.
+"""The AHDB: an append-only, hash-chained event log with materialised state.
 
-Every write goes through ``_append``, which checks the rules (``rules.apply``) against the
-materialised tables and, in the same ``BEGIN IMMEDIATE`` transaction, appends the event and
-updates those tables, so two processes writing at once serialise, lose nothing, and keep the
-chain linear. Reads never replay the log: measured on 2026-11-23, replaying cost 8 ms a write
-at 500 events and 100 ms at 4,000. The tables are derived data: ``choir audit`` rebuilds
-them from the log and names any row that differs. UPDATE and DELETE on the log are refused by
-triggers; anything done behind the store's back is found by ``choir audit``.
+The rows live in SQLite (WAL; the embedded default) or Postgres (``CHOIR_DATABASE_URL``);
+``choir.ahdb.backend`` is the seam, and every rule and statement here serves both. Every
+write goes through ``_append``, which checks the rules (``rules.apply``) against the
+materialised tables and, in the same exclusive write transaction, appends the event and
+updates those tables, so two processes (or machines) writing at once serialise, lose
+nothing, and keep the chain linear. Reads never replay the log: measured on 2026-11-23,
+replaying cost 8 ms a write at 500 events and 100 ms at 4,000. The tables are derived
+data: ``choir audit`` rebuilds them from the log and names any row that differs. UPDATE and
+DELETE on the log are refused by triggers; anything done behind the store's back is found
+by ``choir audit``.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-import sqlite3
-import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from choir._canonical import blake3_hex, canonical_json
 from choir._paths import choir_home
-from choir.ahdb.heads import heads_path, write_head
+from choir.ahdb.backend import Backend, Conn, Session, SqliteBackend
+from choir.ahdb.heads import write_head
 from choir.ahdb.rules import Change, Lookup, apply
 from choir.exceptions import IntegrityError, PromotionError
 from choir.models import Atom, AtomKind, AtomStatus, Attestation, Result
@@ -33,25 +35,6 @@ if TYPE_CHECKING:
     from choir.attest import Signer
 
 GENESIS = "0" * 64
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS events (
-  seq INTEGER PRIMARY KEY, prev_hash TEXT NOT NULL, event_hash TEXT NOT NULL UNIQUE,
-  kind TEXT NOT NULL, payload TEXT NOT NULL, created_at TEXT NOT NULL);
-CREATE TRIGGER IF NOT EXISTS events_no_update BEFORE UPDATE ON events
-  BEGIN SELECT RAISE(ABORT, 'the AHDB log is append-only'); END;
-CREATE TRIGGER IF NOT EXISTS events_no_delete BEFORE DELETE ON events
-  BEGIN SELECT RAISE(ABORT, 'the AHDB log is append-only'); END;
-CREATE TABLE IF NOT EXISTS atoms (
-  id TEXT PRIMARY KEY, created_seq INTEGER NOT NULL, kind TEXT NOT NULL,
-  status TEXT NOT NULL, work_item TEXT, tree_hash TEXT, body TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS atoms_by_item ON atoms (work_item, kind, created_seq);
-CREATE INDEX IF NOT EXISTS atoms_by_tree ON atoms (work_item, tree_hash, kind, status);
-CREATE TABLE IF NOT EXISTS outcomes (attestation TEXT PRIMARY KEY, seq INTEGER NOT NULL);
-CREATE INDEX IF NOT EXISTS atoms_on_tree ON atoms (tree_hash, kind, status);
-CREATE TABLE IF NOT EXISTS fails (
-  work_item TEXT NOT NULL, tree_hash TEXT NOT NULL, verifier TEXT NOT NULL,
-  PRIMARY KEY (work_item, tree_hash, verifier));
-"""
 
 
 @dataclass(frozen=True)
@@ -93,7 +76,7 @@ def attestation_lookup(attestations: Any, artifacts: Any,
 class _Tables:
     """``rules.State`` answered by the materialised tables, inside the writer's transaction."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: Conn) -> None:
         self.conn = conn
 
     def get(self, atom_id: str) -> Atom | None:
@@ -113,6 +96,11 @@ class _Tables:
         if change.outcome:
             self.conn.execute("INSERT INTO outcomes (attestation, seq) VALUES (?, ?)",
                               (change.outcome, seq))
+        if change.fail_target:
+            self.conn.executemany(
+                "INSERT INTO fails (work_item, tree_hash, verifier) VALUES (?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
+                [(*change.fail_target, v) for v in sorted(change.failed)])
         atom = change.atom
         if atom is None:
             return
@@ -124,7 +112,8 @@ class _Tables:
              atom.model_dump_json()))
         if atom.work_item and atom.tree_hash:
             self.conn.executemany(
-                "INSERT OR IGNORE INTO fails (work_item, tree_hash, verifier) VALUES (?, ?, ?)",
+                "INSERT INTO fails (work_item, tree_hash, verifier) VALUES (?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
                 [(atom.work_item, atom.tree_hash, v) for v in sorted(change.failed)])
 
 
@@ -133,33 +122,34 @@ class AHDB:
 
     def __init__(self, path: Path | None = None, *, attestations: Any, artifacts: Any,
                  trusted_keys: Collection[str] | None = None,
-                 signer: Signer | Callable[[], Signer] | None = None) -> None:
-        self.path = path or choir_home() / "ahdb.sqlite"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+                 signer: Signer | Callable[[], Signer] | None = None,
+                 url: str | None = None, home: Path | None = None) -> None:
+        """``path``: an SQLite file; ``url``: a Postgres database; neither: the configured
+        store (``choir.store_url``: ``CHOIR_DATABASE_URL``, else ``store.url``, else
+        ``$CHOIR_HOME/ahdb.sqlite``)."""
+        self.backend: Backend = make_backend(path, url, home)
+        # the SQLite file, or for Postgres the name its local heads file derives from
+        self.path: Path = getattr(self.backend, "path", self.backend.heads.with_suffix(""))
+        self.where = self.backend.where
         self.signer = signer
         self._lookup = attestation_lookup(attestations, artifacts, trusted_keys)
-        self._local = threading.local()
-        conn = self._conn()
-        conn.executescript(_SCHEMA)
-        if conn.execute("PRAGMA user_version").fetchone()[0] < 1:
+        self.backend.ensure_schema()
+        if self.backend.version(self._conn()) < 1:
             self._materialise_once()
 
-    def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA busy_timeout=60000")
-            self._local.conn = conn
-            self._local.depth, self._local.appended = 0, None
-        return conn
+    @property
+    def _local(self) -> Session:
+        return self.backend.session()
+
+    def _conn(self) -> Conn:
+        return self.backend.session().conn
 
     def _materialise_once(self) -> None:
         """A log written before the tables existed: derive them once, from the log."""
         from choir.ahdb.rules import Replay
 
         with self._tx() as conn:
-            if conn.execute("PRAGMA user_version").fetchone()[0] >= 1:
+            if self.backend.version(conn) >= 1:
                 return
             for table in ("atoms", "fails", "outcomes"):  # executescript would commit
                 conn.execute(f"DELETE FROM {table}")
@@ -170,36 +160,37 @@ class AHDB:
                                datetime.fromisoformat(ev.created_at), self._lookup)
                 replay.record(change)
                 tables.record(change, ev.seq)
-            conn.execute("PRAGMA user_version = 1")
+            self.backend.set_version(conn, 1)
             if replay.atoms or replay.outcomes:  # anchor the upgraded log as it now stands
                 self._local.appended = self.head()
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction; nested use joins the outer one."""
-        conn = self._conn()
-        if self._local.depth:
-            self._local.depth += 1
+    def _tx(self) -> Iterator[Conn]:
+        """One exclusive write transaction (``backend.begin``); nested use joins the outer."""
+        sess = self.backend.session()
+        conn = sess.conn
+        if sess.depth:
+            sess.depth += 1
             try:
                 yield conn
             finally:
-                self._local.depth -= 1
+                sess.depth -= 1
             return
-        conn.execute("BEGIN IMMEDIATE")
-        self._local.depth, self._local.appended = 1, None
+        self.backend.begin(conn)
+        sess.depth, sess.appended = 1, None
         try:
             yield conn
         except BaseException:
-            self._local.depth = 0
+            sess.depth = 0
             conn.execute("ROLLBACK")
             raise
-        self._local.depth = 0
+        sess.depth = 0
         conn.execute("COMMIT")
-        if self._local.appended and self.signer is not None:
+        if sess.appended and self.signer is not None:
             if callable(self.signer):  # loaded on the first write: reads never touch the key
                 self.signer = self.signer()
-            seq, head = self._local.appended
-            write_head(heads_path(self.path), seq, head, self.signer)
+            seq, head = sess.appended
+            self.backend.publish_head(write_head(self.backend.heads, seq, head, self.signer))
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -365,7 +356,7 @@ class AHDB:
             fails = [self._lookup(a) for a in sorted(set(attestation_ids))]
             rows = conn.execute(
                 "SELECT body FROM atoms WHERE tree_hash = ? AND kind = 'ASSERT' AND "
-                "status = 'PROMOTED' AND coalesce(?, work_item) = work_item "
+                "status = 'PROMOTED' AND coalesce(CAST(? AS TEXT), work_item) = work_item "
                 "ORDER BY created_seq", (tree_hash, work_item)).fetchall()
             for (body,) in rows:
                 claim = Atom.model_validate_json(body)
@@ -399,8 +390,22 @@ def _already_applied(atoms: _Tables, kind: str, payload: dict[str, Any]) -> Atom
     return None
 
 
+def make_backend(path: Path | None, url: str | None, home: Path | None) -> Backend:
+    """An SQLite file at ``path``, the Postgres database at ``url``, else the configured one."""
+    base = home or choir_home()
+    if path is None and url is None:
+        from choir.store_url import database_url
+
+        url = database_url(base)
+    if url is not None:
+        from choir.ahdb.postgres import PostgresBackend
+
+        return PostgresBackend(url, base)
+    return SqliteBackend(path or base / "ahdb.sqlite")
+
+
 def open_ahdb(home: Path | None = None) -> AHDB:
-    """The AHDB under ``CHOIR_HOME`` with the default stores and this home's key.
+    """The configured AHDB (``make_backend``) with the default stores and this home's key.
 
     The key signs a head record after every write (``choir.ahdb.heads``).
     """
@@ -408,7 +413,7 @@ def open_ahdb(home: Path | None = None) -> AHDB:
     from choir.attest import AttestationStore, load_signer, trusted_key_ids
 
     base = home or choir_home()
-    return AHDB(base / "ahdb.sqlite", attestations=AttestationStore(base / "attestations"),
+    return AHDB(attestations=AttestationStore(base / "attestations"), home=base,
                 artifacts=ArtifactStore(), trusted_keys=trusted_key_ids(base),
                 signer=lambda: load_signer(base))
 

@@ -24,11 +24,18 @@ MAX_FILE = 4 << 20
 
 
 class AttestationStore:
-    """Write-once storage of attestations, keyed by id."""
+    """Write-once storage of attestations, keyed by id.
+
+    With a Postgres store configured (``choir.store_url``), each one is also put in the
+    shared index (``choir.attest.shared``) and read from it when this machine has no file.
+    """
 
     def __init__(self, root: Path | None = None) -> None:
+        from choir.attest.shared import shared_index
+
         self.root = (root or choir_home() / "attestations").expanduser()
         self.root.mkdir(parents=True, exist_ok=True)
+        self.shared = shared_index(self.root.parent)
 
     def path_of(self, att_id: str) -> Path:
         """Where attestation ``att_id`` is kept.
@@ -52,6 +59,8 @@ class AttestationStore:
         data = canonical_json(att)
         path = self.path_of(att.id)
         write_once(path, data, f"attestation {att.id} is already stored with other content")
+        if self.shared is not None:
+            self.shared.put(att.id, data)
         return path
 
     def get(self, att_id: str) -> Attestation:
@@ -66,7 +75,10 @@ class AttestationStore:
             with open(path, "rb") as fh:
                 data = fh.read(MAX_FILE + 1)
         except FileNotFoundError:
-            raise NotFoundError(f"no attestation {att_id}") from None
+            shared = self.shared.get(att_id) if self.shared is not None else None
+            if shared is None:
+                raise NotFoundError(f"no attestation {att_id}") from None
+            data = shared  # checked below exactly like a file
         except OSError as err:
             raise IntegrityError(f"attestation {att_id} is unreadable: {err}") from None
         if len(data) > MAX_FILE:
@@ -80,13 +92,16 @@ class AttestationStore:
         return att
 
     def ids(self) -> Iterator[str]:
-        """Ids of the stored attestations, sorted."""
-        for path in sorted(self.root.glob("*.json")):
-            if is_hash(path.stem):
-                yield path.stem
+        """Ids of the stored attestations (here and in the shared index), sorted."""
+        local = {p.stem for p in self.root.glob("*.json") if is_hash(p.stem)}
+        shared = set(self.shared.ids()) if self.shared is not None else set()
+        yield from sorted(local | {i for i in shared if is_hash(i)})
 
     def __contains__(self, att_id: object) -> bool:
-        return isinstance(att_id, str) and is_hash(att_id) and self.path_of(att_id).is_file()
+        if not (isinstance(att_id, str) and is_hash(att_id)):
+            return False
+        return self.path_of(att_id).is_file() or (
+            self.shared is not None and self.shared.get(att_id) is not None)
 
     def __iter__(self) -> Iterator[Attestation]:
         """Every stored attestation; a corrupt one raises ``IntegrityError`` when reached."""

@@ -32,12 +32,14 @@ def _v(kind: str, obj: str, expected: str, found: str) -> Violation:
 
 def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> AuditResult:
     from choir.ahdb.heads import check_heads, heads_path
+    from choir.ahdb.postgres import redact
     from choir.ahdb.store import AHDB, attestation_lookup, check_chain
     from choir.artifacts import MANIFEST, ArtifactStore, hash_file
     from choir.attest import AttestationStore, trust_violations, trusted_key_ids, verify_attestation
     from choir.audit.citations import check_citations
     from choir.audit.ledger import compare_tables, contradicted, replay_log
     from choir.exceptions import IntegrityError
+    from choir.store_url import database_url
     from choir.verify import check_session, is_session_folder
 
     base = home or choir_home()
@@ -111,13 +113,15 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
     counts.update(trace_counts)
 
     # 5. the AHDB: chain links, then a replay through the write rules
-    db_path = base / "ahdb.sqlite"
-    if db_path.exists():
+    db_path, url = base / "ahdb.sqlite", database_url(base)  # SQLite file or Postgres
+    if url or db_path.exists():
         try:
-            db = AHDB(db_path, attestations=atts, artifacts=store, trusted_keys=trusted)
+            db = AHDB(None if url else db_path, url=url, home=base, attestations=atts,
+                      artifacts=store, trusted_keys=trusted)
             events = list(db.events())
         except (json.JSONDecodeError, Exception) as exc:  # fail closed on a corrupt log
-            found.append(_v("ahdb_unreadable", str(db_path), "a readable log", str(exc)[:200]))
+            found.append(_v("ahdb_unreadable", redact(url) if url else str(db_path),
+                            "a readable log", str(exc)[:200]))
             return AuditResult(ok=False, violations=tuple(found), counts=dict(counts))
         for seq, what, expected, got in check_chain(events):
             found.append(_v(what, f"event {seq}", expected, got))
@@ -127,8 +131,9 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> Au
         found.extend(compare_tables(db, replay))
         found.extend(contradicted(replay, stored_fails))
         chain = {ev.seq: ev.event_hash for ev in events}
-        for kind, obj, expected, got in check_heads(heads_path(db_path), chain,
-                                                    max(chain, default=0), trusted):
+        for kind, obj, expected, got in check_heads(db.backend.heads, chain,
+                                                    max(chain, default=0), trusted,
+                                                    db.backend.shared_heads()):
             found.append(_v(kind, obj, expected, got))
         for att_id in sorted(set(valid) - replay.outcomes):
             found.append(_v("ahdb_outcome_missing", att_id, "its outcome in the AHDB log",

@@ -43,6 +43,13 @@ def _saver(home: Path) -> Any:
 
 
 def _loop_threads(home: Path) -> list[str]:
+    from choir.store_url import database_url
+
+    url = database_url(home)
+    if url:  # checkpoints in Postgres (choir.graph.checkpoints)
+        from choir.graph.checkpoints import pg_threads
+
+        return pg_threads(url)
     path = home / "checkpoints.sqlite"
     if not path.is_file():
         return []
@@ -59,6 +66,13 @@ def _loop_state(home: Path, run_id: str) -> tuple[dict[str, Any], str] | None:
     """The last checkpoint's values and time of a ``choir run``, or None."""
     if run_id not in _loop_threads(home):
         return None
+    from choir.store_url import database_url
+
+    url = database_url(home)
+    if url:
+        from choir.graph.checkpoints import pg_latest
+
+        return pg_latest(url, run_id)
     saver = _saver(home)
     try:
         found = saver.get_tuple({"configurable": {"thread_id": run_id, "checkpoint_ns": ""}})

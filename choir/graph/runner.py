@@ -1,16 +1,16 @@
-"""Durable runs: the orchestrator over an AsyncSqliteSaver under ``CHOIR_HOME``.
+"""Durable runs: the orchestrator over a checkpoint saver (SQLite under ``CHOIR_HOME``, or
+Postgres with ``CHOIR_DATABASE_URL``: ``choir.graph.checkpoints``).
 
 Every step's checkpoint is written before the next step starts (``durability="sync"``), so
 after a crash ``resume(run_id)`` continues from the last finished step; ``approve`` answers a
-human-approval interrupt and finishes the run. One process drives a run at a time: a second
-``--resume`` of a run that is still being driven is refused.
+human-approval interrupt and finishes the run. One process drives a run at a time (a lease,
+``choir.lease``): a second ``--resume`` of a run that is still being driven is refused, or
+waits for the lease with ``CHOIR_LEASE_WAIT_S``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -61,38 +61,27 @@ _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 @contextlib.contextmanager
 def _driving(run_id: str) -> Iterator[None]:
-    """Hold the run's lock while driving it; a second driver is a usage error (exit 2)."""
+    """Hold the run's lease while driving it (``choir.lease``): a second driver is refused
+    (exit 2) or, with ``CHOIR_LEASE_WAIT_S``, waits for it."""
+    from choir.lease import hold_lease
+
     if not _RUN_ID.match(run_id) or ".." in run_id:
         raise UserError(f"invalid run id {run_id!r}: up to 100 letters, digits, '.', '_', '-'")
-    locks = choir_home() / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    fd = os.open(locks / f"{run_id}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(f"run {run_id} is being driven by another process; "
-                            "wait for it, or kill it and resume") from None
+    with hold_lease(choir_home(), run_id):
         yield
-    finally:
-        os.close(fd)
 
 
 async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> RunOutcome:
-    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
-
     from choir.attest.keys import require_pinned_signer
+    from choir.graph.checkpoints import open_checkpointer
     from choir.graph.orchestrator import build
-    from choir.graph.state import checkpoint_types
     from choir.trace.record import TraceRecorder
 
     home = choir_home()
     home.mkdir(parents=True, exist_ok=True)
     require_pinned_signer()  # attestations by an unpinned key could never promote anything
     with _driving(run_id):
-        async with AsyncSqliteSaver.from_conn_string(str(home / "checkpoints.sqlite")) as saver:
-            saver.serde = JsonPlusSerializer(allowed_msgpack_modules=checkpoint_types())
+        async with open_checkpointer(home) as saver:
             graph = build().compile(checkpointer=saver)
             cfg: Any = {"configurable": {"thread_id": run_id}, "recursion_limit": 10_000}
             exists = bool((await graph.aget_state(cfg)).values)

@@ -130,9 +130,21 @@ def test_forged_attestation_id_is_refused(repo: Path) -> None:
         db.promote(claim(db, repo).id, ["a" * 64])
 
 
-def test_log_is_append_only(repo: Path) -> None:
+def test_log_is_append_only(repo: Path, ahdb_backend: str) -> None:
     db = open_ahdb()
     claim(db, repo)
+    if ahdb_backend == "postgres":  # a second client, behind the store's back
+        import os
+
+        import psycopg
+
+        with psycopg.connect(os.environ["CHOIR_DATABASE_URL"], autocommit=True) as pg:
+            for sql in ("UPDATE events SET kind = 'assert'", "DELETE FROM events",
+                        "TRUNCATE events"):
+                with pytest.raises(psycopg.Error, match="append-only"):
+                    pg.execute(sql)
+            assert pg.execute("SELECT count(*) FROM events").fetchone() == (1,)
+        return
     conn = sqlite3.connect(db.path)
     with pytest.raises(sqlite3.DatabaseError, match="append-only"):
         conn.execute("UPDATE events SET kind = 'assert'")
@@ -166,3 +178,14 @@ def test_two_processes_writing_at_once_lose_nothing(repo: Path, choir_home: Path
     events = list(db.events())
     assert len(events) == 120 and len(db.atoms()) == 120
     assert check_chain(events) == []
+
+
+def test_a_fail_logged_before_any_promotion_still_blocks_the_promotion(repo: Path) -> None:
+    """The FAIL's outcome is on record before the claim is promoted: nothing to demote then,
+    but a PASS of the same verifier on the same tree must not promote it afterwards."""
+    db = open_ahdb()
+    c = claim(db, repo)
+    attest(repo, "unit", "false")  # logs the outcome; no claim is PROMOTED yet
+    with pytest.raises(PromotionError, match="attested FAIL"):
+        db.promote(c.id, [attest(repo, "unit", "true").id])
+    assert db.failed_verifiers("wi", tree_hash(repo)) == {"unit"}

@@ -1,0 +1,172 @@
+"""The AHDB in PostgreSQL, for several runners on several machines (``CHOIR_DATABASE_URL``).
+
+Same tables, same statements, same rules as SQLite (``choir.ahdb.backend``). Writers
+serialise on one transaction-scoped advisory lock, so the hash chain stays linear and no
+promotion is checked against a state another writer is about to change. The log is guarded
+by triggers against UPDATE, DELETE and TRUNCATE; like on SQLite, someone who owns the database
+can drop them, which is why the signed heads stay in a file on each writing machine and
+``choir audit`` replays the log. psycopg is imported only when a URL is set.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from choir._canonical import blake3_hex
+from choir.ahdb.backend import Session
+from choir.exceptions import UserError
+
+# one 64-bit key for "the AHDB writer"; leases use their own keys (choir.lease)
+WRITE_LOCK = 0x43484F4952414844  # "CHOIRAHD"
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS events (
+      seq BIGINT PRIMARY KEY, prev_hash TEXT NOT NULL, event_hash TEXT NOT NULL UNIQUE,
+      kind TEXT NOT NULL, payload TEXT NOT NULL, created_at TEXT NOT NULL)""",
+    """CREATE OR REPLACE FUNCTION choir_append_only() RETURNS trigger LANGUAGE plpgsql AS
+      $$ BEGIN RAISE EXCEPTION 'the AHDB log is append-only'; END $$""",
+    """CREATE OR REPLACE TRIGGER events_no_change BEFORE UPDATE OR DELETE ON events
+      FOR EACH ROW EXECUTE FUNCTION choir_append_only()""",
+    """CREATE OR REPLACE TRIGGER events_no_truncate BEFORE TRUNCATE ON events
+      FOR EACH STATEMENT EXECUTE FUNCTION choir_append_only()""",
+    """CREATE TABLE IF NOT EXISTS atoms (
+      id TEXT PRIMARY KEY, created_seq BIGINT NOT NULL, kind TEXT NOT NULL,
+      status TEXT NOT NULL, work_item TEXT, tree_hash TEXT, body TEXT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS atoms_by_item ON atoms (work_item, kind, created_seq)",
+    "CREATE INDEX IF NOT EXISTS atoms_by_tree ON atoms (work_item, tree_hash, kind, status)",
+    "CREATE INDEX IF NOT EXISTS atoms_on_tree ON atoms (tree_hash, kind, status)",
+    "CREATE TABLE IF NOT EXISTS outcomes (attestation TEXT PRIMARY KEY, seq BIGINT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS fails (
+      work_item TEXT NOT NULL, tree_hash TEXT NOT NULL, verifier TEXT NOT NULL,
+      PRIMARY KEY (work_item, tree_hash, verifier))""",
+    # signed chain heads from every writing machine (each also keeps its own file)
+    "CREATE TABLE IF NOT EXISTS heads (n BIGSERIAL PRIMARY KEY, record BYTEA NOT NULL)",
+    """CREATE OR REPLACE TRIGGER heads_no_change BEFORE UPDATE OR DELETE ON heads
+      FOR EACH ROW EXECUTE FUNCTION choir_append_only()""",
+    # the attestation index (choir.attest.shared): write-once, like the files it mirrors;
+    # created last, so its presence means the whole schema is in place
+    "CREATE TABLE IF NOT EXISTS attestations (id TEXT PRIMARY KEY, body BYTEA NOT NULL)",
+    """CREATE OR REPLACE TRIGGER attestations_no_change BEFORE UPDATE OR DELETE
+      ON attestations FOR EACH ROW EXECUTE FUNCTION choir_append_only()""",
+)
+
+
+class PgConn:
+    """A psycopg connection that takes the store's ``?`` placeholders."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+
+    def execute(self, sql: str, args: Sequence[Any] = (), /) -> Any:
+        return self.raw.execute(sql.replace("?", "%s"), tuple(args) if args else None)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]], /) -> None:
+        rows = [tuple(r) for r in rows]
+        if rows:
+            with self.raw.cursor() as cur:
+                cur.executemany(sql.replace("?", "%s"), rows)
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and file names."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = netloc[0].split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
+
+
+# this process's connections, one per (url, thread): AHDB objects are made per call, and
+# a connection per object would exhaust the server's slots; the pid guards a fork
+_sessions: dict[tuple[str, int, int], Session] = {}
+_sessions_lock = threading.Lock()
+_ready: set[str] = set()  # URLs whose schema this process has seen in place
+
+
+def connect(url: str) -> Any:
+    """A new autocommit psycopg connection; a clear UserError if the server does not answer."""
+    try:
+        import psycopg
+    except ImportError:
+        raise UserError("CHOIR_DATABASE_URL needs psycopg: pip install 'choir[postgres]'") \
+            from None
+    try:
+        # keepalives: a holder whose machine vanished loses its locks in about a minute
+        return psycopg.connect(url, autocommit=True, connect_timeout=10, keepalives=1,
+                               keepalives_idle=30, keepalives_interval=10, keepalives_count=3)
+    except psycopg.Error as exc:
+        raise UserError(f"cannot reach the store at {redact(url)}: "
+                        f"{str(exc).strip()[:300]}") from None
+
+
+def close_connections(url: str | None = None) -> None:
+    """Close this process's cached connections (all, or those to ``url``)."""
+    with _sessions_lock:
+        for key in [k for k in _sessions if url is None or k[0] == url]:
+            sess = _sessions.pop(key)
+            _ready.discard(key[0])
+            if key[1] == os.getpid():
+                sess.conn.raw.close()  # type: ignore[attr-defined]
+
+
+class PostgresBackend:
+    """The AHDB's tables in the database at ``url``."""
+
+    def __init__(self, url: str, home: Path) -> None:
+        self.url = url
+        self.where = redact(url)
+        parts = urlsplit(url)
+        ident = f"{parts.hostname}:{parts.port}{parts.path}?{parts.query}"
+        self.heads = home / f"ahdb-pg-{blake3_hex(ident.encode())[:16]}.heads"
+        home.mkdir(parents=True, exist_ok=True)
+
+    def session(self) -> Session:
+        key = (self.url, os.getpid(), threading.get_ident())
+        with _sessions_lock:
+            sess = _sessions.get(key)
+        if sess is not None and not sess.conn.raw.closed:  # type: ignore[attr-defined]
+            return sess
+        sess = Session(PgConn(connect(self.url)))
+        with _sessions_lock:
+            _sessions[key] = sess
+        return sess
+
+    def begin(self, conn: Any) -> None:
+        conn.execute("BEGIN")
+        conn.execute("SELECT pg_advisory_xact_lock(?)", (WRITE_LOCK,))
+
+    def ensure_schema(self) -> None:
+        if self.url in _ready:
+            return
+        conn = self.session().conn
+        if conn.execute("SELECT to_regclass('attestations')").fetchone()[0] is not None:
+            _ready.add(self.url)
+            return
+        self.begin(conn)  # under the writer's lock: CREATE ... IF NOT EXISTS races otherwise
+        try:
+            for stmt in _SCHEMA:
+                conn.execute(stmt)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        _ready.add(self.url)
+
+    def version(self, conn: Any) -> int:
+        return 1  # the tables were born with the log: nothing to materialise
+
+    def set_version(self, conn: Any, version: int) -> None:
+        return None
+
+    def publish_head(self, record: bytes) -> None:
+        self.session().conn.execute("INSERT INTO heads (record) VALUES (?)", (record,))
+
+    def shared_heads(self) -> list[bytes]:
+        rows = self.session().conn.execute("SELECT record FROM heads ORDER BY n")
+        return [bytes(r[0]) for r in rows]

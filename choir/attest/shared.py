@@ -1,0 +1,49 @@
+"""The attestation index in Postgres: every runner's attestations, readable from any machine.
+
+With ``CHOIR_DATABASE_URL`` set, the AHDB is shared, so its log cites attestations minted on
+other machines; the gate and ``choir audit`` must be able to load them. The files under
+``$CHOIR_HOME/attestations`` stay the local copy; each one is also inserted here, write-once
+(triggers refuse UPDATE and DELETE; a second insert of other bytes under an id is an
+IntegrityError). Nothing read from here is trusted: ``AttestationStore.get`` re-derives the
+id from the body, and ``verify_attestation`` checks the signature, as for a local file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from choir.exceptions import IntegrityError
+
+
+class SharedIndex:
+    """Attestation bytes keyed by id, in the configured Postgres database."""
+
+    def __init__(self, url: str, home: Path) -> None:
+        from choir.ahdb.postgres import PostgresBackend
+
+        self.backend = PostgresBackend(url, home)
+        self.backend.ensure_schema()
+
+    def put(self, att_id: str, data: bytes) -> None:
+        conn = self.backend.session().conn
+        conn.execute("INSERT INTO attestations (id, body) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                     (att_id, data))
+        if self.get(att_id) != data:
+            raise IntegrityError(f"attestation {att_id} is already indexed with other content")
+
+    def get(self, att_id: str) -> bytes | None:
+        row = self.backend.session().conn.execute(
+            "SELECT body FROM attestations WHERE id = ?", (att_id,)).fetchone()
+        return bytes(row[0]) if row else None
+
+    def ids(self) -> list[str]:
+        rows = self.backend.session().conn.execute("SELECT id FROM attestations ORDER BY id")
+        return [str(r[0]) for r in rows]
+
+
+def shared_index(home: Path) -> SharedIndex | None:
+    """The index when a Postgres store is configured, else None (files only)."""
+    from choir.store_url import database_url
+
+    url = database_url(home)
+    return SharedIndex(url, home) if url else None
