@@ -95,14 +95,9 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
     Raises:
         IntegrityError: the run id already names a run of another verifier or tree.
     """
-    sealed = store.sealed(run_id)
-    if sealed is not None:
-        manifest = sealed[0]
-        if (manifest.verifier, manifest.tree_hash) != (spec.name, target.tree_hash):
-            raise IntegrityError(
-                f"run id {run_id} already names a run of '{manifest.verifier}' on tree "
-                f"{manifest.tree_hash[:12]}, not of '{spec.name}' on {target.tree_hash[:12]}")
-        return _stored_result(store, run_id, *sealed)
+    replayed = replay_sealed(store, run_id, spec, target)
+    if replayed is not None:
+        return replayed
     store.set_aside(run_id)
     run_dir = store.run_dir(run_id)
     logs, out = run_dir / "logs", run_dir / "out"
@@ -193,6 +188,41 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
     return PipelineResult(status=status, run_id=run_id, run_dir=run_dir, manifest=manifest,
                           manifest_hash=manifest_hash, artifacts=files, tail_log=tail.text(),
                           infra_error=infra_error)
+
+
+def replay_sealed(store: ArtifactStore, run_id: str, spec: VerifierSpec,
+                  target: Target) -> PipelineResult | None:
+    """The stored result of ``run_id`` when it sealed already, else None.
+
+    Only for the same verifier, tree and steps: a run id another runner (a shared artifact
+    store), another configuration or a reused ``--run-id`` sealed must not stand for this one.
+
+    Raises:
+        IntegrityError: the run id names a run of another verifier, tree or steps.
+    """
+    sealed = store.sealed(run_id)
+    if sealed is not None:
+        manifest = sealed[0]
+        if (manifest.verifier, manifest.tree_hash) != (spec.name, target.tree_hash):
+            raise IntegrityError(
+                f"run id {run_id} already names a run of '{manifest.verifier}' on tree "
+                f"{manifest.tree_hash[:12]}, not of '{spec.name}' on {target.tree_hash[:12]}")
+        if not ran_spec_steps(manifest, spec):
+            raise IntegrityError(
+                f"run id {run_id} already names a run of '{spec.name}' with other steps; its "
+                "result stands for the commands it ran, not these: give the run another id")
+        return _stored_result(store, run_id, *sealed)
+    return None
+
+
+def ran_spec_steps(manifest: RunManifest, spec: VerifierSpec) -> bool:
+    """Whether a sealed run ran ``spec``'s steps: each recorded step is the spec's at its
+    place (a run stops at its first failing step), and a PASS ran every one of them."""
+    ran = [(c.name, c.command) for c in manifest.commands_executed]
+    wanted = [(s.name, s.command) for s in spec.steps]
+    if manifest.status == "PASS" and len(ran) != len(wanted):
+        return False
+    return ran == wanted[:len(ran)]
 
 
 def _stored_result(store: ArtifactStore, run_id: str, manifest: RunManifest,

@@ -111,11 +111,11 @@ class DaskFanout:
         """
         from choir.distributed.remote_run import RemoteRun, land
         from choir.exceptions import IntegrityError
-        from choir.pipeline import _stored_result
+        from choir.pipeline import replay_sealed
 
-        sealed = store.sealed(run_id)
-        if sealed is not None:
-            return _stored_result(store, run_id, *sealed)
+        replayed = replay_sealed(store, run_id, spec, target)
+        if replayed is not None:
+            return replayed
         snapshot, snapshot_hash = self._snapshot(repo)
         future = self._client.submit(
             _run_on_worker,

@@ -47,7 +47,7 @@ def land(remote: RemoteRun, *, store: ArtifactStore, spec: VerifierSpec,
     Raises:
         IntegrityError: a byte, a name or the manifest does not match (see module docstring).
     """
-    from choir.pipeline import _stored_result
+    from choir.pipeline import _stored_result, ran_spec_steps
 
     try:
         manifest = RunManifest.model_validate_json(remote.manifest_json)
@@ -62,6 +62,9 @@ def land(remote: RemoteRun, *, store: ArtifactStore, spec: VerifierSpec,
         raise IntegrityError(f"run {remote.run_id}: the worker returned a manifest of "
                              f"{manifest.run_id} ({manifest.verifier} on "
                              f"{manifest.tree_hash[:12]})")
+    if not ran_spec_steps(manifest, spec):
+        raise IntegrityError(f"run {remote.run_id}: the worker's manifest records other steps "
+                             f"than {spec.name}'s")
     if set(remote.files) != set(manifest.files):
         raise IntegrityError(f"run {remote.run_id}: the returned files are not those the "
                              "manifest lists")

@@ -95,3 +95,25 @@ def test_a_run_id_of_another_verifier_or_tree_is_refused_not_reused(
     with pytest.raises(IntegrityError, match="already names a run of 'unit' on tree 111"):
         go(unit, "2")
     assert runs_made(counter) == 1
+
+
+@pytest.mark.parametrize("change", ["command", "name", "more_steps"])
+def test_a_run_id_of_other_commands_is_refused_not_replayed_as_their_result(
+        store: ArtifactStore, repo: Path, counter: Path, change: str) -> None:
+    """Same verifier name, same tree, other steps (a shared artifact store, another runner's
+    configuration, a reused --run-id): the stored PASS of ``true`` must never stand for
+    ``false``."""
+    passing = run(store, repo, counter, "same", "true")
+    assert passing.status == "PASS"
+    other = spec(counter, "false")
+    if change == "name":
+        steps = (other.steps[0], other.steps[1].model_copy(update={"name": "renamed",
+                                                                    "command": "true"}))
+        other = other.model_copy(update={"steps": steps})
+    elif change == "more_steps":
+        steps = (*spec(counter).steps, StepSpec(name="extra", command="false"))
+        other = other.model_copy(update={"steps": steps})
+    with pytest.raises(IntegrityError, match="other steps"):
+        run_verifier(other, repo=repo, sandbox=get_sandbox("local"), store=store,
+                     run_id="same", target=Target(tree_hash="0" * 64))
+    assert runs_made(counter) == 1

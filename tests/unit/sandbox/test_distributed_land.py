@@ -79,3 +79,16 @@ def test_a_tampered_return_is_refused_and_nothing_is_stored(
         land(forged, store=store, spec=SPEC, target=resolve_target(repo))
     assert not store.run_dir("r-1").exists()
     assert not (tmp_path / "coordinator" / "escaped").exists()
+
+
+def test_a_worker_run_of_other_steps_does_not_land_as_this_verifier(
+        worker_run: tuple[RemoteRun, Path], tmp_path: Path) -> None:
+    """An honest, well-hashed run of other commands under this verifier's name (a worker
+    with another configuration) is not a result of this verifier's steps."""
+    remote, repo = worker_run
+    stricter = SPEC.model_copy(update={"steps": (*SPEC.steps,
+                                                 StepSpec(name="check", command="false"))})
+    store = ArtifactStore(tmp_path / "coordinator")
+    with pytest.raises(IntegrityError, match="other steps"):
+        land(remote, store=store, spec=stricter, target=resolve_target(repo))
+    assert not store.run_dir("r-1").exists()
