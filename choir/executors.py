@@ -135,7 +135,7 @@ def _hidden() -> list[Path]:
 
 
 def _interpreter_in_repo(repo: Path) -> list[Path]:
-    """The verifiers' interpreter and binds that lie inside the repo: read-only here.
+    """The verifiers' interpreter, where it lies inside the repo: read-only here.
 
     The repo's ``.venv`` is ignored, so the tree hash does not cover it, yet verifiers run
     it. An executor that wrote it (a ``.pth`` that exits 0 at start-up) would make every
@@ -150,7 +150,9 @@ def _interpreter_in_repo(repo: Path) -> list[Path]:
     if gate is not None:
         section = gate.config.sandbox
         try:
-            tools = choose(repo, section.python, section.binds)
+            # the interpreter only: explicit binds may be state the action is meant to change
+            # (a postcondition's SQLite folder), which its verifiers then read back
+            tools = choose(repo, section.python)
             found += [Path(p) for p in (*tools.binds, tools.venv or "")]
         except ConfigError:
             pass  # the verifiers will refuse it too; nothing of it to protect
