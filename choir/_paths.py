@@ -1,20 +1,10 @@
-"""Where Choir keeps things (CONTRACT.md, "Storage")."""
+"""Old import path, kept for one release: the very same module object as the new one.
 
-from __future__ import annotations
+Aliasing (rather than re-exporting) keeps every name, private ones and monkeypatching included.
+"""
 
-import os
-from pathlib import Path
+import sys
 
+from choir._core import paths as _moved
 
-def choir_home() -> Path:
-    """``CHOIR_HOME``, default ``~/.choir``: keys, the AHDB, checkpoints, attestations."""
-    return Path(os.environ.get("CHOIR_HOME") or Path.home() / ".choir").expanduser()
-
-
-def artifact_dir() -> Path:
-    """``CHOIR_ARTIFACT_DIR``, else ``AGENT_ARTIFACT_DIR`` (seed 001), else under CHOIR_HOME."""
-    for var in ("CHOIR_ARTIFACT_DIR", "AGENT_ARTIFACT_DIR"):
-        value = os.environ.get(var)
-        if value:
-            return Path(value).expanduser()
-    return choir_home() / "artifacts"
+sys.modules[__name__] = _moved

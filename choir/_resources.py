@@ -1,24 +1,10 @@
-"""The one loader for packaged data: ``policies/`` and ``prompts/``.
+"""Old import path, kept for one release: the very same module object as the new one.
 
-In a wheel they live in ``choir/_data/``; in a source checkout, at the repo's top level.
+Aliasing (rather than re-exporting) keeps every name, private ones and monkeypatching included.
 """
 
-from __future__ import annotations
+import sys
 
-from importlib.resources import files
-from importlib.resources.abc import Traversable
-from pathlib import Path
-from typing import Literal
+from choir._core import resources as _moved
 
-Kind = Literal["policies", "prompts"]
-
-
-def data_path(kind: Kind) -> Traversable:
-    packaged = files("choir") / "_data" / kind
-    if packaged.is_dir():
-        return packaged
-    return Path(__file__).resolve().parent.parent / kind
-
-
-def load_text(kind: Kind, name: str) -> str:
-    return (data_path(kind) / name).read_text(encoding="utf-8")
+sys.modules[__name__] = _moved

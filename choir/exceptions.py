@@ -82,7 +82,7 @@ class ConfigError(UserError):
         text = f"{where}{self.message}"
         if self.hint:
             text += f"\n  fix: {self.hint}"
-        from choir._terminal import strip_controls  # values come from the user's files
+        from choir._core.terminal import strip_controls  # values come from the user's files
 
         return strip_controls(text)
 

@@ -1,103 +1,10 @@
-"""Splitting a work item that keeps failing the same way (seed 002 §7.1).
+"""Old import path, kept for one release: the very same module object as the new one.
 
-Re-running the executor blindly on the same failure wastes the budget. When the failure
-divides (two failing verifiers, or several failing tests of a verifier that can run a subset
-of its tests), the work item becomes parts, one per failing piece. Each part has the parent's
-goal narrowed to its piece, the feedback of its piece only, and a plan of just its verifier
-(isolated to its tests where possible). The parts run one after another on the same tree;
-when every part is ASSERTed, the parent's full plan verifies the final tree, and only that
-can ASSERT the parent. A part never splits again, and a run splits at most once.
+Aliasing (rather than re-exporting) keeps every name, private ones and monkeypatching included.
 """
 
-from __future__ import annotations
+import sys
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from choir.director import split as _moved
 
-from choir._canonical import blake3_hex
-from choir.lenses import failing_tests
-from choir.models import Mood, Result, VerificationReport, VerifierSpec, WorkItem
-from choir.models._base import Frozen
-
-if TYPE_CHECKING:
-    from choir.verification import VerifierRun
-
-MAX_PARTS = 6
-_ID_ROOM = 120
-
-
-class ParentFrame(Frozen):
-    """The split work item, saved while its parts run; restored for the final verification."""
-
-    item: WorkItem
-    attempt: int
-    mood: Mood
-    history: tuple[tuple[str, ...], ...] = ()
-    reports: tuple[VerificationReport, ...] = ()
-    floor: tuple[str, ...] = ()
-
-
-def part_id(parent: str, k: int) -> str:
-    """``parent~k``: ``~`` is refused in the ids users write, so a part never shares an id
-    (and so an ASSERT that ``choir gate`` would accept) with a user's work item."""
-    base = parent if len(parent) <= _ID_ROOM else \
-        f"{parent[:_ID_ROOM - 13]}-{blake3_hex(parent.encode())[:12]}"
-    return f"{base}~{k}"
-
-
-def _pieces(runs: Sequence[VerifierRun], failing: Sequence[str],
-            specs: Mapping[str, VerifierSpec]) -> list[tuple[str, tuple[str, ...]]]:
-    """One piece per failing test where the verifier can isolate tests, else per verifier.
-
-    Past ``MAX_PARTS`` pieces, one per verifier (the parent's final verification checks
-    whatever the parts leave out).
-    """
-    whole = [(name, failing_tests(runs, name) if specs[name].lenses.isolate else ())
-             for name in failing]
-    fine: list[tuple[str, tuple[str, ...]]] = []
-    for name, tests in whole:
-        fine += [(name, (test,)) for test in tests] if len(tests) > 1 else [(name, tests)]
-    return fine if len(fine) <= MAX_PARTS else whole[:MAX_PARTS]
-
-
-def split_parts(item: WorkItem, runs: Sequence[VerifierRun], verdicts: Mapping[str, Result],
-                specs: Mapping[str, VerifierSpec], attempt: int) -> list[WorkItem]:
-    """The parts of ``item``, or ``[]`` when it does not divide (a part, or a single piece).
-
-    The parts share what is left of the parent's attempt budget (each gets an equal share,
-    at least two), so a split never multiplies the budget.
-    """
-    if item.split_of is not None:
-        return []
-    failing = [n for n, r in sorted(verdicts.items())
-               if r in (Result.FAIL, Result.FLAKY) and n in specs]
-    pieces = _pieces(runs, failing, specs)
-    if len(pieces) < 2:
-        return []
-    share = max(2, -(-(item.max_attempts - attempt) // len(pieces)))
-    parts = []
-    for k, (name, tests) in enumerate(pieces, start=1):
-        what = f"{name}" + (f" test {', '.join(t[:160] for t in tests[:3])}" if tests else "")
-        if len(tests) > 3:
-            what += f" and {len(tests) - 3} more"
-        parts.append(item.model_copy(update={
-            "id": part_id(item.id, k),
-            "max_attempts": share,
-            "goal": f"{item.goal}\n[part {k}/{len(pieces)} of {item.id}: make {what} pass]",
-            "scope": (*item.scope, *tests),
-            "required_verifiers": (name,),
-            "blast_radius": item.blast_radius,
-            "split_of": item.id,
-            "focus": tests,
-        }))
-    return parts
-
-
-def part_feedback(part: WorkItem, reports: Sequence[VerificationReport]) -> list[
-        VerificationReport]:
-    """The reports that concern ``part``: its verifier's, narrowed to its focus tests."""
-    mine = [r for r in reports if r.verifier in part.required_verifiers]
-    if not part.focus:
-        return mine
-    return [r.model_copy(update={"failure_signatures": tuple(
-        s for s in r.failure_signatures if s.test_id in part.focus)}) for r in mine]
+sys.modules[__name__] = _moved

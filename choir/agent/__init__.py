@@ -3,7 +3,7 @@
 from choir.agent.agent import Agent, AgentEvent, AgentResult
 from choir.agent.context import AgentContext, ExecutionContext, VerificationState
 from choir.agent.gate import RetryPolicy
-from choir.agent.model import LiteLLMModel, ModelClient, ModelReply, ToolCall
+from choir.agent.llm import LiteLLMModel, ModelClient, ModelReply, ToolCall
 from choir.agent.store import ContextStore, SqliteContextStore
 from choir.agent.tools import Tool, tool
 

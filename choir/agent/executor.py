@@ -19,16 +19,15 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from choir._paths import choir_home
-from choir._resources import load_text
+from choir._core.paths import choir_home
+from choir._core.resources import load_text
 from choir.agent.agent import Agent, AgentResult
 from choir.agent.feedback import one_line
 from choir.agent.files import RepoFiles
 from choir.agent.store import SqliteContextStore
 from choir.exceptions import ConfigError, SandboxError, VerificationRejected
-from choir.executors import ExecutorOutput, register_executor
-from choir.models import Result, VerificationReport, WorkItem
-from choir.verification import VerifierRun
+from choir.executors import register_executor
+from choir.models import ExecutorOutput, Result, VerificationReport, VerifierRun, WorkItem
 
 MAX_FEEDBACK_REPORTS = 8
 
@@ -75,13 +74,13 @@ def green_verifier(item: WorkItem, run_id: str) -> Any:
     on that tree; it never promotes anything (only the Director loop's rounds do).
     """
     from choir.agent.pinned import GateContext, current_gate
-    from choir.artifacts import ArtifactStore
     from choir.attest import AttestationStore, load_signer
     from choir.config import load_repo_config
+    from choir.config.policy import load_policy
     from choir.director import plan
-    from choir.policy import load_policy
+    from choir.evidence.artifacts import ArtifactStore
+    from choir.evidence.target import resolve_target
     from choir.verification import attest_run, open_sandbox, run_verifier_thread
-    from choir.verify import resolve_target
 
     repo = Path(item.repo)
     pinned = current_gate()
@@ -152,8 +151,8 @@ def run_llm(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport]
     A resumed Choir run that re-executes the same attempt continues the same agent run
     (same id), so a crash never repeats the model calls already made.
     """
-    from choir.artifacts import ArtifactStore
     from choir.config import load_repo_config
+    from choir.evidence.artifacts import ArtifactStore
 
     model = item.executor.model or load_repo_config(Path(item.repo)).models.executor
     if not model:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from choir._canonical import hash_json
+from choir._core.canonical import hash_json
 from choir.agent.context import AgentContext, ExecutionContext, VerificationState
 from choir.agent.feedback import one_line, rejection_feedback
 from choir.agent.injection import call_maybe_async, inject, injected_params

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from choir._canonical import canonical_json
+from choir._core.canonical import canonical_json
 
 if TYPE_CHECKING:
     from choir.attest import Signer

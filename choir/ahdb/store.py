@@ -22,8 +22,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from choir._canonical import blake3_hex, canonical_json
-from choir._paths import choir_home
+from choir._core.canonical import blake3_hex, canonical_json
+from choir._core.paths import choir_home
 from choir.ahdb.heads import heads_path, write_head
 from choir.ahdb.rules import Change, Lookup, apply
 from choir.exceptions import IntegrityError, PromotionError
@@ -404,8 +404,8 @@ def open_ahdb(home: Path | None = None) -> AHDB:
 
     The key signs a head record after every write (``choir.ahdb.heads``).
     """
-    from choir.artifacts import ArtifactStore
     from choir.attest import AttestationStore, load_signer, trusted_key_ids
+    from choir.evidence.artifacts import ArtifactStore
 
     base = home or choir_home()
     return AHDB(base / "ahdb.sqlite", attestations=AttestationStore(base / "attestations"),

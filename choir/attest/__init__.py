@@ -5,6 +5,7 @@ signature and returns named violations; ``AttestationStore`` keeps them write-on
 ``to_dsse`` exports an in-toto Statement v1 in a DSSE envelope.
 """
 
+from choir.attest.check import verify_attestation
 from choir.attest.intoto import pae, payload_of, statement, to_dsse, verify_dsse
 from choir.attest.keys import (
     Signer,
@@ -20,7 +21,6 @@ from choir.attest.keys import (
 )
 from choir.attest.mint import mint, signed_bytes
 from choir.attest.store import AttestationStore
-from choir.attest.verify import verify_attestation
 
 __all__ = [
     "AttestationStore",

@@ -24,13 +24,13 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
-from choir._canonical import canonical_json
+from choir._core.canonical import canonical_json
 from choir.attest.keys import Signer, verify_signature
 from choir.exceptions import IntegrityError
 from choir.models import Attestation
 
 if TYPE_CHECKING:
-    from choir.artifacts import ArtifactStore
+    from choir.evidence.artifacts import ArtifactStore
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -92,7 +92,7 @@ def to_dsse(
         IntegrityError: see ``statement``.
     """
     if artifacts is None:
-        from choir.artifacts import ArtifactStore
+        from choir.evidence.artifacts import ArtifactStore
 
         artifacts = ArtifactStore()
     payload = canonical_json(statement(att, artifacts))

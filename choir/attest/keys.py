@@ -28,8 +28,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from choir._canonical import blake3_hex
-from choir._paths import choir_home
+from choir._core.canonical import blake3_hex
+from choir._core.paths import choir_home
 from choir.exceptions import ConfigError, IntegrityError
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from the body and check the signature with the public key the attestation carrie
 
 from __future__ import annotations
 
-from choir._canonical import blake3_hex, canonical_json
+from choir._core.canonical import blake3_hex, canonical_json
 from choir.attest.keys import Signer
 from choir.models import Attestation, AttestationBody
 

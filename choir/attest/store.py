@@ -13,10 +13,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from choir._canonical import blake3_hex, canonical_json, is_hash
-from choir._paths import choir_home
-from choir.artifacts import write_once
+from choir._core.canonical import blake3_hex, canonical_json, is_hash
+from choir._core.paths import choir_home
 from choir.attest.mint import signed_bytes
+from choir.evidence.artifacts import write_once
 from choir.exceptions import IntegrityError, NotFoundError
 from choir.models import Attestation
 

@@ -14,7 +14,7 @@ def render_verify(contract: dict[str, Any]) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from choir._terminal import safe_markup, strip_controls
+    from choir._core.terminal import safe_markup, strip_controls
 
     console = Console(stderr=False, highlight=False)
     tail = contract.get("tail_log") or ""

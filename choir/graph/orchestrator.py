@@ -19,11 +19,11 @@ from langgraph.config import get_stream_writer
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Overwrite, Send, interrupt
 
-from choir._failpoints import failpoint
+from choir._core.failpoints import failpoint
 from choir.director import part_plan, plan, verdicts
+from choir.director.lenses import lens_spec, nested_plan
 from choir.graph.adjudicate import adjudicate_node
 from choir.graph.state import GreenIn, GreenOut, RunState
-from choir.lenses import lens_spec, nested_plan
 from choir.models import (
     Counts,
     Mood,
@@ -32,8 +32,8 @@ from choir.models import (
     Target,
     VerificationReport,
     VerifierPlan,
+    VerifierRun,
 )
-from choir.verification import VerifierRun
 
 _SEMAPHORES: dict[tuple[int, int], asyncio.Semaphore] = {}
 
@@ -70,7 +70,7 @@ def _crash_report(state: GreenIn, error: BaseException) -> VerifierRun:
 
 async def green_thread(state: GreenIn) -> GreenOut:
     """One verifier in its own sandbox; raw output stays in the artifact store."""
-    from choir.artifacts import ArtifactStore
+    from choir.evidence.artifacts import ArtifactStore
     from choir.verification import open_sandbox, run_verifier_thread
 
     item = state["work_item"]
@@ -108,8 +108,8 @@ def snapshot_round(repo: Path, work_item: str, previous: Target | None) -> Targe
     snapshot, never the live folder. The previous round's snapshot is dropped when the tree
     changed: nothing verifies it any more.
     """
-    from choir.tree import remove_snapshot, snapshot, snapshot_root
-    from choir.verify import target_of
+    from choir.evidence.target import target_of
+    from choir.evidence.tree import remove_snapshot, snapshot, snapshot_root
 
     snap = snapshot(repo, snapshot_root())
     if previous is not None and previous.tree_hash != snap.tree_hash:
@@ -124,7 +124,7 @@ def verified_tree(repo: Path, target: Target) -> Path:
     still hashes to the recorded tree; otherwise ``IntegrityError`` makes the thread
     INCONCLUSIVE, never a verification of a different tree.
     """
-    from choir.tree import ensure_snapshot
+    from choir.evidence.tree import ensure_snapshot
 
     return ensure_snapshot(repo, target.tree_hash)
 
@@ -206,7 +206,7 @@ async def direct(state: RunState) -> dict[str, Any]:
         required = tuple(dict.fromkeys([*item.required_verifiers, *floor]))
         chosen = plan(policy, mood, config.verifiers, required=required)
         if config.models.director:
-            from choir.director_model import suggest
+            from choir.director.advisor import suggest
 
             advice = await suggest(config.models.director, item, mood=mood,
                                    attempt=state.get("attempt", 1),
@@ -242,8 +242,8 @@ def fan_out(state: RunState) -> list[Send] | str:
 
 async def attest(state: RunState) -> dict[str, Any]:
     """Mint an attestation for every run on this tree that has none yet."""
-    from choir.artifacts import ArtifactStore
     from choir.attest import AttestationStore, load_signer
+    from choir.evidence.artifacts import ArtifactStore
     from choir.verification import attest_run
 
     config, policy = state["config"], state["policy"]

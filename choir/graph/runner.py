@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from choir._paths import choir_home
+from choir._core.paths import choir_home
 from choir.exceptions import UserError
 from choir.models import Mood, Usage
 
@@ -114,7 +114,7 @@ async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> Run
             snap = await graph.aget_state(cfg)
     values = snap.values or {}
     if values.get("target") is not None:  # the round's sealed snapshot is no longer needed
-        from choir.tree import remove_snapshot, snapshot_root
+        from choir.evidence.tree import remove_snapshot, snapshot_root
 
         remove_snapshot(snapshot_root() / values["target"].tree_hash)
     item = values.get("work_item")
@@ -134,10 +134,10 @@ async def run_work_item(path: Path, *, mood: Mood | None = None, run_id: str | N
         UserError: a bad work item or ``choir.yaml``, a sandbox the mood refuses, or a run id
             that is already taken.
     """
+    from choir._core.ids import new_run_id
     from choir.config import load_repo_config, load_work_item
-    from choir.policy import load_policy
+    from choir.config.policy import load_policy
     from choir.verification import open_sandbox
-    from choir.verify import new_run_id
 
     item = load_work_item(path)
     config = load_repo_config(Path(item.repo))

@@ -14,8 +14,8 @@ from choir.models.report import NEXT_ACTION_MAX, SUMMARY_MAX
 from choir.report.parsers import ParseInput, ParseResult, get_parser
 
 if TYPE_CHECKING:
-    from choir.artifacts import ArtifactStore
-    from choir.pipeline import PipelineResult
+    from choir.evidence.artifacts import ArtifactStore
+    from choir.verification.pipeline import PipelineResult
 
 ARTIFACTS_MAX = 16  # VerificationReport.artifacts holds at most this many entries
 _STRUCTURED = {"junit", "sarif"}
@@ -226,7 +226,7 @@ async def abuild_report(result: PipelineResult, *, spec: VerifierSpec, store: Ar
                                 why=f"{type(exc).__name__}")
     if reporter is None:
         return report
-    from choir.report.model import model_report
+    from choir.report.reporter import model_report
 
     try:
         return await model_report(report, result=result, store=store, model=reporter,

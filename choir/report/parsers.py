@@ -20,7 +20,7 @@ from choir.models.report import EXCERPT_MAX, MAX_SIGNATURES
 from choir.report.signatures import canonicalize, signature_id
 
 if TYPE_CHECKING:
-    from choir.artifacts import ArtifactStore
+    from choir.evidence.artifacts import ArtifactStore
 
 LINE_MAX = 4096
 WINDOW = 1 << 20  # bytes read at a time, whatever the line length

@@ -3,7 +3,7 @@
 ``command`` runs a shell command in the repo with ``CHOIR_WORKITEM_FILE``, ``CHOIR_ATTEMPT``
 and ``CHOIR_FEEDBACK_FILE`` (the last round's reports as bounded JSON: never raw output).
 ``python`` calls ``module:function(work_item, attempt, feedback)`` in a child process
-(``python -m choir._exec_python``): user code is never imported into Choir's process.
+(``python -m choir.executors._python_child``): user code is never imported into Choir's process.
 
 Both run the user's code, which may be hostile (issue #10): it must not read the signing
 key or write Choir's stores, or it could mint a PASS attestation for a failing tree. So both
@@ -28,32 +28,16 @@ import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 from choir.exceptions import ConfigError, UserError
-from choir.models import Limits, Usage, VerificationReport, WorkItem
-from choir.models._base import Frozen
+from choir.models import Limits, VerificationReport, WorkItem
+from choir.models.run import ExecutorIsolation, ExecutorOutput
 from choir.models.workitem import ExecutorSpec
 
-ExecutorIsolation = Literal["namespace", "none", "tools"]
-"""``namespace``: bwrap; ``none``: unsandboxed (trust mode, or no sandbox available);
-``tools``: the ``llm`` executor, Choir's own code acting only through repo-scoped file tools."""
-
 _NEVER = ("/run", "/var/run", "/proc", "/sys", "/dev")  # the Docker socket lives there
+_CHILD = "choir.executors._python_child"  # run with -m: the user's code stays out of Choir
 LOG_LIMIT = 16 << 20  # executor output kept per attempt; the rest is counted, not stored
-
-
-class ExecutorOutput(Frozen):
-    """One executor attempt: its log's artifact hash, how it ended, where it ran, spend.
-
-    Bounded on purpose: this goes into the run's state, raw output never does.
-    """
-
-    artifact: str
-    usage: tuple[Usage, ...] = ()
-    exit_code: int | None = None
-    timed_out: bool = False
-    isolation: ExecutorIsolation = "tools"
 
 
 class Executor(Protocol):
@@ -128,7 +112,7 @@ def _hidden() -> list[Path]:
     Bound folders (the work item's folder, the toolchain, the repo) may hold CHOIR_HOME,
     as in the quickstart where it sits beside the repo: masking them covers every case.
     """
-    from choir._paths import artifact_dir, choir_home
+    from choir._core.paths import artifact_dir, choir_home
 
     found = [choir_home(), artifact_dir(), Path("/etc/shadow"), Path("/etc/gshadow")]
     return [p.resolve() for p in found if p.exists()]
@@ -145,7 +129,7 @@ def _run_user_code(item: WorkItem, attempt: int, feedback: Sequence[Verification
                    run_id: str | None, argv: Callable[[Path], str],
                    extra_env: dict[str, str] | None = None) -> ExecutorOutput:
     """Run ``argv(inputs_dir)`` for one attempt in the executor's sandbox; keep its output."""
-    from choir.artifacts import ArtifactStore
+    from choir.evidence.artifacts import ArtifactStore
     from choir.sandbox.bwrap import BwrapSandbox
     from choir.sandbox.local import LocalSandbox
 
@@ -211,7 +195,7 @@ def run_command(item: WorkItem, attempt: int, feedback: Sequence[VerificationRep
 @register_executor("python")
 def run_python(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport],
                run_id: str | None = None) -> ExecutorOutput:
-    """Call ``module:function`` in a child Python inside the sandbox (``choir._exec_python``)."""
+    """Call ``module:function`` in a child Python inside the sandbox (``_python_child``)."""
     import shlex
 
     function = item.executor.function or ""
@@ -219,5 +203,5 @@ def run_python(item: WorkItem, attempt: int, feedback: Sequence[VerificationRepo
     path = os.environ.get("PYTHONPATH", "")
     return _run_user_code(
         item, attempt, feedback, run_id,
-        lambda _inputs: shlex.join([sys.executable, "-m", "choir._exec_python", function]),
+        lambda _inputs: shlex.join([sys.executable, "-m", _CHILD, function]),
         extra_env={"PYTHONPATH": f"{path}{os.pathsep}{root}" if path else root})

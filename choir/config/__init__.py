@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from choir._yaml import YamlDoc, load_yaml, validation_errors
+from choir.config._yaml import YamlDoc, load_yaml, validation_errors
 from choir.exceptions import ConfigError
 from choir.models import Mood, StepSpec, VerifierKind, VerifierSpec, WorkItem
 from choir.models._base import Frozen
@@ -91,7 +91,7 @@ def _verifier_spec(doc: YamlDoc, name: str, raw: Any) -> tuple[VerifierSpec | No
         return None, [ConfigError(f"verifier '{name}' must be a mapping", path=str(doc.path),
                                   line=doc.line_of(("verifiers", name)),
                                   hint="give it 'kind:' and 'steps:'")]
-    from choir.presets import expand
+    from choir.config.presets import expand
 
     try:
         expanded = expand(doc, name, raw)

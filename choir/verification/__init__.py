@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from choir._canonical import canonical_json, hash_json
-from choir._failpoints import failpoint
+from choir._core.canonical import canonical_json, hash_json
+from choir._core.failpoints import failpoint
 from choir._version import __version__
 from choir.models import (
     Attestation,
@@ -25,41 +25,23 @@ from choir.models import (
     Environment,
     RunManifest,
     Target,
-    VerificationReport,
+    VerifierRun,
     VerifierSpec,
 )
-from choir.models._base import Frozen
 
 if TYPE_CHECKING:
-    from choir.artifacts import ArtifactStore
     from choir.attest import AttestationStore, Signer
     from choir.config import RepoConfig
+    from choir.config.policy import Policy
+    from choir.evidence.artifacts import ArtifactStore
     from choir.models import Mood
-    from choir.pipeline import PipelineResult
-    from choir.policy import Policy
     from choir.sandbox import Sandbox
+    from choir.verification.pipeline import PipelineResult
 
 
 # Sandbox calls block: they run here, bounded by the policy's max_parallel semaphore and not
 # by the default executor's few workers (6 on a 2-core machine).
 _POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="choir-green")
-
-
-class VerifierRun(Frozen):
-    """What a green thread hands back to the control loop: bounded report and hashes only.
-
-    A frozen model, so LangGraph checkpoints it faithfully; it holds no raw output.
-    """
-
-    verifier: str
-    run_id: str
-    lens: str = "default"
-    replica: int = 0
-    diagnostic: bool = False
-    tests: tuple[str, ...] = ()
-    report: VerificationReport
-    report_hash: str
-    manifest_hash: str
 
 
 def open_sandbox(config: RepoConfig, policy: Policy, mood: Mood,
@@ -115,8 +97,8 @@ async def run_verifier_thread(
 
     The sandbox call blocks, so it runs in a worker thread; verifiers run side by side.
     """
-    from choir.pipeline import run_verifier
     from choir.report import abuild_report
+    from choir.verification.pipeline import run_verifier
 
     result = await asyncio.get_running_loop().run_in_executor(
         _POOL,

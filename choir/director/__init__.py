@@ -13,11 +13,11 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from choir.config.policy import Policy
 from choir.models import Mood, PlannedVerifier, Result, VerifierPlan, VerifierSpec, WorkItem
-from choir.policy import Policy
 
 if TYPE_CHECKING:
-    from choir.verification import VerifierRun
+    from choir.models import VerifierRun
 
 Action = Literal["done", "retry", "nested", "broaden", "split", "halt"]
 

@@ -1,0 +1,36 @@
+"""Untrusted text made safe for a terminal: one helper for every place that renders it.
+
+Logs, file names, report summaries and configuration values are written by the code under
+verification. On a terminal, escape sequences in them act: OSC 52 writes the clipboard, CSI
+clears the screen or moves the cursor over earlier output, OSC 8 plants links, bidi controls
+reorder what is shown; and rich markup in them would style or link text. So: strip escape
+sequences and every other C0/C1 control (keeping newline and tab) and bidi controls, and
+escape rich markup where the text is rendered by rich.
+"""
+
+from __future__ import annotations
+
+import re
+
+_SEQUENCES = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI ... final byte
+    r"|\x1b[\]PX^_].*?(?:\x07|\x1b\\|\x9c|$)"  # OSC, DCS, SOS, PM, APC strings
+    r"|\x1b[ -/]*[0-~]"  # two-byte and nF escapes
+    r"|[\x9d\x90\x98\x9e\x9f].*?(?:\x07|\x1b\\|\x9c|$)"  # 8-bit string introducers
+    r"|\x9b[0-?]*[ -/]*[@-~]",  # 8-bit CSI
+    re.DOTALL,
+)
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def strip_controls(text: str) -> str:
+    """``text`` without escape sequences, control characters (but ``\\n`` and ``\\t``) or
+    bidi controls."""
+    return _CONTROLS.sub("", _SEQUENCES.sub("", text))
+
+
+def safe_markup(text: str) -> str:
+    """``text`` stripped of controls and with rich markup escaped, for a rich renderable."""
+    from rich.markup import escape
+
+    return escape(strip_controls(text))

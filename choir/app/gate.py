@@ -1,0 +1,124 @@
+"""``choir gate``: may this tree (or commit) merge? Fail closed, say who vouched.
+
+The answer is yes only when the work item has a live ASSERT for exactly the tree in question
+and every attestation behind it re-verifies now (id, signature, stored evidence) and was
+signed by a pinned trusted key (``choir.attest.trust_root``). Without ``--repo`` the tree is
+the current directory's (issue #11 item 3): a gate that checked nothing would pass any tree.
+With ``--commit``, the ASSERT must name that commit, which Choir records only when the
+verified tree was exactly that commit's tree (item 4), and, when the repo is at hand, be for
+the tree git holds for that commit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from choir.exceptions import UserError
+
+
+@dataclass
+class GateAnswer:
+    """The gate's verdict, the key ids that signed, and why not when it is no."""
+
+    passed: bool
+    work_item: str
+    tree_hash: str | None
+    commit_sha: str | None
+    signers: dict[str, int] = field(default_factory=dict)
+    trust: str = ""
+    first_use: bool = False
+    problems: list[str] = field(default_factory=list)
+
+
+def gate_target(repo: Path | None, commit: str | None,
+                cwd: Path | None = None) -> tuple[str | None, str | None]:
+    """(tree hash, full commit sha) to gate.
+
+    Without ``commit``: ``repo``'s working tree, else the current directory's. With
+    ``commit`` and a repo to read it from (``repo``, or a git current directory): that
+    commit's tree, computed from git's objects, so an ASSERT recorded for another tree under
+    the same sha cannot pass. With ``commit`` and no repo: the commit alone (Choir records a
+    commit only for a tree that was exactly it).
+
+    Raises:
+        UserError: no tree can be determined (not a directory; the current directory is
+            not a git work tree nor a repo with ``choir.yaml``), or the commit is unknown.
+    """
+    from choir.evidence.tree import commit_tree_hash, resolve_commit, tree_hash
+
+    fix = "run `choir gate` at the root of the verified repo, or pass --repo DIR or --commit SHA"
+    if repo is not None and not repo.is_dir():
+        raise UserError(f"gate: {repo} is not a directory\n  fix: {fix}")
+    here = (repo or cwd or Path.cwd()).resolve()
+    is_git = (here / ".git").exists()
+    if commit is not None:
+        if not is_git:
+            if repo is not None:
+                raise UserError(f"gate: {here} is not a git work tree, so commit {commit} "
+                                f"cannot be read there\n  fix: {fix}")
+            return None, commit
+        full = resolve_commit(here, commit)
+        tree = commit_tree_hash(here, full) if full else None
+        if tree is None:
+            raise UserError(f"gate: {commit} is not a commit in {here}\n  fix: fetch it, or "
+                            "give the full sha of the commit that was verified")
+        return tree, full
+    if repo is None and not is_git and not (here / "choir.yaml").is_file():
+        raise UserError(
+            f"gate: cannot tell which tree to check: {here} is neither a git work tree nor a "
+            f"repo with choir.yaml\n  fix: {fix}")
+    return tree_hash(here), None
+
+
+def check_gate(work_item: str, *, tree: str | None, commit: str | None) -> GateAnswer:
+    """Re-verify the ASSERT for ``work_item`` at ``tree``/``commit``. See the module docstring.
+
+    Raises:
+        ConfigError: the pinned trusted-key list is malformed.
+    """
+    from choir._core.paths import choir_home
+    from choir.ahdb import AHDB
+    from choir.attest import AttestationStore, signer_counts, trust_root, verify_attestation
+    from choir.evidence.artifacts import ArtifactStore
+    from choir.exceptions import IntegrityError, PromotionError
+    from choir.models import Result
+
+    root = trust_root()
+    answer = GateAnswer(False, work_item, tree, commit, trust=root.describe(),
+                        first_use=root.first_use)
+    if tree is None and commit is None:  # never an unbounded question
+        answer.problems.append("no tree and no commit to check")
+        return answer
+    store, atts = ArtifactStore(), AttestationStore()
+    # the log is replayed with intact-evidence checks; trust is judged below, per attestation,
+    # so the answer can name the key that signed even when it is not pinned
+    ahdb = AHDB(choir_home() / "ahdb.sqlite", attestations=atts, artifacts=store)
+    try:
+        atom = ahdb.is_asserted(work_item, tree_hash=tree, commit_sha=commit)
+    except PromotionError as err:
+        answer.problems.append(f"the AHDB does not replay: {err}")
+        return answer
+    if atom is None or not atom.attestations:
+        answer.problems.append(f"{work_item} is not ASSERTed" +
+                               (" for that tree" if tree else "") +
+                               (" for that commit" if commit else ""))
+        return answer
+    loaded = []
+    for att_id in atom.attestations:
+        try:
+            att = atts.get(att_id)
+        except (IntegrityError, OSError, ValueError) as err:
+            answer.problems.append(f"attestation {att_id[:12]}: unreadable: {err}")
+            continue
+        loaded.append(att)
+        for v in verify_attestation(att, artifacts=store, trusted_keys=root.keys):
+            answer.problems.append(f"attestation {att_id[:12]}: {v.kind}: expected "
+                                   f"{v.expected}, found {v.found}")
+        target = att.body.target
+        if att.body.result is not Result.PASS or target.tree_hash != atom.tree_hash or \
+                (tree and target.tree_hash != tree) or (commit and target.commit_sha != commit):
+            answer.problems.append(f"attestation {att_id[:12]}: not a PASS for this tree")
+    answer.signers = signer_counts(loaded)
+    answer.passed = not answer.problems and bool(loaded)
+    return answer

@@ -1,0 +1,393 @@
+"""``choir verify``: verify the working tree now, outside any work item.
+
+Plans through the Director (the mood policy, the director model when one is configured, and
+BOLD's broadening once the core is green), runs the plan's verifiers side by side in fresh
+sandboxes, mints one attestation per report, and assembles the seed-001 output contract
+(``status``, ``run_id``, ``tail_log``, ``artifact_paths``, ``manifest``) plus ``mood``,
+``plan``, ``reports`` and ``attestations``. The tail log is for the person at the terminal
+only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from choir._core.ids import new_run_id
+from choir.config import load_repo_config
+from choir.config.policy import load_policy
+
+# resolve_target and target_of lived here before; re-exported for their old path, one release
+from choir.evidence.target import resolve_target as resolve_target
+from choir.evidence.target import snapshot_target
+from choir.evidence.target import target_of as target_of
+from choir.evidence.tree import remove_snapshot, snapshot_root
+from choir.models import Mood, PlannedVerifier, Result, WorkItem
+from choir.models._base import Frozen
+from choir.models.manifest import Platform
+
+TAIL_LINES = 200
+SESSION_KIND = "verify_session"
+
+
+class SessionCommand(Frozen):
+    """One executed step of a ``choir verify``: named by its step, with its verifier beside."""
+
+    name: str
+    verifier: str
+    replica: int = 0
+    run_id: str
+    command: str
+    exit_code: int
+    duration_ms: int
+
+
+class SessionManifest(Frozen):
+    """The seed-001 manifest of a whole ``choir verify``, at ``runs/{run_id}/manifest.json``.
+
+    It holds no evidence of its own: ``runs`` maps each verifier run folder to the hash of its
+    manifest, which an attestation signs, so ``choir audit`` can check every claim here
+    against signed evidence (a session listing an unattested manifest is a violation).
+    """
+
+    schema_version: int = 1
+    kind: str = Field(default=SESSION_KIND, pattern=f"^{SESSION_KIND}$")
+    run_id: str
+    status: str = Field(pattern="^(PASS|FAIL)$")
+    mood: str
+    timestamp_start: str | None
+    timestamp_end: str | None
+    commit_sha: str | None
+    tree_hash: str
+    commands_executed: tuple[SessionCommand, ...]
+    platform: dict[str, str | None]
+    duration_ms: int
+    runs: dict[str, str]
+    attestations: tuple[str, ...]
+
+
+def is_session_manifest(data: object) -> bool:
+    """True for a parsed ``manifest.json`` written by ``choir verify`` for its session."""
+    return isinstance(data, dict) and data.get("kind") == SESSION_KIND
+
+
+def is_session_folder(manifest_path: Path) -> bool:
+    """True when ``manifest_path`` parses as JSON and says it is a verify session's."""
+    import json
+
+    try:
+        return is_session_manifest(json.loads(manifest_path.read_bytes()))
+    except (OSError, ValueError):
+        return False
+
+
+@dataclass
+class VerifyOutcome:
+    """The result of ``verify_tree``: the contract JSON and whether it passed."""
+
+    status: str
+    contract: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "PASS"
+
+
+def _tail(results: list[Any]) -> str:
+    lines: list[str] = []
+    for result in results:
+        body = result.tail_log.splitlines()
+        if not body:
+            continue
+        lines.append(f"==> {result.run_id} <==")
+        lines.extend(body)
+    return "\n".join(lines[-TAIL_LINES:])
+
+
+def check_session(run_dir: Path, attestations: Any) -> list[tuple[str, str, str]]:
+    """What ``choir audit`` finds wrong with a verify session's folder, as (kind, expected,
+    found). The folder holds its manifest only; every run it lists is backed by a valid
+    attestation in the list, with the same target; PASS only if every one of them passed.
+    """
+    from choir.exceptions import IntegrityError
+
+    problems: list[tuple[str, str, str]] = []
+    extra = sorted(p.name for p in run_dir.iterdir() if p.name != "manifest.json")
+    if extra:
+        problems.append(("session_extra_file", "manifest.json only", ", ".join(extra)[:200]))
+    try:
+        session = SessionManifest.model_validate_json((run_dir / "manifest.json").read_bytes())
+    except (OSError, ValueError) as exc:
+        return [*problems, ("session_manifest", "a valid verify session manifest",
+                            str(exc)[:200])]
+    if session.run_id != run_dir.name:
+        problems.append(("session_run_id", run_dir.name, session.run_id))
+    backed: dict[str, Any] = {}
+    for att_id in session.attestations:
+        try:
+            body = attestations.get(att_id).body
+        except (IntegrityError, OSError, ValueError) as exc:
+            problems.append(("session_attestation", f"attestation {att_id}", str(exc)[:200]))
+            continue
+        if session.runs.get(body.run_id) != body.manifest_hash:
+            problems.append(("session_run_unattested", f"{body.run_id}: {body.manifest_hash}",
+                             str(session.runs.get(body.run_id))))
+        if body.target.tree_hash != session.tree_hash:
+            problems.append(("session_target", session.tree_hash, body.target.tree_hash))
+        backed[body.run_id] = body
+    for run_id in sorted(set(session.runs) - set(backed)):
+        problems.append(("session_run_unattested", f"an attestation of {run_id}", "none"))
+    for cmd in session.commands_executed:
+        if cmd.run_id not in session.runs:
+            problems.append(("session_command", "a run of this session", cmd.run_id))
+    passed = bool(backed) and all(b.result is Result.PASS for b in backed.values())
+    if session.status != ("PASS" if passed else "FAIL"):
+        problems.append(("session_status", "PASS" if passed else "FAIL", session.status))
+    return problems
+
+
+_DEF = r"^\s*(?:async\s+)?def\s+{name}\b"
+
+
+def pytest_node(repo: Path, test_id: str, location: str | None) -> tuple[str, str | None]:
+    """A pytest node id a user can paste, and ``file:line`` of the test's ``def``.
+
+    JUnit names a test ``package.module.Class::name``; pytest wants
+    ``package/module.py::Class::name``. The module is the longest dotted prefix that is a
+    file in the repo (never outside it); without one, the id is returned as it was.
+    """
+    import re
+
+    head, _, name = test_id.rpartition("::")
+    parts = [p for p in head.split("::") if p] if ".py" in head else head.split(".")
+    found: Path | None = None
+    rest: list[str] = []
+    if parts and parts[0].endswith(".py"):
+        found, rest = repo / parts[0], parts[1:]
+    else:
+        for cut in range(len(parts), 0, -1):
+            candidate = repo.joinpath(*parts[:cut]).with_suffix(".py") if parts[:cut] else None
+            if candidate is not None and candidate.is_file():
+                found, rest = candidate, parts[cut:]
+                break
+    if found is None and location and location.endswith(".py"):
+        found = repo / location
+    try:
+        rel = found.resolve().relative_to(repo) if found is not None else None
+    except ValueError:
+        rel = None  # a name pointing outside the repo is not followed
+    if rel is None or not (repo / rel).is_file():
+        return test_id, location
+    node = "::".join([rel.as_posix(), *rest, name])
+    base = re.escape(name.split("[", 1)[0])
+    try:
+        lines = (repo / rel).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return node, rel.as_posix()
+    pattern = re.compile(_DEF.format(name=base))
+    line = next((i for i, text in enumerate(lines, 1) if pattern.match(text)), None)
+    return node, f"{rel.as_posix()}:{line}" if line else rel.as_posix()
+
+
+def failing_tests(repo: Path, runs: list[Any]) -> list[dict[str, Any]]:
+    """The failing tests of every run that did not pass, as pytest node ids with file:line."""
+    out: list[dict[str, Any]] = []
+    for run in runs:
+        if run.report.result is Result.PASS:
+            continue
+        for sig in run.report.failure_signatures:
+            if not sig.kind.startswith("test") or not sig.test_id:
+                continue
+            node, where = pytest_node(repo, sig.test_id, sig.location)
+            out.append({"verifier": run.verifier, "replica": run.replica, "node_id": node,
+                        "location": where, "excerpt": sig.excerpt})
+    return out
+
+
+def _platform(first: Platform | None, sandbox: str, isolation: str) -> dict[str, str | None]:
+    return {"os": first.os if first else "", "arch": first.arch if first else "",
+            "container_image": first.container_image if first else None,
+            "sandbox": sandbox, "isolation": isolation}
+
+
+def _write_session(store: Any, session: str, manifest: dict[str, Any]) -> None:
+    """Write the session's seed-001 folder: ``runs/{session}/manifest.json``, once, read-only."""
+    import json
+
+    from choir.evidence.artifacts import write_once
+
+    folder = store.run_dir(session)
+    folder.mkdir(parents=True, exist_ok=False)
+    data = json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"
+    write_once(folder / "manifest.json", data, f"run {session}: manifest already written")
+
+
+OnEvent = Callable[[str, dict[str, Any]], None]
+
+
+def _quiet(kind: str, data: dict[str, Any]) -> None:
+    return None
+
+
+async def averify_tree(
+    repo: Path, *, mood: Mood | None = None, sandbox_name: str | None = None,
+    on_event: OnEvent | None = None,
+) -> VerifyOutcome:
+    """Verify ``repo``'s working tree now. See the module docstring.
+
+    ``on_event`` gets the same ``("progress", {...})`` events ``choir run`` streams (the plan,
+    the sandbox, each verifier queued/running/done), so the CLI draws the same live view.
+
+    Raises:
+        UserError: bad configuration, or a policy that refuses the sandbox available.
+    """
+    from choir.attest import AttestationStore, load_signer
+    from choir.director import plan as director_plan
+    from choir.evidence.artifacts import ArtifactStore
+    from choir.verification import attest_run, load_manifest, open_sandbox, run_verifier_thread
+
+    repo = repo.expanduser().resolve()
+    config = load_repo_config(repo)
+    policy = load_policy(config)
+    mood = mood or Mood.CALM
+    plan = director_plan(policy, mood, config.verifiers)
+    if config.models.director:
+        from choir.director.advisor import suggest
+
+        advice = await suggest(
+            config.models.director, WorkItem(id="verify", goal="verify the tree as it is",
+                                             repo=str(repo)),
+            mood=mood, attempt=1, planned=[p.name for p in plan.verifiers if p.replica == 0],
+            specs=config.verifiers, last=[])
+        plan = director_plan(policy, mood, config.verifiers, suggestion=advice.names,
+                             reason=advice.reason)
+    emit = on_event or _quiet
+    emit("progress", {"kind": "plan", "mood": mood.value, "round_kind": "verify",
+                      "verifiers": [f"{p.name}#{p.replica}" for p in plan.verifiers],
+                      "dropped": list(plan.dropped), "reason": plan.reason})
+    sandbox = open_sandbox(config, policy, mood, sandbox_name)
+    emit("progress", {"kind": "sandbox", "name": sandbox.name, "isolation": sandbox.isolation})
+    store, signer, attestations = ArtifactStore(), load_signer(), AttestationStore()
+    session = new_run_id("verify")
+    snapshots = snapshot_root() / session  # this invocation's own: removed when it ends
+    try:
+        target, verified = snapshot_target(repo, snapshots)
+    except BaseException:
+        sandbox.close()
+        remove_snapshot(snapshots)
+        raise
+    semaphore = asyncio.Semaphore(policy.max_parallel)
+    started = time.monotonic()
+
+    async def one(planned: PlannedVerifier) -> Any:
+        spec = config.verifiers[planned.name]
+        run_id = f"{session}-{planned.name}-{planned.replica}"
+        label = {"kind": "green", "key": run_id, "verifier": planned.name,
+                 "lens": planned.lens, "replica": planned.replica}
+        emit("progress", {**label, "state": "queued"})
+        async with semaphore:
+            emit("progress", {**label, "state": "running"})
+            began = time.monotonic()
+            pair = await run_verifier_thread(
+                spec,
+                repo=verified,
+                target=target,
+                sandbox=sandbox,
+                store=store,
+                run_id=run_id,
+                reporter=config.models.reporter,
+                lens=planned.lens,
+                replica=planned.replica,
+            )
+        report = pair[0].report
+        emit("progress", {**label, "state": "done", "result": report.result.value,
+                          "seconds": round(time.monotonic() - began, 2),
+                          "summary": report.summary[:160]})
+        return pair
+
+    planned = list(plan.verifiers)
+    try:
+        pairs = await asyncio.gather(*(one(pv) for pv in planned))
+        core_green = all(run.report.result is Result.PASS for run, _ in pairs)
+        if mood is Mood.BOLD and core_green:  # BOLD broadens once the core is green
+            wider = [PlannedVerifier(name=n) for n in policy.moods[mood].broaden
+                     if n not in {pv.name for pv in planned}]
+            planned += wider
+            pairs += await asyncio.gather(*(one(pv) for pv in wider))
+    finally:
+        sandbox.close()
+        remove_snapshot(snapshots)
+    runs = [run for run, _ in pairs]
+    results = [result for _, result in pairs]
+    atts = [
+        attest_run(
+            run,
+            config.verifiers[run.verifier],
+            store=store,
+            signer=signer,
+            attestations=attestations,
+            policy_hash=policy.hash,
+            mood=mood.value,
+        )
+        for run in runs
+    ]
+    passed = bool(runs) and all(run.report.result is Result.PASS for run in runs)
+    status = "PASS" if passed else "FAIL"
+    manifests = [load_manifest(store, run.manifest_hash) for run in runs]
+    commands = [
+        SessionCommand(name=cmd.name, verifier=m.verifier, replica=run.replica, run_id=m.run_id,
+                       command=cmd.command, exit_code=cmd.exit_code, duration_ms=cmd.duration_ms)
+        for run, m in zip(runs, manifests, strict=True)
+        for cmd in m.commands_executed
+    ]
+    first = manifests[0].platform if manifests else None
+    start = min((m.timestamp_start for m in manifests), default=None)
+    end = max((m.timestamp_end for m in manifests), default=None)
+    session_manifest = SessionManifest(
+        run_id=session, status=status, mood=mood.value,
+        timestamp_start=start.isoformat() if start else None,
+        timestamp_end=end.isoformat() if end else None,
+        commit_sha=target.commit_sha, tree_hash=target.tree_hash,
+        commands_executed=tuple(commands),
+        platform=_platform(first, sandbox.name, sandbox.isolation),
+        duration_ms=int((time.monotonic() - started) * 1000),
+        runs={run.run_id: run.manifest_hash for run in runs},
+        attestations=tuple(att.id for att in atts))
+    manifest_json = session_manifest.model_dump(mode="json")
+    _write_session(store, session, manifest_json)
+    contract: dict[str, Any] = {
+        "status": status,
+        "run_id": session,
+        "tail_log": _tail(results),
+        "artifact_paths": [str(result.run_dir) for result in results],
+        "summary": "; ".join(
+            f"{run.verifier}: {run.report.result.value} ({run.report.summary[:120]})"
+            for run in runs
+        ),
+        "manifest": manifest_json,
+        "mood": mood.value,
+        "plan": [pv.name for pv in planned],
+        "plan_dropped": list(plan.dropped),
+        "plan_reason": plan.reason,
+        "reports": [run.report.model_dump(mode="json") for run in runs],
+        "threads": [{"verifier": run.verifier, "replica": run.replica, "lens": run.lens,
+                     "run_id": run.run_id, "result": run.report.result.value} for run in runs],
+        "failing_tests": failing_tests(repo, runs),
+        "attestations": [att.id for att in atts],
+    }
+    return VerifyOutcome(status=status, contract=contract)
+
+
+def verify_tree(
+    repo: Path, *, mood: Mood | None = None, sandbox_name: str | None = None,
+    on_event: OnEvent | None = None,
+) -> VerifyOutcome:
+    """Synchronous ``averify_tree``."""
+    return asyncio.run(averify_tree(repo, mood=mood, sandbox_name=sandbox_name,
+                                    on_event=on_event))

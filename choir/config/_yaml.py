@@ -1,0 +1,267 @@
+"""YAML loading that remembers where every value came from, so errors name file and line."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from choir.exceptions import ConfigError
+
+
+@dataclass(frozen=True)
+class YamlDoc:
+    """A parsed YAML file: plain data plus the ruamel tree that knows line numbers."""
+
+    path: Path
+    data: Any
+    _tree: Any
+
+    def line_of(self, loc: Sequence[str | int]) -> int | None:
+        """1-based line of the deepest node on ``loc`` that exists in the file."""
+        node, line = self._tree, 1 if self._tree is not None else None
+        for key in loc:
+            lc = getattr(node, "lc", None)
+            try:
+                if isinstance(node, dict) and key in node:
+                    if lc is not None:
+                        line = lc.key(key)[0] + 1
+                    node = node[key]
+                elif isinstance(node, list) and isinstance(key, int) and 0 <= key < len(node):
+                    if lc is not None:
+                        line = lc.item(key)[0] + 1
+                    node = node[key]
+                else:
+                    break
+            except (KeyError, IndexError, TypeError):
+                break
+        return line
+
+
+MAX_BYTES = 1 << 20  # a choir.yaml or work item is a few KiB; 1 MiB is generous
+MAX_BYTES_ENV = "CHOIR_CONFIG_MAX_BYTES"
+MAX_ALIASES = 256  # aliases in one file
+MAX_NODES = 100_000  # values after alias expansion: a 499-byte bomb expands to 10^9
+
+
+def max_bytes() -> int:
+    """The size cap for one configuration file (``CHOIR_CONFIG_MAX_BYTES`` overrides it)."""
+    raw = os.environ.get(MAX_BYTES_ENV, "")
+    return int(raw) if raw.isdigit() else MAX_BYTES
+
+
+def _read_capped(path: Path) -> str:
+    """The file's text, refused before parsing when it is larger than the cap."""
+    cap = max_bytes()
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(cap + 1)
+    except FileNotFoundError:
+        raise ConfigError("file not found", path=str(path),
+                          hint="check the path (it is relative to the current folder)") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read file: {exc}", path=str(path),
+                          hint="make the file readable") from None
+    if len(raw) > cap:
+        raise ConfigError(f"file is larger than {cap} bytes: refused before parsing",
+                          path=str(path),
+                          hint=f"shorten it (configuration is small), or raise {MAX_BYTES_ENV}")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot read file: not UTF-8 ({exc.reason} at byte {exc.start})",
+                          path=str(path), hint="save the file as UTF-8") from None
+
+
+def _count_aliases(yaml: Any, text: str, path: Path) -> None:
+    """Refuse a file with more than ``MAX_ALIASES`` aliases, from parser events alone."""
+    from ruamel.yaml.events import AliasEvent
+
+    count = 0
+    for event in yaml.parse(text):
+        if isinstance(event, AliasEvent):
+            count += 1
+            if count > MAX_ALIASES:
+                raise ConfigError(
+                    f"more than {MAX_ALIASES} YAML aliases (*name): refused as an alias bomb",
+                    path=str(path), line=event.start_mark.line + 1 if event.start_mark else None,
+                    hint="write the values out, or use fewer anchors and aliases")
+
+
+def load_yaml(path: Path) -> YamlDoc:
+    """Parse ``path``; a syntax error becomes a ConfigError naming the line.
+
+    Hostile files cannot hurt the host: the size is capped before parsing, the alias count
+    while parsing, and the expanded size while converting to plain data.
+
+    Raises:
+        ConfigError: the file is missing, unreadable, too large, an alias bomb, or not
+            valid YAML.
+    """
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+    text = _read_capped(path)
+    yaml = YAML(typ="rt")
+    try:
+        _count_aliases(yaml, text, path)
+        tree = yaml.load(text)
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise ConfigError(
+            f"invalid YAML: {problem}",
+            path=str(path),
+            line=line,
+            hint="check indentation and that every 'key: value' has a space after the colon",
+        ) from None
+    except RecursionError:
+        raise ConfigError("YAML nested too deeply", path=str(path),
+                          hint="flatten the structure (configuration is a few levels deep)"
+                          ) from None
+    except YAMLError as exc:
+        raise ConfigError(f"invalid YAML: {exc}", path=str(path),
+                          hint="check the YAML syntax near the start of the file") from None
+    budget = [MAX_NODES]
+    try:
+        data = _plain(tree, budget)
+    except _TooLarge:
+        raise ConfigError(
+            f"YAML aliases expand to more than {MAX_NODES} values: refused as an alias bomb",
+            path=str(path), line=1,
+            hint="write the values out, or use fewer anchors and aliases") from None
+    return YamlDoc(path=path, data=data, _tree=tree)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _plain(node: Any, budget: list[int]) -> Any:
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise _TooLarge
+    if isinstance(node, dict):
+        return {str(k): _plain(v, budget) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_plain(v, budget) for v in node]
+    if hasattr(node, "value") and type(node).__module__.startswith("ruamel"):
+        return node.value  # pragma: no cover - scalar wrappers are rare in rt mode
+    return node
+
+
+def _model_in(annotation: Any) -> Any:
+    """The pydantic model inside an annotation such as ``tuple[M, ...]`` or ``M | None``."""
+    if hasattr(annotation, "model_fields"):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _allowed_fields(model: type[BaseModel], loc: Sequence[str | int]) -> list[str]:
+    """Field names valid at the parent of ``loc``, best effort, for "did you mean" hints."""
+    current: Any = model
+    annotation: Any = model
+    for key in loc[:-1]:
+        fields = getattr(current, "model_fields", None)
+        if isinstance(key, str) and fields is not None and key in fields:
+            annotation = fields[key].annotation
+            current = _model_in(annotation)
+        elif current is None or isinstance(key, int) or fields is None or key not in fields:
+            # a list index or a dict key (e.g. a verifier name): step into the item type
+            current = _model_in(annotation)
+        if current is None:
+            return []
+    fields = getattr(current, "model_fields", None)
+    return sorted(fields) if fields else []
+
+
+def _quoted(expected: str) -> list[str]:
+    return re.findall(r"'([^']*)'", expected)
+
+
+def _error(doc: YamlDoc, model: type[BaseModel], err: Any, prefix: tuple[str, ...]
+           ) -> ConfigError:
+    """One pydantic error as a ConfigError with file, line and a fix."""
+    loc = tuple(err["loc"])
+    full = (*prefix, *loc)
+    dotted = ".".join(str(p) for p in full) or "(top level)"
+    ctx = err.get("ctx") or {}
+    key = str(loc[-1]) if loc else "the value"
+    if err["type"] == "extra_forbidden":
+        allowed = _allowed_fields(model, loc)
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        if close:
+            hint = f"did you mean '{close[0]}'? allowed keys here: {', '.join(allowed)}"
+        elif allowed:
+            hint = f"remove it; allowed keys here: {', '.join(allowed)}"
+        else:
+            hint = "remove it"
+        message = f"unknown key '{dotted}'"
+    elif err["type"] == "missing":
+        message = f"'{dotted}' is required"
+        hint = f"add '{loc[-1]}:'"
+    else:
+        message = f"'{dotted}': {err['msg']}"
+        if "expected" in ctx:
+            names = _quoted(str(ctx["expected"]))
+            close = difflib.get_close_matches(str(err.get("input")), names, n=1)
+            hint = (f"did you mean '{close[0]}'? " if close else "") + \
+                f"use one of {ctx['expected']}"
+        else:
+            bound = next(((word, ctx[k]) for k, word in (
+                ("gt", "greater than"), ("ge", "at least"), ("lt", "less than"),
+                ("le", "at most")) if k in ctx), None)
+            if bound:
+                hint = f"set '{key}' to a value {bound[0]} {bound[1]}"
+            elif "min_length" in ctx or "max_length" in ctx:
+                hint = f"give '{key}' between {ctx.get('min_length', 0)} and " \
+                    f"{ctx.get('max_length', 'any number of')} items"
+            else:
+                hint = f"set '{key}' to a valid value ({str(err['msg']).lower()})"
+    return ConfigError(message, path=str(doc.path), line=doc.line_of(full), hint=hint)
+
+
+def validation_errors(doc: YamlDoc, model: type[BaseModel], data: Any | None = None,
+                      prefix: tuple[str, ...] = ()) -> tuple[Any, list[ConfigError]]:
+    """``(model instance or None, every error found)``: a file's errors are all reported."""
+    try:
+        return model.model_validate(doc.data if data is None else data), []
+    except ValidationError as exc:
+        raw = exc.errors()
+    typos = set()
+    for err in raw:  # a misspelt key explains the "missing" one beside it: report the typo
+        loc = tuple(err["loc"])
+        if err["type"] == "extra_forbidden" and loc:
+            for close in difflib.get_close_matches(str(loc[-1]),
+                                                   _allowed_fields(model, loc), n=1):
+                typos.add((*loc[:-1], close))
+    deeper = {tuple(err["loc"])[:n] for err in raw for n in range(len(err["loc"]))}
+    return None, [_error(doc, model, err, prefix) for err in raw
+                  if not (err["type"] == "missing" and tuple(err["loc"]) in typos)
+                  # pydantic adds "too short" to a list whose bad item it dropped
+                  and not (err["type"] == "too_short" and tuple(err["loc"]) in deeper)]
+
+
+def validate(
+    doc: YamlDoc, model: type[BaseModel], data: Any | None = None, prefix: tuple[str, ...] = ()
+) -> Any:
+    """Validate ``data`` (default: the whole document, else the node at ``prefix``) into
+    ``model``; every error becomes a ConfigError with its line and a fix.
+
+    Raises:
+        ConfigError: the validation errors (one, or all of them as ConfigErrors).
+    """
+    value, errors = validation_errors(doc, model, data, prefix)
+    ConfigError.raise_all(errors)
+    return value

@@ -1,0 +1,123 @@
+"""Mood policies: which allowlisted verifiers each mood runs, and the loop's bounds.
+
+The packaged defaults (``policies/moods.yaml``) choose verifiers by kind, so they fit any repo;
+``choir.yaml`` overrides a mood by verifier name. A policy never names a verifier outside the
+allowlist: such a name is a configuration error (exit 2), never a silent skip.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from choir._core.canonical import hash_json
+from choir.config import RepoConfig
+from choir.config._yaml import YamlDoc, load_yaml, validate
+from choir.models import BlastRadius, Mood, VerifierKind
+from choir.models._base import Frozen
+
+POLICY_FILE = "moods.yaml"
+
+
+class _PackagedMood(Frozen):
+    kinds: tuple[VerifierKind, ...]
+    broaden_kinds: tuple[VerifierKind, ...] = ()
+    reruns: int = Field(default=1, ge=1, le=5)
+    allow_unsafe_isolation: bool = True
+    require_limits: bool = False
+
+
+class _PackagedPolicy(Frozen):
+    moods: dict[Mood, _PackagedMood]
+    approval_at: tuple[BlastRadius, ...] = (BlastRadius.LARGE,)
+    same_signature_limit: int = Field(default=2, ge=1)
+    halt_after: int = Field(default=3, ge=1)
+    nested_max: int = Field(default=2, ge=0, le=5)
+    max_parallel: int = Field(default=6, ge=1, le=64)
+
+
+class MoodPolicy(Frozen):
+    """One mood resolved against a repo's allowlist: verifier names only."""
+
+    verifiers: tuple[str, ...]
+    broaden: tuple[str, ...] = ()
+    reruns: int = 1
+    allow_unsafe_isolation: bool = True
+    # refuse a sandbox that cannot enforce memory/pids/out limits (Sandbox.limits_enforceable)
+    require_limits: bool = False
+
+
+class Policy(Frozen):
+    """The policy in force for a repo. Its hash is signed into every attestation."""
+
+    moods: dict[Mood, MoodPolicy]
+    approval_at: tuple[BlastRadius, ...] = (BlastRadius.LARGE,)
+    same_signature_limit: int = 2
+    halt_after: int = 3
+    nested_max: int = 2
+    max_parallel: int = 6
+
+    @cached_property
+    def hash(self) -> str:
+        return hash_json(self.model_dump(mode="json"))
+
+    def needs_approval(self, blast_radius: BlastRadius) -> bool:
+        return blast_radius in self.approval_at
+
+
+def _packaged_doc() -> YamlDoc:
+    from choir._core.resources import data_path
+
+    path = Path(str(data_path("policies") / POLICY_FILE))
+    return load_yaml(path)
+
+
+def load_packaged_policy() -> _PackagedPolicy:
+    """The packaged defaults. A broken packaged file is a ConfigError like any other."""
+    doc = _packaged_doc()
+    result: _PackagedPolicy = validate(doc, _PackagedPolicy)
+    return result
+
+
+def _by_kind(config: RepoConfig, kinds: tuple[VerifierKind, ...]) -> tuple[str, ...]:
+    wanted = set(kinds)
+    return tuple(name for name, spec in config.verifiers.items() if spec.kind in wanted)
+
+
+def load_policy(config: RepoConfig, packaged: _PackagedPolicy | None = None) -> Policy:
+    """Resolve the packaged moods against ``config``'s allowlist, then apply its overrides.
+
+    A mood whose kinds match nothing in the allowlist falls back to the whole allowlist:
+    running every allowlisted verifier is stricter than running none, and "no verifier, no
+    assert" means an empty plan could never finish.
+    """
+    base = packaged or load_packaged_policy()
+    moods: dict[Mood, MoodPolicy] = {}
+    for mood in Mood:
+        default = base.moods.get(mood) or base.moods[Mood.SKEPTICAL]
+        core = _by_kind(config, default.kinds) or tuple(config.verifiers)
+        broaden = tuple(n for n in _by_kind(config, default.broaden_kinds) if n not in core)
+        fields: dict[str, Any] = {
+            "verifiers": core,
+            "broaden": broaden,
+            "reruns": default.reruns,
+            "allow_unsafe_isolation": default.allow_unsafe_isolation,
+            "require_limits": default.require_limits,
+        }
+        override = config.moods.get(mood)
+        if override is not None:
+            fields.update(
+                {k: v for k, v in override.model_dump().items() if v is not None}
+            )
+        moods[mood] = MoodPolicy(**fields)
+    return Policy(
+        moods=moods,
+        approval_at=base.approval_at,
+        same_signature_limit=base.same_signature_limit,
+        halt_after=base.halt_after,
+        nested_max=base.nested_max,
+        max_parallel=config.max_parallel or base.max_parallel,
+    )

@@ -1,0 +1,166 @@
+"""The cheap-model reporter: words a report; never decides it.
+
+It reads bounded windows of the artifact (the cited spans and the tail, within a character
+budget: never a whole log), fences them as untrusted data, asks for a narrow JSON reply and
+validates it. Whatever the model says, the result can only stay or go down (PASS may become
+INCONCLUSIVE; FLAKY is only a note until reruns show it), confidence can only go down, every
+field is clamped, and wording that pastes log text is dropped (reports cite by pointer, seed
+002 §9), so a log cannot use the reporter to carry its bytes into the loop. Faults (429, 5xx,
+timeouts, bad JSON, schema violations, oversized replies) are retried with backoff inside a
+deadline; then the deterministic report is used, marked ``deterministic_fallback``. The run
+never crashes because of the model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from choir._core.resources import load_text
+from choir.models import Result, Usage, VerificationReport
+from choir.models.report import HYPERTHESIS_MAX, NEXT_ACTION_MAX, SUMMARY_MAX
+
+if TYPE_CHECKING:
+    from choir.evidence.artifacts import ArtifactStore
+    from choir.verification.pipeline import PipelineResult
+
+WINDOW_BUDGET = 6000  # characters of log the model may see, in all
+COPY_RUN = 20  # letters and digits: a longer run of the log in the model's wording is a paste
+REPLY_MAX = 8000
+ATTEMPTS = 3
+
+
+class _Reply(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    summary: str = Field(max_length=4000)
+    next_actions: list[str] = Field(min_length=1, max_length=10)
+    confidence: float = Field(ge=0.0, le=1.0)
+    hyperthesis: list[str] = Field(default_factory=list, max_length=10)
+    propose: Literal["none", "inconclusive", "flaky"] = "none"
+
+
+def clean_text(text: str) -> str:
+    """Printable text only: ANSI escapes, control and bidi characters removed."""
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+    return "".join(ch for ch in text if ch in "\n\t" or (ch.isprintable() and
+                                                      ch not in "\u202a\u202b\u202c\u202d"
+                                                      "\u202e\u2066\u2067\u2068\u2069"))
+
+
+def windows(report: VerificationReport, result: PipelineResult, store: ArtifactStore) -> str:
+    """The cited spans (with a little context) and the tail, within ``WINDOW_BUDGET``."""
+    pieces: list[str] = []
+    budget = WINDOW_BUDGET
+    for sig in report.failure_signatures:
+        if sig.citation is None or budget <= 0:
+            continue
+        start = max(1, sig.citation.line_start - 3)
+        lines = store.read_lines(sig.citation.artifact, start, sig.citation.line_end + 3,
+                                 line_max=300)
+        text = clean_text(b"".join(line[:300] for line in lines).decode("utf-8", "replace"))
+        pieces.append(f"[lines {start}-{sig.citation.line_end + 3}]\n{text[:budget]}")
+        budget -= len(pieces[-1])
+    if budget > 0:
+        tail = clean_text("\n".join(line[:300] for line in result.tail_log.splitlines()[-40:]))
+        pieces.append(f"[tail]\n{tail[-budget:]}")
+    return "\n".join(pieces)
+
+
+def _messages(report: VerificationReport, text: str) -> list[dict[str, str]]:
+    fence = secrets.token_hex(8)
+    text = text.replace(f"<<<end-{fence}>>>", "")
+    sigs = [f"{s.test_id or s.kind}: {s.excerpt}" for s in report.failure_signatures]
+    user = load_text("prompts", "reporter_user.md").format(
+        verifier=report.verifier, verifier_type=report.verifier_type,
+        result=report.result.value, counts=report.counts.model_dump_json(),
+        signatures=json.dumps(sigs)[:2000], fence=fence, windows=text)
+    return [{"role": "system", "content": load_text("prompts", "reporter_system.md")},
+            {"role": "user", "content": user}]
+
+
+def _clip(text: str, limit: int) -> str:
+    text = clean_text(text).strip()
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _flat(text: str) -> str:
+    """Letters and digits only, case-folded: zero-width characters, escapes, spacing and
+    punctuation inserted into a copy do not hide it."""
+    return "".join(ch for ch in text.casefold() if ch.isalnum())
+
+
+def _shingles(text: str) -> set[str]:
+    flat = _flat(text)
+    return {flat[i:i + COPY_RUN] for i in range(len(flat) - COPY_RUN + 1)}
+
+
+class _NoCopy:
+    """Seed 002 §9, reports cite by pointer, not paste: model wording that repeats a run of
+    ``COPY_RUN`` letters and digits of the log it was shown, which the deterministic report
+    does not already carry, is dropped. A log cannot smuggle text (a secret, an instruction
+    for the next prompt) into the control loop by asking the reporter to repeat it.
+
+    Limits, by design of a filter rather than a proof: a run shorter than ``COPY_RUN``
+    passes, and so does an encoding (base64, a translation). What bounds a report is its
+    schema and sizes; this rule removes the easy path.
+    """
+
+    def __init__(self, seen: str, report: VerificationReport) -> None:
+        own = " ".join([report.summary, *report.next_actions, *report.hyperthesis,
+                        *(f"{s.test_id or ''} {s.excerpt or ''} {s.location or ''}"
+                          for s in report.failure_signatures)])
+        self.log = _shingles(seen) - _shingles(own)
+        self.dropped = 0
+
+    def ok(self, text: str) -> bool:
+        if self.log.isdisjoint(_shingles(text)):
+            return True
+        self.dropped += 1
+        return False
+
+
+def merge(report: VerificationReport, reply: _Reply, usage: Usage,
+          seen: str = "") -> VerificationReport:
+    """Apply a validated reply under the rules: never up, always bounded, never pasted."""
+    result = report.result
+    hyper = list(report.hyperthesis)
+    paste = _NoCopy(seen, report)
+    if reply.propose == "inconclusive" and result is Result.PASS:
+        result = Result.INCONCLUSIVE
+    if reply.propose == "flaky":
+        hyper.append("The reporter suspects flakiness; only rerun evidence can make it FLAKY.")
+    hyper += [_clip(h, HYPERTHESIS_MAX) for h in reply.hyperthesis if h.strip() and paste.ok(h)]
+    actions = [_clip(a, NEXT_ACTION_MAX) for a in reply.next_actions
+               if a.strip() and paste.ok(a)][:3]
+    summary = _clip(reply.summary, SUMMARY_MAX) if paste.ok(reply.summary) else ""
+    if not paste.ok("".join([summary, *actions, *hyper])):  # a paste split across fields
+        hyper, actions, summary = list(report.hyperthesis), [], ""
+    if paste.dropped:
+        hyper.insert(0, "The reporter pasted log text; that wording was dropped.")
+    return report.model_copy(update={
+        "result": result,
+        "summary": summary or report.summary,
+        "next_actions": tuple(actions) or report.next_actions,
+        "confidence": min(report.confidence, reply.confidence),
+        "hyperthesis": tuple(dict.fromkeys(hyper))[:4],
+        "reporter": "model",
+        "usage": usage,
+    })
+
+
+async def model_report(report: VerificationReport, *, result: PipelineResult,
+                       store: ArtifactStore, model: str,
+                       deadline_s: float = 30.0) -> VerificationReport:
+    from choir.llm import ask_json
+
+    seen = windows(report, result, store)
+    parsed, spent, _ = await ask_json(model, _messages(report, seen), _Reply,
+                                      deadline_s=deadline_s, attempts=ATTEMPTS,
+                                      reply_max=REPLY_MAX, temperature=0)
+    if parsed is None:
+        return report.model_copy(update={"reporter": "deterministic_fallback", "usage": spent})
+    return merge(report, parsed, spent, seen)

@@ -1,0 +1,218 @@
+"""One verifier's steps in a sandbox (seed 001): in order, stop at the first failure.
+
+Output streams to ``logs/step-NN-NAME.log`` and ``logs/combined.log`` in the run folder in
+constant memory, keeping only a bounded tail for people. A timeout is a FAIL and no retry;
+a sandbox that could not start is INCONCLUSIVE, distinct from a failing step. Afterwards
+every file in the run folder is hashed into the manifest, whose own hash is signed later.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import platform
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+from choir.evidence.artifacts import ArtifactStore
+from choir.exceptions import IntegrityError
+from choir.models import (
+    AppliedLimits,
+    CommandRecord,
+    Platform,
+    RunManifest,
+    Target,
+    VerifierSpec,
+)
+from choir.sandbox import Sandbox
+
+TAIL_LINES = 200
+TAIL_LINE_MAX = 2000
+Status = Literal["PASS", "FAIL", "INCONCLUSIVE"]
+
+
+class _Tail:
+    """The last lines of a stream, each capped, with truncation always marked."""
+
+    def __init__(self) -> None:
+        self.lines: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._partial = bytearray()
+        self._dropped = 0
+
+    def feed(self, chunk: bytes) -> None:
+        parts = chunk.split(b"\n")
+        for i, part in enumerate(parts):
+            room = TAIL_LINE_MAX + 1 - len(self._partial)
+            if room > 0:
+                self._partial += part[:room]
+            self._dropped += max(0, len(part) - max(room, 0))
+            if i < len(parts) - 1:
+                self._flush()
+
+    def _flush(self) -> None:
+        text = self._partial[:TAIL_LINE_MAX].decode("utf-8", "replace")
+        if len(self._partial) > TAIL_LINE_MAX or self._dropped:
+            more = self._dropped + len(self._partial) - TAIL_LINE_MAX
+            text += f" [... line truncated: {more} more bytes]"
+        self.lines.append(text)
+        self._partial.clear()
+        self._dropped = 0
+
+    def text(self) -> str:
+        if self._partial:
+            self._flush()
+        return "\n".join(self.lines)
+
+
+@dataclass
+class PipelineResult:
+    """A finished run. ``tail_log`` is for people only: never graph state or prompts."""
+
+    status: Status
+    run_id: str
+    run_dir: Path
+    manifest: RunManifest
+    manifest_hash: str
+    artifacts: dict[str, str] = field(default_factory=dict)
+    tail_log: str = ""
+    infra_error: str | None = None
+
+
+def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: ArtifactStore,
+                 run_id: str, target: Target,
+                 env: Mapping[str, str] | None = None) -> PipelineResult:
+    """Run every step of ``spec`` and seal the run folder. Never raises for step failures.
+
+    A run id names one run. If that run already sealed (a resumed green thread whose process
+    died after the run), its stored result is returned and nothing runs again; a folder that
+    never sealed (the process died mid-run) is set aside and the run starts over.
+
+    Raises:
+        IntegrityError: the run id already names a run of another verifier or tree.
+    """
+    sealed = store.sealed(run_id)
+    if sealed is not None:
+        manifest = sealed[0]
+        if (manifest.verifier, manifest.tree_hash) != (spec.name, target.tree_hash):
+            raise IntegrityError(
+                f"run id {run_id} already names a run of '{manifest.verifier}' on tree "
+                f"{manifest.tree_hash[:12]}, not of '{spec.name}' on {target.tree_hash[:12]}")
+        return _stored_result(store, run_id, *sealed)
+    store.set_aside(run_id)
+    run_dir = store.run_dir(run_id)
+    logs, out = run_dir / "logs", run_dir / "out"
+    logs.mkdir(parents=True)
+    out.mkdir()
+    started = datetime.now(UTC)
+    deadline = time.monotonic() + spec.timeout_s
+    tail = _Tail()
+    records: list[CommandRecord] = []
+    applied: list[AppliedLimits | None] = []  # per step the sandbox actually ran
+    status: Status = "PASS"
+    infra_error: str | None = None
+    total = 0
+    step_env = {**spec.env, **(env or {})}
+    # Each byte is stored once: a one-step verifier's combined.log is its step log (one
+    # inode, so one object); the command and any failure are in the manifest and the tail.
+    single = len(spec.steps) == 1
+    with open(logs / "combined.log", "wb") as combined:
+        for number, step in enumerate(spec.steps, start=1):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                records.append(CommandRecord(name=step.name, command=step.command, exit_code=124,
+                                             duration_ms=0, timed_out=True))
+                status = "FAIL"
+                break
+            header = f"$ {step.command}\n".encode()
+            if not single:
+                combined.write(header)
+            tail.feed(header)
+            with open(logs / f"step-{number:02d}-{step.name}.log", "wb") as step_log:
+                sink = _sink(step_log, None if single else combined, tail)
+                result = sandbox.exec(step.command, repo=repo, out_dir=out, env=step_env,
+                                      timeout_s=remaining, limits=spec.limits,
+                                      network=spec.network, sink=sink)
+            total += result.output_bytes
+            if result.limits_applied is not None or not result.infra_error:
+                applied.append(result.limits_applied)  # a sandbox that never started: none
+            if result.infra_error:
+                infra_error = result.infra_error
+                status = "INCONCLUSIVE"
+                note = f"\n[choir] sandbox error: {infra_error}\n".encode()
+                if not single:
+                    combined.write(note)
+                tail.feed(note)
+                break
+            records.append(CommandRecord(name=step.name, command=step.command,
+                                         exit_code=result.exit_code,
+                                         duration_ms=result.duration_ms,
+                                         timed_out=result.timed_out,
+                                         oom_killed=result.oom_killed,
+                                         limit_exceeded=result.limit_exceeded,
+                                         limits_applied=result.limits_applied))
+            if result.timed_out or result.oom_killed or result.exit_code != 0:
+                why = ("timed out" if result.timed_out else
+                       "killed: out of memory" if result.oom_killed else
+                       f"stopped: {result.limit_exceeded}" if result.limit_exceeded else
+                       f"exit code {result.exit_code}")
+                note = f"\n[choir] step {step.name} failed: {why}\n".encode()
+                if not single:
+                    combined.write(note)
+                tail.feed(note)
+                status = "FAIL"
+                break
+    only = logs / f"step-01-{spec.steps[0].name}.log"
+    if single and only.exists():
+        (logs / "combined.log").unlink()
+        os.link(only, logs / "combined.log")
+    shutil.rmtree(out / "tmp", ignore_errors=True)  # temporaries are not evidence
+    shutil.rmtree(out / "cache", ignore_errors=True)
+    shutil.rmtree(out / "home", ignore_errors=True)
+    files = store.seal_run(run_id)
+    described = sandbox.describe()
+    manifest = RunManifest(
+        run_id=run_id, verifier=spec.name, status=status,
+        timestamp_start=started, timestamp_end=datetime.now(UTC),
+        commit_sha=target.commit_sha, tree_hash=target.tree_hash,
+        commands_executed=tuple(records),
+        platform=Platform(os=platform.system().lower(), arch=platform.machine(),
+                          container_image=described.get("image"),
+                          image_digest=described.get("image_digest"),
+                          sandbox=sandbox.name, isolation=sandbox.isolation,
+                          limits_applied=AppliedLimits.weakest(applied)),
+        infra_error=infra_error[:1000] if infra_error else None,
+        files=files, bytes_logged=total,
+    )
+    manifest_hash = store.write_manifest(run_id, manifest)
+    return PipelineResult(status=status, run_id=run_id, run_dir=run_dir, manifest=manifest,
+                          manifest_hash=manifest_hash, artifacts=files, tail_log=tail.text(),
+                          infra_error=infra_error)
+
+
+def _stored_result(store: ArtifactStore, run_id: str, manifest: RunManifest,
+                   manifest_hash: str) -> PipelineResult:
+    tail = _Tail()
+    combined = manifest.files.get("logs/combined.log")
+    if combined is not None:
+        with store.open(combined) as fh:
+            for chunk in iter(lambda: fh.read(1 << 16), b""):
+                tail.feed(chunk)
+    return PipelineResult(status=manifest.status, run_id=run_id, run_dir=store.run_dir(run_id),
+                          manifest=manifest, manifest_hash=manifest_hash,
+                          artifacts=dict(manifest.files), tail_log=tail.text(),
+                          infra_error=manifest.infra_error)
+
+
+def _sink(step_log: BinaryIO, combined: BinaryIO | None, tail: _Tail):  # type: ignore[no-untyped-def]
+    def write(chunk: bytes) -> None:
+        step_log.write(chunk)
+        if combined is not None:
+            combined.write(chunk)
+        tail.feed(chunk)
+
+    return write
