@@ -25,8 +25,8 @@ from choir.agent.agent import Agent, AgentResult
 from choir.agent.feedback import one_line
 from choir.agent.files import RepoFiles
 from choir.agent.store import SqliteContextStore
+from choir.config import CONFIG_NAME
 from choir.exceptions import ConfigError, SandboxError, VerificationRejected
-from choir.executors import register_executor
 from choir.models import ExecutorOutput, Result, VerificationReport, VerifierRun, WorkItem
 
 MAX_FEEDBACK_REPORTS = 8
@@ -36,6 +36,9 @@ class ChangeSummary(BaseModel):
     """What the agent says it changed (validated before verification)."""
 
     summary: str = Field(min_length=1, max_length=2_000)
+
+# what verifies the executor's work is not the executor's to edit
+PROTECTED = (CONFIG_NAME,)
 
 
 def feedback_text(reports: Sequence[VerificationReport]) -> str:
@@ -123,7 +126,7 @@ def green_verifier(item: WorkItem, run_id: str) -> Any:
 
 def build_agent(item: WorkItem, run_id: str, *, model: str | Any,
                 model_settings: dict[str, Any] | None = None) -> tuple[Agent, RepoFiles]:
-    files = RepoFiles(Path(item.repo))
+    files = RepoFiles(Path(item.repo), protected=PROTECTED)
     instructions = load_text("prompts", "executor_system.md")
     if item.executor.instructions:
         instructions += "\n\nThe work item's own instructions:\n" + item.executor.instructions
@@ -143,7 +146,6 @@ def query(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport]) 
         feedback=feedback_text(feedback)).strip()
 
 
-@register_executor("llm")
 def run_llm(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport],
             run_id: str | None = None) -> ExecutorOutput:
     """One agent run per attempt; its context is durable under ``CHOIR_HOME``.
@@ -183,3 +185,6 @@ def run_llm(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport]
         usage = (result.usage,)
     blob = json.dumps(record, indent=1, default=str).encode()
     return ExecutorOutput(artifact=ArtifactStore().ingest_bytes(blob), usage=usage)
+
+
+run_llm.isolation = "tools"  # type: ignore[attr-defined]  # acts only through file tools

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from choir._registry import EXECUTORS, PARSERS, SANDBOXES, Registry
 from choir.config._yaml import YamlDoc, load_yaml, validation_errors
 from choir.exceptions import ConfigError
 from choir.models import Mood, StepSpec, VerifierKind, VerifierSpec, WorkItem
@@ -102,37 +103,31 @@ def _verifier_spec(doc: YamlDoc, name: str, raw: Any) -> tuple[VerifierSpec | No
     return spec, errors
 
 
-def unknown_name(doc: YamlDoc, loc: tuple[str | int, ...], what: str, value: Any,
-                 known: list[str]) -> ConfigError | None:
-    """A ConfigError when ``value`` is not one of ``known`` (did-you-mean when close)."""
-    if not isinstance(value, str) or value in known:
-        return None
-    close = difflib.get_close_matches(value, known, n=1)
-    hint = (f"did you mean '{close[0]}'? " if close else "") + f"known: {', '.join(known)}"
-    return ConfigError(f"unknown {what} '{value}'", path=str(doc.path), line=doc.line_of(loc),
-                       hint=hint)
-
-
 def _section(data: Any, key: str) -> dict[str, Any]:
     value = data.get(key) if isinstance(data, dict) else None
     return value if isinstance(value, dict) else {}
 
 
+def _registered(doc: YamlDoc, loc: tuple[str | int, ...], registry: Registry[Any],
+                value: Any) -> ConfigError | None:
+    """A ConfigError when ``value`` names nothing in ``registry``: did-you-mean, the known
+    names and how a plugin is installed."""
+    if not isinstance(value, str) or value in registry.names():
+        return None
+    return ConfigError(f"unknown {registry.kind} '{value}'", path=str(doc.path),
+                       line=doc.line_of(loc), hint=registry.hint(value))
+
+
 def _unknown_names(doc: YamlDoc) -> list[ConfigError]:
     """Parser and sandbox names checked at load: a typo must never reach a run (issue #11)."""
-    from choir.report.parsers import parser_names
-    from choir.sandbox import sandbox_names
-
-    parsers = parser_names()
-    found = [unknown_name(doc, ("verification", "parser"), "parser",
-                          _section(doc.data, "verification").get("parser"), parsers)]
+    found = [_registered(doc, ("verification", "parser"), PARSERS,
+                         _section(doc.data, "verification").get("parser"))]
     for name, raw in _section(doc.data, "verifiers").items():
         if isinstance(raw, dict):
-            found.append(unknown_name(doc, ("verifiers", name, "parser"), "parser",
-                                      raw.get("parser"), parsers))
-    found.append(unknown_name(doc, ("sandbox", "backend"), "sandbox",
-                              _section(doc.data, "sandbox").get("backend"),
-                              sorted({"auto", *sandbox_names()})))
+            found.append(_registered(doc, ("verifiers", name, "parser"), PARSERS,
+                                     raw.get("parser")))
+    found.append(_registered(doc, ("sandbox", "backend"), SANDBOXES,
+                             _section(doc.data, "sandbox").get("backend")))
     return [err for err in found if err is not None]
 
 
@@ -302,6 +297,9 @@ def load_work_item(path: Path) -> WorkItem:
             hint="repo is relative to the work item file",
         ))
     executor = item.executor
+    unknown = _registered(doc, ("executor", "kind"), EXECUTORS, executor.kind)
+    if unknown is not None:
+        errors.append(unknown)
     needs: dict[str, Literal["command", "function"]] = {"command": "command", "python": "function"}
     field = needs.get(executor.kind)
     if field is not None and not getattr(executor, field):

@@ -30,7 +30,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from choir.exceptions import ConfigError, UserError
+from choir._registry import EXECUTORS
+from choir.exceptions import UserError
 from choir.models import Limits, VerificationReport, WorkItem
 from choir.models.run import ExecutorIsolation, ExecutorOutput
 from choir.models.workitem import ExecutorSpec
@@ -47,24 +48,23 @@ class Executor(Protocol):
                  run_id: str | None = None) -> ExecutorOutput: ...
 
 
-_REGISTRY: dict[str, Executor] = {}
-
-
 def register_executor(name: str) -> Callable[[Executor], Executor]:
-    def decorate(fn: Executor) -> Executor:
-        _REGISTRY[name] = fn
-        return fn
-
-    return decorate
+    """Decorator: register an executor in this process (a plugin uses an entry point)."""
+    return EXECUTORS.register(name)
 
 
 def get_executor(name: str) -> Executor:
-    if name == "llm" and name not in _REGISTRY:
-        import choir.agent.executor  # noqa: F401 - registers itself; imports the agent stack
-    if name not in _REGISTRY:
-        raise ConfigError(f"executor kind '{name}' is not available here; known: "
-                          f"{', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]
+    """The executor named by a work item's ``executor.kind``.
+
+    Raises:
+        UnknownNameError: no built-in, plugin or registered executor has that name.
+    """
+    executor: Executor = EXECUTORS.get(name)
+    return executor
+
+
+def executor_names() -> list[str]:
+    return EXECUTORS.names()
 
 
 def feedback_json(reports: Sequence[VerificationReport]) -> bytes:
@@ -81,8 +81,11 @@ def executor_isolation(spec: ExecutorSpec) -> ExecutorIsolation:
     Raises:
         UserError: ``sandbox: bwrap`` was asked for and bubblewrap cannot run here.
     """
-    if spec.kind == "llm":
-        return "tools"
+    executor = get_executor(spec.kind)
+    if not getattr(executor, "runs_in_bwrap", False):
+        # not ours to sandbox: it declares its isolation (llm: "tools"), else it is "none"
+        declared: ExecutorIsolation = getattr(executor, "isolation", "none")
+        return declared
     if spec.sandbox == "none":
         return "none"
     from choir.sandbox.bwrap import BwrapSandbox
@@ -120,9 +123,7 @@ def _hidden() -> list[Path]:
 
 def _choir_root() -> Path:
     """Where the ``choir`` package is imported from: the python runner needs it in the box."""
-    import choir
-
-    return Path(choir.__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]  # choir/executors/__init__.py -> ./
 
 
 def _run_user_code(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport],
@@ -205,3 +206,8 @@ def run_python(item: WorkItem, attempt: int, feedback: Sequence[VerificationRepo
         item, attempt, feedback, run_id,
         lambda _inputs: shlex.join([sys.executable, "-m", _CHILD, function]),
         extra_env={"PYTHONPATH": f"{path}{os.pathsep}{root}" if path else root})
+
+
+# command and python run the user's code in bubblewrap (``executor_isolation`` decides how)
+run_command.runs_in_bwrap = True  # type: ignore[attr-defined]
+run_python.runs_in_bwrap = True  # type: ignore[attr-defined]

@@ -60,6 +60,7 @@ def _drops_privilege() -> bool:
 @register_sandbox("bwrap")
 class BwrapSandbox(Sandbox):
     isolation = "namespace"
+    auto_rank = 10
 
     def __init__(self, image: str | None = None, python: str | None = None,
                  binds: tuple[str, ...] = ()) -> None:

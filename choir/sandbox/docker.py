@@ -77,6 +77,7 @@ def _unix_ping(path: str, *, timeout: float) -> bool:
 @register_sandbox("docker")
 class DockerSandbox(Sandbox):
     isolation = "container"
+    auto_rank = 0
 
     def __init__(self, image: str | None = None, host_usr: bool | None = None,
                  python: str | None = None, binds: tuple[str, ...] = ()) -> None:
