@@ -6,7 +6,6 @@ line and what to write instead, which the CLI turns into exit code 2.
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any, Literal
 
