@@ -114,9 +114,12 @@ SANDBOXES: Registry[Any] = Registry("sandbox", {
     "local": "choir.sandbox.local:LocalSandbox",
 }, extra_names=("auto",))
 PARSERS: Registry[Any] = Registry("parser", {
-    name: f"choir.report.parsers:parse_{func}" for name, func in (
-        ("generic", "generic"), ("pytest", "pytest_text"), ("junit", "junit"),
-        ("ruff", "ruff"), ("mypy", "mypy"), ("sarif", "sarif"))
+    "generic": "choir.report.parsers:parse_generic",
+    "pytest": "choir.report.parsers:parse_pytest_text",
+    "junit": "choir.report.junit:parse_junit",
+    "ruff": "choir.report.lint:parse_ruff",
+    "mypy": "choir.report.lint:parse_mypy",
+    "sarif": "choir.report.lint:parse_sarif",
 })
 REPORTERS: Registry[Any] = Registry("reporter", {
     "deterministic": "choir.report.build:deterministic_report",

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from choir._core.terminal import strip_controls
+
 __all__ = [
     "AgentError",
     "ChoirError",
@@ -82,7 +84,6 @@ class ConfigError(UserError):
         text = f"{where}{self.message}"
         if self.hint:
             text += f"\n  fix: {self.hint}"
-        from choir._core.terminal import strip_controls  # values come from the user's files
 
         return strip_controls(text)
 

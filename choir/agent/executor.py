@@ -24,10 +24,17 @@ from choir._core.resources import load_text
 from choir.agent.agent import Agent, AgentResult
 from choir.agent.feedback import one_line
 from choir.agent.files import RepoFiles
+from choir.agent.pinned import GateContext, current_gate
 from choir.agent.store import SqliteContextStore
-from choir.config import CONFIG_NAME
+from choir.attest import AttestationStore, load_signer
+from choir.config import CONFIG_NAME, load_repo_config
+from choir.config.policy import load_policy
+from choir.director import plan
+from choir.evidence.artifacts import ArtifactStore
+from choir.evidence.target import resolve_target
 from choir.exceptions import ConfigError, SandboxError, VerificationRejected
 from choir.models import ExecutorOutput, Result, VerificationReport, VerifierRun, WorkItem
+from choir.verification import attest_run, open_sandbox, run_verifier_thread
 
 MAX_FEEDBACK_REPORTS = 8
 
@@ -76,14 +83,6 @@ def green_verifier(item: WorkItem, run_id: str) -> Any:
     ``executor_gate``): ``choir audit`` accounts for it, and its FAIL counts as evidence
     on that tree; it never promotes anything (only the Director loop's rounds do).
     """
-    from choir.agent.pinned import GateContext, current_gate
-    from choir.attest import AttestationStore, load_signer
-    from choir.config import load_repo_config
-    from choir.config.policy import load_policy
-    from choir.director import plan
-    from choir.evidence.artifacts import ArtifactStore
-    from choir.evidence.target import resolve_target
-    from choir.verification import attest_run, open_sandbox, run_verifier_thread
 
     repo = Path(item.repo)
     pinned = current_gate()
@@ -153,8 +152,6 @@ def run_llm(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport]
     A resumed Choir run that re-executes the same attempt continues the same agent run
     (same id), so a crash never repeats the model calls already made.
     """
-    from choir.config import load_repo_config
-    from choir.evidence.artifacts import ArtifactStore
 
     model = item.executor.model or load_repo_config(Path(item.repo)).models.executor
     if not model:

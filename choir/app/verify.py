@@ -20,17 +20,23 @@ from typing import Any
 from pydantic import Field
 
 from choir._core.ids import new_run_id
+from choir.attest import AttestationStore, load_signer
 from choir.config import load_repo_config
 from choir.config.policy import load_policy
+from choir.director import plan as director_plan
+from choir.director.advisor import suggest
+from choir.evidence.artifacts import ArtifactStore, write_once
 
 # resolve_target and target_of lived here before; re-exported for their old path, one release
 from choir.evidence.target import resolve_target as resolve_target
 from choir.evidence.target import snapshot_target
 from choir.evidence.target import target_of as target_of
 from choir.evidence.tree import remove_snapshot, snapshot_root
+from choir.exceptions import IntegrityError
 from choir.models import Mood, PlannedVerifier, Result, WorkItem
 from choir.models._base import Frozen
 from choir.models.manifest import Platform
+from choir.verification import attest_run, load_manifest, open_sandbox, run_verifier_thread
 
 TAIL_LINES = 200
 SESSION_KIND = "verify_session"
@@ -115,7 +121,6 @@ def check_session(run_dir: Path, attestations: Any) -> list[tuple[str, str, str]
     found). The folder holds its manifest only; every run it lists is backed by a valid
     attestation in the list, with the same target; PASS only if every one of them passed.
     """
-    from choir.exceptions import IntegrityError
 
     problems: list[tuple[str, str, str]] = []
     extra = sorted(p.name for p in run_dir.iterdir() if p.name != "manifest.json")
@@ -220,7 +225,6 @@ def _write_session(store: Any, session: str, manifest: dict[str, Any]) -> None:
     """Write the session's seed-001 folder: ``runs/{session}/manifest.json``, once, read-only."""
     import json
 
-    from choir.evidence.artifacts import write_once
 
     folder = store.run_dir(session)
     folder.mkdir(parents=True, exist_ok=False)
@@ -247,10 +251,6 @@ async def averify_tree(
     Raises:
         UserError: bad configuration, or a policy that refuses the sandbox available.
     """
-    from choir.attest import AttestationStore, load_signer
-    from choir.director import plan as director_plan
-    from choir.evidence.artifacts import ArtifactStore
-    from choir.verification import attest_run, load_manifest, open_sandbox, run_verifier_thread
 
     repo = repo.expanduser().resolve()
     config = load_repo_config(repo)
@@ -258,8 +258,6 @@ async def averify_tree(
     mood = mood or Mood.CALM
     plan = director_plan(policy, mood, config.verifiers)
     if config.models.director:
-        from choir.director.advisor import suggest
-
         advice = await suggest(
             config.models.director, WorkItem(id="verify", goal="verify the tree as it is",
                                              repo=str(repo)),

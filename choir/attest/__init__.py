@@ -11,7 +11,6 @@ from choir.attest.keys import (
     Signer,
     TrustRoot,
     key_id_of,
-    key_summary,
     load_signer,
     signer_counts,
     trust_root,
@@ -20,7 +19,7 @@ from choir.attest.keys import (
     verify_signature,
 )
 from choir.attest.mint import mint, signed_bytes
-from choir.attest.store import AttestationStore
+from choir.attest.store import AttestationStore, key_summary
 
 __all__ = [
     "AttestationStore",

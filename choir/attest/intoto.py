@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from choir._core.canonical import canonical_json
 from choir.attest.keys import Signer, verify_signature
+from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError
 from choir.models import Attestation
 
@@ -92,8 +93,6 @@ def to_dsse(
         IntegrityError: see ``statement``.
     """
     if artifacts is None:
-        from choir.evidence.artifacts import ArtifactStore
-
         artifacts = ArtifactStore()
     payload = canonical_json(statement(att, artifacts))
     return {

@@ -13,9 +13,11 @@ from pydantic import Field
 
 from choir._registry import EXECUTORS, PARSERS, SANDBOXES, Registry
 from choir.config._yaml import YamlDoc, load_yaml, validation_errors
+from choir.config.presets import expand
 from choir.exceptions import ConfigError
 from choir.models import Mood, StepSpec, VerifierKind, VerifierSpec, WorkItem
 from choir.models._base import Frozen
+from choir.sandbox._toolchain import active_venv, check_bind
 
 CONFIG_NAME = "choir.yaml"
 PIPELINE = "pipeline"
@@ -91,7 +93,6 @@ def _verifier_spec(doc: YamlDoc, name: str, raw: Any) -> tuple[VerifierSpec | No
         return None, [ConfigError(f"verifier '{name}' must be a mapping", path=str(doc.path),
                                   line=doc.line_of(("verifiers", name)),
                                   hint="give it 'kind:' and 'steps:'")]
-    from choir.config.presets import expand
 
     try:
         expanded = expand(doc, name, raw)
@@ -137,7 +138,6 @@ def _sandbox_section(section: SandboxConfig, repo: Path, doc: YamlDoc) -> Sandbo
         ConfigError: a bind would expose CHOIR_HOME, the artifact store or $HOME, or does
             not exist (file and line given).
     """
-    from choir.sandbox._toolchain import active_venv, check_bind
 
     for i, bind in enumerate(section.binds):
         try:

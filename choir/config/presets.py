@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+from choir._core.resources import data_path, load_text
 from choir._registry import PRESETS
 from choir.config._yaml import YamlDoc
 from choir.exceptions import ConfigError
@@ -30,7 +31,6 @@ def load_presets() -> dict[str, dict[str, Any]]:
 
     from ruamel.yaml import YAML
 
-    from choir._core.resources import data_path, load_text
 
     data = YAML(typ="safe").load(StringIO(load_text("policies", "presets.yaml")))
     presets = data.get("presets") if isinstance(data, dict) else None

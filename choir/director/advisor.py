@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from choir._core.resources import load_text
+from choir.llm import ask_json
 from choir.models import Mood, Usage, VerificationReport, VerifierSpec, WorkItem
 from choir.report.reporter import clean_text
 
@@ -76,7 +77,6 @@ async def suggest(model: str, item: WorkItem, *, mood: Mood, attempt: int,
                   last: Sequence[VerificationReport],
                   deadline_s: float = DEADLINE_S) -> Suggestion:
     """Ask ``model`` which allowlisted verifiers to add; never raises for model faults."""
-    from choir.llm import ask_json
 
     reply, spent, fault = await ask_json(
         model, messages(item, mood=mood, attempt=attempt, planned=planned, specs=specs,

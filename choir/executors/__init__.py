@@ -30,11 +30,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from choir._core.paths import artifact_dir, choir_home
 from choir._registry import EXECUTORS
+from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import UserError
 from choir.models import Limits, VerificationReport, WorkItem
 from choir.models.run import ExecutorIsolation, ExecutorOutput
 from choir.models.workitem import ExecutorSpec
+from choir.sandbox.bwrap import BwrapSandbox
+from choir.sandbox.local import LocalSandbox
 
 _NEVER = ("/run", "/var/run", "/proc", "/sys", "/dev")  # the Docker socket lives there
 _CHILD = "choir.executors._python_child"  # run with -m: the user's code stays out of Choir
@@ -88,7 +92,6 @@ def executor_isolation(spec: ExecutorSpec) -> ExecutorIsolation:
         return declared
     if spec.sandbox == "none":
         return "none"
-    from choir.sandbox.bwrap import BwrapSandbox
 
     if BwrapSandbox.available():
         return "namespace"
@@ -115,7 +118,6 @@ def _hidden() -> list[Path]:
     Bound folders (the work item's folder, the toolchain, the repo) may hold CHOIR_HOME,
     as in the quickstart where it sits beside the repo: masking them covers every case.
     """
-    from choir._core.paths import artifact_dir, choir_home
 
     found = [choir_home(), artifact_dir(), Path("/etc/shadow"), Path("/etc/gshadow")]
     return [p.resolve() for p in found if p.exists()]
@@ -130,9 +132,6 @@ def _run_user_code(item: WorkItem, attempt: int, feedback: Sequence[Verification
                    run_id: str | None, argv: Callable[[Path], str],
                    extra_env: dict[str, str] | None = None) -> ExecutorOutput:
     """Run ``argv(inputs_dir)`` for one attempt in the executor's sandbox; keep its output."""
-    from choir.evidence.artifacts import ArtifactStore
-    from choir.sandbox.bwrap import BwrapSandbox
-    from choir.sandbox.local import LocalSandbox
 
     isolation = executor_isolation(item.executor)
     repo = Path(item.repo).resolve()

@@ -15,10 +15,10 @@ import os
 import sys
 import traceback
 
+from choir.models import VerificationReport, WorkItem
+
 
 def main(argv: list[str]) -> int:
-    from choir.models import VerificationReport, WorkItem
-
     module, _, name = (argv[0] if argv else "").partition(":")
     if not module or not name:
         print(f"[choir] expected module:function, got {argv!r}", file=sys.stderr)

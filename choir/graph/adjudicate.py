@@ -22,6 +22,7 @@ from choir._core.failpoints import failpoint
 from choir.ahdb import AHDB, open_ahdb
 from choir.director import Decision, adjudicate, signatures, verdicts
 from choir.director.split import part_feedback, split_parts
+from choir.evidence.target import resolve_target
 from choir.graph.state import RunState
 from choir.models import Mood, ParentFrame, Result, WorkItem
 
@@ -105,7 +106,6 @@ def _disclosures(state: RunState, results: dict[str, Result]) -> tuple[list[str]
 
 def _next_part(state: RunState, base: dict[str, Any]) -> Command[Goto]:
     """A part is ASSERTed: start the next part, or verify the parent on the final tree."""
-    from choir.evidence.target import resolve_target
 
     done = state["work_item"].id
     parts = list(state.get("parts", []))

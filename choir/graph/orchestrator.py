@@ -20,8 +20,16 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Overwrite, Send, interrupt
 
 from choir._core.failpoints import failpoint
+from choir.agent.pinned import pinned_gate
+from choir.attest import AttestationStore, load_signer
 from choir.director import part_plan, plan, verdicts
+from choir.director.advisor import suggest
 from choir.director.lenses import lens_spec, nested_plan
+from choir.evidence.artifacts import ArtifactStore
+from choir.evidence.target import target_of
+from choir.evidence.tree import ensure_snapshot, remove_snapshot, snapshot, snapshot_root
+from choir.exceptions import UserError
+from choir.executors import executor_isolation, get_executor
 from choir.graph.adjudicate import adjudicate_node
 from choir.graph.state import GreenIn, GreenOut, RunState
 from choir.models import (
@@ -34,6 +42,7 @@ from choir.models import (
     VerifierPlan,
     VerifierRun,
 )
+from choir.verification import attest_run, open_sandbox, run_verifier_thread
 
 _SEMAPHORES: dict[tuple[int, int], asyncio.Semaphore] = {}
 
@@ -70,8 +79,6 @@ def _crash_report(state: GreenIn, error: BaseException) -> VerifierRun:
 
 async def green_thread(state: GreenIn) -> GreenOut:
     """One verifier in its own sandbox; raw output stays in the artifact store."""
-    from choir.evidence.artifacts import ArtifactStore
-    from choir.verification import open_sandbox, run_verifier_thread
 
     item = state["work_item"]
     planned = state["planned"]
@@ -108,8 +115,6 @@ def snapshot_round(repo: Path, work_item: str, previous: Target | None) -> Targe
     snapshot, never the live folder. The previous round's snapshot is dropped when the tree
     changed: nothing verifies it any more.
     """
-    from choir.evidence.target import target_of
-    from choir.evidence.tree import remove_snapshot, snapshot, snapshot_root
 
     snap = snapshot(repo, snapshot_root())
     if previous is not None and previous.tree_hash != snap.tree_hash:
@@ -124,7 +129,6 @@ def verified_tree(repo: Path, target: Target) -> Path:
     still hashes to the recorded tree; otherwise ``IntegrityError`` makes the thread
     INCONCLUSIVE, never a verification of a different tree.
     """
-    from choir.evidence.tree import ensure_snapshot
 
     return ensure_snapshot(repo, target.tree_hash)
 
@@ -144,8 +148,6 @@ async def execute(state: RunState) -> dict[str, Any]:
     tree the verifiers see cannot change under them. A failing executor is recorded (exit
     code, timed out) and verification still runs: the evidence decides, not the executor.
     """
-    from choir.exceptions import UserError
-    from choir.executors import executor_isolation, get_executor
 
     item = state["work_item"]
     attempt = state.get("attempt", 0) + 1
@@ -158,7 +160,6 @@ async def execute(state: RunState) -> dict[str, Any]:
     emit({"kind": "execute", "work_item": item.id, "attempt": attempt, "state": "running",
           "isolation": isolation})
     run_id = state["run_id"] if item.split_of is None else f"{state['run_id']}-{item.id}"
-    from choir.agent.pinned import pinned_gate
 
     with pinned_gate(state["config"], state["policy"], Mood(state["mood"])):
         output = await asyncio.to_thread(get_executor(item.executor.kind), item, attempt,
@@ -206,8 +207,6 @@ async def direct(state: RunState) -> dict[str, Any]:
         required = tuple(dict.fromkeys([*item.required_verifiers, *floor]))
         chosen = plan(policy, mood, config.verifiers, required=required)
         if config.models.director:
-            from choir.director.advisor import suggest
-
             advice = await suggest(config.models.director, item, mood=mood,
                                    attempt=state.get("attempt", 1),
                                    planned=[p.name for p in chosen.verifiers if p.replica == 0],
@@ -242,9 +241,6 @@ def fan_out(state: RunState) -> list[Send] | str:
 
 async def attest(state: RunState) -> dict[str, Any]:
     """Mint an attestation for every run on this tree that has none yet."""
-    from choir.attest import AttestationStore, load_signer
-    from choir.evidence.artifacts import ArtifactStore
-    from choir.verification import attest_run
 
     config, policy = state["config"], state["policy"]
     store, signer, atts = ArtifactStore(), load_signer(), AttestationStore()

@@ -17,9 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from choir._core.ids import new_run_id
 from choir._core.paths import choir_home
+from choir.attest.keys import require_pinned_signer
+from choir.config import load_repo_config, load_work_item
+from choir.config.policy import load_policy
+from choir.evidence.tree import remove_snapshot, snapshot_root
 from choir.exceptions import UserError
+from choir.graph.orchestrator import build
+from choir.graph.state import checkpoint_types
 from choir.models import Mood, Usage
+from choir.verification import open_sandbox
 
 # (kind, data): a node's state update (kind = node name), or live progress (kind = "progress")
 OnEvent = Callable[[str, dict[str, Any]], None]
@@ -82,9 +90,6 @@ async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> Run
     from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-    from choir.attest.keys import require_pinned_signer
-    from choir.graph.orchestrator import build
-    from choir.graph.state import checkpoint_types
 
     home = choir_home()
     home.mkdir(parents=True, exist_ok=True)
@@ -114,7 +119,6 @@ async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> Run
             snap = await graph.aget_state(cfg)
     values = snap.values or {}
     if values.get("target") is not None:  # the round's sealed snapshot is no longer needed
-        from choir.evidence.tree import remove_snapshot, snapshot_root
 
         remove_snapshot(snapshot_root() / values["target"].tree_hash)
     item = values.get("work_item")
@@ -134,10 +138,6 @@ async def run_work_item(path: Path, *, mood: Mood | None = None, run_id: str | N
         UserError: a bad work item or ``choir.yaml``, a sandbox the mood refuses, or a run id
             that is already taken.
     """
-    from choir._core.ids import new_run_id
-    from choir.config import load_repo_config, load_work_item
-    from choir.config.policy import load_policy
-    from choir.verification import open_sandbox
 
     item = load_work_item(path)
     config = load_repo_config(Path(item.repo))

@@ -11,7 +11,8 @@ from typing import Annotated, Literal
 
 from typing_extensions import TypedDict
 
-from choir.config import RepoConfig
+from choir import config, models
+from choir.config import RepoConfig, policy
 from choir.config.policy import Policy
 from choir.models import (
     ParentFrame,
@@ -88,8 +89,6 @@ _OLD_PATHS = [("choir.verification", "VerifierRun"), ("choir.split", "ParentFram
 
 def checkpoint_types() -> list[tuple[str, str]]:
     """Every Choir type a checkpoint may hold, allowed explicitly for LangGraph's msgpack."""
-    from choir import config, models
-    from choir.config import policy
 
     names = ["Mood", "BlastRadius", "WorkItem", "ExecutorSpec", "Target", "Result",
              "VerificationReport", "FailureSignature", "Citation", "Counts", "Usage",

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from choir.models import Counts, Result, Target, VerificationReport, VerifierSpec
 from choir.models.report import NEXT_ACTION_MAX, SUMMARY_MAX
 from choir.report.parsers import ParseInput, ParseResult, get_parser
+from choir.report.reporter import model_report
 
 if TYPE_CHECKING:
     from choir.evidence.artifacts import ArtifactStore
@@ -226,7 +227,6 @@ async def abuild_report(result: PipelineResult, *, spec: VerifierSpec, store: Ar
                                 why=f"{type(exc).__name__}")
     if reporter is None:
         return report
-    from choir.report.reporter import model_report
 
     try:
         return await model_report(report, result=result, store=store, model=reporter,

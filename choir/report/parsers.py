@@ -186,31 +186,6 @@ def parse_pytest_text(inp: ParseInput) -> ParseResult:
     return result
 
 
-def parse_junit(inp: ParseInput) -> ParseResult:
-    from choir.report.junit import parse_junit_files
-
-    return parse_junit_files(inp, result=ParseResult(), add_text=parse_generic)
-
-
-def parse_ruff(inp: ParseInput) -> ParseResult:
-    """``ruff check --output-format json`` written to stdout (the step log) or ``out/``."""
-    from choir.report.lint import parse_ruff_json
-
-    return parse_ruff_json(inp, ParseResult())
-
-
-def parse_mypy(inp: ParseInput) -> ParseResult:
-    from choir.report.lint import parse_mypy_text
-
-    return parse_mypy_text(inp, ParseResult())
-
-
-def parse_sarif(inp: ParseInput) -> ParseResult:
-    from choir.report.lint import parse_sarif_files
-
-    return parse_sarif_files(inp, ParseResult())
-
-
 JSON_MAX = 8 << 20  # a JSON document larger than this is not read (the parser says so)
 
 

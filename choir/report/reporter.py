@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from choir._core.resources import load_text
+from choir.llm import ask_json
 from choir.models import Result, Usage, VerificationReport
 from choir.models.report import HYPERTHESIS_MAX, NEXT_ACTION_MAX, SUMMARY_MAX
 
@@ -155,7 +156,6 @@ def merge(report: VerificationReport, reply: _Reply, usage: Usage,
 async def model_report(report: VerificationReport, *, result: PipelineResult,
                        store: ArtifactStore, model: str,
                        deadline_s: float = 30.0) -> VerificationReport:
-    from choir.llm import ask_json
 
     seen = windows(report, result, store)
     parsed, spent, _ = await ask_json(model, _messages(report, seen), _Reply,

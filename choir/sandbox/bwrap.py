@@ -22,6 +22,7 @@ from typing import ClassVar
 
 from choir.exceptions import ConfigError
 from choir.models import AppliedLimits, Limits
+from choir.models import Limits as _Limits
 from choir.sandbox import _toolchain
 from choir.sandbox._cgroups import STAGE, STAGE_MOUNT, STAGE_SLOTS, CgroupLimits
 from choir.sandbox.base import (
@@ -86,7 +87,6 @@ class BwrapSandbox(Sandbox):
             else:
                 import tempfile
 
-                from choir.models import Limits as _Limits
 
                 with tempfile.TemporaryDirectory(prefix="choir-bwrap-probe-") as tmp:
                     os.chmod(tmp, 0o755)  # the step runs as nobody: its repo must be readable

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from choir.evidence.artifacts import ArtifactStore
 from choir.models import ExecutorOutput, VerificationReport, WorkItem
 
 
@@ -25,7 +26,6 @@ class RecordingExecutor:
 
     def __call__(self, item: WorkItem, attempt: int,
                  feedback: Sequence[VerificationReport]) -> ExecutorOutput:
-        from choir.evidence.artifacts import ArtifactStore
 
         root = Path(item.repo).resolve()
         written: list[str] = []

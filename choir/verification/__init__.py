@@ -19,6 +19,9 @@ from typing import TYPE_CHECKING, Literal
 from choir._core.canonical import canonical_json, hash_json
 from choir._core.failpoints import failpoint
 from choir._version import __version__
+from choir.ahdb import open_ahdb
+from choir.attest import mint
+from choir.exceptions import UserError
 from choir.models import (
     Attestation,
     AttestationBody,
@@ -28,6 +31,9 @@ from choir.models import (
     VerifierRun,
     VerifierSpec,
 )
+from choir.report import abuild_report
+from choir.sandbox import resolve_sandbox
+from choir.verification.pipeline import run_verifier
 
 if TYPE_CHECKING:
     from choir.attest import AttestationStore, Signer
@@ -52,8 +58,6 @@ def open_sandbox(config: RepoConfig, policy: Policy, mood: Mood,
         UserError: the mood refuses a sandbox without isolation or one that cannot apply
             resource limits (PARANOID), or the name is unknown.
     """
-    from choir.exceptions import UserError
-    from choir.sandbox import resolve_sandbox
 
     options: dict[str, object] = {}
     for key in ("image", "python", "binds"):  # only those set: a plugin backend may take none
@@ -97,8 +101,6 @@ async def run_verifier_thread(
 
     The sandbox call blocks, so it runs in a worker thread; verifiers run side by side.
     """
-    from choir.report import abuild_report
-    from choir.verification.pipeline import run_verifier
 
     result = await asyncio.get_running_loop().run_in_executor(
         _POOL,
@@ -143,7 +145,6 @@ def attest_run(
     Everything the body states is read back from the stored manifest and report, not taken
     on trust from the caller, so the attestation says how the verifier actually ran.
     """
-    from choir.attest import mint
 
     manifest = load_manifest(store, run.manifest_hash)
     platform = manifest.platform
@@ -179,7 +180,6 @@ def attest_run(
     )
     attestation = mint(body, signer)
     attestations.put(attestation)
-    from choir.ahdb import open_ahdb
 
     open_ahdb().record_outcome(attestation.id)  # anchors it in the log; a FAIL demotes
     return attestation
