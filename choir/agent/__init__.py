@@ -1,4 +1,4 @@
-"""Agents whose completion is gated by a verifier (seed 000), and their tools."""
+"""Agents whose completion is gated by a verifier (docs/concepts.md), and their tools."""
 
 from choir.agent.agent import Agent, AgentEvent, AgentResult
 from choir.agent.context import AgentContext, ExecutionContext, VerificationState

@@ -1,4 +1,4 @@
-"""``choir.Agent``: a tool-calling loop whose completion is gated by a verifier (seed 000).
+"""``choir.Agent``: a tool-calling loop whose completion is gated by a verifier (docs/concepts.md).
 
 The model finishes by calling ``final_output``. Its arguments are validated into
 ``output_type`` first (invalid arguments are an invalid model response: the model is told

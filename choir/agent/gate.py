@@ -1,4 +1,4 @@
-"""The verifier gate of seed 000: pass, reject (counted once per candidate), fatal, error.
+"""The verifier gate (docs/concepts.md): pass, reject (counted once per candidate), fatal, error.
 
 A rejection counts one attempt unless it is the same candidate (canonical-JSON hash) as the
 last one. The same candidate submitted again at the same model turn is a replay after a crash

@@ -2,7 +2,7 @@
 
 Plans through the Director (the mood policy, the director model when one is configured, and
 BOLD's broadening once the core is green), runs the plan's verifiers side by side in fresh
-sandboxes, mints one attestation per report, and assembles the seed-001 output contract
+sandboxes, mints one attestation per report, and assembles the output contract (docs/concepts.md)
 (``status``, ``run_id``, ``tail_log``, ``artifact_paths``, ``manifest``) plus ``mood``,
 ``plan``, ``reports`` and ``attestations``. The tail log is for the person at the terminal
 only.
@@ -55,7 +55,7 @@ class SessionCommand(Frozen):
 
 
 class SessionManifest(Frozen):
-    """The seed-001 manifest of a whole ``choir verify``, at ``runs/{run_id}/manifest.json``.
+    """The manifest of a whole ``choir verify``, at ``runs/{run_id}/manifest.json``.
 
     It holds no evidence of its own: ``runs`` maps each verifier run folder to the hash of its
     manifest, which an attestation signs, so ``choir audit`` can check every claim here
@@ -222,7 +222,7 @@ def _platform(first: Platform | None, sandbox: str, isolation: str) -> dict[str,
 
 
 def _write_session(store: Any, session: str, manifest: dict[str, Any]) -> None:
-    """Write the session's seed-001 folder: ``runs/{session}/manifest.json``, once, read-only."""
+    """Write the session's run folder: ``runs/{session}/manifest.json``, once, read-only."""
     import json
 
 

@@ -1,6 +1,6 @@
 """The Director's optional model (``models.director``): a plan suggestion, bounded.
 
-Seed 002 §4.1-4.2: the plan may be model-suggested but is policy-bounded. What the model can
+The plan may be model-suggested but is policy-bounded. What the model can
 do is deliberately small: add verifiers from the allowlist to the policy's plan. It cannot
 remove one, cannot name anything else (such names are dropped and recorded, never run), and
 never sees raw verifier output: only the work item, the allowlist, and the last round's

@@ -1,4 +1,4 @@
-"""Splitting a work item that keeps failing the same way (seed 002 §7.1).
+"""Splitting a work item that keeps failing the same way.
 
 Re-running the executor blindly on the same failure wastes the budget. When the failure
 divides (two failing verifiers, or several failing tests of a verifier that can run a subset

@@ -71,7 +71,7 @@ def _record(db: AHDB, state: RunState, decision: Decision, results: dict[str, Re
 
 
 def _disclosures(state: RunState, results: dict[str, Result]) -> tuple[list[str], list[str]]:
-    """This round's blind spots (seed 002 §6.3) and the attestations that show them.
+    """This round's blind spots (docs/concepts.md) and the attestations that show them.
 
     Named: every verifier whose verdict is FLAKY or INCONCLUSIVE, every run that was itself
     (a crashed green thread has no attestation, so its name is the only trace), every run

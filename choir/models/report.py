@@ -1,4 +1,4 @@
-"""VERIFICATION_REPORT (seed 002 §5.2): the only thing that leaves a green thread.
+"""VERIFICATION_REPORT (docs/concepts.md): the only thing that leaves a green thread.
 
 Every free-text field is bounded, so a report stays small whatever the log size, and
 evidence is cited by pointer (artifact hash, line span, span hash), never pasted.

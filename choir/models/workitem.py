@@ -11,7 +11,7 @@ from choir.models._base import Frozen
 
 
 class Mood(StrEnum):
-    """How strict verification is. CURIOUS is a transition target (reframe), seed 002 §7.1."""
+    """How strict verification is. CURIOUS is a transition target (reframe): docs/concepts.md."""
 
     CALM = "CALM"
     SKEPTICAL = "SKEPTICAL"

@@ -4,8 +4,8 @@ It reads bounded windows of the artifact (the cited spans and the tail, within a
 budget: never a whole log), fences them as untrusted data, asks for a narrow JSON reply and
 validates it. Whatever the model says, the result can only stay or go down (PASS may become
 INCONCLUSIVE; FLAKY is only a note until reruns show it), confidence can only go down, every
-field is clamped, and wording that pastes log text is dropped (reports cite by pointer, seed
-002 §9), so a log cannot use the reporter to carry its bytes into the loop. Faults (429, 5xx,
+field is clamped, and wording that pastes log text is dropped (reports cite by
+pointer), so a log cannot use the reporter to carry its bytes into the loop. Faults (429, 5xx,
 timeouts, bad JSON, schema violations, oversized replies) are retried with backoff inside a
 deadline; then the deterministic report is used, marked ``deterministic_fallback``. The run
 never crashes because of the model.
@@ -100,7 +100,7 @@ def _shingles(text: str) -> set[str]:
 
 
 class _NoCopy:
-    """Seed 002 §9, reports cite by pointer, not paste: model wording that repeats a run of
+    """Reports cite by pointer, not paste: model wording that repeats a run of
     ``COPY_RUN`` letters and digits of the log it was shown, which the deterministic report
     does not already carry, is dropped. A log cannot smuggle text (a secret, an instruction
     for the next prompt) into the control loop by asking the reporter to repeat it.

@@ -1,7 +1,8 @@
 """``bwrap``: Linux namespaces via bubblewrap, for machines without a Docker engine.
 
-Holes measured on these machines are closed (PLATFORM.md, issue #10): the process never keeps
-capabilities (``--unshare-all --cap-drop ALL``), so it cannot remount the repo read-write;
+Holes measured on these machines are closed (issue #10, docs/security.md): the process
+never keeps capabilities (``--unshare-all --cap-drop ALL``), so it cannot remount the repo
+read-write;
 ``/``, ``/run`` and ``/var/run`` are never bound, so the Docker socket is not reachable; as
 root, bwrap runs as host ``nobody`` (see ``command``), so the step's uid is unprivileged on
 the host too; and only ``/usr``, ``/etc`` and the project's interpreter (``_toolchain``) are

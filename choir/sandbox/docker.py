@@ -1,4 +1,4 @@
-"""``docker``: a fresh container per command, always removed (seed 001: no reuse).
+"""``docker``: a fresh container per command, always removed (never reused).
 
 The repo is bind-mounted read-only and is the working directory; the run's output folder is
 the only writable mount; no network unless the policy allows it; all capabilities dropped,
