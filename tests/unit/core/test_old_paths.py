@@ -54,6 +54,18 @@ OLD_NAMES = [
 @pytest.mark.parametrize(("old", "new"), sorted(OLD_TO_NEW.items()))
 def test_old_module_path_is_the_new_module(old: str, new: str) -> None:
     assert importlib.import_module(old) is importlib.import_module(new)
+    assert importlib.import_module(new).__spec__.name == new  # the new module is untouched
+
+
+def test_old_paths_import_first_in_a_fresh_process() -> None:
+    import subprocess
+    import sys
+
+    code = ("import choir.tree, choir.verify, choir.split, choir.attest.verify\n"
+            "from choir.verify import averify_tree\n"
+            "from choir.evidence.tree import tree_hash\n"
+            "assert choir.tree.tree_hash is tree_hash and choir.verify.averify_tree\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 @pytest.mark.parametrize(("old", "name", "new"), OLD_NAMES)
