@@ -109,10 +109,10 @@ def _section(data: Any, key: str) -> dict[str, Any]:
 
 
 def _registered(doc: YamlDoc, loc: tuple[str | int, ...], registry: Registry[Any],
-                value: Any) -> ConfigError | None:
-    """A ConfigError when ``value`` names nothing in ``registry``: did-you-mean, the known
-    names and how a plugin is installed."""
-    if not isinstance(value, str) or value in registry.names():
+                value: Any, known: list[str]) -> ConfigError | None:
+    """A ConfigError when ``value`` is not in ``known`` (``registry``'s names, read once per
+    file): did-you-mean, the known names and how a plugin is installed."""
+    if not isinstance(value, str) or value in known:
         return None
     return ConfigError(f"unknown {registry.kind} '{value}'", path=str(doc.path),
                        line=doc.line_of(loc), hint=registry.hint(value))
@@ -120,14 +120,15 @@ def _registered(doc: YamlDoc, loc: tuple[str | int, ...], registry: Registry[Any
 
 def _unknown_names(doc: YamlDoc) -> list[ConfigError]:
     """Parser and sandbox names checked at load: a typo must never reach a run (issue #11)."""
+    parsers = PARSERS.names()
     found = [_registered(doc, ("verification", "parser"), PARSERS,
-                         _section(doc.data, "verification").get("parser"))]
+                         _section(doc.data, "verification").get("parser"), parsers)]
     for name, raw in _section(doc.data, "verifiers").items():
         if isinstance(raw, dict):
             found.append(_registered(doc, ("verifiers", name, "parser"), PARSERS,
-                                     raw.get("parser")))
+                                     raw.get("parser"), parsers))
     found.append(_registered(doc, ("sandbox", "backend"), SANDBOXES,
-                             _section(doc.data, "sandbox").get("backend")))
+                             _section(doc.data, "sandbox").get("backend"), SANDBOXES.names()))
     return [err for err in found if err is not None]
 
 
@@ -296,7 +297,8 @@ def load_work_item(path: Path) -> WorkItem:
             hint="repo is relative to the work item file",
         ))
     executor = item.executor
-    unknown = _registered(doc, ("executor", "kind"), EXECUTORS, executor.kind)
+    unknown = _registered(doc, ("executor", "kind"), EXECUTORS, executor.kind,
+                          EXECUTORS.names())
     if unknown is not None:
         errors.append(unknown)
     needs: dict[str, Literal["command", "function"]] = {"command": "command", "python": "function"}
