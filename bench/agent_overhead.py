@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from choir import Agent
 from choir.agent import RetryPolicy, SqliteContextStore
-from choir.agent.model import ModelReply
+from choir.agent.llm import ModelReply
 from choir.testing import FakeModel, final_output, reply, tool_call
 
 

@@ -35,9 +35,9 @@ TREES = 64
 
 
 def _attestations(n: int) -> list[Any]:
-    from choir._canonical import canonical_json
-    from choir.artifacts import ArtifactStore
+    from choir._core.canonical import canonical_json
     from choir.attest import AttestationStore, load_signer, mint
+    from choir.evidence.artifacts import ArtifactStore
     from choir.models import (
         AttestationBody,
         Environment,

@@ -38,7 +38,7 @@ out.flush()
 CONSUMER = """
 import json, sys, time
 from pathlib import Path
-from choir.artifacts import ArtifactStore
+from choir.evidence.artifacts import ArtifactStore
 def peak_rss_kib():
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))

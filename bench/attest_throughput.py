@@ -17,9 +17,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from choir._canonical import canonical_json
-from choir.artifacts import ArtifactStore
+from choir._core.canonical import canonical_json
 from choir.attest import Signer, mint, verify_attestation
+from choir.evidence.artifacts import ArtifactStore
 from choir.models import (
     AttestationBody,
     Environment,

@@ -24,11 +24,11 @@ def main() -> None:
     home = Path(tempfile.mkdtemp())
     os.environ["CHOIR_HOME"] = str(home)
     os.environ["CHOIR_ARTIFACT_DIR"] = str(home / "artifacts")
-    from choir._canonical import canonical_json
+    from choir._core.canonical import canonical_json
     from choir.ahdb import open_ahdb
-    from choir.artifacts import ArtifactStore
     from choir.attest import AttestationStore, load_signer, mint
     from choir.audit import audit
+    from choir.evidence.artifacts import ArtifactStore
     from choir.models import (
         AttestationBody,
         Environment,

@@ -35,8 +35,8 @@ def make_repo(root: Path, sandbox: str) -> Path:
 
 
 def one_round(repo: Path, sandbox: str) -> float:
+    from choir.app.verify import verify_tree
     from choir.models import Mood
-    from choir.verify import verify_tree
 
     start = time.perf_counter()
     outcome = verify_tree(repo, mood=Mood.SKEPTICAL, sandbox_name=sandbox)

@@ -21,11 +21,11 @@ def main() -> None:
     home = Path(tempfile.mkdtemp())
     os.environ["CHOIR_HOME"] = str(home)
     os.environ["CHOIR_ARTIFACT_DIR"] = str(home / "artifacts")
-    from choir.artifacts import ArtifactStore
+    from choir.evidence.artifacts import ArtifactStore
     from choir.models import StepSpec, Target, VerifierKind, VerifierSpec
-    from choir.pipeline import run_verifier
     from choir.report.build import abuild_report, parse_run
     from choir.sandbox import get_sandbox
+    from choir.verification.pipeline import run_verifier
 
     repo = home / "repo"
     repo.mkdir()

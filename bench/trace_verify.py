@@ -64,7 +64,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=10_000)
     n = parser.parse_args().n
-    from choir.artifacts import ArtifactStore
+    from choir.evidence.artifacts import ArtifactStore
     from choir.trace.verify import verify_trace_file
 
     root = Path(tempfile.mkdtemp())

@@ -14,7 +14,7 @@ result (FAIL / INCONCLUSIVE) or exit 1. Constructors only store what they are gi
     ├── PromotionError                 an AHDB write that the promotion rules forbid
     ├── SandboxError                   the sandbox could not start or run: INCONCLUSIVE
     ├── ReporterError                  the cheap model failed; the deterministic report is used
-    └── AgentError                     agent run-time failures (seed 000)
+    └── AgentError                     agent run-time failures
         ├── VerificationRejected       the verifier rejected a candidate: counts an attempt
         ├── FatalAgentError            fail the run at once
         └── InvalidModelResponse       the model's reply could not be used: not an attempt
@@ -23,6 +23,8 @@ result (FAIL / INCONCLUSIVE) or exit 1. Constructors only store what they are gi
 from __future__ import annotations
 
 from typing import Any
+
+from choir._core.terminal import strip_controls
 
 __all__ = [
     "AgentError",
@@ -82,7 +84,6 @@ class ConfigError(UserError):
         text = f"{where}{self.message}"
         if self.hint:
             text += f"\n  fix: {self.hint}"
-        from choir._terminal import strip_controls  # values come from the user's files
 
         return strip_controls(text)
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from choir._canonical import blake3_hex
+from choir._core.canonical import blake3_hex
 from choir.exceptions import ConfigError, UserError
 
 WAIT_ENV = "CHOIR_LEASE_WAIT_S"

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from choir.exceptions import MissingExtraError
+from choir.models import Usage
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -103,7 +104,6 @@ async def ask_json(model: str, messages: list[dict[str, Any]], schema: type[Repl
     the last fault in one line (empty on success). Never raises for model faults: each caller
     has a deterministic fallback.
     """
-    from choir.models import Usage
 
     deadline = time.monotonic() + deadline_s
     spent = Usage(model=model)

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from choir._paths import choir_home
+from choir._core.paths import choir_home
 from choir.exceptions import ConfigError
 
 ENV = "CHOIR_DATABASE_URL"
@@ -48,7 +48,7 @@ def database_url(home: Path | None = None) -> str | None:
     path = user_config_path(home)
     if not path.is_file():
         return None
-    from choir._yaml import load_yaml
+    from choir.config._yaml import load_yaml
 
     doc = load_yaml(path)
     if doc.data is None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from choir.artifacts import ArtifactStore
 from choir.attest import AttestationStore, load_signer
+from choir.evidence.artifacts import ArtifactStore
+from choir.evidence.tree import tree_hash
 from choir.models import Attestation, StepSpec, Target, VerifierKind, VerifierSpec
 from choir.sandbox import get_sandbox
-from choir.tree import tree_hash
 from choir.verification import attest_run, run_verifier_thread
 
 _counter = 0

@@ -1,4 +1,4 @@
-"""``choir.Agent``: a tool-calling loop whose completion is gated by a verifier (seed 000).
+"""``choir.Agent``: a tool-calling loop whose completion is gated by a verifier (docs/concepts.md).
 
 The model finishes by calling ``final_output``. Its arguments are validated into
 ``output_type`` first (invalid arguments are an invalid model response: the model is told
@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from choir._canonical import to_jsonable
+from choir._core.canonical import to_jsonable
 from choir.agent.context import AgentContext, ExecutionContext
 from choir.agent.feedback import one_line
 from choir.agent.gate import Gate, GateResult, RetryPolicy, retryable
-from choir.agent.model import ModelClient, ModelReply, add_usage, as_model
+from choir.agent.llm import ModelClient, ModelReply, add_usage, as_model
 from choir.agent.store import ContextStore
 from choir.agent.tools import Tool, as_tools, clip
 from choir.exceptions import FatalAgentError, ToolInputError

@@ -1,7 +1,7 @@
 """The state an agent run carries: AgentContext (persisted) and ExecutionContext (runtime).
 
 ``AgentContext`` is the source of truth for a run: the conversation, the turn counter, the
-model spend and the seed-000 ``VerificationState``. It is a frozen model, replaced (never
+model spend and the ``VerificationState``. It is a frozen model, replaced (never
 mutated) after each step, so a saved context is exactly what the next step starts from.
 ``ExecutionContext`` is per-process and is never persisted: counters never live there.
 """
@@ -21,7 +21,7 @@ Outcome = Literal["passed", "rejected", "system_error"]
 
 
 class VerificationState(Frozen):
-    """Attempt accounting for the verifier gate (seed 000).
+    """Attempt accounting for the verifier gate.
 
     ``last_candidate_hash`` is the canonical-JSON hash of the last verified candidate: a
     rejection of the same candidate again does not spend a second attempt. ``repeats``

@@ -19,16 +19,22 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from choir._paths import choir_home
-from choir._resources import load_text
+from choir._core.paths import choir_home
+from choir._core.resources import load_text
 from choir.agent.agent import Agent, AgentResult
 from choir.agent.feedback import one_line
 from choir.agent.files import RepoFiles
 from choir.agent.store import SqliteContextStore
+from choir.attest import AttestationStore, load_signer
+from choir.config import CONFIG_NAME, load_repo_config
+from choir.config.policy import load_policy
+from choir.director import plan
+from choir.evidence.artifacts import ArtifactStore
+from choir.evidence.target import resolve_target
 from choir.exceptions import ConfigError, SandboxError, VerificationRejected
-from choir.executors import ExecutorOutput, register_executor
-from choir.models import Result, VerificationReport, WorkItem
-from choir.verification import VerifierRun
+from choir.executors.pinned import GateContext, current_gate
+from choir.models import ExecutorOutput, Result, VerificationReport, VerifierRun, WorkItem
+from choir.verification import attest_run, open_sandbox, run_verifier_thread
 
 MAX_FEEDBACK_REPORTS = 8
 
@@ -37,6 +43,9 @@ class ChangeSummary(BaseModel):
     """What the agent says it changed (validated before verification)."""
 
     summary: str = Field(min_length=1, max_length=2_000)
+
+# what verifies the executor's work is not the executor's to edit
+PROTECTED = (CONFIG_NAME,)
 
 
 def feedback_text(reports: Sequence[VerificationReport]) -> str:
@@ -68,20 +77,12 @@ def _rejection(runs: Sequence[VerifierRun]) -> VerificationRejected:
 def green_verifier(item: WorkItem, run_id: str) -> Any:
     """A verifier that runs the work item's plan in sandboxes on the current tree.
 
-    Configuration, policy and mood come from the run (``choir.agent.pinned``), never from
+    Configuration, policy and mood come from the run (``choir.executors.pinned``), never from
     the working tree the agent edits; outside a run they are read once, when the agent is
     built. Every check is sealed and attested like any green thread (lens
     ``executor_gate``): ``choir audit`` accounts for it, and its FAIL counts as evidence
     on that tree; it never promotes anything (only the Director loop's rounds do).
     """
-    from choir.agent.pinned import GateContext, current_gate
-    from choir.artifacts import ArtifactStore
-    from choir.attest import AttestationStore, load_signer
-    from choir.config import load_repo_config
-    from choir.director import plan
-    from choir.policy import load_policy
-    from choir.verification import attest_run, open_sandbox, run_verifier_thread
-    from choir.verify import resolve_target
 
     repo = Path(item.repo)
     pinned = current_gate()
@@ -124,7 +125,7 @@ def green_verifier(item: WorkItem, run_id: str) -> Any:
 
 def build_agent(item: WorkItem, run_id: str, *, model: str | Any,
                 model_settings: dict[str, Any] | None = None) -> tuple[Agent, RepoFiles]:
-    files = RepoFiles(Path(item.repo))
+    files = RepoFiles(Path(item.repo), protected=PROTECTED)
     instructions = load_text("prompts", "executor_system.md")
     if item.executor.instructions:
         instructions += "\n\nThe work item's own instructions:\n" + item.executor.instructions
@@ -144,7 +145,6 @@ def query(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport]) 
         feedback=feedback_text(feedback)).strip()
 
 
-@register_executor("llm")
 def run_llm(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport],
             run_id: str | None = None) -> ExecutorOutput:
     """One agent run per attempt; its context is durable under ``CHOIR_HOME``.
@@ -152,8 +152,6 @@ def run_llm(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport]
     A resumed Choir run that re-executes the same attempt continues the same agent run
     (same id), so a crash never repeats the model calls already made.
     """
-    from choir.artifacts import ArtifactStore
-    from choir.config import load_repo_config
 
     model = item.executor.model or load_repo_config(Path(item.repo)).models.executor
     if not model:
@@ -184,3 +182,6 @@ def run_llm(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport]
         usage = (result.usage,)
     blob = json.dumps(record, indent=1, default=str).encode()
     return ExecutorOutput(artifact=ArtifactStore().ingest_bytes(blob), usage=usage)
+
+
+run_llm.isolation = "tools"  # type: ignore[attr-defined]  # acts only through file tools

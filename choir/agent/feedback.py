@@ -1,4 +1,4 @@
-"""The compact, deterministic ``<verification_rejected>`` message a model sees (seed 000).
+"""The compact, deterministic ``<verification_rejected>`` message a model sees.
 
 Everything in it comes from the verifier's ``VerificationRejected`` and is treated as
 hostile: the code is reduced to a safe token, text is escaped so it cannot close the tag

@@ -25,7 +25,6 @@ from typing import BinaryIO
 from choir.agent._patch import FileState, plan_patch
 from choir.exceptions import ToolInputError
 
-PROTECTED = "choir.yaml"  # what verifies the executor's work is not the executor's to edit
 VCS_DIRS = frozenset({".git", ".hg", ".svn", ".bzr", "_darcs", "CVS", ".jj", ".pijul"})
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -75,6 +74,8 @@ class RepoFiles:
         max_read_bytes: the most text one ``read_file`` reply holds.
         max_write_bytes: the largest file ``write_file``/``apply_patch`` may produce.
         max_results: the most paths or hits one ``list_files``/``search`` reply holds.
+        protected: paths from the root that may be read but never written (Choir's llm
+            executor protects ``choir.yaml``: what verifies its work is not its to edit).
     """
 
     def __init__(
@@ -84,6 +85,7 @@ class RepoFiles:
         max_read_bytes: int = 64_000,
         max_write_bytes: int = 1_000_000,
         max_results: int = 200,
+        protected: tuple[str, ...] = (),
     ) -> None:
         real = os.path.realpath(root)
         if not os.path.isdir(real):
@@ -92,6 +94,7 @@ class RepoFiles:
         self.max_read_bytes = max_read_bytes
         self.max_write_bytes = max_write_bytes
         self.max_results = max_results
+        self.protected = frozenset(protected)
         self._prefix = real.rstrip(os.sep) + os.sep
         self._changed: dict[str, None] = {}
 
@@ -105,16 +108,18 @@ class RepoFiles:
         Args:
             path: directory relative to the repository root; "." is the whole repository.
             pattern: shell-style glob on the file name, e.g. "*.py"; a pattern with "/" is
-                matched against the path from the repository root, e.g. "src/*/test_*.py".
+                matched against the path from the repository root, e.g. "src/*/test_*.py",
+                where "*" and "?" stay within one folder and "**" spans any depth.
         """
         if len(pattern) > _MAX_PATTERN or "\x00" in pattern:
             raise ToolInputError(f"pattern is longer than {_MAX_PATTERN} characters or has NUL")
+        glob = _path_glob(pattern) if "/" in pattern else None
         shown: list[str] = []
         notes: list[str] = []
         found = 0
         for rel, _, kind in self._walk(self._real(path), notes):
-            name = rel if "/" in pattern else rel.rsplit("/", 1)[-1]
-            if kind == "other" or not fnmatchcase(name, pattern):
+            if kind == "other" or not (glob.match(rel) if glob
+                                       else fnmatchcase(rel.rsplit("/", 1)[-1], pattern)):
                 continue
             found += 1
             if len(shown) < self.max_results:
@@ -342,9 +347,10 @@ class RepoFiles:
                 f"{_clip(path)!r} is inside a version-control folder "
                 f"({', '.join(sorted(vcs))}); refused"
             )
-        if parts == [PROTECTED]:
-            raise ToolInputError(f"{PROTECTED} is the verifier allowlist: the executor may not "
-                                 "change what verifies it; refused")
+        if "/".join(parts) in self.protected:
+            raise ToolInputError(f"{'/'.join(parts)} is protected (the verifier allowlist or "
+                                 "another file the caller guards): it may not be changed; "
+                                 "refused")
         return parts
 
     def _exists(self, path: str) -> bool:
@@ -513,6 +519,42 @@ class RepoFiles:
                     except OSError:
                         pass
                 raise
+
+
+def _path_glob(pattern: str) -> re.Pattern[str]:
+    """A shell glob over a path: ``*``/``?``/``[...]`` never match ``/``; ``**/`` is any depth.
+
+    ``fnmatch`` lets ``*`` cross ``/``, so ``src/*/test_*.py`` would list files at every
+    depth; the agent must see what it asked for.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:[^/]*/)*")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and "]" in pattern[i + 2:]:
+            end = pattern.index("]", i + 2)
+            body = pattern[i + 1:end]
+            body = "^" + body[1:] if body.startswith("!") else body
+            out.append("(?!/)[" + body.replace("\\", "\\\\") + "]")
+            i = end + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    try:
+        return re.compile("".join(out) + r"\Z")
+    except re.error as exc:
+        raise ToolInputError(f"invalid pattern {pattern!r}: {exc}") from None
 
 
 def _matcher(pattern: str) -> Callable[[str, float], bool]:

@@ -1,4 +1,4 @@
-"""The verifier gate of seed 000: pass, reject (counted once per candidate), fatal, error.
+"""The verifier gate (docs/concepts.md): pass, reject (counted once per candidate), fatal, error.
 
 A rejection counts one attempt unless it is the same candidate (canonical-JSON hash) as the
 last one. The same candidate submitted again at the same model turn is a replay after a crash
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from choir._canonical import hash_json
+from choir._core.canonical import hash_json
 from choir.agent.context import AgentContext, ExecutionContext, VerificationState
 from choir.agent.feedback import one_line, rejection_feedback
 from choir.agent.injection import call_maybe_async, inject, injected_params

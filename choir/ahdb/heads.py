@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from choir._canonical import canonical_json
+from choir._core.canonical import canonical_json
+from choir.attest.keys import _b64decode, decode_public_key, key_id_of
 
 if TYPE_CHECKING:
     from choir.attest import Signer
@@ -97,7 +98,6 @@ def check_heads(path: Path, chain: dict[int, str], tail: int,
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    from choir.attest.keys import _b64decode, decode_public_key, key_id_of
 
     found: list[tuple[str, str, str, str]] = []
     keys: dict[str, tuple[Ed25519PublicKey, str]] = {}

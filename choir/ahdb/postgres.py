@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from choir._canonical import blake3_hex
+from choir._core.canonical import blake3_hex
 from choir.ahdb.backend import Session
 from choir.exceptions import UserError
 

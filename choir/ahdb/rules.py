@@ -1,4 +1,4 @@
-"""The promotion rules of seed 002 §6, as one function over (state, event).
+"""The promotion rules (docs/concepts.md), as one function over (state, event).
 
 Every write to the AHDB passes through ``check`` before it is appended, and ``choir audit``
 replays the whole log through the same function, so a row inserted behind the store's back

@@ -23,11 +23,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from choir._canonical import blake3_hex, canonical_json
-from choir._paths import choir_home
+from choir._core.canonical import blake3_hex, canonical_json
+from choir._core.paths import choir_home
 from choir.ahdb.backend import Backend, Conn, Session, SqliteBackend
 from choir.ahdb.heads import write_head
-from choir.ahdb.rules import Change, Lookup, apply
+from choir.ahdb.rules import Change, Lookup, Replay, apply
+from choir.attest import AttestationStore, load_signer, trusted_key_ids, verify_attestation
+from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError, PromotionError
 from choir.models import Atom, AtomKind, AtomStatus, Attestation, Result
 
@@ -58,7 +60,6 @@ def event_hash(prev_hash: str, seq: int, kind: str, payload: dict[str, Any],
 def attestation_lookup(attestations: Any, artifacts: Any,
                        trusted_keys: Collection[str] | None) -> Lookup:
     """A rules lookup that loads and fully verifies an attestation, or refuses it."""
-    from choir.attest import verify_attestation
 
     def lookup(att_id: str) -> Attestation:
         try:
@@ -146,7 +147,6 @@ class AHDB:
 
     def _materialise_once(self) -> None:
         """A log written before the tables existed: derive them once, from the log."""
-        from choir.ahdb.rules import Replay
 
         with self._tx() as conn:
             if self.backend.version(conn) >= 1:
@@ -409,8 +409,6 @@ def open_ahdb(home: Path | None = None) -> AHDB:
 
     The key signs a head record after every write (``choir.ahdb.heads``).
     """
-    from choir.artifacts import ArtifactStore
-    from choir.attest import AttestationStore, load_signer, trusted_key_ids
 
     base = home or choir_home()
     return AHDB(attestations=AttestationStore(base / "attestations"), home=base,

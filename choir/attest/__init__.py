@@ -5,12 +5,12 @@ signature and returns named violations; ``AttestationStore`` keeps them write-on
 ``to_dsse`` exports an in-toto Statement v1 in a DSSE envelope.
 """
 
+from choir.attest.check import verify_attestation
 from choir.attest.intoto import pae, payload_of, statement, to_dsse, verify_dsse
 from choir.attest.keys import (
     Signer,
     TrustRoot,
     key_id_of,
-    key_summary,
     load_signer,
     signer_counts,
     trust_root,
@@ -19,8 +19,7 @@ from choir.attest.keys import (
     verify_signature,
 )
 from choir.attest.mint import mint, signed_bytes
-from choir.attest.store import AttestationStore
-from choir.attest.verify import verify_attestation
+from choir.attest.store import AttestationStore, key_summary
 
 __all__ = [
     "AttestationStore",

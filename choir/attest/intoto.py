@@ -4,7 +4,8 @@ Subjects are the verified tree and the evidence objects (report, manifest, artif
 object carries ``sha256`` (computed streaming from the artifact store) beside ``blake3``:
 in-toto consumers ignore digest names they do not know, and most match on sha256. The tree
 has no byte stream of its own, so its subject carries the Choir tree hash as ``blake3``, the
-sha256 of its canonical manifest (``choir.tree.tree_manifest``) as ``sha256`` and, only when
+sha256 of its canonical manifest (``choir.evidence.tree.tree_manifest``) as ``sha256``
+and, only when
 the verified tree was exactly that commit's, the commit as ``gitCommit``.
 
 The envelope follows DSSE v1: ``payloadType`` ``application/vnd.in-toto+json``, ``payload``
@@ -24,13 +25,14 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
-from choir._canonical import canonical_json
+from choir._core.canonical import canonical_json
 from choir.attest.keys import Signer, verify_signature
+from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError
 from choir.models import Attestation
 
 if TYPE_CHECKING:
-    from choir.artifacts import ArtifactStore
+    from choir.evidence.artifacts import ArtifactStore
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -60,7 +62,7 @@ def statement(att: Attestation, artifacts: ArtifactStore) -> dict[str, Any]:
     """
     body = att.body
     target: dict[str, str] = {"blake3": body.target.tree_hash}
-    if body.target.tree_sha256:  # sha256 of the tree's canonical manifest (choir.tree)
+    if body.target.tree_sha256:  # sha256 of the tree's canonical manifest (choir.evidence.tree)
         target["sha256"] = body.target.tree_sha256
     if body.target.commit_sha:  # recorded only when the verified tree was exactly it
         target["gitCommit"] = body.target.commit_sha
@@ -92,8 +94,6 @@ def to_dsse(
         IntegrityError: see ``statement``.
     """
     if artifacts is None:
-        from choir.artifacts import ArtifactStore
-
         artifacts = ArtifactStore()
     payload = canonical_json(statement(att, artifacts))
     return {

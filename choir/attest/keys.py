@@ -22,15 +22,16 @@ import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from choir._canonical import blake3_hex
-from choir._paths import choir_home
-from choir.exceptions import ConfigError, IntegrityError
+from choir._core.canonical import blake3_hex
+from choir._core.paths import choir_home
+from choir.exceptions import ConfigError, IntegrityError, UserError
+from choir.models import Violation
 
 if TYPE_CHECKING:
     from choir.models import Attestation, Violation
@@ -253,7 +254,6 @@ def trust_violations(home: Path | None = None) -> list[Violation]:
     The home's own key not being in the pinned list means the key pair was replaced (or the
     pin names another signer): everything it signs is untrusted, and audit says so by name.
     """
-    from choir.models import Violation
 
     base = home or choir_home()
     root = trust_root(home)
@@ -278,27 +278,6 @@ def signer_counts(attestations: Iterable[Attestation]) -> dict[str, int]:
     return counts
 
 
-def key_summary(home: Path | None = None) -> dict[str, Any]:
-    """For ``audit`` answers: the key ids that signed stored attestations and the pin.
-
-    ``{"signers": {key_id: count}, "trusted": [ids], "source": where the pin came from}``;
-    unreadable attestations are audit's business and are not counted here.
-    """
-    from choir.attest.store import AttestationStore
-    from choir.exceptions import IntegrityError
-
-    base = home or choir_home()
-    store = AttestationStore(base / "attestations")
-    loaded = []
-    for att_id in store.ids():
-        try:
-            loaded.append(store.get(att_id))
-        except (IntegrityError, OSError, ValueError):
-            continue
-    root = trust_root(home)
-    return {"signers": signer_counts(loaded), "trusted": sorted(root.keys),
-            "source": root.source}
-
 
 def require_pinned_signer(home: Path | None = None) -> Signer:
     """This home's signer, refused up front when the pin does not trust it.
@@ -309,7 +288,6 @@ def require_pinned_signer(home: Path | None = None) -> Signer:
     Raises:
         UserError: the signing key is not among the pinned trusted keys.
     """
-    from choir.exceptions import UserError
 
     signer = load_signer(home)
     root = trust_root(home)

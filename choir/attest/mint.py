@@ -1,6 +1,6 @@
 """Minting an attestation: the signed, content-addressed object that alone may promote.
 
-The signed bytes are ``canonical_json(body)`` (``choir._canonical``: sorted keys, no
+The signed bytes are ``canonical_json(body)`` (``choir._core.canonical``: sorted keys, no
 white space, UTF-8). ``id`` is the blake3 hex of those bytes and ``signature`` is ed25519
 over the very same bytes, so one canonical encoding fixes both: anyone can recompute the id
 from the body and check the signature with the public key the attestation carries.
@@ -8,7 +8,7 @@ from the body and check the signature with the public key the attestation carrie
 
 from __future__ import annotations
 
-from choir._canonical import blake3_hex, canonical_json
+from choir._core.canonical import blake3_hex, canonical_json
 from choir.attest.keys import Signer
 from choir.models import Attestation, AttestationBody
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
-from choir._canonical import blake3_hex, canonical_json, is_hash
-from choir._paths import choir_home
-from choir.artifacts import write_once
+from choir._core.canonical import blake3_hex, canonical_json, is_hash
+from choir._core.paths import choir_home
+from choir.attest.keys import signer_counts, trust_root
 from choir.attest.mint import signed_bytes
+from choir.evidence.artifacts import write_once
 from choir.exceptions import IntegrityError, NotFoundError
 from choir.models import Attestation
 
@@ -107,3 +109,22 @@ class AttestationStore:
         """Every stored attestation; a corrupt one raises ``IntegrityError`` when reached."""
         for att_id in self.ids():
             yield self.get(att_id)
+
+
+def key_summary(home: Path | None = None) -> dict[str, Any]:
+    """For ``audit`` answers: the key ids that signed stored attestations and the pin.
+
+    ``{"signers": {key_id: count}, "trusted": [ids], "source": where the pin came from}``;
+    unreadable attestations are audit's business and are not counted here.
+    """
+    base = home or choir_home()
+    store = AttestationStore(base / "attestations")
+    loaded = []
+    for att_id in store.ids():
+        try:
+            loaded.append(store.get(att_id))
+        except (IntegrityError, OSError, ValueError):
+            continue
+    root = trust_root(home)
+    return {"signers": signer_counts(loaded), "trusted": sorted(root.keys),
+            "source": root.source}

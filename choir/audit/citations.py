@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from choir.models import Attestation, VerificationReport, Violation
 
 if TYPE_CHECKING:
-    from choir.artifacts import ArtifactStore
+    from choir.evidence.artifacts import ArtifactStore
 
 MAX_REPORT = 4 << 20
 

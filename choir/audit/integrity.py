@@ -15,9 +15,19 @@ from pathlib import Path
 
 from pydantic import Field
 
-from choir._paths import choir_home
+from choir._core.paths import choir_home
+from choir.ahdb.heads import check_heads, heads_path
+from choir.ahdb.postgres import redact
+from choir.ahdb.store import AHDB, attestation_lookup, check_chain
+from choir.attest import AttestationStore, trust_violations, trusted_key_ids, verify_attestation
+from choir.audit.citations import check_citations
+from choir.audit.ledger import compare_tables, contradicted, replay_log
+from choir.evidence.artifacts import MANIFEST, ArtifactStore, hash_file
+from choir.exceptions import IntegrityError
 from choir.models import Attestation, Result, RunManifest, Violation
 from choir.models._base import Frozen
+from choir.store_url import database_url
+from choir.verification.session import check_session, is_session_folder
 
 
 class AuditResult(Frozen):
@@ -31,17 +41,6 @@ def _v(kind: str, obj: str, expected: str, found: str) -> Violation:
 
 
 def audit(*, home: Path | None = None, artifacts_root: Path | None = None) -> AuditResult:
-    from choir.ahdb.heads import check_heads, heads_path
-    from choir.ahdb.postgres import redact
-    from choir.ahdb.store import AHDB, attestation_lookup, check_chain
-    from choir.artifacts import MANIFEST, ArtifactStore, hash_file
-    from choir.attest import AttestationStore, trust_violations, trusted_key_ids, verify_attestation
-    from choir.audit.citations import check_citations
-    from choir.audit.ledger import compare_tables, contradicted, replay_log
-    from choir.exceptions import IntegrityError
-    from choir.store_url import database_url
-    from choir.verify import check_session, is_session_folder
-
     base = home or choir_home()
     store = ArtifactStore(artifacts_root)
     atts = AttestationStore(base / "attestations")

@@ -20,7 +20,7 @@ from choir.exceptions import ChoirError
 from choir.models import Attestation, Violation
 
 if TYPE_CHECKING:
-    from choir.artifacts import ArtifactStore
+    from choir.evidence.artifacts import ArtifactStore
 
 
 def _live(home: Path, run_id: str) -> bool:

@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from choir._terminal import strip_controls
+from choir._core.terminal import strip_controls
 
 _STYLE = {"PASS": "green", "FAIL": "red", "FLAKY": "yellow", "INCONCLUSIVE": "magenta"}
 _KEEP = 8

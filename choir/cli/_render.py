@@ -1,6 +1,6 @@
 """Human-facing rendering with rich (imported only when a command renders).
 
-Everything shown comes through ``choir._terminal``: logs, summaries and file names are
+Everything shown comes through ``choir._core.terminal``: logs, summaries and file names are
 written by the code under verification and must not drive the terminal.
 """
 
@@ -14,7 +14,7 @@ def render_verify(contract: dict[str, Any]) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from choir._terminal import safe_markup, strip_controls
+    from choir._core.terminal import safe_markup, strip_controls
 
     console = Console(stderr=False, highlight=False)
     tail = contract.get("tail_log") or ""

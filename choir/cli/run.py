@@ -95,7 +95,7 @@ def gate(work_item_id: str, commit: str | None, repo: Path | None) -> int:
     The tree is --repo's, else the current directory's; with --commit, that commit's tree.
     Exit 1 otherwise, 2 when no tree can be determined.
     """
-    from choir.gate import check_gate, gate_target
+    from choir.app.gate import check_gate, gate_target
 
     tree, sha = gate_target(repo, commit)
     # a commit read from git is checked by its tree: the bytes, not the label

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from choir._terminal import strip_controls
+from choir._core.terminal import strip_controls
 from choir.cli._errors import EXIT_OK
 
 OUTPUT_TAIL_LINES = 40
@@ -92,7 +92,7 @@ def _loop_summary(run_id: str, values: dict[str, Any], ts: str) -> dict[str, Any
 
 
 def _session(store: Any, run_id: str) -> dict[str, Any] | None:
-    from choir.verify import is_session_manifest
+    from choir.verification.session import is_session_manifest
 
     try:
         data = json.loads((store.run_dir(run_id) / "manifest.json").read_bytes())
@@ -103,8 +103,8 @@ def _session(store: Any, run_id: str) -> dict[str, Any] | None:
 
 def list_runs() -> list[dict[str, Any]]:
     """Every ``choir run`` and ``choir verify`` stored under this CHOIR_HOME, newest first."""
-    from choir._paths import choir_home
-    from choir.artifacts import ArtifactStore
+    from choir._core.paths import choir_home
+    from choir.evidence.artifacts import ArtifactStore
 
     home, store = choir_home(), ArtifactStore()
     rows = []
@@ -193,9 +193,9 @@ def show_run(run_id: str, with_output: bool = True) -> dict[str, Any]:
     Raises:
         UserError: no ``choir run`` or ``choir verify`` with this id is stored here.
     """
-    from choir._paths import choir_home
+    from choir._core.paths import choir_home
     from choir.ahdb import open_ahdb
-    from choir.artifacts import ArtifactStore
+    from choir.evidence.artifacts import ArtifactStore
     from choir.exceptions import UserError
 
     home, store = choir_home(), ArtifactStore()

@@ -23,7 +23,7 @@ def trace() -> None:
               default=None, help="A durable Agent run: the SqliteContextStore file it saved to.")
 def trace_export(run_id: str, output: Path | None, agent_store: Path | None) -> int:
     """Build the trace of a `choir run` (or a durable Agent run) from what it stored."""
-    from choir.artifacts import ArtifactStore
+    from choir.evidence.artifacts import ArtifactStore
     from choir.trace import export_run
 
     if agent_store is not None:
@@ -48,7 +48,7 @@ def trace_export(run_id: str, output: Path | None, agent_store: Path | None) -> 
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def trace_verify(file: Path, as_json: bool) -> int:
     """Check a trace: exit 0 when every check passes, 1 when any fails."""
-    from choir.artifacts import ArtifactStore
+    from choir.evidence.artifacts import ArtifactStore
     from choir.trace import verify_trace_file
 
     result = verify_trace_file(file, ArtifactStore())

@@ -1,4 +1,4 @@
-"""``choir verify``: thin wrapper over ``choir.verify.verify_tree``."""
+"""``choir verify``: thin wrapper over ``choir.app.verify.verify_tree``."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def verify(repo: Path, mood: str | None, sandbox_name: str | None, as_json: bool
 
 def run_verify(repo: Path, *, mood: str | None, sandbox_name: str | None, as_json: bool) -> int:
     """The one path ``choir verify`` and ``choir init`` take: verify, render, exit code."""
+    from choir.app.verify import verify_tree
     from choir.models import Mood
-    from choir.verify import verify_tree
 
     progress = _progress(as_json)
     try:

@@ -1,6 +1,7 @@
 """The coordinator's side: send each verifier of a run to the Dask cluster, land the result.
 
-``DaskFanout.run_verifier`` has the signature of ``choir.pipeline.run_verifier``, so the
+``DaskFanout.run_verifier`` has the signature of
+``choir.verification.pipeline.run_verifier``, so the
 green thread (``choir.verification.run_verifier_thread``) calls it in place of the local
 run and goes on to the same report and attestation. It blocks in the green thread's pool
 thread while the worker runs; the snapshot is tarred and hashed once per run and shipped to
@@ -20,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 from choir.exceptions import MissingExtraError, UserError
 
 if TYPE_CHECKING:
-    from choir.artifacts import ArtifactStore
+    from choir.evidence.artifacts import ArtifactStore
     from choir.models import Target, VerifierSpec
-    from choir.pipeline import PipelineResult
     from choir.sandbox import Sandbox
+    from choir.verification.pipeline import PipelineResult
 
 SCHEDULER_ENV = "CHOIR_SCHEDULER"
 TIMEOUT_ENV = "CHOIR_SCHEDULER_TIMEOUT_S"  # how long to try to reach it (default 30 s)
@@ -87,7 +88,7 @@ class DaskFanout:
         return self._client
 
     def _snapshot(self, repo: Path) -> tuple[Any, str]:
-        from choir._canonical import blake3_hex
+        from choir._core.canonical import blake3_hex
 
         with self._lock:
             client = self._connect()
@@ -104,14 +105,14 @@ class DaskFanout:
         """Run ``spec`` on a worker and land its sealed run folder in ``store``.
 
         A run id that already sealed here (a resumed green thread) is returned as stored,
-        as ``choir.pipeline.run_verifier`` does, and nothing runs again.
+        as ``choir.verification.pipeline.run_verifier`` does, and nothing runs again.
 
         Raises:
             IntegrityError: what came back does not hash to what the worker sealed.
         """
         from choir.distributed.remote_run import RemoteRun, land
         from choir.exceptions import IntegrityError
-        from choir.pipeline import replay_sealed
+        from choir.verification.pipeline import replay_sealed
 
         replayed = replay_sealed(store, run_id, spec, target)
         if replayed is not None:

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from choir._canonical import blake3_hex as hash_bytes
+from choir._core.canonical import blake3_hex as hash_bytes
 from choir.exceptions import IntegrityError
 from choir.models import RunManifest, Target, VerifierSpec
 from choir.models._base import Frozen
 
 if TYPE_CHECKING:
-    from choir.artifacts import ArtifactStore
-    from choir.pipeline import PipelineResult
+    from choir.evidence.artifacts import ArtifactStore
+    from choir.verification.pipeline import PipelineResult
 
 
 class RemoteRun(Frozen):
@@ -47,7 +47,7 @@ def land(remote: RemoteRun, *, store: ArtifactStore, spec: VerifierSpec,
     Raises:
         IntegrityError: a byte, a name or the manifest does not match (see module docstring).
     """
-    from choir.pipeline import _stored_result, ran_spec_steps
+    from choir.verification.pipeline import _stored_result, ran_spec_steps
 
     try:
         manifest = RunManifest.model_validate_json(remote.manifest_json)

@@ -35,7 +35,7 @@ def _local_root() -> Path:
 
 
 def _tree(snapshot: bytes, snapshot_hash: str) -> Path:
-    from choir._canonical import blake3_hex
+    from choir._core.canonical import blake3_hex
     from choir.exceptions import IntegrityError
 
     with _LOCK:
@@ -57,10 +57,10 @@ def run_on_worker(spec_json: str, target_json: str, run_id: str, snapshot: bytes
     """Run one verifier here; returns its sealed run folder as a ``RemoteRun``."""
     import socket
 
-    from choir.artifacts import ArtifactStore
+    from choir.evidence.artifacts import ArtifactStore
     from choir.models import Target, VerifierSpec
-    from choir.pipeline import run_verifier
     from choir.sandbox import get_sandbox
+    from choir.verification.pipeline import run_verifier
 
     spec = VerifierSpec.model_validate_json(spec_json)
     target = Target.model_validate_json(target_json)

@@ -7,7 +7,7 @@ Every AHDB write is keyed by run, work item, round and kind, so a node replayed 
   part of a split work item, the parent's final verification, the approval gate, or the end;
 - retry: HYPOTHESIZE with a discriminating test, bounded reports to the executor;
 - nested / broaden: more green threads on the same tree, no execution;
-- split: the work item becomes parts (``choir.split``), each run in turn;
+- split: the work item becomes parts (``choir.director.split``), each run in turn;
 - halt: the run ends, with the reason; a part that halts halts the run.
 """
 
@@ -18,12 +18,13 @@ from typing import Any, Literal
 
 from langgraph.types import Command, Overwrite
 
-from choir._failpoints import failpoint
+from choir._core.failpoints import failpoint
 from choir.ahdb import AHDB, open_ahdb
 from choir.director import Decision, adjudicate, signatures, verdicts
+from choir.director.split import part_feedback, split_parts
+from choir.evidence.target import resolve_target
 from choir.graph.state import RunState
-from choir.models import Mood, Result, WorkItem
-from choir.split import ParentFrame, part_feedback, split_parts
+from choir.models import Mood, ParentFrame, Result, WorkItem
 
 Goto = Literal["execute", "direct", "approve", "__end__"]
 
@@ -70,7 +71,7 @@ def _record(db: AHDB, state: RunState, decision: Decision, results: dict[str, Re
 
 
 def _disclosures(state: RunState, results: dict[str, Result]) -> tuple[list[str], list[str]]:
-    """This round's blind spots (seed 002 §6.3) and the attestations that show them.
+    """This round's blind spots (docs/concepts.md) and the attestations that show them.
 
     Named: every verifier whose verdict is FLAKY or INCONCLUSIVE, every run that was itself
     (a crashed green thread has no attestation, so its name is the only trace), every run
@@ -105,7 +106,6 @@ def _disclosures(state: RunState, results: dict[str, Result]) -> tuple[list[str]
 
 def _next_part(state: RunState, base: dict[str, Any]) -> Command[Goto]:
     """A part is ASSERTed: start the next part, or verify the parent on the final tree."""
-    from choir.verify import resolve_target
 
     done = state["work_item"].id
     parts = list(state.get("parts", []))

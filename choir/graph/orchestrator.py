@@ -19,11 +19,19 @@ from langgraph.config import get_stream_writer
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Overwrite, Send, interrupt
 
-from choir._failpoints import failpoint
+from choir._core.failpoints import failpoint
+from choir.attest import AttestationStore, load_signer
 from choir.director import part_plan, plan, verdicts
+from choir.director.advisor import suggest
+from choir.director.lenses import lens_spec, nested_plan
+from choir.evidence.artifacts import ArtifactStore
+from choir.evidence.target import target_of
+from choir.evidence.tree import ensure_snapshot, remove_snapshot, snapshot, snapshot_root
+from choir.exceptions import UserError
+from choir.executors import executor_isolation, get_executor
+from choir.executors.pinned import pinned_gate
 from choir.graph.adjudicate import adjudicate_node
 from choir.graph.state import GreenIn, GreenOut, RunState
-from choir.lenses import lens_spec, nested_plan
 from choir.models import (
     Counts,
     Mood,
@@ -33,8 +41,9 @@ from choir.models import (
     VerificationReport,
     VerifierKind,
     VerifierPlan,
+    VerifierRun,
 )
-from choir.verification import VerifierRun
+from choir.verification import attest_run, open_sandbox, run_verifier_thread, sandbox_options
 
 _SEMAPHORES: dict[tuple[int, int], asyncio.Semaphore] = {}
 
@@ -71,9 +80,7 @@ def _crash_report(state: GreenIn, error: BaseException) -> VerifierRun:
 
 async def green_thread(state: GreenIn) -> GreenOut:
     """One verifier in its own sandbox; raw output stays in the artifact store."""
-    from choir.artifacts import ArtifactStore
     from choir.distributed import fanout_from_env
-    from choir.verification import open_sandbox, run_verifier_thread, sandbox_options
 
     item = state["work_item"]
     planned = state["planned"]
@@ -124,8 +131,6 @@ def snapshot_round(repo: Path, work_item: str, previous: Target | None) -> Targe
     snapshot, never the live folder. The previous round's snapshot is dropped when the tree
     changed: nothing verifies it any more.
     """
-    from choir.tree import remove_snapshot, snapshot, snapshot_root
-    from choir.verify import target_of
 
     snap = snapshot(repo, snapshot_root())
     if previous is not None and previous.tree_hash != snap.tree_hash:
@@ -140,7 +145,6 @@ def verified_tree(repo: Path, target: Target) -> Path:
     still hashes to the recorded tree; otherwise ``IntegrityError`` makes the thread
     INCONCLUSIVE, never a verification of a different tree.
     """
-    from choir.tree import ensure_snapshot
 
     return ensure_snapshot(repo, target.tree_hash)
 
@@ -160,8 +164,6 @@ async def execute(state: RunState) -> dict[str, Any]:
     tree the verifiers see cannot change under them. A failing executor is recorded (exit
     code, timed out) and verification still runs: the evidence decides, not the executor.
     """
-    from choir.exceptions import UserError
-    from choir.executors import executor_isolation, get_executor
 
     item = state["work_item"]
     attempt = state.get("attempt", 0) + 1
@@ -174,7 +176,6 @@ async def execute(state: RunState) -> dict[str, Any]:
     emit({"kind": "execute", "work_item": item.id, "attempt": attempt, "state": "running",
           "isolation": isolation})
     run_id = state["run_id"] if item.split_of is None else f"{state['run_id']}-{item.id}"
-    from choir.agent.pinned import pinned_gate
 
     with pinned_gate(state["config"], state["policy"], Mood(state["mood"])):
         output = await asyncio.to_thread(get_executor(item.executor.kind), item, attempt,
@@ -222,8 +223,6 @@ async def direct(state: RunState) -> dict[str, Any]:
         required = tuple(dict.fromkeys([*item.required_verifiers, *floor]))
         chosen = plan(policy, mood, config.verifiers, required=required)
         if config.models.director:
-            from choir.director_model import suggest
-
             advice = await suggest(config.models.director, item, mood=mood,
                                    attempt=state.get("attempt", 1),
                                    planned=[p.name for p in chosen.verifiers if p.replica == 0],
@@ -258,9 +257,6 @@ def fan_out(state: RunState) -> list[Send] | str:
 
 async def attest(state: RunState) -> dict[str, Any]:
     """Mint an attestation for every run on this tree that has none yet."""
-    from choir.artifacts import ArtifactStore
-    from choir.attest import AttestationStore, load_signer
-    from choir.verification import attest_run
 
     config, policy = state["config"], state["policy"]
     store, signer, atts = ArtifactStore(), load_signer(), AttestationStore()
@@ -282,7 +278,7 @@ async def attest(state: RunState) -> dict[str, Any]:
     failpoint("attest:minted")
     new = len(minted) - len(state.get("attestations", {}))
     events = [f"attested {new}"]
-    from choir.postconditions.episode import seal_round
+    from choir.verification.session import seal_round
 
     round_id = f"{state['run_id']}-r{state.get('round', 0)}"
     this_round = [r for r in state.get("runs", []) if r.run_id.startswith(round_id + "-")]

@@ -17,9 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from choir._paths import choir_home
+from choir._core.ids import new_run_id
+from choir._core.paths import choir_home
+from choir.attest.keys import require_pinned_signer
+from choir.config import load_repo_config, load_work_item
+from choir.config.policy import load_policy
+from choir.evidence.tree import remove_snapshot, snapshot_root
 from choir.exceptions import UserError
+from choir.graph.checkpoints import open_checkpointer
+from choir.graph.orchestrator import build
 from choir.models import Mood, Usage
+from choir.trace.record import TraceRecorder
+from choir.verification import open_sandbox
 
 # (kind, data): a node's state update (kind = node name), or live progress (kind = "progress")
 OnEvent = Callable[[str, dict[str, Any]], None]
@@ -72,10 +81,6 @@ def _driving(run_id: str) -> Iterator[None]:
 
 
 async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> RunOutcome:
-    from choir.attest.keys import require_pinned_signer
-    from choir.graph.checkpoints import open_checkpointer
-    from choir.graph.orchestrator import build
-    from choir.trace.record import TraceRecorder
 
     home = choir_home()
     home.mkdir(parents=True, exist_ok=True)
@@ -112,7 +117,6 @@ async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> Run
             insufficient = trace.ended(snap.values or {}, waiting=bool(snap.next))
     values = snap.values or {}
     if values.get("target") is not None:  # the round's sealed snapshot is no longer needed
-        from choir.tree import remove_snapshot, snapshot_root
 
         remove_snapshot(snapshot_root() / values["target"].tree_hash)
     item = values.get("work_item")
@@ -134,10 +138,6 @@ async def run_work_item(path: Path, *, mood: Mood | None = None, run_id: str | N
         UserError: a bad work item or ``choir.yaml``, a sandbox the mood refuses, or a run id
             that is already taken.
     """
-    from choir.config import load_repo_config, load_work_item
-    from choir.policy import load_policy
-    from choir.verification import open_sandbox
-    from choir.verify import new_run_id
 
     item = load_work_item(path)
     config = load_repo_config(Path(item.repo))

@@ -11,11 +11,19 @@ from typing import Annotated, Literal
 
 from typing_extensions import TypedDict
 
-from choir.config import RepoConfig
-from choir.models import PlannedVerifier, Target, Usage, VerificationReport, VerifierPlan, WorkItem
-from choir.policy import Policy
-from choir.split import ParentFrame
-from choir.verification import VerifierRun
+from choir import config, models
+from choir.config import RepoConfig, policy
+from choir.config.policy import Policy
+from choir.models import (
+    ParentFrame,
+    PlannedVerifier,
+    Target,
+    Usage,
+    VerificationReport,
+    VerifierPlan,
+    VerifierRun,
+    WorkItem,
+)
 
 # primary: the plan after an execution; nested: other lenses on flaky or ambiguous evidence;
 # broaden: BOLD's wider coverage once the core is green. All on the same tree.
@@ -72,19 +80,24 @@ class GreenOut(TypedDict):
     runs: list[VerifierRun]
 
 
+# Where checkpointed types lived before the layout of issue #12: checkpoints written then name
+# these modules, and the modules still import the very same classes (for one release).
+_OLD_PATHS = [("choir.verification", "VerifierRun"), ("choir.split", "ParentFrame"),
+              ("choir.executors", "ExecutorOutput"), ("choir.policy", "Policy"),
+              ("choir.policy", "MoodPolicy")]
+
+
 def checkpoint_types() -> list[tuple[str, str]]:
     """Every Choir type a checkpoint may hold, allowed explicitly for LangGraph's msgpack."""
-    from choir import config, models, policy
 
     names = ["Mood", "BlastRadius", "WorkItem", "ExecutorSpec", "Target", "Result",
              "VerificationReport", "FailureSignature", "Citation", "Counts", "Usage",
              "PlannedVerifier", "VerifierPlan", "VerifierSpec", "VerifierKind", "StepSpec",
-             "Limits", "Lenses"]
+             "Limits", "Lenses", "VerifierRun", "ParentFrame", "ExecutorOutput"]
     found = [(getattr(models, n).__module__, n) for n in names]
     found += [(config.__name__, n) for n in ("RepoConfig", "ModelsConfig", "SandboxConfig",
                                              "MoodOverride")]
     found += [(policy.__name__, n) for n in ("Policy", "MoodPolicy")]
     found += [("choir.postconditions.decisions", n) for n in ("Decision",
                                                              "DecisionVerification")]
-    return [*found, (VerifierRun.__module__, "VerifierRun"),
-            (ParentFrame.__module__, "ParentFrame")]
+    return [*found, *_OLD_PATHS]

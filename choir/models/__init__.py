@@ -12,6 +12,7 @@ from choir.models.report import (
     Usage,
     VerificationReport,
 )
+from choir.models.run import ExecutorIsolation, ExecutorOutput, ParentFrame, VerifierRun
 from choir.models.verifier import (
     Lens,
     Lenses,
@@ -26,6 +27,7 @@ from choir.models.violation import Violation
 from choir.models.workitem import BlastRadius, ExecutorSpec, Mood, WorkItem
 
 __all__ = [
+    "AppliedLimits",
     "Atom",
     "AtomKind",
     "AtomStatus",
@@ -33,18 +35,20 @@ __all__ = [
     "AttestationBody",
     "BlastRadius",
     "Citation",
-    "AppliedLimits",
     "CommandRecord",
     "Counts",
     "Environment",
+    "ExecutorIsolation",
+    "ExecutorOutput",
     "ExecutorSpec",
     "FailureSignature",
     "Lens",
     "Lenses",
     "Limits",
     "Mood",
-    "Platform",
+    "ParentFrame",
     "PlannedVerifier",
+    "Platform",
     "Result",
     "RunManifest",
     "StepSpec",
@@ -53,6 +57,7 @@ __all__ = [
     "VerificationReport",
     "VerifierKind",
     "VerifierPlan",
+    "VerifierRun",
     "VerifierSpec",
     "Violation",
     "WorkItem",

@@ -1,4 +1,4 @@
-"""AHDB atoms (seed 002 §6): ASSERT, HYPOTHESIZE and HYPERTHESIS claims with their status."""
+"""AHDB atoms (docs/concepts.md): ASSERT, HYPOTHESIZE and HYPERTHESIS claims with their status."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ATTESTATION (seed 002 §5.3): the signed, content-addressed object that alone may promote.
+"""ATTESTATION (docs/concepts.md): the signed, content-addressed object that alone may promote.
 
 ``id`` is the blake3 of the canonical JSON of ``body``; ``signature`` is ed25519 over the same
 canonical bytes. Verification recomputes both and every hash the body references.

@@ -1,4 +1,4 @@
-"""The seed-001 run manifest, extended with the hash of every file in the run folder."""
+"""The run manifest (docs/concepts.md), extended with the hash of every file in the run folder."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ class Platform(Frozen):
 
 
 class RunManifest(Frozen):
-    """Seed 001 fields plus ``files``: relative path in the run folder -> blake3 hex.
+    """The run folder's fields plus ``files``: relative path in the run folder -> blake3 hex.
 
     The manifest's own hash is signed into the attestation, and every other file in the run
     folder is listed here, so no byte of a run folder can change unnoticed.

@@ -1,4 +1,4 @@
-"""VERIFICATION_REPORT (seed 002 §5.2): the only thing that leaves a green thread.
+"""VERIFICATION_REPORT (docs/concepts.md): the only thing that leaves a green thread.
 
 Every free-text field is bounded, so a report stays small whatever the log size, and
 evidence is cited by pointer (artifact hash, line span, span hash), never pasted.
@@ -37,7 +37,7 @@ class Target(Frozen):
     files: tuple[str, ...] = Field(default=(), max_length=MAX_FILES)
     commit_sha: str | None = None
     tree_hash: str
-    # sha256 of the tree's canonical manifest (``choir.tree.tree_manifest``), for in-toto
+    # sha256 of the tree's canonical manifest (``choir.evidence.tree.tree_manifest``), for in-toto
     # consumers that match only sha256; left out of the JSON when absent, so evidence minted
     # before it existed keeps its hashes
     tree_sha256: str | None = Field(default=None, exclude_if=lambda v: v is None)

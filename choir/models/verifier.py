@@ -12,7 +12,7 @@ from choir.models.workitem import Mood
 
 
 class VerifierKind(StrEnum):
-    """What a verifier checks (seed 002 §4.2)."""
+    """What a verifier checks."""
 
     UNIT_TESTS = "unit_tests"
     INTEGRATION_TESTS = "integration_tests"
@@ -48,7 +48,7 @@ class Limits(Frozen):
 
 
 class Lenses(Frozen):
-    """How a verifier is looked at again when its result is flaky or ambiguous (seed 002 §7.2).
+    """How a verifier is looked at again when its result is flaky or ambiguous (docs/concepts.md).
 
     A clean rerun (the same steps in a fresh sandbox) needs no configuration. The others:
 
@@ -96,7 +96,7 @@ Lens = Literal["default", "clean_rerun", "isolated_subset", "instrumented", "ind
 
 
 class PlannedVerifier(Frozen):
-    """A verifier in a plan, with the lens it runs under (seed 002 §7.2).
+    """A verifier in a plan, with the lens it runs under.
 
     ``tests`` narrows an isolated-subset run; ``checks`` names the verifier an independent
     checker stands beside. A ``diagnostic`` run is evidence for the feedback and is attested,

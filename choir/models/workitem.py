@@ -11,7 +11,7 @@ from choir.models._base import Frozen
 
 
 class Mood(StrEnum):
-    """How strict verification is. CURIOUS is a transition target (reframe), seed 002 §7.1."""
+    """How strict verification is. CURIOUS is a transition target (reframe): docs/concepts.md."""
 
     CALM = "CALM"
     SKEPTICAL = "SKEPTICAL"
@@ -42,7 +42,9 @@ class ExecutorSpec(Frozen):
     """
 
     schema_version: Literal[1] = 1
-    kind: Literal["command", "python", "llm"] = "command"
+    # an executor's name: command, python, llm, or a plugin's (``choir.executors`` entry
+    # point); checked against the registry when the work item file loads
+    kind: str = Field(default="command", pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
     command: str | None = None
     function: str | None = None
     model: str | None = None

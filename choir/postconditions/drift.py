@@ -18,8 +18,8 @@ from choir.models._base import Frozen
 if TYPE_CHECKING:
     from choir.ahdb import AHDB
     from choir.director import Decision
+    from choir.models.run import VerifierRun
     from choir.postconditions.decisions import Decision as DecisionType
-    from choir.verification import VerifierRun
 
 Severity = Literal["yellow", "red"]
 

@@ -17,7 +17,7 @@ from choir.report.parsers import ParseInput, ParseResult, _cite, _find_line, reg
 from choir.report.signatures import canonicalize, signature_id
 
 if TYPE_CHECKING:
-    from choir.pipeline import PipelineResult
+    from choir.verification.pipeline import PipelineResult
 
 RECORD = "out/postcondition.json"
 EXIT_OF = {"pass": 0, "fail": 1, "inconclusive": 3}

@@ -133,7 +133,7 @@ def expand(doc: Any, name: str, raw: dict[str, Any], resources: dict[str, Resour
             ``sql`` nor ``path`` (or one that does not fit its resource), a verifier file
             that does not exist, or network use without ``hosts`` (file and line given).
     """
-    from choir._yaml import validation_errors
+    from choir.config._yaml import validation_errors
 
     loc = ("verifiers", name)
     spec, errors = validation_errors(doc, PostconditionSpec, raw, prefix=loc)

@@ -19,10 +19,11 @@ from choir.models import (
 )
 from choir.models.report import NEXT_ACTION_MAX, SUMMARY_MAX
 from choir.report.parsers import ParseInput, ParseResult, get_parser
+from choir.report.reporter import fallback, model_report
 
 if TYPE_CHECKING:
-    from choir.artifacts import ArtifactStore
-    from choir.pipeline import PipelineResult
+    from choir.evidence.artifacts import ArtifactStore
+    from choir.verification.pipeline import PipelineResult
 
 ARTIFACTS_MAX = 16  # VerificationReport.artifacts holds at most this many entries
 _STRUCTURED = {"junit", "sarif"}
@@ -240,7 +241,6 @@ async def abuild_report(result: PipelineResult, *, spec: VerifierSpec, store: Ar
                                 why=f"{type(exc).__name__}")
     if reporter is None:
         return report
-    from choir.report.model import fallback, model_report
 
     try:
         return await model_report(report, result=result, store=store, model=reporter,

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from choir.models import Counts, FailureSignature
+from choir.report.parsers import (
+    COMBINED,
+    ParseInput,
+    ParseResult,
+    _cite,
+    _excerpt,
+    _find_line,
+    parse_generic,
+)
 from choir.report.signatures import signature_id
-
-if TYPE_CHECKING:
-    from choir.report.parsers import ParseInput, ParseResult
 
 _FORBIDDEN = (b"<!DOCTYPE", b"<!ENTITY")
 
 
 def parse_junit_files(inp: ParseInput, *, result: ParseResult,
                       add_text: Callable[[ParseInput], ParseResult]) -> ParseResult:
-    from choir.report.parsers import COMBINED, _cite, _excerpt, _find_line
 
     files = sorted(rel for rel in inp.artifacts if rel.startswith("out/") and rel.endswith(".xml"))
     if not files:
@@ -78,3 +82,8 @@ def parse_junit_files(inp: ParseInput, *, result: ParseResult,
 def _int(text: str | None) -> int:
     """A count attribute, or 0 when absent or not a small non-negative integer."""
     return int(text) if text is not None and text.isdigit() and len(text) < 10 else 0
+
+
+def parse_junit(inp: ParseInput) -> ParseResult:
+    """The ``junit`` parser: JUnit XML files under ``out/``, else the log as generic text."""
+    return parse_junit_files(inp, result=ParseResult(), add_text=parse_generic)

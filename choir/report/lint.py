@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from choir.models import Counts, FailureSignature
+from choir.report.parsers import (
+    COMBINED,
+    JSON_MAX,
+    ParseInput,
+    ParseResult,
+    _cite,
+    _excerpt,
+    _lines,
+    json_objects,
+)
 from choir.report.signatures import signature_id
-
-if TYPE_CHECKING:
-    from choir.report.parsers import ParseInput, ParseResult
 
 
 def _step_json(inp: ParseInput) -> list[Any]:
-    from choir.report.parsers import JSON_MAX, json_objects
-
     found = [obj for _, obj in json_objects(inp, ".json")]
     for rel, digest in sorted(inp.artifacts.items()):
         if rel.startswith("logs/step-"):
@@ -29,8 +34,6 @@ def _step_json(inp: ParseInput) -> list[Any]:
 
 
 def parse_ruff_json(inp: ParseInput, result: ParseResult) -> ParseResult:
-    from choir.report.parsers import _excerpt
-
     diagnostics = [d for doc in _step_json(inp) if isinstance(doc, list) for d in doc
                    if isinstance(d, dict) and "code" in d]
     for d in diagnostics:
@@ -52,8 +55,6 @@ _MYPY = re.compile(
 
 
 def parse_mypy_text(inp: ParseInput, result: ParseResult) -> ParseResult:
-    from choir.report.parsers import COMBINED, _cite, _excerpt, _lines
-
     errors = 0
     for number, line, _ in _lines(inp, COMBINED) or ():
         match = _MYPY.match(line)
@@ -71,8 +72,6 @@ def parse_mypy_text(inp: ParseInput, result: ParseResult) -> ParseResult:
 
 
 def parse_sarif_files(inp: ParseInput, result: ParseResult) -> ParseResult:
-    from choir.report.parsers import _excerpt, json_objects
-
     findings = 0
     docs = json_objects(inp, ".sarif") + json_objects(inp, ".sarif.json")
     if not docs:
@@ -94,3 +93,16 @@ def parse_sarif_files(inp: ParseInput, result: ParseResult) -> ParseResult:
                                             location=where[-256:], excerpt=_excerpt(message)))
     result.counts = Counts(failed=findings)
     return result
+
+
+def parse_ruff(inp: ParseInput) -> ParseResult:
+    """``ruff check --output-format json`` written to stdout (the step log) or ``out/``."""
+    return parse_ruff_json(inp, ParseResult())
+
+
+def parse_mypy(inp: ParseInput) -> ParseResult:
+    return parse_mypy_text(inp, ParseResult())
+
+
+def parse_sarif(inp: ParseInput) -> ParseResult:
+    return parse_sarif_files(inp, ParseResult())

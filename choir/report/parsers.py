@@ -14,13 +14,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, BinaryIO
 
-from choir.exceptions import UnknownNameError
+from choir._registry import PARSERS
 from choir.models import Citation, Counts, FailureSignature
 from choir.models.report import EXCERPT_MAX, MAX_SIGNATURES
 from choir.report.signatures import canonicalize, signature_id
 
 if TYPE_CHECKING:
-    from choir.artifacts import ArtifactStore
+    from choir.evidence.artifacts import ArtifactStore
 
 LINE_MAX = 4096
 WINDOW = 1 << 20  # bytes read at a time, whatever the line length
@@ -55,28 +55,26 @@ class ParseResult:
 
 
 Parser = Callable[[ParseInput], ParseResult]
-_PARSERS: dict[str, Parser] = {}
 
 
 def register_parser(name: str) -> Callable[[Parser], Parser]:
-    def decorate(fn: Parser) -> Parser:
-        _PARSERS[name] = fn
-        return fn
-
-    return decorate
+    """Decorator: register a parser in this process (a plugin uses an entry point)."""
+    registered: Callable[[Parser], Parser] = PARSERS.register(name)
+    return registered
 
 
 def get_parser(name: str) -> Parser:
-    try:
-        return _PARSERS[name]
-    except KeyError:
-        raise UnknownNameError(
-            f"unknown parser '{name}'; known: {', '.join(sorted(_PARSERS))}"
-        ) from None
+    """The parser by name, imported on first use.
+
+    Raises:
+        UnknownNameError: no built-in, plugin or registered parser has that name.
+    """
+    parser: Parser = PARSERS.get(name)
+    return parser
 
 
 def parser_names() -> list[str]:
-    return sorted(_PARSERS)
+    return PARSERS.names()
 
 
 def _excerpt(text: str) -> str:
@@ -130,7 +128,6 @@ def _find_line(inp: ParseInput, needle: str) -> int | None:
 _ERROR_LINE = re.compile(r"(error|exception|traceback|failed|fatal|panic|assert)", re.I)
 
 
-@register_parser("generic")
 def parse_generic(inp: ParseInput) -> ParseResult:
     """Exit codes plus the last error-looking lines of the combined log."""
     result = ParseResult()
@@ -160,7 +157,6 @@ _PYTEST_SUMMARY = re.compile(
     r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|subtests passed|subtests skipped)")
 
 
-@register_parser("pytest")
 def parse_pytest_text(inp: ParseInput) -> ParseResult:
     """pytest's short summary lines (``-ra``/``-q`` output) as a fallback to JUnit XML."""
     result = ParseResult()
@@ -188,35 +184,6 @@ def parse_pytest_text(inp: ParseInput) -> ParseResult:
     elif inp.exit_codes and inp.exit_codes[-1] != 0 and not result.signatures:
         return parse_generic(inp)
     return result
-
-
-@register_parser("junit")
-def parse_junit(inp: ParseInput) -> ParseResult:
-    from choir.report.junit import parse_junit_files
-
-    return parse_junit_files(inp, result=ParseResult(), add_text=parse_generic)
-
-
-@register_parser("ruff")
-def parse_ruff(inp: ParseInput) -> ParseResult:
-    """``ruff check --output-format json`` written to stdout (the step log) or ``out/``."""
-    from choir.report.lint import parse_ruff_json
-
-    return parse_ruff_json(inp, ParseResult())
-
-
-@register_parser("mypy")
-def parse_mypy(inp: ParseInput) -> ParseResult:
-    from choir.report.lint import parse_mypy_text
-
-    return parse_mypy_text(inp, ParseResult())
-
-
-@register_parser("sarif")
-def parse_sarif(inp: ParseInput) -> ParseResult:
-    from choir.report.lint import parse_sarif_files
-
-    return parse_sarif_files(inp, ParseResult())
 
 
 JSON_MAX = 8 << 20  # a JSON document larger than this is not read (the parser says so)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from choir._canonical import blake3_hex
+from choir._core.canonical import blake3_hex
 
 _RULES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"\x1b\[[0-9;?]*[A-Za-z]"), ""),  # ANSI escapes

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from choir._paths import artifact_dir, choir_home
+from choir._core.paths import artifact_dir, choir_home
 from choir.exceptions import ConfigError
 
 SYSTEM = ("/usr", "/etc", "/bin", "/lib", "/lib64", "/sbin")

@@ -1,4 +1,4 @@
-"""The Sandbox contract and its registry by name (after inspect_ai's sandboxes).
+"""The Sandbox contract and its registry by name (``choir._registry.SANDBOXES``).
 
 A sandbox runs one shell command against a read-only repo with one writable output folder
 (``$CHOIR_OUT``), streams combined stdout/stderr to a sink chunk by chunk (never accumulating
@@ -9,6 +9,7 @@ it), and kills the whole process tree on timeout. A sandbox that cannot start re
 from __future__ import annotations
 
 import abc
+import inspect
 import os
 import selectors
 import signal
@@ -18,10 +19,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from choir._registry import SANDBOXES
 from choir.exceptions import UnknownNameError
 from choir.models import AppliedLimits, Limits
 
@@ -260,6 +261,8 @@ class Sandbox(abc.ABC):
 
     name: ClassVar[str]
     isolation: ClassVar[Isolation]
+    # ``auto`` tries backends in this order (lowest first); None: never picked by ``auto``
+    auto_rank: ClassVar[int | None] = None
     # set by ``open_sandbox`` for a mood that requires limits: a backend that finds at run
     # time that it cannot apply them fails the step as infra_error (INCONCLUSIVE, never PASS)
     require_limits: bool = False
@@ -298,52 +301,37 @@ class Sandbox(abc.ABC):
         """Release anything held between runs."""
 
 
-_REGISTRY: dict[str, type[Sandbox]] = {}
-
-
 def register_sandbox(name: str) -> Callable[[type[Sandbox]], type[Sandbox]]:
+    """Class decorator: name a backend and register it in this process."""
+
     def decorate(cls: type[Sandbox]) -> type[Sandbox]:
         cls.name = name
-        _REGISTRY[name] = cls
-        return cls
+        registered: type[Sandbox] = SANDBOXES.register(name)(cls)
+        return registered
 
     return decorate
 
 
-def _load_builtin() -> None:
-    from choir.sandbox import bwrap, docker, local  # noqa: F401 - registration
-
-    for ep in entry_points(group="choir.sandboxes"):
-        ep.load()
-
-
 def sandbox_names() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
+    """Every backend name, ``auto`` included, without importing any backend."""
+    return SANDBOXES.names()
 
 
 def get_sandbox(name: str, **options: object) -> Sandbox:
-    """A sandbox by name; ``auto`` picks docker, else bwrap, else local (with a warning).
+    """A sandbox by name; ``auto`` picks the strongest available backend (``auto_rank``).
 
     Raises:
         UnknownNameError: no backend has that name.
     """
-    _load_builtin()
     if name == "auto":
         return resolve_auto(**options)
-    cls = _REGISTRY.get(name)
-    if cls is None:
-        raise UnknownNameError(
-            f"unknown sandbox '{name}'; known: auto, {', '.join(sorted(_REGISTRY))}"
-        )
+    cls: type[Sandbox] = SANDBOXES.get(name)
     return cls(**accepted(cls, options))
 
 
 def accepted(cls: type[Sandbox], options: Mapping[str, object]) -> dict[str, object]:
     """The ``options`` ``cls`` takes: one backend's option (docker's ``transfer``) is not
     passed to another (``auto`` falling back to bwrap, a worker resolving its own)."""
-    import inspect
-
     params = inspect.signature(cls.__init__).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return dict(options)
@@ -351,21 +339,28 @@ def accepted(cls: type[Sandbox], options: Mapping[str, object]) -> dict[str, obj
 
 
 def resolve_auto(**options: object) -> Sandbox:
+    """The available backend with the lowest ``auto_rank``; a backend without isolation only
+    with a warning, since every attestation then records ``none``."""
     import warnings
 
-    docker_cls = _REGISTRY["docker"]
-    if docker_cls.available():
-        sandbox = docker_cls(**accepted(docker_cls, options))
-        if getattr(sandbox, "has_image", lambda: True)():
-            return sandbox
-        sandbox.close()  # an engine without the image would make every run INCONCLUSIVE
-    if _REGISTRY["bwrap"].available():
-        return _REGISTRY["bwrap"](**accepted(_REGISTRY["bwrap"], options))
-    warnings.warn(
-        "no Docker engine and no bubblewrap: verifiers run UNSANDBOXED (isolation 'none' is "
-        "recorded in every attestation)", RuntimeWarning, stacklevel=2,
-    )
-    return _REGISTRY["local"](**accepted(_REGISTRY["local"], options))
+    backends: list[type[Sandbox]] = [SANDBOXES.get(n) for n in sandbox_names() if n != "auto"]
+    ranked = sorted((cls for cls in backends if cls.auto_rank is not None),
+                    key=lambda cls: cls.auto_rank or 0)
+    for cls in ranked:
+        if not cls.available():
+            continue
+        sandbox = cls(**accepted(cls, options))
+        if not getattr(sandbox, "has_image", lambda: True)():
+            sandbox.close()  # an engine without the image would make every run INCONCLUSIVE
+            continue
+        if cls.isolation == "none":
+            warnings.warn(
+                f"no isolating sandbox available: verifiers run UNSANDBOXED in '{cls.name}' "
+                "(isolation 'none' is recorded in every attestation)", RuntimeWarning,
+                stacklevel=2)
+        return sandbox
+    raise UnknownNameError("no sandbox backend is available here; "
+                           f"known: {', '.join(sandbox_names())}")
 
 
 resolve_sandbox = get_sandbox

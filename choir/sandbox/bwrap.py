@@ -1,7 +1,8 @@
 """``bwrap``: Linux namespaces via bubblewrap, for machines without a Docker engine.
 
-Holes measured on these machines are closed (PLATFORM.md, issue #10): the process never keeps
-capabilities (``--unshare-all --cap-drop ALL``), so it cannot remount the repo read-write;
+Holes measured on these machines are closed (issue #10, docs/security.md): the process
+never keeps capabilities (``--unshare-all --cap-drop ALL``), so it cannot remount the repo
+read-write;
 ``/``, ``/run`` and ``/var/run`` are never bound, so the Docker socket is not reachable; as
 root, bwrap runs as host ``nobody`` (see ``command``), so the step's uid is unprivileged on
 the host too; and only ``/usr``, ``/etc`` and the project's interpreter (``_toolchain``) are
@@ -21,6 +22,7 @@ from typing import ClassVar
 
 from choir.exceptions import ConfigError
 from choir.models import AppliedLimits, Limits
+from choir.models import Limits as _Limits
 from choir.sandbox import _toolchain
 from choir.sandbox._cgroups import (
     STAGE,
@@ -59,6 +61,7 @@ def _drops_privilege() -> bool:
 @register_sandbox("bwrap")
 class BwrapSandbox(Sandbox):
     isolation = "namespace"
+    auto_rank = 10
 
     def __init__(self, image: str | None = None, python: str | None = None,
                  binds: tuple[str, ...] = ()) -> None:
@@ -84,7 +87,6 @@ class BwrapSandbox(Sandbox):
             else:
                 import tempfile
 
-                from choir.models import Limits as _Limits
 
                 with tempfile.TemporaryDirectory(prefix="choir-bwrap-probe-") as tmp:
                     os.chmod(tmp, 0o755)  # the step runs as nobody: its repo must be readable

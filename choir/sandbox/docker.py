@@ -1,4 +1,4 @@
-"""``docker``: a fresh container per command, always removed (seed 001: no reuse).
+"""``docker``: a fresh container per command, always removed (never reused).
 
 The repo is bind-mounted read-only and is the working directory; the run's output folder is
 the only writable mount; no network unless the policy allows it; all capabilities dropped,
@@ -94,6 +94,7 @@ def _unix_ping(path: str, *, timeout: float) -> bool:
 @register_sandbox("docker")
 class DockerSandbox(Sandbox):
     isolation = "container"
+    auto_rank = 0
 
     def __init__(self, image: str | None = None, host_usr: bool | None = None,
                  python: str | None = None, binds: tuple[str, ...] = (),
@@ -384,7 +385,7 @@ def _take_out(container: Any, out_dir: Path, cap: int, sink: Sink) -> bool:
 
 def _fingerprint(root: Path) -> str:
     """A hash of every path under ``root`` with its type, mode, size, mtime and inode."""
-    from choir._canonical import blake3_hex
+    from choir._core.canonical import blake3_hex
 
     rows: list[str] = [str(root)]
     for dirpath, dirnames, filenames in os.walk(root):

@@ -23,6 +23,7 @@ from choir.sandbox.base import (
 @register_sandbox("local")
 class LocalSandbox(Sandbox):
     isolation = "none"
+    auto_rank = 100
 
     def __init__(self, **_options: object) -> None:
         """Options (image, python, binds) are the isolating backends'; unsafe runs the host's."""

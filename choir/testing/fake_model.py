@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from choir.agent.model import ModelReply, ToolCall
+from choir.agent.llm import ModelReply, ToolCall
 from choir.models import Usage
 
 Step = ModelReply | Exception | int | Callable[[list[dict[str, Any]]], ModelReply]

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from choir.executors import ExecutorOutput
-from choir.models import VerificationReport, WorkItem
+from choir.evidence.artifacts import ArtifactStore
+from choir.models import ExecutorOutput, VerificationReport, WorkItem
 
 
 @dataclass
@@ -26,7 +26,6 @@ class RecordingExecutor:
 
     def __call__(self, item: WorkItem, attempt: int,
                  feedback: Sequence[VerificationReport]) -> ExecutorOutput:
-        from choir.artifacts import ArtifactStore
 
         root = Path(item.repo).resolve()
         written: list[str] = []

@@ -15,7 +15,7 @@ from bisect import bisect_right
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from choir._canonical import canonical_json
+from choir._core.canonical import canonical_json
 from choir.exceptions import UserError
 from choir.trace.model import (
     PLAN_SCHEMA_VERSION,
@@ -32,7 +32,7 @@ from choir.trace.model import (
 
 if TYPE_CHECKING:
     from choir.agent.store import SqliteContextStore
-    from choir.artifacts import ArtifactStore
+    from choir.evidence.artifacts import ArtifactStore
 
 FINAL = "final_output"
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from choir._paths import choir_home
+from choir._core.paths import choir_home
 from choir.exceptions import UserError
 from choir.models import AtomKind, RunManifest, VerificationReport
 from choir.trace.model import (
@@ -31,7 +31,7 @@ from choir.trace.model import (
 from choir.trace.record import read_records, record_path
 
 if TYPE_CHECKING:
-    from choir.artifacts import ArtifactStore
+    from choir.evidence.artifacts import ArtifactStore
 
 MAX_STORED_JSON = 4 << 20
 
@@ -150,7 +150,7 @@ def export_run(run_id: str, *, home: Path | None = None,
         IntegrityError: a record, report or manifest it needs is unreadable.
     """
     from choir.ahdb import open_ahdb
-    from choir.artifacts import ArtifactStore
+    from choir.evidence.artifacts import ArtifactStore
 
     base = home or choir_home()
     store = store or ArtifactStore()

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from choir._paths import choir_home
+from choir._core.paths import choir_home
 from choir.exceptions import IntegrityError
 
 MAX_RECORD_LINE = 64 << 10

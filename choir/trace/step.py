@@ -19,7 +19,7 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from choir._canonical import canonical_json
+from choir._core.canonical import canonical_json
 from choir.models import (
     CommandRecord,
     Counts,
@@ -33,9 +33,9 @@ from choir.models import (
 from choir.models.report import Citation
 
 if TYPE_CHECKING:
-    from choir.artifacts import ArtifactStore
+    from choir.evidence.artifacts import ArtifactStore
     from choir.models import PlannedVerifier
-    from choir.verification import VerifierRun
+    from choir.models.run import VerifierRun
 
 COMMAND = "choir trace verify"
 LOG = "logs/combined.log"
@@ -54,9 +54,9 @@ def _log(result_lines: list[str]) -> bytes:
 def run_trace_step(planned: PlannedVerifier, run_id: str, target: Target,
                    store: ArtifactStore) -> VerifierRun:
     """Verify the parent run's trace and store the evidence under ``run_id``'s folder."""
+    from choir.models.run import VerifierRun
     from choir.trace.export import export_run
     from choir.trace.verify import verify_trace
-    from choir.verification import VerifierRun
 
     sealed = store.sealed(run_id)
     if sealed is None:  # a replay after a crash reuses the sealed evidence, never redoes it

@@ -33,7 +33,7 @@ from choir.trace.model import (
 )
 
 if TYPE_CHECKING:
-    from choir.artifacts import ArtifactStore
+    from choir.evidence.artifacts import ArtifactStore
 
 MAX_TRACE_BYTES = 64 << 20
 MAX_FAILURES = 1000

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from choir.ahdb import event_hash, open_ahdb
+from choir.evidence.tree import tree_hash
 from choir.models import AtomKind, AtomStatus
-from choir.tree import tree_hash
 from tests.evidence import attest, make_repo
 
 
@@ -140,7 +140,7 @@ def forged_assert_with_recomputed_chain(w: dict[str, object]) -> None:
     conn = sqlite3.connect(home / "ahdb.sqlite")
     seq, prev = conn.execute("SELECT seq, event_hash FROM events ORDER BY seq DESC").fetchone()
     created = "2026-01-01T00:00:00+00:00"
-    from choir._canonical import canonical_json
+    from choir._core.canonical import canonical_json
 
     conn.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)",
                  (seq + 1, prev, event_hash(prev, seq + 1, "assert", payload, created),
@@ -174,7 +174,7 @@ def fail_forgotten_in_the_materialised_table(w: dict[str, object]) -> None:
 
 def _rewrite_log(home: Path, drop: Callable[[str], bool]) -> None:
     """Delete events and recompute every later seq and hash: a chain that links perfectly."""
-    from choir._canonical import canonical_json
+    from choir._core.canonical import canonical_json
 
     conn = sqlite3.connect(home / "ahdb.sqlite")
     conn.execute("DROP TRIGGER events_no_delete")
@@ -242,8 +242,8 @@ def test_audit_fails_closed_on_an_unreadable_attestation(world: dict[str, object
 
 def _forge_citation(world: dict[str, object], start: int, end: int, span: str | None) -> str:
     """A report signed by the trusted key whose one citation is chosen by the attacker."""
-    from choir.artifacts import ArtifactStore
     from choir.attest import AttestationStore, load_signer, mint
+    from choir.evidence.artifacts import ArtifactStore
     from choir.models import Citation, FailureSignature, VerificationReport
 
     ok = world["ok"]

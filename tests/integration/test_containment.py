@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from choir.evidence.tree import tree_hash
 from choir.models import Limits
 from choir.sandbox import Sandbox
-from choir.tree import tree_hash
 from tests.memory import PEAK_RSS
 from tests.sandboxes import ISOLATED, isolated_backend
 
@@ -149,9 +149,9 @@ def test_one_gigabyte_of_output_is_stored_whole_in_flat_memory(
     script = PEAK_RSS + f"""
 import sys, json
 from pathlib import Path
-from choir.artifacts import ArtifactStore
+from choir.evidence.artifacts import ArtifactStore
 from choir.models import StepSpec, Target, VerifierKind, VerifierSpec
-from choir.pipeline import run_verifier
+from choir.verification.pipeline import run_verifier
 from choir.sandbox import get_sandbox
 spec = VerifierSpec(name="big", kind=VerifierKind.SMOKE, timeout_s=300,
                     steps=(StepSpec(name="spew", command="head -c {size} /dev/zero"),))
@@ -297,7 +297,7 @@ def test_output_cap_fails_the_verifier_with_the_cap_as_reason(
 ) -> None:
     import asyncio
 
-    from choir.artifacts import ArtifactStore
+    from choir.evidence.artifacts import ArtifactStore
     from choir.models import StepSpec, Target, VerifierKind, VerifierSpec
     from choir.verification import run_verifier_thread
 

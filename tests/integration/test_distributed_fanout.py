@@ -52,11 +52,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 def test_verifiers_run_on_the_workers_and_land_as_evidence(
         cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from choir.artifacts import ArtifactStore
+    from choir.app.verify import verify_tree
     from choir.audit.integrity import audit
+    from choir.evidence.artifacts import ArtifactStore
     from choir.models import Mood
     from choir.verification import load_manifest
-    from choir.verify import verify_tree
 
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -89,8 +89,8 @@ def test_verifiers_run_on_the_workers_and_land_as_evidence(
 
 def test_a_failing_verifier_on_a_worker_fails_the_run(
         cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from choir.app.verify import verify_tree
     from choir.models import Mood
-    from choir.verify import verify_tree
 
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -107,9 +107,9 @@ def test_a_failing_verifier_on_a_worker_fails_the_run(
 def test_no_scheduler_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import socket
 
+    from choir.app.verify import verify_tree
     from choir.exceptions import UserError
     from choir.models import Mood
-    from choir.verify import verify_tree
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -154,8 +154,8 @@ def test_a_worker_cannot_run_code_on_the_coordinator(
     """A compromised worker returns a pickle whose loading would run code here; the
     coordinator accepts plain data only (msgpack), so nothing runs and nothing is attested."""
     import choir.distributed.fanout as fanout
+    from choir.app.verify import verify_tree
     from choir.models import Mood
-    from choir.verify import verify_tree
 
     marker = tmp_path / "pwned"
 

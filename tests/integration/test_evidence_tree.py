@@ -49,7 +49,8 @@ def git_repo(path: Path) -> Path:
 
 def manifest_bytes(repo: Path) -> bytes:
     """The tree's canonical manifest, as a user hands it to a sha256-only tool."""
-    return subprocess.run([PY, "-c", "import sys, pathlib; from choir.tree import tree_manifest;"
+    return subprocess.run([PY, "-c", "import sys, pathlib; "
+                           "from choir.evidence.tree import tree_manifest;"
                            f" sys.stdout.buffer.write(tree_manifest(pathlib.Path({str(repo)!r})))"],
                           capture_output=True, check=True).stdout
 
@@ -109,7 +110,7 @@ def test_a_leftover_process_cannot_swap_the_fix_in_while_verifiers_run(
     assert (repo / "calc.py").read_text() == BUGGY
     manifest = out["manifest"]
     assert isinstance(manifest, dict)
-    buggy = subprocess.run([PY, "-c", f"from choir.tree import tree_hash; import pathlib; "
+    buggy = subprocess.run([PY, "-c", f"from choir.evidence.tree import tree_hash; import pathlib; "
                             f"print(tree_hash(pathlib.Path({str(repo)!r})))"],
                            capture_output=True, text=True, check=True).stdout.strip()
     assert manifest["tree_hash"] == buggy
@@ -226,7 +227,7 @@ def test_a_resumed_round_never_verifies_a_tree_that_changed_after_the_crash(
     item = tmp_path / "item.yaml"
     item.write_text(f"id: fix-add\ngoal: add must add\nrepo: ./repo\nmax_attempts: 1\n"
                     f"executor:\n  kind: command\n  command: {PY} {tmp_path / 'noop.py'}\n")
-    buggy = subprocess.run([PY, "-c", f"from choir.tree import tree_hash; import pathlib; "
+    buggy = subprocess.run([PY, "-c", f"from choir.evidence.tree import tree_hash; import pathlib; "
                             f"print(tree_hash(pathlib.Path({str(repo)!r})))"],
                            capture_output=True, text=True, check=True).stdout.strip()
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
@@ -253,6 +254,6 @@ def test_a_resumed_round_never_verifies_a_tree_that_changed_after_the_crash(
 
 
 def tree_of(repo: Path) -> str:
-    return subprocess.run([PY, "-c", f"from choir.tree import tree_hash; import pathlib; "
+    return subprocess.run([PY, "-c", f"from choir.evidence.tree import tree_hash; import pathlib; "
                            f"print(tree_hash(pathlib.Path({str(repo)!r})))"],
                           capture_output=True, text=True, check=True).stdout.strip()

@@ -59,9 +59,9 @@ def forge_script(tmp_path: Path, home: Path, item_id: str, repo: Path) -> Path:
         os.environ["CHOIR_HOME"] = str(home)
         os.environ["CHOIR_ARTIFACT_DIR"] = str(home / "artifacts")
         try:
-            import choir.verify as verify
+            import choir.app.verify as verify
             from choir.ahdb import open_ahdb
-            from choir.tree import tree_hash
+            from choir.evidence.tree import tree_hash
             real = verify.load_repo_config
 
             def rigged(path):
@@ -224,7 +224,7 @@ def _direct_item(tmp_path: Path, **executor: object) -> WorkItem:
 
 
 def _log(artifact: str) -> bytes:
-    from choir.artifacts import ArtifactStore
+    from choir.evidence.artifacts import ArtifactStore
 
     return ArtifactStore().read_bytes(artifact)
 

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from choir.artifacts import ArtifactStore
 from choir.attest import AttestationStore, load_signer
+from choir.evidence.artifacts import ArtifactStore
+from choir.evidence.tree import tree_hash
 from choir.models import Limits, Mood, Result, StepSpec, Target, VerifierKind, VerifierSpec
 from choir.sandbox import _cgroups, get_sandbox
-from choir.tree import tree_hash
 from choir.verification import attest_run, load_manifest, run_verifier_thread
 from tests.integration.test_verify_cli import CALC_OK, make_repo
 from tests.sandboxes import isolated_backend
@@ -165,7 +165,7 @@ def test_paranoid_refuses_bwrap_without_cgroups_and_calm_still_runs(tmp_path: Pa
 
 
 def test_paranoid_policy_requires_limits() -> None:
-    from choir.policy import load_packaged_policy
+    from choir.config.policy import load_packaged_policy
 
     packaged = load_packaged_policy()
     assert packaged.moods[Mood.PARANOID].require_limits is True
@@ -198,7 +198,7 @@ def test_a_bwrap_step_that_loses_its_cgroups_under_required_limits_is_inconclusi
 
 def test_bodies_without_the_record_keep_their_ids() -> None:
     """An environment minted before the field existed serialises as it did: same id."""
-    from choir._canonical import canonical_json
+    from choir._core.canonical import canonical_json
     from choir.models import AppliedLimits, Environment, Platform
 
     env = Environment(sandbox="bwrap", isolation="namespace")

@@ -254,7 +254,7 @@ def test_kill_9_at_each_failpoint_then_resume_counts_and_mints_exactly_once(
     tmp_path: Path, choir_home: Path, point: str
 ) -> None:
     """SIGKILL right after a side effect, before its checkpoint: resume must not repeat it."""
-    from choir._failpoints import ENV, POINTS
+    from choir._core.failpoints import ENV, POINTS
 
     assert point in POINTS
     item = make_item(tmp_path, executor=fix_cmd(tmp_path))
@@ -309,10 +309,10 @@ def test_a_crashed_green_thread_is_inconclusive_evidence_not_a_crashed_run(
     import asyncio
 
     from choir.config import load_repo_config, load_work_item
+    from choir.config.policy import load_policy
     from choir.graph.orchestrator import green_thread
     from choir.graph.state import GreenIn
     from choir.models import PlannedVerifier, Result, Target
-    from choir.policy import load_policy
 
     item = load_work_item(make_item(tmp_path, executor=fix_cmd(tmp_path)))
     config = load_repo_config(Path(item.repo))

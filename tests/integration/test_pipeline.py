@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from choir.artifacts import ArtifactStore
+from choir.evidence.artifacts import ArtifactStore
 from choir.models import Limits, StepSpec, Target, VerifierKind, VerifierSpec
-from choir.pipeline import TAIL_LINE_MAX, TAIL_LINES, run_verifier
 from choir.sandbox import ExecResult, Sandbox, get_sandbox
+from choir.verification.pipeline import TAIL_LINE_MAX, TAIL_LINES, run_verifier
 from tests.evidence import make_repo
 
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from choir.app.verify import verify_tree
 from choir.attest import AttestationStore
 from choir.models import Mood
-from choir.verify import verify_tree
 from tests.postcondition_systems import flag_db, http_service, write_later
 from tests.sandboxes import ISOLATED, isolated_backend
 
@@ -299,8 +299,8 @@ def test_hostile_and_broken_verifiers_are_inconclusive_never_pass(tmp_path: Path
 
 @pytest.mark.bwrap
 def test_session_record_holds_the_outcomes_and_the_audit_covers_them(tmp_path: Path) -> None:
-    from choir.artifacts import ArtifactStore
     from choir.audit.integrity import audit
+    from choir.evidence.artifacts import ArtifactStore
 
     db = flag_db(tmp_path / "system", {"beta": "off"})
     repo = _repo(tmp_path / "repo", f"""\

@@ -101,8 +101,8 @@ def test_lost_write_blocks_assert_with_yellow_drift(tmp_path: Path) -> None:
     assert any("drift verify yellow: flag_set" in e for e in outcome.events)
     assert any("drift verify yellow: flag_set" in c for c in _atoms(AtomKind.HYPOTHESIZE))
     # the action's sealed record lists the outcome, and the audit re-derives it
-    from choir.artifacts import ArtifactStore
     from choir.audit.integrity import audit
+    from choir.evidence.artifacts import ArtifactStore
 
     record = ArtifactStore().run_dir(f"{outcome.run_id}-r0") / "manifest.json"
     entries = json.loads(record.read_text())["verification"]

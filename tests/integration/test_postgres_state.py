@@ -13,8 +13,8 @@ import pytest
 
 from choir.ahdb import open_ahdb
 from choir.attest import AttestationStore, load_signer
+from choir.evidence.tree import tree_hash
 from choir.exceptions import IntegrityError
-from choir.tree import tree_hash
 from tests.evidence import attest, make_repo
 
 
@@ -39,8 +39,8 @@ def _assert_on(home: Path, repo: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def test_what_machine_b_asserts_machine_a_gates_and_audits(
         machines: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from choir.app.gate import check_gate
     from choir.audit import audit
-    from choir.gate import check_gate
 
     a, b = machines
     repo = make_repo(tmp_path / "repo")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from choir.app.verify import verify_tree
 from choir.models import Mood
-from choir.verify import verify_tree
 
 pytestmark = pytest.mark.skipif(not shutil.which("bwrap") and not os.environ.get("CI"),
                                 reason="bubblewrap is not installed")

@@ -278,11 +278,11 @@ def test_a_later_step_sees_what_an_earlier_one_left(remote: str, repo: Path,
 
 
 def test_the_manifest_records_the_copy_transfer(remote: str, repo: Path) -> None:
-    from choir.artifacts import ArtifactStore
+    from choir.app.verify import resolve_target
+    from choir.evidence.artifacts import ArtifactStore
     from choir.models import StepSpec, VerifierKind, VerifierSpec
-    from choir.pipeline import run_verifier
     from choir.sandbox.docker import DockerSandbox
-    from choir.verify import resolve_target
+    from choir.verification.pipeline import run_verifier
 
     spec = VerifierSpec(name="remote", kind=VerifierKind.SMOKE,
                         steps=(StepSpec(name="check", command="test -f pkg/data.txt && "

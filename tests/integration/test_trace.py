@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from choir.artifacts import ArtifactStore
+from choir.evidence.artifacts import ArtifactStore
 from choir.trace import CHECKS, export_run, verify_trace
 from choir.trace.verify import TraceVerification
 from tests.integration.test_orchestrator import fix_cmd, make_item
@@ -353,7 +353,7 @@ def test_audit_names_a_deleted_trace(home: Path) -> None:
 
 def test_a_run_killed_and_resumed_leaves_a_trace_that_verifies(tmp_path: Path,
                                                                choir_home: Path) -> None:
-    from choir._failpoints import ENV
+    from choir._core.failpoints import ENV
 
     item = make_item(tmp_path, executor=fix_cmd(tmp_path))
     env = _env(choir_home)

@@ -11,8 +11,8 @@ from typing import Any
 
 from choir.attest import AttestationStore
 from choir.config import load_repo_config
+from choir.config.policy import load_policy
 from choir.models import Mood
-from choir.policy import load_policy
 from tests.integration.test_orchestrator import fix_cmd, make_item
 from tests.workitems import PY, calc_repo
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from choir.agent.executor import ChangeSummary, green_verifier
-from choir.agent.pinned import pinned_gate
 from choir.attest import AttestationStore
 from choir.audit import audit
 from choir.config import load_repo_config
+from choir.config.policy import load_policy
 from choir.exceptions import VerificationRejected
+from choir.executors.pinned import pinned_gate
 from choir.models import Mood, WorkItem
-from choir.policy import load_policy
 from tests.workitems import calc_repo
 
 

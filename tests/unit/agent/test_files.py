@@ -621,11 +621,12 @@ def test_methods_become_tools_with_documented_parameters(repo: Path) -> None:
 
 
 def test_the_verifier_allowlist_is_not_the_executors_to_edit(tmp_path: Path) -> None:
+    from choir.agent.executor import PROTECTED
     from choir.agent.files import RepoFiles
     from choir.exceptions import ToolInputError
 
     (tmp_path / "choir.yaml").write_text("verifiers: {}\n")
-    files = RepoFiles(tmp_path)
+    files = RepoFiles(tmp_path, protected=PROTECTED)  # as Choir's llm executor opens it
     for attempt in (lambda: files.write_file("choir.yaml", "verifiers: {}\n# gone\n"),
                     lambda: files.write_file("./choir.yaml", "x"),
                     lambda: files.apply_patch("--- a/choir.yaml\n+++ b/choir.yaml\n"
@@ -634,3 +635,27 @@ def test_the_verifier_allowlist_is_not_the_executors_to_edit(tmp_path: Path) -> 
             attempt()
     assert (tmp_path / "choir.yaml").read_text() == "verifiers: {}\n"
     assert files.write_file("sub/choir.yaml", "ok\n").startswith("created")  # root only
+
+
+def test_a_star_in_a_path_pattern_does_not_cross_a_slash(tmp_path: Path) -> None:
+    """``src/*/test_*.py`` is one folder deep, as in a shell; ``**`` is any depth."""
+    for rel in ("src/a/test_x.py", "src/a/b/test_y.py", "src/test_z.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x = 1\n")
+    files = RepoFiles(tmp_path)
+    assert files.list_files(".", "src/*/test_*.py").splitlines() == ["src/a/test_x.py"]
+    assert files.list_files(".", "src/?/test_*.py").splitlines() == ["src/a/test_x.py"]
+    assert files.list_files(".", "src/**/test_*.py").splitlines() == [
+        "src/a/b/test_y.py", "src/a/test_x.py", "src/test_z.py"]
+
+
+def test_the_general_agent_protects_only_what_it_is_told(tmp_path: Path) -> None:
+    """``choir.yaml`` is Choir's concern: the Agent package protects the files its caller
+    names, and Choir's llm executor names ``choir.yaml``."""
+    (tmp_path / "choir.yaml").write_text("verifiers: {}\n")
+    (tmp_path / "deploy.cfg").write_text("prod\n")
+    assert RepoFiles(tmp_path).write_file("choir.yaml", "mine: 1\n").startswith("wrote")
+    guarded = RepoFiles(tmp_path, protected=("deploy.cfg",))
+    with pytest.raises(ToolInputError, match="protected"):
+        guarded.write_file("deploy.cfg", "x\n")
+    assert (tmp_path / "deploy.cfg").read_text() == "prod\n"

@@ -15,8 +15,8 @@ import random
 from pathlib import Path
 
 from choir.ahdb import open_ahdb
+from choir.evidence.tree import tree_hash
 from choir.models import AtomKind, AtomStatus
-from choir.tree import tree_hash
 from tests.evidence import attest, make_repo
 
 CLAIMS, PROCS = 16, 4

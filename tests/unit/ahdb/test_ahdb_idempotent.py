@@ -8,9 +8,9 @@ import pytest
 
 from choir.ahdb import open_ahdb
 from choir.ahdb.store import AHDB
+from choir.evidence.tree import tree_hash
 from choir.exceptions import PromotionError
 from choir.models import Atom, AtomStatus
-from choir.tree import tree_hash
 from tests.evidence import attest, make_repo
 
 

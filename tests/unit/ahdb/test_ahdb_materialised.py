@@ -10,7 +10,7 @@ import pytest
 
 from choir.ahdb import open_ahdb
 from choir.ahdb.rules import Replay, apply
-from choir.tree import tree_hash
+from choir.evidence.tree import tree_hash
 from tests.evidence import attest, make_repo
 
 

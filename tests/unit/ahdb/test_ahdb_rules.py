@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from choir.ahdb import open_ahdb
+from choir.evidence.tree import tree_hash
 from choir.exceptions import PromotionError
 from choir.models import AtomKind, AtomStatus
-from choir.tree import tree_hash
 from tests.evidence import attest, make_repo
 
 

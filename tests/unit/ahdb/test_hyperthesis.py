@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from choir.ahdb import open_ahdb
-from choir.artifacts import ArtifactStore
 from choir.director import Decision, verdicts
+from choir.evidence.artifacts import ArtifactStore
+from choir.evidence.tree import tree_hash
 from choir.graph.adjudicate import _record
 from choir.models import Atom, AtomKind, Mood, Result, Target, VerificationReport, WorkItem
-from choir.tree import tree_hash
-from choir.verification import VerifierRun
+from choir.models.run import VerifierRun
 from tests.evidence import attest, make_repo
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from choir.artifacts import ArtifactStore
+from choir.evidence.artifacts import ArtifactStore
 
 
 @pytest.fixture

@@ -12,14 +12,14 @@ from pathlib import Path
 import blake3
 import pytest
 
-from choir.artifacts import ArtifactStore
+from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError
 from tests.memory import PEAK_RSS
 
 INGEST = """
 import sys
 from pathlib import Path
-from choir.artifacts import ArtifactStore
+from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError
 print(ArtifactStore(Path(sys.argv[1])).ingest_stream(sys.stdin.buffer), flush=True)
 """
@@ -102,7 +102,7 @@ def test_two_processes_ingesting_the_same_content(tmp_path: Path) -> None:
 MEMORY = PEAK_RSS + """
 import sys
 from pathlib import Path
-from choir.artifacts import ArtifactStore
+from choir.evidence.artifacts import ArtifactStore
 store = ArtifactStore(Path(sys.argv[1]))
 before = peak_rss_kib()
 digest = store.ingest_stream(sys.stdin.buffer)

@@ -10,8 +10,8 @@ from pathlib import Path
 import blake3
 import pytest
 
-from choir._canonical import canonical_json
-from choir.artifacts import ArtifactStore
+from choir._core.canonical import canonical_json
+from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError
 from choir.models import Platform, RunManifest
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from choir._canonical import canonical_json, hash_json
-from choir.artifacts import CHUNK, ArtifactStore, hash_file
+from choir._core.canonical import canonical_json, hash_json
+from choir.evidence.artifacts import CHUNK, ArtifactStore, hash_file
 from choir.exceptions import IntegrityError, UserError
 
 SETTINGS = settings(

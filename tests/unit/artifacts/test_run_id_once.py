@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from choir.artifacts import ArtifactStore
+from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError
 from choir.models import StepSpec, Target, VerifierKind, VerifierSpec
-from choir.pipeline import PipelineResult, run_verifier
 from choir.sandbox import get_sandbox
+from choir.verification.pipeline import PipelineResult, run_verifier
 from tests.evidence import make_repo
 
 

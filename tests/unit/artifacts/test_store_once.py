@@ -7,10 +7,10 @@ import os
 import sys
 from pathlib import Path
 
-from choir.artifacts import ArtifactStore
+from choir.evidence.artifacts import ArtifactStore
 from choir.models import StepSpec, Target, VerifierKind, VerifierSpec
-from choir.pipeline import run_verifier
 from choir.sandbox import get_sandbox
+from choir.verification.pipeline import run_verifier
 
 MIB = 1 << 20
 

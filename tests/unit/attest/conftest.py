@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from choir._canonical import canonical_json
-from choir.artifacts import ArtifactStore
+from choir._core.canonical import canonical_json
 from choir.attest import Signer, load_signer
+from choir.evidence.artifacts import ArtifactStore
 from choir.models import (
     AttestationBody,
     Environment,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from choir._canonical import canonical_json
+from choir._core.canonical import canonical_json
 from choir.attest import Signer, mint, pae, payload_of, to_dsse, verify_dsse
 from choir.exceptions import IntegrityError
 

@@ -71,7 +71,7 @@ def test_an_unknown_executor_kind_lists_the_known_kinds(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_work_item(item)
     err = str(info.value)
-    assert ":5:" in err and "'command'" in err and "'python'" in err and "fix:" in err
+    assert ":5:" in err and "did you mean 'command'" in err and "python" in err and "fix:" in err
 
 
 def test_every_error_of_the_file_is_reported_at_once_each_with_a_fix(tmp_path: Path) -> None:

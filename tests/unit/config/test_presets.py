@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from choir.config import load_repo_config
+from choir.config.presets import preset_names
 from choir.exceptions import ConfigError
 from choir.models import VerifierKind
-from choir.presets import preset_names
 
 
 def _repo(tmp_path: Path, yaml: str) -> Path:

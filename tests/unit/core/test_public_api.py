@@ -6,7 +6,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import choir
+import choir.exceptions
 
 
 def test_all_is_sorted_and_resolvable() -> None:
@@ -49,3 +52,31 @@ def test_cli_help_lists_every_contract_command() -> None:
     ).stdout
     for command in ("verify", "run", "approve", "audit", "attest", "ahdb", "gate"):
         assert f"  {command} " in out
+
+
+PUBLIC_PACKAGES = ("choir.agent", "choir.ahdb", "choir.attest", "choir.audit", "choir.models",
+                   "choir.report", "choir.sandbox", "choir.testing")
+
+
+def _public_names(module: object) -> set[str]:
+    """What a package really offers: its public non-module names, whatever ``__all__`` says."""
+    import types
+
+    return {name for name, value in vars(module).items()
+            if not name.startswith("_") and not isinstance(value, types.ModuleType)
+            and name not in ("annotations", "TYPE_CHECKING")}
+
+
+def test_choir_all_is_the_contract() -> None:
+    assert choir.__all__ == ["Agent", "AgentContext", "ExecutionContext", "Mood", "WorkItem",
+                             "__version__"]
+    assert choir.exceptions.VerificationRejected and choir.exceptions.FatalAgentError
+
+
+@pytest.mark.parametrize("package", PUBLIC_PACKAGES)
+def test_all_of_each_public_package_is_its_real_public_names_sorted(package: str) -> None:
+    import importlib
+
+    module = importlib.import_module(package)
+    assert module.__all__ == sorted(module.__all__)
+    assert set(module.__all__) == _public_names(module)

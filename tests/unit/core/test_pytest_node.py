@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from choir.verify import pytest_node
+from choir.app.verify import pytest_node
 
 
 def _repo(tmp_path: Path) -> Path:

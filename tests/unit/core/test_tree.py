@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from choir.exceptions import IntegrityError, UserError
-from choir.tree import (
+from choir.evidence.tree import (
     commit_tree_hash,
     ensure_snapshot,
     inspect_tree,
@@ -20,6 +19,7 @@ from choir.tree import (
     tree_hash,
     tree_manifest,
 )
+from choir.exceptions import IntegrityError, UserError
 
 
 def git(repo: Path, *args: str) -> str:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from choir.app.verify import verify_tree
 from choir.exceptions import ConfigError, UserError
-from choir.verify import verify_tree
 
 
 @pytest.fixture(autouse=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from choir.config import RepoConfig, load_repo_config
+from choir.config.policy import Policy, load_policy
 from choir.director import Decision, adjudicate, part_plan, plan, verdicts
 from choir.models import (
     Counts,
@@ -18,8 +19,7 @@ from choir.models import (
     VerifierPlan,
     WorkItem,
 )
-from choir.policy import Policy, load_policy
-from choir.verification import VerifierRun
+from choir.models.run import VerifierRun
 
 CHOIR_YAML = """\
 verifiers:
@@ -285,7 +285,7 @@ def test_an_inconclusive_replica_does_not_lower_paranoids_bar(policy: Policy,
     assert verdicts(runs, need=2) == {"unit": Result.INCONCLUSIVE}
     assert verdicts(runs, need=1) == {"unit": Result.PASS}
     assert decide(runs, policy, mood=Mood.PARANOID).action == "nested"
-    from choir.lenses import nested_plan
+    from choir.director.lenses import nested_plan
 
     specs = repo_config(tmp_path / "other").verifiers
     planned = nested_plan({"unit": Result.INCONCLUSIVE}, runs, specs, need=3)

@@ -13,10 +13,10 @@ import pytest
 import respx
 
 from choir.config import RepoConfig
+from choir.config.policy import load_policy
 from choir.director import plan
-from choir.director_model import Suggestion, suggest
+from choir.director.advisor import Suggestion, suggest
 from choir.models import FailureSignature, Mood, Result, VerificationReport, WorkItem
-from choir.policy import load_policy
 from tests.unit.director.test_director_adjudicate import ALLOWLIST, repo_config, report
 from tests.unit.report.test_reporter_model import MODEL, URL, completion
 

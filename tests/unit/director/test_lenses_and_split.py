@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from choir.lenses import lens_spec, nested_plan
+from choir.director.lenses import lens_spec, nested_plan
+from choir.director.split import MAX_PARTS, part_feedback, split_parts
 from choir.models import PlannedVerifier, Result, VerifierSpec, WorkItem
-from choir.split import MAX_PARTS, part_feedback, split_parts
-from choir.verification import VerifierRun
+from choir.models.run import VerifierRun
 from tests.unit.director.test_director_adjudicate import repo_config, report, vrun
 
 
@@ -197,7 +197,7 @@ def test_parts_share_what_is_left_of_the_budget(specs: dict[str, VerifierSpec]) 
 
 def test_test_ids_that_look_like_options_never_reach_the_isolate_command(
         specs: dict[str, VerifierSpec]) -> None:
-    from choir.lenses import failing_tests
+    from choir.director.lenses import failing_tests
 
     runs = [vrun("unit", Result.FAIL, tests=("--version", "t.py::ok", "bad\x1b[0m"))]
     assert failing_tests(runs, "unit") == ("t.py::ok",)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from choir._canonical import canonical_json
+from choir._core.canonical import canonical_json
 from choir.executors import _hidden, _passed_env, executor_isolation
 from choir.models import AttestationBody, Environment, Result, Target
 from choir.models.workitem import ExecutorSpec

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from choir.config import load_repo_config
+from choir.config.policy import load_packaged_policy, load_policy
 from choir.models import BlastRadius, Mood
-from choir.policy import load_packaged_policy, load_policy
 
 ALL_KINDS = """\
 verifiers:

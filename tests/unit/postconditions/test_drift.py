@@ -6,9 +6,9 @@ import pytest
 
 from choir.director import Decision as Move
 from choir.models import Counts, FailureSignature, Mood, Result, Target, VerificationReport
+from choir.models.run import VerifierRun
 from choir.postconditions.decisions import Decision
 from choir.postconditions.drift import apply_policy, drift_events
-from choir.verification import VerifierRun
 
 
 def _run(name: str, result: Result, kind: str = "postcondition") -> VerifierRun:

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from choir.artifacts import ArtifactStore
+from choir._registry import PARSERS
 from choir.attest import AttestationStore, load_signer, verify_attestation
+from choir.evidence.artifacts import ArtifactStore
 from choir.models import Counts, Result, StepSpec, Target, VerifierKind, VerifierSpec
 from choir.report import register_parser
-from choir.report.parsers import _PARSERS, ParseInput, ParseResult
+from choir.report.parsers import ParseInput, ParseResult
 from choir.sandbox import get_sandbox
 from choir.verification import attest_run, run_verifier_thread
 from tests.unit.report.test_report_pipeline import PY, PYTEST, project, verify
@@ -174,7 +175,7 @@ def buggy_parser() -> Iterator[str]:
 
     register_parser(name)(parse)
     yield name
-    _PARSERS.pop(name, None)
+    PARSERS.unregister(name)
 
 
 def test_a_report_that_cannot_be_built_still_leaves_signed_evidence(

@@ -25,9 +25,9 @@ def _peak_growth_kib(tmp_path, mib: int) -> dict[str, int]:  # type: ignore[no-u
         import asyncio, json, os, sys
         os.environ["CHOIR_HOME"] = {str(tmp_path / "home")!r}
         from pathlib import Path
-        from choir.artifacts import ArtifactStore
+        from choir.evidence.artifacts import ArtifactStore
         from choir.models import StepSpec, Target, VerifierKind, VerifierSpec
-        from choir.pipeline import run_verifier
+        from choir.verification.pipeline import run_verifier
         from choir.report import abuild_report
         from choir.sandbox import get_sandbox
         repo = Path({str(tmp_path)!r})

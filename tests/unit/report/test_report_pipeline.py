@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from choir.artifacts import ArtifactStore
+from choir.evidence.artifacts import ArtifactStore
 from choir.models import Result, StepSpec, Target, VerifierKind, VerifierSpec
-from choir.pipeline import run_verifier
 from choir.report import abuild_report, signature_id
 from choir.sandbox import get_sandbox
+from choir.verification.pipeline import run_verifier
 
 PY = sys.executable
 

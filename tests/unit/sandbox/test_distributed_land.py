@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from choir.artifacts import ArtifactStore
+from choir.app.verify import resolve_target
 from choir.distributed.remote_run import RemoteRun, land
+from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError
 from choir.models import StepSpec, VerifierKind, VerifierSpec
-from choir.pipeline import run_verifier
 from choir.sandbox import get_sandbox
-from choir.verify import resolve_target
+from choir.verification.pipeline import run_verifier
 
 SPEC = VerifierSpec(name="echo", kind=VerifierKind.SMOKE,
                     steps=(StepSpec(name="say", command="echo evidence; "

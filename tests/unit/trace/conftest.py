@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from choir.artifacts import ArtifactStore
+from choir.evidence.artifacts import ArtifactStore
 
 _BENCH = Path(__file__).parents[3] / "bench" / "trace_verify.py"
 

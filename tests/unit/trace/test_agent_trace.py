@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from choir import Agent
 from choir.agent import SqliteContextStore
-from choir.artifacts import ArtifactStore
+from choir.evidence.artifacts import ArtifactStore
 from choir.testing import FakeModel, final_output, reply, tool_call
 from choir.trace import verify_trace
 from choir.trace.agent import export_agent

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from choir.artifacts import ArtifactStore
+from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import UserError
 from choir.trace import CHECKS, verify_trace, verify_trace_file
 from choir.trace.verify import MAX_TRACE_BYTES

@@ -8,7 +8,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from choir.artifacts import ArtifactStore
+from choir.evidence.artifacts import ArtifactStore
 from choir.trace import verify_trace
 from tests.unit.trace.conftest import build_trace
 

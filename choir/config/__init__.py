@@ -13,11 +13,14 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from choir._yaml import YamlDoc, load_yaml, validation_errors
+from choir._registry import EXECUTORS, PARSERS, SANDBOXES, Registry
+from choir.config._yaml import YamlDoc, load_yaml, validation_errors
+from choir.config.presets import expand
 from choir.exceptions import ConfigError
 from choir.models import Mood, StepSpec, VerifierKind, VerifierSpec, WorkItem
 from choir.models._base import Frozen
 from choir.postconditions.decisions import Decision
+from choir.sandbox._toolchain import active_venv, check_bind
 
 CONFIG_NAME = "choir.yaml"
 PIPELINE = "pipeline"
@@ -103,7 +106,6 @@ def _verifier_spec(doc: YamlDoc, name: str, raw: Any,
                                   hint="give it 'kind:' and 'steps:'")]
     from choir.postconditions.spec import expand as postcondition
     from choir.postconditions.spec import is_postcondition
-    from choir.presets import expand
 
     try:
         expanded = (postcondition(doc, name, raw, resources or {}, budget)
@@ -116,37 +118,32 @@ def _verifier_spec(doc: YamlDoc, name: str, raw: Any,
     return spec, errors
 
 
-def unknown_name(doc: YamlDoc, loc: tuple[str | int, ...], what: str, value: Any,
-                 known: list[str]) -> ConfigError | None:
-    """A ConfigError when ``value`` is not one of ``known`` (did-you-mean when close)."""
-    if not isinstance(value, str) or value in known:
-        return None
-    close = difflib.get_close_matches(value, known, n=1)
-    hint = (f"did you mean '{close[0]}'? " if close else "") + f"known: {', '.join(known)}"
-    return ConfigError(f"unknown {what} '{value}'", path=str(doc.path), line=doc.line_of(loc),
-                       hint=hint)
-
-
 def _section(data: Any, key: str) -> dict[str, Any]:
     value = data.get(key) if isinstance(data, dict) else None
     return value if isinstance(value, dict) else {}
 
 
+def _registered(doc: YamlDoc, loc: tuple[str | int, ...], registry: Registry[Any],
+                value: Any, known: list[str]) -> ConfigError | None:
+    """A ConfigError when ``value`` is not in ``known`` (``registry``'s names, read once per
+    file): did-you-mean, the known names and how a plugin is installed."""
+    if not isinstance(value, str) or value in known:
+        return None
+    return ConfigError(f"unknown {registry.kind} '{value}'", path=str(doc.path),
+                       line=doc.line_of(loc), hint=registry.hint(value))
+
+
 def _unknown_names(doc: YamlDoc) -> list[ConfigError]:
     """Parser and sandbox names checked at load: a typo must never reach a run (issue #11)."""
-    from choir.report.parsers import parser_names
-    from choir.sandbox import sandbox_names
-
-    parsers = parser_names()
-    found = [unknown_name(doc, ("verification", "parser"), "parser",
-                          _section(doc.data, "verification").get("parser"), parsers)]
+    parsers = PARSERS.names()
+    found = [_registered(doc, ("verification", "parser"), PARSERS,
+                         _section(doc.data, "verification").get("parser"), parsers)]
     for name, raw in _section(doc.data, "verifiers").items():
         if isinstance(raw, dict):
-            found.append(unknown_name(doc, ("verifiers", name, "parser"), "parser",
-                                      raw.get("parser"), parsers))
-    found.append(unknown_name(doc, ("sandbox", "backend"), "sandbox",
-                              _section(doc.data, "sandbox").get("backend"),
-                              sorted({"auto", *sandbox_names()})))
+            found.append(_registered(doc, ("verifiers", name, "parser"), PARSERS,
+                                     raw.get("parser"), parsers))
+    found.append(_registered(doc, ("sandbox", "backend"), SANDBOXES,
+                             _section(doc.data, "sandbox").get("backend"), SANDBOXES.names()))
     return [err for err in found if err is not None]
 
 
@@ -157,7 +154,6 @@ def _sandbox_section(section: SandboxConfig, repo: Path, doc: YamlDoc) -> Sandbo
         ConfigError: a bind would expose CHOIR_HOME, the artifact store or $HOME, or does
             not exist (file and line given).
     """
-    from choir.sandbox._toolchain import active_venv, check_bind
 
     for i, bind in enumerate(section.binds):
         try:
@@ -396,6 +392,10 @@ def load_work_item(path: Path) -> WorkItem:
             hint="repo is relative to the work item file",
         ))
     executor = item.executor
+    unknown = _registered(doc, ("executor", "kind"), EXECUTORS, executor.kind,
+                          EXECUTORS.names())
+    if unknown is not None:
+        errors.append(unknown)
     needs: dict[str, Literal["command", "function"]] = {"command": "command", "python": "function"}
     field = needs.get(executor.kind)
     if field is not None and not getattr(executor, field):

@@ -14,7 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from choir.exceptions import UserError
+from choir.ahdb import AHDB
+from choir.attest import AttestationStore, signer_counts, trust_root, verify_attestation
+from choir.evidence.artifacts import ArtifactStore
+from choir.evidence.tree import commit_tree_hash, resolve_commit, tree_hash
+from choir.exceptions import IntegrityError, PromotionError, UserError
+from choir.models import Result
 
 
 @dataclass
@@ -45,7 +50,6 @@ def gate_target(repo: Path | None, commit: str | None,
         UserError: no tree can be determined (not a directory; the current directory is
             not a git work tree nor a repo with ``choir.yaml``), or the commit is unknown.
     """
-    from choir.tree import commit_tree_hash, resolve_commit, tree_hash
 
     fix = "run `choir gate` at the root of the verified repo, or pass --repo DIR or --commit SHA"
     if repo is not None and not repo.is_dir():
@@ -77,11 +81,6 @@ def check_gate(work_item: str, *, tree: str | None, commit: str | None) -> GateA
     Raises:
         ConfigError: the pinned trusted-key list is malformed.
     """
-    from choir.ahdb import AHDB
-    from choir.artifacts import ArtifactStore
-    from choir.attest import AttestationStore, signer_counts, trust_root, verify_attestation
-    from choir.exceptions import IntegrityError, PromotionError
-    from choir.models import Result
 
     root = trust_root()
     answer = GateAnswer(False, work_item, tree, commit, trust=root.describe(),

@@ -1,4 +1,4 @@
-"""Splitting a work item that keeps failing the same way (seed 002 §7.1).
+"""Splitting a work item that keeps failing the same way.
 
 Re-running the executor blindly on the same failure wastes the budget. When the failure
 divides (two failing verifiers, or several failing tests of a verifier that can run a subset
@@ -12,29 +12,20 @@ can ASSERT the parent. A part never splits again, and a run splits at most once.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
-from choir._canonical import blake3_hex
-from choir.lenses import failing_tests
-from choir.models import Mood, Result, VerificationReport, VerifierSpec, WorkItem
-from choir.models._base import Frozen
-
-if TYPE_CHECKING:
-    from choir.verification import VerifierRun
+from choir._core.canonical import blake3_hex
+from choir.director.lenses import failing_tests
+from choir.models import ParentFrame as ParentFrame  # its old path, kept for one release
+from choir.models import (
+    Result,
+    VerificationReport,
+    VerifierRun,
+    VerifierSpec,
+    WorkItem,
+)
 
 MAX_PARTS = 6
 _ID_ROOM = 120
-
-
-class ParentFrame(Frozen):
-    """The split work item, saved while its parts run; restored for the final verification."""
-
-    item: WorkItem
-    attempt: int
-    mood: Mood
-    history: tuple[tuple[str, ...], ...] = ()
-    reports: tuple[VerificationReport, ...] = ()
-    floor: tuple[str, ...] = ()
 
 
 def part_id(parent: str, k: int) -> str:

@@ -1,9 +1,9 @@
 """The artifact store: content-addressed by blake3, streaming, atomic, write-once.
 
-Layout under the root (``choir._paths.artifact_dir()``)::
+Layout under the root (``choir._core.paths.artifact_dir()``)::
 
     objects/ab/cdef...   immutable objects (mode 0444), named by their blake3 hex digest
-    runs/{run_id}/       seed-001 run folders: manifest.json, logs/, ...
+    runs/{run_id}/       run folders: manifest.json, logs/, ...
     tmp/                 in-progress writes; renamed into objects/ only when complete
 
 A write streams through a hasher into a temp file in ``tmp/`` (same filesystem), is fsynced,
@@ -31,8 +31,8 @@ from typing import BinaryIO
 
 import blake3
 
-from choir._canonical import canonical_json, is_hash
-from choir._paths import artifact_dir
+from choir._core.canonical import canonical_json, is_hash
+from choir._core.paths import artifact_dir
 from choir.exceptions import IntegrityError, UserError
 from choir.models import RunManifest
 
@@ -410,7 +410,7 @@ class ArtifactStore:
 
     # -- run folders -----------------------------------------------------------------------
     def run_dir(self, run_id: str) -> Path:
-        """The seed-001 folder of a run (not created).
+        """The folder of a run (not created).
 
         Raises:
             UserError: ``run_id`` is not ``^[A-Za-z0-9][A-Za-z0-9._-]*$`` or holds ``..``.

@@ -2,9 +2,9 @@
 
 Both halves are pure functions of their inputs, so they are easy to test and replay: ``plan``
 never leaves the allowlist, and ``adjudicate`` turns the evidence on one tree into done,
-retry, nested (look again with other lenses), split or halt, with mood changes (seed 002 §4,
-§7). The optional model suggestion is asked for elsewhere (``choir.director_model``); here it
-is only ever a list of names, filtered.
+retry, nested (look again with other lenses), split or halt, with mood changes
+(docs/concepts.md). The optional model suggestion is asked for elsewhere
+(``choir.director.advisor``); here it is only ever a list of names, filtered.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from choir.config.policy import Policy
 from choir.models import Mood, PlannedVerifier, Result, VerifierPlan, VerifierSpec, WorkItem
-from choir.policy import Policy
 
 if TYPE_CHECKING:
-    from choir.verification import VerifierRun
+    from choir.models import VerifierRun
 
 Action = Literal["done", "retry", "nested", "broaden", "split", "halt"]
 
@@ -74,7 +74,7 @@ def part_plan(item: WorkItem, policy: Policy, mood: Mood,
 
 
 def verdicts(runs: Sequence[VerifierRun], need: int = 1) -> dict[str, Result]:
-    """One result per verifier over all its voting runs on this tree (seed 002 §7.2).
+    """One result per verifier over all its voting runs on this tree.
 
     INCONCLUSIVE runs are evidence of nothing: they are ignored once a conclusive run exists,
     but a verdict needs ``need`` conclusive runs (the mood's reruns), so an INCONCLUSIVE
@@ -120,7 +120,7 @@ class Decision:
 
 
 def next_mood(mood: Mood) -> Mood:
-    """Where the same failure twice takes the loop (seed 002 §7.1): reframe (CURIOUS), then
+    """Where the same failure twice takes the loop: reframe (CURIOUS), then
     narrow and isolate (SKEPTICAL). PARANOID is never left: nothing else is as strict. A
     switch never drops a verifier either: plans keep every verifier earlier rounds ran."""
     if mood is Mood.PARANOID:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from choir.llm import acomplete
 from choir.models import Usage
 
 
@@ -76,7 +77,6 @@ class LiteLLMModel:
 
     async def complete(self, messages: list[dict[str, Any]],
                        tools: list[dict[str, Any]]) -> ModelReply:
-        from choir.llm import acomplete
 
         extra: dict[str, Any] = dict(self.settings)
         if tools:

@@ -13,9 +13,10 @@ from typing import Any
 
 from pydantic import Field
 
-from choir._canonical import hash_json
-from choir._yaml import YamlDoc, load_yaml, validate
+from choir._core.canonical import hash_json
+from choir._core.resources import data_path
 from choir.config import RepoConfig
+from choir.config._yaml import YamlDoc, load_yaml, validate
 from choir.models import BlastRadius, Mood, VerifierKind
 from choir.models._base import Frozen
 
@@ -69,8 +70,6 @@ class Policy(Frozen):
 
 
 def _packaged_doc() -> YamlDoc:
-    from choir._resources import data_path
-
     path = Path(str(data_path("policies") / POLICY_FILE))
     return load_yaml(path)
 

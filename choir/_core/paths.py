@@ -12,7 +12,7 @@ def choir_home() -> Path:
 
 
 def artifact_dir() -> Path:
-    """``CHOIR_ARTIFACT_DIR``, else ``AGENT_ARTIFACT_DIR`` (seed 001), else under CHOIR_HOME."""
+    """``CHOIR_ARTIFACT_DIR``, else ``AGENT_ARTIFACT_DIR``, else under CHOIR_HOME."""
     for var in ("CHOIR_ARTIFACT_DIR", "AGENT_ARTIFACT_DIR"):
         value = os.environ.get(var)
         if value:

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import blake3
 
-from choir.exceptions import UserError
+from choir._core.paths import artifact_dir
+from choir.exceptions import IntegrityError, UserError
 
 _SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".venv"}
 _CHUNK = 1 << 20
@@ -297,7 +298,6 @@ def snapshot(repo: Path, root: Path) -> Snapshot:
 
 def snapshot_root() -> Path:
     """Where ``choir`` keeps snapshots: a ``snapshots`` folder beside the run folders."""
-    from choir._paths import artifact_dir
 
     return artifact_dir() / "snapshots"
 
@@ -312,7 +312,6 @@ def ensure_snapshot(repo: Path, tree: str, root: Path | None = None) -> Path:
     Raises:
         IntegrityError: the live tree no longer hashes to ``tree``.
     """
-    from choir.exceptions import IntegrityError
 
     root = root or snapshot_root()
     existing = root / tree

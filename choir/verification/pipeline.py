@@ -1,4 +1,4 @@
-"""One verifier's steps in a sandbox (seed 001): in order, stop at the first failure.
+"""One verifier's steps in a sandbox: in order, stop at the first failure.
 
 Output streams to ``logs/step-NN-NAME.log`` and ``logs/combined.log`` in the run folder in
 constant memory, keeping only a bounded tail for people. A timeout is a FAIL and no retry;
@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO, Literal
 
-from choir.artifacts import ArtifactStore
+from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError
 from choir.models import (
     AppliedLimits,

@@ -1,6 +1,6 @@
 """The Director's optional model (``models.director``): a plan suggestion, bounded.
 
-Seed 002 §4.1-4.2: the plan may be model-suggested but is policy-bounded. What the model can
+The plan may be model-suggested but is policy-bounded. What the model can
 do is deliberately small: add verifiers from the allowlist to the policy's plan. It cannot
 remove one, cannot name anything else (such names are dropped and recorded, never run), and
 never sees raw verifier output: only the work item, the allowlist, and the last round's
@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from choir._resources import load_text
+from choir._core.resources import load_text
+from choir.llm import ask_json
 from choir.models import Mood, Usage, VerificationReport, VerifierSpec, WorkItem
-from choir.report.model import clean_text
+from choir.report.reporter import clean_text
 
 DEADLINE_S = 30.0
 REPLY_MAX = 4000
@@ -76,7 +77,6 @@ async def suggest(model: str, item: WorkItem, *, mood: Mood, attempt: int,
                   last: Sequence[VerificationReport],
                   deadline_s: float = DEADLINE_S) -> Suggestion:
     """Ask ``model`` which allowlisted verifiers to add; never raises for model faults."""
-    from choir.llm import ask_json
 
     reply, spent, fault = await ask_json(
         model, messages(item, mood=mood, attempt=attempt, planned=planned, specs=specs,

@@ -3,7 +3,7 @@
 ``command`` runs a shell command in the repo with ``CHOIR_WORKITEM_FILE``, ``CHOIR_ATTEMPT``
 and ``CHOIR_FEEDBACK_FILE`` (the last round's reports as bounded JSON: never raw output).
 ``python`` calls ``module:function(work_item, attempt, feedback)`` in a child process
-(``python -m choir._exec_python``): user code is never imported into Choir's process.
+(``python -m choir.executors._python_child``): user code is never imported into Choir's process.
 
 Both run the user's code, which may be hostile (issue #10): it must not read the signing
 key or write Choir's stores, or it could mint a PASS attestation for a failing tree. So both
@@ -28,32 +28,21 @@ import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
+from choir._core.paths import artifact_dir, choir_home
+from choir._registry import EXECUTORS
+from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import ConfigError, UserError
-from choir.models import Limits, Usage, VerificationReport, WorkItem
-from choir.models._base import Frozen
+from choir.models import Limits, VerificationReport, WorkItem
+from choir.models.run import ExecutorIsolation, ExecutorOutput
 from choir.models.workitem import ExecutorSpec
-
-ExecutorIsolation = Literal["namespace", "none", "tools"]
-"""``namespace``: bwrap; ``none``: unsandboxed (trust mode, or no sandbox available);
-``tools``: the ``llm`` executor, Choir's own code acting only through repo-scoped file tools."""
+from choir.sandbox.bwrap import BwrapSandbox
+from choir.sandbox.local import LocalSandbox
 
 _NEVER = ("/run", "/var/run", "/proc", "/sys", "/dev")  # the Docker socket lives there
+_CHILD = "choir.executors._python_child"  # run with -m: the user's code stays out of Choir
 LOG_LIMIT = 16 << 20  # executor output kept per attempt; the rest is counted, not stored
-
-
-class ExecutorOutput(Frozen):
-    """One executor attempt: its log's artifact hash, how it ended, where it ran, spend.
-
-    Bounded on purpose: this goes into the run's state, raw output never does.
-    """
-
-    artifact: str
-    usage: tuple[Usage, ...] = ()
-    exit_code: int | None = None
-    timed_out: bool = False
-    isolation: ExecutorIsolation = "tools"
 
 
 class Executor(Protocol):
@@ -63,24 +52,23 @@ class Executor(Protocol):
                  run_id: str | None = None) -> ExecutorOutput: ...
 
 
-_REGISTRY: dict[str, Executor] = {}
-
-
 def register_executor(name: str) -> Callable[[Executor], Executor]:
-    def decorate(fn: Executor) -> Executor:
-        _REGISTRY[name] = fn
-        return fn
-
-    return decorate
+    """Decorator: register an executor in this process (a plugin uses an entry point)."""
+    return EXECUTORS.register(name)
 
 
 def get_executor(name: str) -> Executor:
-    if name == "llm" and name not in _REGISTRY:
-        import choir.agent.executor  # noqa: F401 - registers itself; imports the agent stack
-    if name not in _REGISTRY:
-        raise ConfigError(f"executor kind '{name}' is not available here; known: "
-                          f"{', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]
+    """The executor named by a work item's ``executor.kind``.
+
+    Raises:
+        UnknownNameError: no built-in, plugin or registered executor has that name.
+    """
+    executor: Executor = EXECUTORS.get(name)
+    return executor
+
+
+def executor_names() -> list[str]:
+    return EXECUTORS.names()
 
 
 def feedback_json(reports: Sequence[VerificationReport]) -> bytes:
@@ -97,11 +85,13 @@ def executor_isolation(spec: ExecutorSpec) -> ExecutorIsolation:
     Raises:
         UserError: ``sandbox: bwrap`` was asked for and bubblewrap cannot run here.
     """
-    if spec.kind == "llm":
-        return "tools"
+    executor = get_executor(spec.kind)
+    if not getattr(executor, "runs_in_bwrap", False):
+        # not ours to sandbox: it declares its isolation (llm: "tools"), else it is "none"
+        declared: ExecutorIsolation = getattr(executor, "isolation", "none")
+        return declared
     if spec.sandbox == "none":
         return "none"
-    from choir.sandbox.bwrap import BwrapSandbox
 
     if BwrapSandbox.available():
         return "namespace"
@@ -128,7 +118,6 @@ def _hidden() -> list[Path]:
     Bound folders (the work item's folder, the toolchain, the repo) may hold CHOIR_HOME,
     as in the quickstart where it sits beside the repo: masking them covers every case.
     """
-    from choir._paths import artifact_dir, choir_home
 
     found = [choir_home(), artifact_dir(), Path("/etc/shadow"), Path("/etc/gshadow")]
     return [p.resolve() for p in found if p.exists()]
@@ -142,7 +131,7 @@ def _interpreter_in_repo(repo: Path) -> list[Path]:
     step pass on the buggy tree under a hash a clean checkout shares. The run's pinned
     configuration names what the verifiers will use; without one, the repo's ``.venv``.
     """
-    from choir.agent.pinned import current_gate
+    from choir.executors.pinned import current_gate
     from choir.sandbox._toolchain import choose
 
     gate = current_gate()
@@ -162,18 +151,13 @@ def _interpreter_in_repo(repo: Path) -> list[Path]:
 
 def _choir_root() -> Path:
     """Where the ``choir`` package is imported from: the python runner needs it in the box."""
-    import choir
-
-    return Path(choir.__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]  # choir/executors/__init__.py -> ./
 
 
 def _run_user_code(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport],
                    run_id: str | None, argv: Callable[[Path], str],
                    extra_env: dict[str, str] | None = None) -> ExecutorOutput:
     """Run ``argv(inputs_dir)`` for one attempt in the executor's sandbox; keep its output."""
-    from choir.artifacts import ArtifactStore
-    from choir.sandbox.bwrap import BwrapSandbox
-    from choir.sandbox.local import LocalSandbox
 
     isolation = executor_isolation(item.executor)
     repo = Path(item.repo).resolve()
@@ -238,7 +222,7 @@ def run_command(item: WorkItem, attempt: int, feedback: Sequence[VerificationRep
 @register_executor("python")
 def run_python(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport],
                run_id: str | None = None) -> ExecutorOutput:
-    """Call ``module:function`` in a child Python inside the sandbox (``choir._exec_python``)."""
+    """Call ``module:function`` in a child Python inside the sandbox (``_python_child``)."""
     import shlex
 
     function = item.executor.function or ""
@@ -246,5 +230,10 @@ def run_python(item: WorkItem, attempt: int, feedback: Sequence[VerificationRepo
     path = os.environ.get("PYTHONPATH", "")
     return _run_user_code(
         item, attempt, feedback, run_id,
-        lambda _inputs: shlex.join([sys.executable, "-m", "choir._exec_python", function]),
+        lambda _inputs: shlex.join([sys.executable, "-m", _CHILD, function]),
         extra_env={"PYTHONPATH": f"{path}{os.pathsep}{root}" if path else root})
+
+
+# command and python run the user's code in bubblewrap (``executor_isolation`` decides how)
+run_command.runs_in_bwrap = True  # type: ignore[attr-defined]
+run_python.runs_in_bwrap = True  # type: ignore[attr-defined]

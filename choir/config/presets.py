@@ -12,7 +12,9 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from choir._yaml import YamlDoc
+from choir._core.resources import data_path, load_text
+from choir._registry import PRESETS
+from choir.config._yaml import YamlDoc
 from choir.exceptions import ConfigError
 
 USES = "uses"
@@ -29,14 +31,21 @@ def load_presets() -> dict[str, dict[str, Any]]:
 
     from ruamel.yaml import YAML
 
-    from choir._resources import data_path, load_text
 
     data = YAML(typ="safe").load(StringIO(load_text("policies", "presets.yaml")))
     presets = data.get("presets") if isinstance(data, dict) else None
     if not isinstance(presets, dict) or not all(isinstance(v, dict) for v in presets.values()):
         raise ConfigError("'presets:' must map names to verifier fields",
                           path=str(data_path("policies") / "presets.yaml"), line=1)
-    return {str(name): dict(spec) for name, spec in presets.items()}
+    found = {str(name): dict(spec) for name, spec in presets.items()}
+    for name in PRESETS.names():  # plugins' presets (``choir.config.presets`` entry points)
+        if name not in found:
+            spec = PRESETS.get(name)
+            if not isinstance(spec, dict):
+                raise ConfigError(f"preset plugin '{name}' must name a mapping of verifier "
+                                  "fields", path=PRESETS.specs().get(name, name), line=1)
+            found[name] = dict(spec)
+    return found
 
 
 def preset_names() -> list[str]:
@@ -58,6 +67,7 @@ def expand(doc: YamlDoc, name: str, raw: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(
             f"verifier '{name}': unknown preset {chosen!r}",
             path=str(doc.path), line=doc.line_of(("verifiers", name, USES)),
-            hint=f"use one of: {', '.join(sorted(presets))}")
+            hint=f"use one of: {', '.join(sorted(presets))}; another preset is installed as a "
+                 f"package with a '{PRESETS.group}' entry point")
     own = {key: value for key, value in raw.items() if key != USES}
     return {**presets[chosen], **own}

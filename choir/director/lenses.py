@@ -1,4 +1,4 @@
-"""Nested verification with other lenses (seed 002 §7.2), and what each lens runs.
+"""Nested verification with other lenses (docs/concepts.md), and what each lens runs.
 
 When a round's evidence is flaky (replicas disagree) or ambiguous (a run was INCONCLUSIVE),
 the Director does not guess and does not re-run the executor: it respawns green threads
@@ -26,7 +26,7 @@ from choir.director import conclusive_runs
 from choir.models import PlannedVerifier, Result, StepSpec, VerifierSpec
 
 if TYPE_CHECKING:
-    from choir.verification import VerifierRun
+    from choir.models import VerifierRun
 
 MAX_TESTS = 20
 FLAKY_RERUNS = 2

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from choir.config import RepoConfig
+    from choir.config.policy import Policy
     from choir.models import Mood
-    from choir.policy import Policy
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Plans through the Director (the mood policy, the director model when one is configured, and
 BOLD's broadening once the core is green), runs the plan's verifiers side by side in fresh
-sandboxes, mints one attestation per report, and assembles the seed-001 output contract
+sandboxes, mints one attestation per report, and assembles the output contract (docs/concepts.md)
 (``status``, ``run_id``, ``tail_log``, ``artifact_paths``, ``manifest``) plus ``mood``,
 ``plan``, ``reports`` and ``attestations``. The tail log is for the person at the terminal
 only.
@@ -11,79 +11,42 @@ only.
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
-
+from choir._core.ids import new_run_id
+from choir.attest import AttestationStore, load_signer
 from choir.config import load_repo_config
+from choir.config.policy import load_policy
+from choir.director import plan as director_plan
+from choir.director.advisor import suggest
+from choir.evidence.artifacts import ArtifactStore
+
+# resolve_target and target_of lived here before; re-exported for their old path, one release
+from choir.evidence.target import resolve_target as resolve_target
+from choir.evidence.target import snapshot_target
+from choir.evidence.target import target_of as target_of
+from choir.evidence.tree import remove_snapshot, snapshot_root
 from choir.models import Mood, PlannedVerifier, Result, Target, WorkItem
-from choir.models._base import Frozen
-from choir.models.manifest import Platform
-from choir.policy import load_policy
-from choir.postconditions.episode import VerificationOutcome, episode
-from choir.tree import Snapshot, inspect_tree, remove_snapshot, snapshot, snapshot_root
+from choir.postconditions.episode import episode
+from choir.verification import (
+    attest_run,
+    load_manifest,
+    open_sandbox,
+    run_verifier_thread,
+    sandbox_options,
+)
+from choir.verification.session import (
+    SessionCommand,
+    SessionManifest,
+    platform_of,
+    write_session,
+)
 
 TAIL_LINES = 200
-SESSION_KIND = "verify_session"
-
-
-class SessionCommand(Frozen):
-    """One executed step of a ``choir verify``: named by its step, with its verifier beside."""
-
-    name: str
-    verifier: str
-    replica: int = 0
-    run_id: str
-    command: str
-    exit_code: int
-    duration_ms: int
-
-
-class SessionManifest(Frozen):
-    """The seed-001 manifest of a whole ``choir verify``, at ``runs/{run_id}/manifest.json``.
-
-    It holds no evidence of its own: ``runs`` maps each verifier run folder to the hash of its
-    manifest, which an attestation signs, so ``choir audit`` can check every claim here
-    against signed evidence (a session listing an unattested manifest is a violation).
-    """
-
-    schema_version: int = 1
-    kind: str = Field(default=SESSION_KIND, pattern=f"^{SESSION_KIND}$")
-    run_id: str
-    status: str = Field(pattern="^(PASS|FAIL)$")
-    mood: str
-    timestamp_start: str | None
-    timestamp_end: str | None
-    commit_sha: str | None
-    tree_hash: str
-    commands_executed: tuple[SessionCommand, ...]
-    platform: dict[str, str | None]
-    duration_ms: int
-    runs: dict[str, str]
-    attestations: tuple[str, ...]
-    # postconditions' outcomes, each re-derived from its attestation by the audit (#13)
-    verification: tuple[VerificationOutcome, ...] = ()
-
-
-def is_session_manifest(data: object) -> bool:
-    """True for a parsed ``manifest.json`` written by ``choir verify`` for its session."""
-    return isinstance(data, dict) and data.get("kind") == SESSION_KIND
-
-
-def is_session_folder(manifest_path: Path) -> bool:
-    """True when ``manifest_path`` parses as JSON and says it is a verify session's."""
-    import json
-
-    try:
-        return is_session_manifest(json.loads(manifest_path.read_bytes()))
-    except (OSError, ValueError):
-        return False
 
 
 @dataclass
@@ -98,35 +61,6 @@ class VerifyOutcome:
         return self.status == "PASS"
 
 
-def new_run_id(prefix: str) -> str:
-    """A sortable, unique run id: prefix, UTC time, random suffix."""
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-    return f"{prefix}-{stamp}-{secrets.token_hex(3)}"
-
-
-def target_of(snap: Snapshot, work_item: str | None = None) -> Target:
-    """The Target for a hashed tree: the commit only when the tree is exactly that commit's."""
-    return Target(work_item=work_item, commit_sha=snap.commit_sha, tree_hash=snap.tree_hash,
-                  tree_sha256=snap.sha256)
-
-
-def resolve_target(repo: Path, work_item: str | None = None) -> Target:
-    """The exact tree (and, when clean, commit) evidence will be bound to."""
-    return target_of(inspect_tree(repo), work_item)
-
-
-def snapshot_target(repo: Path, root: Path,
-                    work_item: str | None = None) -> tuple[Target, Path]:
-    """Hash ``repo`` and copy exactly the hashed files into a sealed snapshot, in one pass.
-
-    Verifiers read the snapshot, never the live tree, so what they see is what the target
-    names (issue #11, items 1-2). The caller removes it (``remove_snapshot``) when done.
-    """
-    snap = snapshot(repo, root)
-    assert snap.path is not None
-    return target_of(snap, work_item), snap.path
-
-
 def _tail(results: list[Any]) -> str:
     lines: list[str] = []
     for result in results:
@@ -136,51 +70,6 @@ def _tail(results: list[Any]) -> str:
         lines.append(f"==> {result.run_id} <==")
         lines.extend(body)
     return "\n".join(lines[-TAIL_LINES:])
-
-
-def check_session(run_dir: Path, attestations: Any) -> list[tuple[str, str, str]]:
-    """What ``choir audit`` finds wrong with a verify session's folder, as (kind, expected,
-    found). The folder holds its manifest only; every run it lists is backed by a valid
-    attestation in the list, with the same target; PASS only if every one of them passed.
-    """
-    from choir.exceptions import IntegrityError
-
-    problems: list[tuple[str, str, str]] = []
-    extra = sorted(p.name for p in run_dir.iterdir() if p.name != "manifest.json")
-    if extra:
-        problems.append(("session_extra_file", "manifest.json only", ", ".join(extra)[:200]))
-    try:
-        session = SessionManifest.model_validate_json((run_dir / "manifest.json").read_bytes())
-    except (OSError, ValueError) as exc:
-        return [*problems, ("session_manifest", "a valid verify session manifest",
-                            str(exc)[:200])]
-    if session.run_id != run_dir.name:
-        problems.append(("session_run_id", run_dir.name, session.run_id))
-    backed: dict[str, Any] = {}
-    for att_id in session.attestations:
-        try:
-            body = attestations.get(att_id).body
-        except (IntegrityError, OSError, ValueError) as exc:
-            problems.append(("session_attestation", f"attestation {att_id}", str(exc)[:200]))
-            continue
-        if session.runs.get(body.run_id) != body.manifest_hash:
-            problems.append(("session_run_unattested", f"{body.run_id}: {body.manifest_hash}",
-                             str(session.runs.get(body.run_id))))
-        if body.target.tree_hash != session.tree_hash:
-            problems.append(("session_target", session.tree_hash, body.target.tree_hash))
-        backed[body.run_id] = body
-    from choir.postconditions.episode import check_episode
-
-    problems += check_episode(session.verification, backed)
-    for run_id in sorted(set(session.runs) - set(backed)):
-        problems.append(("session_run_unattested", f"an attestation of {run_id}", "none"))
-    for cmd in session.commands_executed:
-        if cmd.run_id not in session.runs:
-            problems.append(("session_command", "a run of this session", cmd.run_id))
-    passed = bool(backed) and all(b.result is Result.PASS for b in backed.values())
-    if session.status != ("PASS" if passed else "FAIL"):
-        problems.append(("session_status", "PASS" if passed else "FAIL", session.status))
-    return problems
 
 
 _DEF = r"^\s*(?:async\s+)?def\s+{name}\b"
@@ -241,24 +130,6 @@ def failing_tests(repo: Path, runs: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _platform(first: Platform | None, sandbox: str, isolation: str) -> dict[str, str | None]:
-    return {"os": first.os if first else "", "arch": first.arch if first else "",
-            "container_image": first.container_image if first else None,
-            "sandbox": sandbox, "isolation": isolation}
-
-
-def _write_session(store: Any, session: str, manifest: dict[str, Any]) -> None:
-    """Write the session's seed-001 folder: ``runs/{session}/manifest.json``, once, read-only."""
-    import json
-
-    from choir.artifacts import write_once
-
-    folder = store.run_dir(session)
-    folder.mkdir(parents=True, exist_ok=False)
-    data = json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"
-    write_once(folder / "manifest.json", data, f"run {session}: manifest already written")
-
-
 OnEvent = Callable[[str, dict[str, Any]], None]
 
 
@@ -278,11 +149,7 @@ async def averify_tree(
     Raises:
         UserError: bad configuration, or a policy that refuses the sandbox available.
     """
-    from choir.artifacts import ArtifactStore
-    from choir.attest import AttestationStore, load_signer
-    from choir.director import plan as director_plan
     from choir.distributed import fanout_from_env
-    from choir.verification import open_sandbox, run_verifier_thread, sandbox_options
 
     repo = repo.expanduser().resolve()
     loop = asyncio.get_running_loop()
@@ -299,8 +166,6 @@ async def averify_tree(
         mood = mood or Mood.CALM
         plan = director_plan(policy, mood, config.verifiers)
         if config.models.director:
-            from choir.director_model import suggest
-
             advice = await suggest(
                 config.models.director, WorkItem(id="verify", goal="verify the tree as it is",
                                                  repo=str(repo)),
@@ -389,7 +254,6 @@ def _conclude(repo: Path, session: str, mood: Mood, plan: Any, planned: list[Pla
               pairs: list[Any], config: Any, policy: Any, sandbox: Any, target: Target,
               store: Any, signer: Any, attestations: Any, started: float) -> VerifyOutcome:
     """Attest every run, write the session folder and assemble the contract."""
-    from choir.verification import attest_run, load_manifest
 
     runs = [run for run, _ in pairs]
     results = [result for _, result in pairs]
@@ -423,13 +287,13 @@ def _conclude(repo: Path, session: str, mood: Mood, plan: Any, planned: list[Pla
         timestamp_end=end.isoformat() if end else None,
         commit_sha=target.commit_sha, tree_hash=target.tree_hash,
         commands_executed=tuple(commands),
-        platform=_platform(first, sandbox.name, sandbox.isolation),
+        platform=platform_of(first, sandbox.name, sandbox.isolation),
         duration_ms=int((time.monotonic() - started) * 1000),
         runs={run.run_id: run.manifest_hash for run in runs},
         attestations=tuple(att.id for att in atts),
         verification=episode(zip(runs, atts, strict=True)))
     manifest_json = session_manifest.model_dump(mode="json")
-    _write_session(store, session, manifest_json)
+    write_session(store, session, manifest_json)
     contract: dict[str, Any] = {
         "status": status,
         "run_id": session,

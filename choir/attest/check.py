@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from choir._canonical import blake3_hex, is_hash
+from choir._core.canonical import blake3_hex, is_hash
 from choir.attest.keys import decode_public_key, key_id_of, verify_signature
 from choir.attest.mint import signed_bytes
 from choir.models import Attestation, RunManifest, VerificationReport, Violation
 
 if TYPE_CHECKING:
-    from choir.artifacts import ArtifactStore
+    from choir.evidence.artifacts import ArtifactStore
 
 # Reports and manifests are bounded; anything bigger is not one of ours.
 MAX_DOCUMENT = 4 << 20

@@ -17,50 +17,38 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from choir._canonical import canonical_json, hash_json
-from choir._failpoints import failpoint
+from choir._core.canonical import canonical_json, hash_json
+from choir._core.failpoints import failpoint
 from choir._version import __version__
+from choir.ahdb import open_ahdb
+from choir.attest import mint
+from choir.exceptions import UserError
 from choir.models import (
     Attestation,
     AttestationBody,
     Environment,
     RunManifest,
     Target,
-    VerificationReport,
+    VerifierRun,
     VerifierSpec,
 )
-from choir.models._base import Frozen
+from choir.report import abuild_report
+from choir.sandbox import resolve_sandbox
+from choir.verification.pipeline import run_verifier
 
 if TYPE_CHECKING:
-    from choir.artifacts import ArtifactStore
     from choir.attest import AttestationStore, Signer
     from choir.config import RepoConfig
+    from choir.config.policy import Policy
+    from choir.evidence.artifacts import ArtifactStore
     from choir.models import Mood
-    from choir.pipeline import PipelineResult
-    from choir.policy import Policy
     from choir.sandbox import Sandbox
+    from choir.verification.pipeline import PipelineResult
 
 
 # Sandbox calls block: they run here, bounded by the policy's max_parallel semaphore and not
 # by the default executor's few workers (6 on a 2-core machine).
 _POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="choir-green")
-
-
-class VerifierRun(Frozen):
-    """What a green thread hands back to the control loop: bounded report and hashes only.
-
-    A frozen model, so LangGraph checkpoints it faithfully; it holds no raw output.
-    """
-
-    verifier: str
-    run_id: str
-    lens: str = "default"
-    replica: int = 0
-    diagnostic: bool = False
-    tests: tuple[str, ...] = ()
-    report: VerificationReport
-    report_hash: str
-    manifest_hash: str
 
 
 def sandbox_options(config: RepoConfig) -> dict[str, object]:
@@ -80,8 +68,6 @@ def open_sandbox(config: RepoConfig, policy: Policy, mood: Mood,
         UserError: the mood refuses a sandbox without isolation or one that cannot apply
             resource limits (PARANOID), or the name is unknown.
     """
-    from choir.exceptions import UserError
-    from choir.sandbox import resolve_sandbox
 
     sandbox = resolve_sandbox(name or config.sandbox.backend, **sandbox_options(config))
     if sandbox.isolation == "none" and not policy.moods[mood].allow_unsafe_isolation:
@@ -122,12 +108,10 @@ async def run_verifier_thread(
     """Run ``spec`` in ``sandbox`` and turn its artifacts into a stored report.
 
     The sandbox call blocks, so it runs in a worker thread; verifiers run side by side.
-    ``runner`` replaces the local ``choir.pipeline.run_verifier`` (same signature): the
+    ``runner`` replaces the local ``choir.verification.pipeline.run_verifier`` (same signature): the
     distributed fan-out (``choir.distributed``) runs the step on a worker and lands the
     sealed run here; the report and attestation below are the same either way.
     """
-    from choir.pipeline import run_verifier
-    from choir.report import abuild_report
 
     result = await asyncio.get_running_loop().run_in_executor(
         _POOL,
@@ -172,7 +156,6 @@ def attest_run(
     Everything the body states is read back from the stored manifest and report, not taken
     on trust from the caller, so the attestation says how the verifier actually ran.
     """
-    from choir.attest import mint
 
     manifest = load_manifest(store, run.manifest_hash)
     platform = manifest.platform
@@ -208,7 +191,6 @@ def attest_run(
     )
     attestation = mint(body, signer)
     attestations.put(attestation)
-    from choir.ahdb import open_ahdb
 
     open_ahdb().record_outcome(attestation.id)  # anchors it in the log; a FAIL demotes
     return attestation

@@ -4,8 +4,8 @@ It reads bounded windows of the artifact (the cited spans and the tail, within a
 budget: never a whole log), fences them as untrusted data, asks for a narrow JSON reply and
 validates it. Whatever the model says, the result can only stay or go down (PASS may become
 INCONCLUSIVE; FLAKY is only a note until reruns show it), confidence can only go down, every
-field is clamped, and wording that pastes log text is dropped (reports cite by pointer, seed
-002 §9), so a log cannot use the reporter to carry its bytes into the loop. Faults (429, 5xx,
+field is clamped, and wording that pastes log text is dropped (reports cite by
+pointer), so a log cannot use the reporter to carry its bytes into the loop. Faults (429, 5xx,
 timeouts, bad JSON, schema violations, oversized replies) are retried with backoff inside a
 deadline; then the deterministic report is used, marked ``deterministic_fallback``. The run
 never crashes because of the model.
@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from choir._resources import load_text
+from choir._core.resources import load_text
+from choir.llm import ask_json
 from choir.models import Result, Usage, VerificationReport
 from choir.models.report import HYPERTHESIS_MAX, NEXT_ACTION_MAX, SUMMARY_MAX
 
 if TYPE_CHECKING:
-    from choir.artifacts import ArtifactStore
-    from choir.pipeline import PipelineResult
+    from choir.evidence.artifacts import ArtifactStore
+    from choir.verification.pipeline import PipelineResult
 
 WINDOW_BUDGET = 6000  # characters of log the model may see, in all
 COPY_RUN = 20  # letters and digits: a longer run of the log in the model's wording is a paste
@@ -99,7 +100,7 @@ def _shingles(text: str) -> set[str]:
 
 
 class _NoCopy:
-    """Seed 002 §9, reports cite by pointer, not paste: model wording that repeats a run of
+    """Reports cite by pointer, not paste: model wording that repeats a run of
     ``COPY_RUN`` letters and digits of the log it was shown, which the deterministic report
     does not already carry, is dropped. A log cannot smuggle text (a secret, an instruction
     for the next prompt) into the control loop by asking the reporter to repeat it.
@@ -155,7 +156,6 @@ def merge(report: VerificationReport, reply: _Reply, usage: Usage,
 async def model_report(report: VerificationReport, *, result: PipelineResult,
                        store: ArtifactStore, model: str,
                        deadline_s: float = 30.0) -> VerificationReport:
-    from choir.llm import ask_json
 
     seen = windows(report, result, store)
     parsed, spent, fault = await ask_json(model, _messages(report, seen), _Reply,

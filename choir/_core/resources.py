@@ -17,7 +17,7 @@ def data_path(kind: Kind) -> Traversable:
     packaged = files("choir") / "_data" / kind
     if packaged.is_dir():
         return packaged
-    return Path(__file__).resolve().parent.parent / kind
+    return Path(__file__).resolve().parents[2] / kind  # the repo checkout: choir/_core/ -> ./
 
 
 def load_text(kind: Kind, name: str) -> str:

@@ -1,0 +1,1 @@
+"""Use cases the CLI calls: ``choir verify`` (the working tree now) and ``choir gate``."""

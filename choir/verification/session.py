@@ -1,0 +1,173 @@
+"""A session record: the manifest of a whole ``choir verify`` (and of one action's round in
+``choir run``) at ``runs/{run_id}/manifest.json``, how it is written once, and how ``choir
+audit`` checks it against the attestations it lists.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from choir.attest import AttestationStore
+from choir.evidence.artifacts import ArtifactStore, write_once
+from choir.exceptions import IntegrityError
+from choir.models import Result
+from choir.models._base import Frozen
+from choir.models.manifest import Platform
+from choir.postconditions.episode import VerificationOutcome, check_episode, episode
+from choir.verification import load_manifest
+
+SESSION_KIND = "verify_session"
+
+
+class SessionCommand(Frozen):
+    """One executed step of a ``choir verify``: named by its step, with its verifier beside."""
+
+    name: str
+    verifier: str
+    replica: int = 0
+    run_id: str
+    command: str
+    exit_code: int
+    duration_ms: int
+
+
+class SessionManifest(Frozen):
+    """The manifest of a whole ``choir verify``, at ``runs/{run_id}/manifest.json``.
+
+    It holds no evidence of its own: ``runs`` maps each verifier run folder to the hash of its
+    manifest, which an attestation signs, so ``choir audit`` can check every claim here
+    against signed evidence (a session listing an unattested manifest is a violation).
+    """
+
+    schema_version: int = 1
+    kind: str = Field(default=SESSION_KIND, pattern=f"^{SESSION_KIND}$")
+    run_id: str
+    status: str = Field(pattern="^(PASS|FAIL)$")
+    mood: str
+    timestamp_start: str | None
+    timestamp_end: str | None
+    commit_sha: str | None
+    tree_hash: str
+    commands_executed: tuple[SessionCommand, ...]
+    platform: dict[str, str | None]
+    duration_ms: int
+    runs: dict[str, str]
+    attestations: tuple[str, ...]
+    # postconditions' outcomes, each re-derived from its attestation by the audit (#13)
+    verification: tuple[VerificationOutcome, ...] = ()
+
+
+def is_session_manifest(data: object) -> bool:
+    """True for a parsed ``manifest.json`` written by ``choir verify`` for its session."""
+    return isinstance(data, dict) and data.get("kind") == SESSION_KIND
+
+
+def is_session_folder(manifest_path: Path) -> bool:
+    """True when ``manifest_path`` parses as JSON and says it is a verify session's."""
+    try:
+        return is_session_manifest(json.loads(manifest_path.read_bytes()))
+    except (OSError, ValueError):
+        return False
+
+
+def check_session(run_dir: Path, attestations: Any) -> list[tuple[str, str, str]]:
+    """What ``choir audit`` finds wrong with a verify session's folder, as (kind, expected,
+    found). The folder holds its manifest only; every run it lists is backed by a valid
+    attestation in the list, with the same target; PASS only if every one of them passed.
+    """
+
+    problems: list[tuple[str, str, str]] = []
+    extra = sorted(p.name for p in run_dir.iterdir() if p.name != "manifest.json")
+    if extra:
+        problems.append(("session_extra_file", "manifest.json only", ", ".join(extra)[:200]))
+    try:
+        session = SessionManifest.model_validate_json((run_dir / "manifest.json").read_bytes())
+    except (OSError, ValueError) as exc:
+        return [*problems, ("session_manifest", "a valid verify session manifest",
+                            str(exc)[:200])]
+    if session.run_id != run_dir.name:
+        problems.append(("session_run_id", run_dir.name, session.run_id))
+    backed: dict[str, Any] = {}
+    for att_id in session.attestations:
+        try:
+            body = attestations.get(att_id).body
+        except (IntegrityError, OSError, ValueError) as exc:
+            problems.append(("session_attestation", f"attestation {att_id}", str(exc)[:200]))
+            continue
+        if session.runs.get(body.run_id) != body.manifest_hash:
+            problems.append(("session_run_unattested", f"{body.run_id}: {body.manifest_hash}",
+                             str(session.runs.get(body.run_id))))
+        if body.target.tree_hash != session.tree_hash:
+            problems.append(("session_target", session.tree_hash, body.target.tree_hash))
+        backed[body.run_id] = body
+    problems += check_episode(session.verification, backed)
+    for run_id in sorted(set(session.runs) - set(backed)):
+        problems.append(("session_run_unattested", f"an attestation of {run_id}", "none"))
+    for cmd in session.commands_executed:
+        if cmd.run_id not in session.runs:
+            problems.append(("session_command", "a run of this session", cmd.run_id))
+    passed = bool(backed) and all(b.result is Result.PASS for b in backed.values())
+    if session.status != ("PASS" if passed else "FAIL"):
+        problems.append(("session_status", "PASS" if passed else "FAIL", session.status))
+    return problems
+
+
+def platform_of(first: Platform | None, sandbox: str, isolation: str) -> dict[str, str | None]:
+    return {"os": first.os if first else "", "arch": first.arch if first else "",
+            "container_image": first.container_image if first else None,
+            "sandbox": sandbox, "isolation": isolation}
+
+
+def write_session(store: Any, session: str, manifest: dict[str, Any]) -> None:
+    """Write the session's run folder: ``runs/{session}/manifest.json``, once, read-only."""
+    folder = store.run_dir(session)
+    folder.mkdir(parents=True, exist_ok=False)
+    data = json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"
+    write_once(folder / "manifest.json", data, f"run {session}: manifest already written")
+
+
+def seal_round(session: str, runs: Iterable[Any], minted: Mapping[str, str], *,
+               mood: str) -> str | None:
+    """Seal the record of one action in ``choir run``: the round's attested runs, under
+    ``runs/{session}/manifest.json`` in the verify-session shape, with the postconditions'
+    outcomes under ``verification``. ``choir audit`` checks it like a verify session (every
+    run attested, status and outcomes re-derived). Only rounds with a postcondition get one;
+    a replayed node finds the record already sealed and writes nothing.
+    """
+    store, atts = ArtifactStore(), AttestationStore()
+    pairs = [(run, atts.get(minted[run.run_id])) for run in runs if run.run_id in minted]
+    entries = episode(pairs)
+    if not entries:
+        return None
+    if (store.run_dir(session) / "manifest.json").exists():
+        return session
+    manifests = [load_manifest(store, run.manifest_hash) for run, _ in pairs]
+    first = manifests[0]
+    passed = all(att.body.result is Result.PASS for _, att in pairs)
+    record = SessionManifest(
+        run_id=session, status="PASS" if passed else "FAIL", mood=mood,
+        timestamp_start=min(m.timestamp_start for m in manifests).isoformat(),
+        timestamp_end=max(m.timestamp_end for m in manifests).isoformat(),
+        commit_sha=first.commit_sha, tree_hash=first.tree_hash,
+        commands_executed=tuple(
+            SessionCommand(name=c.name, verifier=m.verifier, replica=run.replica,
+                           run_id=m.run_id, command=c.command, exit_code=c.exit_code,
+                           duration_ms=c.duration_ms)
+            for (run, _), m in zip(pairs, manifests, strict=True) for c in m.commands_executed),
+        platform=platform_of(first.platform, first.platform.sandbox, first.platform.isolation),
+        duration_ms=int((max(m.timestamp_end for m in manifests)
+                         - min(m.timestamp_start for m in manifests)).total_seconds() * 1000),
+        runs={run.run_id: run.manifest_hash for run, _ in pairs},
+        attestations=tuple(att.id for _, att in pairs), verification=entries)
+    try:
+        write_session(store, session, record.model_dump(mode="json"))
+    except FileExistsError:  # an earlier replay died between the folder and the file
+        data = json.dumps(record.model_dump(mode="json"), indent=2, sort_keys=True).encode()
+        write_once(store.run_dir(session) / "manifest.json", data + b"\n",
+                   f"run {session}: manifest already written")
+    return session

@@ -1,0 +1,114 @@
+"""One registry shape: names checked when configuration loads; third parties plug in.
+
+The plugin is a real distribution (``tests/fixtures/plugins``: a package and its
+``.dist-info`` with entry points) found by ``importlib.metadata`` on sys.path, the way pip
+installs one.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from choir import _registry
+from choir.config import load_repo_config
+from choir.exceptions import ConfigError, UnknownNameError
+from choir.models import Limits
+
+PLUGINS = Path(__file__).resolve().parents[2] / "fixtures" / "plugins"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_registries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing a test loads stays cached for the next test in this worker."""
+    for reg in (_registry.SANDBOXES, _registry.PARSERS, _registry.EXECUTORS):
+        monkeypatch.setattr(reg, "_loaded", {})
+
+
+def _repo(tmp_path: Path, *, backend: str, parser: str) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "choir.yaml").write_text(textwrap.dedent(f"""\
+        verifiers:
+          unit:
+            kind: unit_tests
+            steps:
+              - name: check
+                command: "true; false"
+            parser: {parser}
+        sandbox:
+          backend: {backend}
+        """))
+    return repo
+
+
+def test_unknown_plugin_names_fail_at_load_with_did_you_mean_and_install_hint(
+        tmp_path: Path) -> None:
+    repo = _repo(tmp_path, backend="bwarp", parser="demo")
+    with pytest.raises(ConfigError) as err:
+        load_repo_config(repo)
+    text = str(err.value)
+    assert "unknown sandbox 'bwarp'" in text and "did you mean 'bwrap'" in text
+    assert "choir.sandboxes" in text and "choir.yaml:9" in text
+    assert "unknown parser 'demo'" in text and "choir.parsers" in text
+
+
+def test_unknown_executor_kind_fails_when_the_work_item_loads(tmp_path: Path) -> None:
+    from choir.config import load_work_item
+
+    (tmp_path / "repo").mkdir()
+    item = tmp_path / "item.yaml"
+    item.write_text("id: x\ngoal: g\nrepo: ./repo\nexecutor:\n  kind: comand\n  command: 'true'\n")
+    with pytest.raises(ConfigError) as err:
+        load_work_item(item)
+    assert "unknown executor 'comand'" in str(err.value)
+    assert "did you mean 'command'" in str(err.value) and "choir.executors" in str(err.value)
+
+
+def test_an_installed_plugin_adds_a_sandbox_and_a_parser(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from choir.report.parsers import ParseInput, get_parser, parser_names
+    from choir.sandbox import get_sandbox, sandbox_names
+
+    assert "demo" not in sandbox_names()
+    with pytest.raises(UnknownNameError):
+        get_sandbox("demo")
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    assert "demo" in sandbox_names() and "demo" in parser_names()
+    config = load_repo_config(_repo(tmp_path, backend="demo", parser="demo"))
+    assert config.sandbox.backend == "demo"
+
+    box = get_sandbox("demo")
+    assert type(box).__module__ == "choir_demo_plugin.box"
+    seen = bytearray()
+    out = tmp_path / "out"
+    result = box.exec("echo from-plugin; exit 3", repo=tmp_path / "repo", out_dir=out, env={},
+                      timeout_s=30, limits=Limits(), network=False, sink=seen.extend)
+    assert result.exit_code == 3
+    assert bytes(seen) == b"[demo sandbox]\nfrom-plugin\n"
+
+    parsed = get_parser("demo")(ParseInput(artifacts={}, store=None,  # type: ignore[arg-type]
+                                           exit_codes=[0, 3]))
+    assert (parsed.counts.run, parsed.counts.failed) == (2, 1)
+
+
+def test_a_plugin_cannot_replace_a_builtin_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    reg = _registry.Registry("sandbox", {"bwrap": "choir.sandbox.bwrap:BwrapSandbox"})
+    monkeypatch.setattr(reg, "_plugins", lambda: {"bwrap": "choir_demo_plugin.box:DemoSandbox"})
+    assert reg.specs()["bwrap"] == "choir.sandbox.bwrap:BwrapSandbox"
+
+
+def test_auto_names_no_backend_and_prefers_the_strongest_isolation() -> None:
+    import inspect
+
+    from choir.sandbox import base
+
+    source = inspect.getsource(base.resolve_auto)
+    assert not any(f'"{name}"' in source for name in ("docker", "bwrap", "local"))
+    from choir.sandbox.bwrap import BwrapSandbox
+    from choir.sandbox.docker import DockerSandbox
+    from choir.sandbox.local import LocalSandbox
+
+    assert DockerSandbox.auto_rank < BwrapSandbox.auto_rank < LocalSandbox.auto_rank  # type: ignore[operator]
