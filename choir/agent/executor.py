@@ -45,7 +45,9 @@ class ChangeSummary(BaseModel):
     summary: str = Field(min_length=1, max_length=2_000)
 
 # what verifies the executor's work is not the executor's to edit
-PROTECTED = (CONFIG_NAME,)
+# the allowlist, and the repo's .venv: ignored, so outside the tree hash, yet it is the
+# interpreter the verifiers run (a planted .pth would pass every step)
+PROTECTED = (CONFIG_NAME, ".venv")
 
 
 def feedback_text(reports: Sequence[VerificationReport]) -> str:

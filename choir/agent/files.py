@@ -74,8 +74,9 @@ class RepoFiles:
         max_read_bytes: the most text one ``read_file`` reply holds.
         max_write_bytes: the largest file ``write_file``/``apply_patch`` may produce.
         max_results: the most paths or hits one ``list_files``/``search`` reply holds.
-        protected: paths from the root that may be read but never written (Choir's llm
-            executor protects ``choir.yaml``: what verifies its work is not its to edit).
+        protected: paths from the root (files, or folders with all they hold) that may be
+            read but never written (Choir's llm executor protects ``choir.yaml`` and the
+            repo's ``.venv``: what verifies its work is not its to edit).
     """
 
     def __init__(
@@ -347,10 +348,11 @@ class RepoFiles:
                 f"{_clip(path)!r} is inside a version-control folder "
                 f"({', '.join(sorted(vcs))}); refused"
             )
-        if "/".join(parts) in self.protected:
-            raise ToolInputError(f"{'/'.join(parts)} is protected (the verifier allowlist or "
-                                 "another file the caller guards): it may not be changed; "
-                                 "refused")
+        joined = "/".join(parts)
+        if any(joined == p or joined.startswith(p + "/") for p in self.protected):
+            raise ToolInputError(f"{joined} is protected (the verifier allowlist, the "
+                                 "verifiers' interpreter or another path the caller guards): "
+                                 "it may not be changed; refused")
         return parts
 
     def _exists(self, path: str) -> bool:

@@ -659,3 +659,27 @@ def test_the_general_agent_protects_only_what_it_is_told(tmp_path: Path) -> None
     with pytest.raises(ToolInputError, match="protected"):
         guarded.write_file("deploy.cfg", "x\n")
     assert (tmp_path / "deploy.cfg").read_text() == "prod\n"
+
+
+def test_the_llm_executor_cannot_write_the_verifiers_interpreter(tmp_path: Path) -> None:
+    """The repo's .venv is ignored (outside the tree hash) yet the verifiers run it: a .pth
+    planted there by the model's tools would pass every step. A protected folder guards all
+    it holds, through every writing tool."""
+    from choir.agent.executor import PROTECTED
+
+    site = tmp_path / ".venv" / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "ok.pth").write_text("\n")
+    files = RepoFiles(tmp_path, protected=PROTECTED)
+    for attempt in (lambda: files.write_file(".venv/lib/python3.11/site-packages/zz.pth",
+                                             "import os; os._exit(0)\n"),
+                    lambda: files.write_file("./.venv/pyvenv.cfg", "home = /tmp\n"),
+                    lambda: files.apply_patch(
+                        "--- a/.venv/lib/python3.11/site-packages/ok.pth\n"
+                        "+++ b/.venv/lib/python3.11/site-packages/ok.pth\n"
+                        "@@ -1 +1 @@\n-\n+import os; os._exit(0)\n")):
+        with pytest.raises(ToolInputError, match="protected"):
+            attempt()
+    assert sorted(p.name for p in site.iterdir()) == ["ok.pth"]
+    assert (site / "ok.pth").read_text() == "\n"
+    assert files.write_file(".venvs-notes.txt", "fine\n").startswith("created")  # no prefix trap
