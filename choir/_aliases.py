@@ -9,9 +9,7 @@ paths, so the moves stay plain renames in git.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.machinery
-import importlib.util
 import sys
 from types import ModuleType
 
@@ -39,7 +37,7 @@ OLD_PATHS = {
 }
 
 
-class _Alias(importlib.abc.Loader):
+class _Alias:  # a Loader by protocol: importlib.abc would pull in importlib.resources (9 ms)
     """Loads an old name as the new module itself, leaving the new module's spec intact."""
 
     def __init__(self, new: str) -> None:
@@ -55,11 +53,12 @@ class _Alias(importlib.abc.Loader):
         module.__spec__ = self._spec  # the import system set the old name's spec on it
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:  # a MetaPathFinder by protocol
     def find_spec(self, fullname: str, path: object = None,
                   target: object = None) -> importlib.machinery.ModuleSpec | None:
         new = OLD_PATHS.get(fullname)
-        return None if new is None else importlib.util.spec_from_loader(fullname, _Alias(new))
+        return None if new is None else importlib.machinery.ModuleSpec(
+            fullname, _Alias(new))  # type: ignore[arg-type]
 
 
 def install() -> None:
