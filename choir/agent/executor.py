@@ -28,7 +28,7 @@ from choir.agent.store import SqliteContextStore
 from choir.attest import AttestationStore, load_signer
 from choir.config import CONFIG_NAME, load_repo_config
 from choir.config.policy import load_policy
-from choir.director import plan
+from choir.director import outside_a_run, plan
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.target import resolve_target
 from choir.exceptions import ConfigError, SandboxError, VerificationRejected
@@ -94,7 +94,8 @@ def green_verifier(item: WorkItem, run_id: str) -> Any:
 
     async def verify(output: ChangeSummary) -> ChangeSummary:
         config, policy, mood = pinned.config, pinned.policy, pinned.mood
-        chosen = plan(policy, mood, config.verifiers, required=item.required_verifiers)
+        chosen = outside_a_run(plan(policy, mood, config.verifiers,
+                                    required=item.required_verifiers), config.verifiers)
         names = list(dict.fromkeys(p.name for p in chosen.verifiers))
         target = resolve_target(repo, item.id)
         check = secrets.token_hex(4)  # a fresh id per check, also after a resumed agent run

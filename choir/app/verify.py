@@ -21,6 +21,7 @@ from choir._core.ids import new_run_id
 from choir.attest import AttestationStore, load_signer
 from choir.config import load_repo_config
 from choir.config.policy import load_policy
+from choir.director import outside_a_run
 from choir.director import plan as director_plan
 from choir.director.advisor import suggest
 from choir.evidence.artifacts import ArtifactStore
@@ -174,6 +175,7 @@ async def averify_tree(
                 specs=config.verifiers, last=[])
             plan = director_plan(policy, mood, config.verifiers, suggestion=advice.names,
                                  reason=advice.reason)
+        plan = outside_a_run(plan, config.verifiers)
         emit = on_event or _quiet
         emit("progress", {"kind": "plan", "mood": mood.value, "round_kind": "verify",
                           "verifiers": [f"{p.name}#{p.replica}" for p in plan.verifiers],

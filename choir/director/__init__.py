@@ -14,7 +14,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from choir.config.policy import Policy
-from choir.models import Mood, PlannedVerifier, Result, VerifierPlan, VerifierSpec, WorkItem
+from choir.exceptions import UserError
+from choir.models import (
+    Mood,
+    PlannedVerifier,
+    Result,
+    VerifierKind,
+    VerifierPlan,
+    VerifierSpec,
+    WorkItem,
+)
 
 if TYPE_CHECKING:
     from choir.models import VerifierRun
@@ -53,6 +62,29 @@ def plan(policy: Policy, mood: Mood, allowlist: Collection[str], *,
     return VerifierPlan(mood=mood, verifiers=planned, dropped=tuple(dropped),
                         reason=f"{why}{'; ' + reason if reason else ''}"[:500],
                         suggested_by="model" if suggestion else "policy")
+
+
+def outside_a_run(chosen: VerifierPlan, specs: Mapping[str, VerifierSpec]) -> VerifierPlan:
+    """``chosen`` without ``trace`` verifiers, for a check of a tree outside ``choir run``.
+
+    A trace verifier checks the run's own trace; ``choir verify`` and the llm executor's gate
+    have no run to check, and would otherwise run ``choir trace verify`` as a shell step
+    (INCONCLUSIVE: no such command in the sandbox). It is dropped and the plan says so.
+
+    Raises:
+        UserError: nothing but trace verifiers was planned (no verifier, no assert).
+    """
+    keep = tuple(p for p in chosen.verifiers if specs[p.name].kind is not VerifierKind.TRACE)
+    gone = sorted({p.name for p in chosen.verifiers} - {p.name for p in keep})
+    if not gone:
+        return chosen
+    if not keep:
+        raise UserError(f"mood {chosen.mood.value} plans only trace verifiers ({', '.join(gone)})"
+                        ", which check a choir run's own trace; add another verifier, or use "
+                        "choir run")
+    why = f"{chosen.reason}; {', '.join(gone)}: a trace is checked in choir run only"
+    return chosen.model_copy(update={"verifiers": keep, "dropped": (*chosen.dropped, *gone),
+                                     "reason": why[:500]})
 
 
 def part_plan(item: WorkItem, policy: Policy, mood: Mood,

@@ -79,3 +79,20 @@ def test_a_forged_trace_record_stops_the_assert(tmp_path: Path, choir_home: Path
     bodies = [atts.get(i).body for i in atts.ids()]
     assert {b.result.value for b in bodies if b.verifier_kind == "trace"} == {"FAIL"}
     assert "PASS" in {b.result.value for b in bodies if b.verifier == "unit"}  # code was fixed
+
+
+def test_choir_verify_drops_a_trace_verifier_it_has_no_run_for(tmp_path: Path) -> None:
+    """Outside ``choir run`` there is no run trace: PARANOID's trace verifier is dropped and
+    named, not run as a shell step (which made every PARANOID ``choir verify`` INCONCLUSIVE)."""
+    from choir.app.verify import verify_tree
+
+    repo = calc_repo(tmp_path / "repo", canary="x", verifiers=TRACE_VERIFIER,
+                     extra="moods:\n  PARANOID: {verifiers: [unit, trace], reruns: 1}\n")
+    (repo / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    events: list[dict[str, Any]] = []
+    outcome = verify_tree(repo, mood=Mood.PARANOID, sandbox_name="bwrap",
+                          on_event=lambda kind, data: events.append(data))
+    assert outcome.contract["status"] == "PASS", outcome.contract["tail_log"][-800:]
+    planned = next(e for e in events if e.get("kind") == "plan")
+    assert planned["verifiers"] == ["unit#0"] and planned["dropped"] == ["trace"]
+    assert "choir run only" in planned["reason"]
