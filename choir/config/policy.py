@@ -17,7 +17,7 @@ from choir._core.canonical import hash_json
 from choir._core.resources import data_path
 from choir.config import RepoConfig
 from choir.config._yaml import YamlDoc, load_yaml, validate
-from choir.models import BlastRadius, Mood, VerifierKind
+from choir.models import BlastRadius, Mood, StepSpec, VerifierKind, VerifierSpec
 from choir.models._base import Frozen
 
 POLICY_FILE = "moods.yaml"
@@ -29,6 +29,8 @@ class _PackagedMood(Frozen):
     reruns: int = Field(default=1, ge=1, le=5)
     allow_unsafe_isolation: bool = True
     require_limits: bool = False
+    # the run's own trace, verified and attested, before anything is ASSERTed (choir run)
+    require_trace: bool = False
 
 
 class _PackagedPolicy(Frozen):
@@ -81,6 +83,24 @@ def load_packaged_policy() -> _PackagedPolicy:
     return result
 
 
+def with_run_checks(config: RepoConfig,
+                    packaged: _PackagedPolicy | None = None) -> RepoConfig:
+    """The allowlist of a ``choir run``: when a mood requires a verified trace
+    (``require_trace``, PARANOID) and the repo declares no ``trace`` verifier, Choir's own is
+    added, so a run in that mood is never ASSERTed on an unverified trace. It runs Choir's
+    trace verifier in-process on the run's own record, no code of the repo's.
+    """
+    base = packaged or load_packaged_policy()
+    if not any(m.require_trace for m in base.moods.values()):
+        return config
+    if any(spec.kind is VerifierKind.TRACE for spec in config.verifiers.values()):
+        return config
+    name = "trace" if "trace" not in config.verifiers else "choir-trace"
+    spec = VerifierSpec(name=name, kind=VerifierKind.TRACE,
+                        steps=(StepSpec(name="verify", command="choir trace verify"),))
+    return config.model_copy(update={"verifiers": {**config.verifiers, name: spec}})
+
+
 def _by_kind(config: RepoConfig, kinds: tuple[VerifierKind, ...]) -> tuple[str, ...]:
     wanted = set(kinds)
     return tuple(name for name, spec in config.verifiers.items() if spec.kind in wanted)
@@ -97,7 +117,8 @@ def load_policy(config: RepoConfig, packaged: _PackagedPolicy | None = None) -> 
     moods: dict[Mood, MoodPolicy] = {}
     for mood in Mood:
         default = base.moods.get(mood) or base.moods[Mood.SKEPTICAL]
-        core = _by_kind(config, default.kinds) or tuple(config.verifiers)
+        core = _by_kind(config, default.kinds) or tuple(
+            n for n, spec in config.verifiers.items() if spec.kind is not VerifierKind.TRACE)
         broaden = tuple(n for n in _by_kind(config, default.broaden_kinds) if n not in core)
         fields: dict[str, Any] = {
             "verifiers": core,

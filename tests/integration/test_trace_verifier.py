@@ -96,3 +96,28 @@ def test_choir_verify_drops_a_trace_verifier_it_has_no_run_for(tmp_path: Path) -
     planned = next(e for e in events if e.get("kind") == "plan")
     assert planned["verifiers"] == ["unit#0"] and planned["dropped"] == ["trace"]
     assert "choir run only" in planned["reason"]
+
+
+def test_paranoid_demands_a_verified_trace_even_when_the_repo_declares_none(
+        tmp_path: Path, choir_home: Path) -> None:
+    """PARANOID requires a verified trace (``require_trace``): a run of a repo whose
+    allowlist has no trace verifier gets Choir's own, and its ASSERT rests on it."""
+    item = make_item(tmp_path, executor=fix_cmd(tmp_path))
+    assert "kind: trace" not in (tmp_path / "repo" / "choir.yaml").read_text()
+    proc = subprocess.run([PY, "-m", "choir", "run", str(item), "--run-id", "tv3", "--json",
+                           "--mood", "PARANOID"], capture_output=True, text=True, timeout=300,
+                          env=_env(choir_home))
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 0 and out["status"] == "asserted", proc.stdout[-2000:]
+    atts = AttestationStore(choir_home / "attestations")
+    bodies = [atts.get(i).body for i in atts.ids()]
+    traced = [b for b in bodies if b.verifier_kind == "trace"]
+    assert traced and {b.result.value for b in traced} == {"PASS"}
+    assert {b.verifier for b in traced} == {"trace"}
+    # CALM plans no trace verifier: the default kinds and the fallback both leave it out
+    repo = tmp_path / "repo"
+    from choir.config.policy import with_run_checks
+
+    policy = load_policy(with_run_checks(load_repo_config(repo)))
+    assert "trace" in policy.moods[Mood.PARANOID].verifiers
+    assert "trace" not in policy.moods[Mood.CALM].verifiers
