@@ -1,4 +1,4 @@
-"""Where Choir keeps things (CONTRACT.md, "Storage")."""
+"""Where Choir keeps things: CHOIR_HOME, and the artifact store (README, "Storage")."""
 
 from __future__ import annotations
 

@@ -310,7 +310,7 @@ class Agent:
                               emit: Callable[[str, dict[str, Any] | None], None]
                               ) -> AgentContext:
         """The tool mutated state: check its effect. A fail or inconclusive is a rejection
-        (seed 000's block, one attempt, same accounting as a rejected final output)."""
+        (the Agent's rejection block, one attempt, same accounting as a rejected final output)."""
         from choir.agent.feedback import rejection_feedback
         from choir.agent.gate import candidate_hash
 

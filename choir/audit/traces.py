@@ -1,4 +1,4 @@
-"""Auditing run traces: every recorded run's trace is exported and verified (seed 004).
+"""Auditing run traces: every recorded run's trace is exported and verified (docs/trace.md).
 
 A run still being driven holds its lock; its trace is unfinished by design, so it is counted
 and skipped, not reported. Anything else that does not verify is a violation named after the

@@ -12,7 +12,7 @@ from choir.cli._errors import EXIT_FAIL, EXIT_OK
 
 @click.group()
 def trace() -> None:
-    """Run traces: export one as JSON, or verify one (seed 004)."""
+    """Run traces: export one as JSON, or verify one (docs/trace.md)."""
 
 
 @trace.command("export")

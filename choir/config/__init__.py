@@ -424,7 +424,7 @@ def load_work_item(path: Path) -> WorkItem:
 def _decision_required(item: WorkItem, config: RepoConfig,
                        doc: YamlDoc) -> tuple[WorkItem, list[ConfigError]]:
     """``item`` with its decision type's methods added to its required verifiers when its
-    blast radius is above the type's threshold (seed 003's DTE)."""
+    blast radius is above the type's threshold (docs/postconditions.md, decision types)."""
     from choir.postconditions.decisions import required_methods
 
     decision = config.decisions.get(item.decision_type or "")

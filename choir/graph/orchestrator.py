@@ -4,7 +4,8 @@ Side effects that must not repeat (minting attestations, AHDB writes) happen in 
 any interrupt, and are idempotent on replay: a green thread's run id names one run (a
 resumed thread reuses a sealed run), attestations are content-addressed, and AHDB atoms are
 keyed by run, round and kind. The approval interrupt lives in this parent graph
-(PLATFORM.md: subgraph resumes are fragile). Progress goes out on LangGraph's custom stream
+(resuming an interrupt inside a subgraph is where LangGraph's resume
+bugs are; a green thread must never run twice). Progress goes out on LangGraph's custom stream
 (``emit``): what the CLI shows live, never part of the state.
 """
 

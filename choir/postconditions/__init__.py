@@ -1,4 +1,4 @@
-"""Postcondition verifiers (seed 003): success means verified after an action.
+"""Postcondition verifiers (docs/postconditions.md): success means verified after an action.
 
 A postcondition is a verifier that checks an action's effect on a system, not a working
 tree: a callable ``verify(context) -> VerificationResult`` from the repo's ``verifiers/``

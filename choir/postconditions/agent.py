@@ -3,7 +3,7 @@
 ``Agent(postconditions={"set_flag": [Postcondition(...)]})``: after each successful call of
 ``set_flag`` the declared postconditions run, each in its own process (the same harness
 and verdict rules as a ``choir.yaml`` postcondition: a raise, crash, hang or malformed
-result is INCONCLUSIVE). Anything but PASS goes back to the model as the seed-000
+result is INCONCLUSIVE). Anything but PASS goes back to the model as the Agent's
 ``<verification_rejected>`` block and counts one verification attempt, exactly as a
 rejected final output does. The context's ``action`` is the tool name and its arguments.
 """

@@ -1,4 +1,4 @@
-"""Verification per decision type (seed 003's DTE): which postconditions an action needs.
+"""Verification per decision type: which postconditions an action needs (docs/postconditions.md).
 
 ``decisions:`` in ``choir.yaml`` maps a decision type to ``verification: {
 required_above_blast_radius, methods, verify_timeout_ms}``. A work item (or an Agent run)

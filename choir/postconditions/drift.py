@@ -1,4 +1,4 @@
-"""Drift events (seed 003): a postcondition that fails or cannot tell is a ``verify`` signal.
+"""Drift events: a postcondition that fails or cannot tell is a ``verify`` signal.
 
 FAIL is drift severity yellow (the system answered, and it is not in the state the action
 promised); INCONCLUSIVE is red (a timeout, a hang, a crash: nobody knows the state). Each

@@ -1,4 +1,4 @@
-"""The ``verification`` field of a sealed run record (seed 003's Episode): what each
+"""The ``verification`` field of a sealed run record (an episode, docs/postconditions.md): what each
 postcondition said about the action, each entry naming the attestation that proves it.
 
 ``choir audit`` re-derives every entry from its signed attestation, so an edited outcome,

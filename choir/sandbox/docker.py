@@ -267,7 +267,7 @@ class DockerSandbox(Sandbox):
             try:
                 status = container.wait(timeout=timeout_s)
                 code = int(status.get("StatusCode", -1))
-            except Exception:  # requests' "Read timed out" (PLATFORM.md), not a TimeoutError
+            except Exception:  # requests' "Read timed out", not a TimeoutError
                 timed_out = True
                 container.kill()
                 code = 124

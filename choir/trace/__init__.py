@@ -1,4 +1,7 @@
-"""Run traces (seed 004): recorded per run, exported as one JSON document, verified fail-closed."""
+"""Run traces: recorded per run, exported as one JSON document, verified fail-closed.
+
+The format and the checks: docs/trace.md.
+"""
 
 from choir.trace.export import export_run
 from choir.trace.model import Trace, trace_json_schema

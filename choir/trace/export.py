@@ -192,7 +192,7 @@ def export_run(run_id: str, *, home: Path | None = None,
         atoms = open_ahdb(base).atoms(work_item=work_item)
         _atom_claims(b, atoms, attested, reports, events[-1].seq if events else 0)
     claims = b.claims
-    if insufficient is not None:  # seed 004: every claim of such a run is marked
+    if insufficient is not None:  # docs/trace.md: every claim of such a run is marked
         claims = [c.model_copy(update={"insufficient": True}) for c in claims]
     return Trace(schema_version=TRACE_SCHEMA_VERSION, run_id=run_id, source="run",
                  work_item=work_item,

@@ -1,4 +1,4 @@
-"""The trace of one run (seed 004): a single JSON document an auditor can check offline.
+"""The trace of one run (docs/trace.md): a single JSON document an auditor can check offline.
 
 A trace holds what happened in order (events with ``seq`` and ``ts``), every tool call and its
 result linked by ``call_id``, the plan (planned and required steps), every derived claim with
@@ -101,7 +101,7 @@ ClaimKind = Literal["report_summary", "failure_signature", "ASSERT", "HYPOTHESIZ
 
 class DerivedClaim(Frozen):
     """A claim the run made. ``text`` carries a marker ``[@n]`` for each citation ``n``
-    (1-based); ``insufficient`` marks a claim the run could not ground (seed 004)."""
+    (1-based); ``insufficient`` marks a claim the run could not ground (docs/trace.md)."""
 
     id: str = Field(min_length=1, max_length=200)
     kind: ClaimKind

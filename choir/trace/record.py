@@ -148,7 +148,7 @@ class TraceRecorder:
 
     def ended(self, values: dict[str, Any], waiting: bool) -> str:
         """The run stopped: paused for approval, or ended. Returns its insufficient-evidence
-        output (seed 004), '' when the evidence decided the run."""
+        output (docs/trace.md), '' when the evidence decided the run."""
         status = str(values.get("status", "unknown"))
         if waiting:
             self.emit("awaiting_approval", data={"status": status})

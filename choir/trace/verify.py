@@ -1,4 +1,4 @@
-"""The trace verifier (seed 004): fail closed on anything not proven well-formed and grounded.
+"""The trace verifier (docs/trace.md): fail closed on anything not proven well-formed and grounded.
 
 Every check runs on the whole trace and names its failures; there are no warnings. ``version``
 and ``schema`` come first: a trace of a version Choir does not support, or one that does not
