@@ -32,6 +32,7 @@ from choir.director import outside_a_run, plan
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.target import resolve_target
 from choir.exceptions import ConfigError, SandboxError, VerificationRejected
+from choir.executors import interpreter_in_repo
 from choir.executors.pinned import GateContext, current_gate
 from choir.models import ExecutorOutput, Result, VerificationReport, VerifierRun, WorkItem
 from choir.verification import attest_run, open_sandbox, run_verifier_thread
@@ -128,7 +129,11 @@ def green_verifier(item: WorkItem, run_id: str) -> Any:
 
 def build_agent(item: WorkItem, run_id: str, *, model: str | Any,
                 model_settings: dict[str, Any] | None = None) -> tuple[Agent, RepoFiles]:
-    files = RepoFiles(Path(item.repo), protected=PROTECTED)
+    repo = Path(item.repo).resolve()
+    # and whatever else of the run's pinned interpreter lies in the repo, as for the
+    # sandboxed executors (a sandbox.python inside it)
+    pinned = tuple(p.relative_to(repo).as_posix() for p in interpreter_in_repo(repo))
+    files = RepoFiles(repo, protected=tuple(dict.fromkeys((*PROTECTED, *pinned))))
     instructions = load_text("prompts", "executor_system.md")
     if item.executor.instructions:
         instructions += "\n\nThe work item's own instructions:\n" + item.executor.instructions

@@ -34,9 +34,11 @@ from choir._core.paths import artifact_dir, choir_home
 from choir._registry import EXECUTORS
 from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import ConfigError, UserError
+from choir.executors.pinned import current_gate
 from choir.models import Limits, VerificationReport, WorkItem
 from choir.models.run import ExecutorIsolation, ExecutorOutput
 from choir.models.workitem import ExecutorSpec
+from choir.sandbox._toolchain import choose
 from choir.sandbox.bwrap import BwrapSandbox
 from choir.sandbox.local import LocalSandbox
 
@@ -123,7 +125,7 @@ def _hidden() -> list[Path]:
     return [p.resolve() for p in found if p.exists()]
 
 
-def _interpreter_in_repo(repo: Path) -> list[Path]:
+def interpreter_in_repo(repo: Path) -> list[Path]:
     """The verifiers' interpreter, where it lies inside the repo: read-only here.
 
     The repo's ``.venv`` is ignored, so the tree hash does not cover it, yet verifiers run
@@ -131,21 +133,16 @@ def _interpreter_in_repo(repo: Path) -> list[Path]:
     step pass on the buggy tree under a hash a clean checkout shares. The run's pinned
     configuration names what the verifiers will use; without one, the repo's ``.venv``.
     """
-    from choir.executors.pinned import current_gate
-    from choir.sandbox._toolchain import choose
-
     gate = current_gate()
     found = [repo / ".venv"]
     if gate is not None:
-        section = gate.config.sandbox
         try:
-            # the interpreter only: explicit binds may be state the action is meant to change
-            # (a postcondition's SQLite folder), which its verifiers then read back
-            tools = choose(repo, section.python)
-            found += [Path(p) for p in (*tools.binds, tools.venv or "")]
+            # the interpreter only (its binds hold the venv): explicit binds may be state the
+            # action is meant to change (a postcondition's SQLite folder), read back later
+            found += [Path(p) for p in choose(repo, gate.config.sandbox.python).binds]
         except ConfigError:
             pass  # the verifiers will refuse it too; nothing of it to protect
-    kept = {p.resolve() for p in found if str(p) and p.exists()}
+    kept = {p.resolve() for p in found if p.exists()}
     return sorted(p for p in kept if p != repo and p.is_relative_to(repo))
 
 
@@ -192,7 +189,7 @@ def _run_user_code(item: WorkItem, attempt: int, feedback: Sequence[Verification
                 readable = sorted({p for p in (repo.parent, inputs, _choir_root())
                                    if p != Path("/") and not str(p).startswith(_NEVER)})
                 result = BwrapSandbox().exec(argv(inputs), readable=readable,
-                                             read_only=_interpreter_in_repo(repo),
+                                             read_only=interpreter_in_repo(repo),
                                              hidden=_hidden(), **common)  # type: ignore[arg-type]
             else:
                 result = LocalSandbox().exec(argv(inputs), **common)  # type: ignore[arg-type]

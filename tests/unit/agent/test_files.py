@@ -683,3 +683,33 @@ def test_the_llm_executor_cannot_write_the_verifiers_interpreter(tmp_path: Path)
     assert sorted(p.name for p in site.iterdir()) == ["ok.pth"]
     assert (site / "ok.pth").read_text() == "\n"
     assert files.write_file(".venvs-notes.txt", "fine\n").startswith("created")  # no prefix trap
+
+
+def test_the_llm_executor_guards_a_pinned_interpreter_inside_the_repo(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sandbox.python: env`` names a venv inside the repo: the run pins it, and the llm
+    executor's tools may not write it, as the sandboxed executors may not."""
+    import sys
+
+    from choir.agent.executor import build_agent
+    from choir.config import load_repo_config
+    from choir.config.policy import load_policy
+    from choir.executors.pinned import pinned_gate
+    from choir.models import Mood, WorkItem
+
+    monkeypatch.delenv("VIRTUAL_ENV", raising=False)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    base = os.path.realpath(sys.base_prefix) + "/bin/python3"
+    subprocess.run([base, "-m", "venv", "--without-pip", str(repo / "env")], check=True)
+    (repo / "choir.yaml").write_text(
+        "verifiers:\n  unit:\n    kind: unit_tests\n    steps:\n      - name: t\n"
+        "        command: python3 -c pass\nsandbox: {python: env}\n")
+    config = load_repo_config(repo)
+    item = WorkItem(id="w", goal="g", repo=str(repo),
+                    executor={"kind": "llm", "model": "openai/gpt-4o-mini"})  # type: ignore[arg-type]
+    with pinned_gate(config, load_policy(config), Mood.CALM):
+        _, files = build_agent(item, "r", model="openai/gpt-4o-mini")
+    with pytest.raises(ToolInputError, match="protected"):
+        files.write_file("env/pyvenv.cfg", "home = /tmp\n")
+    assert files.write_file("notes.txt", "fine\n").startswith("created")
