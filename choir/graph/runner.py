@@ -21,7 +21,7 @@ from choir._core.ids import new_run_id
 from choir._core.paths import choir_home
 from choir.attest.keys import require_pinned_signer
 from choir.config import load_repo_config, load_work_item
-from choir.config.policy import load_policy, with_run_checks
+from choir.config.policy import load_packaged_policy, load_policy, with_run_checks
 from choir.evidence.tree import remove_snapshot, snapshot_root
 from choir.exceptions import UserError
 from choir.graph.checkpoints import open_checkpointer
@@ -140,8 +140,10 @@ async def run_work_item(path: Path, *, mood: Mood | None = None, run_id: str | N
     """
 
     item = load_work_item(path)
-    config = with_run_checks(load_repo_config(Path(item.repo)))  # PARANOID: a verified trace
-    policy = load_policy(config)  # configuration errors before anything runs
+    packaged = load_packaged_policy()
+    # PARANOID: a verified trace; configuration errors before anything runs
+    config = with_run_checks(load_repo_config(Path(item.repo)), packaged)
+    policy = load_policy(config, packaged)
     start_mood = mood or item.mood
     open_sandbox(config, policy, start_mood).close()  # a refused sandbox before anything runs
     run_id = run_id or new_run_id(item.id)
