@@ -19,23 +19,31 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from choir._core.ids import check_run_id
 from choir._core.paths import choir_home
 from choir._core.resources import load_text
 from choir.agent.agent import Agent, AgentResult
 from choir.agent.feedback import one_line
 from choir.agent.files import RepoFiles
 from choir.agent.store import SqliteContextStore
-from choir.attest import AttestationStore, load_signer
 from choir.config import CONFIG_NAME, load_repo_config
 from choir.config.policy import load_policy
 from choir.director import outside_a_run, plan
 from choir.evidence.artifacts import ArtifactStore
-from choir.evidence.target import resolve_target
+from choir.evidence.target import snapshot_target
+from choir.evidence.tree import remove_snapshot, snapshot_root
 from choir.exceptions import ConfigError, SandboxError, VerificationRejected
 from choir.executors import interpreter_in_repo
 from choir.executors.pinned import GateContext, current_gate
-from choir.models import ExecutorOutput, Result, VerificationReport, VerifierRun, WorkItem
-from choir.verification import attest_run, open_sandbox, run_verifier_thread
+from choir.models import (
+    ExecutorOutput,
+    PlannedVerifier,
+    Result,
+    VerificationReport,
+    VerifierRun,
+    WorkItem,
+)
+from choir.rounds import Round, attest_round, run_round
 
 MAX_FEEDBACK_REPORTS = 8
 
@@ -97,26 +105,19 @@ def green_verifier(item: WorkItem, run_id: str) -> Any:
         config, policy, mood = pinned.config, pinned.policy, pinned.mood
         chosen = outside_a_run(plan(policy, mood, config.verifiers,
                                     required=item.required_verifiers), config.verifiers)
-        names = list(dict.fromkeys(p.name for p in chosen.verifiers))
-        target = resolve_target(repo, item.id)
-        check = secrets.token_hex(4)  # a fresh id per check, also after a resumed agent run
-        store = ArtifactStore()
-
-        async def one(name: str) -> VerifierRun:
-            spec = config.verifiers[name]
-            sandbox = open_sandbox(config, policy, mood)
-            try:
-                run, _ = await run_verifier_thread(
-                    spec, repo=repo, target=target, sandbox=sandbox, store=store,
-                    run_id=f"{run_id}-check{check}-{name}", lens="executor_gate")
-            finally:
-                sandbox.close()
-            await asyncio.to_thread(attest_run, run, spec, store=store, signer=load_signer(),
-                                    attestations=AttestationStore(), policy_hash=policy.hash,
-                                    mood=mood.value)
-            return run
-
-        runs = await asyncio.gather(*(one(n) for n in names))
+        planned = [PlannedVerifier(name=name, lens="executor_gate") for name in
+                   dict.fromkeys(p.name for p in chosen.verifiers)]
+        check = check_run_id(run_id)  # fresh per check, also after a resumed agent run
+        snapshots = snapshot_root() / check
+        try:
+            # the agent waits while its tree is verified; the verifiers read a sealed copy
+            target, tree = await asyncio.to_thread(snapshot_target, repo, snapshots, item.id)
+            rnd = Round(id=check, config=config, policy=policy, mood=mood, target=target,
+                        tree=tree, work_item=item)
+            runs = [run for run, _ in await run_round(rnd, planned)]
+            await asyncio.to_thread(attest_round, rnd, runs)
+        finally:
+            await asyncio.to_thread(remove_snapshot, snapshots)
         if any(r.report.result is Result.FAIL for r in runs):
             raise _rejection(runs)
         if all(r.report.result is Result.PASS for r in runs):

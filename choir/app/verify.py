@@ -13,18 +13,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from choir._core.ids import new_run_id
-from choir.attest import AttestationStore, load_signer
 from choir.config import load_repo_config
 from choir.config.policy import load_policy
 from choir.director import outside_a_run
 from choir.director import plan as director_plan
 from choir.director.advisor import suggest
-from choir.evidence.artifacts import ArtifactStore
 
 # resolve_target and target_of lived here before; re-exported for their old path, one release
 from choir.evidence.target import resolve_target as resolve_target
@@ -33,13 +31,8 @@ from choir.evidence.target import target_of as target_of
 from choir.evidence.tree import remove_snapshot, snapshot_root
 from choir.models import Mood, PlannedVerifier, Result, Target, WorkItem
 from choir.postconditions.episode import episode
-from choir.verification import (
-    attest_run,
-    load_manifest,
-    open_sandbox,
-    run_verifier_thread,
-    sandbox_options,
-)
+from choir.rounds import Backend, Round, attest_round, run_round
+from choir.verification import load_manifest
 from choir.verification.session import (
     SessionCommand,
     SessionManifest,
@@ -150,7 +143,6 @@ async def averify_tree(
     Raises:
         UserError: bad configuration, or a policy that refuses the sandbox available.
     """
-    from choir.distributed import fanout_from_env
 
     repo = repo.expanduser().resolve()
     loop = asyncio.get_running_loop()
@@ -160,7 +152,8 @@ async def averify_tree(
     # the configuration is parsed and the plan made; nothing runs on it before both are done,
     # and a configuration error still wins (the snapshot is then removed).
     taking = loop.run_in_executor(None, snapshot_target, repo, snapshots)
-    sandbox = fanout = None
+    emit = on_event or _quiet
+    backend: Backend | None = None
     try:
         config = load_repo_config(repo)
         policy = load_policy(config)
@@ -176,124 +169,82 @@ async def averify_tree(
             plan = director_plan(policy, mood, config.verifiers, suggestion=advice.names,
                                  reason=advice.reason)
         plan = outside_a_run(plan, config.verifiers)
-        emit = on_event or _quiet
         emit("progress", {"kind": "plan", "mood": mood.value, "round_kind": "verify",
                           "verifiers": [f"{p.name}#{p.replica}" for p in plan.verifiers],
                           "dropped": list(plan.dropped), "reason": plan.reason})
-        sandbox = open_sandbox(config, policy, mood, sandbox_name)
-        emit("progress", {"kind": "sandbox", "name": sandbox.name,
-                          "isolation": sandbox.isolation})
-        # CHOIR_SCHEDULER: the verifiers run on a cluster's workers
-        fanout = fanout_from_env(sandbox_options(config))
-        store, signer, attestations = ArtifactStore(), load_signer(), AttestationStore()
+        rnd = Round(id=session, config=config, policy=policy, mood=mood,
+                    target=Target(tree_hash="0" * 64), tree=snapshots,
+                    on_event=lambda event: emit("progress", event), sandbox_name=sandbox_name)
+        # opened while the snapshot is taken; a sandbox the mood refuses is refused before
+        # anything runs
+        backend = Backend.open(rnd)
         target, verified = await taking
     except BaseException:
-        if sandbox is not None:
-            sandbox.close()
-        if fanout is not None:
-            fanout.close()
+        if backend is not None:
+            backend.close()
         await asyncio.wait([taking])  # never remove a snapshot still being written
         remove_snapshot(snapshots)
         raise
-    semaphore = asyncio.Semaphore(policy.max_parallel)
+    rnd = replace(rnd, target=target, tree=verified)
     started = time.monotonic()
-
-    async def one(planned: PlannedVerifier) -> Any:
-        spec = config.verifiers[planned.name]
-        run_id = f"{session}-{planned.name}-{planned.replica}"
-        label = {"kind": "green", "key": run_id, "verifier": planned.name,
-                 "lens": planned.lens, "replica": planned.replica}
-        emit("progress", {**label, "state": "queued"})
-        async with semaphore:
-            emit("progress", {**label, "state": "running"})
-            began = time.monotonic()
-            pair = await run_verifier_thread(
-                spec,
-                repo=verified,
-                target=target,
-                sandbox=sandbox,
-                store=store,
-                run_id=run_id,
-                reporter=config.models.reporter,
-                lens=planned.lens,
-                replica=planned.replica,
-                runner=fanout.run_verifier if fanout else None,
-            )
-        report = pair[0].report
-        emit("progress", {**label, "state": "done", "result": report.result.value,
-                          "seconds": round(time.monotonic() - began, 2),
-                          "summary": report.summary[:160]})
-        return pair
-
     planned = list(plan.verifiers)
     try:
-        pairs = await asyncio.gather(*(one(pv) for pv in planned))
+        pairs = await run_round(rnd, planned, backend=backend)
         core_green = all(run.report.result is Result.PASS for run, _ in pairs)
         if mood is Mood.BOLD and core_green:  # BOLD broadens once the core is green
             wider = [PlannedVerifier(name=n) for n in policy.moods[mood].broaden
                      if n not in {pv.name for pv in planned}]
             planned += wider
-            pairs += await asyncio.gather(*(one(pv) for pv in wider))
+            pairs += await run_round(rnd, wider, backend=backend)
     except BaseException:
-        sandbox.close()
-        if fanout:
-            fanout.close()
+        backend.close()
         remove_snapshot(snapshots)
         raise
-    sandbox.close()
-    if fanout:
-        fanout.close()
+    backend.close()
     # removed beside the attestations (a few hundred unlinks), and awaited before returning
     removing = loop.run_in_executor(None, remove_snapshot, snapshots)
     try:
-        return _conclude(repo, session, mood, plan, planned, pairs, config, policy, sandbox,
-                         target, store, signer, attestations, started)
+        return _conclude(repo, rnd, backend, plan, planned, pairs, started)
     finally:
         await removing
 
 
-def _conclude(repo: Path, session: str, mood: Mood, plan: Any, planned: list[PlannedVerifier],
-              pairs: list[Any], config: Any, policy: Any, sandbox: Any, target: Target,
-              store: Any, signer: Any, attestations: Any, started: float) -> VerifyOutcome:
-    """Attest every run, write the session folder and assemble the contract."""
+def _conclude(repo: Path, rnd: Round, backend: Backend, plan: Any,
+              planned: list[PlannedVerifier], pairs: list[Any], started: float) -> VerifyOutcome:
+    """Attest every sealed run, write the session folder and assemble the contract."""
 
+    session, mood, target, store = rnd.id, rnd.mood, rnd.target, rnd.store
+    minted = attest_round(rnd, [run for run, _ in pairs])
     runs = [run for run, _ in pairs]
-    results = [result for _, result in pairs]
-    atts = [
-        attest_run(
-            run,
-            config.verifiers[run.verifier],
-            store=store,
-            signer=signer,
-            attestations=attestations,
-            policy_hash=policy.hash,
-            mood=mood.value,
-        )
-        for run in runs
-    ]
+    sealed = [(run, result) for run, result in pairs if run.run_id in minted]
+    results = [result for _, result in sealed]
+    atts = [minted[run.run_id] for run, _ in sealed]
     passed = bool(runs) and all(run.report.result is Result.PASS for run in runs)
     status = "PASS" if passed else "FAIL"
-    manifests = [load_manifest(store, run.manifest_hash) for run in runs]
+    manifests = [load_manifest(store, run.manifest_hash) for run, _ in sealed]
     commands = [
         SessionCommand(name=cmd.name, verifier=m.verifier, replica=run.replica, run_id=m.run_id,
                        command=cmd.command, exit_code=cmd.exit_code, duration_ms=cmd.duration_ms)
-        for run, m in zip(runs, manifests, strict=True)
+        for (run, _), m in zip(sealed, manifests, strict=True)
         for cmd in m.commands_executed
     ]
     first = manifests[0].platform if manifests else None
     start = min((m.timestamp_start for m in manifests), default=None)
     end = max((m.timestamp_end for m in manifests), default=None)
+    sandbox = backend.sandbox
     session_manifest = SessionManifest(
         run_id=session, status=status, mood=mood.value,
         timestamp_start=start.isoformat() if start else None,
         timestamp_end=end.isoformat() if end else None,
         commit_sha=target.commit_sha, tree_hash=target.tree_hash,
         commands_executed=tuple(commands),
-        platform=platform_of(first, sandbox.name, sandbox.isolation),
+        platform=platform_of(first, sandbox.name if sandbox else "none",
+                             sandbox.isolation if sandbox else "none"),
         duration_ms=int((time.monotonic() - started) * 1000),
-        runs={run.run_id: run.manifest_hash for run in runs},
+        runs={run.run_id: run.manifest_hash for run, _ in sealed},
+        crashed=tuple(run.run_id for run in runs if run.run_id not in minted),
         attestations=tuple(att.id for att in atts),
-        verification=episode(zip(runs, atts, strict=True)))
+        verification=episode((run, minted[run.run_id]) for run, _ in sealed))
     manifest_json = session_manifest.model_dump(mode="json")
     write_session(store, session, manifest_json)
     contract: dict[str, Any] = {

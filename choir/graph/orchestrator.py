@@ -12,7 +12,6 @@ bugs are; a green thread must never run twice). Progress goes out on LangGraph's
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +20,10 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Overwrite, Send, interrupt
 
 from choir._core.failpoints import failpoint
-from choir.attest import AttestationStore, load_signer
+from choir._core.ids import round_run_id, thread_run_id
 from choir.director import part_plan, plan, verdicts
 from choir.director.advisor import suggest
-from choir.director.lenses import lens_spec, nested_plan
-from choir.evidence.artifacts import ArtifactStore
+from choir.director.lenses import nested_plan
 from choir.evidence.target import target_of
 from choir.evidence.tree import ensure_snapshot, remove_snapshot, snapshot, snapshot_root
 from choir.exceptions import UserError
@@ -34,19 +32,13 @@ from choir.executors.pinned import pinned_gate
 from choir.graph.adjudicate import adjudicate_node
 from choir.graph.state import GreenIn, GreenOut, RunState
 from choir.models import (
-    Counts,
     Mood,
     PlannedVerifier,
-    Result,
     Target,
-    VerificationReport,
     VerifierKind,
     VerifierPlan,
-    VerifierRun,
 )
-from choir.verification import attest_run, open_sandbox, run_verifier_thread, sandbox_options
-
-_SEMAPHORES: dict[tuple[int, int], asyncio.Semaphore] = {}
+from choir.rounds import Round, attest_round, crashed, run_round
 
 
 def emit(event: dict[str, Any]) -> None:
@@ -57,71 +49,27 @@ def emit(event: dict[str, Any]) -> None:
         pass
 
 
-def _limiter(n: int) -> asyncio.Semaphore:
-    """Bounded parallelism for green threads (policy ``max_parallel``), per event loop."""
-    key = (id(asyncio.get_running_loop()), n)
-    return _SEMAPHORES.setdefault(key, asyncio.Semaphore(n))
+def _round(state: GreenIn | RunState, round_id: str, tree: Path) -> Round:
+    """The plan runner's view of this round: pinned configuration, the round's id."""
+    from choir.trace.step import run_trace_step
 
-
-def _crash_report(state: GreenIn, error: BaseException) -> VerifierRun:
-    """A crashed green thread becomes INCONCLUSIVE evidence, not a crashed run."""
-    planned = state["planned"]
-    report = VerificationReport(
-        verifier=planned.name, verifier_type="crashed", target=state["target"],
-        result=Result.INCONCLUSIVE, summary=f"verifier crashed: {type(error).__name__}: "
-                                            f"{str(error)[:200]}",
-        next_actions=("Rerun; the verifier itself failed, not the code under test.",),
-        confidence=0.0, hyperthesis=("The verifier crashed: nothing was ruled out.",),
-        counts=Counts())
-    return VerifierRun(verifier=planned.name, run_id=state["run_id"], report=report,
-                       report_hash="", manifest_hash="", lens=planned.lens,
-                       replica=planned.replica, diagnostic=planned.diagnostic,
-                       tests=planned.tests)
+    return Round(id=round_id,
+                 config=state["config"], policy=state["policy"], mood=Mood(state["mood"]),
+                 target=state["target"], tree=tree, work_item=state["work_item"],
+                 on_event=emit, in_process={VerifierKind.TRACE: run_trace_step})
 
 
 async def green_thread(state: GreenIn) -> GreenOut:
-    """One verifier in its own sandbox; raw output stays in the artifact store."""
-    from choir.distributed import fanout_from_env
-
-    item = state["work_item"]
-    planned = state["planned"]
-    config, policy = state["config"], state["policy"]
-    label = {"kind": "green", "key": state["run_id"], "verifier": planned.name,
-             "lens": planned.lens, "replica": planned.replica}
-    emit({**label, "state": "queued"})
-    async with _limiter(policy.max_parallel):
-        emit({**label, "state": "running"})
-        started = time.monotonic()
-        try:
-            if config.verifiers[planned.name].kind is VerifierKind.TRACE:  # in-process
-                from choir.trace.step import run_trace_step
-
-                run = await asyncio.to_thread(run_trace_step, planned, state["run_id"],
-                                              state["target"], ArtifactStore())
-            else:
-                sandbox = open_sandbox(config, policy, Mood(state["mood"]))
-                fanout = fanout_from_env(sandbox_options(config))  # CHOIR_SCHEDULER: a cluster
-                try:
-                    from choir.postconditions.context import context_env
-
-                    spec = lens_spec(config.verifiers[planned.name], planned)
-                    run, _ = await run_verifier_thread(
-                        spec,
-                        repo=verified_tree(Path(item.repo), state["target"]),
-                        target=state["target"], sandbox=sandbox, store=ArtifactStore(),
-                        run_id=state["run_id"], reporter=config.models.reporter,
-                        lens=planned.lens, replica=planned.replica,
-                        diagnostic=planned.diagnostic, tests=planned.tests,
-                        runner=fanout.run_verifier if fanout else None,
-                        env=context_env(spec, item, run_id=state["run_id"]))
-                finally:
-                    sandbox.close()
-                    if fanout:
-                        fanout.close()
-        except Exception as exc:  # noqa: BLE001 - a crash is evidence of nothing
-            run = _crash_report(state, exc)
-    emit({**label, "state": "done", "result": run.report.result.value,
-          "seconds": round(time.monotonic() - started, 2), "summary": run.report.summary[:160]})
+    """One verifier in its own sandbox, through the plan runner (``choir.rounds``); raw
+    output stays in the artifact store."""
+    planned, target = state["planned"], state["target"]
+    # the thread's id is {round id}-{verifier}-{replica} (fan_out): the round's id is its head
+    round_id = state["run_id"].removesuffix(f"-{planned.name}-{planned.replica}")
+    try:
+        rnd = _round(state, round_id, verified_tree(Path(state["work_item"].repo), target))
+        [(run, _)] = await run_round(rnd, [planned])
+    except Exception as exc:  # noqa: BLE001 - no sandbox, no snapshot: evidence of nothing
+        run = crashed(planned, state["run_id"], target, exc)
     return {"runs": [run]}
 
 
@@ -251,7 +199,7 @@ def fan_out(state: RunState) -> list[Send] | str:
     sends = [Send("green", GreenIn(
         work_item=item, config=state["config"], policy=state["policy"], planned=pv,
         target=state["target"], mood=state["mood"],
-        run_id=f"{state['run_id']}-r{round_no}-{pv.name}-{pv.replica}"))
+        run_id=thread_run_id(round_run_id(state["run_id"], round_no), pv.name, pv.replica)))
         for pv in state["plan"].verifiers]
     return sends or "attest"
 
@@ -259,29 +207,21 @@ def fan_out(state: RunState) -> list[Send] | str:
 async def attest(state: RunState) -> dict[str, Any]:
     """Mint an attestation for every run on this tree that has none yet."""
 
-    config, policy = state["config"], state["policy"]
-    store, signer, atts = ArtifactStore(), load_signer(), AttestationStore()
     minted = dict(state.get("attestations", {}))
-    usage = []
-    for run in state.get("runs", []):
-        if not run.report_hash or run.run_id in minted:
-            continue
-        planned = PlannedVerifier(name=run.verifier, lens=run.lens,  # type: ignore[arg-type]
-                                  replica=run.replica, tests=run.tests)
-        spec = lens_spec(config.verifiers[run.verifier], planned)
-        minted[run.run_id] = attest_run(
-            run, spec, store=store, signer=signer, attestations=atts, policy_hash=policy.hash,
-            mood=state["mood"],
-            executor_isolation=state.get("executor_isolation"),  # type: ignore[arg-type]
-        ).id
-        if run.report.usage.model:
-            usage.append(("reporter", run.report.usage))
+    runs = state.get("runs", [])
+    rnd = _round(state, round_run_id(state["run_id"], state.get("round", 0)),
+                 Path(state["work_item"].repo))
+    fresh = attest_round(rnd, runs, minted=minted,
+                         executor_isolation=state.get("executor_isolation"))  # type: ignore[arg-type]
+    minted.update({run_id: att.id for run_id, att in fresh.items()})
+    usage = [("reporter", run.report.usage) for run in runs
+             if run.run_id in fresh and run.report.usage.model]
     failpoint("attest:minted")
     new = len(minted) - len(state.get("attestations", {}))
     events = [f"attested {new}"]
     from choir.verification.session import seal_round
 
-    round_id = f"{state['run_id']}-r{state.get('round', 0)}"
+    round_id = rnd.id
     this_round = [r for r in state.get("runs", []) if r.run_id.startswith(round_id + "-")]
     if seal_round(round_id, this_round, minted, mood=state["mood"]):
         events.append(f"episode sealed: runs/{round_id}/manifest.json")

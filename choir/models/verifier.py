@@ -92,7 +92,10 @@ class VerifierSpec(Frozen):
         return self
 
 
-Lens = Literal["default", "clean_rerun", "isolated_subset", "instrumented", "independent"]
+# executor_gate: the llm executor's own check of its candidate (its spec is the default one;
+# it never promotes anything, only the Director loop's rounds do)
+Lens = Literal["default", "clean_rerun", "isolated_subset", "instrumented", "independent",
+               "executor_gate"]
 
 
 class PlannedVerifier(Frozen):

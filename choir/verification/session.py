@@ -57,6 +57,8 @@ class SessionManifest(Frozen):
     platform: dict[str, str | None]
     duration_ms: int
     runs: dict[str, str]
+    # green threads that crashed: no evidence, nothing attested, and the session FAILs
+    crashed: tuple[str, ...] = ()
     attestations: tuple[str, ...]
     # postconditions' outcomes, each re-derived from its attestation by the audit (#13)
     verification: tuple[VerificationOutcome, ...] = ()
@@ -111,7 +113,8 @@ def check_session(run_dir: Path, attestations: Any) -> list[tuple[str, str, str]
     for cmd in session.commands_executed:
         if cmd.run_id not in session.runs:
             problems.append(("session_command", "a run of this session", cmd.run_id))
-    passed = bool(backed) and all(b.result is Result.PASS for b in backed.values())
+    passed = (bool(backed) and not session.crashed
+              and all(b.result is Result.PASS for b in backed.values()))
     if session.status != ("PASS" if passed else "FAIL"):
         problems.append(("session_status", "PASS" if passed else "FAIL", session.status))
     return problems

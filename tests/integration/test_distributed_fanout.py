@@ -171,6 +171,10 @@ def test_a_worker_cannot_run_code_on_the_coordinator(
     repo.mkdir()
     (repo / "choir.yaml").write_text(CHOIR_YAML.format(verifiers=verifier("good", "exit 0")))
     monkeypatch.setenv("CHOIR_SCHEDULER", cluster.address)
-    with pytest.raises(Exception):  # noqa: B017 - any refusal; what matters is below
-        verify_tree(repo, mood=Mood.SKEPTICAL, sandbox_name="bwrap")
+    outcome = verify_tree(repo, mood=Mood.SKEPTICAL, sandbox_name="bwrap")
     assert not marker.exists()
+    # the refused reply is evidence of nothing: the thread is INCONCLUSIVE, nothing attested
+    assert outcome.status == "FAIL" and outcome.contract["attestations"] == []
+    [report] = outcome.contract["reports"]
+    assert report["result"] == "INCONCLUSIVE" and report["verifier_type"] == "crashed"
+    assert len(outcome.contract["manifest"]["crashed"]) == 1

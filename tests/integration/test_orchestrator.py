@@ -310,16 +310,18 @@ def test_a_crashed_green_thread_is_inconclusive_evidence_not_a_crashed_run(
 
     from choir.config import load_repo_config, load_work_item
     from choir.config.policy import load_policy
+    from choir.evidence.target import resolve_target
     from choir.graph.orchestrator import green_thread
     from choir.graph.state import GreenIn
-    from choir.models import PlannedVerifier, Result, Target
+    from choir.models import PlannedVerifier, Result
 
     item = load_work_item(make_item(tmp_path, executor=fix_cmd(tmp_path)))
     config = load_repo_config(Path(item.repo))
-    # a verifier the allowlist does not hold: the thread crashes
+    # a verifier the allowlist does not hold, on the real tree: the thread crashes
     state = GreenIn(work_item=item, config=config, policy=load_policy(config),
                     planned=PlannedVerifier(name="gone", replica=1),
-                    target=Target(tree_hash="0" * 64), run_id="c-r0-gone-1", mood="CALM")
+                    target=resolve_target(Path(item.repo), item.id), run_id="c-r0-gone-1",
+                    mood="CALM")
     run = asyncio.run(green_thread(state))["runs"][0]
     assert run.report.result is Result.INCONCLUSIVE and run.report.verifier_type == "crashed"
     assert run.report_hash == "" and run.replica == 1  # nothing to attest, nothing promotes

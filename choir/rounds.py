@@ -1,0 +1,239 @@
+"""The one plan runner: a round runs planned verifiers on one sealed tree and attests them.
+
+``choir verify``, the orchestrator's green threads and the ``llm`` executor's gate all run
+their plans here, so a verifier is run, reported, named and attested the same way whoever
+asked for it:
+
+- every green thread's run id is ``{round id}-{verifier}-{replica}`` (``thread_run_id``); a
+  round id is a session's (``verify-...``), a ``choir run`` round's (``{run}-r{N}``) or a
+  gate check's (``{agent run}-check{hex}``);
+- a planned verifier runs through its lens (``lens_spec``), at most ``max_parallel`` at once
+  per event loop, with the same progress events (queued, running, done) for the live view;
+- a green thread that crashes is INCONCLUSIVE evidence of nothing, never a crashed round;
+- every sealed run is attested (``attest_round``) through its lens's spec, and only sealed
+  runs are: a crashed thread has nothing to sign.
+
+The orchestrator fans out one round per verifier (``Send``: each green thread is checkpointed
+on its own) and mints in its ``attest`` node, before any interrupt; ``choir verify`` and the
+gate run the whole plan at once with one sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from choir._core.ids import thread_run_id
+from choir.attest import AttestationStore, load_signer
+from choir.director.lenses import lens_spec
+from choir.evidence.artifacts import ArtifactStore
+from choir.exceptions import UserError
+from choir.models import (
+    Counts,
+    PlannedVerifier,
+    Result,
+    Target,
+    VerificationReport,
+    VerifierKind,
+    VerifierRun,
+    WorkItem,
+)
+from choir.verification import attest_run, open_sandbox, run_verifier_thread, sandbox_options
+
+if TYPE_CHECKING:
+    from choir.config import RepoConfig
+    from choir.config.policy import Policy
+    from choir.models import Attestation, Mood
+    from choir.sandbox import Sandbox
+    from choir.verification.pipeline import PipelineResult
+
+Event = Callable[[dict[str, Any]], None]
+# a verifier kind that runs in Choir's own process, not in a sandbox (the trace verifier):
+# (planned, run id, target, store) -> its sealed run
+InProcess = Callable[[PlannedVerifier, str, Target, ArtifactStore], VerifierRun]
+Thread = tuple[VerifierRun, "PipelineResult | None"]
+
+
+def _nobody(event: dict[str, Any]) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Round:
+    """What every green thread of one round shares: the plan's context and the sealed tree.
+
+    ``tree`` is the sealed snapshot of ``target`` that the verifiers read, never a live
+    working tree. ``work_item`` hands its context to postconditions (none outside a run).
+    """
+
+    id: str
+    config: RepoConfig
+    policy: Policy
+    mood: Mood
+    target: Target
+    tree: Path
+    work_item: WorkItem | None = None
+    on_event: Event = _nobody
+    in_process: Mapping[VerifierKind, InProcess] = field(default_factory=dict)
+    sandbox_name: str | None = None
+
+    @functools.cached_property
+    def store(self) -> ArtifactStore:
+        """The artifact store, opened on first use: a round refused before anything ran
+        leaves nothing behind."""
+        return ArtifactStore()
+
+
+_LIMITS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, asyncio.Semaphore]] = (
+    weakref.WeakKeyDictionary())
+
+
+def limiter(n: int) -> asyncio.Semaphore:
+    """At most ``n`` green threads at once (policy ``max_parallel``) in this event loop.
+
+    Keyed by the loop itself, not its ``id()``: a new loop can reuse a dead one's id, and a
+    semaphore bound to a dead loop refuses the new one.
+    """
+    loop = asyncio.get_running_loop()
+    return _LIMITS.setdefault(loop, {}).setdefault(n, asyncio.Semaphore(n))
+
+
+def crashed(planned: PlannedVerifier, run_id: str, target: Target,
+            error: BaseException) -> VerifierRun:
+    """A crashed green thread: INCONCLUSIVE evidence of nothing, with no report to attest."""
+    report = VerificationReport(
+        verifier=planned.name, verifier_type="crashed", target=target,
+        result=Result.INCONCLUSIVE, summary=f"verifier crashed: {type(error).__name__}: "
+                                            f"{str(error)[:200]}",
+        next_actions=("Rerun; the verifier itself failed, not the code under test.",),
+        confidence=0.0, hyperthesis=("The verifier crashed: nothing was ruled out.",),
+        counts=Counts())
+    return VerifierRun(verifier=planned.name, run_id=run_id, report=report, report_hash="",
+                       manifest_hash="", lens=planned.lens, replica=planned.replica,
+                       diagnostic=planned.diagnostic, tests=planned.tests)
+
+
+async def run_green(rnd: Round, planned: PlannedVerifier, *, sandbox: Sandbox | None,
+                    runner: Callable[..., PipelineResult] | None = None) -> Thread:
+    """One planned verifier through its lens, as one green thread of ``rnd``.
+
+    Never raises for what the verifier did: a crash is an INCONCLUSIVE run (unsealed).
+    """
+    from choir.postconditions.context import context_env
+
+    run_id = thread_run_id(rnd.id, planned.name, planned.replica)
+    label = {"kind": "green", "key": run_id, "verifier": planned.name, "lens": planned.lens,
+             "replica": planned.replica}
+    rnd.on_event({**label, "state": "queued"})
+    result: PipelineResult | None = None
+    async with limiter(rnd.policy.max_parallel):
+        rnd.on_event({**label, "state": "running"})
+        started = time.monotonic()
+        try:
+            spec = lens_spec(rnd.config.verifiers[planned.name], planned)
+            own = rnd.in_process.get(spec.kind)
+            if own is not None:
+                run = await asyncio.to_thread(own, planned, run_id, rnd.target, rnd.store)
+            elif sandbox is None:
+                raise RuntimeError(f"no sandbox for verifier {planned.name}")
+            else:
+                run, result = await run_verifier_thread(
+                    spec, repo=rnd.tree, target=rnd.target, sandbox=sandbox, store=rnd.store,
+                    run_id=run_id, reporter=rnd.config.models.reporter, lens=planned.lens,
+                    replica=planned.replica, diagnostic=planned.diagnostic,
+                    tests=planned.tests, runner=runner,
+                    env=context_env(spec, rnd.work_item, run_id=run_id))
+        except UserError:
+            raise  # a configuration the user must fix (no scheduler answers): not evidence
+        except Exception as exc:  # noqa: BLE001 - a crash is evidence of nothing
+            run, result = crashed(planned, run_id, rnd.target, exc), None
+    rnd.on_event({**label, "state": "done", "result": run.report.result.value,
+                  "seconds": round(time.monotonic() - started, 2),
+                  "summary": run.report.summary[:160]})
+    return run, result
+
+
+@dataclass
+class Backend:
+    """Where a round's verifiers run: one sandbox, and a cluster client when
+    ``CHOIR_SCHEDULER`` names one (else local threads)."""
+
+    sandbox: Sandbox | None
+    fanout: Any = None
+
+    @classmethod
+    def open(cls, rnd: Round, planned: Sequence[PlannedVerifier] | None = None) -> Backend:
+        """Open what ``planned`` (default: any verifier) needs; ``close`` it after.
+
+        Raises:
+            UserError: the mood refuses the sandbox available, or its name is unknown.
+        """
+        from choir.distributed import fanout_from_env
+
+        if planned is not None and all(rnd.config.verifiers[p.name].kind in rnd.in_process
+                                       for p in planned):
+            return cls(None)
+        sandbox = open_sandbox(rnd.config, rnd.policy, rnd.mood, rnd.sandbox_name)
+        try:
+            rnd.on_event({"kind": "sandbox", "name": sandbox.name,
+                          "isolation": sandbox.isolation})
+            return cls(sandbox, fanout_from_env(sandbox_options(rnd.config)))
+        except BaseException:
+            sandbox.close()
+            raise
+
+    def close(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()
+        if self.fanout is not None:
+            self.fanout.close()
+
+
+async def run_round(rnd: Round, planned: Sequence[PlannedVerifier], *,
+                    backend: Backend | None = None) -> list[Thread]:
+    """Run ``planned`` side by side on ``backend`` (opened here and closed after when not
+    given), results in plan order.
+
+    Raises:
+        UserError: the mood refuses the sandbox available, or its name is unknown (nothing
+            ran).
+    """
+    own = backend is None
+    use = Backend.open(rnd, planned) if backend is None else backend
+    try:
+        runner = use.fanout.run_verifier if use.fanout is not None else None
+        return list(await asyncio.gather(*(
+            run_green(rnd, p, sandbox=use.sandbox, runner=runner) for p in planned)))
+    finally:
+        if own:
+            use.close()
+
+
+def attest_round(rnd: Round, runs: Sequence[VerifierRun], *,
+                 executor_isolation: Literal["namespace", "none", "tools"] | None = None,
+                 minted: Mapping[str, str] | None = None) -> dict[str, Attestation]:
+    """Mint the attestation of every sealed run not yet in ``minted`` (run id -> id).
+
+    The attestation signs the spec the run executed (its lens's), read back against what is
+    stored; minting again yields the same content-addressed attestation.
+    """
+    signer, store = load_signer(), AttestationStore()
+    done = minted or {}
+    out: dict[str, Attestation] = {}
+    for run in runs:
+        if not run.report_hash or run.run_id in done:
+            continue  # a crashed thread sealed nothing
+        planned = PlannedVerifier(name=run.verifier, lens=run.lens,  # type: ignore[arg-type]
+                                  replica=run.replica, tests=run.tests)
+        spec = lens_spec(rnd.config.verifiers[run.verifier], planned)
+        out[run.run_id] = attest_run(run, spec, store=rnd.store, signer=signer,
+                                     attestations=store, policy_hash=rnd.policy.hash,
+                                     mood=rnd.mood.value,
+                                     executor_isolation=executor_isolation)
+    return out
