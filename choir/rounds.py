@@ -195,23 +195,55 @@ class Backend:
             self.fanout.close()
 
 
+# backends shared by the green threads of one round that run as separate graph nodes (the
+# orchestrator's Sends): per event loop, by round id, with how many threads hold each
+_SHARED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, list[Any]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _acquire(rnd: Round) -> Backend:
+    held = _SHARED.setdefault(asyncio.get_running_loop(), {})
+    if rnd.id not in held:  # opened without an await: no second opener can slip in
+        held[rnd.id] = [Backend.open(rnd), 0]
+    held[rnd.id][1] += 1
+    backend: Backend = held[rnd.id][0]
+    return backend
+
+
+def _release(rnd: Round) -> None:
+    held = _SHARED[asyncio.get_running_loop()]
+    held[rnd.id][1] -= 1
+    if held[rnd.id][1] == 0:
+        held.pop(rnd.id)[0].close()
+
+
 async def run_round(rnd: Round, planned: Sequence[PlannedVerifier], *,
-                    backend: Backend | None = None) -> list[Thread]:
+                    backend: Backend | None = None, shared: bool = False) -> list[Thread]:
     """Run ``planned`` side by side on ``backend`` (opened here and closed after when not
     given), results in plan order.
+
+    ``shared``: the calls for one round id in this event loop share one backend, open while
+    any of them runs (the orchestrator runs each green thread as its own node: one sandbox
+    and one cluster client per round, so the snapshot is shipped to a cluster once).
 
     Raises:
         UserError: the mood refuses the sandbox available, or its name is unknown (nothing
             ran).
     """
-    own = backend is None
-    use = Backend.open(rnd, planned) if backend is None else backend
+    needs = any(rnd.config.verifiers[p.name].kind not in rnd.in_process for p in planned)
+    share = backend is None and shared and needs
+    own = backend is None and not share
+    use = (_acquire(rnd) if share else Backend.open(rnd, planned) if own
+           else backend)
+    assert use is not None
     try:
         runner = use.fanout.run_verifier if use.fanout is not None else None
         return list(await asyncio.gather(*(
             run_green(rnd, p, sandbox=use.sandbox, runner=runner) for p in planned)))
     finally:
-        if own:
+        if share:
+            _release(rnd)
+        elif own:
             use.close()
 
 

@@ -67,7 +67,7 @@ async def green_thread(state: GreenIn) -> GreenOut:
     round_id = state["run_id"].removesuffix(f"-{planned.name}-{planned.replica}")
     try:
         rnd = _round(state, round_id, verified_tree(Path(state["work_item"].repo), target))
-        [(run, _)] = await run_round(rnd, [planned])
+        [(run, _)] = await run_round(rnd, [planned], shared=True)
     except Exception as exc:  # noqa: BLE001 - no sandbox, no snapshot: evidence of nothing
         run = crashed(planned, state["run_id"], target, exc)
     return {"runs": [run]}

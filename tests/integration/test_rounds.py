@@ -154,3 +154,35 @@ def test_the_limiter_serves_a_fresh_event_loop(tmp_path: Path) -> None:
 
     for _ in range(20):
         asyncio.run(use())
+
+
+async def test_a_choir_run_round_opens_one_backend_for_its_green_threads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each green thread is its own graph node; they share the round's sandbox and cluster
+    client (before, every thread opened its own, and shipped the snapshot again)."""
+    from choir.graph.runner import run_work_item
+    from choir.rounds import _SHARED, Backend
+
+    repo = _repo(tmp_path)
+    (repo / "choir.yaml").write_text(CHOIR_YAML + textwrap.dedent("""\
+          third:
+            kind: smoke
+            steps: [{name: run, command: "true"}]
+        sandbox: {backend: bwrap}
+        """))
+    opened: list[Backend] = []
+    real = Backend.open.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: type[Backend], rnd: Any, planned: Any = None) -> Backend:
+        backend = real(cls, rnd, planned)
+        opened.append(backend)
+        return backend
+
+    monkeypatch.setattr(Backend, "open", classmethod(counting))
+    item = tmp_path / "item.yaml"
+    item.write_text("id: shared\ngoal: g\nrepo: ./repo\nmood: SKEPTICAL\n"
+                    "executor: {kind: command, command: 'true'}\n")
+    out = await run_work_item(item, run_id="shared-run")
+    assert out.status == "asserted", out
+    assert len(opened) == 1  # one round of three green threads
+    assert all(not held for held in _SHARED.values())  # released: nothing left open
