@@ -47,7 +47,7 @@ def land(remote: RemoteRun, *, store: ArtifactStore, spec: VerifierSpec,
     Raises:
         IntegrityError: a byte, a name or the manifest does not match (see module docstring).
     """
-    from choir.verification.pipeline import _stored_result, ran_spec_steps
+    from choir.verification.pipeline import ran_spec_steps, stored_result
 
     try:
         manifest = RunManifest.model_validate_json(remote.manifest_json)
@@ -77,7 +77,7 @@ def land(remote: RemoteRun, *, store: ArtifactStore, spec: VerifierSpec,
     if sealed is not None:
         if sealed[1] != remote.manifest_hash:
             raise IntegrityError(f"run id {remote.run_id} already names another run")
-        return _stored_result(store, remote.run_id, *sealed)
+        return stored_result(store, remote.run_id, *sealed)
     store.set_aside(remote.run_id)
     base = store.run_dir(remote.run_id)
     base.mkdir(parents=True)
@@ -90,4 +90,4 @@ def land(remote: RemoteRun, *, store: ArtifactStore, spec: VerifierSpec,
     manifest_hash = store.write_manifest(remote.run_id, manifest)
     if manifest_hash != remote.manifest_hash:
         raise IntegrityError(f"run {remote.run_id}: the manifest is not canonical")
-    return _stored_result(store, remote.run_id, manifest, manifest_hash)
+    return stored_result(store, remote.run_id, manifest, manifest_hash)

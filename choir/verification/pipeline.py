@@ -211,7 +211,7 @@ def replay_sealed(store: ArtifactStore, run_id: str, spec: VerifierSpec,
             raise IntegrityError(
                 f"run id {run_id} already names a run of '{spec.name}' with other steps; its "
                 "result stands for the commands it ran, not these: give the run another id")
-        return _stored_result(store, run_id, *sealed)
+        return stored_result(store, run_id, *sealed)
     return None
 
 
@@ -225,8 +225,10 @@ def ran_spec_steps(manifest: RunManifest, spec: VerifierSpec) -> bool:
     return ran == wanted[:len(ran)]
 
 
-def _stored_result(store: ArtifactStore, run_id: str, manifest: RunManifest,
-                   manifest_hash: str) -> PipelineResult:
+def stored_result(store: ArtifactStore, run_id: str, manifest: RunManifest,
+                  manifest_hash: str) -> PipelineResult:
+    """The result of a run already sealed in ``store`` (a replay, or one landed from a
+    cluster worker), its tail read back from the stored combined log."""
     tail = _Tail()
     combined = manifest.files.get("logs/combined.log")
     if combined is not None:
