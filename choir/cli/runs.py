@@ -221,6 +221,7 @@ def show_run(run_id: str, with_output: bool = True) -> dict[str, Any]:
             "commands_executed": session["commands_executed"],
             "platform": session["platform"],
             "attestations": _attestations(list(session["attestations"]), store),
+            "crashed": list(session.get("crashed", [])),
             "verdicts": [], "executor": None}
 
 
@@ -272,6 +273,9 @@ def show_command(run_id: str, as_json: bool) -> int:
             click.echo(f"      - {strip_control(str(sig.get('test_id') or sig['kind']))}{where}")
         if att.get("artifact_path"):
             click.echo(f"      artifacts: {att['artifact_path']}")
+    for crashed in data.get("crashed", []):
+        click.echo(f"  {strip_control(str(crashed))}: crashed inside Choir (INCONCLUSIVE, "
+                   "nothing attested)")
     for atom in data.get("verdicts", []):
         click.echo(f"verdict: {atom['kind']} {atom['status']}  {strip_control(atom['claim'])}")
     executor = data.get("executor")

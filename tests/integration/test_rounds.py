@@ -186,3 +186,20 @@ async def test_a_choir_run_round_opens_one_backend_for_its_green_threads(
     assert out.status == "asserted", out
     assert len(opened) == 1  # one round of three green threads
     assert all(not held for held in _SHARED.values())  # released: nothing left open
+
+
+def test_choir_runs_show_names_a_crashed_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from choir.app.verify import verify_tree
+    from choir.cli.runs import show_command
+    from choir.models import Mood
+
+    _crash_boom(monkeypatch)
+    outcome = verify_tree(_repo(tmp_path), mood=Mood.SKEPTICAL, sandbox_name="bwrap")
+    [crashed] = outcome.contract["manifest"]["crashed"]
+    shown = CliRunner().invoke(show_command, [outcome.contract["run_id"]])
+    assert shown.exit_code == 0, shown.output
+    assert f"{crashed}: crashed inside Choir" in shown.output
+    assert "FAIL" in shown.output.splitlines()[0]
