@@ -121,8 +121,10 @@ PARSERS: Registry[Any] = Registry("parser", {
     "mypy": "choir.report.lint:parse_mypy",
     "sarif": "choir.report.lint:parse_sarif",
 })
+# a reporter words the deterministic report: async (report, *, result, store, model,
+# deadline_s) -> VerificationReport, bounded by choir.report.build.bounded whoever wrote it
 REPORTERS: Registry[Any] = Registry("reporter", {
-    "deterministic": "choir.report.build:deterministic_report",
+    "deterministic": "choir.report.reporter:as_built",
     "model": "choir.report.reporter:model_report",
 })
 EXECUTORS: Registry[Any] = Registry("executor", {

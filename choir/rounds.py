@@ -145,7 +145,8 @@ async def run_green(rnd: Round, planned: PlannedVerifier, *, sandbox: Sandbox | 
             else:
                 run, result = await run_verifier_thread(
                     spec, repo=rnd.tree, target=rnd.target, sandbox=sandbox, store=rnd.store,
-                    run_id=run_id, reporter=rnd.config.models.reporter, lens=planned.lens,
+                    run_id=run_id, reporter=rnd.config.models.reporter,
+                    reporter_name=rnd.config.reporter_name(), lens=planned.lens,
                     replica=planned.replica, diagnostic=planned.diagnostic,
                     tests=planned.tests, runner=runner,
                     env=context_env(spec, rnd.work_item, run_id=run_id))

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from choir._registry import EXECUTORS, PARSERS, SANDBOXES, Registry
+from choir._registry import EXECUTORS, PARSERS, REPORTERS, SANDBOXES, Registry
 from choir.config._yaml import YamlDoc, load_yaml, validation_errors
 from choir.config.presets import expand
 from choir.exceptions import ConfigError
@@ -70,6 +70,9 @@ class _ChoirFile(Frozen):
     verification: _Pipeline | None = None
     verifiers: dict[str, dict[str, Any]] = Field(default_factory=dict)
     models: ModelsConfig = Field(default_factory=ModelsConfig)
+    # which reporter words reports (a REPORTERS name); default: model when models.reporter
+    # names a model, else deterministic
+    reporter: str | None = None
     moods: dict[Mood, MoodOverride] = Field(default_factory=dict)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     max_parallel: int | None = Field(default=None, ge=1, le=64)
@@ -84,11 +87,17 @@ class RepoConfig(Frozen):
     source: str
     verifiers: dict[str, VerifierSpec]
     models: ModelsConfig = Field(default_factory=ModelsConfig)
+    reporter: str | None = None
     moods: dict[Mood, MoodOverride] = Field(default_factory=dict)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     max_parallel: int | None = None
     lines: dict[str, int] = Field(default_factory=dict)
     decisions: dict[str, Decision] = Field(default_factory=dict)
+
+    def reporter_name(self) -> str:
+        """The reporter that words reports: ``reporter:``, else ``model`` when
+        ``models.reporter`` names a model, else ``deterministic``."""
+        return self.reporter or ("model" if self.models.reporter else "deterministic")
 
 
 def _verifier_spec(doc: YamlDoc, name: str, raw: Any,
@@ -134,7 +143,7 @@ def _registered(doc: YamlDoc, loc: tuple[str | int, ...], registry: Registry[Any
 
 
 def _unknown_names(doc: YamlDoc) -> list[ConfigError]:
-    """Parser and sandbox names checked at load: a typo must never reach a run (issue #11)."""
+    """Parser, sandbox and reporter names checked at load: a typo must never reach a run."""
     parsers = PARSERS.names()
     found = [_registered(doc, ("verification", "parser"), PARSERS,
                          _section(doc.data, "verification").get("parser"), parsers)]
@@ -144,6 +153,13 @@ def _unknown_names(doc: YamlDoc) -> list[ConfigError]:
                                      raw.get("parser"), parsers))
     found.append(_registered(doc, ("sandbox", "backend"), SANDBOXES,
                              _section(doc.data, "sandbox").get("backend"), SANDBOXES.names()))
+    reporter = doc.data.get("reporter") if isinstance(doc.data, dict) else None
+    found.append(_registered(doc, ("reporter",), REPORTERS, reporter, REPORTERS.names()))
+    if reporter == "model" and not _section(doc.data, "models").get("reporter"):
+        found.append(ConfigError("reporter 'model' needs a model to ask", path=str(doc.path),
+                                 line=doc.line_of(("reporter",)),
+                                 hint="set models.reporter to a litellm model name (for "
+                                      "example gpt-4o-mini), or drop 'reporter:'"))
     return [err for err in found if err is not None]
 
 
@@ -285,6 +301,7 @@ def load_repo_config(repo: Path) -> RepoConfig:
         source=str(path),
         verifiers=verifiers,
         models=parsed.models,
+        reporter=parsed.reporter,
         moods=parsed.moods,
         sandbox=sandbox,
         max_parallel=parsed.max_parallel,

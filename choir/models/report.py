@@ -105,7 +105,10 @@ class VerificationReport(Frozen):
     parser: str = Field(default="generic", max_length=32)
     parser_truncated: bool = False
     artifacts: dict[str, str] = Field(default_factory=dict, max_length=16)
-    reporter: Literal["deterministic", "model", "deterministic_fallback"] = "deterministic"
+    # the REPORTERS name that worded it ("model", a plugin's), "deterministic", or
+    # "deterministic_fallback" when the chosen reporter failed or was refused
+    reporter: str = Field(default="deterministic", max_length=64,
+                          pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     usage: Usage = Field(default_factory=Usage)
 
     @field_validator("next_actions")

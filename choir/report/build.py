@@ -7,8 +7,10 @@ confidence or mark the run INCONCLUSIVE; it can never raise a result (model.py c
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
+from choir._registry import REPORTERS
 from choir.models import (
     Counts,
     Result,
@@ -19,7 +21,7 @@ from choir.models import (
 )
 from choir.models.report import NEXT_ACTION_MAX, SUMMARY_MAX
 from choir.report.parsers import ParseInput, ParseResult, get_parser
-from choir.report.reporter import fallback, model_report
+from choir.report.reporter import bounded, fallback, windows
 
 if TYPE_CHECKING:
     from choir.evidence.artifacts import ArtifactStore
@@ -227,23 +229,29 @@ def _build(result: PipelineResult, spec: VerifierSpec, store: ArtifactStore,
 
 async def abuild_report(result: PipelineResult, *, spec: VerifierSpec, store: ArtifactStore,
                         target: Target, reporter: str | None = None,
+                        reporter_name: str | None = None,
                         deadline_s: float = 30.0) -> VerificationReport:
-    """The report for ``result``; with ``reporter`` set, worded by the cheap model.
+    """The report for ``result``, worded by the reporter ``reporter_name`` (a REPORTERS name;
+    default: ``model`` when ``reporter`` names a litellm model, else ``deterministic``).
 
     Never raises for what a run produced: hostile artifacts or a buggy parser give the
-    exit-code report, a failing reporter gives the deterministic one, so every run leaves a
-    report to attest (and a recorded FAIL cannot be dodged by crashing the builder).
+    exit-code report; a reporter that raises, hangs past the deadline, or returns anything
+    the rules refuse (``bounded``) gives the deterministic one, saying why. Every run leaves
+    a report to attest, and no reporter can raise a result.
     """
     try:
         report = _build(result, spec, store, target)
     except Exception as exc:  # noqa: BLE001 - any fault here must still leave evidence
         return exit_code_report(result, spec=spec, target=target,
                                 why=f"{type(exc).__name__}")
-    if reporter is None:
+    name = reporter_name or ("model" if reporter else "deterministic")
+    if name == "deterministic":
         return report
-
     try:
-        return await model_report(report, result=result, store=store, model=reporter,
-                                  deadline_s=deadline_s)
-    except Exception as exc:  # noqa: BLE001 - the model words a report; it never removes one
+        word = REPORTERS.get(name)
+        worded = await asyncio.wait_for(
+            word(report, result=result, store=store, model=reporter, deadline_s=deadline_s),
+            timeout=deadline_s + 2)
+        return bounded(report, worded, name, windows(report, result, store))
+    except Exception as exc:  # noqa: BLE001 - a reporter words a report; it never removes one
         return fallback(report, f"{type(exc).__name__}: {str(exc)[:200]}")

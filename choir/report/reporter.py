@@ -182,3 +182,50 @@ def fallback(report: VerificationReport, fault: str,
     if usage is not None:
         update["usage"] = usage
     return report.model_copy(update=update)
+
+
+async def as_built(report: VerificationReport, *, result: PipelineResult, store: ArtifactStore,
+                   model: str | None, deadline_s: float) -> VerificationReport:
+    """The ``deterministic`` reporter: the report as the parser and the exit codes built it."""
+    return report
+
+
+# what a reporter may never change: the evidence and what was read from it
+_EVIDENCE = ("schema_version", "verifier", "verifier_type", "target", "failure_signatures",
+             "signatures_truncated", "counts", "parser", "parser_truncated", "artifacts")
+
+
+def bounded(base: VerificationReport, worded: object, name: str,
+            seen: str) -> VerificationReport:
+    """Whatever reporter worded ``base`` (built-in or a plugin), hold it to the rules.
+
+    The result only stays or goes from PASS to INCONCLUSIVE; the evidence fields stay as
+    built; confidence never rises; wording that pastes log text (``seen``) is dropped. A
+    reply that is not a report, or that changes evidence, is refused for the deterministic
+    report, saying why. The report names the reporter by its registered name.
+    """
+    if not isinstance(worded, VerificationReport):
+        return fallback(base, f"reporter '{name}' returned {type(worded).__name__}, "
+                              "not a report")
+    changed = [f for f in _EVIDENCE if getattr(worded, f) != getattr(base, f)]
+    if changed:
+        return fallback(base, f"reporter '{name}' changed evidence fields "
+                              f"({', '.join(changed)}); its wording was refused")
+    allowed = {base.result} | ({Result.INCONCLUSIVE} if base.result is Result.PASS else set())
+    if worded.result not in allowed:
+        return fallback(base, f"reporter '{name}' changed the result {base.result.value} "
+                              f"to {worded.result.value}; its wording was refused")
+    if worded.reporter == "deterministic_fallback":
+        return worded  # the reporter itself fell back (the model did not answer), saying why
+    paste = _NoCopy(seen, base)
+    summary = worded.summary if paste.ok(worded.summary) else base.summary
+    actions = tuple(a for a in worded.next_actions if paste.ok(a)) or base.next_actions
+    hyper = [h for h in worded.hyperthesis if paste.ok(h)]
+    if paste.dropped:
+        hyper.insert(0, "The reporter pasted log text; that wording was dropped.")
+    return worded.model_copy(update={
+        "summary": summary, "next_actions": actions,
+        "hyperthesis": tuple(dict.fromkeys(hyper))[:4],
+        "confidence": min(base.confidence, worded.confidence),
+        "reporter": name if worded is not base else base.reporter,
+    })

@@ -98,6 +98,7 @@ async def run_verifier_thread(
     store: ArtifactStore,
     run_id: str,
     reporter: str | None = None,
+    reporter_name: str | None = None,
     lens: str = "default",
     replica: int = 0,
     diagnostic: bool = False,
@@ -119,7 +120,8 @@ async def run_verifier_thread(
                           run_id=run_id, target=target, env=env),
     )
     failpoint("green:ran")
-    report = await abuild_report(result, spec=spec, store=store, target=target, reporter=reporter)
+    report = await abuild_report(result, spec=spec, store=store, target=target, reporter=reporter,
+                                 reporter_name=reporter_name)
     report_hash = store.ingest_bytes(canonical_json(report))
     run = VerifierRun(
         verifier=spec.name,

@@ -23,7 +23,8 @@ PLUGINS = Path(__file__).resolve().parents[2] / "fixtures" / "plugins"
 @pytest.fixture(autouse=True)
 def _fresh_registries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing a test loads stays cached for the next test in this worker."""
-    for reg in (_registry.SANDBOXES, _registry.PARSERS, _registry.EXECUTORS):
+    for reg in (_registry.SANDBOXES, _registry.PARSERS, _registry.EXECUTORS,
+                _registry.REPORTERS):
         monkeypatch.setattr(reg, "_loaded", {})
 
 
@@ -92,6 +93,31 @@ def test_an_installed_plugin_adds_a_sandbox_and_a_parser(
     parsed = get_parser("demo")(ParseInput(artifacts={}, store=None,  # type: ignore[arg-type]
                                            exit_codes=[0, 3]))
     assert (parsed.counts.run, parsed.counts.failed) == (2, 1)
+
+
+def test_an_installed_plugin_adds_a_reporter_that_words_real_reports(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from choir.evidence.artifacts import ArtifactStore
+    from choir.models import Target
+    from choir.report import abuild_report
+    from choir.sandbox import get_sandbox
+    from choir.verification.pipeline import run_verifier
+
+    repo = _repo(tmp_path, backend="local", parser="generic")
+    (repo / "choir.yaml").write_text((repo / "choir.yaml").read_text() + "reporter: demo\n")
+    with pytest.raises(ConfigError, match="unknown reporter 'demo'"):
+        load_repo_config(repo)
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    config = load_repo_config(repo)
+    assert config.reporter_name() == "demo"
+    spec, store, target = config.verifiers["unit"], ArtifactStore(), Target(tree_hash="0" * 64)
+    result = run_verifier(spec, repo=repo, sandbox=get_sandbox("local"), store=store,
+                          run_id="plugin-report", target=target)
+    report = asyncio.run(abuild_report(result, spec=spec, store=store, target=target,
+                                       reporter_name=config.reporter_name()))
+    assert report.summary == "In plain words: unit fail." and report.reporter == "demo"
 
 
 def test_a_plugin_cannot_replace_a_builtin_name(monkeypatch: pytest.MonkeyPatch) -> None:
