@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -52,9 +53,21 @@ async def timed_run(item: Path, run_id: str) -> float:
 
 
 def main() -> None:
-    home = Path(tempfile.mkdtemp())
-    os.environ["CHOIR_HOME"] = str(home)
-    os.environ["CHOIR_ARTIFACT_DIR"] = str(home / "artifacts")
+    # the repos sit beside CHOIR_HOME, never inside it: an executor may not see Choir's
+    # keys or stores, and Choir refuses such a repo
+    work = Path(tempfile.mkdtemp(prefix="choir-bench-fanout-"))
+    home = work / "repos"
+    os.environ["CHOIR_HOME"] = str(work / "home")
+    os.environ["CHOIR_ARTIFACT_DIR"] = str(work / "home" / "artifacts")
+    try:
+        _bench(home)
+    finally:
+        for dirpath, _dirs, _names in os.walk(work):
+            os.chmod(dirpath, 0o755)  # sealed snapshots and run folders are read-only
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _bench(home: Path) -> None:
     import choir.graph.orchestrator  # noqa: F401 - pay langgraph's import before timing
 
     for sandbox in ("local", "bwrap"):

@@ -1,6 +1,7 @@
 """``choir verify --mood CALM`` against bare pytest on a real project's suite.
 
-    python bench/verify_vs_bare.py [--runs 3] [--project toolz|generated] [--sandbox bwrap]
+    python bench/verify_vs_bare.py [--runs 3] [--project toolz|networkx|generated] [--no-cold]
+                                   [--sandbox bwrap]
                                    [--tests 200] [--work-ms 50] [--base-src DIR]
 
 Makes the project in a temp folder (git repo, its own ``.venv`` with pytest, a ``choir.yaml``
@@ -66,14 +67,19 @@ def sh(argv: list[str], cwd: Path, **kw: object) -> None:
                    stderr=subprocess.DEVNULL, **kw)  # type: ignore[call-overload]
 
 
-def make_toolz(tmp: Path) -> Path:
+SDISTS = {"toolz": "toolz==1.2.0", "networkx": "networkx==3.4.2"}
+
+
+def make_sdist(tmp: Path, project: str) -> Path:
+    """A real project from its PyPI sdist (its own tests, pure Python): toolz's suite takes
+    about 1 s here, networkx's (4,970 tests) about 55 s."""
     dl = tmp / "dl"
-    sh([sys.executable, "-m", "pip", "download", "-q", "toolz==1.2.0", "--no-deps",
+    sh([sys.executable, "-m", "pip", "download", "-q", SDISTS[project], "--no-deps",
         "--no-binary", ":all:", "-d", str(dl)], tmp)
-    with tarfile.open(next(dl.glob("toolz-*.tar.gz"))) as tar:
+    with tarfile.open(next(dl.glob(f"{project}-*.tar.gz"))) as tar:
         tar.extractall(tmp, filter="data")
     repo = tmp / "repo"
-    next(tmp.glob("toolz-*")).rename(repo)
+    next(tmp.glob(f"{project}-*")).rename(repo)
     return repo
 
 
@@ -136,7 +142,9 @@ def timed(argv: list[str], cwd: Path, env: dict[str, str], ok: tuple[int, ...] =
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--project", choices=["toolz", "generated"], default="toolz")
+    parser.add_argument("--project", choices=[*SDISTS, "generated"], default="toolz")
+    parser.add_argument("--no-cold", action="store_true",
+                        help="skip the bare-cold row (a long suite: saves a run per round)")
     parser.add_argument("--sandbox", default="bwrap")
     parser.add_argument("--tests", type=int, default=200)
     parser.add_argument("--work-ms", type=float, default=50.0)
@@ -145,7 +153,7 @@ def main() -> None:
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="choir-bench-verify-"))
     try:
-        repo = (make_toolz(tmp) if args.project == "toolz"
+        repo = (make_sdist(tmp, args.project) if args.project in SDISTS
                 else make_generated(tmp, args.tests, args.work_ms))
         prepare(repo, args.sandbox)
         cold = cold_copy(repo, tmp)
@@ -162,6 +170,8 @@ def main() -> None:
             "bare-cold": (pytest_argv, cold, {**env, "PYTHONDONTWRITEBYTECODE": "1"}),
             "choir": (choir_argv, repo, env),
         }
+        if args.no_cold:
+            del configs["bare-cold"]
         if args.base_src is not None:
             configs["choir-base"] = (choir_argv, repo,
                                      {**env, "PYTHONPATH": str(args.base_src.resolve())})
