@@ -8,7 +8,9 @@ confidence or mark the run INCONCLUSIVE; it can never raise a result (model.py c
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+import inspect
+import threading
+from typing import TYPE_CHECKING, Any
 
 from choir._registry import REPORTERS
 from choir.models import (
@@ -227,6 +229,38 @@ def _build(result: PipelineResult, spec: VerifierSpec, store: ArtifactStore,
                                 verdict=verdict, reason=reason)
 
 
+BUILTIN_REPORTERS = ("model",)  # Choir's own async reporters run in the caller's event loop
+
+
+def _own_thread(word: Any, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+    """Run a plugin reporter (sync or async) in a daemon thread with its own event loop: one
+    that blocks (``time.sleep`` in an ``async def``) cannot stall the run's loop, and the
+    deadline cuts it off. A thread past its deadline is abandoned, never joined."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(value: Any, error: BaseException | None) -> None:
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(value)
+
+    def body() -> None:
+        async def call() -> Any:
+            value = word(*args, **kwargs)
+            return await value if inspect.isawaitable(value) else value
+
+        try:
+            value, error = asyncio.run(call()), None
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting run
+            value, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, value, error)
+        except RuntimeError:  # the run's loop is gone: nobody waits any more
+            pass
+
+    threading.Thread(target=body, name="choir-reporter", daemon=True).start()
+    return future
+
+
 async def abuild_report(result: PipelineResult, *, spec: VerifierSpec, store: ArtifactStore,
                         target: Target, reporter: str | None = None,
                         reporter_name: str | None = None,
@@ -249,9 +283,12 @@ async def abuild_report(result: PipelineResult, *, spec: VerifierSpec, store: Ar
         return report
     try:
         word = REPORTERS.get(name)
-        worded = await asyncio.wait_for(
-            word(report, result=result, store=store, model=reporter, deadline_s=deadline_s),
-            timeout=deadline_s + 2)
+        # the reporter gets its own copy: one that rewrites the object it was handed (frozen
+        # models yield to object.__setattr__) must not rewrite the report it is judged by
+        kwargs = {"result": result, "store": store, "model": reporter, "deadline_s": deadline_s}
+        call = (word(report.model_copy(deep=True), **kwargs) if name in BUILTIN_REPORTERS
+                else _own_thread(word, report.model_copy(deep=True), **kwargs))
+        worded = await asyncio.wait_for(call, timeout=deadline_s + 2)
         return bounded(report, worded, name, windows(report, result, store))
     except Exception as exc:  # noqa: BLE001 - a reporter words a report; it never removes one
         return fallback(report, f"{type(exc).__name__}: {str(exc)[:200]}")

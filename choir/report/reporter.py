@@ -207,6 +207,11 @@ def bounded(base: VerificationReport, worded: object, name: str,
     if not isinstance(worded, VerificationReport):
         return fallback(base, f"reporter '{name}' returned {type(worded).__name__}, "
                               "not a report")
+    try:  # built with model_construct, or edited in place: every bound checked again
+        worded = VerificationReport.model_validate(worded.model_dump(warnings=False))
+    except ValueError as exc:
+        return fallback(base, f"reporter '{name}' returned an invalid report "
+                              f"({type(exc).__name__}); its wording was refused")
     changed = [f for f in _EVIDENCE if getattr(worded, f) != getattr(base, f)]
     if changed:
         return fallback(base, f"reporter '{name}' changed evidence fields "
@@ -227,5 +232,5 @@ def bounded(base: VerificationReport, worded: object, name: str,
         "summary": summary, "next_actions": actions,
         "hyperthesis": tuple(dict.fromkeys(hyper))[:4],
         "confidence": min(base.confidence, worded.confidence),
-        "reporter": name if worded is not base else base.reporter,
+        "reporter": name,
     })

@@ -110,7 +110,7 @@ def test_a_reporter_cannot_paste_log_text_into_the_loop(tmp_path: Path, plugin: 
     assert "pasted log text" in report.hyperthesis[0] and report.reporter == "paster"
 
 
-@pytest.mark.parametrize("fault", ["raises", "hangs", "not a report"])
+@pytest.mark.parametrize("fault", ["raises", "hangs", "blocks", "not a report"])
 def test_a_broken_reporter_falls_back_and_says_why(tmp_path: Path, plugin: Any,
                                                    fault: str) -> None:
     async def broken(report: VerificationReport, **_: Any) -> Any:
@@ -118,12 +118,21 @@ def test_a_broken_reporter_falls_back_and_says_why(tmp_path: Path, plugin: Any,
             raise RuntimeError("the plugin broke")
         if fault == "hangs":
             await asyncio.sleep(60)
+        if fault == "blocks":  # blocks its event loop: the run's must go on
+            import time
+
+            time.sleep(60)
         return {"result": "PASS"}
 
     plugin("broken", broken)
+    import time
+
+    began = time.monotonic()
     report = _run(tmp_path, FAILING, "broken", deadline_s=0.5)
+    assert time.monotonic() - began < 30  # cut off at the deadline, not after 60 s
     assert report.result is Result.FAIL and report.reporter == "deterministic_fallback"
     why = {"raises": "RuntimeError: the plugin broke", "hangs": "TimeoutError",
+           "blocks": "TimeoutError",
            "not a report": "returned dict, not a report"}[fault]
     assert any(why in h for h in report.hyperthesis), report.hyperthesis
 
@@ -160,3 +169,20 @@ def test_the_reporter_is_chosen_by_name_and_checked_when_the_file_loads(
     assert config.reporter_name() == "polite"
     report = _run(tmp_path, FAILING, config.reporter_name())
     assert report.summary == "Politely: it failed." and report.reporter == "polite"
+
+
+def test_a_reporter_cannot_skip_validation_or_rewrite_the_report_it_was_given(
+        tmp_path: Path, plugin: Any) -> None:
+    async def unbounded(report: VerificationReport, **_: Any) -> VerificationReport:
+        return VerificationReport.model_construct(**{**dict(report), "summary": "x" * 100_000})
+
+    async def rewriter(report: VerificationReport, **_: Any) -> VerificationReport:
+        object.__setattr__(report, "result", Result.PASS)  # frozen yields to this
+        return report
+
+    plugin("unbounded", unbounded)
+    plugin("rewriter", rewriter)
+    report = _run(tmp_path, FAILING, "unbounded")
+    assert len(report.summary) < 1000 and _refused(report, "returned an invalid report")
+    report = _run(tmp_path, FAILING, "rewriter")
+    assert report.result is Result.FAIL and _refused(report, "changed the result FAIL to PASS")
