@@ -124,28 +124,43 @@ class _NoCopy:
         return False
 
 
+PASTED = "The reporter pasted log text; that wording was dropped."
+
+
+def _unpasted(seen: str, base: VerificationReport, summary: str, actions: list[str],
+              hyper: list[str], keep: list[str]) -> tuple[str, list[str], list[str]]:
+    """The wording without what pastes text of the log ``seen``: a field that does is
+    dropped, all of it when a paste is split across fields, and ``PASTED`` says so first.
+    ``keep`` (Choir's own lines) is never checked. Dropped summary and actions become
+    ``base``'s."""
+    paste = _NoCopy(seen, base)
+    hyper = [*keep, *(h for h in hyper if paste.ok(h))]
+    actions = [a for a in actions if paste.ok(a)]
+    summary = summary if paste.ok(summary) else ""
+    if not paste.ok("".join([summary, *actions, *hyper])):  # a paste split across fields
+        hyper, actions, summary = list(base.hyperthesis), [], ""
+    if paste.dropped:
+        hyper.insert(0, PASTED)
+    return summary or base.summary, actions or list(base.next_actions), hyper
+
+
 def merge(report: VerificationReport, reply: _Reply, usage: Usage,
           seen: str = "") -> VerificationReport:
     """Apply a validated reply under the rules: never up, always bounded, never pasted."""
     result = report.result
-    hyper = list(report.hyperthesis)
-    paste = _NoCopy(seen, report)
+    keep = list(report.hyperthesis)
     if reply.propose == "inconclusive" and result is Result.PASS:
         result = Result.INCONCLUSIVE
     if reply.propose == "flaky":
-        hyper.append("The reporter suspects flakiness; only rerun evidence can make it FLAKY.")
-    hyper += [_clip(h, HYPERTHESIS_MAX) for h in reply.hyperthesis if h.strip() and paste.ok(h)]
-    actions = [_clip(a, NEXT_ACTION_MAX) for a in reply.next_actions
-               if a.strip() and paste.ok(a)][:3]
-    summary = _clip(reply.summary, SUMMARY_MAX) if paste.ok(reply.summary) else ""
-    if not paste.ok("".join([summary, *actions, *hyper])):  # a paste split across fields
-        hyper, actions, summary = list(report.hyperthesis), [], ""
-    if paste.dropped:
-        hyper.insert(0, "The reporter pasted log text; that wording was dropped.")
+        keep.append("The reporter suspects flakiness; only rerun evidence can make it FLAKY.")
+    summary, actions, hyper = _unpasted(
+        seen, report, _clip(reply.summary, SUMMARY_MAX),
+        [_clip(a, NEXT_ACTION_MAX) for a in reply.next_actions if a.strip()],
+        [_clip(h, HYPERTHESIS_MAX) for h in reply.hyperthesis if h.strip()], keep)
     return report.model_copy(update={
         "result": result,
-        "summary": summary or report.summary,
-        "next_actions": tuple(actions) or report.next_actions,
+        "summary": summary,
+        "next_actions": tuple(actions[:3]),
         "confidence": min(report.confidence, reply.confidence),
         "hyperthesis": tuple(dict.fromkeys(hyper))[:4],
         "reporter": "model",
@@ -222,14 +237,10 @@ def bounded(base: VerificationReport, worded: object, name: str,
                               f"to {worded.result.value}; its wording was refused")
     if worded.reporter == "deterministic_fallback":
         return worded  # the reporter itself fell back (the model did not answer), saying why
-    paste = _NoCopy(seen, base)
-    summary = worded.summary if paste.ok(worded.summary) else base.summary
-    actions = tuple(a for a in worded.next_actions if paste.ok(a)) or base.next_actions
-    hyper = [h for h in worded.hyperthesis if paste.ok(h)]
-    if paste.dropped:
-        hyper.insert(0, "The reporter pasted log text; that wording was dropped.")
+    summary, actions, hyper = _unpasted(seen, base, worded.summary, list(worded.next_actions),
+                                        list(worded.hyperthesis), [])
     return worded.model_copy(update={
-        "summary": summary, "next_actions": actions,
+        "summary": summary, "next_actions": tuple(actions),
         "hyperthesis": tuple(dict.fromkeys(hyper))[:4],
         "confidence": min(base.confidence, worded.confidence),
         "reporter": name,

@@ -186,3 +186,19 @@ def test_a_reporter_cannot_skip_validation_or_rewrite_the_report_it_was_given(
     assert len(report.summary) < 1000 and _refused(report, "returned an invalid report")
     report = _run(tmp_path, FAILING, "rewriter")
     assert report.result is Result.FAIL and _refused(report, "changed the result FAIL to PASS")
+
+
+def test_a_reporter_cannot_split_a_paste_across_fields(tmp_path: Path, plugin: Any) -> None:
+    """Each piece alone is shorter than a paste (COPY_RUN); together they carry it out."""
+    async def splitter(report: VerificationReport, *, store: Any, result: Any,
+                       **_: Any) -> VerificationReport:
+        log = store.read_bytes(result.artifacts["logs/combined.log"]).decode()
+        token = log[log.index("TOKEN"):][:26]
+        return report.model_copy(update={"summary": token[:13],
+                                         "next_actions": (token[13:],)})
+
+    plugin("splitter", splitter)
+    report = _run(tmp_path, FAILING, "splitter")
+    assert SECRET[:13] not in report.summary
+    assert SECRET[13:26] not in "".join(report.next_actions)
+    assert report.hyperthesis[0].startswith("The reporter pasted log text")
