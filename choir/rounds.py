@@ -169,22 +169,20 @@ class Backend:
     fanout: Any = None
 
     @classmethod
-    def open(cls, rnd: Round, planned: Sequence[PlannedVerifier] | None = None) -> Backend:
-        """Open what ``planned`` (default: any verifier) needs; ``close`` it after.
+    def open(cls, config: RepoConfig, policy: Policy, mood: Mood, *, name: str | None = None,
+             on_event: Event = _nobody) -> Backend:
+        """Open the sandbox ``config`` (or ``name``) names, and the cluster client; ``close``
+        it after. Needs no tree: ``choir verify`` opens it while the snapshot is taken.
 
         Raises:
             UserError: the mood refuses the sandbox available, or its name is unknown.
         """
         from choir.distributed import fanout_from_env
 
-        if planned is not None and all(rnd.config.verifiers[p.name].kind in rnd.in_process
-                                       for p in planned):
-            return cls(None)
-        sandbox = open_sandbox(rnd.config, rnd.policy, rnd.mood, rnd.sandbox_name)
+        sandbox = open_sandbox(config, policy, mood, name)
         try:
-            rnd.on_event({"kind": "sandbox", "name": sandbox.name,
-                          "isolation": sandbox.isolation})
-            return cls(sandbox, fanout_from_env(sandbox_options(rnd.config)))
+            on_event({"kind": "sandbox", "name": sandbox.name, "isolation": sandbox.isolation})
+            return cls(sandbox, fanout_from_env(sandbox_options(config)))
         except BaseException:
             sandbox.close()
             raise
@@ -202,10 +200,15 @@ _SHARED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, list[Any
     weakref.WeakKeyDictionary())
 
 
+def _open(rnd: Round) -> Backend:
+    return Backend.open(rnd.config, rnd.policy, rnd.mood, name=rnd.sandbox_name,
+                        on_event=rnd.on_event)
+
+
 def _acquire(rnd: Round) -> Backend:
     held = _SHARED.setdefault(asyncio.get_running_loop(), {})
     if rnd.id not in held:  # opened without an await: no second opener can slip in
-        held[rnd.id] = [Backend.open(rnd), 0]
+        held[rnd.id] = [_open(rnd), 0]
     held[rnd.id][1] += 1
     backend: Backend = held[rnd.id][0]
     return backend
@@ -234,7 +237,7 @@ async def run_round(rnd: Round, planned: Sequence[PlannedVerifier], *,
     needs = any(rnd.config.verifiers[p.name].kind not in rnd.in_process for p in planned)
     share = backend is None and shared and needs
     own = backend is None and not share
-    use = (_acquire(rnd) if share else Backend.open(rnd, planned) if own
+    use = (_acquire(rnd) if share else (_open(rnd) if needs else Backend(None)) if own
            else backend)
     assert use is not None
     try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from choir.evidence.target import resolve_target as resolve_target
 from choir.evidence.target import snapshot_target
 from choir.evidence.target import target_of as target_of
 from choir.evidence.tree import remove_snapshot, snapshot_root
-from choir.models import Mood, PlannedVerifier, Result, Target, WorkItem
+from choir.models import Mood, PlannedVerifier, Result, WorkItem
 from choir.postconditions.episode import episode
 from choir.rounds import Backend, Round, attest_round, run_round
 from choir.verification import load_manifest
@@ -172,12 +172,10 @@ async def averify_tree(
         emit("progress", {"kind": "plan", "mood": mood.value, "round_kind": "verify",
                           "verifiers": [f"{p.name}#{p.replica}" for p in plan.verifiers],
                           "dropped": list(plan.dropped), "reason": plan.reason})
-        rnd = Round(id=session, config=config, policy=policy, mood=mood,
-                    target=Target(tree_hash="0" * 64), tree=snapshots,
-                    on_event=lambda event: emit("progress", event), sandbox_name=sandbox_name)
         # opened while the snapshot is taken; a sandbox the mood refuses is refused before
         # anything runs
-        backend = Backend.open(rnd)
+        backend = Backend.open(config, policy, mood, name=sandbox_name,
+                               on_event=lambda event: emit("progress", event))
         target, verified = await taking
     except BaseException:
         if backend is not None:
@@ -185,7 +183,9 @@ async def averify_tree(
         await asyncio.wait([taking])  # never remove a snapshot still being written
         remove_snapshot(snapshots)
         raise
-    rnd = replace(rnd, target=target, tree=verified)
+    rnd = Round(id=session, config=config, policy=policy, mood=mood, target=target,
+                tree=verified, on_event=lambda event: emit("progress", event),
+                sandbox_name=sandbox_name)
     started = time.monotonic()
     planned = list(plan.verifiers)
     try:

@@ -173,8 +173,8 @@ async def test_a_choir_run_round_opens_one_backend_for_its_green_threads(
     opened: list[Backend] = []
     real = Backend.open.__func__  # type: ignore[attr-defined]
 
-    def counting(cls: type[Backend], rnd: Any, planned: Any = None) -> Backend:
-        backend = real(cls, rnd, planned)
+    def counting(cls: type[Backend], *args: Any, **kwargs: Any) -> Backend:
+        backend = real(cls, *args, **kwargs)
         opened.append(backend)
         return backend
 
