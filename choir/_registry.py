@@ -25,7 +25,7 @@ GROUPS = {
     "parser": "choir.parsers",
     "reporter": "choir.reporters",
     "executor": "choir.executors",
-    "preset": "choir.config.presets",
+    "preset": "choir.presets",
     "postcondition": "choir.postconditions",  # reserved
 }
 

@@ -23,6 +23,11 @@ from choir.cli._errors import EXIT_FAIL, EXIT_OK
 
 _MOODS = ["CALM", "SKEPTICAL", "PARANOID", "BOLD", "CURIOUS"]
 _PY_TOOLS = ("pytest", "ruff", "mypy", "bandit")
+_MYPY_TARGET_KEYS = ("files", "packages", "modules")
+# mypy's own flags of the preset, without its `.` target: used when the project's mypy
+# config names the targets, since a target on the command line replaces the config's.
+_MYPY_OWN_TARGETS = ("python3 -m mypy --cache-dir=$CHOIR_OUT/mypy-cache --no-error-summary "
+                     "--show-error-codes --no-color-output --no-pretty")
 _WHY = {"pytest": "runs your tests; JUnit XML goes to $CHOIR_OUT, cache off",
         "ruff": "lint as JSON, no cache written into the repo",
         "mypy": "type checks; its cache lives under $CHOIR_OUT",
@@ -31,11 +36,15 @@ _WHY = {"pytest": "runs your tests; JUnit XML goes to $CHOIR_OUT, cache off",
 
 @dataclass
 class Detected:
-    """What ``detect`` found: presets by tool, npm scripts, and why (shown in the file)."""
+    """What ``detect`` found: presets by tool, npm scripts, and why (shown in the file);
+    ``skipped``: tools the project configures but its interpreter cannot run, and why;
+    ``mypy_targets``: mypy's own config names its targets (files/packages/modules)."""
 
     presets: list[str] = field(default_factory=list)
     npm_scripts: list[str] = field(default_factory=list)
     reasons: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    mypy_targets: bool = False
 
     def add(self, tool: str, reason: str) -> None:
         if tool not in self.presets:
@@ -69,6 +78,9 @@ def _pyproject(repo: Path, found: Detected) -> None:
     deps += list((poetry.get("dev-dependencies") or {}).keys())
     for group in (poetry.get("group") or {}).values():
         deps += list((group.get("dependencies") or {}).keys()) if isinstance(group, dict) else []
+    mypy = tool.get("mypy")
+    if isinstance(mypy, dict) and any(mypy.get(k) for k in _MYPY_TARGET_KEYS):
+        found.mypy_targets = True
     for name in _PY_TOOLS:
         if name in tool:
             found.add(name, f"pyproject.toml has [tool.{name}]")
@@ -88,6 +100,9 @@ def _ini(repo: Path, name: str, sections: dict[str, str], found: Detected) -> No
     for section, tool in sections.items():
         if parser.has_section(section):
             found.add(tool, f"{name} has [{section}]")
+            if tool == "mypy" and any(parser.get(section, k, fallback="").strip()
+                                      for k in _MYPY_TARGET_KEYS):
+                found.mypy_targets = True
     if name == "tox.ini":
         for section in parser.sections():
             deps = parser.get(section, "deps", fallback="").splitlines()
@@ -116,12 +131,60 @@ def detect(repo: Path) -> Detected:
     _ini(repo, "setup.cfg", {"tool:pytest": "pytest", "mypy": "mypy"}, found)
     _ini(repo, "tox.ini", {"pytest": "pytest", "mypy": "mypy"}, found)
     _ini(repo, "pytest.ini", {"pytest": "pytest"}, found)
+    _ini(repo, "mypy.ini", {"mypy": "mypy"}, found)
+    _ini(repo, ".mypy.ini", {"mypy": "mypy"}, found)
     _package_json(repo, found)
     if "pytest" not in found.presets and (
             any(repo.glob("test_*.py")) or any(repo.glob("tests/**/test_*.py"))):
         found.add("pytest", "test_*.py files found")
     found.presets.sort(key=_PY_TOOLS.index)
     return found
+
+
+def _site_dirs(repo: Path, python: Path | None) -> tuple[str, list[Path]]:
+    """The interpreter every step will run (the sandbox's own choice) and the folders its
+    imports come from, read from the file system: the project's interpreter is the
+    project's code, and ``choir init`` never runs it on the host."""
+    from choir.sandbox._toolchain import choose
+
+    chain = choose(repo, str(python) if python else None)
+    roots: list[Path] = []
+    include_base = chain.venv is None
+    if chain.venv is not None:
+        roots.append(Path(chain.venv))
+        try:
+            cfg = (Path(chain.venv) / "pyvenv.cfg").read_text(encoding="utf-8")
+        except OSError:
+            cfg = ""
+        include_base = bool(re.search(r"^\s*include-system-site-packages\s*=\s*true",
+                                      cfg, re.MULTILINE | re.IGNORECASE))
+    if include_base:
+        roots += [Path(p).parent for p in chain.path_head if p != f"{chain.venv}/bin"]
+    dirs: list[Path] = []
+    for root in roots:
+        dirs += sorted(root.glob("lib/python3*/site-packages"))
+        dirs += sorted(root.glob("lib/python3*/dist-packages"))
+        if include_base and str(root) in ("/usr", "/usr/local"):
+            dirs.append(root / "lib/python3/dist-packages")
+    where = chain.venv or (roots[0] if roots else "the system Python")
+    return str(where), [d for d in dirs if d.is_dir()]
+
+
+def _has_module(dirs: list[Path], name: str) -> bool:
+    return any((d / name / "__init__.py").is_file() or (d / name / "__main__.py").is_file()
+               or any(d.glob(f"{name}-*.dist-info")) for d in dirs)
+
+
+def keep_runnable(found: Detected, repo: Path, python: Path | None) -> None:
+    """Drop the presets whose tool the project's interpreter does not have, saying why: a
+    verifier that cannot run is INCONCLUSIVE on every round, and PARANOID halts on it."""
+    where, dirs = _site_dirs(repo, python)
+    for name in list(found.presets):
+        if not _has_module(dirs, name):
+            found.presets.remove(name)
+            found.skipped[name] = (f"{found.reasons.pop(name)}, but {name} is not installed "
+                                   f"for the project's interpreter ({where}); install it "
+                                   "there and run `choir init --force`")
 
 
 def render(found: Detected, python: Path | None = None) -> str:
@@ -145,6 +208,14 @@ def render(found: Detected, python: Path | None = None) -> str:
         for name in found.presets:
             out += [f"  # {_WHY[name]}; chosen because {found.reasons[name]}",
                     f"  {name}:", f"    uses: {name}"]
+            if name == "mypy" and found.mypy_targets:
+                out += ["    # your mypy config names the targets: no `.` on the command line",
+                        "    steps:", "      - name: mypy",
+                        f"        command: {_MYPY_OWN_TARGETS}"]
+        out.append("")
+    for name, why in found.skipped.items():
+        out.append(f"# not written: {name} ({why})")
+    if found.skipped:
         out.append("")
     if python is not None:
         out += ["# The interpreter (and its installed tools) every step runs with.",
@@ -201,13 +272,16 @@ def init(repo: Path, force: bool, no_verify: bool, mood: str | None,
     if not repo.is_dir():
         raise UserError(f"{repo}: repo folder does not exist\n  fix: pass --repo DIR")
     found = detect(repo)
+    if python is not None and not python.is_absolute():
+        python = python.absolute()
+    keep_runnable(found, repo, python)
+    for name, why in found.skipped.items():
+        click.echo(f"skipped {name}: {why}", err=True)
     if not found.presets and not found.npm_scripts:
         raise UserError(
             f"{repo}: found no tests or tools to verify with (looked at pyproject.toml, "
             "setup.cfg, tox.ini, pytest.ini, package.json, test_*.py)\n"
             "  fix: write choir.yaml by hand, e.g. 'verifiers: {unit: {uses: pytest}}'")
-    if python is not None and not python.is_absolute():
-        python = python.absolute()
     path = write_config(repo, render(found, python), force=force)
     chosen = ", ".join(found.presets + [f"npm {s}" for s in found.npm_scripts])
     click.echo(f"wrote {path} ({chosen})", err=True)

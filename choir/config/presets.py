@@ -38,7 +38,7 @@ def load_presets() -> dict[str, dict[str, Any]]:
         raise ConfigError("'presets:' must map names to verifier fields",
                           path=str(data_path("policies") / "presets.yaml"), line=1)
     found = {str(name): dict(spec) for name, spec in presets.items()}
-    for name in PRESETS.names():  # plugins' presets (``choir.config.presets`` entry points)
+    for name in PRESETS.names():  # plugins' presets (``choir.presets`` entry points)
         if name not in found:
             spec = PRESETS.get(name)
             if not isinstance(spec, dict):

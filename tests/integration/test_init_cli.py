@@ -92,10 +92,12 @@ def test_setup_cfg_tox_and_package_json_are_read(tmp_path: Path) -> None:
     (repo / "tox.ini").write_text("[testenv:lint]\ndeps =\n    ruff\n    bandit\n")
     (repo / "package.json").write_text(json.dumps(
         {"scripts": {"test": "jest", "lint": "eslint .", "start": "node x"}}))
-    proc = run("init", "--repo", str(repo), "--no-verify")
+    proc = run("init", "--repo", str(repo), "--no-verify", "--python", sys.executable)
     assert proc.returncode == 0, proc.stderr
     config = load_repo_config(repo)
-    assert sorted(config.verifiers) == ["bandit", "mypy", "pipeline", "pytest", "ruff"]
+    # all five are read; bandit is not installed for this interpreter, so it is skipped
+    assert sorted(config.verifiers) == ["mypy", "pipeline", "pytest", "ruff"]
+    assert "skipped bandit: tox.ini [testenv:lint] depends on bandit" in proc.stderr
     steps = config.verifiers["pipeline"].steps
     assert [(s.name, s.command) for s in steps] == [("lint", "npm run lint"), ("test", "npm test")]
 
@@ -107,3 +109,48 @@ def test_nothing_to_verify_is_exit_2_and_writes_nothing(tmp_path: Path) -> None:
     proc = run("init", "--repo", str(repo))
     assert proc.returncode == 2 and "fix:" in proc.stderr
     assert [p.name for p in repo.iterdir()] == ["README"]
+
+
+def test_init_skips_a_configured_tool_the_interpreter_lacks_and_says_why(tmp_path: Path) -> None:
+    # bandit is configured but not installed for the interpreter given: a verifier for it
+    # could only ever be INCONCLUSIVE (PARANOID halted on it), so init must not write it
+    repo = project(tmp_path / "calc")
+    with (repo / "pyproject.toml").open("a") as fh:
+        fh.write("[tool.bandit]\nskips = ['B101']\n")
+    proc = run("init", "--repo", str(repo), "--no-verify", "--python", sys.executable)
+    assert proc.returncode == 0, proc.stderr
+    config = load_repo_config(repo)
+    assert "bandit" not in config.verifiers and "pytest" in config.verifiers
+    assert "skipped bandit" in proc.stderr and "not installed" in proc.stderr
+    assert sys.executable in proc.stderr or str(Path(sys.executable).parent.parent) in proc.stderr
+    assert "# not written: bandit" in (repo / "choir.yaml").read_text()
+
+
+def test_init_lets_mypy_config_choose_the_targets(tmp_path: Path) -> None:
+    # `python3 -m mypy ... .` replaced the project's `files =` and checked what the project
+    # excludes: the preset's `.` must go when mypy's own config names the targets
+    repo = project(tmp_path / "calc")
+    (repo / "scratch.py").write_text("x: int = 'not an int'\n")  # outside files = calc.py
+    (repo / "mypy.ini").write_text("[mypy]\nfiles = calc.py\n")
+    proc = run("init", "--repo", str(repo), "--sandbox", sandbox(), "--mood", "SKEPTICAL",
+               "--python", sys.executable)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    config = load_repo_config(repo)
+    command = config.verifiers["mypy"].steps[0].command
+    assert not command.rstrip().endswith(" ."), command
+    assert "mypy" in proc.stdout and "FAIL" not in proc.stdout
+
+
+def test_the_interpreter_is_inspected_never_run(tmp_path: Path) -> None:
+    # the repo's .venv is the project's code: init reads its files, it does not execute it
+    repo = project(tmp_path / "calc")
+    venv = repo / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    marker = tmp_path / "ran"
+    (venv / "bin" / "python3").unlink()
+    (venv / "bin" / "python3").write_text(f"#!/bin/sh\ntouch {marker}\n")
+    (venv / "bin" / "python3").chmod(0o755)
+    proc = run("init", "--repo", str(repo), "--no-verify")
+    assert not marker.exists()
+    assert proc.returncode == 2  # the venv has no pytest: nothing left to verify with
+    assert "pytest is not installed" in proc.stderr and str(venv) in proc.stderr

@@ -138,3 +138,21 @@ def test_auto_names_no_backend_and_prefers_the_strongest_isolation() -> None:
     from choir.sandbox.local import LocalSandbox
 
     assert DockerSandbox.auto_rank < BwrapSandbox.auto_rank < LocalSandbox.auto_rank  # type: ignore[operator]
+
+
+def test_a_plugin_preset_is_found_under_the_documented_group(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the README names `choir.presets`; the layout's move had renamed the group to
+    # `choir.config.presets`, so a plugin written from the README was never found
+    from choir.config.presets import load_presets
+
+    load_presets.cache_clear()
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    try:
+        repo = tmp_path / "repo"
+        repo.mkdir()
+        (repo / "choir.yaml").write_text("verifiers:\n  smoke: {uses: demo}\n")
+        config = load_repo_config(repo)
+        assert config.verifiers["smoke"].steps[0].command == "true"
+    finally:
+        load_presets.cache_clear()
