@@ -49,6 +49,7 @@ class VerifyOutcome:
 
     status: str
     contract: dict[str, Any] = field(default_factory=dict)
+    verdict: str = ""
 
     @property
     def passed(self) -> bool:
@@ -221,6 +222,8 @@ def _conclude(repo: Path, rnd: Round, backend: Backend, plan: Any,
     atts = [minted[run.run_id] for run, _ in sealed]
     passed = bool(runs) and all(run.report.result is Result.PASS for run in runs)
     status = "PASS" if passed else "FAIL"
+    verdict = session_verdict([run.report.result for run in runs],
+                              crashed=len(runs) - len(sealed))
     manifests = [load_manifest(store, run.manifest_hash) for run, _ in sealed]
     commands = [
         SessionCommand(name=cmd.name, verifier=m.verifier, replica=run.replica, run_id=m.run_id,
@@ -249,6 +252,7 @@ def _conclude(repo: Path, rnd: Round, backend: Backend, plan: Any,
     write_session(store, session, manifest_json)
     contract: dict[str, Any] = {
         "status": status,
+        "verdict": verdict,
         "run_id": session,
         "tail_log": _tail(results),
         "artifact_paths": [str(result.run_dir) for result in results],
@@ -267,7 +271,19 @@ def _conclude(repo: Path, rnd: Round, backend: Backend, plan: Any,
         "failing_tests": failing_tests(repo, runs),
         "attestations": [att.id for att in atts],
     }
-    return VerifyOutcome(status=status, contract=contract)
+    return VerifyOutcome(status=status, contract=contract, verdict=verdict)
+
+
+def session_verdict(results: list[Result], *, crashed: int = 0) -> str:
+    """PASS, FAIL or INCONCLUSIVE for a whole session. ``status`` stays PASS/FAIL (the seed-001
+    contract); this says whether anything actually failed: a session whose verifiers could
+    only not decide (a missing tool, a timeout) is INCONCLUSIVE, not FAIL. A crashed thread
+    or a flaky verifier is a failure."""
+    if results and not crashed and all(r is Result.PASS for r in results):
+        return "PASS"
+    if crashed or not results or any(r in (Result.FAIL, Result.FLAKY) for r in results):
+        return "FAIL"
+    return "INCONCLUSIVE"
 
 
 def verify_tree(

@@ -7,7 +7,7 @@ from typing import Any, NoReturn
 
 import click
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_APPROVAL = 0, 1, 2, 3
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_APPROVAL, EXIT_INCONCLUSIVE = 0, 1, 2, 3, 4
 
 
 def run_cli(cli: click.Group, argv: list[str]) -> NoReturn:

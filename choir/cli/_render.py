@@ -29,7 +29,7 @@ def render_verify(contract: dict[str, Any]) -> None:
         table.add_column(column)
     threads = contract.get("threads") or [{} for _ in contract["reports"]]
     for report, thread in zip(contract["reports"], threads, strict=True):
-        style = "green" if report["result"] == "PASS" else "red"
+        style = {"PASS": "green", "INCONCLUSIVE": "yellow"}.get(report["result"], "red")
         label = f"{report['verifier']}#{thread.get('replica', 0)}" + (
             f" ({thread['lens']})" if thread.get("lens", "default") != "default" else "")
         table.add_row(Text(label), Text(report["result"], style=style),
@@ -47,8 +47,9 @@ def render_verify(contract: dict[str, Any]) -> None:
                         + f"   [{', '.join(labels)}]", highlight=False)
         if len(failing) > 30:
             console.print(f"  ... and {len(failing) - 30} more (--json lists them all)")
-    colour = "green" if contract["status"] == "PASS" else "red"
-    console.print(f"[bold {colour}]{safe_markup(contract['status'])}[/]  "
+    verdict = contract.get("verdict") or contract["status"]
+    colour = {"PASS": "green", "INCONCLUSIVE": "yellow"}.get(verdict, "red")
+    console.print(f"[bold {colour}]{safe_markup(verdict)}[/]  "
                   f"{safe_markup(isolation)}  attestations: "
                   + safe_markup(", ".join(a[:16] for a in contract["attestations"])))
     console.print("artifacts: " + safe_markup(", ".join(contract["artifact_paths"])))

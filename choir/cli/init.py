@@ -293,4 +293,4 @@ def init(repo: Path, force: bool, no_verify: bool, mood: str | None,
     if code != EXIT_OK:
         click.echo("choir.yaml is written; the first verification did not pass: fix the code, "
                    "or edit choir.yaml, then run `choir verify`", err=True)
-    return EXIT_FAIL if code != EXIT_OK else EXIT_OK
+    return code

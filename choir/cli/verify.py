@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from choir.cli._errors import EXIT_FAIL, EXIT_OK
+from choir.cli._errors import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK
 
 _MOODS = ["CALM", "SKEPTICAL", "PARANOID", "BOLD", "CURIOUS"]
 
@@ -22,7 +22,8 @@ _MOODS = ["CALM", "SKEPTICAL", "PARANOID", "BOLD", "CURIOUS"]
               help="docker | bwrap | local | auto (default: choir.yaml, else auto).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def verify(repo: Path, mood: str | None, sandbox_name: str | None, as_json: bool) -> int:
-    """Verify the working tree now: exit 0 PASS, 1 FAIL, 2 configuration error."""
+    """Verify the working tree now: exit 0 PASS, 1 FAIL, 2 configuration error,
+    4 INCONCLUSIVE (nothing failed, but some verifier could not decide)."""
     return run_verify(repo, mood=mood, sandbox_name=sandbox_name, as_json=as_json)
 
 
@@ -43,7 +44,9 @@ def run_verify(repo: Path, *, mood: str | None, sandbox_name: str | None, as_jso
         from choir.cli._render import render_verify
 
         render_verify(outcome.contract)
-    return EXIT_OK if outcome.passed else EXIT_FAIL
+    if outcome.passed:
+        return EXIT_OK
+    return EXIT_INCONCLUSIVE if outcome.verdict == "INCONCLUSIVE" else EXIT_FAIL
 
 
 def _progress(as_json: bool) -> Any:

@@ -206,3 +206,31 @@ def test_audit_catches_a_forged_verify_session_manifest(tmp_path: Path, choir_ho
     proc = run("audit", "--json")
     assert proc.returncode == 1
     assert failed["run_id"] in proc.stdout and passed["run_id"] not in proc.stdout
+
+
+def test_an_inconclusive_only_session_says_so_and_exits_4(tmp_path: Path) -> None:
+    # no verifier failed (the tool is missing): printing FAIL sent users chasing a bug that is
+    # not there; the seed-001 `status` stays PASS/FAIL, `verdict` and the exit code tell
+    repo = make_repo(tmp_path / "repo", CALC_OK)
+    (repo / "choir.yaml").write_text(
+        "verifiers:\n  types:\n    kind: typecheck\n    steps:\n"
+        "      - {name: check, command: no_such_checker_xyz .}\n")
+    proc = run("verify", "--repo", str(repo), "--sandbox", sandbox_name())
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    last = [line for line in proc.stdout.splitlines() if "attestations:" in line]
+    assert last and last[0].startswith("INCONCLUSIVE"), proc.stdout
+    out = json.loads(run("verify", "--repo", str(repo), "--json",
+                         "--sandbox", sandbox_name()).stdout)
+    assert out["verdict"] == "INCONCLUSIVE" and out["status"] == "FAIL"
+
+
+def test_session_verdict_over_every_mix() -> None:
+    from choir.app.verify import session_verdict
+    from choir.models import Result
+
+    p, f, x, i = Result.PASS, Result.FAIL, Result.FLAKY, Result.INCONCLUSIVE
+    assert session_verdict([p, p]) == "PASS"
+    assert session_verdict([p, i]) == "INCONCLUSIVE"
+    assert session_verdict([i, f]) == "FAIL" and session_verdict([i, x]) == "FAIL"
+    assert session_verdict([p], crashed=1) == "FAIL"
+    assert session_verdict([]) == "FAIL"
