@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from choir.cli._errors import EXIT_FAIL, EXIT_OK
+from choir.cli._errors import EXIT_OK
 
 _MOODS = ["CALM", "SKEPTICAL", "PARANOID", "BOLD", "CURIOUS"]
 _PY_TOOLS = ("pytest", "ruff", "mypy", "bandit")
