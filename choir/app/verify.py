@@ -236,7 +236,7 @@ def _conclude(repo: Path, rnd: Round, backend: Backend, plan: Any,
     end = max((m.timestamp_end for m in manifests), default=None)
     sandbox = backend.sandbox
     session_manifest = SessionManifest(
-        run_id=session, status=status, mood=mood.value,
+        run_id=session, status=status, mood=mood.value, repo=str(repo),
         timestamp_start=start.isoformat() if start else None,
         timestamp_end=end.isoformat() if end else None,
         commit_sha=target.commit_sha, tree_hash=target.tree_hash,

@@ -85,7 +85,9 @@ def _loop_state(home: Path, run_id: str) -> tuple[dict[str, Any], str] | None:
 
 def _loop_summary(run_id: str, values: dict[str, Any], ts: str) -> dict[str, Any]:
     item = values.get("work_item")
+    repo = getattr(item, "repo", None)
     return {"run_id": run_id, "kind": "run", "status": values.get("status", "unknown"),
+            "repo": str(repo) if repo else None,
             "work_item": getattr(item, "split_of", None) or getattr(item, "id", ""),
             "mood": values.get("mood", ""), "attempt": values.get("attempt", 0),
             "reason": values.get("reason", ""), "updated": ts}
@@ -116,7 +118,7 @@ def list_runs() -> list[dict[str, Any]]:
         session = _session(store, run_id)
         if session is not None:
             rows.append({"run_id": run_id, "kind": "verify", "status": session["status"],
-                         "work_item": "", "mood": session.get("mood", ""), "attempt": 1,
+                         "repo": session.get("repo"), "work_item": "", "mood": session.get("mood", ""), "attempt": 1,
                          "reason": "", "updated": session.get("timestamp_end") or ""})
     return sorted(rows, key=lambda r: str(r["updated"]), reverse=True)
 
@@ -216,7 +218,7 @@ def show_run(run_id: str, with_output: bool = True) -> dict[str, Any]:
     if session is None:
         raise UserError(f"no run {run_id!r} under {home}\n  fix: `choir runs list` shows them")
     return {"run_id": run_id, "kind": "verify", "status": session["status"],
-            "mood": session.get("mood", ""), "updated": session.get("timestamp_end"),
+            "repo": session.get("repo"), "mood": session.get("mood", ""), "updated": session.get("timestamp_end"),
             "manifest_path": str(store.run_dir(run_id) / "manifest.json"),
             "commands_executed": session["commands_executed"],
             "platform": session["platform"],
@@ -232,9 +234,14 @@ def runs() -> None:
 
 @runs.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON array on stdout.")
-def list_command(as_json: bool) -> int:
+@click.option("--repo", type=click.Path(path_type=Path), default=None,
+              help="Only the runs of this repo.")
+def list_command(as_json: bool, repo: Path | None) -> int:
     """Every stored run, newest first."""
     rows = list_runs()
+    if repo is not None:
+        wanted = str(repo.expanduser().resolve())
+        rows = [r for r in rows if r.get("repo") == wanted]
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))
         return EXIT_OK
@@ -243,7 +250,7 @@ def list_command(as_json: bool) -> int:
     for r in rows:
         click.echo(f"{r['run_id']}  {r['kind']:6}  {str(r['status']).upper():17}  "
                    f"{r['work_item'] or '-'}  mood {r['mood'] or '-'}  attempt {r['attempt']}  "
-                   f"{str(r['updated'])[:19]}")
+                   f"{str(r['updated'])[:19]}  {strip_control(r.get('repo') or '-')}")
     return EXIT_OK
 
 
@@ -259,6 +266,8 @@ def show_command(run_id: str, as_json: bool) -> int:
     click.echo(f"{data['kind']} {run_id}  {str(data['status']).upper()}  mood {data['mood']}"
                + (f"  work item {data['work_item']}  attempt {data['attempt']}"
                   if data["kind"] == "run" else ""))
+    if data.get("repo"):
+        click.echo(f"repo: {strip_control(str(data['repo']))}")
     if data.get("reason"):
         click.echo(f"reason: {strip_control(str(data['reason']))}")
     if data.get("manifest_path"):

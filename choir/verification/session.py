@@ -49,6 +49,9 @@ class SessionManifest(Frozen):
     run_id: str
     status: str = Field(pattern="^(PASS|FAIL)$")
     mood: str
+    # the repo verified, as given resolved: one CHOIR_HOME serves many repos, and runs must be
+    # told apart (None in sessions written before it was recorded)
+    repo: str | None = None
     timestamp_start: str | None
     timestamp_end: str | None
     commit_sha: str | None

@@ -79,3 +79,17 @@ def test_runs_show_a_verify_session_and_an_unknown_id(tmp_path: Path) -> None:
     missing = run("runs", "show", "nope")
     assert missing.returncode == 2 and "choir runs list" in missing.stderr
     assert run("runs", "show", "../etc").returncode == 2
+
+
+def test_runs_name_their_repo_and_filter_by_it(tmp_path: Path) -> None:
+    # one CHOIR_HOME, two repos: every run said `-` and could not be told apart
+    first = calc_repo(tmp_path / "first", canary="c", sandbox="local")
+    second = calc_repo(tmp_path / "second", canary="c", sandbox="local")
+    one = json.loads(run("verify", "--repo", str(first), "--json").stdout)["run_id"]
+    two = json.loads(run("verify", "--repo", str(second), "--json").stdout)["run_id"]
+    listed = {r["run_id"]: r["repo"] for r in json.loads(run("runs", "list", "--json").stdout)}
+    assert listed == {one: str(first.resolve()), two: str(second.resolve())}
+    only = json.loads(run("runs", "list", "--json", "--repo", str(second)).stdout)
+    assert [r["run_id"] for r in only] == [two]
+    assert str(first.resolve()) in run("runs", "show", one).stdout
+    assert str(second.resolve()) in run("runs", "list").stdout
