@@ -118,7 +118,8 @@ def list_runs() -> list[dict[str, Any]]:
         session = _session(store, run_id)
         if session is not None:
             rows.append({"run_id": run_id, "kind": "verify", "status": session["status"],
-                         "repo": session.get("repo"), "work_item": "", "mood": session.get("mood", ""), "attempt": 1,
+                         "repo": session.get("repo"), "work_item": "",
+                         "mood": session.get("mood", ""), "attempt": 1,
                          "reason": "", "updated": session.get("timestamp_end") or ""})
     return sorted(rows, key=lambda r: str(r["updated"]), reverse=True)
 
@@ -218,7 +219,8 @@ def show_run(run_id: str, with_output: bool = True) -> dict[str, Any]:
     if session is None:
         raise UserError(f"no run {run_id!r} under {home}\n  fix: `choir runs list` shows them")
     return {"run_id": run_id, "kind": "verify", "status": session["status"],
-            "repo": session.get("repo"), "mood": session.get("mood", ""), "updated": session.get("timestamp_end"),
+            "repo": session.get("repo"), "mood": session.get("mood", ""),
+            "updated": session.get("timestamp_end"),
             "manifest_path": str(store.run_dir(run_id) / "manifest.json"),
             "commands_executed": session["commands_executed"],
             "platform": session["platform"],
