@@ -34,3 +34,21 @@ def safe_markup(text: str) -> str:
     from rich.markup import escape
 
     return escape(strip_controls(text))
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters, cut at a word boundary with an ellipsis: a
+    summary cut mid-word ("test_ad") reads as a different name."""
+    if len(text) <= limit:
+        return text
+    head = text[: limit - 1]
+    space = head.rfind(" ")
+    if space >= limit // 2:  # a very long word is cut where it must be
+        head = head[:space]
+    return head.rstrip(" ,;:") + "…"
+
+
+def plain_lines(text: str) -> str:
+    """``strip_controls`` with carriage returns made newlines, so a line a progress bar
+    overwrote still shows: the form of a log tail handed to a person or another program."""
+    return strip_controls(text.replace("\r\n", "\n").replace("\r", "\n"))

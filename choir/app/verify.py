@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from choir._core.ids import new_run_id
+from choir._core.terminal import plain_lines, shorten
 from choir.config import load_repo_config
 from choir.config.policy import load_policy
 from choir.director import outside_a_run
@@ -59,7 +60,7 @@ class VerifyOutcome:
 def _tail(results: list[Any]) -> str:
     lines: list[str] = []
     for result in results:
-        body = result.tail_log.splitlines()
+        body = plain_lines(result.tail_log).splitlines()  # ANSI in a JSON field is noise
         if not body:
             continue
         lines.append(f"==> {result.run_id} <==")
@@ -257,7 +258,7 @@ def _conclude(repo: Path, rnd: Round, backend: Backend, plan: Any,
         "tail_log": _tail(results),
         "artifact_paths": [str(result.run_dir) for result in results],
         "summary": "; ".join(
-            f"{run.verifier}: {run.report.result.value} ({run.report.summary[:120]})"
+            f"{run.verifier}: {run.report.result.value} ({shorten(run.report.summary, 120)})"
             for run in runs
         ),
         "manifest": manifest_json,

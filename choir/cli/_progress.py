@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from choir._core.terminal import strip_controls
+from choir._core.terminal import shorten, strip_controls
 
 _STYLE = {"PASS": "green", "FAIL": "red", "FLAKY": "yellow", "INCONCLUSIVE": "magenta"}
 _KEEP = 8
@@ -118,7 +118,7 @@ class Progress:
             thread.result = data.get("result", "")
             thread.summary = data.get("summary", "")
             return (f"  [green] {label} {thread.result} in {thread.elapsed()}: "
-                    f"{thread.summary[:100]}")
+                    f"{shorten(thread.summary, 100)}")
         return None
 
     def render(self) -> Group:

@@ -14,7 +14,7 @@ def render_verify(contract: dict[str, Any]) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from choir._core.terminal import safe_markup, strip_controls
+    from choir._core.terminal import safe_markup, shorten, strip_controls
 
     console = Console(stderr=False, highlight=False)
     tail = contract.get("tail_log") or ""
@@ -34,7 +34,7 @@ def render_verify(contract: dict[str, Any]) -> None:
             f" ({thread['lens']})" if thread.get("lens", "default") != "default" else "")
         table.add_row(Text(label), Text(report["result"], style=style),
                       f"{report['confidence']:.2f}",
-                      Text(strip_controls(report["summary"][:100])))  # text, never markup
+                      Text(shorten(strip_controls(report["summary"]), 100)))  # text, never markup
     console.print(table)
     failing: dict[tuple[str, str], list[str]] = {}
     for test in contract.get("failing_tests") or []:

@@ -17,16 +17,11 @@ from typing import Any
 
 import click
 
-from choir._core.terminal import strip_controls
+from choir._core.terminal import plain_lines, shorten
 from choir.cli._errors import EXIT_OK
 
 OUTPUT_TAIL_LINES = 40
 _EXITED = re.compile(rb"\[choir\] executor exited (-?\d+)")
-
-
-def strip_control(text: str) -> str:
-    """Text safe for a terminal, carriage returns made newlines (an overwritten line shows)."""
-    return strip_controls(text.replace("\r\n", "\n").replace("\r", "\n"))
 
 
 def _saver(home: Path) -> Any:
@@ -184,7 +179,7 @@ def _executor_output(store: Any, digest: str | None) -> dict[str, Any]:
     except (OSError, ValueError):
         return {"exit_code": None, "output_tail": "(output not readable)", "output_hash": digest}
     codes = _EXITED.findall(raw)
-    tail = strip_control(raw.decode("utf-8", "replace")).splitlines()[-OUTPUT_TAIL_LINES:]
+    tail = plain_lines(raw.decode("utf-8", "replace")).splitlines()[-OUTPUT_TAIL_LINES:]
     return {"exit_code": int(codes[-1]) if codes else None, "output_tail": "\n".join(tail),
             "output_hash": digest}
 
@@ -252,7 +247,7 @@ def list_command(as_json: bool, repo: Path | None) -> int:
     for r in rows:
         click.echo(f"{r['run_id']}  {r['kind']:6}  {str(r['status']).upper():17}  "
                    f"{r['work_item'] or '-'}  mood {r['mood'] or '-'}  attempt {r['attempt']}  "
-                   f"{str(r['updated'])[:19]}  {strip_control(r.get('repo') or '-')}")
+                   f"{str(r['updated'])[:19]}  {plain_lines(r.get('repo') or '-')}")
     return EXIT_OK
 
 
@@ -269,26 +264,26 @@ def show_command(run_id: str, as_json: bool) -> int:
                + (f"  work item {data['work_item']}  attempt {data['attempt']}"
                   if data["kind"] == "run" else ""))
     if data.get("repo"):
-        click.echo(f"repo: {strip_control(str(data['repo']))}")
+        click.echo(f"repo: {plain_lines(str(data['repo']))}")
     if data.get("reason"):
-        click.echo(f"reason: {strip_control(str(data['reason']))}")
+        click.echo(f"reason: {plain_lines(str(data['reason']))}")
     if data.get("manifest_path"):
         click.echo(f"manifest: {data['manifest_path']}")
     for att in data["attestations"]:
         report = att.get("report") or {}
-        summary = strip_control(str(report.get("summary", "")))[:120]
+        summary = shorten(plain_lines(str(report.get("summary", ""))), 120)
         click.echo(f"  {att.get('verifier', '?'):14} {att.get('result', 'ERROR'):12} "
                    f"attestation {att['id'][:16]}  {summary}")
         for sig in report.get("failure_signatures", [])[:10]:
             where = f"  ({sig['location']})" if sig.get("location") else ""
-            click.echo(f"      - {strip_control(str(sig.get('test_id') or sig['kind']))}{where}")
+            click.echo(f"      - {plain_lines(str(sig.get('test_id') or sig['kind']))}{where}")
         if att.get("artifact_path"):
             click.echo(f"      artifacts: {att['artifact_path']}")
     for crashed in data.get("crashed", []):
-        click.echo(f"  {strip_control(str(crashed))}: crashed inside Choir (INCONCLUSIVE, "
+        click.echo(f"  {plain_lines(str(crashed))}: crashed inside Choir (INCONCLUSIVE, "
                    "nothing attested)")
     for atom in data.get("verdicts", []):
-        click.echo(f"verdict: {atom['kind']} {atom['status']}  {strip_control(atom['claim'])}")
+        click.echo(f"verdict: {atom['kind']} {atom['status']}  {plain_lines(atom['claim'])}")
     executor = data.get("executor")
     if executor:
         click.echo(f"executor exit code: {executor['exit_code']}  "

@@ -12,6 +12,7 @@ import inspect
 import threading
 from typing import TYPE_CHECKING, Any
 
+from choir._core.terminal import shorten
 from choir._registry import REPORTERS
 from choir.models import (
     Counts,
@@ -122,7 +123,7 @@ def decide(result: PipelineResult, parsed: ParseResult, parser: str,
 
 
 def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return shorten(text, limit)
 
 
 def _counts_text(counts: Counts) -> str:
