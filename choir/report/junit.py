@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 
@@ -13,11 +14,59 @@ from choir.report.parsers import (
     _cite,
     _excerpt,
     _find_line,
+    _lines,
     parse_generic,
 )
 from choir.report.signatures import signature_id
 
 _FORBIDDEN = (b"<!DOCTYPE", b"<!ENTITY")
+# pytest's crash line at the end of a failure's text: ``tests/test_m.py:3: AssertionError``
+_CRASH = re.compile(r"^([\w./-]+\.py):(\d+): ", re.MULTILINE)
+_HEADER = re.compile(r"^_{3,} (.*) _{3,}\s*$")
+
+
+def node_id(classname: str, name: str, file: str | None, text: str) -> tuple[str, str]:
+    """The pytest node id a person or an agent can paste (``tests/test_m.py::TestA::test_x``)
+    and ``file:line`` of the failing line, from one ``<testcase>``.
+
+    JUnit names a test ``tests.test_m.TestA`` and ``test_x``; pasted after ``pytest`` that
+    finds nothing. With ``file`` (pytest's ``junit_family=xunit1``, which the pytest preset
+    asks for) the module is exact; without it, the module is the dotted prefix before the
+    first capitalised part (pytest collects classes named ``Test*``). The line is pytest's
+    own crash line (``path.py:N: AssertionError``), not the test's ``def``.
+    """
+    parts = [p for p in classname.split(".") if p]
+    if file and file.endswith(".py"):
+        module = file[:-3].replace("/", ".")
+        rest = classname[len(module) + 1:] if classname.startswith(module + ".") else ""
+        path, classes = file, [c for c in rest.split(".") if c]
+    else:
+        cut = next((i for i, p in enumerate(parts) if p[:1].isupper()), len(parts))
+        path = "/".join(parts[:cut]) + ".py" if parts[:cut] else ""
+        classes = parts[cut:]
+    test_id = "::".join([path, *classes, name]) if path else name
+    crashes = [m for m in _CRASH.finditer(text) if m.group(1) == path] or list(
+        _CRASH.finditer(text))
+    location = f"{crashes[-1].group(1)}:{crashes[-1].group(2)}" if crashes else path
+    return test_id, location
+
+
+def _failure_line(inp: ParseInput, name: str) -> int | None:
+    """The line of the combined log to cite for test ``name``: the first ``E`` line of its
+    section (the assertion and its values), else the section's header, else any mention."""
+    header: int | None = None
+    for number, line, _ in _lines(inp, COMBINED) or ():
+        found = _HEADER.match(line)
+        if found:
+            if header is not None:
+                break  # the next test's section: this one had no E line
+            title = found.group(1).strip()
+            if title == name or title.endswith("." + name):
+                header = int(number)
+            continue
+        if header is not None and line.startswith("E "):
+            return int(number)
+    return header if header is not None else _find_line(inp, name)
 
 
 def parse_junit_files(inp: ParseInput, *, result: ParseResult,
@@ -58,10 +107,10 @@ def parse_junit_files(inp: ParseInput, *, result: ParseResult,
                     if problem is not None:
                         classname = elem.get("classname", "")
                         name = elem.get("name", "?")
-                        test_id = f"{classname}::{name}" if classname else name
+                        test_id, location = node_id(classname, name, elem.get("file"),
+                                                    problem.text or "")
                         message = (problem.get("message") or problem.text or problem.tag)
-                        location = elem.get("file") or classname.replace(".", "/")
-                        line = _find_line(inp, name) if name != "?" else None
+                        line = _failure_line(inp, name) if name != "?" else None
                         result.add(FailureSignature(
                             id=signature_id("junit", test_id, location, message[:2000]),
                             kind=f"test_{problem.tag}", test_id=test_id[:256],

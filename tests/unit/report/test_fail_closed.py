@@ -245,8 +245,8 @@ def test_junit_counts_subtests_skips_xfail_xpass_and_errors_as_pytest_does(
     assert report.result is Result.FAIL
     assert _counts(report) == PYTEST_COUNTS
     ids = {s.test_id for s in report.failure_signatures}
-    assert {"test_x::test_bad", "test_x.T::test_sub", "test_x::test_subtests",
-            "test_x::test_err", "test_x::test_td"} <= ids
+    assert {"test_x.py::test_bad", "test_x.py::T::test_sub", "test_x.py::test_subtests",
+            "test_x.py::test_err", "test_x.py::test_td"} <= ids
 
 
 def test_pytest_text_counts_match_the_junit_counts(tmp_path: Path) -> None:

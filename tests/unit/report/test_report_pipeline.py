@@ -57,8 +57,40 @@ def test_junit_from_real_pytest(tmp_path: Path) -> None:
     assert report.result is Result.FAIL
     assert (report.counts.run, report.counts.failed, report.counts.skipped) == (4, 2, 1)
     ids = {s.test_id for s in report.failure_signatures}
-    assert ids == {"test_x::test_bad", "test_x::test_err"}
+    # the form pytest takes on its command line, not JUnit's dotted one (test_x::test_bad)
+    assert ids == {"test_x.py::test_bad", "test_x.py::test_err"}
     assert all(s.citation and s.citation.span_hash for s in report.failure_signatures)
+
+
+@pytest.mark.parametrize("family", ["xunit1", "xunit2"])
+def test_junit_ids_paste_into_pytest_and_cite_the_failing_line(tmp_path: Path,
+                                                               family: str) -> None:
+    repo = project(tmp_path, "")
+    (repo / "test_x.py").unlink()
+    (repo / "tests").mkdir()
+    (repo / "tests" / "__init__.py").write_text("")
+    (repo / "tests" / "test_m.py").write_text(textwrap.dedent("""\
+        class TestA:
+            def test_x(self):
+                value = 1
+                assert value == 2
+
+
+        def test_y():
+            assert 0
+        """))
+    report, _, store = verify(repo, f"{PYTEST} -o junit_family={family}", "junit")
+    by_id = {s.test_id: s for s in report.failure_signatures}
+    assert set(by_id) == {"tests/test_m.py::TestA::test_x", "tests/test_m.py::test_y"}
+    pasted = __import__("subprocess").run(
+        [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", *sorted(by_id)], cwd=repo,
+        capture_output=True, text=True)
+    assert "2 failed" in pasted.stdout, pasted.stdout  # both ids select their test
+    first = by_id["tests/test_m.py::TestA::test_x"]
+    assert first.location == "tests/test_m.py:4"  # the assert, not the def
+    cited = store.read_bytes(first.citation.artifact).decode().splitlines()
+    line = cited[first.citation.line_start - 1]
+    assert line.startswith("E ") and "assert 1 == 2" in line  # not the ___ header
 
 
 def test_pytest_text_fallback(tmp_path: Path) -> None:
