@@ -120,6 +120,7 @@ PARSERS: Registry[Any] = Registry("parser", {
     "ruff": "choir.report.lint:parse_ruff",
     "mypy": "choir.report.lint:parse_mypy",
     "sarif": "choir.report.lint:parse_sarif",
+    "postcondition": "choir.report.postcondition:parse_postcondition",
 })
 # a reporter words the deterministic report: async (report, *, result, store, model,
 # deadline_s) -> VerificationReport, bounded by choir.report.build.bounded whoever wrote it

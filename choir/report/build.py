@@ -24,6 +24,7 @@ from choir.models import (
 )
 from choir.models.report import NEXT_ACTION_MAX, SUMMARY_MAX
 from choir.report.parsers import ParseInput, ParseResult, get_parser
+from choir.report.postcondition import decide_postcondition
 from choir.report.reporter import bounded, fallback, windows
 
 if TYPE_CHECKING:
@@ -79,9 +80,7 @@ def decide(result: PipelineResult, parsed: ParseResult, parser: str,
     if result.infra_error:
         return Result.INCONCLUSIVE, f"the sandbox failed: {result.infra_error[:200]}"
     if parser == "postcondition":  # exit codes 0/1/3 from the harness; any other fault:
-        from choir.postconditions.parser import decide_postcondition  # INCONCLUSIVE
-
-        return decide_postcondition(result, parsed)
+        return decide_postcondition(result, parsed)  # INCONCLUSIVE
     records = result.manifest.commands_executed
     for index, rec in enumerate(records):
         if rec.timed_out:

@@ -200,5 +200,3 @@ def json_objects(inp: ParseInput, suffix: str, limit: int = JSON_MAX) -> list[tu
                 continue
     return found
 
-
-import choir.postconditions.parser  # noqa: E402,F401 - registers the 'postcondition' parser

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from choir.models import Counts, FailureSignature, Result
 from choir.models.report import EXCERPT_MAX
-from choir.report.parsers import ParseInput, ParseResult, _cite, _find_line, register_parser
+from choir.report.parsers import ParseInput, ParseResult, _cite, _find_line
 from choir.report.signatures import canonicalize, signature_id
 
 if TYPE_CHECKING:
@@ -35,7 +35,6 @@ def read_record(inp: ParseInput) -> dict[str, object] | None:
     return data if isinstance(data, dict) else None
 
 
-@register_parser("postcondition")
 def parse_postcondition(inp: ParseInput) -> ParseResult:
     result = ParseResult()
     code = inp.exit_codes[-1] if inp.exit_codes else None
