@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -77,10 +78,34 @@ def ahdb_list(as_json: bool, work_item: str | None) -> int:
     if as_json:
         click.echo(json.dumps([a.model_dump(mode="json") for a in atoms], indent=2))
         return EXIT_OK
-    for atom in atoms:
-        atts = ",".join(a[:12] for a in atom.attestations) or "-"
-        click.echo(f"{atom.id[:12]}  {atom.kind.value:<11} {atom.status.value:<9} "
-                   f"{atom.work_item or '-':<20} {atom.claim[:60]}  [{atts}]")
+    if atoms:
+        _atom_table(atoms)
     if not atoms:
         click.echo("no atoms")
     return EXIT_OK
+
+
+def _atom_table(atoms: list[Any]) -> None:
+    """Atoms in columns that stay in line on any terminal: a long work item id wraps inside
+    its column, attestations beyond two are counted, and the claim, last, ends in an ellipsis
+    at the terminal's edge (a 70-character id pushed every later column out of line)."""
+    import shutil
+    import textwrap
+
+    from choir._core.terminal import shorten, strip_controls
+
+    width = shutil.get_terminal_size(fallback=(120, 24)).columns
+    item_w = 24
+    fixed = f"{'id':<12}  {'kind':<11} {'status':<9} {'work item':<{item_w}} {'attestations':<29} "
+    claim_w = max(10, width - len(fixed))
+    click.echo(fixed + "claim")
+    for atom in atoms:
+        atts = [a[:12] for a in atom.attestations]
+        shown = ",".join(atts[:2]) + (f"+{len(atts) - 2}" if len(atts) > 2 else "") or "-"
+        item = textwrap.wrap(strip_controls(atom.work_item or "-"), item_w,
+                             break_long_words=True) or ["-"]
+        claim = shorten(" ".join(strip_controls(atom.claim).split()), claim_w)
+        click.echo(f"{atom.id[:12]:<12}  {atom.kind.value:<11} {atom.status.value:<9} "
+                   f"{item[0]:<{item_w}} {shown:<29} {claim}")
+        for more in item[1:]:
+            click.echo(f"{'':<12}  {'':<11} {'':<9} {more}")
