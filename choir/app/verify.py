@@ -40,6 +40,7 @@ from choir.verification.session import (
     platform_of,
     write_session,
 )
+from choir.verification.session_logs import run_order, write_session_logs
 
 TAIL_LINES = 200
 
@@ -251,6 +252,8 @@ def _conclude(repo: Path, rnd: Round, backend: Backend, plan: Any,
         verification=episode((run, minted[run.run_id]) for run, _ in sealed))
     manifest_json = session_manifest.model_dump(mode="json")
     write_session(store, session, manifest_json)
+    write_session_logs(store.run_dir(session),
+                       run_order(session_manifest.commands_executed, session_manifest.runs))
     contract: dict[str, Any] = {
         "status": status,
         "verdict": verdict,

@@ -20,6 +20,7 @@ from choir.models._base import Frozen
 from choir.models.manifest import Platform
 from choir.postconditions.episode import VerificationOutcome, check_episode, episode
 from choir.verification import load_manifest
+from choir.verification.session_logs import check_session_logs, run_order
 
 SESSION_KIND = "verify_session"
 
@@ -87,14 +88,20 @@ def check_session(run_dir: Path, attestations: Any) -> list[tuple[str, str, str]
     """
 
     problems: list[tuple[str, str, str]] = []
-    extra = sorted(p.name for p in run_dir.iterdir() if p.name != "manifest.json")
+    extra = sorted(p.name for p in run_dir.iterdir() if p.name not in ("manifest.json", "logs"))
     if extra:
-        problems.append(("session_extra_file", "manifest.json only", ", ".join(extra)[:200]))
+        problems.append(("session_extra_file", "manifest.json and logs/ only",
+                         ", ".join(extra)[:200]))
     try:
         session = SessionManifest.model_validate_json((run_dir / "manifest.json").read_bytes())
     except (OSError, ValueError) as exc:
         return [*problems, ("session_manifest", "a valid verify session manifest",
                             str(exc)[:200])]
+    if (run_dir / "logs").exists() or session.repo is not None:
+        # every session written since the seed-001 logs were added has them (a verify
+        # session also names its repo, so deleting its logs/ is caught too)
+        problems += check_session_logs(run_dir, run_order(session.commands_executed,
+                                                          list(session.runs)))
     if session.run_id != run_dir.name:
         problems.append(("session_run_id", run_dir.name, session.run_id))
     backed: dict[str, Any] = {}

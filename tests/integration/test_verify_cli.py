@@ -187,6 +187,18 @@ def test_seed001_contract_run_id_is_a_real_run_folder(tmp_path: Path, choir_home
     assert steps["unit"]["name"] == "pytest" and steps["lint"]["name"] == "compile"
     for c in stored["commands_executed"]:  # each names the verifier run that holds its logs
         assert Path(out["artifact_paths"][0]).parent.joinpath(c["run_id"]).is_dir()
+    # ... and the seed-001 layout is there under the run_id given: a step log per command,
+    # numbered in commands_executed order, and the combined log of the whole session
+    names = [f"step-{i:02d}-{c['name']}.log"
+             for i, c in enumerate(stored["commands_executed"], start=1)]
+    assert sorted(p.name for p in (folder / "logs").iterdir()) == sorted(
+        [*names, "combined.log"])
+    for name, c in zip(names, stored["commands_executed"], strict=True):
+        own = Path(out["artifact_paths"][0]).parent / c["run_id"] / "logs"
+        assert (folder / "logs" / name).read_bytes() == next(own.glob("step-*.log")).read_bytes()
+    combined = (folder / "logs" / "combined.log").read_text()
+    assert all(f"==> {c['run_id']} <==" in combined for c in stored["commands_executed"])
+    assert "passed" in combined  # pytest's own output, whole
     assert run("audit").returncode == 0
 
 
@@ -234,3 +246,32 @@ def test_session_verdict_over_every_mix() -> None:
     assert session_verdict([i, f]) == "FAIL" and session_verdict([i, x]) == "FAIL"
     assert session_verdict([p], crashed=1) == "FAIL"
     assert session_verdict([]) == "FAIL"
+
+
+def test_audit_rederives_a_sessions_seed001_logs(tmp_path: Path, choir_home: Path) -> None:
+    """The session's logs are copies of attested runs' logs: any edit, plant or deletion is
+    a violation, so the layout can never carry bytes that no verifier produced."""
+    import shutil as sh
+
+    repo = make_repo(tmp_path / "repo", CALC_OK)
+    out = json.loads(run("verify", "--repo", str(repo), "--json", "--sandbox",
+                         sandbox_name()).stdout)
+    logs = choir_home / "artifacts" / "runs" / out["run_id"] / "logs"
+    assert run("audit").returncode == 0
+    saved = tmp_path / "saved"
+    sh.copytree(logs, saved)
+    def append() -> None:
+        (logs / "combined.log").chmod(0o644)
+        with (logs / "combined.log").open("a") as fh:
+            fh.write("all tests passed\n")
+
+    for attack, expect in (
+            (append, "session_log"),
+            (lambda: (logs / "step-09-planted.log").write_text("x"), "session_log_extra"),
+            (lambda: sh.rmtree(logs), "session_log")):
+        attack()
+        audited = run("audit")
+        assert audited.returncode == 1 and expect in audited.stdout, audited.stdout
+        sh.rmtree(logs, ignore_errors=True)
+        sh.copytree(saved, logs)
+    assert run("audit").returncode == 0
