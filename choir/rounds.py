@@ -181,7 +181,8 @@ class Backend:
 
         sandbox = open_sandbox(config, policy, mood, name)
         try:
-            on_event({"kind": "sandbox", "name": sandbox.name, "isolation": sandbox.isolation})
+            on_event({"kind": "sandbox", "name": sandbox.name, "isolation": sandbox.isolation,
+                      "why": sandbox.chosen_because})
             return cls(sandbox, fanout_from_env(sandbox_options(config)))
         except BaseException:
             sandbox.close()

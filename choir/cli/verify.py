@@ -54,6 +54,7 @@ def _progress(as_json: bool) -> Any:
     warning on stderr when the sandbox isolates nothing."""
     from rich.console import Console
 
+    from choir._core.terminal import safe_markup
     from choir.cli._progress import Progress
 
     console = Console(stderr=True, highlight=False)
@@ -62,6 +63,8 @@ def _progress(as_json: bool) -> Any:
     class _Verify:
         def __call__(self, kind: str, data: dict[str, Any]) -> None:
             if data.get("kind") == "sandbox":
+                console.print(f"[dim]sandbox {safe_markup(str(data['name']))}: "
+                              f"{safe_markup(str(data.get('why', '')))}[/]", soft_wrap=True)
                 if data.get("isolation") == "none":
                     console.print(f"[bold yellow]warning:[/] sandbox '{data['name']}' isolates "
                                   "nothing: verifier commands run as you, with your files, keys "

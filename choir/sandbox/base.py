@@ -266,11 +266,19 @@ class Sandbox(abc.ABC):
     # set by ``open_sandbox`` for a mood that requires limits: a backend that finds at run
     # time that it cannot apply them fails the step as infra_error (INCONCLUSIVE, never PASS)
     require_limits: bool = False
+    # why this backend runs: set by ``auto`` (what it tried and why each was passed over),
+    # else "named in choir.yaml or --sandbox"
+    chosen_because: str = "named in choir.yaml or --sandbox"
 
     @classmethod
     def available(cls) -> bool:
         """True when this backend can run here."""
         return True
+
+    @classmethod
+    def unavailable_reason(cls) -> str:
+        """Why ``available()`` is false here, in a few words for the person choosing."""
+        return "not available here"
 
     @abc.abstractmethod
     def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
@@ -346,18 +354,24 @@ def resolve_auto(**options: object) -> Sandbox:
     backends: list[type[Sandbox]] = [SANDBOXES.get(n) for n in sandbox_names() if n != "auto"]
     ranked = sorted((cls for cls in backends if cls.auto_rank is not None),
                     key=lambda cls: cls.auto_rank or 0)
+    passed_over: list[str] = []
     for cls in ranked:
         if not cls.available():
+            passed_over.append(f"{cls.name}: {cls.unavailable_reason()}")
             continue
         sandbox = cls(**accepted(cls, options))
         if not getattr(sandbox, "has_image", lambda: True)():
             sandbox.close()  # an engine without the image would make every run INCONCLUSIVE
+            passed_over.append(f"{cls.name}: {sandbox.missing_image_fix()}")  # type: ignore[attr-defined]
             continue
         if cls.isolation == "none":
             warnings.warn(
                 f"no isolating sandbox available: verifiers run UNSANDBOXED in '{cls.name}' "
                 "(isolation 'none' is recorded in every attestation)", RuntimeWarning,
                 stacklevel=2)
+        sandbox.chosen_because = "; ".join(
+            [f"auto chose {cls.name} ({cls.isolation} isolation, the strongest that works "
+             "here)", *(f"passed over {why}" for why in passed_over)])
         return sandbox
     raise UnknownNameError("no sandbox backend is available here; "
                            f"known: {', '.join(sandbox_names())}")

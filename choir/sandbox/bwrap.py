@@ -96,6 +96,12 @@ class BwrapSandbox(Sandbox):
                 cls._usable = result.exit_code == 0 and result.infra_error is None
         return cls._usable
 
+    @classmethod
+    def unavailable_reason(cls) -> str:
+        if not shutil.which("bwrap"):
+            return "bwrap is not installed (apt-get install bubblewrap)"
+        return "bwrap is installed but a probe run failed (user namespaces refused?)"
+
     def limits_enforceable(self) -> bool:
         """True when a real probe places a group pair under the cgroup controllers here.
 

@@ -38,6 +38,7 @@ from typing import Any
 from choir.exceptions import ConfigError, MissingExtraError
 from choir.models import AppliedLimits, Limits
 from choir.sandbox import _toolchain
+from choir.sandbox._host_image import ensure_host_image
 from choir.sandbox.base import (
     ExecResult,
     OutWatch,
@@ -139,17 +140,32 @@ class DockerSandbox(Sandbox):
             client.close()
         return True
 
+    @classmethod
+    def unavailable_reason(cls) -> str:
+        host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        return f"no Docker engine answered at {host}"
+
     def limits_enforceable(self) -> bool:
         """Always: the engine applies memory, pids and CPU limits itself, fsize by ulimit."""
         return True
 
     def has_image(self) -> bool:
-        """True when the configured image is present locally (no registry is assumed)."""
+        """True when the configured image is present locally (no registry is assumed). The
+        default image is built here when it is missing (``_host_image``): a user with an
+        engine and nothing pulled still gets a working sandbox."""
         try:
+            if self.image == DEFAULT_IMAGE:
+                ensure_host_image(self.client(), self.image)
             self.client().images.get(self.image)
         except Exception:
             return False
         return True
+
+    def missing_image_fix(self) -> str:
+        """What to do about a configured image the engine does not have."""
+        return (f"the Docker engine has no image '{self.image}' and Choir pulls nothing; fix: "
+                f"`docker pull {self.image}` (or build it), or remove sandbox.image / "
+                f"CHOIR_DOCKER_IMAGE to use the image Choir builds from this host's /usr")
 
     def client(self) -> Any:
         if self._client is None:

@@ -70,6 +70,10 @@ def open_sandbox(config: RepoConfig, policy: Policy, mood: Mood,
     """
 
     sandbox = resolve_sandbox(name or config.sandbox.backend, **sandbox_options(config))
+    if not getattr(sandbox, "has_image", lambda: True)():
+        fix = sandbox.missing_image_fix()  # type: ignore[attr-defined]
+        sandbox.close()
+        raise UserError(fix)
     if sandbox.isolation == "none" and not policy.moods[mood].allow_unsafe_isolation:
         sandbox.close()
         raise UserError(

@@ -8,13 +8,11 @@ engine is never touched. Skips when dockerd is not installed or we are not root 
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import signal
 import socket
 import subprocess
-import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +22,7 @@ import pytest
 
 from choir.models import Limits
 from choir.sandbox import _toolchain
+from choir.sandbox._host_image import host_rootfs
 
 pytestmark = pytest.mark.docker
 
@@ -32,31 +31,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _host_usr_image() -> bytes:
-    """The rootfs of ``choir-test:host`` (see .ci/build-test-image.sh), as a tar."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for folder in ("usr", "etc", "tmp", "repo", "choir", "choir/out", "proc", "sys", "dev"):
-            info = tarfile.TarInfo(folder)
-            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if folder == "tmp" else 0o755
-            tar.addfile(info)
-        links = {"bin": "usr/bin", "lib": "usr/lib", "sbin": "usr/sbin"}
-        if os.path.exists("/lib64"):
-            links["lib64"] = "usr/lib64"
-        for name, target in links.items():
-            info = tarfile.TarInfo(name)
-            info.type, info.linkname = tarfile.SYMTYPE, target
-            tar.addfile(info)
-        for name, text in (("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n"
-                                          "nobody:x:65534:65534:nobody:/nonexistent:/bin/sh\n"),
-                           ("etc/group", "root:x:0:\nnogroup:x:65534:\n")):
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +69,7 @@ def remote_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                     pytest.fail("the second dockerd did not start:\n"
                                 + (root / "dockerd.log").read_text()[-3000:])
                 time.sleep(0.2)
-        client.api.import_image_from_data(_host_usr_image(), repository="choir-test", tag="host")
+        client.api.import_image_from_data(host_rootfs(), repository="choir-test", tag="host")
         yield url
     finally:
         if client is not None:
