@@ -15,6 +15,9 @@ def docker_or_skip() -> None:
     from choir.sandbox.docker import DockerSandbox
 
     if DockerSandbox.available():
+        box = DockerSandbox()
+        box.has_image()  # builds the default image on a new engine, as a first run would
+        box.close()
         return
     if os.environ.get("CI"):
         pytest.fail("CI is set but no Docker engine answers: .ci/run must start dockerd")

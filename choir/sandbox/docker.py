@@ -154,8 +154,6 @@ class DockerSandbox(Sandbox):
         default image is built here when it is missing (``_host_image``): a user with an
         engine and nothing pulled still gets a working sandbox."""
         try:
-            if self.image == DEFAULT_IMAGE:
-                ensure_host_image(self.client(), self.image)
             self.client().images.get(self.image)
         except Exception:
             return False
@@ -171,6 +169,11 @@ class DockerSandbox(Sandbox):
         if self._client is None:
             self._client = _client(timeout=60)
             _sweep_once(self._client)
+            if self.image == DEFAULT_IMAGE:  # first use on a new engine: build it, offline
+                try:
+                    ensure_host_image(self._client, self.image)
+                except Exception:
+                    pass  # the run then fails with the engine's own error (INCONCLUSIVE)
         return self._client
 
     def describe(self) -> dict[str, str | None]:
