@@ -100,7 +100,10 @@ def check_gate(work_item: str, *, tree: str | None, commit: str | None) -> GateA
     if atom is None or not atom.attestations:
         answer.problems.append(f"{work_item} is not ASSERTed" +
                                (" for that tree" if tree else "") +
-                               (" for that commit" if commit else ""))
+                               (" for that commit" if commit else "") +
+                               f"; what opens the gate: `choir verify --claim {work_item}` "
+                               "passing on exactly this tree, or `choir run` of the work item "
+                               f"{work_item} ending ASSERTed on it")
         return answer
     loaded = []
     for att_id in atom.attestations:

@@ -19,6 +19,7 @@ from typing import Any
 
 from choir._core.ids import new_run_id
 from choir._core.terminal import plain_lines, shorten
+from choir.app.claim import check_claim_name, record_claim
 from choir.config import load_repo_config
 from choir.config.policy import load_policy
 from choir.director import outside_a_run
@@ -136,17 +137,23 @@ def _quiet(kind: str, data: dict[str, Any]) -> None:
 
 async def averify_tree(
     repo: Path, *, mood: Mood | None = None, sandbox_name: str | None = None,
-    on_event: OnEvent | None = None,
+    on_event: OnEvent | None = None, claim: str | None = None,
 ) -> VerifyOutcome:
     """Verify ``repo``'s working tree now. See the module docstring.
 
     ``on_event`` gets the same ``("progress", {...})`` events ``choir run`` streams (the plan,
     the sandbox, each verifier queued/running/done), so the CLI draws the same live view.
 
+    ``claim``: record the verdict in the AHDB under this name, so ``choir gate NAME``
+    answers for the tree (``choir.app.claim``).
+
     Raises:
-        UserError: bad configuration, or a policy that refuses the sandbox available.
+        UserError: bad configuration, a bad claim name, or a policy that refuses the sandbox
+            available.
     """
 
+    if claim is not None:
+        check_claim_name(claim)
     repo = repo.expanduser().resolve()
     loop = asyncio.get_running_loop()
     session = new_run_id("verify")
@@ -207,13 +214,14 @@ async def averify_tree(
     # removed beside the attestations (a few hundred unlinks), and awaited before returning
     removing = loop.run_in_executor(None, remove_snapshot, snapshots)
     try:
-        return _conclude(repo, rnd, backend, plan, planned, pairs, started)
+        return _conclude(repo, rnd, backend, plan, planned, pairs, started, claim)
     finally:
         await removing
 
 
 def _conclude(repo: Path, rnd: Round, backend: Backend, plan: Any,
-              planned: list[PlannedVerifier], pairs: list[Any], started: float) -> VerifyOutcome:
+              planned: list[PlannedVerifier], pairs: list[Any], started: float,
+              claim: str | None = None) -> VerifyOutcome:
     """Attest every sealed run, write the session folder and assemble the contract."""
 
     session, mood, target, store = rnd.id, rnd.mood, rnd.target, rnd.store
@@ -275,6 +283,11 @@ def _conclude(repo: Path, rnd: Round, backend: Backend, plan: Any,
         "failing_tests": failing_tests(repo, runs),
         "attestations": [att.id for att in atts],
     }
+    if claim is not None:
+        contract["claim"] = {"name": claim, "asserted": record_claim(
+            claim, session=session, mood=mood.value, tree_hash=target.tree_hash,
+            commit_sha=target.commit_sha, runs=runs,
+            minted={r: a.id for r, a in minted.items()})}
     return VerifyOutcome(status=status, contract=contract, verdict=verdict)
 
 
@@ -292,8 +305,8 @@ def session_verdict(results: list[Result], *, crashed: int = 0) -> str:
 
 def verify_tree(
     repo: Path, *, mood: Mood | None = None, sandbox_name: str | None = None,
-    on_event: OnEvent | None = None,
+    on_event: OnEvent | None = None, claim: str | None = None,
 ) -> VerifyOutcome:
     """Synchronous ``averify_tree``."""
     return asyncio.run(averify_tree(repo, mood=mood, sandbox_name=sandbox_name,
-                                    on_event=on_event))
+                                    on_event=on_event, claim=claim))

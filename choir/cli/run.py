@@ -106,7 +106,8 @@ def gate(work_item_id: str, commit: str | None, repo: Path | None) -> int:
         click.echo(f"gate: {work_item_id} ASSERTed by {count} attestation(s); signed by key "
                    f"{signed}")
     else:
-        click.echo(f"gate: {work_item_id} refused; signed by key {signed}")
+        click.echo(f"gate: {work_item_id} refused" + (
+            f"; signed by key {signed}" if answer.signers else ""))
         for problem in answer.problems:
             click.echo(f"  {problem}")
     click.echo(f"gate: {answer.trust}")

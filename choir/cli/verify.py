@@ -21,13 +21,18 @@ _MOODS = ["CALM", "SKEPTICAL", "PARANOID", "BOLD", "CURIOUS"]
 @click.option("--sandbox", "sandbox_name", default=None,
               help="docker | bwrap | local | auto (default: choir.yaml, else auto).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def verify(repo: Path, mood: str | None, sandbox_name: str | None, as_json: bool) -> int:
+@click.option("--claim", default=None, metavar="NAME",
+              help="Record the verdict in the AHDB as claim NAME: `choir gate NAME` then "
+                   "answers for this tree.")
+def verify(repo: Path, mood: str | None, sandbox_name: str | None, as_json: bool,
+           claim: str | None) -> int:
     """Verify the working tree now: exit 0 PASS, 1 FAIL, 2 configuration error,
     4 INCONCLUSIVE (nothing failed, but some verifier could not decide)."""
-    return run_verify(repo, mood=mood, sandbox_name=sandbox_name, as_json=as_json)
+    return run_verify(repo, mood=mood, sandbox_name=sandbox_name, as_json=as_json, claim=claim)
 
 
-def run_verify(repo: Path, *, mood: str | None, sandbox_name: str | None, as_json: bool) -> int:
+def run_verify(repo: Path, *, mood: str | None, sandbox_name: str | None, as_json: bool,
+               claim: str | None = None) -> int:
     """The one path ``choir verify`` and ``choir init`` take: verify, render, exit code."""
     from choir.app.verify import verify_tree
     from choir.models import Mood
@@ -35,7 +40,7 @@ def run_verify(repo: Path, *, mood: str | None, sandbox_name: str | None, as_jso
     progress = _progress(as_json)
     try:
         outcome = verify_tree(repo, mood=Mood(mood.upper()) if mood else None,
-                              sandbox_name=sandbox_name, on_event=progress)
+                              sandbox_name=sandbox_name, on_event=progress, claim=claim)
     finally:
         progress.close()
     if as_json:
@@ -44,6 +49,11 @@ def run_verify(repo: Path, *, mood: str | None, sandbox_name: str | None, as_jso
         from choir.cli._render import render_verify
 
         render_verify(outcome.contract)
+        if claim is not None:
+            asserted = outcome.contract["claim"]["asserted"]
+            click.echo(f"claim {claim}: " + (f"ASSERTed ({asserted[:12]}); `choir gate {claim}` "
+                                             "answers for this tree" if asserted else
+                                             "not ASSERTed (the session did not PASS)"))
     if outcome.passed:
         return EXIT_OK
     return EXIT_INCONCLUSIVE if outcome.verdict == "INCONCLUSIVE" else EXIT_FAIL

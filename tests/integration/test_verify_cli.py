@@ -275,3 +275,40 @@ def test_audit_rederives_a_sessions_seed001_logs(tmp_path: Path, choir_home: Pat
         sh.rmtree(logs, ignore_errors=True)
         sh.copytree(saved, logs)
     assert run("audit").returncode == 0
+
+
+def _git_repo(path: Path, calc: str) -> Path:
+    repo = make_repo(path, calc)
+    for args in (["init", "-q"], ["add", "-A"],
+                 ["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "c"]):
+        subprocess.run(["git", *args], cwd=repo, check=True)
+    return repo
+
+
+def test_a_verified_tree_can_be_gated_with_a_claim(tmp_path: Path) -> None:
+    # only `choir run` work items reached the AHDB: `choir gate NAME --commit HEAD` after a
+    # passing `choir verify` said "signed by key none" and never opened
+    repo = _git_repo(tmp_path / "repo", CALC_OK)
+    before = run("gate", "ci-main", "--repo", str(repo))
+    assert before.returncode == 1 and "choir verify --claim ci-main" in before.stdout
+    assert "key none" not in before.stdout
+    proc = run("verify", "--repo", str(repo), "--sandbox", sandbox_name(), "--claim", "ci-main",
+               "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["claim"]["asserted"]
+    assert run("gate", "ci-main", "--repo", str(repo)).returncode == 0
+    assert run("gate", "ci-main", "--repo", str(repo), "--commit", "HEAD").returncode == 0
+    # a different tree is not covered, and a FAIL of this claim's tree demotes it
+    (repo / "calc.py").write_text(CALC_BUG)
+    assert run("gate", "ci-main", "--repo", str(repo)).returncode == 1
+    failed = run("verify", "--repo", str(repo), "--sandbox", sandbox_name(), "--claim",
+                 "ci-main", "--json")
+    assert failed.returncode == 1 and json.loads(failed.stdout)["claim"]["asserted"] is None
+    assert run("gate", "ci-main", "--repo", str(repo)).returncode == 1
+    assert run("audit").returncode == 0
+
+
+def test_a_bad_claim_name_is_exit_2_before_anything_runs(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", CALC_OK)
+    proc = run("verify", "--repo", str(repo), "--claim", "../x")
+    assert proc.returncode == 2 and "--claim" in proc.stderr and "fix:" in proc.stderr

@@ -1,0 +1,60 @@
+"""``choir verify --claim NAME``: a verified tree becomes a claim the gate can answer for.
+
+A CI job verifies a tree and then wants a merge gate for it, but only ``choir run`` work items
+reached the AHDB, so ``choir gate`` answered "not ASSERTed" for every verified tree. With a
+claim name the session's evidence goes through the same checked AHDB writes as a work item's
+round: when every planned verifier PASSed, the claim is proposed, promoted by those PASS
+attestations and ASSERTed for exactly the tree (and commit, when the tree is exactly it);
+any attested FAIL demotes the claims on that tree it contradicts. An INCONCLUSIVE session
+changes nothing. The writes are keyed by the session, so a retry appends nothing twice.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from choir.ahdb import open_ahdb
+from choir.exceptions import UserError
+from choir.models import Result
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # a work item id, without parts' ~
+
+
+def check_claim_name(name: str) -> str:
+    """``name`` when it can be a work item id.
+
+    Raises:
+        UserError: it cannot (exit 2, with the rule).
+    """
+    if not NAME.match(name):
+        raise UserError(f"--claim {name!r}: a claim is named like a work item id (letters, "
+                        "digits, '.', '_', '-'; up to 128; starting with a letter or digit)\n"
+                        "  fix: e.g. --claim my-repo-main")
+    return name
+
+
+def record_claim(name: str, *, session: str, mood: str, tree_hash: str,
+                 commit_sha: str | None, runs: Sequence[Any],
+                 minted: Mapping[str, str]) -> str | None:
+    """Write the session's verdict on claim ``name`` into the AHDB; the ASSERT's id, if any."""
+    attested = [r for r in runs if r.run_id in minted and not getattr(r, "diagnostic", False)]
+    db = open_ahdb()
+    failing = [minted[r.run_id] for r in attested if r.report.result is Result.FAIL]
+    if failing:
+        db.demote_failed(name, tree_hash, failing)
+        return None
+    if not runs or len(attested) != len(runs) or any(
+            r.report.result is not Result.PASS for r in attested):
+        return None  # inconclusive, flaky or crashed: no evidence either way
+    if (asserted := db.is_asserted(name, tree_hash)) is not None:
+        return asserted.id
+    claim = db.propose(claim=f"{name}: verified under {mood} by choir verify {session}",
+                       work_item=name, tree_hash=tree_hash, commit_sha=commit_sha,
+                       required_verifiers=sorted({r.verifier for r in attested}),
+                       key=f"{session}/claim")
+    claim = db.promote(claim.id, [minted[r.run_id] for r in attested])
+    return db.assert_work_item(name, tree_hash, references=[claim.id],
+                               claim=f"{name} verified", commit_sha=commit_sha,
+                               key=f"{session}/assert").id
