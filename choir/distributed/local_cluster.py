@@ -4,7 +4,8 @@ For tests and the benchmark (``bench/distributed_fanout.py``), and for trying th
 without other machines. Each process is a ``dask scheduler`` / ``dask worker`` command, as
 an operator would start them on separate hosts (``cluster_commands`` builds them), with the
 certificates of ``$CHOIR_HOME/dask`` (``choir.distributed.pki``): every connection is mutual
-TLS 1.3, and every listener is bound to ``host`` (127.0.0.1 unless given), the HTTP servers
+TLS 1.3, each operation answers only the roles it belongs to (``choir.distributed.guard``),
+and every listener is bound to ``host`` (127.0.0.1 unless given), the HTTP servers
 Dask always starts included, with no routes behind them (no dashboard, no metrics, no
 proxy). Everything they write stays under ``root``, and ``close`` stops exactly the
 processes started here.
@@ -33,6 +34,9 @@ DASK_ENV = {
 }
 
 
+GUARD = "choir.distributed.guard"  # who may ask for what: a preload in every process
+
+
 def scheduler_command(pki: ClusterPKI, *, host: str, port: int = 0,
                       info: Path | None = None) -> list[str]:
     """``dask scheduler`` on ``tls://host:port`` with this CA's scheduler certificate."""
@@ -40,7 +44,7 @@ def scheduler_command(pki: ClusterPKI, *, host: str, port: int = 0,
     command = ["distributed.cli.dask_scheduler", "--protocol", "tls", "--host", host,
                "--port", str(port), "--no-dashboard", "--dashboard-address", f"{host}:0",
                "--tls-ca-file", str(pki.ca_file), "--tls-cert", str(files.cert),
-               "--tls-key", str(files.key)]
+               "--tls-key", str(files.key), "--preload", GUARD]
     return command + (["--scheduler-file", str(info)] if info else [])
 
 
@@ -53,7 +57,7 @@ def worker_command(pki: ClusterPKI, address: str, *, name: str, host: str, threa
             "--nthreads", str(threads), "--no-dashboard", "--dashboard-address", f"{host}:0",
             "--local-directory", str(local), "--name", name,
             "--tls-ca-file", str(pki.ca_file), "--tls-cert", str(files.cert),
-            "--tls-key", str(files.key)]
+            "--tls-key", str(files.key), "--preload", GUARD, "--preload-nanny", GUARD]
 
 
 class LocalCluster:

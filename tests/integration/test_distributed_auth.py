@@ -242,3 +242,49 @@ def test_a_worker_with_another_workers_certificate_is_not_an_independent_rerun(
     assert landed.manifest.platform.worker == "w0"
     [refused] = [r for r in results if isinstance(r, Exception)]
     assert isinstance(refused, IntegrityError) and "placed on worker 'w1'" in str(refused)
+
+
+def _as(pki: ClusterPKI, role: Any, name: str) -> Any:
+    """Dask ``Security`` presenting ``pki``'s certificate ``name`` of ``role`` (a stolen one)."""
+    from distributed.security import Security
+
+    files = pki.issue(role, name)
+    return Security(  # type: ignore[no-untyped-call]
+        require_encryption=True, tls_ca_file=str(pki.ca_file),
+        tls_client_cert=str(files.cert), tls_client_key=str(files.key))
+
+
+def test_a_compromised_worker_cannot_command_the_others(cluster: LocalCluster) -> None:
+    """A worker's certificate (its key read by code that broke out on that worker) is let in
+    by TLS: it may not act as a client (submit tasks, run code) nor call another worker's
+    code-running operations directly."""
+    import asyncio
+
+    from distributed.core import rpc
+
+    stolen = _as(cluster.pki, "worker", "w0")
+    assert _rogue(cluster.address, stolen).startswith("refused"), "a worker acted as a client"
+    log = (cluster.root / "scheduler.log").read_text()
+    assert "refused 'register-client' to a worker peer" in log
+
+    async def run_on_peer() -> Any:
+        async with rpc(next(iter(_workers(cluster))),
+                       connection_args=stolen.get_connection_args("client")) as peer:
+            return await peer.run(function=_dumps(_forge()))
+
+    with pytest.raises(Exception, match="refused"):
+        asyncio.run(run_on_peer())
+
+
+def _dumps(func: Callable[[], Any]) -> bytes:
+    from distributed.protocol.pickle import dumps
+
+    return dumps(func)  # type: ignore[no-any-return]
+
+
+def _workers(cluster: LocalCluster) -> dict[str, Any]:
+    from distributed import Client
+
+    with Client(cluster.address, timeout=10, set_as_default=False,  # type: ignore[no-untyped-call]
+                security=cluster.pki.client_security()) as own:
+        return own.scheduler_info(n_workers=-1)["workers"]  # type: ignore[no-any-return]
