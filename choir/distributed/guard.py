@@ -7,7 +7,8 @@ so make every worker seal forged results, which would defeat independent reruns.
 module is a Dask preload (``--preload choir.distributed.guard`` on the scheduler and the
 workers, ``--preload-nanny`` on the nannies): it wraps the operations below so that each
 answers only peers whose certificate has one of the listed roles (the subject's OU, see
-``choir.distributed.pki``). A refused call raises ``PermissionError`` to the caller.
+``choir.distributed.pki``), and a worker registers only under its certificate's name (CN).
+A refused call raises ``PermissionError`` to the caller.
 
 Other operations (information: who has what, versions, logs) stay open to any certificate
 of the CA. Data a worker fetches from a peer is still unpickled; Choir's tasks depend only
@@ -48,12 +49,16 @@ NANNY_RULES: dict[str, frozenset[str]] = {
 }
 
 
+def _subject(comm: Any, field: str) -> str | None:
+    """One field of the subject of the certificate the peer of ``comm`` showed (TLS only)."""
+    cert = (getattr(comm, "extra_info", None) or {}).get("peercert") or {}
+    values = [value for rdn in cert.get("subject", ()) for key, value in rdn if key == field]
+    return values[0] if len(values) == 1 else None
+
+
 def peer_role(comm: Any) -> str | None:
     """The role (OU) in the certificate the peer of ``comm`` showed; None without TLS."""
-    cert = (getattr(comm, "extra_info", None) or {}).get("peercert") or {}
-    units = [value for rdn in cert.get("subject", ()) for key, value in rdn
-             if key == "organizationalUnitName"]
-    return units[0] if len(units) == 1 else None
+    return _subject(comm, "organizationalUnitName")
 
 
 def _guarded(op: str, handler: Callable[..., Any], roles: frozenset[str],
@@ -67,6 +72,10 @@ def _guarded(op: str, handler: Callable[..., Any], roles: frozenset[str],
         if role not in roles:
             raise PermissionError(f"the {server} refused {op!r} to a {role or 'non-TLS'} peer "
                                   f"(allowed: {', '.join(sorted(roles))})")
+        if op == "register-worker" and str(msg.get("name")) != _subject(comm, "commonName"):
+            # a worker is known by its certificate's name: no worker joins as another
+            raise PermissionError(f"the {server} refused worker name {msg.get('name')!r} to "
+                                  f"the certificate of {_subject(comm, 'commonName')!r}")
         result = handler(comm, **msg) if takes_comm else handler(**msg)
         return await result if inspect.isawaitable(result) else result
 

@@ -49,10 +49,10 @@ def scheduler_command(pki: ClusterPKI, *, host: str, port: int = 0,
 
 
 def worker_command(pki: ClusterPKI, address: str, *, name: str, host: str, threads: int,
-                   local: Path, cert: str | None = None) -> list[str]:
-    """``dask worker`` ``name`` connecting to ``address``, showing the certificate ``cert``
-    (default: one of its own name)."""
-    files = pki.issue("worker", cert or name)
+                   local: Path) -> list[str]:
+    """``dask worker`` ``name`` connecting to ``address``, with the certificate of that name
+    (the scheduler's guard admits a worker under its certificate's name only)."""
+    files = pki.issue("worker", name)
     return ["distributed.cli.dask_worker", address, "--protocol", "tls", "--host", host,
             "--nthreads", str(threads), "--no-dashboard", "--dashboard-address", f"{host}:0",
             "--local-directory", str(local), "--name", name,
@@ -63,19 +63,16 @@ def worker_command(pki: ClusterPKI, address: str, *, name: str, host: str, threa
 class LocalCluster:
     """``with LocalCluster(root, workers=2, threads=4) as cluster: cluster.address``.
 
-    The workers are named ``w0``, ``w1``, ... and each shows a certificate of its name;
-    ``certs`` gives other certificate names (the same twice: two workers sharing one
-    identity). ``pki``: the CA (default ``choir.distributed.pki.ClusterPKI.configured()``,
-    made when missing).
+    The workers are named ``w0``, ``w1``, ... as their certificates. ``pki``: the CA (default
+    ``choir.distributed.pki.ClusterPKI.configured()``, made when missing).
     """
 
     def __init__(self, root: Path, *, workers: int = 2, threads: int = 4,
                  timeout_s: float = 60, host: str = "127.0.0.1",
-                 certs: list[str] | None = None, pki: ClusterPKI | None = None) -> None:
+                 pki: ClusterPKI | None = None) -> None:
         self.root = root
-        self.workers = len(certs) if certs else workers
-        self.names = [f"w{i}" for i in range(self.workers)]
-        self.certs = certs or self.names
+        self.workers = workers
+        self.names = [f"w{i}" for i in range(workers)]
         self.threads = threads
         self.timeout_s = timeout_s
         self.host = host
@@ -115,13 +112,13 @@ class LocalCluster:
         while not info.exists() or not info.read_text().strip():
             self._check(deadline)
         self.address = json.loads(info.read_text())["address"]
-        for i, (name, cert) in enumerate(zip(self.names, self.certs, strict=True)):
+        for i, name in enumerate(self.names):
             local = self.root / f"worker-{i}"
             local.mkdir(exist_ok=True)
             self.worker_dirs.append(local)
             self._spawn(f"worker-{i}", worker_command(self.pki, self.address, name=name,
                                                       host=self.host, threads=self.threads,
-                                                      local=local, cert=cert))
+                                                      local=local))
         from distributed import Client
 
         client = Client(self.address, timeout=self.timeout_s,  # type: ignore[no-untyped-call]

@@ -224,24 +224,36 @@ def test_more_independent_reruns_than_workers_is_refused(cluster: LocalCluster,
     assert isinstance(refused, UserError) and "need one worker each" in str(refused)
 
 
-def test_a_worker_with_another_workers_certificate_is_not_an_independent_rerun(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two worker processes share one certificate (a stolen or copied key): the scheduler
-    sees two workers, but both results are signed by one identity, and the second is refused."""
+def test_a_replica_signed_by_another_worker_than_its_placement_is_refused(
+        cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The coordinator checks the signer, not the scheduler's placement: a replica the
+    scheduler ran on w0 while the coordinator asked for w1 (as a compromised scheduler or a
+    worker registered under another's name would arrange) does not count as w1's."""
     from choir.distributed import fanout_from_env
-    from choir.distributed.pki import CERTS_ENV
+    from choir.distributed.fanout import DaskFanout
     from choir.exceptions import IntegrityError
 
-    _dask.need_bwrap()
-    pki = ClusterPKI(tmp_path / "certs")
-    with LocalCluster(tmp_path / "dask", certs=["w0", "w0"], threads=1, pki=pki) as shared:
-        monkeypatch.setenv("CHOIR_SCHEDULER", shared.address)
-        monkeypatch.setenv(CERTS_ENV, str(pki.directory))
-        results = _replicas(fanout_from_env(distinct=True), _repo(tmp_path, PASSING), 2)
-    [landed] = [r for r in results if not isinstance(r, Exception)]
-    assert landed.manifest.platform.worker == "w0"
-    [refused] = [r for r in results if isinstance(r, Exception)]
-    assert isinstance(refused, IntegrityError) and "placed on worker 'w1'" in str(refused)
+    w0 = next(a for a, info in _workers(cluster).items() if info["name"] == "w0")
+    monkeypatch.setattr(DaskFanout, "_place", lambda self, ran, verifier: (w0, "w1"))
+    [refused] = _replicas(fanout_from_env(distinct=True), _repo(tmp_path, PASSING), 1)
+    assert isinstance(refused, IntegrityError)
+    assert "placed on worker 'w1' but 'w0' signed" in str(refused)
+
+
+def test_a_worker_certificate_registers_under_its_own_name_only(cluster: LocalCluster) -> None:
+    import asyncio
+
+    from distributed.core import rpc
+
+    stolen = _as(cluster.pki, "worker", "w0")
+
+    async def register_as_w1() -> Any:
+        async with rpc(cluster.address,
+                       connection_args=stolen.get_connection_args("client")) as scheduler:
+            return await getattr(scheduler, "register-worker")(name="w1")
+
+    with pytest.raises(PermissionError, match="refused worker name 'w1'"):
+        asyncio.run(register_as_w1())
 
 
 def _as(pki: ClusterPKI, role: Any, name: str) -> Any:
