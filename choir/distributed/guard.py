@@ -31,12 +31,13 @@ SCHEDULER_RULES: dict[str, frozenset[str]] = {
     "register-client": _CLIENT,  # the stream every task submission travels on
     "register-worker": _WORKER, "register_nanny": _WORKER, "heartbeat_worker": _WORKER,
     **{op: _CLIENT for op in (
-        "scatter", "feed", "broadcast", "proxy", "run_function", "restart", "restart_workers",
-        "retire_workers", "rebalance", "replicate", "update_data", "set_resources",
-        "set_restrictions", "set_metadata", "retry", "terminate", "register_scheduler_plugin",
-        "unregister_scheduler_plugin", "register_worker_plugin", "unregister_worker_plugin",
-        "register_nanny_plugin", "unregister_nanny_plugin", "dump_cluster_state_to_url",
-        "start_task_metadata", "stop_task_metadata", "subscribe_worker_status")},
+        "scatter", "gather", "feed", "broadcast", "proxy", "run_function", "restart",
+        "restart_workers", "retire_workers", "rebalance", "replicate", "update_data",
+        "set_resources", "set_restrictions", "set_metadata", "retry", "terminate",
+        "register_scheduler_plugin", "unregister_scheduler_plugin", "register_worker_plugin",
+        "unregister_worker_plugin", "register_nanny_plugin", "unregister_nanny_plugin",
+        "dump_cluster_state_to_url", "start_task_metadata", "stop_task_metadata",
+        "subscribe_worker_status")},
 }
 WORKER_RULES: dict[str, frozenset[str]] = {op: _SCHEDULER for op in (
     "gather", "run", "run_coroutine", "update_data", "free_keys", "terminate", "upload_file",

@@ -240,20 +240,25 @@ def test_a_replica_signed_by_another_worker_than_its_placement_is_refused(
     assert "placed on worker 'w1' but 'w0' signed" in str(refused)
 
 
-def test_a_worker_certificate_registers_under_its_own_name_only(cluster: LocalCluster) -> None:
+@pytest.mark.parametrize(("role", "cert", "name", "why"), [
+    ("worker", "w0", "w1", "refused worker name 'w1'"),  # a worker posing as another
+    ("client", "coordinator", "coordinator", "refused 'register-worker' to a client peer"),
+])
+def test_only_a_worker_certificate_registers_a_worker_under_its_own_name(
+        cluster: LocalCluster, role: str, cert: str, name: str, why: str) -> None:
     import asyncio
 
     from distributed.core import rpc
 
-    stolen = _as(cluster.pki, "worker", "w0")
+    stolen = _as(cluster.pki, role, cert)
 
-    async def register_as_w1() -> Any:
+    async def register() -> Any:
         async with rpc(cluster.address,
                        connection_args=stolen.get_connection_args("client")) as scheduler:
-            return await getattr(scheduler, "register-worker")(name="w1")
+            return await getattr(scheduler, "register-worker")(name=name)
 
-    with pytest.raises(PermissionError, match="refused worker name 'w1'"):
-        asyncio.run(register_as_w1())
+    with pytest.raises(PermissionError, match=why):
+        asyncio.run(register())
 
 
 def _as(pki: ClusterPKI, role: Any, name: str) -> Any:
