@@ -109,7 +109,25 @@ class DaskFanout:
             except OSError as exc:
                 raise UserError(f"{SCHEDULER_ENV}={self.address}: no Dask scheduler answers "
                                 f"({exc}); start one or unset {SCHEDULER_ENV}") from exc
+            self._check_scheduler()
         return self._client
+
+    def _check_scheduler(self) -> None:
+        """The peer must show a scheduler's certificate: Dask checks no host names, so any
+        certificate of the CA (a worker's) could otherwise answer at the scheduler's address.
+
+        Raises:
+            IntegrityError: it showed another role's certificate (nothing was sent to it).
+        """
+        from choir.distributed.guard import peer_role
+        from choir.exceptions import IntegrityError
+
+        role = peer_role(self._client.scheduler_comm.comm)
+        if role != "scheduler":
+            self._client.close()
+            self._client = None
+            raise IntegrityError(f"{SCHEDULER_ENV}={self.address} is not the cluster's "
+                                 f"scheduler: it showed a {role} certificate")
 
     def _snapshot(self, repo: Path) -> tuple[Any, str]:
         from choir._core.canonical import blake3_hex

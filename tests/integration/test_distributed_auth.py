@@ -305,3 +305,41 @@ def _workers(cluster: LocalCluster) -> dict[str, Any]:
     with Client(cluster.address, timeout=10, set_as_default=False,  # type: ignore[no-untyped-call]
                 security=cluster.pki.client_security()) as own:
         return own.scheduler_info(n_workers=-1)["workers"]  # type: ignore[no-any-return]
+
+
+def test_a_scheduler_with_another_roles_certificate_is_not_the_clusters(
+        cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compromised worker that gets between the coordinator and the scheduler (its port,
+    its address) and answers as a scheduler with its worker certificate, which TLS accepts
+    (Dask checks no host names): the coordinator refuses to send it anything."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from choir.app.verify import verify_tree
+    from choir.models import Mood
+
+    files = cluster.pki.issue("worker", "w0")
+    info = tmp_path / "fake.json"
+    fake = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--protocol", "tls",
+         "--host", "127.0.0.1", "--port", "0", "--no-dashboard", "--dashboard-address",
+         "127.0.0.1:0", "--tls-ca-file", str(cluster.pki.ca_file), "--tls-cert",
+         str(files.cert), "--tls-key", str(files.key), "--scheduler-file", str(info)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (info.exists() and info.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        monkeypatch.setenv("CHOIR_SCHEDULER", json.loads(info.read_text())["address"])
+        outcome = verify_tree(_repo(tmp_path, PASSING), mood=Mood.SKEPTICAL,
+                              sandbox_name="bwrap")
+    finally:
+        os.killpg(fake.pid, signal.SIGTERM)
+        fake.wait(timeout=10)
+    assert outcome.status != "PASS" and outcome.contract["attestations"] == []
+    [report] = outcome.contract["reports"]
+    assert "not the cluster's scheduler" in json.dumps(report)
