@@ -8,11 +8,12 @@ thread while the worker runs; the snapshot is tarred and hashed once per run and
 the cluster once (workers fetch it from where it lives).
 
 The cluster is reached over mutual TLS only (``tls://``, with the client certificate of
-``$CHOIR_HOME/dask``: ``choir.distributed.pki``); a ``tcp://`` scheduler is refused, as
-anyone who reaches one can make its workers seal a forged PASS. Every result must be signed
-by a worker certificate of that CA and name it; with ``distinct`` (a mood with reruns,
-PARANOID) the runs of one verifier on one tree are pinned to workers that have not run it,
-and a result signed by a worker that already did is refused.
+``choir.distributed.pki``), and the peer must show the scheduler's certificate; a ``tcp://``
+scheduler is refused, as anyone who reaches one can make its workers seal a forged PASS.
+Every result must be signed by a worker certificate of that CA and name it; with
+``distinct`` (a mood with reruns, PARANOID) the runs of one verifier on one tree are pinned
+to workers that have not run it, and a result signed by another worker than the one it was
+placed on is refused.
 """
 
 from __future__ import annotations
