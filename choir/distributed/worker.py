@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from choir.distributed.pki import CertFiles
+from choir.distributed.pki import CertFiles, identity_of, sign_as
 from choir.distributed.remote_run import RemoteRun, signed_bytes
 from choir.models import RunManifest
 
@@ -61,7 +61,6 @@ def seal_for_coordinator(run_id: str, manifest: RunManifest, files: dict[str, by
                          certificate: CertFiles) -> RemoteRun:
     """The run as sent back: its manifest naming this worker, signed with its key."""
     from choir._core.canonical import blake3_hex, canonical_json
-    from choir.distributed.pki import identity_of, sign_as
 
     name, fingerprint = identity_of(certificate.cert.read_bytes())
     named = manifest.model_copy(update={"platform": manifest.platform.model_copy(
