@@ -183,7 +183,9 @@ class Backend:
         try:
             on_event({"kind": "sandbox", "name": sandbox.name, "isolation": sandbox.isolation,
                       "why": sandbox.chosen_because})
-            return cls(sandbox, fanout_from_env(sandbox_options(config)))
+            # reruns are independent votes: on a cluster, each on a worker of its own
+            return cls(sandbox, fanout_from_env(sandbox_options(config),
+                                                distinct=policy.moods[mood].reruns > 1))
         except BaseException:
             sandbox.close()
             raise

@@ -6,6 +6,14 @@ green thread (``choir.verification.run_verifier_thread``) calls it in place of t
 run and goes on to the same report and attestation. It blocks in the green thread's pool
 thread while the worker runs; the snapshot is tarred and hashed once per run and shipped to
 the cluster once (workers fetch it from where it lives).
+
+The cluster is reached over mutual TLS only (``tls://``, with the client certificate of
+``choir.distributed.pki``), and the peer must show the scheduler's certificate; a ``tcp://``
+scheduler is refused, as anyone who reaches one can make its workers seal a forged PASS.
+Every result must be signed by a worker certificate of that CA and name it; with
+``distinct`` (a mood with reruns, PARANOID) the runs of one verifier on one tree are pinned
+to workers that have not run it, and a result signed by another worker than the one it was
+placed on is refused.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from choir.exceptions import MissingExtraError, UserError
 
 if TYPE_CHECKING:
+    from choir.distributed.pki import ClusterPKI
     from choir.evidence.artifacts import ArtifactStore
     from choir.models import Target, VerifierSpec
     from choir.sandbox import Sandbox
@@ -30,15 +39,22 @@ SCHEDULER_ENV = "CHOIR_SCHEDULER"
 TIMEOUT_ENV = "CHOIR_SCHEDULER_TIMEOUT_S"  # how long to try to reach it (default 30 s)
 
 
-def fanout_from_env(options: dict[str, Any] | None = None) -> DaskFanout | None:
+def fanout_from_env(options: dict[str, Any] | None = None, *,
+                    distinct: bool = False) -> DaskFanout | None:
     """A fan-out to the scheduler named by ``CHOIR_SCHEDULER``, or None when it is unset.
 
     Raises:
-        UserError: ``CHOIR_SCHEDULER_TIMEOUT_S`` is not a positive number.
+        UserError: ``CHOIR_SCHEDULER_TIMEOUT_S`` is not a positive number, or the scheduler's
+            address is not ``tls://``.
     """
     address = os.environ.get(SCHEDULER_ENV)
     if not address:
         return None
+    if not address.startswith("tls://"):
+        raise UserError(f"{SCHEDULER_ENV}={address}: Choir reaches its cluster over mutual "
+                        "TLS only; give the scheduler's tls://HOST:PORT address (set the "
+                        "cluster up with the certificates of `python -m choir.distributed.pki`,"
+                        " see docs/distributed.md)")
     raw = os.environ.get(TIMEOUT_ENV, "30")
     try:
         timeout = float(raw)
@@ -46,7 +62,7 @@ def fanout_from_env(options: dict[str, Any] | None = None) -> DaskFanout | None:
             raise ValueError(raw)
     except ValueError:
         raise UserError(f"{TIMEOUT_ENV}={raw!r}: give a number of seconds above 0") from None
-    return DaskFanout(address, options or {}, timeout_s=timeout)
+    return DaskFanout(address, options or {}, timeout_s=timeout, distinct=distinct)
 
 
 def pack_snapshot(root: Path) -> bytes:
@@ -59,14 +75,22 @@ def pack_snapshot(root: Path) -> bytes:
 
 
 class DaskFanout:
-    """Runs verifiers on a Dask cluster. ``options`` are the sandbox's (``choir.yaml``)."""
+    """Runs verifiers on a Dask cluster. ``options`` are the sandbox's (``choir.yaml``);
+    ``distinct``: each run of a verifier on a tree on a worker that has not run it yet."""
 
-    def __init__(self, address: str, options: dict[str, Any], timeout_s: float = 30) -> None:
+    def __init__(self, address: str, options: dict[str, Any], timeout_s: float = 30, *,
+                 distinct: bool = False, pki: ClusterPKI | None = None) -> None:
         self.address = address
         self.options = options
         self.timeout_s = timeout_s
+        from choir.distributed.pki import ClusterPKI
+
+        self.distinct = distinct
+        self.pki = pki or ClusterPKI.configured()
         self._client: Any = None
         self._snapshots: dict[Path, tuple[Any, str]] = {}
+        self._ran: dict[tuple[str, str], set[str]] = {}  # (verifier, tree) -> worker names
+        self._placed: dict[str, int] = {}  # worker name -> runs pinned to it
         self._lock = threading.Lock()
 
     def _connect(self) -> Any:
@@ -76,16 +100,35 @@ class DaskFanout:
             raise MissingExtraError("fanning out to a cluster needs: "
                                     "pip install 'choir[distributed]'") from exc
         if self._client is None:
+            security = self.pki.client_security()
             try:
                 # What workers send back is loaded as plain data only: a pickle from a
                 # compromised worker would run its code here, before any hash is checked.
                 self._client = Client(  # type: ignore[no-untyped-call]
                     self.address, timeout=self.timeout_s, set_as_default=False,
-                    deserializers=["msgpack"])
+                    deserializers=["msgpack"], security=security)
             except OSError as exc:
                 raise UserError(f"{SCHEDULER_ENV}={self.address}: no Dask scheduler answers "
                                 f"({exc}); start one or unset {SCHEDULER_ENV}") from exc
+            self._check_scheduler()
         return self._client
+
+    def _check_scheduler(self) -> None:
+        """The peer must show a scheduler's certificate: Dask checks no host names, so any
+        certificate of the CA (a worker's) could otherwise answer at the scheduler's address.
+
+        Raises:
+            IntegrityError: it showed another role's certificate (nothing was sent to it).
+        """
+        from choir.distributed.guard import peer_role
+        from choir.exceptions import IntegrityError
+
+        role = peer_role(self._client.scheduler_comm.comm)
+        if role != "scheduler":
+            self._client.close()
+            self._client = None
+            raise IntegrityError(f"{SCHEDULER_ENV}={self.address} is not the cluster's "
+                                 f"scheduler: it showed a {role} certificate")
 
     def _snapshot(self, repo: Path) -> tuple[Any, str]:
         from choir._core.canonical import blake3_hex
@@ -110,7 +153,7 @@ class DaskFanout:
         Raises:
             IntegrityError: what came back does not hash to what the worker sealed.
         """
-        from choir.distributed.remote_run import RemoteRun, land
+        from choir.distributed.remote_run import RemoteRun, land, signed_bytes
         from choir.exceptions import IntegrityError
         from choir.verification.pipeline import replay_sealed
 
@@ -118,17 +161,50 @@ class DaskFanout:
         if replayed is not None:
             return replayed
         snapshot, snapshot_hash = self._snapshot(repo)
+        ran = (spec.name, target.tree_hash)
+        placed = self._place(ran, spec.name) if self.distinct else None
         future = self._client.submit(
             _run_on_worker,
             spec.model_dump_json(), target.model_dump_json(), run_id, snapshot, snapshot_hash,
             sandbox.name, self.options, sandbox.require_limits, dict(env or {}), pure=False,
-            key=f"choir-{run_id}")
+            key=f"choir-{run_id}", workers=placed and [placed[0]], allow_other_workers=False)
         try:
-            remote = RemoteRun.model_validate(future.result(), strict=True)
+            # a pinned run waits for its worker only so long: a lost one never comes back
+            answer = future.result(timeout=None if placed is None else spec.timeout_s + 600)
+            remote = RemoteRun.model_validate(answer, strict=True)
         except (TypeError, ValueError) as exc:
             raise IntegrityError(f"run {run_id}: the worker's answer is not a run folder "
                                  f"({str(exc)[:300]})") from None
-        return land(remote, store=store, spec=spec, target=target)
+        worker = self.pki.verify_signed(remote.worker_cert, remote.signature,
+                                        signed_bytes(run_id, remote.manifest_hash), "worker")
+        if placed is not None and worker.name != placed[1]:
+            # placements are unique per verifier and tree, so no two results share a signer
+            raise IntegrityError(f"run {run_id} was placed on worker {placed[1]!r} but "
+                                 f"{worker.name!r} signed its result: not an independent run")
+        return land(remote, store=store, spec=spec, target=target, worker=worker)
+
+    def _place(self, ran: tuple[str, str], verifier: str) -> tuple[str, str]:
+        """``(address, name)`` of a worker that has not run ``ran`` yet, now reserved for it.
+
+        Raises:
+            UserError: every worker of the cluster ran it already (too few for the reruns).
+        """
+        from choir.exceptions import UserError
+
+        with self._lock:
+            used = self._ran.setdefault(ran, set())
+            workers = self._client.scheduler_info(n_workers=-1)["workers"]
+            free = sorted((self._placed.get(name, 0), name, address) for address, name in
+                          ((a, str(info.get("name"))) for a, info in workers.items())
+                          if name not in used)
+            if not free:
+                raise UserError(f"independent reruns of {verifier} need one worker each: all "
+                                f"{len(workers)} workers of {self.address} ran it already; "
+                                "start more workers or choose a mood without reruns")
+            _, name, address = free[0]  # the least loaded
+            used.add(name)
+            self._placed[name] = self._placed.get(name, 0) + 1
+            return address, name
 
     def close(self) -> None:
         with self._lock:

@@ -1,9 +1,14 @@
-"""A real Dask cluster on this machine: one scheduler and N worker processes, on loopback.
+"""A real Dask cluster on this machine: one scheduler and N worker processes, TLS on loopback.
 
 For tests and the benchmark (``bench/distributed_fanout.py``), and for trying the fan-out
 without other machines. Each process is a ``dask scheduler`` / ``dask worker`` command, as
-an operator would start them on separate hosts; everything they write stays under ``root``,
-and ``close`` stops exactly the processes started here.
+an operator would start them on separate hosts (``cluster_commands`` builds them), with the
+certificates of ``$CHOIR_HOME/dask`` (``choir.distributed.pki``): every connection is mutual
+TLS 1.3, each operation answers only the roles it belongs to (``choir.distributed.guard``),
+and every listener is bound to ``host`` (127.0.0.1 unless given), the HTTP servers
+Dask always starts included, with no routes behind them (no dashboard, no metrics, no
+proxy). Everything they write stays under ``root``, and ``close`` stops exactly the
+processes started here.
 """
 
 from __future__ import annotations
@@ -17,24 +22,74 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from choir.distributed.pki import ClusterPKI
+
+# Dask's settings for every process of the cluster (environment: read before anything runs)
+DASK_ENV = {
+    "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",  # a tcp:// peer is refused
+    "DASK_DISTRIBUTED__COMM__TLS__MIN_VERSION": "1.3",
+    "DASK_DISTRIBUTED__SCHEDULER__HTTP__ROUTES": "[]",  # its HTTP server serves nothing
+    "DASK_DISTRIBUTED__WORKER__HTTP__ROUTES": "[]",
+    "DASK_DISTRIBUTED__WORKER__DAEMON": "False",  # the sandboxes' own processes may fork
+}
+
+
+GUARD = "choir.distributed.guard"  # who may ask for what: a preload in every process
+
+
+def scheduler_command(pki: ClusterPKI, *, host: str, port: int = 0,
+                      info: Path | None = None) -> list[str]:
+    """``dask scheduler`` on ``tls://host:port`` with this CA's scheduler certificate."""
+    files = pki.issue("scheduler", "scheduler")
+    command = ["distributed.cli.dask_scheduler", "--protocol", "tls", "--host", host,
+               "--port", str(port), "--no-dashboard", "--dashboard-address", f"{host}:0",
+               "--tls-ca-file", str(pki.ca_file), "--tls-cert", str(files.cert),
+               "--tls-key", str(files.key), "--preload", GUARD]
+    return command + (["--scheduler-file", str(info)] if info else [])
+
+
+def worker_command(pki: ClusterPKI, address: str, *, name: str, host: str, threads: int,
+                   local: Path) -> list[str]:
+    """``dask worker`` ``name`` connecting to ``address``, with the certificate of that name
+    (the scheduler's guard admits a worker under its certificate's name only)."""
+    files = pki.issue("worker", name)
+    return ["distributed.cli.dask_worker", address, "--protocol", "tls", "--host", host,
+            "--nthreads", str(threads), "--no-dashboard", "--dashboard-address", f"{host}:0",
+            "--local-directory", str(local), "--name", name,
+            "--tls-ca-file", str(pki.ca_file), "--tls-cert", str(files.cert),
+            "--tls-key", str(files.key), "--preload", GUARD, "--preload-nanny", GUARD]
+
 
 class LocalCluster:
-    """``with LocalCluster(root, workers=2, threads=4) as cluster: cluster.address``."""
+    """``with LocalCluster(root, workers=2, threads=4) as cluster: cluster.address``.
+
+    The workers are named ``w0``, ``w1``, ... as their certificates. ``pki``: the CA (default
+    ``choir.distributed.pki.ClusterPKI.configured()``, made when missing).
+    """
 
     def __init__(self, root: Path, *, workers: int = 2, threads: int = 4,
-                 timeout_s: float = 60) -> None:
+                 timeout_s: float = 60, host: str = "127.0.0.1",
+                 pki: ClusterPKI | None = None) -> None:
         self.root = root
         self.workers = workers
+        self.names = [f"w{i}" for i in range(workers)]
         self.threads = threads
         self.timeout_s = timeout_s
+        self.host = host
+        self.pki = pki or ClusterPKI.configured()
         self.address = ""
         self.worker_dirs: list[Path] = []
         self._procs: list[subprocess.Popen[bytes]] = []
 
-    def _spawn(self, name: str, *args: str) -> None:
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def _spawn(self, name: str, args: list[str]) -> None:
         log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 - the child holds it
-        env = {**os.environ, "TMPDIR": str(self.root), "DASK_DISTRIBUTED__WORKER__DAEMON":
-               "False"}
+        # CHOIR_HOME is inherited: a worker never signs, but its sandboxes refuse binds that
+        # would expose that home (the same machine, the same user: see docs/distributed.md)
+        env = {**os.environ, "TMPDIR": str(self.root), **DASK_ENV}
         try:
             self._procs.append(subprocess.Popen(
                 [sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT,
@@ -50,25 +105,24 @@ class LocalCluster:
                 (the logs' tails are in the message).
         """
         self.root.mkdir(parents=True, exist_ok=True)
+        self.pki.ensure()
         info = self.root / "scheduler.json"
-        self._spawn("scheduler", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-                    "--port", "0", "--no-dashboard", "--scheduler-file", str(info))
+        self._spawn("scheduler", scheduler_command(self.pki, host=self.host, info=info))
         deadline = time.monotonic() + self.timeout_s
         while not info.exists() or not info.read_text().strip():
             self._check(deadline)
         self.address = json.loads(info.read_text())["address"]
-        for i in range(self.workers):
+        for i, name in enumerate(self.names):
             local = self.root / f"worker-{i}"
             local.mkdir(exist_ok=True)
             self.worker_dirs.append(local)
-            self._spawn(f"worker-{i}", "distributed.cli.dask_worker", self.address,
-                        "--host", "127.0.0.1", "--nthreads", str(self.threads),
-                        "--no-dashboard", "--local-directory", str(local),
-                        "--name", f"w{i}")
+            self._spawn(f"worker-{i}", worker_command(self.pki, self.address, name=name,
+                                                      host=self.host, threads=self.threads,
+                                                      local=local))
         from distributed import Client
 
         client = Client(self.address, timeout=self.timeout_s,  # type: ignore[no-untyped-call]
-                        set_as_default=False)
+                        set_as_default=False, security=self.pki.client_security())
         try:
             while len(client.scheduler_info(n_workers=-1)["workers"]) < self.workers:
                 self._check(deadline)

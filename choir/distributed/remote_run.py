@@ -3,7 +3,10 @@
 The worker is trusted to run the step, not to tell the truth about bytes in transit: every
 file is hashed again on arrival and must match the manifest the worker sealed, the manifest
 must name this verifier, tree and run, and nothing may arrive that the manifest does not list.
-Anything else is an ``IntegrityError``: no report, no attestation (fail-closed).
+Who sent it is checked too: the worker signs ``signed_bytes`` (the run id and the manifest's
+hash) with its certificate's key, and the manifest must name that certificate
+(``platform.worker``, ``platform.worker_cert``). Anything else is an ``IntegrityError``: no
+report, no attestation (fail-closed).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from choir.models import RunManifest, Target, VerifierSpec
 from choir.models._base import Frozen
 
 if TYPE_CHECKING:
+    from choir.distributed.pki import Identity
     from choir.evidence.artifacts import ArtifactStore
     from choir.verification.pipeline import PipelineResult
 
@@ -30,7 +34,13 @@ class RemoteRun(Frozen):
     manifest_json: bytes
     manifest_hash: str
     files: dict[str, bytes] = Field(default_factory=dict)
-    worker: str = ""
+    worker_cert: bytes = b""  # the worker's certificate (PEM), checked against the CA
+    signature: bytes = b""  # of ``signed_bytes(run_id, manifest_hash)`` by that certificate
+
+
+def signed_bytes(run_id: str, manifest_hash: str) -> bytes:
+    """What a worker signs for one run: a result stands for this run and manifest only."""
+    return f"choir/worker-run/v1\n{run_id}\n{manifest_hash}\n".encode()
 
 
 def _clean(rel: str) -> PurePosixPath:
@@ -41,8 +51,10 @@ def _clean(rel: str) -> PurePosixPath:
 
 
 def land(remote: RemoteRun, *, store: ArtifactStore, spec: VerifierSpec,
-         target: Target) -> PipelineResult:
+         target: Target, worker: Identity | None = None) -> PipelineResult:
     """Store ``remote`` under its run id, re-hash everything, and return the stored result.
+
+    ``worker``: who signed it (``ClusterPKI.verify_signed``); the manifest must name it.
 
     Raises:
         IntegrityError: a byte, a name or the manifest does not match (see module docstring).
@@ -62,6 +74,10 @@ def land(remote: RemoteRun, *, store: ArtifactStore, spec: VerifierSpec,
         raise IntegrityError(f"run {remote.run_id}: the worker returned a manifest of "
                              f"{manifest.run_id} ({manifest.verifier} on "
                              f"{manifest.tree_hash[:12]})")
+    named = (manifest.platform.worker, manifest.platform.worker_cert)
+    if worker is not None and named != (worker.name, worker.fingerprint):
+        raise IntegrityError(f"run {remote.run_id}: the manifest names worker {named[0]!r}, "
+                             f"but {worker.name!r} signed it")
     if not ran_spec_steps(manifest, spec):
         raise IntegrityError(f"run {remote.run_id}: the worker's manifest records other steps "
                              f"than {spec.name}'s")

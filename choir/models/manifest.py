@@ -71,6 +71,10 @@ class Platform(Frozen):
     transfer: Literal["bind", "copy"] | None = Field(default=None, exclude_if=_absent)
     # what held for every step that ran (``AppliedLimits.weakest``); absent when none ran
     limits_applied: AppliedLimits | None = Field(default=None, exclude_if=_absent)
+    # a run on a Dask worker: the name and sha256 fingerprint of the worker's certificate,
+    # checked by the coordinator against the cluster's CA and the worker's signature
+    worker: str | None = Field(default=None, exclude_if=_absent)
+    worker_cert: str | None = Field(default=None, exclude_if=_absent)
 
 
 class RunManifest(Frozen):

@@ -4,12 +4,8 @@ re-hashed, reported and attested on the coordinator, and ``choir audit`` clean a
 
 from __future__ import annotations
 
-import os
-import shutil
-import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +14,9 @@ pytest.importorskip("distributed", reason="the distributed extra is not installe
                     "pip install 'choir[distributed]'")
 
 from choir.distributed.local_cluster import LocalCluster  # noqa: E402
+from tests import dask_cluster as _dask  # noqa: E402
+
+cluster, dask_cluster = _dask.cluster, _dask.dask_cluster  # the fixtures
 
 pytestmark = pytest.mark.bwrap
 
@@ -40,18 +39,9 @@ def verifier(name: str, command: str) -> str:
         """), "  ")
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    if not shutil.which("bwrap"):
-        if os.environ.get("CI"):
-            pytest.fail("CI is set but bubblewrap is not installed")
-        pytest.skip("bubblewrap is not installed")
-    with LocalCluster(tmp_path_factory.mktemp("dask"), workers=2, threads=2) as running:
-        yield running
-
-
 def test_verifiers_run_on_the_workers_and_land_as_evidence(
         cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import choir.distributed.worker as worker
     from choir.app.verify import verify_tree
     from choir.audit.integrity import audit
     from choir.evidence.artifacts import ArtifactStore
@@ -64,7 +54,8 @@ def test_verifiers_run_on_the_workers_and_land_as_evidence(
     checks = [verifier(f"check{i}", f"sleep 1; grep -q 'under test' data.txt && "
                        f"echo {i} > $CHOIR_OUT/n.txt") for i in range(4)]
     (repo / "choir.yaml").write_text(CHOIR_YAML.format(verifiers="".join(checks)))
-    monkeypatch.setenv("CHOIR_SCHEDULER", cluster.address)
+    ran_here: list[object] = []  # the workers' code, should it run in this process
+    monkeypatch.setattr(worker, "run_on_worker", lambda *a: ran_here.append(a))
     began = time.monotonic()
     outcome = verify_tree(repo, mood=Mood.SKEPTICAL, sandbox_name="bwrap")
     took = time.monotonic() - began
@@ -84,11 +75,11 @@ def test_verifiers_run_on_the_workers_and_land_as_evidence(
     assert took < 4 * 1 + 3  # side by side, not one after another (4 x sleep 1)
     result = audit()
     assert result.ok, result
-    assert sys.modules.get("choir.distributed.worker") is None  # nothing ran in this process
+    assert ran_here == []  # nothing ran in this process
 
 
 def test_a_failing_verifier_on_a_worker_fails_the_run(
-        cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        cluster: LocalCluster, tmp_path: Path) -> None:
     from choir.app.verify import verify_tree
     from choir.models import Mood
 
@@ -96,7 +87,6 @@ def test_a_failing_verifier_on_a_worker_fails_the_run(
     repo.mkdir()
     (repo / "choir.yaml").write_text(CHOIR_YAML.format(
         verifiers=verifier("good", "exit 0") + verifier("bad", "echo broken; exit 3")))
-    monkeypatch.setenv("CHOIR_SCHEDULER", cluster.address)
     outcome = verify_tree(repo, mood=Mood.SKEPTICAL, sandbox_name="bwrap")
     assert outcome.status == "FAIL"
     results = {t["verifier"]: t["result"] for t in outcome.contract["threads"]}
@@ -108,6 +98,7 @@ def test_no_scheduler_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Monke
     import socket
 
     from choir.app.verify import verify_tree
+    from choir.distributed.pki import ClusterPKI
     from choir.exceptions import UserError
     from choir.models import Mood
 
@@ -117,14 +108,15 @@ def test_no_scheduler_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Monke
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "choir.yaml").write_text(CHOIR_YAML.format(verifiers=verifier("good", "exit 0")))
-    monkeypatch.setenv("CHOIR_SCHEDULER", f"tcp://127.0.0.1:{port}")
+    ClusterPKI.configured().ensure()  # certificates, but no scheduler behind the address
+    monkeypatch.setenv("CHOIR_SCHEDULER", f"tls://127.0.0.1:{port}")
     monkeypatch.setenv("CHOIR_SCHEDULER_TIMEOUT_S", "2")
     with pytest.raises(UserError, match="CHOIR_SCHEDULER"):
         verify_tree(repo, mood=Mood.SKEPTICAL, sandbox_name="bwrap")
 
 
 async def test_choir_run_green_threads_fan_out_too(
-        cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        cluster: LocalCluster, tmp_path: Path) -> None:
     """The loop's green threads take the same path: run on a worker, attested here, ASSERTed."""
     from choir.attest import AttestationStore
     from choir.graph.runner import run_work_item
@@ -138,7 +130,6 @@ async def test_choir_run_green_threads_fan_out_too(
     item = tmp_path / "item.yaml"
     item.write_text("id: dist\ngoal: g\nrepo: ./repo\n"
                     "executor: {kind: command, command: 'true'}\n")
-    monkeypatch.setenv("CHOIR_SCHEDULER", cluster.address)
     out = await run_work_item(item, run_id="dist-run")
     assert out.status == "asserted", out
     [att] = [a for a in AttestationStore() if a.body.verifier == "unit"]
@@ -170,7 +161,6 @@ def test_a_worker_cannot_run_code_on_the_coordinator(
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "choir.yaml").write_text(CHOIR_YAML.format(verifiers=verifier("good", "exit 0")))
-    monkeypatch.setenv("CHOIR_SCHEDULER", cluster.address)
     outcome = verify_tree(repo, mood=Mood.SKEPTICAL, sandbox_name="bwrap")
     assert not marker.exists()
     # the refused reply is evidence of nothing: the thread is INCONCLUSIVE, nothing attested

@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from choir._core.canonical import blake3_hex, canonical_json
 from choir.app.verify import resolve_target
-from choir.distributed.remote_run import RemoteRun, land
+from choir.distributed.pki import ClusterPKI, Role, sign_as
+from choir.distributed.remote_run import RemoteRun, land, signed_bytes
+from choir.distributed.worker import seal_for_coordinator
 from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError
-from choir.models import StepSpec, VerifierKind, VerifierSpec
+from choir.models import RunManifest, StepSpec, VerifierKind, VerifierSpec
 from choir.sandbox import get_sandbox
 from choir.verification.pipeline import run_verifier
 
@@ -92,3 +95,93 @@ def test_a_worker_run_of_other_steps_does_not_land_as_this_verifier(
     with pytest.raises(IntegrityError, match="other steps"):
         land(remote, store=store, spec=stricter, target=resolve_target(repo))
     assert not store.run_dir("r-1").exists()
+
+
+def _signed(remote: RemoteRun, pki: ClusterPKI, role: Role = "worker",
+            name: str = "w0") -> RemoteRun:
+    """``remote`` as worker ``name`` of ``pki`` sends it: its manifest naming it, signed."""
+    manifest = RunManifest.model_validate_json(remote.manifest_json)
+    return seal_for_coordinator(remote.run_id, manifest, dict(remote.files),
+                                pki.issue(role, name))
+
+
+def _check(remote: RemoteRun, pki: ClusterPKI, repo: Path, store: ArtifactStore) -> object:
+    """What the coordinator does with an answer: who signed it, then land it as theirs."""
+    worker = pki.verify_signed(remote.worker_cert, remote.signature,
+                               signed_bytes(remote.run_id, remote.manifest_hash), "worker")
+    return land(remote, store=store, spec=SPEC, target=resolve_target(repo), worker=worker)
+
+
+def test_a_signed_run_lands_naming_its_worker(worker_run: tuple[RemoteRun, Path],
+                                              tmp_path: Path) -> None:
+    remote, repo = worker_run
+    pki = ClusterPKI(tmp_path / "ca")
+    store = ArtifactStore(tmp_path / "coordinator")
+    result = _check(_signed(remote, pki), pki, repo, store)
+    assert result.manifest.platform.worker == "w0"  # type: ignore[attr-defined]
+    assert result.manifest.platform.worker_cert.startswith("sha256:")  # type: ignore[attr-defined]
+    assert result.status == "PASS"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("attack", ["other_ca", "client_cert", "edited_after_signing",
+                                    "names_another_worker", "unsigned"])
+def test_a_run_not_signed_by_a_worker_of_this_ca_is_refused(
+        worker_run: tuple[RemoteRun, Path], tmp_path: Path, attack: str) -> None:
+    remote, repo = worker_run
+    pki = ClusterPKI(tmp_path / "ca")
+    pki.ensure()
+    forged = _signed(remote, pki)
+    if attack == "other_ca":  # a worker certificate of another cluster (Choir's own tooling)
+        forged = _signed(remote, ClusterPKI(tmp_path / "other"))
+    elif attack == "client_cert":  # the coordinator's own role cannot pose as a worker
+        forged = _signed(remote, pki, role="client", name="w0")
+    elif attack == "edited_after_signing":  # the manifest changed, its hash recomputed
+        manifest = RunManifest.model_validate_json(forged.manifest_json)
+        edited = canonical_json(manifest.model_copy(update={"bytes_logged": 0}))
+        forged = forged.model_copy(update={"manifest_json": edited,
+                                           "manifest_hash": blake3_hex(edited)})
+    elif attack == "names_another_worker":  # w1 signs a manifest that names w0
+        named = _signed(remote, pki, name="w0")
+        w1 = pki.issue("worker", "w1")
+        cert, signature = sign_as(w1, signed_bytes(remote.run_id, named.manifest_hash))
+        forged = named.model_copy(update={"worker_cert": cert, "signature": signature})
+    elif attack == "unsigned":
+        forged = remote
+    store = ArtifactStore(tmp_path / "coordinator")
+    with pytest.raises(IntegrityError):
+        _check(forged, pki, repo, store)
+    assert not store.run_dir("r-1").exists()
+
+
+def test_the_cluster_files_are_the_owners_alone(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    from choir.exceptions import UserError
+
+    pki = ClusterPKI(tmp_path / "ca")
+    files = pki.issue("worker", "w0")
+    for folder in (pki.directory, files.cert.parent):
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    for key in (pki.directory / "ca.key", files.key):
+        assert stat.S_IMODE(os.stat(key).st_mode) == 0o600
+    # a key planted as a link is never followed, a folder opened to others is refused
+    (files.cert.parent / "w1.key").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(IntegrityError, match="exists already"):
+        pki.issue("worker", "w1")
+    assert not (tmp_path / "elsewhere").exists()
+    os.chmod(pki.directory, 0o755)
+    with pytest.raises(UserError, match="chmod 700"):
+        pki.issue("worker", "w2")
+
+
+def test_the_pki_command_makes_the_files_or_exits_2(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from choir.distributed.pki import main
+
+    assert main(["init"]) == 0
+    made = capsys.readouterr().out.split()
+    assert [Path(p).name for p in made[1:]] == ["ca.pem", "scheduler.pem", "scheduler.key",
+                                                "coordinator.pem", "coordinator.key"]
+    assert main(["issue", "worker", "../escape"]) == 2
+    assert "the name letters" in capsys.readouterr().out

@@ -1,0 +1,345 @@
+"""Who may talk to Choir's Dask cluster, and who made a result: attacks by a local process.
+
+A real cluster (``choir.distributed.local_cluster``: a scheduler and worker processes, mutual
+TLS with Choir's CA) and a real rogue: another client that connects to the scheduler and runs
+code on the workers. On a cluster without TLS (before this) it patched the workers' verifier
+runner so that a failing verifier returned a well-sealed PASS, which the coordinator landed,
+re-hashed (every hash matched: the worker itself sealed the lie) and attested; the same
+payload read the home's signing key on every worker.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("distributed", reason="the distributed extra is not installed: "
+                    "pip install 'choir[distributed]'")
+
+from choir.distributed.local_cluster import LocalCluster  # noqa: E402
+from choir.distributed.pki import ClusterPKI  # noqa: E402
+from tests import dask_cluster as _dask  # noqa: E402
+
+cluster, dask_cluster = _dask.cluster, _dask.dask_cluster  # the fixtures
+
+pytestmark = pytest.mark.bwrap
+
+FAILING = textwrap.dedent("""\
+    verifiers:
+      unit:
+        kind: smoke
+        steps:
+          - name: run
+            command: echo the tree is broken; exit 3
+    """)
+PASSING = FAILING.replace("echo the tree is broken; exit 3", "echo fine")
+
+
+def _forge() -> Callable[[], str]:
+    """The rogue's payload, run in every worker process (a closure: pickled by value)."""
+
+    def lie() -> str:
+        import os
+
+        import choir.verification.pipeline as pipeline
+
+        honest = pipeline.run_verifier
+
+        def lying(spec, *, sandbox, **kw):  # type: ignore[no-untyped-def]
+            real = sandbox.exec
+            sandbox.exec = lambda command, **k: real("echo all good", **k)
+            return honest(spec, sandbox=sandbox, **kw)
+
+        pipeline.run_verifier = lying
+        key = Path(os.environ.get("CHOIR_HOME", "/nonexistent")) / "keys" / "ed25519.key"
+        return key.read_text() if key.exists() else ""
+
+    return lie
+
+
+def _rogue(address: str, security: Any) -> str:
+    """Connect as ``security`` and plant the forger; "refused" or what the workers said."""
+    from distributed import Client
+
+    try:
+        rogue = Client(address, timeout=3, set_as_default=False,  # type: ignore[no-untyped-call]
+                       security=security)
+    except (OSError, TypeError, ValueError) as exc:
+        return f"refused: {type(exc).__name__}"
+    try:
+        return f"ran on the workers: {rogue.run(_forge())}"
+    finally:
+        rogue.close()  # type: ignore[no-untyped-call]
+
+
+def _repo(tmp_path: Path, text: str) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "choir.yaml").write_text(text)
+    return repo
+
+
+def test_a_rogue_client_cannot_forge_a_pass(cluster: LocalCluster, tmp_path: Path) -> None:
+    from distributed import Client
+    from distributed.security import Security
+
+    from choir.app.verify import verify_tree
+    from choir.models import Mood
+
+    host_port = cluster.address.removeprefix("tls://")
+    attempts = {
+        "plain tcp": _rogue(f"tcp://{host_port}", None),
+        "self-signed": _rogue(cluster.address, Security.temporary()),  # another CA
+        "another Choir CA": _rogue(cluster.address,
+                                   ClusterPKI(tmp_path / "other").ensure().client_security()),
+    }
+    assert all(v.startswith("refused") for v in attempts.values()), attempts
+    outcome = verify_tree(_repo(tmp_path, FAILING), mood=Mood.SKEPTICAL, sandbox_name="bwrap")
+    assert outcome.status == "FAIL", "a forged PASS was attested"
+    # control: the cluster answers a client with its own CA's certificate
+    with Client(cluster.address, timeout=10, set_as_default=False,  # type: ignore[no-untyped-call]
+                security=cluster.pki.client_security()) as own:
+        assert sorted(own.run(lambda: 1).values()) == [1, 1]
+
+
+def _handshake(address: str, context: ssl.SSLContext) -> bytes:
+    """Open TLS to ``address`` and read what the Dask server says first (b"" if it hangs up)."""
+    host, port = address.removeprefix("tls://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as raw, \
+            context.wrap_socket(raw) as tls:
+        try:
+            tls.sendall(b"\0" * 8)
+            return tls.recv(64)
+        except (ssl.SSLError, ConnectionError):
+            return b""
+
+
+def test_a_connection_without_a_client_certificate_is_refused(cluster: LocalCluster) -> None:
+    bare = ssl.create_default_context(cafile=str(cluster.pki.ca_file))
+    bare.check_hostname = False  # the server is the real one: only the client lacks a cert
+    assert _handshake(cluster.address, bare) == b""
+    own = ssl.create_default_context(cafile=str(cluster.pki.ca_file))
+    own.check_hostname = False
+    files = cluster.pki.issue("client", "coordinator")
+    own.load_cert_chain(files.cert, files.key)
+    assert _handshake(cluster.address, own) != b""  # control: with a certificate it talks
+
+
+def test_choir_refuses_a_plain_tcp_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
+    from choir.distributed import fanout_from_env
+    from choir.exceptions import UserError
+
+    monkeypatch.setenv("CHOIR_SCHEDULER", "tcp://127.0.0.1:8786")
+    with pytest.raises(UserError, match="tls://"):
+        fanout_from_env()
+
+
+def test_every_listener_is_on_loopback(cluster: LocalCluster) -> None:
+    import psutil
+
+    processes = [psutil.Process(pid) for pid in cluster.pids]
+    processes += [child for p in list(processes) for child in p.children(recursive=True)]
+    listening = [(p.pid, c.laddr) for p in processes for c in p.net_connections(kind="inet")
+                 if c.status == psutil.CONN_LISTEN]
+    # the scheduler, two nannies, two workers; the HTTP servers Dask starts in any case
+    assert len(listening) >= 5, listening
+    assert all(addr.ip == "127.0.0.1" for _, addr in listening), listening
+
+
+def test_each_result_names_the_worker_that_signed_it(cluster: LocalCluster,
+                                                     tmp_path: Path) -> None:
+    from choir.app.verify import verify_tree
+    from choir.distributed.pki import identity_of
+    from choir.evidence.artifacts import ArtifactStore
+    from choir.models import Mood
+    from choir.verification import load_manifest
+
+    outcome = verify_tree(_repo(tmp_path, PASSING), mood=Mood.SKEPTICAL, sandbox_name="bwrap")
+    assert outcome.passed
+    [run] = outcome.contract["threads"]
+    platform = load_manifest(ArtifactStore(),
+                             outcome.contract["manifest"]["runs"][run["run_id"]]).platform
+    certs = {identity_of(cluster.pki.files("worker", n).cert.read_bytes()) for n in ("w0", "w1")}
+    assert (platform.worker, platform.worker_cert) in certs
+
+
+def test_paranoid_reruns_land_on_distinct_workers(cluster: LocalCluster,
+                                                  tmp_path: Path) -> None:
+    from choir.app.verify import verify_tree
+    from choir.evidence.artifacts import ArtifactStore
+    from choir.models import Mood
+    from choir.verification import load_manifest
+
+    outcome = verify_tree(_repo(tmp_path, PASSING), mood=Mood.PARANOID, sandbox_name="bwrap")
+    assert outcome.passed, outcome.contract["summary"]
+    runs = outcome.contract["manifest"]["runs"]
+    workers = [load_manifest(ArtifactStore(), runs[t["run_id"]]).platform.worker
+               for t in outcome.contract["threads"] if t["verifier"] == "unit"]
+    assert sorted(workers) == ["w0", "w1"]  # two replicas, one on each worker
+
+
+def _replicas(fanout: Any, repo: Path, n: int) -> list[Any]:
+    """Run the verifier of ``repo`` ``n`` times as replicas of one run (distinct run ids)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from choir.app.verify import resolve_target
+    from choir.evidence.artifacts import ArtifactStore
+    from choir.models import StepSpec, VerifierKind, VerifierSpec
+    from choir.sandbox import get_sandbox
+
+    spec = VerifierSpec(name="unit", kind=VerifierKind.SMOKE,
+                        steps=(StepSpec(name="run", command="echo fine"),))
+    target, sandbox, store = resolve_target(repo), get_sandbox("bwrap"), ArtifactStore()
+
+    def one(i: int) -> Any:
+        try:
+            return fanout.run_verifier(spec, repo=repo, sandbox=sandbox, store=store,
+                                       run_id=f"rep-{i}", target=target)
+        except Exception as exc:  # noqa: BLE001 - the outcome under test
+            return exc
+
+    try:
+        with ThreadPoolExecutor(n) as pool:
+            return list(pool.map(one, range(n)))
+    finally:
+        sandbox.close()
+        fanout.close()
+
+
+def test_more_independent_reruns_than_workers_is_refused(cluster: LocalCluster,
+                                                         tmp_path: Path) -> None:
+    from choir.distributed import fanout_from_env
+    from choir.exceptions import UserError
+
+    results = _replicas(fanout_from_env(distinct=True), _repo(tmp_path, PASSING), 3)
+    assert sorted(r.manifest.platform.worker for r in results
+                  if not isinstance(r, Exception)) == ["w0", "w1"]
+    [refused] = [r for r in results if isinstance(r, Exception)]
+    assert isinstance(refused, UserError) and "need one worker each" in str(refused)
+
+
+def test_a_replica_signed_by_another_worker_than_its_placement_is_refused(
+        cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The coordinator checks the signer, not the scheduler's placement: a replica the
+    scheduler ran on w0 while the coordinator asked for w1 (as a compromised scheduler or a
+    worker registered under another's name would arrange) does not count as w1's."""
+    from choir.distributed import fanout_from_env
+    from choir.distributed.fanout import DaskFanout
+    from choir.exceptions import IntegrityError
+
+    w0 = next(a for a, info in _workers(cluster).items() if info["name"] == "w0")
+    monkeypatch.setattr(DaskFanout, "_place", lambda self, ran, verifier: (w0, "w1"))
+    [refused] = _replicas(fanout_from_env(distinct=True), _repo(tmp_path, PASSING), 1)
+    assert isinstance(refused, IntegrityError)
+    assert "placed on worker 'w1' but 'w0' signed" in str(refused)
+
+
+@pytest.mark.parametrize(("role", "cert", "name", "why"), [
+    ("worker", "w0", "w1", "refused worker name 'w1'"),  # a worker posing as another
+    ("client", "coordinator", "coordinator", "refused 'register-worker' to a client peer"),
+])
+def test_only_a_worker_certificate_registers_a_worker_under_its_own_name(
+        cluster: LocalCluster, role: str, cert: str, name: str, why: str) -> None:
+    import asyncio
+
+    from distributed.core import rpc
+
+    stolen = _as(cluster.pki, role, cert)
+
+    async def register() -> Any:
+        async with rpc(cluster.address,
+                       connection_args=stolen.get_connection_args("client")) as scheduler:
+            return await getattr(scheduler, "register-worker")(name=name)
+
+    with pytest.raises(PermissionError, match=why):
+        asyncio.run(register())
+
+
+def _as(pki: ClusterPKI, role: Any, name: str) -> Any:
+    """Dask ``Security`` presenting ``pki``'s certificate ``name`` of ``role`` (a stolen one)."""
+    from distributed.security import Security
+
+    files = pki.issue(role, name)
+    return Security(  # type: ignore[no-untyped-call]
+        require_encryption=True, tls_ca_file=str(pki.ca_file),
+        tls_client_cert=str(files.cert), tls_client_key=str(files.key))
+
+
+def test_a_compromised_worker_cannot_command_the_others(cluster: LocalCluster) -> None:
+    """A worker's certificate (its key read by code that broke out on that worker) is let in
+    by TLS: it may not act as a client (submit tasks, run code) nor call another worker's
+    code-running operations directly."""
+    import asyncio
+
+    from distributed.core import rpc
+
+    stolen = _as(cluster.pki, "worker", "w0")
+    assert _rogue(cluster.address, stolen).startswith("refused"), "a worker acted as a client"
+    log = (cluster.root / "scheduler.log").read_text()
+    assert "refused 'register-client' to a worker peer" in log
+
+    async def run_on_peer() -> Any:
+        async with rpc(next(iter(_workers(cluster))),
+                       connection_args=stolen.get_connection_args("client")) as peer:
+            return await peer.run(function=_dumps(_forge()))
+
+    with pytest.raises(Exception, match="refused"):
+        asyncio.run(run_on_peer())
+
+
+def _dumps(func: Callable[[], Any]) -> bytes:
+    from distributed.protocol.pickle import dumps
+
+    return dumps(func)  # type: ignore[no-any-return]
+
+
+def _workers(cluster: LocalCluster) -> dict[str, Any]:
+    from distributed import Client
+
+    with Client(cluster.address, timeout=10, set_as_default=False,  # type: ignore[no-untyped-call]
+                security=cluster.pki.client_security()) as own:
+        return own.scheduler_info(n_workers=-1)["workers"]  # type: ignore[no-any-return]
+
+
+def test_a_scheduler_with_another_roles_certificate_is_not_the_clusters(
+        cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compromised worker that gets between the coordinator and the scheduler (its port,
+    its address) and answers as a scheduler with its worker certificate, which TLS accepts
+    (Dask checks no host names): the coordinator refuses to send it anything."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from choir.app.verify import verify_tree
+    from choir.models import Mood
+
+    files = cluster.pki.issue("worker", "w0")
+    info = tmp_path / "fake.json"
+    fake = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--protocol", "tls",
+         "--host", "127.0.0.1", "--port", "0", "--no-dashboard", "--dashboard-address",
+         "127.0.0.1:0", "--tls-ca-file", str(cluster.pki.ca_file), "--tls-cert",
+         str(files.cert), "--tls-key", str(files.key), "--scheduler-file", str(info)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (info.exists() and info.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        monkeypatch.setenv("CHOIR_SCHEDULER", json.loads(info.read_text())["address"])
+        outcome = verify_tree(_repo(tmp_path, PASSING), mood=Mood.SKEPTICAL,
+                              sandbox_name="bwrap")
+    finally:
+        os.killpg(fake.pid, signal.SIGTERM)
+        fake.wait(timeout=10)
+    assert outcome.status != "PASS" and outcome.contract["attestations"] == []
+    [report] = outcome.contract["reports"]
+    assert "not the cluster's scheduler" in json.dumps(report)
