@@ -7,7 +7,6 @@ explicit timeout (litellm's default is 6000 s) and reports tokens and cost.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from dataclasses import dataclass
@@ -105,25 +104,33 @@ async def ask_json(model: str, messages: list[dict[str, Any]], schema: type[Repl
     has a deterministic fallback.
     """
 
+    from tenacity import AsyncRetrying, stop_after_attempt, stop_before_delay
+
     deadline = time.monotonic() + deadline_s
     spent = Usage(model=model)
-    fault = "no time left for a model call"
-    for attempt in range(attempts):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0.5:
-            break
-        try:
-            reply = await acomplete(model=model, messages=messages, timeout=remaining,
-                                    response_format={"type": "json_object"}, **kwargs)
-            spent = Usage(model=model,
-                          prompt_tokens=spent.prompt_tokens + reply.prompt_tokens,
-                          completion_tokens=spent.completion_tokens + reply.completion_tokens,
-                          cost_usd=spent.cost_usd + reply.cost_usd)
-            content = reply.message.content or ""
-            if len(content) > reply_max:
-                raise ValueError(f"oversized reply ({len(content)} characters)")
-            return schema.model_validate_json(content), spent, ""
-        except Exception as exc:  # noqa: BLE001 - every fault: retry, then the caller falls back
-            fault = f"{type(exc).__name__}: {str(exc)[:200]}".replace("\n", " ")
-            await asyncio.sleep(min(0.2 * 2**attempt, max(0.0, deadline - time.monotonic())))
-    return None, spent, fault
+
+    def left() -> float:
+        return deadline - time.monotonic()
+
+    if left() <= 0.5:
+        return None, spent, "no time left for a model call"
+    try:
+        async for attempt in AsyncRetrying(
+                # no try that would start with half a second or less of the deadline left
+                stop=stop_after_attempt(attempts) | stop_before_delay(deadline_s - 0.5),
+                wait=lambda state: min(0.2 * 2 ** (state.attempt_number - 1), max(0.0, left())),
+                reraise=True):
+            with attempt:
+                reply = await acomplete(model=model, messages=messages, timeout=left(),
+                                        response_format={"type": "json_object"}, **kwargs)
+                spent = Usage(model=model,
+                              prompt_tokens=spent.prompt_tokens + reply.prompt_tokens,
+                              completion_tokens=spent.completion_tokens + reply.completion_tokens,
+                              cost_usd=spent.cost_usd + reply.cost_usd)
+                content = reply.message.content or ""
+                if len(content) > reply_max:
+                    raise ValueError(f"oversized reply ({len(content)} characters)")
+                return schema.model_validate_json(content), spent, ""
+    except Exception as exc:  # noqa: BLE001 - every fault was retried; the caller falls back
+        return None, spent, f"{type(exc).__name__}: {str(exc)[:200]}".replace("\n", " ")
+    return None, spent, "no time left for a model call"  # pragma: no cover - stop raises

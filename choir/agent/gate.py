@@ -11,10 +11,11 @@ Any other exception is a system error: retried within the policy, never an attem
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from choir._core.canonical import hash_json
 from choir.agent.context import AgentContext, ExecutionContext, VerificationState
@@ -36,9 +37,20 @@ class RetryPolicy:
     def delay(self, retry: int) -> float:
         return float(min(self.max_backoff_s, self.backoff_s * (2 ** retry)))
 
+    def retrying(self) -> AsyncRetrying:
+        """tenacity's loop for this policy: system errors only (a rejection or a fatal error
+        is an answer, not a fault), ``delay(n)`` between tries, the last error re-raised."""
+        return AsyncRetrying(
+            stop=stop_after_attempt(self.max_retries + 1),
+            wait=lambda state: self.delay(state.attempt_number - 1),
+            retry=retry_if_exception(retryable), reraise=True)
+
 
 def retryable(exc: BaseException) -> bool:
-    """Client errors (bad request, auth, not found) will not change on retry."""
+    """A system error worth another try: not an answer of the verifier (rejected, fatal),
+    and not a client error (bad request, auth, not found), which will not change on retry."""
+    if isinstance(exc, (VerificationRejected, FatalAgentError)):
+        return False
     status = getattr(exc, "status_code", None)
     return not (isinstance(status, int) and status in (400, 401, 403, 404, 422))
 
@@ -72,34 +84,31 @@ class Gate:
         state = agent_ctx.verification
         digest = candidate_hash(candidate)
         kwargs = inject(injected_params(self.verifier), agent_ctx, execution_ctx)
-        for retry in range(self.retry.max_retries + 1):
-            try:
-                value = await call_maybe_async(self.verifier, candidate, **kwargs)
-            except VerificationRejected as rejected:
-                new = self._count(state, digest, agent_ctx.turn)
-                feedback = rejection_feedback(rejected.message, rejected.code,
-                                              rejected.metadata, attempts_used=new.attempts_used,
-                                              max_attempts=self.max_attempts,
-                                              repeats=new.repeats, max_repeats=self.max_repeats)
-                stuck = new.repeats >= self.max_repeats
-                kind: GateKind = ("exhausted" if stuck or new.attempts_used >= self.max_attempts
-                                  else "rejected")
-                return GateResult(kind, new, feedback=feedback, no_progress=stuck,
-                                  error=one_line(rejected.message))
-            except FatalAgentError as fatal:
-                return GateResult("fatal", state, error=one_line(str(fatal)))
-            except Exception as exc:  # noqa: BLE001 - a system error, never an attempt
-                if retry >= self.retry.max_retries or not retryable(exc):
-                    failed = state.model_copy(update={"last_outcome": "system_error"})
-                    return GateResult("system_error", failed,
-                                      error=one_line(f"{type(exc).__name__}: {exc}"))
-                await asyncio.sleep(self.retry.delay(retry))
-                continue
-            passed = VerificationState(attempts_used=state.attempts_used,
-                                       last_candidate_hash=digest, last_outcome="passed",
-                                       checked_turn=agent_ctx.turn)
-            return GateResult("passed", passed, output=value)
-        raise AssertionError("unreachable")  # pragma: no cover
+        try:
+            async for attempt in self.retry.retrying():
+                with attempt:
+                    value = await call_maybe_async(self.verifier, candidate, **kwargs)
+        except VerificationRejected as rejected:
+            new = self._count(state, digest, agent_ctx.turn)
+            feedback = rejection_feedback(rejected.message, rejected.code,
+                                          rejected.metadata, attempts_used=new.attempts_used,
+                                          max_attempts=self.max_attempts,
+                                          repeats=new.repeats, max_repeats=self.max_repeats)
+            stuck = new.repeats >= self.max_repeats
+            kind: GateKind = ("exhausted" if stuck or new.attempts_used >= self.max_attempts
+                              else "rejected")
+            return GateResult(kind, new, feedback=feedback, no_progress=stuck,
+                              error=one_line(rejected.message))
+        except FatalAgentError as fatal:
+            return GateResult("fatal", state, error=one_line(str(fatal)))
+        except Exception as exc:  # noqa: BLE001 - a system error, never an attempt
+            failed = state.model_copy(update={"last_outcome": "system_error"})
+            return GateResult("system_error", failed,
+                              error=one_line(f"{type(exc).__name__}: {exc}"))
+        passed = VerificationState(attempts_used=state.attempts_used,
+                                   last_candidate_hash=digest, last_outcome="passed",
+                                   checked_turn=agent_ctx.turn)
+        return GateResult("passed", passed, output=value)
 
     @staticmethod
     def _count(state: VerificationState, digest: str, turn: int) -> VerificationState:

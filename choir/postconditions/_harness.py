@@ -18,6 +18,9 @@ Two processes, so the verdict never comes from the code being trusted for it:
 
 ``$CHOIR_OUT/postcondition.json`` and the last stdout line are written by the parent for
 people and for the report's detail; the host never takes the verdict from them.
+
+Its polling loops (an invariant retried until its deadline) are written by hand on purpose:
+Choir's own retries use tenacity, but this file runs where only the standard library is.
 """
 
 from __future__ import annotations
