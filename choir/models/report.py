@@ -19,6 +19,8 @@ NEXT_ACTION_MAX = 200
 HYPERTHESIS_MAX = 300
 MAX_SIGNATURES = 8
 MAX_FILES = 32
+# a whole report's JSON, in bytes: what docs/concepts.md promises (choir.report.bound.fit)
+REPORT_MAX_BYTES = 4096
 
 
 class Result(StrEnum):
@@ -126,3 +128,11 @@ class VerificationReport(Frozen):
             if len(item) > HYPERTHESIS_MAX:
                 raise ValueError(f"a hyperthesis is longer than {HYPERTHESIS_MAX} characters")
         return value
+
+    @model_validator(mode="after")
+    def _bounded_whole(self) -> VerificationReport:
+        size = len(self.model_dump_json(warnings=False).encode())
+        if size > REPORT_MAX_BYTES:
+            raise ValueError(f"the report is {size} bytes of JSON; the bound is "
+                             f"{REPORT_MAX_BYTES} (choir.report.bound.fit makes it fit)")
+        return self

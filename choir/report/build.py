@@ -23,6 +23,7 @@ from choir.models import (
     VerifierSpec,
 )
 from choir.models.report import NEXT_ACTION_MAX, SUMMARY_MAX
+from choir.report.bound import fit
 from choir.report.parsers import ParseInput, ParseResult, get_parser
 from choir.report.postcondition import decide_postcondition
 from choir.report.reporter import bounded, fallback, windows
@@ -167,14 +168,14 @@ def deterministic_report(result: PipelineResult, *, spec: VerifierSpec, target: 
                   Result.FLAKY: 0.4}[verdict]
     if isolation == "none":
         confidence = min(confidence, 0.7)
-    return VerificationReport(
+    return fit(VerificationReport.model_construct(
         verifier=spec.name, verifier_type=spec.kind.value, target=target, result=verdict,
         failure_signatures=tuple(parsed.signatures), signatures_truncated=parsed.dropped,
         summary=_clip(summary, SUMMARY_MAX), next_actions=tuple(actions[:3]),
         confidence=confidence, hyperthesis=tuple(hyper[:4]), counts=parsed.counts,
         parser=spec.parser, parser_truncated=parsed.truncated,
         artifacts=listed,
-    )
+    ))
 
 
 def _listed_artifacts(result: PipelineResult) -> tuple[dict[str, str], int]:
@@ -266,13 +267,21 @@ async def abuild_report(result: PipelineResult, *, spec: VerifierSpec, store: Ar
                         reporter_name: str | None = None,
                         deadline_s: float = 30.0) -> VerificationReport:
     """The report for ``result``, worded by the reporter ``reporter_name`` (a REPORTERS name;
-    default: ``model`` when ``reporter`` names a litellm model, else ``deterministic``).
+    default: ``model`` when ``reporter`` names a litellm model, else ``deterministic``),
+    within the documented bound (``choir.report.bound.fit``).
 
     Never raises for what a run produced: hostile artifacts or a buggy parser give the
     exit-code report; a reporter that raises, hangs past the deadline, or returns anything
     the rules refuse (``bounded``) gives the deterministic one, saying why. Every run leaves
     a report to attest, and no reporter can raise a result.
     """
+    return fit(await _abuild(result, spec=spec, store=store, target=target, reporter=reporter,
+                             reporter_name=reporter_name, deadline_s=deadline_s))
+
+
+async def _abuild(result: PipelineResult, *, spec: VerifierSpec, store: ArtifactStore,
+                  target: Target, reporter: str | None, reporter_name: str | None,
+                  deadline_s: float) -> VerificationReport:
     try:
         report = _build(result, spec, store, target)
     except Exception as exc:  # noqa: BLE001 - any fault here must still leave evidence

@@ -24,6 +24,7 @@ from choir._core.resources import load_text
 from choir.llm import ask_json
 from choir.models import Result, Usage, VerificationReport
 from choir.models.report import HYPERTHESIS_MAX, NEXT_ACTION_MAX, SUMMARY_MAX
+from choir.report.bound import fit
 
 if TYPE_CHECKING:
     from choir.evidence.artifacts import ArtifactStore
@@ -223,7 +224,7 @@ def bounded(base: VerificationReport, worded: object, name: str,
         return fallback(base, f"reporter '{name}' returned {type(worded).__name__}, "
                               "not a report")
     try:  # built with model_construct, or edited in place: every bound checked again
-        worded = VerificationReport.model_validate(worded.model_dump(warnings=False))
+        worded = fit(worded)
     except ValueError as exc:
         return fallback(base, f"reporter '{name}' returned an invalid report "
                               f"({type(exc).__name__}); its wording was refused")
