@@ -288,10 +288,10 @@ def _conclude(repo: Path, rnd: Round, backend: Backend, plan: Any,
 
 
 def session_verdict(results: list[Result], *, crashed: int = 0) -> str:
-    """PASS, FAIL or INCONCLUSIVE for a whole session. ``status`` stays PASS/FAIL (the output
-    contract, docs/concepts.md); this says whether anything actually failed: a session whose verifiers could
-    only not decide (a missing tool, a timeout) is INCONCLUSIVE, not FAIL. A crashed thread
-    or a flaky verifier is a failure."""
+    """PASS, FAIL or INCONCLUSIVE for a whole session. ``status`` stays PASS/FAIL (the
+    output contract, docs/concepts.md); this says whether anything actually failed: a session
+    whose verifiers could only not decide (a missing tool, a timeout) is INCONCLUSIVE, not
+    FAIL. A crashed thread or a flaky verifier is a failure."""
     if results and not crashed and all(r is Result.PASS for r in results):
         return "PASS"
     if crashed or not results or any(r in (Result.FAIL, Result.FLAKY) for r in results):
