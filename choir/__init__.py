@@ -9,10 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from choir import _aliases
 from choir._version import __version__
-
-_aliases.install()  # old import paths, for one release (issue #12)
 
 if TYPE_CHECKING:
     from choir.agent import Agent, AgentContext, ExecutionContext

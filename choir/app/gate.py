@@ -3,9 +3,9 @@
 The answer is yes only when the work item has a live ASSERT for exactly the tree in question
 and every attestation behind it re-verifies now (id, signature, stored evidence) and was
 signed by a pinned trusted key (``choir.attest.trust_root``). Without ``--repo`` the tree is
-the current directory's (issue #11 item 3): a gate that checked nothing would pass any tree.
+the current directory's: a gate that checked nothing would pass any tree.
 With ``--commit``, the ASSERT must name that commit, which Choir records only when the
-verified tree was exactly that commit's tree (item 4), and, when the repo is at hand, be for
+verified tree was exactly that commit's tree, and, when the repo is at hand, be for
 the tree git holds for that commit.
 """
 

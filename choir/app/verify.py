@@ -25,11 +25,7 @@ from choir.config.policy import load_policy
 from choir.director import outside_a_run
 from choir.director import plan as director_plan
 from choir.director.advisor import suggest
-
-# resolve_target and target_of lived here before; re-exported for their old path, one release
-from choir.evidence.target import resolve_target as resolve_target
 from choir.evidence.target import snapshot_target
-from choir.evidence.target import target_of as target_of
 from choir.evidence.tree import remove_snapshot, snapshot_root
 from choir.models import Mood, PlannedVerifier, Result, WorkItem
 from choir.postconditions.episode import episode
@@ -261,7 +257,7 @@ def _conclude(repo: Path, rnd: Round, backend: Backend, plan: Any,
     manifest_json = session_manifest.model_dump(mode="json")
     write_session(store, session, manifest_json)
     write_session_logs(store.run_dir(session),
-                       run_order(session_manifest.commands_executed, session_manifest.runs))
+                       run_order(session_manifest.commands_executed, list(session_manifest.runs)))
     contract: dict[str, Any] = {
         "status": status,
         "verdict": verdict,
@@ -292,10 +288,10 @@ def _conclude(repo: Path, rnd: Round, backend: Backend, plan: Any,
 
 
 def session_verdict(results: list[Result], *, crashed: int = 0) -> str:
-    """PASS, FAIL or INCONCLUSIVE for a whole session. ``status`` stays PASS/FAIL (the seed-001
-    contract); this says whether anything actually failed: a session whose verifiers could
-    only not decide (a missing tool, a timeout) is INCONCLUSIVE, not FAIL. A crashed thread
-    or a flaky verifier is a failure."""
+    """PASS, FAIL or INCONCLUSIVE for a whole session. ``status`` stays PASS/FAIL (the
+    output contract, docs/concepts.md); this says whether anything actually failed: a session
+    whose verifiers could only not decide (a missing tool, a timeout) is INCONCLUSIVE, not
+    FAIL. A crashed thread or a flaky verifier is a failure."""
     if results and not crashed and all(r is Result.PASS for r in results):
         return "PASS"
     if crashed or not results or any(r in (Result.FAIL, Result.FLAKY) for r in results):

@@ -7,7 +7,7 @@ to the final name; ``link`` fails if the name exists, so exactly one key wins an
 read it. A reader never sees a half-written key.
 
 Trust is pinned, not found: ``trust_root`` reads the key ids to trust from
-``CHOIR_TRUSTED_KEYS`` or ``$CHOIR_HOME/trusted_keys`` (issue #10 item 7).
+``CHOIR_TRUSTED_KEYS`` or ``$CHOIR_HOME/trusted_keys``.
 
 A key id is the first 32 hex characters of blake3 over the raw public key, so anyone holding
 an attestation can recompute it from the public key it carries.

@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 
 from choir._core.canonical import blake3_hex
 from choir.director.lenses import failing_tests
-from choir.models import ParentFrame as ParentFrame  # its old path, kept for one release
 from choir.models import (
     Result,
     VerificationReport,

@@ -9,12 +9,12 @@ Verifiers never read the live working tree: ``snapshot`` copies exactly the hash
 into a read-only directory in the same pass that hashes them (the hash is over the bytes
 copied), and that directory is what the sandbox sees. Ignored files (a ``conftest.py`` hidden
 by ``.git/info/exclude``, a stale ``__pycache__``) are absent from it, and a process left
-behind by the executor cannot change it afterwards (issue #11, items 1-2). A copy, not a
+behind by the executor cannot change it afterwards. A copy, not a
 hard link: a hard link would let a leftover process write through to the snapshot.
 
 ``commit_sha`` is recorded only when the snapshot equals HEAD's tree file by file (git blob
 ids of the copied bytes against ``git ls-tree``), so a commit is never named for a tree that
-had uncommitted changes (item 4).
+had uncommitted changes.
 """
 
 from __future__ import annotations

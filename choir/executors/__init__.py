@@ -5,13 +5,13 @@ and ``CHOIR_FEEDBACK_FILE`` (the last round's reports as bounded JSON: never raw
 ``python`` calls ``module:function(work_item, attempt, feedback)`` in a child process
 (``python -m choir.executors._python_child``): user code is never imported into Choir's process.
 
-Both run the user's code, which may be hostile (issue #10): it must not read the signing
+Both run the user's code, which may be hostile: it must not read the signing
 key or write Choir's stores, or it could mint a PASS attestation for a failing tree. So both
 run in bubblewrap with the repo writable, the work item's folder and the toolchain
 read-only, ``CHOIR_HOME`` and the artifact store masked, network off unless the work item
 turns it on, and a fresh PID namespace that dies with the step: nothing the executor
-started outlives it (issue #11). The parent streams the output into the artifact store;
-the run keeps only its hash, exit code and timed-out flag (issue #16).
+started outlives it. The parent streams the output into the artifact store;
+the run keeps only its hash, exit code and timed-out flag.
 
 Why the repo owner's uid: bwrap maps the sandbox user to the caller's uid, so a root
 Choir writes a root-owned repo with its files' owner unchanged, with every capability

@@ -80,13 +80,6 @@ class GreenOut(TypedDict):
     runs: list[VerifierRun]
 
 
-# Where checkpointed types lived before the layout of issue #12: checkpoints written then name
-# these modules, and the modules still import the very same classes (for one release).
-_OLD_PATHS = [("choir.verification", "VerifierRun"), ("choir.split", "ParentFrame"),
-              ("choir.executors", "ExecutorOutput"), ("choir.policy", "Policy"),
-              ("choir.policy", "MoodPolicy")]
-
-
 def checkpoint_types() -> list[tuple[str, str]]:
     """Every Choir type a checkpoint may hold, allowed explicitly for LangGraph's msgpack."""
 
@@ -100,4 +93,4 @@ def checkpoint_types() -> list[tuple[str, str]]:
     found += [(policy.__name__, n) for n in ("Policy", "MoodPolicy")]
     found += [("choir.postconditions.decisions", n) for n in ("Decision",
                                                              "DecisionVerification")]
-    return [*found, *_OLD_PATHS]
+    return found

@@ -2,9 +2,6 @@
 
 These live here, with the other frozen models, so the Director's pure logic and the loop's
 state depend on schemas only, never on the modules that execute verifiers or executors.
-Their old paths (``choir.verification.VerifierRun``, ``choir.executors.ExecutorOutput``,
-``choir.director.split.ParentFrame``) still import the very same classes, and checkpoints that name
-those paths still load.
 """
 
 from __future__ import annotations

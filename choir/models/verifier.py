@@ -43,7 +43,7 @@ class Limits(Frozen):
     pids: int = Field(default=512, gt=0)
     cpus: float = Field(default=2.0, gt=0)
     # $CHOIR_OUT per run (temp, caches and home live there too); a step that writes more is
-    # stopped and FAILs with this cap as the reason (issue #10.4)
+    # stopped and FAILs with this cap as the reason
     out_mb: int = Field(default=4096, gt=0)
 
 

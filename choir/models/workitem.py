@@ -75,7 +75,7 @@ class WorkItem(Frozen):
     focus: tuple[str, ...] = ()
     decision_type: str | None = None
     """A ``decisions:`` entry of ``choir.yaml``: above its blast-radius threshold, its
-    verification methods are required before anything is ASSERTed (issue #13)."""
+    verification methods are required before anything is ASSERTed."""
     action: dict[str, Any] = Field(default_factory=dict)
     """What the action did (ids, values written), handed to postconditions as
     ``context["action"]``: named SQL parameters and expected values come from here."""

@@ -2,13 +2,13 @@
 interpreter, and nothing that holds a secret.
 
 Binding the parent of every PATH entry ending in ``/bin`` bound ``$HOME`` whole whenever
-``~/bin`` was on PATH, and a step printed the signing key (issue #10.1). Now a step sees the
+``~/bin`` was on PATH, and a step printed the signing key. Now a step sees the
 chosen interpreter's installation and its venv, resolved exactly, plus the ``binds`` that
 ``choir.yaml`` names; PATH entries are never bound. The interpreter is, in this order:
 ``sandbox.python`` in ``choir.yaml`` (an interpreter or a venv folder), the active venv
 (``VIRTUAL_ENV``, unless it is Choir's own), the repo's ``.venv``, else the base
 installation Choir's own Python came from; never Choir's own venv, whose packages (pytest
-plugins) would leak into the project's test run (#16.7). A venv is read from its
+plugins) would leak into the project's test run. A venv is read from its
 ``pyvenv.cfg``, never by running its interpreter on the host: the repo's ``.venv`` is the
 project's code.
 """

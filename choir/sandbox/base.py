@@ -56,7 +56,7 @@ def step_env(out_dir: str, extra: Mapping[str, str]) -> dict[str, str]:
         "TMPDIR": tmp, "TEMP": tmp, "TMP": tmp,
         "HOME": f"{out_dir}/home",
         "XDG_CACHE_HOME": f"{out_dir}/cache",
-        # tools that would write a cache into the read-only repo (#16.4): pytest's cache
+        # tools that would write a cache into the read-only repo: pytest's cache
         # plugin warns there, and filterwarnings=error turns that into a failure. pytest's
         # cache is switched off rather than moved: `-o cache_dir=` is an unknown option once a
         # command says `-p no:cacheprovider`, which --strict-config projects refuse, and a
@@ -85,7 +85,7 @@ def prepare_out(out_dir: Path, owner: tuple[int, int] | None = None) -> None:
 
     Never follows a link: an earlier step of the same run may have replaced ``tmp`` with a
     symlink to the signing key or any host file, and a ``chown`` through it would hand that
-    file to the sandbox user (issue #10.5). Anything at those names that is not a real
+    file to the sandbox user. Anything at those names that is not a real
     folder is removed and the folder made afresh; ownership is changed with ``lchown`` on
     exactly the folders made here, never on what a step left in them.
     """
@@ -128,7 +128,7 @@ def out_usage(out_dir: Path) -> int:
 
 
 class OutWatch:
-    """Stops a step whose ``$CHOIR_OUT`` grows past its cap (issue #10.4).
+    """Stops a step whose ``$CHOIR_OUT`` grows past its cap.
 
     Two layers: the kernel's RLIMIT_FSIZE (``fsize_blocks``, set by each backend) stops any
     single file at the cap exactly; this watchdog sums the whole folder every ``interval``

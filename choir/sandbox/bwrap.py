@@ -1,6 +1,6 @@
 """``bwrap``: Linux namespaces via bubblewrap, for machines without a Docker engine.
 
-Holes measured on these machines are closed (issue #10, docs/security.md): the process
+Holes measured on these machines are closed (docs/security.md): the process
 never keeps capabilities (``--unshare-all --cap-drop ALL``), so it cannot remount the repo
 read-write;
 ``/``, ``/run`` and ``/var/run`` are never bound, so the Docker socket is not reachable; as
@@ -179,7 +179,7 @@ class BwrapSandbox(Sandbox):
         """(shell setup, argv) that a root launcher runs as ``setup; exec argv``.
 
         As root, bwrap's own user namespace maps the step's uid to host root (it read
-        /etc/shadow, #10.2). So the launcher, alone in a private mount namespace, binds the
+        /etc/shadow). So the launcher, alone in a private mount namespace, binds the
         sources a non-root user cannot reach (the pyenv Python under a 0700 /root, a repo in
         a 0700 temp folder) under STAGE, then runs bwrap as ``nobody`` with no groups: bwrap
         makes an unprivileged user namespace whose uid maps to host ``nobody``.

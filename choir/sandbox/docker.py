@@ -122,7 +122,7 @@ class DockerSandbox(Sandbox):
 
     @classmethod
     def available(cls) -> bool:
-        """True when an engine answers ``/_ping``; leaves no socket open either way (#16.1)."""
+        """True when an engine answers ``/_ping``; leaves no socket open either way."""
         host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
         if host.startswith("unix://"):
             # The SDK's unix transport does not close a socket whose connect() failed, and
@@ -194,7 +194,7 @@ class DockerSandbox(Sandbox):
             volumes[str(repo)] = {"bind": REPO, "mode": "rw" if repo_writable else "ro"}
             volumes[str(out_dir)] = {"bind": OUT, "mode": "rw"}
         if self.host_usr:
-            # the project's interpreter, never Choir's own venv (#16.7), never $HOME (#10.1)
+            # the project's interpreter, never Choir's own venv, never $HOME
             tools = _toolchain.choose(repo, self._python, self._binds)
             for path in ("/usr", "/etc/alternatives", *tools.binds):
                 if os.path.isdir(path):

@@ -64,7 +64,7 @@ class SessionManifest(Frozen):
     # green threads that crashed: no evidence, nothing attested, and the session FAILs
     crashed: tuple[str, ...] = ()
     attestations: tuple[str, ...]
-    # postconditions' outcomes, each re-derived from its attestation by the audit (#13)
+    # postconditions' outcomes, each re-derived from its attestation by the audit
     verification: tuple[VerificationOutcome, ...] = ()
 
 
@@ -98,7 +98,7 @@ def check_session(run_dir: Path, attestations: Any) -> list[tuple[str, str, str]
         return [*problems, ("session_manifest", "a valid verify session manifest",
                             str(exc)[:200])]
     if (run_dir / "logs").exists() or session.repo is not None:
-        # every session written since the seed-001 logs were added has them (a verify
+        # every session written since the run-folder logs were added has them (a verify
         # session also names its repo, so deleting its logs/ is caught too)
         problems += check_session_logs(run_dir, run_order(session.commands_executed,
                                                           list(session.runs)))

@@ -1,6 +1,6 @@
-"""The seed-001 log layout under a ``choir verify`` session's own ``run_id``.
+"""the run-folder log layout (docs/concepts.md) under a ``choir verify`` session's own ``run_id``.
 
-A session's ``run_id`` names ``runs/{run_id}/``, and a consumer of the seed-001 contract looks
+A session's ``run_id`` names ``runs/{run_id}/``, and a consumer of the run-folder contract looks
 there for ``logs/combined.log`` and ``logs/step-NN-NAME.log``. The bytes live in the verifier
 runs the session lists (each attested); the session folder gets a hard link per step log, in
 ``commands_executed`` order, and one combined log (every run's, under a ``==> RUN_ID <==``
@@ -72,7 +72,7 @@ def check_session_logs(folder: Path, order: Sequence[str]) -> list[tuple[str, st
     re-derive: a missing, extra or changed step log, or a changed combined log."""
     logs = folder / "logs"
     if not logs.is_dir():
-        return [("session_logs", "logs/ with the seed-001 layout", "missing")]
+        return [("session_logs", "logs/ with the run-folder layout", "missing")]
     problems: list[tuple[str, str, str]] = []
     want = dict(_layout(folder.parent, order))
     present = {p.name for p in logs.iterdir()} - {"combined.log"}

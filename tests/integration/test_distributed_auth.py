@@ -188,8 +188,8 @@ def _replicas(fanout: Any, repo: Path, n: int) -> list[Any]:
     """Run the verifier of ``repo`` ``n`` times as replicas of one run (distinct run ids)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from choir.app.verify import resolve_target
     from choir.evidence.artifacts import ArtifactStore
+    from choir.evidence.target import resolve_target
     from choir.models import StepSpec, VerifierKind, VerifierSpec
     from choir.sandbox import get_sandbox
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from tests.sandboxes import docker_or_skip
 from tests.workitems import PY, calc_repo
 
 CANARY = "CANARY-7f3a9c-raw-output-must-stay-in-artifacts"
@@ -227,12 +226,14 @@ def test_an_unknown_sandbox_is_a_configuration_error_and_nothing_runs(tmp_path: 
 def test_inconclusive_evidence_gets_nested_rounds_costs_no_attempt_and_never_promotes(
     tmp_path: Path,
 ) -> None:
-    """An image that does not exist: every run is an infrastructure failure (INCONCLUSIVE)."""
-    docker_or_skip()
+    """A test tool that is not installed in the sandbox: every run is INCONCLUSIVE (exit 127,
+    nothing was checked). (A configured Docker image that is missing is refused up front.)"""
     item = make_item(tmp_path, executor=fix_cmd(tmp_path))
     config = tmp_path / "repo" / "choir.yaml"
-    config.write_text(config.read_text()
-                      + "sandbox: {backend: docker, image: 'choir-no-such-image:none'}\n")
+    text = config.read_text()
+    command = next(line.split("command:", 1)[1].strip() for line in text.splitlines()
+                   if "command:" in line and "pytest" in line)
+    config.write_text(text.replace(command, "choir_no_such_test_tool -q"))
     proc = choir("run", str(item), "--json")
     out = json.loads(proc.stdout)
     assert proc.returncode == 1 and out["status"] == "halted", proc.stderr

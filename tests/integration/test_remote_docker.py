@@ -252,8 +252,8 @@ def test_a_later_step_sees_what_an_earlier_one_left(remote: str, repo: Path,
 
 
 def test_the_manifest_records_the_copy_transfer(remote: str, repo: Path) -> None:
-    from choir.app.verify import resolve_target
     from choir.evidence.artifacts import ArtifactStore
+    from choir.evidence.target import resolve_target
     from choir.models import StepSpec, VerifierKind, VerifierSpec
     from choir.sandbox.docker import DockerSandbox
     from choir.verification.pipeline import run_verifier

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from choir._core.canonical import blake3_hex, canonical_json
-from choir.app.verify import resolve_target
 from choir.distributed.pki import ClusterPKI, Role, sign_as
 from choir.distributed.remote_run import RemoteRun, land, signed_bytes
 from choir.distributed.worker import seal_for_coordinator
 from choir.evidence.artifacts import ArtifactStore
+from choir.evidence.target import resolve_target
 from choir.exceptions import IntegrityError
 from choir.models import RunManifest, StepSpec, VerifierKind, VerifierSpec
 from choir.sandbox import get_sandbox
