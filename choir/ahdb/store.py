@@ -194,12 +194,21 @@ class AHDB:
             yield
 
     # -- reading (materialised tables; never a replay) -------------------------------------
-    def events(self) -> Iterator[Event]:
-        rows = self._conn().execute(
+    def rows(self, since: int = 0) -> Iterator[tuple[Any, ...]]:
+        """The log's rows from seq ``since`` on, as stored (audit decodes each itself)."""
+        yield from self._conn().execute(
             "SELECT seq, prev_hash, event_hash, kind, payload, created_at FROM events "
-            "ORDER BY seq")
-        for seq, prev, ehash, kind, payload, created in rows:
+            "WHERE seq >= ? ORDER BY seq", (since,))
+
+    def events(self, since: int = 0) -> Iterator[Event]:
+        for seq, prev, ehash, kind, payload, created in self.rows(since):
             yield Event(seq, prev, ehash, kind, json.loads(payload), created)
+
+    def identity(self) -> str:
+        """Which store this is, for anchors kept elsewhere: the SQLite file's resolved path,
+        or the Postgres URL without its password."""
+        path = getattr(self.backend, "path", None)
+        return str(Path(path).resolve()) if isinstance(path, Path) else self.where
 
     def head(self) -> tuple[int, str]:
         """(seq, event hash) of the last event; (0, GENESIS) for an empty log."""

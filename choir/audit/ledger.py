@@ -66,8 +66,10 @@ def compare_tables(db: AHDB, replay: Replay) -> list[Violation]:
         rows = conn.execute("SELECT id, kind, status, work_item, tree_hash, body "
                             "FROM atoms").fetchall()
         fails = set(conn.execute("SELECT work_item, tree_hash, verifier FROM fails"))
+        outcomes = {r[0] for r in conn.execute("SELECT attestation FROM outcomes")}
     except Exception as exc:  # fail closed: unreadable tables are a violation
-        return [_v("ahdb_state_unreadable", str(db.path), "readable atoms/fails", str(exc))]
+        return [_v("ahdb_state_unreadable", str(db.path), "readable atoms/fails/outcomes",
+                   str(exc))]
     seen: set[str] = set()
     for atom_id, kind, status, work_item, tree, body in rows:
         seen.add(atom_id)
@@ -85,9 +87,13 @@ def compare_tables(db: AHDB, replay: Replay) -> list[Violation]:
                             f"{want.kind.value} {want.status.value}", f"{kind} {status}"))
     for atom_id in sorted(set(replay.atoms) - seen):
         found.append(_v("ahdb_state_missing", f"atom {atom_id}", "a row", "absent"))
-    for w, t, v in sorted(fails ^ replay.fails):
+    for w, t, v in sorted(fails ^ replay.fails, key=str):
         where = "extra" if (w, t, v) in fails else "missing"
         found.append(_v("ahdb_state_fails", f"{w}/{t[:16]}/{v}", "as the log implies", where))
+    for att_id in sorted(outcomes ^ replay.outcomes, key=str):
+        where = "extra" if att_id in outcomes else "missing"
+        found.append(_v("ahdb_state_outcomes", f"outcome {att_id}", "as the log implies",
+                        where))
     return found
 
 

@@ -22,9 +22,10 @@ def choir(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
                           timeout=timeout)
 
 
-def _flaky_repo(tmp_path: Path) -> Path:
-    """A test that fails the first time it runs and passes every time after (a marker
-    outside the sandboxed repo remembers): the hostile or flaky verifier."""
+def flaky_repo(tmp_path: Path, *, first: str = "fails") -> Path:
+    """A test that fails (or passes) the first time it runs and does the opposite every
+    time after (a marker outside the sandboxed repo remembers): the hostile or flaky
+    verifier."""
     marker = tmp_path / "seen"
     body = textwrap.dedent(f"""\
         import pathlib
@@ -33,12 +34,13 @@ def _flaky_repo(tmp_path: Path) -> Path:
             marker = pathlib.Path({str(marker)!r})
             first = not marker.exists()
             marker.touch()
-            assert not first
+            assert {"not " if first == "fails" else ""}first
         """)
     return calc_repo(tmp_path / "repo", canary="c", sandbox="local", test_body=body)
 
 
-def _noop_item(tmp_path: Path) -> Path:
+def noop_item(tmp_path: Path) -> Path:
+    """A work item over ``tmp_path/repo`` whose executor changes nothing."""
     item = tmp_path / "item.yaml"
     item.write_text("id: wi\ngoal: add must add\nrepo: ./repo\nmax_attempts: 2\n"
                     "executor:\n  kind: command\n  command: \"true\"\n")
@@ -46,11 +48,11 @@ def _noop_item(tmp_path: Path) -> Path:
 
 
 def test_a_verify_fail_blocks_a_later_run_assert_of_the_same_tree(tmp_path: Path) -> None:
-    repo = _flaky_repo(tmp_path)
+    repo = flaky_repo(tmp_path)
     verify = choir("verify", "--repo", str(repo), "--json")
     assert verify.returncode == 1, verify.stdout + verify.stderr
     assert json.loads(verify.stdout)["status"] == "FAIL"
-    run = choir("run", str(_noop_item(tmp_path)), "--run-id", "r1", "--json")
+    run = choir("run", str(noop_item(tmp_path)), "--run-id", "r1", "--json")
     out = json.loads(run.stdout)
     assert out["status"] != "asserted", out
     assert choir("gate", "wi", "--repo", str(repo)).returncode == 1
