@@ -60,3 +60,14 @@ def test_a_verify_fail_blocks_a_later_run_assert_of_the_same_tree(tmp_path: Path
     assert not [a for a in atoms if a["kind"] == "ASSERT" and a["status"] == "PROMOTED"]
     audited = choir("audit", "--json")
     assert audited.returncode == 0, audited.stdout
+
+
+def test_a_verify_fail_blocks_a_later_verify_claim_of_the_same_tree(tmp_path: Path) -> None:
+    """The same attack through ``choir verify --claim``: no ASSERT, no traceback."""
+    repo = flaky_repo(tmp_path)
+    assert choir("verify", "--repo", str(repo)).returncode == 1
+    claimed = choir("verify", "--repo", str(repo), "--claim", "ci-main", "--json")
+    assert "Traceback" not in claimed.stderr, claimed.stderr
+    assert json.loads(claimed.stdout)["claim"]["asserted"] is None, claimed.stdout
+    assert choir("gate", "ci-main", "--repo", str(repo)).returncode == 1
+    assert choir("audit").returncode == 0
