@@ -1,8 +1,8 @@
 """The promotion rules (docs/concepts.md), as one function over (state, event).
 
-Every write to the AHDB passes through ``check`` before it is appended, and ``choir audit``
-replays the whole log through the same function, so a row inserted behind the store's back
-is caught exactly as a forbidden write would have been refused.
+Every write to the AHDB passes through ``apply`` before it is appended, and ``choir audit``
+replays the whole log through the same function (``replay``), so a row inserted behind the
+store's back is caught exactly as a forbidden write would have been refused.
 
 - ASSERT claims are PROPOSED with the verifiers they need (never none: no verifier, no assert).
 - promote: every attestation valid and trusted, PASS, for the same tree (and commit), covering
