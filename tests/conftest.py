@@ -65,6 +65,8 @@ def choir_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
     home.mkdir()
     monkeypatch.setenv("CHOIR_HOME", str(home))
     monkeypatch.setenv("CHOIR_ARTIFACT_DIR", str(home / "artifacts"))
+    # the gate's high-water marks live outside the home: here, beside it, never in ~/.config
+    monkeypatch.setenv("CHOIR_SEEN_HEADS", str(tmp_path / "seen-heads"))
     monkeypatch.delenv("AGENT_ARTIFACT_DIR", raising=False)
     for var in ("CHOIR_DATABASE_URL", "CHOIR_LEASE_WAIT_S"):  # a shell's shared store stays out
         monkeypatch.delenv(var, raising=False)

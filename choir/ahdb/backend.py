@@ -20,6 +20,10 @@ from typing import Any, Protocol
 
 from choir.ahdb.heads import heads_path
 
+# the shape of the materialised tables; a store whose tables are older derives them again
+# from the log (2: attested FAILs on record per tree, from ``choir verify`` too)
+SCHEMA_VERSION = 2
+
 
 class Cursor(Protocol):
     def fetchone(self) -> Any: ...
@@ -76,6 +80,7 @@ CREATE INDEX IF NOT EXISTS atoms_on_tree ON atoms (tree_hash, kind, status);
 CREATE TABLE IF NOT EXISTS fails (
   work_item TEXT NOT NULL, tree_hash TEXT NOT NULL, verifier TEXT NOT NULL,
   PRIMARY KEY (work_item, tree_hash, verifier));
+CREATE INDEX IF NOT EXISTS fails_on_tree ON fails (tree_hash);
 """
 
 

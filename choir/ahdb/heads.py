@@ -8,7 +8,7 @@ exactly that hash: rewriting the past changes the hash at a signed seq, and cutt
 leaves a signed head beyond it. Together with every attestation's outcome being in the log
 (``rules``, ``outcome``), an attacker must also delete the attestations, whose runs then show
 as unattested. Rolling back every store at once, consistently, is beyond what files on one
-machine can show; an external witness of the heads would be the next step.
+machine can show: ``choir.ahdb.anchor`` pins a head outside the home for that.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from choir._core.canonical import canonical_json
-from choir.attest.keys import _b64decode, decode_public_key, key_id_of
+from choir.attest.keys import decode_public_key, key_id_of, verify_signature
 
 if TYPE_CHECKING:
     from choir.attest import Signer
@@ -75,15 +75,27 @@ def read_heads(path: Path, shared: Iterable[bytes] = ()) -> Iterator[Head | str]
             data = json.loads(raw)
             return Head(int(data["seq"]), str(data["head"]), str(data["key_id"]),
                         str(data["public_key"]), str(data["signature"]))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             return f"{where} is not a head record"
 
-    if path.exists():
-        with path.open("rb") as fh:
-            for number, raw in enumerate(fh, start=1):
-                yield parse(raw, f"line {number}")
+    if path.exists() or path.is_symlink():
+        try:
+            with path.open("rb") as fh:
+                lines = fh.readlines()
+        except OSError as exc:
+            yield f"the file cannot be read: {exc.strerror or exc}"
+            lines = []
+        for number, raw in enumerate(lines, start=1):
+            yield parse(raw, f"line {number}")
     for number, raw in enumerate(shared, start=1):
         yield parse(raw, f"shared head {number}")
+
+
+def head_key_id(head: Head) -> str | None:
+    """The id of the key that validly signed ``head``; None when the signature does not hold."""
+    if not verify_signature(head.public_key, signed_bytes(head.seq, head.head), head.signature):
+        return None
+    return key_id_of(decode_public_key(head.public_key).public_bytes_raw())
 
 
 def check_heads(path: Path, chain: dict[int, str], tail: int,
@@ -95,12 +107,7 @@ def check_heads(path: Path, chain: dict[int, str], tail: int,
     ``shared``: records other machines published to a shared store (Postgres); this
     machine's file still anchors its own writes if someone deletes those.
     """
-    from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-
     found: list[tuple[str, str, str, str]] = []
-    keys: dict[str, tuple[Ed25519PublicKey, str]] = {}
     count = 0
     for head in read_heads(path, shared):
         if isinstance(head, str):
@@ -108,16 +115,10 @@ def check_heads(path: Path, chain: dict[int, str], tail: int,
             continue
         count += 1
         where = f"signed head at seq {head.seq}"
-        try:
-            if head.public_key not in keys:
-                key = decode_public_key(head.public_key)
-                keys[head.public_key] = (key, key_id_of(key.public_bytes_raw()))
-            key, key_id = keys[head.public_key]
-            key.verify(_b64decode(head.signature), signed_bytes(head.seq, head.head))
-        except (ValueError, TypeError, InvalidSignature):
+        key_id = head_key_id(head)
+        if key_id is None:
             found.append(("ahdb_head_signature", where, "a valid signature", "invalid"))
-            continue
-        if key_id not in trusted_keys:
+        elif key_id not in trusted_keys:
             found.append(("ahdb_head_untrusted_key", where, "a trusted key", key_id))
         elif head.seq > tail:
             found.append(("ahdb_truncated", where, f"the log reaches seq {head.seq}",

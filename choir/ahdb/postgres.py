@@ -48,11 +48,14 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS heads (n BIGSERIAL PRIMARY KEY, record BYTEA NOT NULL)",
     """CREATE OR REPLACE TRIGGER heads_no_change BEFORE UPDATE OR DELETE ON heads
       FOR EACH ROW EXECUTE FUNCTION choir_append_only()""",
-    # the attestation index (choir.attest.shared): write-once, like the files it mirrors;
-    # created last, so its presence means the whole schema is in place
+    # the attestation index (choir.attest.shared): write-once, like the files it mirrors
     "CREATE TABLE IF NOT EXISTS attestations (id TEXT PRIMARY KEY, body BYTEA NOT NULL)",
     """CREATE OR REPLACE TRIGGER attestations_no_change BEFORE UPDATE OR DELETE
       ON attestations FOR EACH ROW EXECUTE FUNCTION choir_append_only()""",
+    "CREATE INDEX IF NOT EXISTS fails_on_tree ON fails (tree_hash)",
+    # the tables' schema version (backend.SCHEMA_VERSION); created last, so its presence
+    # means the whole schema is in place (an older database runs every statement once)
+    "CREATE TABLE IF NOT EXISTS choir_meta (key TEXT PRIMARY KEY, value BIGINT NOT NULL)",
 )
 
 
@@ -145,7 +148,7 @@ class PostgresBackend:
         if self.url in _ready:
             return
         conn = self.session().conn
-        if conn.execute("SELECT to_regclass('attestations')").fetchone()[0] is not None:
+        if conn.execute("SELECT to_regclass('choir_meta')").fetchone()[0] is not None:
             _ready.add(self.url)
             return
         self.begin(conn)  # under the writer's lock: CREATE ... IF NOT EXISTS races otherwise
@@ -159,10 +162,12 @@ class PostgresBackend:
         _ready.add(self.url)
 
     def version(self, conn: Any) -> int:
-        return 1  # the tables were born with the log: nothing to materialise
+        row = conn.execute("SELECT value FROM choir_meta WHERE key = 'version'").fetchone()
+        return int(row[0]) if row else 1  # 1: the tables as they were before versions
 
     def set_version(self, conn: Any, version: int) -> None:
-        return None
+        conn.execute("INSERT INTO choir_meta (key, value) VALUES ('version', ?) ON CONFLICT "
+                     "(key) DO UPDATE SET value = excluded.value", (int(version),))
 
     def publish_head(self, record: bytes) -> None:
         self.session().conn.execute("INSERT INTO heads (record) VALUES (?)", (record,))

@@ -1,13 +1,18 @@
 """The promotion rules (docs/concepts.md), as one function over (state, event).
 
-Every write to the AHDB passes through ``check`` before it is appended, and ``choir audit``
-replays the whole log through the same function, so a row inserted behind the store's back
-is caught exactly as a forbidden write would have been refused.
+Every write to the AHDB passes through ``apply`` before it is appended, and ``choir audit``
+replays the whole log through the same function (``replay``), so a row inserted behind the
+store's back is caught exactly as a forbidden write would have been refused.
 
 - ASSERT claims are PROPOSED with the verifiers they need (never none: no verifier, no assert).
 - promote: every attestation valid and trusted, PASS, for the same tree (and commit), covering
-  every required verifier, none of which has an attested FAIL for that work item on that tree
-  (a HYPOTHESIZE on record): a tree does not change, so that would be disagreement.
+  every required verifier, none of which has an attested FAIL on that tree on record (an
+  outcome, a HYPOTHESIZE or a demotion; from ``choir verify``, this work item's run or any
+  other's). A tree does not change, so a later PASS of the same verifier is disagreement:
+  FLAKY evidence, which never promotes, however many PASSes follow (a newer PASS is exactly
+  what a verifier that fails once and then passes produces).
+- a live claim never stands beside such a FAIL: the FAIL's outcome demotes it in the same
+  transaction, and ``choir audit`` names one that does (``disputed``, the same function).
 - a work-item ASSERT references only PROMOTED claims of the same work item and tree.
 - demote: a valid FAIL attestation for the same tree, of a verifier the claim requires.
 - HYPOTHESIZE: valid FAIL attestations for that tree and a discriminating test.
@@ -18,7 +23,7 @@ is caught exactly as a forbidden write would have been refused.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -30,6 +35,10 @@ from choir.models import Atom, AtomKind, AtomStatus, Attestation, Result
 Lookup = Callable[[str], Attestation]
 
 
+# (work item, or "" for ``choir verify``; tree hash; verifier): one attested FAIL on record
+Fail = tuple[str, str, str]
+
+
 class State(Protocol):
     """What the rules read: atoms by id and the attested FAILs on record per tree.
 
@@ -39,20 +48,39 @@ class State(Protocol):
 
     def get(self, atom_id: str) -> Atom | None: ...
 
-    def failed(self, work_item: str, tree_hash: str) -> set[str]: ...
+    def failed(self, tree_hash: str) -> set[str]:
+        """Verifiers with an attested FAIL on ``tree_hash`` on record, whoever asked."""
+        ...
 
     def has_outcome(self, attestation_id: str) -> bool: ...
 
 
+class Recorder(State, Protocol):
+    """A ``State`` that takes each allowed change in turn (the tables, or a ``Replay``)."""
+
+    def record(self, change: Change, seq: int) -> None: ...
+
+
+class Logged(Protocol):
+    """What a replay reads of one stored event (``choir.ahdb.store.Event``)."""
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def payload(self) -> Any: ...
+    @property
+    def created_at(self) -> str: ...
+
+
 @dataclass(frozen=True)
 class Change:
-    """What one allowed event does: the atom it writes and the verifiers it records as FAILed."""
+    """What one allowed event does: the atom it writes, the FAILs it puts on record."""
 
     atom: Atom | None
-    failed: frozenset[str] = frozenset()
+    fails: frozenset[Fail] = frozenset()
     outcome: str | None = None
-    # (work item, tree) of an outcome's FAIL: on record even when no claim was live to demote
-    fail_target: tuple[str, str] | None = None
 
 
 class Replay:
@@ -60,29 +88,55 @@ class Replay:
 
     def __init__(self) -> None:
         self.atoms: dict[str, Atom] = {}
-        self.fails: set[tuple[str, str, str]] = set()
+        self.fails: set[Fail] = set()
         self.outcomes: set[str] = set()
 
     def get(self, atom_id: str) -> Atom | None:
         return self.atoms.get(atom_id)
 
-    def failed(self, work_item: str, tree_hash: str) -> set[str]:
-        return {v for w, t, v in self.fails if w == work_item and t == tree_hash}
+    def failed(self, tree_hash: str) -> set[str]:
+        return {v for _, t, v in self.fails if t == tree_hash}
 
     def has_outcome(self, attestation_id: str) -> bool:
         return attestation_id in self.outcomes
 
-    def record(self, change: Change) -> None:
+    def record(self, change: Change, seq: int = 0) -> None:
         if change.outcome:
             self.outcomes.add(change.outcome)
-        if change.fail_target:
-            self.fails |= {(*change.fail_target, v) for v in change.failed}
-        atom = change.atom
-        if atom is None:
-            return
-        self.atoms[atom.id] = atom
-        if atom.work_item and atom.tree_hash:
-            self.fails |= {(atom.work_item, atom.tree_hash, v) for v in change.failed}
+        self.fails |= change.fails
+        if change.atom is not None:
+            self.atoms[change.atom.id] = change.atom
+
+
+def fails_of(atts: list[Attestation]) -> frozenset[Fail]:
+    """The FAILs ``atts`` put on record, keyed by their own target (not the citing atom)."""
+    return frozenset((a.body.target.work_item or "", a.body.target.tree_hash, a.body.verifier)
+                     for a in atts if a.body.result is Result.FAIL)
+
+
+def disputed(state: State, claim: Atom) -> list[str]:
+    """The verifiers ``claim`` requires that have an attested FAIL on its tree on record.
+
+    The one test both sides use: the write path refuses to promote such a claim, and audit
+    names a live one (``ahdb_contradicted``).
+    """
+    if not claim.tree_hash:
+        return []
+    return sorted(set(claim.required_verifiers) & state.failed(claim.tree_hash))
+
+
+def replay(events: Iterable[Logged], state: Recorder, lookup: Lookup,
+           refused: Callable[[Logged, Exception], None]) -> None:
+    """Apply ``events`` in order to ``state``; an event the rules refuse changes nothing and
+    goes to ``refused``. The store derives its tables this way; audit, its ``Replay``."""
+    for ev in events:
+        try:
+            change = apply(state, ev.kind, ev.payload, datetime.fromisoformat(ev.created_at),
+                           lookup)
+        except (PromotionError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            refused(ev, exc)
+            continue
+        state.record(change, ev.seq)
 
 
 def _atts(lookup: Lookup, ids: tuple[str, ...] | list[str], atom: Atom,
@@ -109,6 +163,8 @@ def apply(atoms: State, kind: str, payload: dict[str, Any], at: datetime,
     Raises:
         PromotionError: the event is forbidden.
     """
+    if not isinstance(payload, dict):
+        raise PromotionError(f"an AHDB {kind!r} event's payload is not an object")
     if kind in ("propose", "assert", "hypothesize", "hyperthesis"):
         atom = Atom.model_validate(payload["atom"])
         if atoms.get(atom.id) is not None:
@@ -127,8 +183,7 @@ def apply(atoms: State, kind: str, payload: dict[str, Any], at: datetime,
                 raise PromotionError("HYPOTHESIZE needs a discriminating test")
             if not atom.attestations:
                 raise PromotionError("HYPOTHESIZE needs the FAIL attestation it explains")
-            fails = _atts(lookup, atom.attestations, atom, Result.FAIL)
-            return Change(atom, frozenset(a.body.verifier for a in fails))
+            return Change(atom, fails_of(_atts(lookup, atom.attestations, atom, Result.FAIL)))
         else:
             if atom.kind is not AtomKind.HYPERTHESIS or atom.status is not AtomStatus.PROPOSED:
                 raise PromotionError("HYPERTHESIS is a PROPOSED disclosure, nothing more")
@@ -138,13 +193,8 @@ def apply(atoms: State, kind: str, payload: dict[str, Any], at: datetime,
         att_id = str(payload.get("attestation", ""))
         if atoms.has_outcome(att_id):
             raise PromotionError(f"the outcome of {att_id[:16]} is already recorded")
-        att = lookup(att_id)
-        target = att.body.target
-        if att.body.result is Result.FAIL and target.work_item:
-            # a FAIL blocks promotion on its tree whether or not a claim was live to demote
-            return Change(None, frozenset({att.body.verifier}), att.id,
-                          (target.work_item, target.tree_hash))
-        return Change(None, outcome=att.id)
+        # a FAIL blocks promotion on its tree whether or not a claim was live to demote
+        return Change(None, fails_of([lookup(att_id)]), outcome=att_id)
     atom_id = payload.get("atom_id", "")
     found = atoms.get(atom_id)
     if found is None:
@@ -161,12 +211,10 @@ def apply(atoms: State, kind: str, payload: dict[str, Any], at: datetime,
         missing = sorted(set(atom.required_verifiers) - covered)
         if missing:
             raise PromotionError(f"no PASS attestation for required verifier(s): {missing}")
-        if atom.work_item and atom.tree_hash:
-            disputed = sorted(set(atom.required_verifiers) &
-                              atoms.failed(atom.work_item, atom.tree_hash))
-            if disputed:
-                raise PromotionError(f"required verifier(s) {disputed} have an attested FAIL "
-                                     "for this work item on this tree: the evidence disagrees")
+        against = disputed(atoms, atom)
+        if against:
+            raise PromotionError(f"required verifier(s) {against} have an attested FAIL "
+                                 "on this tree: the evidence disagrees")
         return Change(atom.model_copy(update={"status": AtomStatus.PROMOTED,
                                               "attestations": ids, "updated_at": at}))
     if kind == "demote":
@@ -180,7 +228,7 @@ def apply(atoms: State, kind: str, payload: dict[str, Any], at: datetime,
                                  f"claim {atom_id[:16]}")
         return Change(atom.model_copy(update={"status": AtomStatus.DEMOTED, "updated_at": at,
                                               "attestations": (*atom.attestations, att_id)}),
-                      frozenset({fail.body.verifier}))
+                      fails_of([fail]))
     raise PromotionError(f"unknown AHDB event kind {kind!r}")
 
 

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 from choir._core.canonical import blake3_hex, canonical_json
 from choir._core.paths import choir_home
-from choir.ahdb.backend import Backend, Conn, Session, SqliteBackend
+from choir.ahdb.backend import SCHEMA_VERSION, Backend, Conn, Session, SqliteBackend
 from choir.ahdb.heads import write_head
-from choir.ahdb.rules import Change, Lookup, Replay, apply
+from choir.ahdb.rules import Change, Lookup, apply, replay
 from choir.attest import AttestationStore, load_signer, trusted_key_ids, verify_attestation
 from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError, PromotionError
@@ -84,9 +84,9 @@ class _Tables:
         row = self.conn.execute("SELECT body FROM atoms WHERE id = ?", (atom_id,)).fetchone()
         return Atom.model_validate_json(row[0]) if row else None
 
-    def failed(self, work_item: str, tree_hash: str) -> set[str]:
-        rows = self.conn.execute("SELECT verifier FROM fails WHERE work_item = ? AND "
-                                 "tree_hash = ?", (work_item, tree_hash)).fetchall()
+    def failed(self, tree_hash: str) -> set[str]:
+        rows = self.conn.execute("SELECT verifier FROM fails WHERE tree_hash = ?",
+                                 (tree_hash,)).fetchall()
         return {r[0] for r in rows}
 
     def has_outcome(self, attestation_id: str) -> bool:
@@ -97,11 +97,10 @@ class _Tables:
         if change.outcome:
             self.conn.execute("INSERT INTO outcomes (attestation, seq) VALUES (?, ?)",
                               (change.outcome, seq))
-        if change.fail_target:
+        if change.fails:
             self.conn.executemany(
                 "INSERT INTO fails (work_item, tree_hash, verifier) VALUES (?, ?, ?) "
-                "ON CONFLICT DO NOTHING",
-                [(*change.fail_target, v) for v in sorted(change.failed)])
+                "ON CONFLICT DO NOTHING", sorted(change.fails))
         atom = change.atom
         if atom is None:
             return
@@ -111,11 +110,6 @@ class _Tables:
             "status = excluded.status, body = excluded.body",
             (atom.id, seq, atom.kind.value, atom.status.value, atom.work_item, atom.tree_hash,
              atom.model_dump_json()))
-        if atom.work_item and atom.tree_hash:
-            self.conn.executemany(
-                "INSERT INTO fails (work_item, tree_hash, verifier) VALUES (?, ?, ?) "
-                "ON CONFLICT DO NOTHING",
-                [(atom.work_item, atom.tree_hash, v) for v in sorted(change.failed)])
 
 
 class AHDB:
@@ -135,7 +129,7 @@ class AHDB:
         self.signer = signer
         self._lookup = attestation_lookup(attestations, artifacts, trusted_keys)
         self.backend.ensure_schema()
-        if self.backend.version(self._conn()) < 1:
+        if self.backend.version(self._conn()) < SCHEMA_VERSION:
             self._materialise_once()
 
     @property
@@ -146,23 +140,24 @@ class AHDB:
         return self.backend.session().conn
 
     def _materialise_once(self) -> None:
-        """A log written before the tables existed: derive them once, from the log."""
+        """Tables from an older schema (or none): derive them once, from the log.
+
+        The rules of today decide (``rules.replay``): an event they refuse changes nothing
+        here, and ``choir audit`` names it. So a log written under laxer rules (an ASSERT
+        that a logged FAIL on its tree now disputes) stops counting, rather than counting on.
+        """
 
         with self._tx() as conn:
-            if self.backend.version(conn) >= 1:
+            if self.backend.version(conn) >= SCHEMA_VERSION:
                 return
             for table in ("atoms", "fails", "outcomes"):  # executescript would commit
                 conn.execute(f"DELETE FROM {table}")
-            replay = Replay()
             tables = _Tables(conn)
-            for ev in self.events():
-                change = apply(replay, ev.kind, ev.payload,
-                               datetime.fromisoformat(ev.created_at), self._lookup)
-                replay.record(change)
-                tables.record(change, ev.seq)
-            self.backend.set_version(conn, 1)
-            if replay.atoms or replay.outcomes:  # anchor the upgraded log as it now stands
-                self._local.appended = self.head()
+            replay(self.events(), tables, self._lookup, lambda ev, exc: None)
+            self.backend.set_version(conn, SCHEMA_VERSION)
+            seq, head = self.head()
+            if seq:  # anchor the upgraded log as it now stands
+                self._local.appended = (seq, head)
 
     @contextmanager
     def _tx(self) -> Iterator[Conn]:
@@ -199,12 +194,21 @@ class AHDB:
             yield
 
     # -- reading (materialised tables; never a replay) -------------------------------------
-    def events(self) -> Iterator[Event]:
-        rows = self._conn().execute(
+    def rows(self, since: int = 0) -> Iterator[tuple[Any, ...]]:
+        """The log's rows from seq ``since`` on, as stored (audit decodes each itself)."""
+        yield from self._conn().execute(
             "SELECT seq, prev_hash, event_hash, kind, payload, created_at FROM events "
-            "ORDER BY seq")
-        for seq, prev, ehash, kind, payload, created in rows:
+            "WHERE seq >= ? ORDER BY seq", (since,))
+
+    def events(self, since: int = 0) -> Iterator[Event]:
+        for seq, prev, ehash, kind, payload, created in self.rows(since):
             yield Event(seq, prev, ehash, kind, json.loads(payload), created)
+
+    def identity(self) -> str:
+        """Which store this is, for anchors kept elsewhere: the SQLite file's resolved path,
+        or the Postgres URL without its password."""
+        path = getattr(self.backend, "path", None)
+        return str(Path(path).resolve()) if isinstance(path, Path) else self.where
 
     def head(self) -> tuple[int, str]:
         """(seq, event hash) of the last event; (0, GENESIS) for an empty log."""
@@ -238,9 +242,11 @@ class AHDB:
                 return atom
         return None
 
-    def failed_verifiers(self, work_item: str, tree_hash: str) -> set[str]:
-        """Verifiers with an attested FAIL for ``work_item`` on exactly this tree, on record."""
-        return _Tables(self._conn()).failed(work_item, tree_hash)
+    def failed_verifiers(self, work_item: str | None, tree_hash: str) -> set[str]:
+        """Verifiers with an attested FAIL on exactly this tree on record, for any work item
+        or none (``choir verify``): the tree is the same whoever looked at it.
+        ``work_item`` is accepted for the callers' sake and does not narrow the answer."""
+        return _Tables(self._conn()).failed(tree_hash)
 
     # -- writing -------------------------------------------------------------------------
     def _append(self, kind: str, payload: dict[str, Any]) -> Atom:
@@ -260,9 +266,8 @@ class AHDB:
                 return
             self._write("outcome", {"attestation": attestation_id})
             att = self._lookup(attestation_id)
-            if att.body.result is Result.FAIL:
-                self.demote_failed(att.body.target.work_item, att.body.target.tree_hash,
-                                   [attestation_id])
+            if att.body.result is Result.FAIL:  # every work item's claims on that tree
+                self.demote_failed(None, att.body.target.tree_hash, [attestation_id])
 
     def _write(self, kind: str, payload: dict[str, Any]) -> Atom | None:
         """The one write path: check the rules against the current state, then append.

@@ -50,6 +50,8 @@ def record_claim(name: str, *, session: str, mood: str, tree_hash: str,
         return None  # inconclusive, flaky or crashed: no evidence either way
     if (asserted := db.is_asserted(name, tree_hash)) is not None:
         return asserted.id
+    if {r.verifier for r in attested} & db.failed_verifiers(name, tree_hash):
+        return None  # an attested FAIL on this tree before: the evidence disagrees (FLAKY)
     claim = db.propose(claim=f"{name}: verified under {mood} by choir verify {session}",
                        work_item=name, tree_hash=tree_hash, commit_sha=commit_sha,
                        required_verifiers=sorted({r.verifier for r in attested}),

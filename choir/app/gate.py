@@ -7,6 +7,11 @@ the current directory's: a gate that checked nothing would pass any tree.
 With ``--commit``, the ASSERT must name that commit, which Choir records only when the
 verified tree was exactly that commit's tree, and, when the repo is at hand, be for
 the tree git holds for that commit.
+
+Before any of that, the store must not have been rolled back behind a head this machine
+has seen (``choir.ahdb.anchor``): a high-water mark per store kept outside the home
+(``SeenHeads``), and a pinned head given with ``--expect-head``. A log that no longer reaches
+or no longer contains one is refused; otherwise the mark moves up to the log's head.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from choir.ahdb import AHDB
+from choir.ahdb.anchor import Mark, PinnedHead, SeenHeads, follow
+from choir.ahdb.heads import head_key_id
 from choir.attest import AttestationStore, signer_counts, trust_root, verify_attestation
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.tree import commit_tree_hash, resolve_commit, tree_hash
@@ -75,11 +82,52 @@ def gate_target(repo: Path | None, commit: str | None,
     return tree_hash(here), None
 
 
-def check_gate(work_item: str, *, tree: str | None, commit: str | None) -> GateAnswer:
-    """Re-verify the ASSERT for ``work_item`` at ``tree``/``commit``. See the module docstring.
+def check_anchors(ahdb: AHDB, trusted: set[str] | frozenset[str], *,
+                  pin: PinnedHead | None = None, pin_source: str = "the pinned head",
+                  seen: SeenHeads | None = None) -> list[str]:
+    """Why the store's log is not at or beyond every head this machine has seen; when it
+    is, ``seen`` moves up to the log's head.
 
     Raises:
-        ConfigError: the pinned trusted-key list is malformed.
+        ConfigError: the seen-heads file is malformed.
+    """
+    problems: list[str] = []
+    marks: list[Mark] = []
+    if pin is not None:
+        key_id = head_key_id(pin.as_head())
+        if key_id is None or key_id not in trusted:
+            problems.append(f"{pin_source}: " + ("its signature does not hold" if key_id is None
+                                                 else f"signed by untrusted key {key_id}"))
+        marks.append(Mark(pin.seq, pin.head, pin_source))
+    store = ahdb.identity()
+    seen_mark = seen.mark(store) if seen is not None else None
+    if seen_mark is not None:
+        marks.append(seen_mark)
+    try:
+        if marks:
+            problems.extend(follow(ahdb.events(since=min(m.seq for m in marks)), marks))
+        if not problems and seen is not None:
+            seq, head = ahdb.head()
+            if seq:
+                seen.advance(store, seq, head)
+    except Exception as exc:  # fail closed: a log that cannot be read is refused
+        problems.append(f"the AHDB log cannot be read: {type(exc).__name__}: {exc}"[:300])
+    if seen_mark is not None and problems and seen is not None:
+        problems.append(f"if the store at {store} was reset on purpose, remove its entry from "
+                        f"{seen.path}")
+    return problems
+
+
+def check_gate(work_item: str, *, tree: str | None, commit: str | None,
+               pin: PinnedHead | None = None, pin_source: str = "the pinned head",
+               seen: SeenHeads | None = None) -> GateAnswer:
+    """Re-verify the ASSERT for ``work_item`` at ``tree``/``commit``. See the module docstring.
+
+    ``pin``: a head the log must contain (``--expect-head``); ``seen``: the high-water marks
+    to check and move up (``SeenHeads.default_path()`` from the CLI).
+
+    Raises:
+        ConfigError: the pinned trusted-key list or the seen-heads file is malformed.
     """
 
     root = trust_root()
@@ -91,7 +139,17 @@ def check_gate(work_item: str, *, tree: str | None, commit: str | None) -> GateA
     store, atts = ArtifactStore(), AttestationStore()
     # the log is replayed with intact-evidence checks; trust is judged below, per attestation,
     # so the answer can name the key that signed even when it is not pinned
-    ahdb = AHDB(attestations=atts, artifacts=store)  # the configured store (choir.store_url)
+    try:  # the configured store (choir.store_url)
+        ahdb = AHDB(attestations=atts, artifacts=store)
+    except UserError:
+        raise
+    except Exception as exc:  # fail closed: a store that does not open vouches for nothing
+        answer.problems.append(f"the AHDB cannot be opened: {type(exc).__name__}: {exc}"[:300])
+        return answer
+    rolled_back = check_anchors(ahdb, root.keys, pin=pin, pin_source=pin_source, seen=seen)
+    if rolled_back:
+        answer.problems.extend(rolled_back)
+        return answer
     try:
         atom = ahdb.is_asserted(work_item, tree_hash=tree, commit_sha=commit)
     except PromotionError as err:

@@ -123,7 +123,7 @@ def key_summary(home: Path | None = None) -> dict[str, Any]:
     for att_id in store.ids():
         try:
             loaded.append(store.get(att_id))
-        except (IntegrityError, OSError, ValueError):
+        except (IntegrityError, NotFoundError, OSError, ValueError):
             continue
     root = trust_root(home)
     return {"signers": signer_counts(loaded), "trusted": sorted(root.keys),

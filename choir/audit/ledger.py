@@ -9,10 +9,9 @@ this module exists to catch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING
 
-from choir.ahdb.rules import Lookup, Replay, apply
+from choir.ahdb.rules import Logged, Lookup, Replay, disputed, fails_of, replay
 from choir.exceptions import PromotionError
 from choir.models import Atom, AtomKind, AtomStatus, Attestation, Violation
 
@@ -49,17 +48,14 @@ def cached(lookup: Lookup, verified: dict[str, Attestation] | None = None) -> Lo
 def replay_log(events: Sequence[Event], lookup: Lookup, found: list[Violation],
                verified: dict[str, Attestation] | None = None) -> Replay:
     """The state the log implies, every event re-checked; refused events become violations."""
-    replay, check = Replay(), cached(lookup, verified)
-    for ev in events:
-        try:
-            change = apply(replay, ev.kind, ev.payload, datetime.fromisoformat(ev.created_at),
-                           check)
-        except (PromotionError, ValueError, KeyError, TypeError) as exc:
-            found.append(_v("ahdb_rule", f"event {ev.seq} ({ev.kind})",
-                            "an event the promotion rules allow", str(exc)))
-            continue
-        replay.record(change)
-    return replay
+    state = Replay()
+
+    def refused(ev: Logged, exc: Exception) -> None:
+        found.append(_v("ahdb_rule", f"event {ev.seq} ({ev.kind})",
+                        "an event the promotion rules allow", str(exc)))
+
+    replay(events, state, cached(lookup, verified), refused)
+    return state
 
 
 def compare_tables(db: AHDB, replay: Replay) -> list[Violation]:
@@ -70,8 +66,10 @@ def compare_tables(db: AHDB, replay: Replay) -> list[Violation]:
         rows = conn.execute("SELECT id, kind, status, work_item, tree_hash, body "
                             "FROM atoms").fetchall()
         fails = set(conn.execute("SELECT work_item, tree_hash, verifier FROM fails"))
+        outcomes = {r[0] for r in conn.execute("SELECT attestation FROM outcomes")}
     except Exception as exc:  # fail closed: unreadable tables are a violation
-        return [_v("ahdb_state_unreadable", str(db.path), "readable atoms/fails", str(exc))]
+        return [_v("ahdb_state_unreadable", str(db.path), "readable atoms/fails/outcomes",
+                   str(exc))]
     seen: set[str] = set()
     for atom_id, kind, status, work_item, tree, body in rows:
         seen.add(atom_id)
@@ -89,27 +87,32 @@ def compare_tables(db: AHDB, replay: Replay) -> list[Violation]:
                             f"{want.kind.value} {want.status.value}", f"{kind} {status}"))
     for atom_id in sorted(set(replay.atoms) - seen):
         found.append(_v("ahdb_state_missing", f"atom {atom_id}", "a row", "absent"))
-    for w, t, v in sorted(fails ^ replay.fails):
+    for w, t, v in sorted(fails ^ replay.fails, key=str):
         where = "extra" if (w, t, v) in fails else "missing"
         found.append(_v("ahdb_state_fails", f"{w}/{t[:16]}/{v}", "as the log implies", where))
+    for att_id in sorted(outcomes ^ replay.outcomes, key=str):
+        where = "extra" if att_id in outcomes else "missing"
+        found.append(_v("ahdb_state_outcomes", f"outcome {att_id}", "as the log implies",
+                        where))
     return found
 
 
-def contradicted(replay: Replay, stored_fails: Sequence[Attestation]) -> list[Violation]:
-    """Live claims that a valid, stored FAIL of a required verifier on their tree disputes.
+def contradicted(state: Replay, stored_fails: Sequence[Attestation]) -> list[Violation]:
+    """Live claims that an attested FAIL on their tree disputes (``rules.disputed``).
 
-    A FAIL can be minted (by ``choir verify``, or a run that crashed before adjudicating)
-    without reaching the AHDB; the claim it contradicts must then not pass for evidence.
+    The FAILs are the log's and every valid stored one: a FAIL can be minted (by ``choir
+    verify``, or a run that crashed before logging it) without reaching the AHDB; the claim
+    it contradicts must then not pass for evidence either.
     """
+    seen = Replay()
+    seen.atoms, seen.fails = state.atoms, state.fails | fails_of(list(stored_fails))
     found: list[Violation] = []
-    for atom in replay.atoms.values():
+    for atom in state.atoms.values():
         if atom.kind is not AtomKind.ASSERT or atom.status is not AtomStatus.PROMOTED or \
                 atom.references:
             continue
-        for att in stored_fails:
-            target = att.body.target
-            if target.tree_hash == atom.tree_hash and att.body.verifier in \
-                    atom.required_verifiers and target.work_item in (None, atom.work_item):
-                found.append(_v("ahdb_contradicted", f"claim {atom.id}",
-                                "demoted by the attested FAIL", f"PROMOTED despite {att.id}"))
+        for verifier in disputed(seen, atom):
+            found.append(_v("ahdb_contradicted", f"claim {atom.id}",
+                            "demoted by the attested FAIL",
+                            f"PROMOTED despite an attested FAIL of {verifier} on its tree"))
     return found

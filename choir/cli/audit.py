@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import click
@@ -12,15 +13,35 @@ from choir.cli._errors import EXIT_FAIL, EXIT_OK
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-def audit(as_json: bool) -> int:
+@click.option("--expect-head", "expect_head", type=click.Path(path_type=Path), default=None,
+              metavar="FILE", help="Fail (ahdb_rollback) unless the AHDB log contains this "
+              "exported signed head: a rollback behind it is caught.")
+@click.option("--export-head", "export_head", type=click.Path(path_type=Path), default=None,
+              metavar="FILE", help="After a clean audit, write the latest signed head to FILE "
+              "(keep it outside CHOIR_HOME; pass it to --expect-head next time).")
+def audit(as_json: bool, expect_head: Path | None, export_head: Path | None) -> int:
     """Re-derive every hash, signature and AHDB event: exit 0 clean, 1 violations."""
+    from choir.ahdb.anchor import load_pin
     from choir.attest import key_summary
     from choir.audit import audit as run_audit
 
-    result = run_audit()
-    keys = key_summary()  # which keys signed, and which the pin trusts
+    pin = load_pin(expect_head) if expect_head else None
+    result = run_audit(expect_head=pin)
+    try:
+        keys = key_summary()  # which keys signed, and which the pin trusts
+    except Exception as exc:  # the audit has named what is broken; say it here too
+        keys = {"signers": {}, "trusted": [], "source": f"unreadable ({type(exc).__name__})"}
+    exported, why = None, "the audit is not clean"
+    if export_head and result.ok:
+        from choir.exceptions import IntegrityError
+
+        try:
+            exported = _export_head(export_head)
+        except IntegrityError as exc:
+            why = str(exc)
     if as_json:
-        click.echo(json.dumps({**json.loads(result.model_dump_json()), "keys": keys}, indent=2))
+        extra = {"keys": keys, **({"exported_head": exported} if exported else {})}
+        click.echo(json.dumps({**json.loads(result.model_dump_json()), **extra}, indent=2))
     else:
         for v in result.violations:
             click.echo(f"VIOLATION {v.kind}: {v.object}: expected {v.expected}, found {v.found}")
@@ -30,7 +51,27 @@ def audit(as_json: bool) -> int:
         signed = ", ".join(f"{k} ({n})" for k, n in sorted(keys["signers"].items())) or "none"
         click.echo(f"audit: signed by key {signed}")
         click.echo(f"audit: trusted keys ({keys['source']}): {', '.join(keys['trusted'])}")
-    return EXIT_OK if result.ok else EXIT_FAIL
+        if pin is not None:
+            click.echo(f"audit: expected head seq {pin.seq} ({expect_head})")
+        if exported:
+            click.echo(f"audit: exported head seq {exported['seq']} to {export_head}")
+        elif export_head:
+            click.echo(f"audit: head not exported to {export_head}: {why}")
+    return EXIT_OK if result.ok and (exported or not export_head) else EXIT_FAIL
+
+
+def _export_head(path: Path | None) -> dict[str, object] | None:
+    """Write the store's latest signed head to ``path``; returns what was written."""
+    from choir.ahdb import open_ahdb
+    from choir.ahdb.anchor import latest_head, write_pin
+    from choir.attest import trusted_key_ids
+
+    pin = latest_head(open_ahdb(), trusted_key_ids())
+    if path is None:
+        click.echo(pin.model_dump_json())
+    else:
+        write_pin(pin, path)
+    return pin.model_dump(mode="json")
 
 
 @click.group()
@@ -109,3 +150,22 @@ def _atom_table(atoms: list[Any]) -> None:
                    f"{item[0]:<{item_w}} {shown:<29} {claim}")
         for more in item[1:]:
             click.echo(f"{'':<12}  {'':<11} {'':<9} {more}")
+
+
+@ahdb.command("head")
+@click.option("--out", type=click.Path(path_type=Path), default=None, metavar="FILE",
+              help="Write it to FILE (replaced whole) instead of printing it.")
+def ahdb_head(out: Path | None) -> int:
+    """Export the latest signed head of the AHDB log, to pin outside CHOIR_HOME.
+
+    `choir audit --expect-head FILE` and `choir gate --expect-head FILE` then refuse a log
+    that does not contain it (a rollback). Exit 1 when no signed head matches the log.
+    """
+    from choir.exceptions import IntegrityError
+
+    try:
+        _export_head(out)
+    except IntegrityError as exc:
+        click.echo(f"choir: {exc}", err=True)
+        return EXIT_FAIL
+    return EXIT_OK

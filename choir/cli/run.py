@@ -89,17 +89,28 @@ def approve(run_id: str, reject: bool) -> int:
 @click.option("--commit", default=None, help="Only an ASSERT for exactly this commit.")
 @click.option("--repo", type=click.Path(path_type=Path), default=None,
               help="The working tree to check (default: the current directory's).")
-def gate(work_item_id: str, commit: str | None, repo: Path | None) -> int:
+@click.option("--expect-head", "expect_head", type=click.Path(path_type=Path), default=None,
+              metavar="FILE", help="Refuse unless the AHDB log contains this exported head.")
+@click.option("--seen-heads", "seen_heads", type=click.Path(path_type=Path), default=None,
+              metavar="FILE", help="The high-water marks to check and move up (default: "
+              "$CHOIR_SEEN_HEADS, else ~/.config/choir/seen-heads).")
+def gate(work_item_id: str, commit: str | None, repo: Path | None, expect_head: Path | None,
+         seen_heads: Path | None) -> int:
     """Exit 0 only if WORK_ITEM_ID is ASSERTed with valid, trusted attestations for the tree.
 
     The tree is --repo's, else the current directory's; with --commit, that commit's tree.
     Exit 1 otherwise, 2 when no tree can be determined.
     """
+    from choir.ahdb.anchor import SeenHeads, load_pin
     from choir.app.gate import check_gate, gate_target
 
     tree, sha = gate_target(repo, commit)
+    pin = load_pin(expect_head) if expect_head else None
+    marks = seen_heads or SeenHeads.default_path()
     # a commit read from git is checked by its tree: the bytes, not the label
-    answer = check_gate(work_item_id, tree=tree, commit=None if tree else sha)
+    answer = check_gate(work_item_id, tree=tree, commit=None if tree else sha, pin=pin,
+                        pin_source=f"the pinned head {expect_head}",
+                        seen=SeenHeads(marks) if marks else None)
     signed = ", ".join(f"{k} ({n})" for k, n in sorted(answer.signers.items())) or "none"
     if answer.passed:
         count = sum(answer.signers.values())

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from choir.ahdb import open_ahdb
+from choir.ahdb.backend import SCHEMA_VERSION
 from choir.ahdb.rules import Replay, apply
 from choir.evidence.tree import tree_hash
 from tests.evidence import attest, make_repo
@@ -50,7 +51,7 @@ def test_a_log_written_before_the_tables_is_materialised_once_on_open(
     asserted = db.is_asserted("wi", tree_hash(repo))
     assert asserted is not None and asserted.id == assert_id
     assert sqlite3.connect(choir_home / "ahdb.sqlite").execute(
-        "PRAGMA user_version").fetchone() == (1,)
+        "PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
     (choir_home / "ahdb.sqlite.heads").unlink()  # an old home had no signed heads either
     open_ahdb()
     conn = sqlite3.connect(choir_home / "ahdb.sqlite")
@@ -62,3 +63,19 @@ def test_a_log_written_before_the_tables_is_materialised_once_on_open(
     result = audit()
     assert result.ok, result.violations
 
+
+
+def test_an_upgrade_puts_a_choir_verify_fail_on_record(tmp_path: Path, choir_home: Path,
+                                                       ahdb_backend: str) -> None:
+    """Version 1 tables kept a FAIL only for a work item; derived again, a ``choir verify``
+    FAIL (no work item) blocks the tree too, on SQLite and on Postgres."""
+    repo = make_repo(tmp_path / "repo")
+    attest(repo, "unit", "false", work_item=None)
+    db = open_ahdb()
+    conn = db._conn()
+    conn.execute("DELETE FROM fails")  # what a version-1 store held
+    if ahdb_backend == "postgres":
+        conn.execute("DELETE FROM choir_meta")
+    else:
+        conn.execute("PRAGMA user_version = 1")
+    assert open_ahdb().failed_verifiers("wi", tree_hash(repo)) == {"unit"}
