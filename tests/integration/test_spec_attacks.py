@@ -177,3 +177,4 @@ def test_the_honest_fix_is_asserted_in_every_mood(tmp_path: Path, templates: dic
     assert outcome.status == "asserted", outcome.events
     tree = tree_hash(repo)
     assert check_gate("fix-add", tree=tree, commit=None).passed
+

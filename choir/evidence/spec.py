@@ -1,0 +1,356 @@
+"""The spec: the files that define success, pinned when a run starts, and what verifiers read.
+
+An executor that can edit the tests can make any tree pass: weaken the failing assertion,
+delete the test, plant a ``conftest.py`` that marks every report passed, deselect it in
+``pytest.ini``, plant a ``sitecustomize.py``, rewrite a postcondition verifier. So the files
+the checks are made of (``choir.yaml`` ``spec:``, globs) are pinned from the tree a
+``choir run`` starts on, each stored content-addressed in the artifact store and listed in a
+manifest whose hash the run checkpoints (``pin_spec``). Verifiers then never read the
+executor's spec: each round's sealed snapshot is copied into a *view* (``ensure_view``) in
+which every pinned file is the pinned version (restored if deleted) and every new
+spec-matching file is gone, unless the work item's ``may_change_spec`` admits it as an
+addition: extra evidence beside the pinned checks, never a replacement for one. A new file
+that changes how every check runs (a ``conftest.py``, ``sitecustomize.py``, ``.pth``, test
+configuration) is never an addition. This is what SWE-bench's harness does when it resets the
+test files before grading.
+
+``compare`` says how the executor's tree differs from the pin (``SpecChange``); the loop
+refuses to ASSERT a tree whose spec changed outside ``may_change_spec``, and a change inside
+it is refused or held for a person by the mood's ``spec_change`` policy.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import secrets
+import stat
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from choir._core.canonical import blake3_hex, canonical_json
+from choir._core.globs import glob_regex
+from choir.config.policy import SpecPolicy
+from choir.evidence.artifacts import ArtifactStore
+from choir.evidence.tree import inspect_tree, remove_snapshot, snapshot
+from choir.exceptions import IntegrityError
+from choir.models import SpecChange
+
+# new files that change how every check runs: never admitted as an addition
+INFLUENCE = ("conftest.py", "sitecustomize.py", "usercustomize.py", "*.pth", "pytest.ini",
+             ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "choir.yaml")
+DIFF_LIMIT = 64 << 10  # bytes of unified diff kept for a person to read
+_SCHEMA = "choir.spec/v1"
+_WILD = re.compile(r"[*?\[]")
+
+
+def _regex(glob: str) -> str:
+    body = glob.strip().strip("/")
+    anchored = glob.strip().startswith("/") or "/" in body
+    pattern = glob_regex(body) + ("/.*" if glob.strip().endswith("/") else "")
+    return pattern if anchored else f"(?:.*/)?{pattern}"
+
+
+def matcher(globs: Iterable[str]) -> Callable[[str], bool]:
+    """A test for repo-relative posix paths against ``globs`` (.gitignore-like: a name
+    without ``/`` matches at any depth, ``NAME/`` every file under such a folder, a ``/``
+    anchors at the repo root)."""
+    parts = [_regex(g) for g in globs if g.strip().strip("/")]
+    if not parts:
+        return lambda _path: False
+    compiled = re.compile("^(?:" + "|".join(parts) + ")$")
+    return lambda path: compiled.match(path) is not None
+
+
+def _could_reach(glob: str, folder: str) -> bool:
+    """True when ``glob`` might match some path under ``folder`` (conservative)."""
+    body = glob.strip().strip("/")
+    if not glob.strip().startswith("/") and "/" not in body:
+        return True  # a bare name matches at any depth
+    literal = _WILD.split(body, maxsplit=1)[0]
+    return literal.startswith(folder + "/") or (folder + "/").startswith(literal)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The pinned spec: its globs and ``{path: (kind, blake3)}`` (kind ``f``, ``x`` or ``l``)."""
+
+    globs: tuple[str, ...]
+    files: dict[str, tuple[str, str]]
+
+    def encode(self) -> bytes:
+        return canonical_json({"schema": _SCHEMA, "globs": list(self.globs),
+                               "files": {p: list(v) for p, v in sorted(self.files.items())}})
+
+    @cached_property
+    def is_spec(self) -> Callable[[str], bool]:
+        return matcher(self.globs)
+
+
+def load_manifest(store: ArtifactStore, digest: str) -> Manifest:
+    """The manifest stored under ``digest``, its bytes checked against the digest.
+
+    Raises:
+        IntegrityError: missing, altered, or not a spec manifest.
+    """
+    import json
+
+    data = store.read_bytes(digest)
+    if blake3_hex(data) != digest:
+        raise IntegrityError(f"spec manifest {digest[:12]} does not hash to its name")
+    raw = json.loads(data)
+    if not isinstance(raw, dict) or raw.get("schema") != _SCHEMA:
+        raise IntegrityError(f"artifact {digest[:12]} is not a spec manifest")
+    return Manifest(globs=tuple(raw["globs"]),
+                    files={p: (v[0], v[1]) for p, v in raw["files"].items()})
+
+
+def _walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """Every file and symlink under ``root`` (relative posix path, lstat), in path order."""
+    for dirpath, dirs, names in os.walk(root):
+        dirs.sort()
+        for name in sorted(names):
+            path = Path(dirpath) / name
+            st = path.lstat()
+            if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                yield path.relative_to(root).as_posix(), st
+
+
+def _read(path: Path, st: os.stat_result) -> tuple[str, bytes]:
+    """(kind, bytes) of a file in a sealed snapshot: a symlink's target, never followed."""
+    if stat.S_ISLNK(st.st_mode):
+        return "l", os.readlink(path).encode("utf-8", "surrogateescape")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        return ("x" if st.st_mode & 0o111 else "f"), fh.read()
+
+
+def _pinned_bytes(store: ArtifactStore, digest: str) -> bytes:
+    data = store.read_bytes(digest)
+    if blake3_hex(data) != digest:
+        raise IntegrityError(f"pinned spec file {digest[:12]} does not hash to its name")
+    return data
+
+
+def pin_from_snapshot(tree: Path, globs: Sequence[str], store: ArtifactStore) -> str:
+    """Store every spec file of the sealed snapshot ``tree`` and its manifest; returns the
+    manifest's hash."""
+    is_spec = matcher(globs)
+    files: dict[str, tuple[str, str]] = {}
+    for rel, st in _walk(tree):
+        if is_spec(rel):
+            kind, data = _read(tree / rel, st)
+            files[rel] = (kind, store.ingest_bytes(data))
+    return store.ingest_bytes(Manifest(tuple(globs), files).encode())
+
+
+def pin_spec(repo: Path, globs: Sequence[str], root: Path,
+             store: ArtifactStore | None = None) -> str:
+    """Pin the spec of ``repo``'s tree as it is now (a run's base tree): the hashed files,
+    copied once into a sealed snapshot under ``root`` (dropped after), never the live folder."""
+    snap = snapshot(repo, root)
+    assert snap.path is not None
+    try:
+        return pin_from_snapshot(snap.path, globs, store or ArtifactStore())
+    finally:
+        remove_snapshot(snap.path)
+
+
+def compare(tree: Path, tree_hash: str, manifest: Manifest, may_change: Sequence[str],
+            policy: SpecPolicy, store: ArtifactStore) -> SpecChange:
+    """How the sealed snapshot ``tree`` differs from the pin, judged.
+
+    Refused, in every mood: a change to a pinned file outside ``may_change`` and any new
+    spec-matching file that is not an admitted addition. A change to a pinned file inside
+    ``may_change``: refused, or held for a person (``policy``). ``diff`` is the unified diff
+    of every changed pinned file, stored for the person and the record.
+    """
+    allowed, influences = matcher(may_change), matcher(INFLUENCE)
+    seen = dict(_walk(tree))
+    added, ignored, modified = [], [], []
+    for rel, st in seen.items():
+        if rel in manifest.files:
+            kind, data = _read(tree / rel, st)
+            if (kind, blake3_hex(data)) != manifest.files[rel]:
+                modified.append(rel)
+        elif manifest.is_spec(rel):
+            (added if allowed(rel) and not influences(rel) else ignored).append(rel)
+    deleted = [p for p in manifest.files if p not in seen]
+    declared = [p for p in (*modified, *deleted) if allowed(p)]
+    refused = [*ignored, *(p for p in (*modified, *deleted) if p not in declared)]
+    held: list[str] = []
+    (held if policy == "approve" else refused).extend(declared)
+    diff = _diff(tree, manifest, sorted([*modified, *deleted]), store) \
+        if modified or deleted else None
+    return SpecChange(tree_hash=tree_hash, added=tuple(added), modified=tuple(modified),
+                      deleted=tuple(sorted(deleted)), ignored=tuple(ignored),
+                      refused=tuple(sorted(refused)), held=tuple(sorted(held)), diff=diff)
+
+
+def _diff(tree: Path, manifest: Manifest, paths: list[str], store: ArtifactStore) -> str:
+    """Store the unified diff (pinned -> executor's) of ``paths``; returns its hash."""
+    out: list[str] = []
+    for rel in paths:
+        before = _pinned_bytes(store, manifest.files[rel][1]).decode("utf-8", "replace")
+        path = tree / rel
+        after = _read(path, path.lstat())[1].decode("utf-8", "replace") \
+            if os.path.lexists(path) else ""
+        out.extend(difflib.unified_diff(before.splitlines(True), after.splitlines(True),
+                                        f"a/{rel} (pinned)", f"b/{rel}"))
+    text = "".join(out).encode()
+    if len(text) > DIFF_LIMIT:
+        text = text[:DIFF_LIMIT] + f"\n[choir] diff cut at {DIFF_LIMIT} bytes\n".encode()
+    return store.ingest_bytes(text)
+
+
+def repin(manifest: Manifest, tree: Path, paths: Sequence[str], store: ArtifactStore) -> str:
+    """A new manifest with ``paths`` (changes a person approved) taken from ``tree``."""
+    files = dict(manifest.files)
+    for rel in paths:
+        path = tree / rel
+        if os.path.lexists(path):
+            kind, data = _read(path, path.lstat())
+            files[rel] = (kind, store.ingest_bytes(data))
+        else:
+            files.pop(rel, None)
+    return store.ingest_bytes(Manifest(manifest.globs, files).encode())
+
+
+def _write(path: Path, kind: str, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "l":
+        os.symlink(data.decode("utf-8", "surrogateescape"), path)
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.chmod(path, 0o555 if kind == "x" else 0o444)
+
+
+def view_key(manifest_hash: str, change: SpecChange) -> str:
+    """The view's folder name: its tree, its pin and the additions it admits."""
+    return f"{change.tree_hash}.spec-" + blake3_hex(
+        canonical_json([manifest_hash, list(change.added)]))[:24]
+
+
+def build_view(tree: Path, manifest_hash: str, change: SpecChange, root: Path,
+               store: ArtifactStore) -> tuple[Path, str]:
+    """What the verifiers read: the sealed snapshot ``tree`` with the spec reset to the pin
+    and only admitted additions kept; sealed read-only under ``root``. Returns (path, hash).
+
+    The copy is made privately and renamed into place (a folder that exists is complete);
+    one already there is kept only if it hashes as the fresh copy does.
+    """
+    manifest = load_manifest(store, manifest_hash)
+    final = root / view_key(manifest_hash, change)
+    tmp = root / f".tmp-view-{os.getpid()}-{secrets.token_hex(6)}"
+    tmp.mkdir(mode=0o700, parents=True)
+    try:
+        admitted = set(change.added)
+        for rel, st in _walk(tree):
+            if manifest.is_spec(rel) and rel not in admitted:
+                continue  # pinned (written below) or not admitted: never seen
+            _write(tmp / rel, *_read(tree / rel, st))
+        for rel, (kind, digest) in manifest.files.items():
+            _write(tmp / rel, kind, _pinned_bytes(store, digest))
+        for dirpath, _dirs, _names in os.walk(tmp, topdown=False):
+            os.chmod(dirpath, 0o555)
+        fresh = inspect_tree(tmp).tree_hash
+        if final.is_dir() and inspect_tree(final).tree_hash == fresh:
+            remove_snapshot(tmp)
+            return final, fresh
+        remove_snapshot(final)
+        os.rename(tmp, final)
+    except BaseException:
+        remove_snapshot(tmp)
+        raise
+    return final, fresh
+
+
+def ensure_view(tree: Path, manifest_hash: str, change: SpecChange, root: Path,
+                store: ArtifactStore) -> Path:
+    """The view ``change`` names (its ``view_hash``): the existing folder when it still hashes
+    to it, else a fresh one built from ``tree``.
+
+    Raises:
+        IntegrityError: the fresh view hashes differently (the snapshot or the pin moved).
+    """
+    existing = root / view_key(manifest_hash, change)
+    if existing.is_dir() and inspect_tree(existing).tree_hash == change.view_hash:
+        return existing
+    path, fresh = build_view(tree, manifest_hash, change, root, store)
+    if change.view_hash and fresh != change.view_hash:
+        raise IntegrityError(f"the spec view of {change.tree_hash[:12]} hashes to "
+                             f"{fresh[:12]}, not {change.view_hash[:12]}; nothing verified")
+    return path
+
+
+def executor_read_only(repo: Path, manifest: Manifest, may_change: Sequence[str]) -> list[Path]:
+    """The pinned paths to bind read-only over the executor's writable repo.
+
+    Whole folders where a folder glob (``tests/``) holds only pinned files no ``may_change``
+    glob could reach (no new file can be made in them either); elsewhere each pinned file.
+    Symlinks are never bound (a bind would follow them).
+    """
+    repo = repo.resolve()
+    folders = [g.strip().strip("/") for g in manifest.globs if g.strip().endswith("/")]
+    is_folder = matcher(f"{f}/" for f in folders if f)
+    bound: list[str] = []
+    for rel in sorted(manifest.files):
+        if matcher(may_change)(rel) or any(rel.startswith(b + "/") for b in bound):
+            continue
+        parts = rel.split("/")
+        top = next(("/".join(parts[:i]) for i in range(1, len(parts))
+                    if is_folder("/".join(parts[:i]) + "/x")), None)
+        if top is not None and not any(_could_reach(g, top) for g in may_change):
+            bound.append(top)
+        else:
+            bound.append(rel)
+    out = []
+    for rel in bound:
+        path = repo / rel
+        if path.exists() and not path.is_symlink() and path.resolve() == path:
+            out.append(path)
+    return out
+
+
+def refusal_summary(change: SpecChange, limit: int = 400) -> str:
+    """One bounded line for a report, a reason or an event."""
+    parts = [f"{name} {', '.join(paths)}" for name, paths in
+             (("modified", change.modified), ("deleted", change.deleted),
+              ("added outside may_change_spec", change.ignored)) if paths]
+    text = "; ".join(parts) or "no change"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+
+def judge_round(tree: Path, tree_hash: str, manifest_hash: str, may_change: Sequence[str],
+                policy: SpecPolicy, root: Path, store: ArtifactStore | None = None) -> SpecChange:
+    """Compare the sealed snapshot ``tree`` with the pin and build the view its verifiers
+    will read; the change records the view's hash."""
+    store = store or ArtifactStore()
+    change = compare(tree, tree_hash, load_manifest(store, manifest_hash), may_change, policy,
+                     store)
+    _path, view = build_view(tree, manifest_hash, change, root, store)
+    return change.model_copy(update={"view_hash": view})
+
+
+def approve_change(tree: Path, manifest_hash: str, change: SpecChange, root: Path,
+                   store: ArtifactStore | None = None) -> tuple[str, SpecChange]:
+    """A person approved ``change.held``: the new pin (those files as the executor left
+    them) and the change as recorded from now on (approved, its view rebuilt on the new pin).
+    """
+    store = store or ArtifactStore()
+    pin = repin(load_manifest(store, manifest_hash), tree, change.held, store)
+    approved = change.model_copy(update={"approved": True})
+    _path, view = build_view(tree, pin, approved, root, store)
+    return pin, approved.model_copy(update={"view_hash": view})
+
+
+def remove_views(root: Path, tree_hash: str) -> None:
+    """Drop every spec view of ``tree_hash`` under ``root``."""
+    for path in root.glob(f"{tree_hash}.spec-*"):
+        remove_snapshot(path)
