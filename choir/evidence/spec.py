@@ -170,7 +170,9 @@ def compare(tree: Path, tree_hash: str, manifest: Manifest, may_change: Sequence
     """
     allowed, influences = matcher(may_change), matcher(INFLUENCE)
     seen = dict(_walk(tree))
-    added, ignored, modified = [], [], []
+    added: list[str] = []
+    ignored: list[str] = []
+    modified: list[str] = []
     for rel, st in seen.items():
         if rel in manifest.files:
             kind, data = _read(tree / rel, st)

@@ -162,8 +162,9 @@ async def execute(state: RunState) -> dict[str, Any]:
     run_id = state["run_id"] if item.split_of is None else f"{state['run_id']}-{item.id}"
 
     read_only: tuple[Path, ...] = ()
-    if state.get("spec"):
-        manifest = load_manifest(ArtifactStore(), state["spec"])
+    pin = state.get("spec")
+    if pin:
+        manifest = load_manifest(ArtifactStore(), pin)
         read_only = tuple(executor_read_only(Path(item.repo), manifest, item.may_change_spec))
     with pinned_gate(state["config"], state["policy"], Mood(state["mood"]), read_only):
         output = await asyncio.to_thread(get_executor(item.executor.kind), item, attempt,
@@ -215,9 +216,10 @@ def approve_spec(state: RunState) -> Command[Literal["direct", "__end__"]]:
         return Command(goto="__end__", update={
             "status": "rejected", "reason": "a person rejected the spec change",
             "events": [f"spec change rejected by a person: {refusal_summary(change)}"]})
-    item = state["work_item"]
+    item, held_pin = state["work_item"], state.get("spec")
+    assert held_pin  # a change is judged only against a pin
     tree = ensure_snapshot(Path(item.repo), change.tree_hash)
-    pin, approved = approve_change(tree, state["spec"], change, snapshot_root())
+    pin, approved = approve_change(tree, held_pin, change, snapshot_root())
     return Command(goto="direct", update={
         "spec": pin, "spec_change": approved, "status": "running",
         "events": [f"spec change approved by a person: {refusal_summary(change)}; "
