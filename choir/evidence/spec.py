@@ -150,13 +150,16 @@ def pin_from_snapshot(tree: Path, globs: Sequence[str], store: ArtifactStore) ->
 def pin_spec(repo: Path, globs: Sequence[str], root: Path,
              store: ArtifactStore | None = None) -> str:
     """Pin the spec of ``repo``'s tree as it is now (a run's base tree): the hashed files,
-    copied once into a sealed snapshot under ``root`` (dropped after), never the live folder."""
-    snap = snapshot(repo, root)
-    assert snap.path is not None
+    copied once into a sealed snapshot in a private folder under ``root`` (dropped after, so
+    a snapshot of the same tree another run is verifying is never touched), never the live
+    folder."""
+    private = root / f".pin-{os.getpid()}-{secrets.token_hex(6)}"
     try:
+        snap = snapshot(repo, private)
+        assert snap.path is not None
         return pin_from_snapshot(snap.path, globs, store or ArtifactStore())
     finally:
-        remove_snapshot(snap.path)
+        remove_snapshot(private)
 
 
 def compare(tree: Path, tree_hash: str, manifest: Manifest, may_change: Sequence[str],

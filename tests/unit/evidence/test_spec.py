@@ -124,3 +124,11 @@ def test_the_executor_gets_pinned_folders_and_files_read_only(tmp_path: Path) ->
         "choir.yaml", "pytest.ini", "tests/test_calc.py"]
     declared = executor_read_only(repo, manifest, ("tests/test_calc.py", "pytest.ini"))
     assert sorted(p.relative_to(repo.resolve()).as_posix() for p in declared) == ["choir.yaml"]
+
+
+def test_pinning_never_touches_a_snapshot_another_run_verifies(tmp_path: Path) -> None:
+    repo, root = _repo(tmp_path), tmp_path / "snaps"
+    other = snapshot(repo, root)  # another run's round, on the same tree
+    pin_spec(repo, DEFAULT_SPEC, root)
+    assert other.path is not None and (other.path / "calc.py").exists()
+    assert sorted(p.name for p in root.iterdir()) == [other.tree_hash]  # nothing left over
