@@ -326,7 +326,8 @@ def refusal_summary(change: SpecChange, limit: int = 400) -> str:
     """One bounded line for a report, a reason or an event."""
     parts = [f"{name} {', '.join(paths)}" for name, paths in
              (("modified", change.modified), ("deleted", change.deleted),
-              ("added outside may_change_spec", change.ignored)) if paths]
+              ("added outside may_change_spec", change.ignored),
+              ("admitted", change.added)) if paths]
     text = "; ".join(parts) or "no change"
     return text if len(text) <= limit else text[:limit - 3] + "..."
 

@@ -125,7 +125,8 @@ def _next_part(state: RunState, base: dict[str, Any]) -> Command[Goto]:
     target = resolve_target(Path(frame.item.repo), frame.item.id)
     return Command(goto="direct", update={
         **base, "work_item": frame.item, "parent": None, "parts": [], "attempt": frame.attempt,
-        "spec_change": judge_spec({**state, "work_item": frame.item}, target),
+        "spec_change": judge_spec({**state, "work_item": frame.item, "mood": frame.mood.value},
+                                  target),
         "mood": frame.mood.value, "history": [list(h) for h in frame.history],
         "floor": list(frame.floor), "feedback": list(frame.reports),
         "round_kind": "primary", "nested": 0, "runs": Overwrite([]), "attestations": {},

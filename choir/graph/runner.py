@@ -47,6 +47,7 @@ class RunOutcome:
     events: list[str] = field(default_factory=list)
     usage: dict[str, dict[str, Any]] = field(default_factory=dict)
     waiting: bool = False
+    question: dict[str, Any] = field(default_factory=dict)  # what the approval gate asks
 
     def exit_code(self) -> int:
         return {"asserted": 0, "awaiting_approval": 3}.get(self.status, 1)
@@ -129,7 +130,17 @@ async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> Run
                       events=[*values.get("events", []),
                               *([f"insufficient evidence: {insufficient}"] if insufficient
                                 else [])],
-                      usage=spend_by_role(values.get("usage", [])), waiting=bool(snap.next))
+                      usage=spend_by_role(values.get("usage", [])), waiting=bool(snap.next),
+                      question=_question(snap))
+
+
+def _question(snap: Any) -> dict[str, Any]:
+    """The pending approval interrupt's payload (a held spec change carries its diff)."""
+    for task in getattr(snap, "tasks", ()):
+        for pending in getattr(task, "interrupts", ()):
+            if isinstance(pending.value, dict):
+                return dict(pending.value)
+    return {}
 
 
 async def run_work_item(path: Path, *, mood: Mood | None = None, run_id: str | None = None,

@@ -95,6 +95,8 @@ def test_a_declared_change_waits_for_a_person_in_paranoid(
                              extra=DECLARED)
     assert outcome.status == "awaiting_approval" and outcome.waiting, outcome.events
     assert any("held for a person" in e for e in outcome.events)
+    assert "+    assert add(0, 0) == 0" in outcome.question["diff"]  # the diff, for the person
+    assert outcome.question["spec_change"]["held"] == ["tests/test_calc.py"]
     assert not _attestations() and not _gate_open(repo)  # nothing verified before the answer
     done = asyncio.run(approve(outcome.run_id, reject=answer == "reject"))
     if answer == "reject":
