@@ -8,8 +8,10 @@ the checks are made of (``choir.yaml`` ``spec:``, globs) are pinned from the tre
 manifest whose hash the run checkpoints (``pin_spec``). Verifiers then never read the
 executor's spec: each round's sealed snapshot is copied into a *view* (``ensure_view``) in
 which every pinned file is the pinned version (restored if deleted) and every new
-spec-matching file is gone, unless the work item's ``may_change_spec`` admits it as an
-addition: extra evidence beside the pinned checks, never a replacement for one. A new file
+spec-matching file is gone. New files the work item's ``may_change_spec`` admits are extra
+evidence, never a replacement for a pinned check: the pinned checks run in a view without
+them too (a new test module could patch the code under test at import), and the admitted
+additions in a second view beside them; both must pass (``ADDITIONS_REPLICA``). A new file
 that changes how every check runs (a ``conftest.py``, ``sitecustomize.py``, ``.pth``, test
 configuration) is never an addition. This is what SWE-bench's harness does when it resets the
 test files before grading.
@@ -43,6 +45,10 @@ from choir.models import SpecChange
 INFLUENCE = ("conftest.py", "sitecustomize.py", "usercustomize.py", "*.pth", "pytest.ini",
              ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "choir.yaml")
 DIFF_LIMIT = 64 << 10  # bytes of unified diff kept for a person to read
+# a planned run with this replica number or above reads the view with the admitted additions
+# (its twin below it reads the pinned checks alone): both vote on the same verifier, so an
+# addition that makes the pinned checks pass where they fail alone shows as disagreement
+ADDITIONS_REPLICA = 1000
 _SCHEMA = "choir.spec/v1"
 _WILD = re.compile(r"[*?\[]")
 
@@ -235,26 +241,27 @@ def _write(path: Path, kind: str, data: bytes) -> None:
     os.chmod(path, 0o555 if kind == "x" else 0o444)
 
 
-def view_key(manifest_hash: str, change: SpecChange) -> str:
-    """The view's folder name: its tree, its pin and the additions it admits."""
-    return f"{change.tree_hash}.spec-" + blake3_hex(
-        canonical_json([manifest_hash, list(change.added)]))[:24]
+def view_key(tree_hash: str, manifest_hash: str, added: Sequence[str] = ()) -> str:
+    """A view's folder name: its tree, its pin and the additions it admits."""
+    return f"{tree_hash}.spec-" + blake3_hex(
+        canonical_json([manifest_hash, list(added)]))[:24]
 
 
-def build_view(tree: Path, manifest_hash: str, change: SpecChange, root: Path,
-               store: ArtifactStore) -> tuple[Path, str]:
+def build_view(tree: Path, tree_hash: str, manifest_hash: str, added: Sequence[str],
+               root: Path, store: ArtifactStore) -> tuple[Path, str]:
     """What the verifiers read: the sealed snapshot ``tree`` with the spec reset to the pin
-    and only admitted additions kept; sealed read-only under ``root``. Returns (path, hash).
+    and only the ``added`` files kept of the rest; sealed read-only under ``root``.
+    Returns (path, tree hash of the view).
 
     The copy is made privately and renamed into place (a folder that exists is complete);
     one already there is kept only if it hashes as the fresh copy does.
     """
     manifest = load_manifest(store, manifest_hash)
-    final = root / view_key(manifest_hash, change)
+    final = root / view_key(tree_hash, manifest_hash, added)
     tmp = root / f".tmp-view-{os.getpid()}-{secrets.token_hex(6)}"
     tmp.mkdir(mode=0o700, parents=True)
     try:
-        admitted = set(change.added)
+        admitted = set(added)
         for rel, st in _walk(tree):
             if manifest.is_spec(rel) and rel not in admitted:
                 continue  # pinned (written below) or not admitted: never seen
@@ -276,21 +283,36 @@ def build_view(tree: Path, manifest_hash: str, change: SpecChange, root: Path,
 
 
 def ensure_view(tree: Path, manifest_hash: str, change: SpecChange, root: Path,
-                store: ArtifactStore) -> Path:
-    """The view ``change`` names (its ``view_hash``): the existing folder when it still hashes
-    to it, else a fresh one built from ``tree``.
+                store: ArtifactStore, *, additions: bool = False) -> Path:
+    """The view ``change`` names: with the pinned checks alone (``view_hash``), or with the
+    admitted additions beside them (``additions_view``). The existing folder when it still
+    hashes to that, else a fresh one built from ``tree``.
 
     Raises:
         IntegrityError: the fresh view hashes differently (the snapshot or the pin moved).
     """
-    existing = root / view_key(manifest_hash, change)
-    if existing.is_dir() and inspect_tree(existing).tree_hash == change.view_hash:
+    added = change.added if additions else ()
+    expected = change.additions_view if additions else change.view_hash
+    existing = root / view_key(change.tree_hash, manifest_hash, added)
+    if existing.is_dir() and inspect_tree(existing).tree_hash == expected:
         return existing
-    path, fresh = build_view(tree, manifest_hash, change, root, store)
-    if change.view_hash and fresh != change.view_hash:
+    path, fresh = build_view(tree, change.tree_hash, manifest_hash, added, root, store)
+    if fresh != expected:
         raise IntegrityError(f"the spec view of {change.tree_hash[:12]} hashes to "
-                             f"{fresh[:12]}, not {change.view_hash[:12]}; nothing verified")
+                             f"{fresh[:12]}, not {expected[:12]}; nothing verified")
     return path
+
+
+def _views(tree: Path, manifest_hash: str, change: SpecChange, root: Path,
+           store: ArtifactStore) -> SpecChange:
+    """``change`` with its views built: the pinned checks alone, and (with additions) the
+    pinned checks beside the admitted additions."""
+    _path, alone = build_view(tree, change.tree_hash, manifest_hash, (), root, store)
+    extended = ""
+    if change.added:
+        _path, extended = build_view(tree, change.tree_hash, manifest_hash, change.added,
+                                     root, store)
+    return change.model_copy(update={"view_hash": alone, "additions_view": extended})
 
 
 def executor_read_only(repo: Path, manifest: Manifest, may_change: Sequence[str]) -> list[Path]:
@@ -340,8 +362,7 @@ def judge_round(tree: Path, tree_hash: str, manifest_hash: str, may_change: Sequ
     store = store or ArtifactStore()
     change = compare(tree, tree_hash, load_manifest(store, manifest_hash), may_change, policy,
                      store)
-    _path, view = build_view(tree, manifest_hash, change, root, store)
-    return change.model_copy(update={"view_hash": view})
+    return _views(tree, manifest_hash, change, root, store)
 
 
 def approve_change(tree: Path, manifest_hash: str, change: SpecChange, root: Path,
@@ -351,9 +372,7 @@ def approve_change(tree: Path, manifest_hash: str, change: SpecChange, root: Pat
     """
     store = store or ArtifactStore()
     pin = repin(load_manifest(store, manifest_hash), tree, change.held, store)
-    approved = change.model_copy(update={"approved": True})
-    _path, view = build_view(tree, pin, approved, root, store)
-    return pin, approved.model_copy(update={"view_hash": view})
+    return pin, _views(tree, pin, change.model_copy(update={"approved": True}), root, store)
 
 
 def remove_views(root: Path, tree_hash: str) -> None:

@@ -26,6 +26,7 @@ from choir.director.advisor import suggest
 from choir.director.lenses import nested_plan
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.spec import (
+    ADDITIONS_REPLICA,
     DIFF_LIMIT,
     approve_change,
     ensure_view,
@@ -79,7 +80,8 @@ async def green_thread(state: GreenIn) -> GreenOut:
     round_id = state["run_id"].removesuffix(f"-{planned.name}-{planned.replica}")
     try:
         tree = verified_tree(Path(state["work_item"].repo), target, state.get("spec"),
-                             state.get("spec_change"))
+                             state.get("spec_change"),
+                             additions=planned.replica >= ADDITIONS_REPLICA)
         rnd = _round(state, round_id, tree)
         [(run, _)] = await run_round(rnd, [planned], shared=True)
     except Exception as exc:  # noqa: BLE001 - no sandbox, no snapshot: evidence of nothing
@@ -115,14 +117,15 @@ def judge_spec(state: RunState, target: Target) -> SpecChange | None:
 
 
 def verified_tree(repo: Path, target: Target, spec: str | None = None,
-                  change: SpecChange | None = None) -> Path:
+                  change: SpecChange | None = None, *, additions: bool = False) -> Path:
     """What a green thread verifies: the sealed snapshot of ``target``'s tree, seen through
     the pinned spec (``choir.evidence.spec``) when the run pinned one.
 
     After a crash the snapshot may be gone: the live tree is copied again and used only if it
     still hashes to the recorded tree; otherwise ``IntegrityError`` makes the thread
     INCONCLUSIVE, never a verification of a different tree. A pinned run with no judged
-    change for this tree verifies nothing either (fail closed).
+    change for this tree verifies nothing either (fail closed). ``additions``: the view with
+    the work item's admitted new checks beside the pinned ones.
     """
 
     tree = ensure_snapshot(repo, target.tree_hash)
@@ -130,7 +133,21 @@ def verified_tree(repo: Path, target: Target, spec: str | None = None,
         return tree
     if change is None or change.tree_hash != target.tree_hash:
         raise IntegrityError(f"no spec view was judged for tree {target.tree_hash[:12]}")
-    return ensure_view(tree, spec, change, snapshot_root(), ArtifactStore())
+    return ensure_view(tree, spec, change, snapshot_root(), ArtifactStore(),
+                       additions=additions)
+
+
+def with_additions(chosen: VerifierPlan, change: SpecChange | None) -> VerifierPlan:
+    """Every voting run of ``chosen`` twice when the tree has admitted additions: once on the
+    pinned checks alone, once beside the additions (``ADDITIONS_REPLICA``), so an addition can
+    add evidence but never make a pinned check pass that fails alone."""
+    if change is None or not change.added:
+        return chosen
+    twins = tuple(p.model_copy(update={"replica": p.replica + ADDITIONS_REPLICA})
+                  for p in chosen.verifiers if not p.diagnostic)
+    return chosen.model_copy(update={"verifiers": (*chosen.verifiers, *twins),
+                                     "reason": f"{chosen.reason}; each also beside the "
+                                               "admitted new checks"})
 
 
 def _green_graph() -> Any:
@@ -260,6 +277,8 @@ async def direct(state: RunState) -> dict[str, Any]:
             usage.append(("director", advice.usage))
             chosen = plan(policy, mood, config.verifiers, required=required,
                           suggestion=advice.names, reason=advice.reason)
+    if kind != "nested":
+        chosen = with_additions(chosen, state.get("spec_change"))
     emit({"kind": "plan", "work_item": item.id, "mood": mood.value, "round_kind": kind,
           "verifiers": [f"{p.name}#{p.replica}" + ("" if p.lens == "default" else f" ({p.lens})")
                         for p in chosen.verifiers],

@@ -42,11 +42,13 @@ class SpecChange(Frozen):
     pinned versions); ``refused``: the changes that keep this tree from being ASSERTed;
     ``held``: the changes a person approved (``approved``) or must approve first, with
     ``diff`` the artifact hash of their unified diff. ``view_hash`` is the tree hash of what
-    the verifiers read: the executor's tree with the spec reset to the pin.
+    the pinned checks run on: the executor's tree with the spec reset to the pin;
+    ``additions_view`` the same with the admitted additions beside them (when there are any).
     """
 
     tree_hash: str
     view_hash: str = ""
+    additions_view: str = ""
     added: tuple[str, ...] = ()
     modified: tuple[str, ...] = ()
     deleted: tuple[str, ...] = ()

@@ -53,12 +53,17 @@ def test_a_declared_addition_runs_beside_the_pinned_checks(
                              Mood.CALM, extra="may_change_spec: [tests/test_more.py]\n")
     assert (outcome.status == "asserted") is asserted, outcome.events
     assert _gate_open(repo) is asserted
-    [att] = _attestations()
-    assert att.body.result.value == ("PASS" if asserted else "FAIL")  # the addition ran
-    change = att.body.spec_change
-    assert att.body.spec_hash and change is not None
+    # the pinned check alone, and beside the addition: only the second can see it fail
+    first = [a for a in _attestations() if "-r0-" in a.body.run_id]  # later: other lenses
+    alone, beside = sorted(first, key=lambda a: a.body.run_id.endswith("-1000"))
+    assert alone.body.result.value == "PASS" and beside.body.run_id.endswith("-unit-1000")
+    assert beside.body.result.value == ("PASS" if asserted else "FAIL")
+    change = beside.body.spec_change
+    assert beside.body.spec_hash and change is not None and change == alone.body.spec_change
     assert change.added == ("tests/test_more.py",) and not change.refused
-    assert change.tree_hash == att.body.target.tree_hash and change.view_hash
+    assert change.tree_hash == beside.body.target.tree_hash
+    assert change.view_hash and change.additions_view and change.view_hash != \
+        change.additions_view
 
 
 @pytest.mark.parametrize("where", ["test_more.py", "conftest.py"])
@@ -108,3 +113,17 @@ def test_a_declared_change_waits_for_a_person_in_paranoid(
     change = _attestations()[0].body.spec_change
     assert change is not None and change.approved and change.held == ("tests/test_calc.py",)
     assert change.diff is not None
+
+
+def test_a_declared_addition_cannot_stand_in_for_a_pinned_check(
+        tmp_path: Path, templates: dict[str, Path]) -> None:
+    """A new test module runs in the same pytest process as the pinned tests: one that
+    patches the code under test at import would make the pinned test pass. The pinned checks
+    are run without the additions too, so the patch shows as disagreement, never a PASS."""
+    patch = ("Path('tests/test_a_first.py').write_text('import calc\\n"
+             "calc.add = lambda a, b: a + b\\n\\ndef test_more():\\n    assert True\\n')\n")
+    outcome, repo = run_item(tmp_path, templates["unit"], patch, Mood.CALM,
+                             extra="may_change_spec: [tests/test_a_first.py]\n")
+    assert "a - b" in (repo / "calc.py").read_text()
+    assert outcome.status != "asserted", outcome.events
+    assert not _gate_open(repo)

@@ -57,7 +57,7 @@ def _judge(repo: Path, pin: str, root: Path, may: tuple[str, ...] = (),
     snap = snapshot(repo, root)
     assert snap.path is not None
     change = judge_round(snap.path, snap.tree_hash, pin, may, policy, root)  # type: ignore[arg-type]
-    return change, root / view_key(pin, change)
+    return change, root / view_key(snap.tree_hash, pin, change.added)
 
 
 def test_a_view_resets_the_spec_and_drops_planted_files(tmp_path: Path) -> None:
