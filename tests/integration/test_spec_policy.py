@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,8 @@ from choir.attest import AttestationStore
 from choir.evidence.tree import tree_hash
 from choir.graph.runner import approve
 from choir.models import Mood
-from tests.specrepo import build_templates, run_item
-from tests.workitems import FIXED
+from tests.specrepo import build_templates, run_item, write_item
+from tests.workitems import FIXED, PY
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 
@@ -127,3 +128,18 @@ def test_a_declared_addition_cannot_stand_in_for_a_pinned_check(
     assert "a - b" in (repo / "calc.py").read_text()
     assert outcome.status != "asserted", outcome.events
     assert not _gate_open(repo)
+
+
+def test_the_cli_shows_the_held_diff_and_a_fresh_process_approves_it(
+        tmp_path: Path, templates: dict[str, Path]) -> None:
+    """Exit 3 with the diff on stdout; ``choir approve`` resumes the checkpoint (the held
+    change and the pin) in a new process and ASSERTs."""
+    item, repo = write_item(tmp_path, templates["unit"], STRENGTHEN, extra=DECLARED)
+    run = subprocess.run([PY, "-m", "choir", "run", str(item), "--mood", "PARANOID",
+                          "--run-id", "held"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert "+    assert add(0, 0) == 0" in run.stdout and "choir approve held" in run.stdout
+    done = subprocess.run([PY, "-m", "choir", "approve", "held"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _gate_open(repo)
