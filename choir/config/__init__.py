@@ -32,10 +32,12 @@ PIPELINE = "pipeline"
 # pyproject.toml, setup.cfg and tox.ini are pinned whole: pytest reads its options, plugins
 # (``-p``) and test paths from them, and an install step runs their build settings, so no
 # part of them is safe to leave to the executor; a work item that must change one says so.
+# Distribution metadata (``*.dist-info/``, ``*.egg-info/``) on the path is how pytest finds
+# plugins to load at start (``pytest11`` entry points), without any conftest.py.
 DEFAULT_SPEC = (
     "tests/", "test/", "testing/", "test_*.py", "*_test.py", "conftest.py",
     "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
-    "sitecustomize.py", "usercustomize.py", "*.pth",
+    "sitecustomize.py", "usercustomize.py", "*.pth", "*.dist-info/", "*.egg-info/",
     "fixtures/", "snapshots/", "__snapshots__/", "verifiers/", CONFIG_NAME,
 )
 

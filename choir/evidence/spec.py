@@ -42,8 +42,9 @@ from choir.exceptions import IntegrityError
 from choir.models import SpecChange
 
 # new files that change how every check runs: never admitted as an addition
-INFLUENCE = ("conftest.py", "sitecustomize.py", "usercustomize.py", "*.pth", "pytest.ini",
-             ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "choir.yaml")
+INFLUENCE = ("conftest.py", "sitecustomize.py", "usercustomize.py", "*.pth", "*.dist-info/",
+             "*.egg-info/", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg",
+             "pyproject.toml", "choir.yaml")
 DIFF_LIMIT = 64 << 10  # bytes of unified diff kept for a person to read
 # a planned run with this replica number or above reads the view with the admitted additions
 # (its twin below it reads the pinned checks alone): both vote on the same verifier, so an

@@ -28,6 +28,7 @@ from choir.exceptions import IntegrityError
     ("pkg/x_test.py", True), ("deep/down/conftest.py", True), ("pyproject.toml", True),
     ("lib/evil.pth", True), ("sitecustomize.py", True), ("verifiers/audit.py", True),
     ("choir.yaml", True), ("a/__snapshots__/s.ambr", True), ("calc.py", False),
+    ("forcing-0.dist-info/entry_points.txt", True), ("src/x.egg-info/PKG-INFO", True),
     ("testsuite/x.py", False), ("src/contest.py", False), ("docs/tests.md", False),
 ])
 def test_the_default_spec_covers_what_test_runners_read(path: str, spec: bool) -> None:
