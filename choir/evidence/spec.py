@@ -28,6 +28,7 @@ import os
 import re
 import secrets
 import stat
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -45,6 +46,15 @@ from choir.models import SpecChange
 INFLUENCE = ("conftest.py", "sitecustomize.py", "usercustomize.py", "*.pth", "*.dist-info/",
              "*.egg-info/", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg",
              "pyproject.toml", "choir.yaml")
+# Module names a new file must not take where imports start (the repo's root and ``src/``,
+# which ``python -m`` and ``PYTHONPATH=.``/``src`` put before site-packages and most of the
+# standard library): a ``pytest.py`` there is what ``python -m pytest`` runs, an ``xml/``
+# package is what pytest's junit writer imports. Only new names count: a folder the base
+# tree already has (a project's own ``code/``) is the project's, not a plant.
+SHADOWED = frozenset(sys.stdlib_module_names) | {
+    "pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "xdist", "hypothesis",
+    "coverage", "pytest_cov", "nose", "nose2", "tox", "mypy", "ruff", "pylint", "flake8"}
+_IMPORT_ROOTS = ("src/", "")  # the more specific first
 DIFF_LIMIT = 64 << 10  # bytes of unified diff kept for a person to read
 # a planned run with this replica number or above reads the view with the admitted additions
 # (its twin below it reads the pinned checks alone): both vote on the same verifier, so an
@@ -81,20 +91,62 @@ def _could_reach(glob: str, folder: str) -> bool:
     return literal.startswith(folder + "/") or (folder + "/").startswith(literal)
 
 
+def _import_name(rel: str) -> str | None:
+    """``src/x/...`` or ``x.py`` -> the import root and module it would be found as."""
+    for root in _IMPORT_ROOTS:
+        if root and not rel.startswith(root):
+            continue
+        top, sep, _rest = rel[len(root):].partition("/")
+        name = top if sep else top.removesuffix(".py") if top.endswith(".py") else None
+        if name:
+            return root + name
+    return None
+
+
+def import_roots(tree: Path) -> tuple[str, ...]:
+    """The module names the tree's import roots already hold (``calc``, ``src/pkg``)."""
+    names = set()
+    for root in _IMPORT_ROOTS:
+        folder = tree / root if root else tree
+        if folder.is_dir():
+            for entry in folder.iterdir():
+                name = entry.name if entry.is_dir() else entry.name.removesuffix(".py")
+                if entry.is_dir() or entry.name.endswith(".py"):
+                    names.add(root + name)
+    return tuple(sorted(names))
+
+
 @dataclass(frozen=True)
 class Manifest:
-    """The pinned spec: its globs and ``{path: (kind, blake3)}`` (kind ``f``, ``x`` or ``l``)."""
+    """The pinned spec: its globs and ``{path: (kind, blake3)}`` (kind ``f``, ``x`` or ``l``);
+    ``roots``: the module names the base tree's import roots held (see ``SHADOWED``)."""
 
     globs: tuple[str, ...]
     files: dict[str, tuple[str, str]]
+    roots: tuple[str, ...] = ()
 
     def encode(self) -> bytes:
         return canonical_json({"schema": _SCHEMA, "globs": list(self.globs),
-                               "files": {p: list(v) for p, v in sorted(self.files.items())}})
+                               "files": {p: list(v) for p, v in sorted(self.files.items())},
+                               "roots": list(self.roots)})
 
     @cached_property
     def is_spec(self) -> Callable[[str], bool]:
         return matcher(self.globs)
+
+    @cached_property
+    def _roots(self) -> frozenset[str]:
+        return frozenset(self.roots)
+
+    def shadows(self, rel: str) -> bool:
+        """True for a new file that would be imported instead of a library or the runner."""
+        name = _import_name(rel)
+        return name is not None and name not in self._roots \
+            and name.rpartition("/")[2] in SHADOWED
+
+    def governs(self, rel: str) -> bool:
+        """True for a path the executor's version of never reaches a verifier unadmitted."""
+        return self.is_spec(rel) or self.shadows(rel)
 
 
 def load_manifest(store: ArtifactStore, digest: str) -> Manifest:
@@ -112,7 +164,8 @@ def load_manifest(store: ArtifactStore, digest: str) -> Manifest:
     if not isinstance(raw, dict) or raw.get("schema") != _SCHEMA:
         raise IntegrityError(f"artifact {digest[:12]} is not a spec manifest")
     return Manifest(globs=tuple(raw["globs"]),
-                    files={p: (v[0], v[1]) for p, v in raw["files"].items()})
+                    files={p: (v[0], v[1]) for p, v in raw["files"].items()},
+                    roots=tuple(raw.get("roots", ())))
 
 
 def _walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
@@ -151,7 +204,7 @@ def pin_from_snapshot(tree: Path, globs: Sequence[str], store: ArtifactStore) ->
         if is_spec(rel):
             kind, data = _read(tree / rel, st)
             files[rel] = (kind, store.ingest_bytes(data))
-    return store.ingest_bytes(Manifest(tuple(globs), files).encode())
+    return store.ingest_bytes(Manifest(tuple(globs), files, import_roots(tree)).encode())
 
 
 def pin_spec(repo: Path, globs: Sequence[str], root: Path,
@@ -190,6 +243,8 @@ def compare(tree: Path, tree_hash: str, manifest: Manifest, may_change: Sequence
                 modified.append(rel)
         elif manifest.is_spec(rel):
             (added if allowed(rel) and not influences(rel) else ignored).append(rel)
+        elif manifest.shadows(rel):
+            ignored.append(rel)
     deleted = [p for p in manifest.files if p not in seen]
     declared = [p for p in (*modified, *deleted) if allowed(p)]
     refused = [*ignored, *(p for p in (*modified, *deleted) if p not in declared)]
@@ -228,7 +283,7 @@ def repin(manifest: Manifest, tree: Path, paths: Sequence[str], store: ArtifactS
             files[rel] = (kind, store.ingest_bytes(data))
         else:
             files.pop(rel, None)
-    return store.ingest_bytes(Manifest(manifest.globs, files).encode())
+    return store.ingest_bytes(Manifest(manifest.globs, files, manifest.roots).encode())
 
 
 def _write(path: Path, kind: str, data: bytes) -> None:
@@ -264,7 +319,7 @@ def build_view(tree: Path, tree_hash: str, manifest_hash: str, added: Sequence[s
     try:
         admitted = set(added)
         for rel, st in _walk(tree):
-            if manifest.is_spec(rel) and rel not in admitted:
+            if manifest.governs(rel) and rel not in admitted:
                 continue  # pinned (written below) or not admitted: never seen
             _write(tmp / rel, *_read(tree / rel, st))
         for rel, (kind, digest) in manifest.files.items():

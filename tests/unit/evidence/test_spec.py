@@ -133,3 +133,20 @@ def test_pinning_never_touches_a_snapshot_another_run_verifies(tmp_path: Path) -
     pin_spec(repo, DEFAULT_SPEC, root)
     assert other.path is not None and (other.path / "calc.py").exists()
     assert sorted(p.name for p in root.iterdir()) == [other.tree_hash]  # nothing left over
+
+
+def test_a_new_module_that_shadows_the_runner_or_the_stdlib_is_never_seen(
+        tmp_path: Path) -> None:
+    repo, root = _repo(tmp_path), tmp_path / "snaps"
+    (repo / "code").mkdir()  # the project's own folder, named like a stdlib module
+    (repo / "code" / "a.py").write_text("A = 1\n")
+    pin = pin_spec(repo, DEFAULT_SPEC, root)
+    for planted in ("pytest.py", "xml/etree/ElementTree.py", "src/pytest/__init__.py",
+                    "json.py", "code/b.py", "helpers.py"):
+        (repo / planted).parent.mkdir(parents=True, exist_ok=True)
+        (repo / planted).write_text("raise SystemExit(0)\n")
+    change, view = _judge(repo, pin, root)
+    assert set(change.ignored) == {"pytest.py", "xml/etree/ElementTree.py",
+                                   "src/pytest/__init__.py", "json.py"}
+    assert (view / "code" / "b.py").exists() and (view / "helpers.py").exists()
+    assert not (view / "pytest.py").exists() and not (view / "xml").exists()
