@@ -61,7 +61,6 @@ DIFF_LIMIT = 64 << 10  # bytes of unified diff kept for a person to read
 # addition that makes the pinned checks pass where they fail alone shows as disagreement
 ADDITIONS_REPLICA = 1000
 _SCHEMA = "choir.spec/v1"
-_WILD = re.compile(r"[*?\[]")
 
 
 def _regex(glob: str) -> str:
@@ -80,15 +79,6 @@ def matcher(globs: Iterable[str]) -> Callable[[str], bool]:
         return lambda _path: False
     compiled = re.compile("^(?:" + "|".join(parts) + ")$")
     return lambda path: compiled.match(path) is not None
-
-
-def _could_reach(glob: str, folder: str) -> bool:
-    """True when ``glob`` might match some path under ``folder`` (conservative)."""
-    body = glob.strip().strip("/")
-    if not glob.strip().startswith("/") and "/" not in body:
-        return True  # a bare name matches at any depth
-    literal = _WILD.split(body, maxsplit=1)[0]
-    return literal.startswith(folder + "/") or (folder + "/").startswith(literal)
 
 
 def _import_name(rel: str) -> str | None:
@@ -369,35 +359,6 @@ def _views(tree: Path, manifest_hash: str, change: SpecChange, root: Path,
         _path, extended = build_view(tree, change.tree_hash, manifest_hash, change.added,
                                      root, store)
     return change.model_copy(update={"view_hash": alone, "additions_view": extended})
-
-
-def executor_read_only(repo: Path, manifest: Manifest, may_change: Sequence[str]) -> list[Path]:
-    """The pinned paths to bind read-only over the executor's writable repo.
-
-    Whole folders where a folder glob (``tests/``) holds only pinned files no ``may_change``
-    glob could reach (no new file can be made in them either); elsewhere each pinned file.
-    Symlinks are never bound (a bind would follow them).
-    """
-    repo = repo.resolve()
-    folders = [g.strip().strip("/") for g in manifest.globs if g.strip().endswith("/")]
-    is_folder = matcher(f"{f}/" for f in folders if f)
-    bound: list[str] = []
-    for rel in sorted(manifest.files):
-        if matcher(may_change)(rel) or any(rel.startswith(b + "/") for b in bound):
-            continue
-        parts = rel.split("/")
-        top = next(("/".join(parts[:i]) for i in range(1, len(parts))
-                    if is_folder("/".join(parts[:i]) + "/x")), None)
-        if top is not None and not any(_could_reach(g, top) for g in may_change):
-            bound.append(top)
-        else:
-            bound.append(rel)
-    out = []
-    for rel in bound:
-        path = repo / rel
-        if path.exists() and not path.is_symlink() and path.resolve() == path:
-            out.append(path)
-    return out
 
 
 def refusal_summary(change: SpecChange, limit: int = 400) -> str:

@@ -30,7 +30,6 @@ from choir.evidence.spec import (
     DIFF_LIMIT,
     approve_change,
     ensure_view,
-    executor_read_only,
     judge_round,
     load_manifest,
     refusal_summary,
@@ -41,6 +40,7 @@ from choir.evidence.tree import ensure_snapshot, remove_snapshot, snapshot, snap
 from choir.exceptions import IntegrityError, UserError
 from choir.executors import executor_isolation, get_executor
 from choir.executors.pinned import pinned_gate
+from choir.executors.spec_binds import executor_read_only
 from choir.graph.adjudicate import adjudicate_node
 from choir.graph.state import GreenIn, GreenOut, RunState
 from choir.models import (

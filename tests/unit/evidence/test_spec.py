@@ -12,7 +12,6 @@ import pytest
 from choir.config import DEFAULT_SPEC
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.spec import (
-    executor_read_only,
     judge_round,
     load_manifest,
     matcher,
@@ -21,6 +20,7 @@ from choir.evidence.spec import (
 )
 from choir.evidence.tree import remove_snapshot, snapshot
 from choir.exceptions import IntegrityError
+from choir.executors.spec_binds import executor_read_only
 
 
 @pytest.mark.parametrize(("path", "spec"), [
