@@ -49,7 +49,7 @@ from choir.verification import attest_run, open_sandbox, run_verifier_thread, sa
 if TYPE_CHECKING:
     from choir.config import RepoConfig
     from choir.config.policy import Policy
-    from choir.models import Attestation, Mood
+    from choir.models import Attestation, Mood, SpecChange
     from choir.sandbox import Sandbox
     from choir.verification.pipeline import PipelineResult
 
@@ -256,11 +256,13 @@ async def run_round(rnd: Round, planned: Sequence[PlannedVerifier], *,
 
 def attest_round(rnd: Round, runs: Sequence[VerifierRun], *,
                  executor_isolation: Literal["namespace", "none", "tools"] | None = None,
-                 minted: Mapping[str, str] | None = None) -> dict[str, Attestation]:
+                 minted: Mapping[str, str] | None = None, spec_hash: str | None = None,
+                 spec_change: SpecChange | None = None) -> dict[str, Attestation]:
     """Mint the attestation of every sealed run not yet in ``minted`` (run id -> id).
 
     The attestation signs the spec the run executed (its lens's), read back against what is
-    stored; minting again yields the same content-addressed attestation.
+    stored; minting again yields the same content-addressed attestation. ``spec_hash`` and
+    ``spec_change``: the pinned spec of a ``choir run`` and how the verified tree differs.
     """
     signer, store = load_signer(), AttestationStore()
     done = minted or {}
@@ -274,5 +276,6 @@ def attest_round(rnd: Round, runs: Sequence[VerifierRun], *,
         out[run.run_id] = attest_run(run, spec, store=rnd.store, signer=signer,
                                      attestations=store, policy_hash=rnd.policy.hash,
                                      mood=rnd.mood.value,
-                                     executor_isolation=executor_isolation)
+                                     executor_isolation=executor_isolation,
+                                     spec_hash=spec_hash, spec_change=spec_change)
     return out

@@ -22,6 +22,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import BinaryIO
 
+from choir._core.globs import glob_regex
 from choir.agent._patch import FileState, plan_patch
 from choir.exceptions import ToolInputError
 
@@ -529,32 +530,8 @@ def _path_glob(pattern: str) -> re.Pattern[str]:
     ``fnmatch`` lets ``*`` cross ``/``, so ``src/*/test_*.py`` would list files at every
     depth; the agent must see what it asked for.
     """
-    out: list[str] = []
-    i = 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            out.append("(?:[^/]*/)*")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
-            i += 1
-        elif pattern[i] == "[" and "]" in pattern[i + 2:]:
-            end = pattern.index("]", i + 2)
-            body = pattern[i + 1:end]
-            body = "^" + body[1:] if body.startswith("!") else body
-            out.append("(?!/)[" + body.replace("\\", "\\\\") + "]")
-            i = end + 1
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
     try:
-        return re.compile("".join(out) + r"\Z")
+        return re.compile(glob_regex(pattern) + r"\Z")
     except re.error as exc:
         raise ToolInputError(f"invalid pattern {pattern!r}: {exc}") from None
 

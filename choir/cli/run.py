@@ -47,6 +47,12 @@ def _finish(outcome: Any, as_json: bool) -> int:
         for line in spend_lines(outcome.usage):
             click.echo(line)
         if outcome.status == "awaiting_approval":
+            diff = outcome.question.get("diff")
+            if diff:  # a held spec change: the executor's edit of the checks, to judge
+                from choir._core.terminal import strip_controls
+
+                click.echo("the spec change to approve (pinned -> executor's):")
+                click.echo(strip_controls(str(diff)))
             click.echo(f"waiting for a human: choir approve {outcome.run_id} [--reject]")
     code: int = outcome.exit_code()
     return code

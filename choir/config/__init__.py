@@ -7,6 +7,7 @@ line and what to write instead, which the CLI turns into exit code 2.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +25,21 @@ from choir.sandbox._toolchain import active_venv, check_bind
 
 CONFIG_NAME = "choir.yaml"
 PIPELINE = "pipeline"
+# What test runners read, pinned from the base tree of a ``choir run`` (``spec:`` replaces
+# it). As in .gitignore: a name without ``/`` matches at any depth; ``NAME/`` is every file
+# under a folder of that name at any depth; a leading ``/`` or a ``/`` inside anchors the
+# glob at the repo root (``*`` within a name, ``**`` across folders).
+# pyproject.toml, setup.cfg and tox.ini are pinned whole: pytest reads its options, plugins
+# (``-p``) and test paths from them, and an install step runs their build settings, so no
+# part of them is safe to leave to the executor; a work item that must change one says so.
+# Distribution metadata (``*.dist-info/``, ``*.egg-info/``) on the path is how pytest finds
+# plugins to load at start (``pytest11`` entry points), without any conftest.py.
+DEFAULT_SPEC = (
+    "tests/", "test/", "testing/", "test_*.py", "*_test.py", "conftest.py",
+    "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
+    "sitecustomize.py", "usercustomize.py", "*.pth", "*.dist-info/", "*.egg-info/",
+    "fixtures/", "snapshots/", "__snapshots__/", "verifiers/", CONFIG_NAME,
+)
 
 
 class ModelsConfig(Frozen):
@@ -78,6 +94,7 @@ class _ChoirFile(Frozen):
     max_parallel: int | None = Field(default=None, ge=1, le=64)
     resources: dict[str, dict[str, Any]] = Field(default_factory=dict)  # postconditions'
     decisions: dict[str, Decision] = Field(default_factory=dict)
+    spec: tuple[str, ...] | None = None
 
 
 class RepoConfig(Frozen):
@@ -93,6 +110,9 @@ class RepoConfig(Frozen):
     max_parallel: int | None = None
     lines: dict[str, int] = Field(default_factory=dict)
     decisions: dict[str, Decision] = Field(default_factory=dict)
+    # the paths that define success (globs), pinned when a ``choir run`` starts: ``spec:``
+    # or DEFAULT_SPEC, always with choir.yaml and the allowlist's callable verifier files
+    spec: tuple[str, ...] = DEFAULT_SPEC
 
     def reporter_name(self) -> str:
         """The reporter that words reports: ``reporter:``, else ``model`` when
@@ -288,6 +308,7 @@ def load_repo_config(repo: Path) -> RepoConfig:
                         line=doc.line_of(("moods", mood, field, i)),
                         hint=f"use one of: {', '.join(sorted(names))}",
                     ))
+    errors += spec_glob_errors(doc, ("spec",))
     ConfigError.raise_all(errors)
     assert parsed is not None  # no error was found, so the file validated
     sandbox = _sandbox_section(parsed.sandbox, repo, doc)
@@ -307,7 +328,36 @@ def load_repo_config(repo: Path) -> RepoConfig:
         max_parallel=parsed.max_parallel,
         lines=lines,
         decisions=parsed.decisions,
+        spec=_spec(parsed.spec, verifiers),
     )
+
+
+def _spec(declared: tuple[str, ...] | None, verifiers: dict[str, VerifierSpec]) -> tuple[str, ...]:
+    """The spec globs: the declared ones (else the default), plus what Choir itself runs to
+    decide success: ``choir.yaml`` and every callable verifier file of the allowlist."""
+    found = [*(DEFAULT_SPEC if declared is None else declared), CONFIG_NAME]
+    for spec in verifiers.values():
+        payload = spec.env.get("CHOIR_PC_SPEC")
+        ref = json.loads(payload).get("callable") if payload else None
+        file = ref.partition(":")[0] if isinstance(ref, str) else ""
+        if file.endswith(".py"):
+            found.append("/" + file.lstrip("./"))
+    return tuple(dict.fromkeys(found))
+
+
+def spec_glob_errors(doc: YamlDoc, loc: tuple[str, ...]) -> list[ConfigError]:
+    """A ConfigError for every glob under ``loc`` that could name a path outside the repo."""
+    listed = doc.data.get(loc[0]) if isinstance(doc.data, dict) else None
+    errors = []
+    for i, glob in enumerate(listed if isinstance(listed, list) else ()):
+        if isinstance(glob, str) and glob.strip("/ ") and not glob.startswith("~") \
+                and ".." not in glob.split("/") and "\\" not in glob:
+            continue
+        errors.append(ConfigError(f"{loc[0]}[{i}]: {glob!r} is not a path inside the repo",
+                                  path=str(doc.path), line=doc.line_of((*loc, i)),
+                                  hint="write a glob relative to the repo such as "
+                                       "'tests/' or 'test_*.py' (no '..', no '~')"))
+    return errors
 
 
 def _decision_budgets(doc: YamlDoc) -> dict[str, int]:
@@ -391,7 +441,7 @@ def load_work_item(path: Path) -> WorkItem:
                                       "item", path=str(path), line=doc.line_of((key,)),
                                       hint=f"remove '{key}:'"))
     parsed, found = validation_errors(doc, WorkItem)
-    errors += found
+    errors += found + spec_glob_errors(doc, ("may_change_spec",))
     if parsed is None:
         ConfigError.raise_all(errors)
     item: WorkItem = parsed

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -21,6 +21,7 @@ from choir.models import BlastRadius, Mood, StepSpec, VerifierKind, VerifierSpec
 from choir.models._base import Frozen
 
 POLICY_FILE = "moods.yaml"
+SpecPolicy = Literal["refuse", "approve"]
 
 
 class _PackagedMood(Frozen):
@@ -31,6 +32,7 @@ class _PackagedMood(Frozen):
     require_limits: bool = False
     # the run's own trace, verified and attested, before anything is ASSERTed (choir run)
     require_trace: bool = False
+    spec_change: SpecPolicy = "refuse"
 
 
 class _PackagedPolicy(Frozen):
@@ -51,6 +53,9 @@ class MoodPolicy(Frozen):
     allow_unsafe_isolation: bool = True
     # refuse a sandbox that cannot enforce memory/pids/out limits (Sandbox.limits_enforceable)
     require_limits: bool = False
+    # a change to a pinned spec file that the work item's may_change_spec names: refused, or
+    # held for a person with the diff attached (approve); outside it, always refused
+    spec_change: SpecPolicy = "refuse"
 
 
 class Policy(Frozen):
@@ -109,7 +114,8 @@ def _by_kind(config: RepoConfig, kinds: tuple[VerifierKind, ...]) -> tuple[str, 
 def load_policy(config: RepoConfig, packaged: _PackagedPolicy | None = None) -> Policy:
     """Resolve the packaged moods against ``config``'s allowlist, then apply its overrides.
 
-    A mood whose kinds match nothing in the allowlist falls back to the whole allowlist:
+    A mood whose kinds match nothing in the allowlist but the run's own trace falls back to
+    the whole allowlist:
     running every allowlisted verifier is stricter than running none, and "no verifier, no
     assert" means an empty plan could never finish.
     """
@@ -117,8 +123,11 @@ def load_policy(config: RepoConfig, packaged: _PackagedPolicy | None = None) -> 
     moods: dict[Mood, MoodPolicy] = {}
     for mood in Mood:
         default = base.moods.get(mood) or base.moods[Mood.SKEPTICAL]
-        core = _by_kind(config, default.kinds) or tuple(
-            n for n, spec in config.verifiers.items() if spec.kind is not VerifierKind.TRACE)
+        checks = tuple(n for n, spec in config.verifiers.items()
+                       if spec.kind is not VerifierKind.TRACE)
+        core = _by_kind(config, default.kinds)
+        if not any(n in checks for n in core):  # the run's own trace checks no code
+            core = (*checks, *core)
         broaden = tuple(n for n in _by_kind(config, default.broaden_kinds) if n not in core)
         fields: dict[str, Any] = {
             "verifiers": core,
@@ -126,6 +135,7 @@ def load_policy(config: RepoConfig, packaged: _PackagedPolicy | None = None) -> 
             "reruns": default.reruns,
             "allow_unsafe_isolation": default.allow_unsafe_isolation,
             "require_limits": default.require_limits,
+            "spec_change": default.spec_change,
         }
         override = config.moods.get(mood)
         if override is not None:

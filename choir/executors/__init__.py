@@ -146,6 +146,18 @@ def interpreter_in_repo(repo: Path) -> list[Path]:
     return sorted(p for p in kept if p != repo and p.is_relative_to(repo))
 
 
+def spec_in_repo(repo: Path) -> list[Path]:
+    """The run's pinned spec paths inside ``repo``: read-only here, so the executor cannot
+    weaken, delete or replace a check (nor add a file in a pinned test folder). Verifiers
+    never read the executor's spec anyway (``choir.evidence.spec``); this stops the edit
+    where it is made, so the executor learns at once that the checks are not its to change.
+    """
+    gate = current_gate()
+    if gate is None:
+        return []
+    return [p for p in gate.read_only if p != repo and p.is_relative_to(repo)]
+
+
 def _choir_root() -> Path:
     """Where the ``choir`` package is imported from: the python runner needs it in the box."""
     return Path(__file__).resolve().parents[2]  # choir/executors/__init__.py -> ./
@@ -189,7 +201,8 @@ def _run_user_code(item: WorkItem, attempt: int, feedback: Sequence[Verification
                 readable = sorted({p for p in (repo.parent, inputs, _choir_root())
                                    if p != Path("/") and not str(p).startswith(_NEVER)})
                 result = BwrapSandbox().exec(argv(inputs), readable=readable,
-                                             read_only=interpreter_in_repo(repo),
+                                             read_only=[*interpreter_in_repo(repo),
+                                                        *spec_in_repo(repo)],
                                              hidden=_hidden(), **common)  # type: ignore[arg-type]
             else:
                 result = LocalSandbox().exec(argv(inputs), **common)  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -23,17 +24,22 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class GateContext:
+    """``read_only``: the run's pinned spec paths, bound read-only over the executor's
+    writable repo (``choir.evidence.spec.executor_read_only``)."""
+
     config: RepoConfig
     policy: Policy
     mood: Mood
+    read_only: tuple[Path, ...] = ()
 
 
 _GATE: ContextVar[GateContext | None] = ContextVar("choir_llm_gate", default=None)
 
 
 @contextmanager
-def pinned_gate(config: RepoConfig, policy: Policy, mood: Mood) -> Iterator[None]:
-    token = _GATE.set(GateContext(config, policy, mood))
+def pinned_gate(config: RepoConfig, policy: Policy, mood: Mood,
+                read_only: tuple[Path, ...] = ()) -> Iterator[None]:
+    token = _GATE.set(GateContext(config, policy, mood, read_only))
     try:
         yield
     finally:

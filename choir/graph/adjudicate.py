@@ -22,9 +22,11 @@ from choir._core.failpoints import failpoint
 from choir.ahdb import AHDB, open_ahdb
 from choir.director import Decision, adjudicate, signatures, verdicts
 from choir.director.split import part_feedback, split_parts
+from choir.evidence.spec import refusal_summary
 from choir.evidence.target import resolve_target
 from choir.graph.state import RunState
-from choir.models import Mood, ParentFrame, Result, WorkItem
+from choir.models import Counts, Mood, ParentFrame, Result, VerificationReport, WorkItem
+from choir.models.report import SUMMARY_MAX
 
 Goto = Literal["execute", "direct", "approve", "__end__"]
 
@@ -118,14 +120,38 @@ def _next_part(state: RunState, base: dict[str, Any]) -> Command[Goto]:
             "mood": part.mood.value, "feedback": part_feedback(part, frame.reports),
             "status": "running",
             "events": [*base["events"], f"part {done} ASSERTed; next: {part.id}"]})
+    from choir.graph.orchestrator import judge_spec
+
+    target = resolve_target(Path(frame.item.repo), frame.item.id)
     return Command(goto="direct", update={
         **base, "work_item": frame.item, "parent": None, "parts": [], "attempt": frame.attempt,
+        "spec_change": judge_spec({**state, "work_item": frame.item, "mood": frame.mood.value},
+                                  target),
         "mood": frame.mood.value, "history": [list(h) for h in frame.history],
         "floor": list(frame.floor), "feedback": list(frame.reports),
         "round_kind": "primary", "nested": 0, "runs": Overwrite([]), "attestations": {},
-        "target": resolve_target(Path(frame.item.repo), frame.item.id), "status": "running",
+        "target": target, "status": "running",
         "events": [*base["events"],
                    f"part {done} ASSERTed; every part done: verifying {frame.item.id} whole"]})
+
+
+def spec_refusal(state: RunState) -> VerificationReport | None:
+    """A report for the executor when this tree's spec change is refused: never ASSERTed,
+    whatever the verifiers said (they ran the pinned checks, not the executor's)."""
+    change = state.get("spec_change")
+    target = state["target"]
+    if state.get("spec") and (change is None or change.tree_hash != target.tree_hash):
+        summary = "spec: no judgement of this tree against the pinned spec; refused"
+    elif change is not None and change.refused:
+        summary = f"spec change refused: {refusal_summary(change)}"[:SUMMARY_MAX]
+    else:
+        return None
+    return VerificationReport(
+        verifier="spec", verifier_type="spec", target=target, result=Result.FAIL,
+        summary=summary, confidence=1.0, counts=Counts(),
+        next_actions=("Restore the pinned tests, configuration and verifiers; change the code "
+                      "under test instead (a work item declares may_change_spec for new "
+                      "tests).",))
 
 
 async def adjudicate_node(state: RunState) -> Command[Goto]:
@@ -151,6 +177,11 @@ async def adjudicate_node(state: RunState) -> Command[Goto]:
     drift = drift_events([r for r in runs if r.run_id.startswith(this_round)],
                          state.get("attestations", {}))
     decision = apply_policy(decision, drift, config.decisions.get(item.decision_type or ""))
+    refusal = spec_refusal(state)
+    if refusal is not None and decision.action in ("done", "nested", "broaden"):
+        again = state["attempt"] < item.max_attempts
+        decision = Decision(action="retry" if again else "halt", mood=decision.mood,
+                            reason=refusal.summary)
     parts = [p.model_copy(update={"mood": decision.mood}) for p in parts]
     round_no = state.get("round", 0) + 1
     key = f"{state['run_id']}/{item.id}/{round_no}"
@@ -185,6 +216,8 @@ async def adjudicate_node(state: RunState) -> Command[Goto]:
             "split_done": True, "attempt": 0, "history": [], "status": "running",
             "feedback": part_feedback(parts[0], reports),
             "events": [*base["events"], f"split {item.id} into {', '.join(p.id for p in parts)}"]})
+    if refusal is not None:
+        reports.append(refusal)
     if decision.action == "retry":
         return Command(goto="execute", update={**base, "history": history, "status": "running",
                                                "feedback": reports})

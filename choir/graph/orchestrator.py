@@ -13,27 +13,40 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from langgraph.config import get_stream_writer
 from langgraph.graph import END, START, StateGraph
-from langgraph.types import Overwrite, Send, interrupt
+from langgraph.types import Command, Overwrite, Send, interrupt
 
 from choir._core.failpoints import failpoint
 from choir._core.ids import round_run_id, thread_run_id
 from choir.director import part_plan, plan, verdicts
 from choir.director.advisor import suggest
 from choir.director.lenses import nested_plan
+from choir.evidence.artifacts import ArtifactStore
+from choir.evidence.spec import (
+    ADDITIONS_REPLICA,
+    DIFF_LIMIT,
+    approve_change,
+    ensure_view,
+    judge_round,
+    load_manifest,
+    refusal_summary,
+    remove_views,
+)
 from choir.evidence.target import target_of
 from choir.evidence.tree import ensure_snapshot, remove_snapshot, snapshot, snapshot_root
-from choir.exceptions import UserError
+from choir.exceptions import IntegrityError, UserError
 from choir.executors import executor_isolation, get_executor
 from choir.executors.pinned import pinned_gate
+from choir.executors.spec_binds import executor_read_only
 from choir.graph.adjudicate import adjudicate_node
 from choir.graph.state import GreenIn, GreenOut, RunState
 from choir.models import (
     Mood,
     PlannedVerifier,
+    SpecChange,
     Target,
     VerifierKind,
     VerifierPlan,
@@ -66,7 +79,10 @@ async def green_thread(state: GreenIn) -> GreenOut:
     # the thread's id is {round id}-{verifier}-{replica} (fan_out): the round's id is its head
     round_id = state["run_id"].removesuffix(f"-{planned.name}-{planned.replica}")
     try:
-        rnd = _round(state, round_id, verified_tree(Path(state["work_item"].repo), target))
+        tree = verified_tree(Path(state["work_item"].repo), target, state.get("spec"),
+                             state.get("spec_change"),
+                             additions=planned.replica >= ADDITIONS_REPLICA)
+        rnd = _round(state, round_id, tree)
         [(run, _)] = await run_round(rnd, [planned], shared=True)
     except Exception as exc:  # noqa: BLE001 - no sandbox, no snapshot: evidence of nothing
         run = crashed(planned, state["run_id"], target, exc)
@@ -84,18 +100,54 @@ def snapshot_round(repo: Path, work_item: str, previous: Target | None) -> Targe
     snap = snapshot(repo, snapshot_root())
     if previous is not None and previous.tree_hash != snap.tree_hash:
         remove_snapshot(snapshot_root() / previous.tree_hash)
+        remove_views(snapshot_root(), previous.tree_hash)
     return target_of(snap, work_item)
 
 
-def verified_tree(repo: Path, target: Target) -> Path:
-    """The sealed snapshot of ``target``'s tree for a green thread to verify.
+def judge_spec(state: RunState, target: Target) -> SpecChange | None:
+    """How ``target``'s tree differs from the run's pinned spec, with the view its verifiers
+    read built; None for a run that pinned nothing (started before pinning existed)."""
+    pin = state.get("spec")
+    if not pin:
+        return None
+    item = state["work_item"]
+    tree = ensure_snapshot(Path(item.repo), target.tree_hash)
+    return judge_round(tree, target.tree_hash, pin, item.may_change_spec,
+                       state["policy"].moods[Mood(state["mood"])].spec_change, snapshot_root())
+
+
+def verified_tree(repo: Path, target: Target, spec: str | None = None,
+                  change: SpecChange | None = None, *, additions: bool = False) -> Path:
+    """What a green thread verifies: the sealed snapshot of ``target``'s tree, seen through
+    the pinned spec (``choir.evidence.spec``) when the run pinned one.
 
     After a crash the snapshot may be gone: the live tree is copied again and used only if it
     still hashes to the recorded tree; otherwise ``IntegrityError`` makes the thread
-    INCONCLUSIVE, never a verification of a different tree.
+    INCONCLUSIVE, never a verification of a different tree. A pinned run with no judged
+    change for this tree verifies nothing either (fail closed). ``additions``: the view with
+    the work item's admitted new checks beside the pinned ones.
     """
 
-    return ensure_snapshot(repo, target.tree_hash)
+    tree = ensure_snapshot(repo, target.tree_hash)
+    if not spec:
+        return tree
+    if change is None or change.tree_hash != target.tree_hash:
+        raise IntegrityError(f"no spec view was judged for tree {target.tree_hash[:12]}")
+    return ensure_view(tree, spec, change, snapshot_root(), ArtifactStore(),
+                       additions=additions)
+
+
+def with_additions(chosen: VerifierPlan, change: SpecChange | None) -> VerifierPlan:
+    """Every voting run of ``chosen`` twice when the tree has admitted additions: once on the
+    pinned checks alone, once beside the additions (``ADDITIONS_REPLICA``), so an addition can
+    add evidence but never make a pinned check pass that fails alone."""
+    if change is None or not change.added:
+        return chosen
+    twins = tuple(p.model_copy(update={"replica": p.replica + ADDITIONS_REPLICA})
+                  for p in chosen.verifiers if not p.diagnostic)
+    return chosen.model_copy(update={"verifiers": (*chosen.verifiers, *twins),
+                                     "reason": f"{chosen.reason}; each also beside the "
+                                               "admitted new checks"})
 
 
 def _green_graph() -> Any:
@@ -126,7 +178,12 @@ async def execute(state: RunState) -> dict[str, Any]:
           "isolation": isolation})
     run_id = state["run_id"] if item.split_of is None else f"{state['run_id']}-{item.id}"
 
-    with pinned_gate(state["config"], state["policy"], Mood(state["mood"])):
+    read_only: tuple[Path, ...] = ()
+    pin = state.get("spec")
+    if pin:
+        manifest = load_manifest(ArtifactStore(), pin)
+        read_only = tuple(executor_read_only(Path(item.repo), manifest, item.may_change_spec))
+    with pinned_gate(state["config"], state["policy"], Mood(state["mood"]), read_only):
         output = await asyncio.to_thread(get_executor(item.executor.kind), item, attempt,
                                          state.get("feedback", []), run_id=run_id)
     failpoint("execute:done")
@@ -136,13 +193,54 @@ async def execute(state: RunState) -> dict[str, Any]:
           "exit_code": output.exit_code, "timed_out": output.timed_out,
           "isolation": output.isolation, "output": output.artifact})
     target = snapshot_round(Path(item.repo), item.id, state.get("target"))
+    change = judge_spec(state, target)
+    spec_events = []
+    if change is not None and change.changed:
+        spec_events.append(f"spec changed ({refusal_summary(change)}): "
+                           + ("refused" if change.refused else
+                              "held for a person" if change.held else "additions admitted"))
+    hold = change is not None and bool(change.held) and not change.refused
     return {"attempt": attempt, "target": target, "executor_output": output.artifact,
+            "spec_change": change, "status": "awaiting_approval" if hold else "running",
             "executor_exit": output.exit_code, "executor_timed_out": output.timed_out,
             "executor_isolation": output.isolation,
             "usage": [("executor", u) for u in output.usage], "nested": 0,
             "round_kind": "primary", "runs": Overwrite([]), "attestations": {},
             "events": [f"execute {item.id} attempt {attempt}: executor {ended} "
-                       f"(isolation {output.isolation})"]}
+                       f"(isolation {output.isolation})", *spec_events]}
+
+
+def after_execute(state: RunState) -> str:
+    """A held spec change waits for a person before anything is verified on it."""
+    change = state.get("spec_change")
+    held = change is not None and change.held and not change.refused and not change.approved
+    return "approve_spec" if held else "direct"
+
+
+def approve_spec(state: RunState) -> Command[Literal["direct", "__end__"]]:
+    """The approval interrupt for a held spec change, the diff attached.
+
+    Approved: the changed files become the pin from now on, and the round is verified with
+    them. Rejected: the run ends; nothing is ASSERTed.
+    """
+    change = state["spec_change"]
+    assert change is not None
+    diff = (ArtifactStore().read_bytes(change.diff, limit=DIFF_LIMIT).decode("utf-8", "replace")
+            if change.diff else "")
+    answer = interrupt({"work_item": state["work_item"].id, "spec_change":
+                        change.model_dump(mode="json"), "diff": diff})
+    if not (isinstance(answer, dict) and answer.get("approved")):
+        return Command(goto="__end__", update={
+            "status": "rejected", "reason": "a person rejected the spec change",
+            "events": [f"spec change rejected by a person: {refusal_summary(change)}"]})
+    item, held_pin = state["work_item"], state.get("spec")
+    assert held_pin  # a change is judged only against a pin
+    tree = ensure_snapshot(Path(item.repo), change.tree_hash)
+    pin, approved = approve_change(tree, held_pin, change, snapshot_root())
+    return Command(goto="direct", update={
+        "spec": pin, "spec_change": approved, "status": "running",
+        "events": [f"spec change approved by a person: {refusal_summary(change)}; "
+                   f"new pin {pin[:12]}"]})
 
 
 async def direct(state: RunState) -> dict[str, Any]:
@@ -179,6 +277,8 @@ async def direct(state: RunState) -> dict[str, Any]:
             usage.append(("director", advice.usage))
             chosen = plan(policy, mood, config.verifiers, required=required,
                           suggestion=advice.names, reason=advice.reason)
+    if kind != "nested":
+        chosen = with_additions(chosen, state.get("spec_change"))
     emit({"kind": "plan", "work_item": item.id, "mood": mood.value, "round_kind": kind,
           "verifiers": [f"{p.name}#{p.replica}" + ("" if p.lens == "default" else f" ({p.lens})")
                         for p in chosen.verifiers],
@@ -198,7 +298,8 @@ def fan_out(state: RunState) -> list[Send] | str:
     round_no = state.get("round", 0)
     sends = [Send("green", GreenIn(
         work_item=item, config=state["config"], policy=state["policy"], planned=pv,
-        target=state["target"], mood=state["mood"],
+        target=state["target"], mood=state["mood"], spec=state.get("spec"),
+        spec_change=state.get("spec_change"),
         run_id=thread_run_id(round_run_id(state["run_id"], round_no), pv.name, pv.replica)))
         for pv in state["plan"].verifiers]
     return sends or "attest"
@@ -211,8 +312,12 @@ async def attest(state: RunState) -> dict[str, Any]:
     runs = state.get("runs", [])
     rnd = _round(state, round_run_id(state["run_id"], state.get("round", 0)),
                  Path(state["work_item"].repo))
+    change = state.get("spec_change")
     fresh = attest_round(rnd, runs, minted=minted,
-                         executor_isolation=state.get("executor_isolation"))  # type: ignore[arg-type]
+                         executor_isolation=state.get("executor_isolation"),  # type: ignore[arg-type]
+                         spec_hash=state.get("spec"),
+                         spec_change=change if change is not None
+                         and change.tree_hash == state["target"].tree_hash else None)
     minted.update({run_id: att.id for run_id, att in fresh.items()})
     usage = [("reporter", run.report.usage) for run in runs
              if run.run_id in fresh and run.report.usage.model]
@@ -243,8 +348,9 @@ def build() -> Any:
     builder.add_node("attest", attest)
     builder.add_node("adjudicate", adjudicate_node)
     builder.add_node("approve", approve)
+    builder.add_node("approve_spec", approve_spec)
     builder.add_edge(START, "execute")
-    builder.add_edge("execute", "direct")
+    builder.add_conditional_edges("execute", after_execute, ["approve_spec", "direct"])
     builder.add_conditional_edges("direct", fan_out, ["green", "attest"])
     builder.add_edge("green", "attest")
     builder.add_edge("attest", "adjudicate")

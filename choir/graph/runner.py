@@ -22,6 +22,7 @@ from choir._core.paths import choir_home
 from choir.attest.keys import require_pinned_signer
 from choir.config import load_repo_config, load_work_item
 from choir.config.policy import load_packaged_policy, load_policy, with_run_checks
+from choir.evidence.spec import pin_spec, remove_views
 from choir.evidence.tree import remove_snapshot, snapshot_root
 from choir.exceptions import UserError
 from choir.graph.checkpoints import open_checkpointer
@@ -46,6 +47,7 @@ class RunOutcome:
     events: list[str] = field(default_factory=list)
     usage: dict[str, dict[str, Any]] = field(default_factory=dict)
     waiting: bool = False
+    question: dict[str, Any] = field(default_factory=dict)  # what the approval gate asks
 
     def exit_code(self) -> int:
         return {"asserted": 0, "awaiting_approval": 3}.get(self.status, 1)
@@ -119,6 +121,7 @@ async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> Run
     if values.get("target") is not None:  # the round's sealed snapshot is no longer needed
 
         remove_snapshot(snapshot_root() / values["target"].tree_hash)
+        remove_views(snapshot_root(), values["target"].tree_hash)
     item = values.get("work_item")
     return RunOutcome(run_id=run_id, status=values.get("status", "unknown"),
                       reason=values.get("reason", ""), attempt=values.get("attempt", 0),
@@ -127,7 +130,17 @@ async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> Run
                       events=[*values.get("events", []),
                               *([f"insufficient evidence: {insufficient}"] if insufficient
                                 else [])],
-                      usage=spend_by_role(values.get("usage", [])), waiting=bool(snap.next))
+                      usage=spend_by_role(values.get("usage", [])), waiting=bool(snap.next),
+                      question=_question(snap))
+
+
+def _question(snap: Any) -> dict[str, Any]:
+    """The pending approval interrupt's payload (a held spec change carries its diff)."""
+    for task in getattr(snap, "tasks", ()):
+        for pending in getattr(task, "interrupts", ()):
+            if isinstance(pending.value, dict):
+                return dict(pending.value)
+    return {}
 
 
 async def run_work_item(path: Path, *, mood: Mood | None = None, run_id: str | None = None,
@@ -147,7 +160,10 @@ async def run_work_item(path: Path, *, mood: Mood | None = None, run_id: str | N
     start_mood = mood or item.mood
     open_sandbox(config, policy, start_mood).close()  # a refused sandbox before anything runs
     run_id = run_id or new_run_id(item.id)
+    # the checks that define success, as they are before the executor runs (the base tree)
+    spec = pin_spec(Path(item.repo), config.spec, snapshot_root())
     start = {"work_item": item, "config": config, "policy": policy, "run_id": run_id,
+             "spec": spec,
              "mood": start_mood.value, "attempt": 0, "round": 0, "history": [],
              "status": "running"}
     return await _drive(start, run_id, on_event)

@@ -17,6 +17,7 @@ from choir.config.policy import Policy
 from choir.models import (
     ParentFrame,
     PlannedVerifier,
+    SpecChange,
     Target,
     Usage,
     VerificationReport,
@@ -35,6 +36,10 @@ class RunState(TypedDict, total=False):
     # pinned when the run starts: an executor that rewrites choir.yaml changes nothing here
     config: RepoConfig
     policy: Policy
+    # the pinned spec: the hash of its manifest in the artifact store (choir.evidence.spec),
+    # pinned from the tree the run started on; replaced only by a person's approval
+    spec: str | None
+    spec_change: SpecChange | None  # the current tree's spec against the pin, judged
     floor: list[str]  # verifiers earlier primary rounds ran: a later plan never drops one
     run_id: str
     mood: str
@@ -72,6 +77,8 @@ class GreenIn(TypedDict):
     target: Target
     run_id: str
     mood: str
+    spec: str | None
+    spec_change: SpecChange | None
 
 
 class GreenOut(TypedDict):
@@ -86,7 +93,7 @@ def checkpoint_types() -> list[tuple[str, str]]:
     names = ["Mood", "BlastRadius", "WorkItem", "ExecutorSpec", "Target", "Result",
              "VerificationReport", "FailureSignature", "Citation", "Counts", "Usage",
              "PlannedVerifier", "VerifierPlan", "VerifierSpec", "VerifierKind", "StepSpec",
-             "Limits", "Lenses", "VerifierRun", "ParentFrame", "ExecutorOutput"]
+             "Limits", "Lenses", "VerifierRun", "ParentFrame", "ExecutorOutput", "SpecChange"]
     found = [(getattr(models, n).__module__, n) for n in names]
     found += [(config.__name__, n) for n in ("RepoConfig", "ModelsConfig", "SandboxConfig",
                                              "MoodOverride")]

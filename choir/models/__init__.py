@@ -1,7 +1,12 @@
 """Frozen pydantic models for everything Choir saves, hashes, signs or checkpoints."""
 
 from choir.models.atom import Atom, AtomKind, AtomStatus
-from choir.models.attestation import Attestation, AttestationBody, Environment
+from choir.models.attestation import (
+    Attestation,
+    AttestationBody,
+    Environment,
+    SpecChange,
+)
 from choir.models.manifest import AppliedLimits, CommandRecord, Platform, RunManifest
 from choir.models.report import (
     Citation,
@@ -51,6 +56,7 @@ __all__ = [
     "Platform",
     "Result",
     "RunManifest",
+    "SpecChange",
     "StepSpec",
     "Target",
     "Usage",

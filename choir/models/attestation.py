@@ -32,6 +32,37 @@ class Environment(Frozen):
     limits_applied: AppliedLimits | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
+class SpecChange(Frozen):
+    """How the tree a round verified differs from the spec pinned when the run started.
+
+    Paths are relative to the repo. ``added``: new spec files the work item's
+    ``may_change_spec`` allows, verified as extra evidence beside the pinned checks;
+    ``ignored``: new spec-matching files it does not allow, never seen by a verifier;
+    ``modified``/``deleted``: pinned files the executor changed (verifiers still run the
+    pinned versions); ``refused``: the changes that keep this tree from being ASSERTed;
+    ``held``: the changes a person approved (``approved``) or must approve first, with
+    ``diff`` the artifact hash of their unified diff. ``view_hash`` is the tree hash of what
+    the pinned checks run on: the executor's tree with the spec reset to the pin;
+    ``additions_view`` the same with the admitted additions beside them (when there are any).
+    """
+
+    tree_hash: str
+    view_hash: str = ""
+    additions_view: str = ""
+    added: tuple[str, ...] = ()
+    modified: tuple[str, ...] = ()
+    deleted: tuple[str, ...] = ()
+    ignored: tuple[str, ...] = ()
+    refused: tuple[str, ...] = ()
+    held: tuple[str, ...] = ()
+    diff: str | None = None
+    approved: bool = False
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.added or self.modified or self.deleted or self.ignored)
+
+
 class AttestationBody(Frozen):
     """Everything an attestation vouches for. Hashes are hex blake3."""
 
@@ -57,13 +88,19 @@ class AttestationBody(Frozen):
     executor_isolation: Literal["namespace", "none", "tools"] | None = None
     """How the executor that made this tree ran (``choir run``); absent for ``choir verify``.
     ``none`` means its code could have read the signing key: judge the evidence by that."""
+    spec_hash: str | None = None
+    """The manifest of the spec pinned when the ``choir run`` started (the artifact hash of
+    its canonical JSON: every pinned path and its blake3); absent for ``choir verify``."""
+    spec_change: SpecChange | None = None
+    """How the verified tree's spec differs from the pin, and what the verifiers read."""
 
     @model_serializer(mode="wrap")
     def _omit_absent_executor(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
         """Absent stays absent, so bodies minted before the field existed keep their ids."""
         data: dict[str, object] = handler(self)
-        if data.get("executor_isolation") is None:
-            data.pop("executor_isolation", None)
+        for key in ("executor_isolation", "spec_hash", "spec_change"):
+            if data.get(key) is None:
+                data.pop(key, None)
         return data
 
 

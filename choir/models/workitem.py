@@ -76,6 +76,10 @@ class WorkItem(Frozen):
     decision_type: str | None = None
     """A ``decisions:`` entry of ``choir.yaml``: above its blast-radius threshold, its
     verification methods are required before anything is ASSERTed."""
+    may_change_spec: tuple[str, ...] = ()
+    """Spec paths or globs (``choir.yaml`` ``spec:``) this work item's goal needs to add or
+    change: new files there are verified as extra evidence beside the pinned checks; a
+    change to a pinned file is refused, or held for a person (the mood's ``spec_change``)."""
     action: dict[str, Any] = Field(default_factory=dict)
     """What the action did (ids, values written), handed to postconditions as
     ``context["action"]``: named SQL parameters and expected values come from here."""

@@ -28,6 +28,7 @@ from choir.models import (
     AttestationBody,
     Environment,
     RunManifest,
+    SpecChange,
     Target,
     VerifierRun,
     VerifierSpec,
@@ -156,6 +157,8 @@ def attest_run(
     policy_hash: str | None,
     mood: str | None,
     executor_isolation: Literal["namespace", "none", "tools"] | None = None,
+    spec_hash: str | None = None,
+    spec_change: SpecChange | None = None,
 ) -> Attestation:
     """Mint and store the attestation for one verifier run (idempotent: content-addressed).
 
@@ -192,6 +195,8 @@ def attest_run(
         mood=mood,
         lens=run.lens,
         executor_isolation=executor_isolation,
+        spec_hash=spec_hash,
+        spec_change=spec_change,
         started_at=manifest.timestamp_start,
         ended_at=manifest.timestamp_end,
     )

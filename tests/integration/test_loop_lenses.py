@@ -75,21 +75,29 @@ def test_flaky_evidence_gets_other_lenses_never_promotes_and_goes_back_to_the_ex
 ) -> None:
     counter = tmp_path / "counter"
     write(tmp_path / "repo/calc.py", "def add(a, b):\n    return a + b\n")
-    write(tmp_path / "repo/test_calc.py", f"""\
+    # the nondeterminism is in the code under test (order.py), which the executor may fix;
+    # the test itself is pinned spec, read-only to the executor
+    write(tmp_path / "repo/order.py", f"""\
         import fcntl
-        from calc import add
 
-        def test_add():
-            assert add(2, 3) == 5
-
-        def test_order():
+        def ordered():
             # nondeterministic across runs: every other run fails
             with open({str(counter)!r}, "a+") as fh:
                 fcntl.flock(fh, fcntl.LOCK_EX)
                 fh.write("x")
                 fh.flush()
                 fh.seek(0)
-                assert len(fh.read()) % 2 == 0
+                return len(fh.read()) % 2 == 0
+        """)
+    write(tmp_path / "repo/test_calc.py", """\
+        from calc import add
+        from order import ordered
+
+        def test_add():
+            assert add(2, 3) == 5
+
+        def test_order():
+            assert ordered()
         """)
     # two replicas per round, so disagreement shows; the local sandbox lets the test keep
     # its counter outside the repo (isolation "none" is recorded in every attestation)
@@ -100,9 +108,9 @@ def test_flaky_evidence_gets_other_lenses_never_promotes_and_goes_back_to_the_ex
         """)
     write(tmp_path / "fix.py", """\
         import os, pathlib
-        if os.environ["CHOIR_ATTEMPT"] == "2":  # make the test deterministic
-            test = pathlib.Path("test_calc.py")
-            test.write_text(test.read_text().replace("% 2 == 0", ">= 0"))
+        if os.environ["CHOIR_ATTEMPT"] == "2":  # make the code deterministic
+            code = pathlib.Path("order.py")
+            code.write_text(code.read_text().replace("% 2 == 0", ">= 0"))
         """)
     item = work_item(tmp_path, f"{PY} {tmp_path / 'fix.py'}")
     proc = choir("run", str(item), "--json")

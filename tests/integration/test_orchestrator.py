@@ -342,9 +342,14 @@ def test_an_executor_that_rewrites_the_allowlist_changes_nothing_in_the_run(
             "    steps: [{name: pytest, command: 'true'}]\\n"
             "sandbox: {backend: local}\\n")
         """))
+    # sandboxed, the write fails (choir.yaml is pinned spec, read-only to the executor) and
+    # the fix runs after it; unsandboxed it lands, and a tree whose spec changed is refused
     item.write_text(item.read_text().replace(fix_cmd(tmp_path),
-                                             f"{PY} {cheat} && {fix_cmd(tmp_path)}"))
+                                             f"{PY} {cheat}; {fix_cmd(tmp_path)}"))
     proc = choir("run", str(item), "--json")
+    if not shutil.which("bwrap"):
+        assert proc.returncode == 1 and "spec change refused" in proc.stdout, proc.stderr
+        return
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["attempt"] == 2  # the rewritten `true` did not pass attempt 1

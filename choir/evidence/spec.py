@@ -1,0 +1,398 @@
+"""The spec: the files that define success, pinned when a run starts, and what verifiers read.
+
+An executor that can edit the tests can make any tree pass: weaken the failing assertion,
+delete the test, plant a ``conftest.py`` that marks every report passed, deselect it in
+``pytest.ini``, plant a ``sitecustomize.py``, rewrite a postcondition verifier. So the files
+the checks are made of (``choir.yaml`` ``spec:``, globs) are pinned from the tree a
+``choir run`` starts on, each stored content-addressed in the artifact store and listed in a
+manifest whose hash the run checkpoints (``pin_spec``). Verifiers then never read the
+executor's spec: each round's sealed snapshot is copied into a *view* (``ensure_view``) in
+which every pinned file is the pinned version (restored if deleted) and every new
+spec-matching file is gone. New files the work item's ``may_change_spec`` admits are extra
+evidence, never a replacement for a pinned check: the pinned checks run in a view without
+them too (a new test module could patch the code under test at import), and the admitted
+additions in a second view beside them; both must pass (``ADDITIONS_REPLICA``). A new file
+that changes how every check runs (a ``conftest.py``, ``sitecustomize.py``, ``.pth``, test
+configuration) is never an addition. This is what SWE-bench's harness does when it resets the
+test files before grading.
+
+``compare`` says how the executor's tree differs from the pin (``SpecChange``); the loop
+refuses to ASSERT a tree whose spec changed outside ``may_change_spec``, and a change inside
+it is refused or held for a person by the mood's ``spec_change`` policy.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import secrets
+import stat
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from choir._core.canonical import blake3_hex, canonical_json
+from choir._core.globs import glob_regex
+from choir.config.policy import SpecPolicy
+from choir.evidence.artifacts import ArtifactStore
+from choir.evidence.tree import inspect_tree, remove_snapshot, snapshot
+from choir.exceptions import IntegrityError
+from choir.models import SpecChange
+
+# new files that change how every check runs: never admitted as an addition
+INFLUENCE = ("conftest.py", "sitecustomize.py", "usercustomize.py", "*.pth", "*.dist-info/",
+             "*.egg-info/", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg",
+             "pyproject.toml", "choir.yaml")
+# Module names a new file must not take where imports start (the repo's root and ``src/``,
+# which ``python -m`` and ``PYTHONPATH=.``/``src`` put before site-packages and most of the
+# standard library): a ``pytest.py`` there is what ``python -m pytest`` runs, an ``xml/``
+# package is what pytest's junit writer imports. Only new names count: a folder the base
+# tree already has (a project's own ``code/``) is the project's, not a plant.
+SHADOWED = frozenset(sys.stdlib_module_names) | {
+    "pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "xdist", "hypothesis",
+    "coverage", "pytest_cov", "nose", "nose2", "tox", "mypy", "ruff", "pylint", "flake8"}
+_IMPORT_ROOTS = ("src/", "")  # the more specific first
+DIFF_LIMIT = 64 << 10  # bytes of unified diff kept for a person to read
+# a planned run with this replica number or above reads the view with the admitted additions
+# (its twin below it reads the pinned checks alone): both vote on the same verifier, so an
+# addition that makes the pinned checks pass where they fail alone shows as disagreement
+ADDITIONS_REPLICA = 1000
+_SCHEMA = "choir.spec/v1"
+
+
+def _regex(glob: str) -> str:
+    body = glob.strip().strip("/")
+    anchored = glob.strip().startswith("/") or "/" in body
+    pattern = glob_regex(body) + ("/.*" if glob.strip().endswith("/") else "")
+    return pattern if anchored else f"(?:.*/)?{pattern}"
+
+
+def matcher(globs: Iterable[str]) -> Callable[[str], bool]:
+    """A test for repo-relative posix paths against ``globs`` (.gitignore-like: a name
+    without ``/`` matches at any depth, ``NAME/`` every file under such a folder, a ``/``
+    anchors at the repo root)."""
+    parts = [_regex(g) for g in globs if g.strip().strip("/")]
+    if not parts:
+        return lambda _path: False
+    compiled = re.compile("^(?:" + "|".join(parts) + ")$")
+    return lambda path: compiled.match(path) is not None
+
+
+def _import_name(rel: str) -> str | None:
+    """``src/x/...`` or ``x.py`` -> the import root and module it would be found as."""
+    for root in _IMPORT_ROOTS:
+        if root and not rel.startswith(root):
+            continue
+        top, sep, _rest = rel[len(root):].partition("/")
+        name = top if sep else top.removesuffix(".py") if top.endswith(".py") else None
+        if name:
+            return root + name
+    return None
+
+
+def import_roots(tree: Path) -> tuple[str, ...]:
+    """The module names the tree's import roots already hold (``calc``, ``src/pkg``)."""
+    names = set()
+    for root in _IMPORT_ROOTS:
+        folder = tree / root if root else tree
+        if folder.is_dir():
+            for entry in folder.iterdir():
+                name = entry.name if entry.is_dir() else entry.name.removesuffix(".py")
+                if entry.is_dir() or entry.name.endswith(".py"):
+                    names.add(root + name)
+    return tuple(sorted(names))
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The pinned spec: its globs and ``{path: (kind, blake3)}`` (kind ``f``, ``x`` or ``l``);
+    ``roots``: the module names the base tree's import roots held (see ``SHADOWED``)."""
+
+    globs: tuple[str, ...]
+    files: dict[str, tuple[str, str]]
+    roots: tuple[str, ...] = ()
+
+    def encode(self) -> bytes:
+        return canonical_json({"schema": _SCHEMA, "globs": list(self.globs),
+                               "files": {p: list(v) for p, v in sorted(self.files.items())},
+                               "roots": list(self.roots)})
+
+    @cached_property
+    def is_spec(self) -> Callable[[str], bool]:
+        return matcher(self.globs)
+
+    @cached_property
+    def _roots(self) -> frozenset[str]:
+        return frozenset(self.roots)
+
+    def shadows(self, rel: str) -> bool:
+        """True for a new file that would be imported instead of a library or the runner."""
+        name = _import_name(rel)
+        return name is not None and name not in self._roots \
+            and name.rpartition("/")[2] in SHADOWED
+
+    def governs(self, rel: str) -> bool:
+        """True for a path the executor's version of never reaches a verifier unadmitted."""
+        return self.is_spec(rel) or self.shadows(rel)
+
+
+def load_manifest(store: ArtifactStore, digest: str) -> Manifest:
+    """The manifest stored under ``digest``, its bytes checked against the digest.
+
+    Raises:
+        IntegrityError: missing, altered, or not a spec manifest.
+    """
+    import json
+
+    data = store.read_bytes(digest)
+    if blake3_hex(data) != digest:
+        raise IntegrityError(f"spec manifest {digest[:12]} does not hash to its name")
+    raw = json.loads(data)
+    if not isinstance(raw, dict) or raw.get("schema") != _SCHEMA:
+        raise IntegrityError(f"artifact {digest[:12]} is not a spec manifest")
+    return Manifest(globs=tuple(raw["globs"]),
+                    files={p: (v[0], v[1]) for p, v in raw["files"].items()},
+                    roots=tuple(raw.get("roots", ())))
+
+
+def _walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """Every file and symlink under ``root`` (relative posix path, lstat), in path order."""
+    for dirpath, dirs, names in os.walk(root):
+        dirs.sort()
+        for name in sorted(names):
+            path = Path(dirpath) / name
+            st = path.lstat()
+            if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                yield path.relative_to(root).as_posix(), st
+
+
+def _read(path: Path, st: os.stat_result) -> tuple[str, bytes]:
+    """(kind, bytes) of a file in a sealed snapshot: a symlink's target, never followed."""
+    if stat.S_ISLNK(st.st_mode):
+        return "l", os.readlink(path).encode("utf-8", "surrogateescape")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        return ("x" if st.st_mode & 0o111 else "f"), fh.read()
+
+
+def _pinned_bytes(store: ArtifactStore, digest: str) -> bytes:
+    data = store.read_bytes(digest)
+    if blake3_hex(data) != digest:
+        raise IntegrityError(f"pinned spec file {digest[:12]} does not hash to its name")
+    return data
+
+
+def pin_from_snapshot(tree: Path, globs: Sequence[str], store: ArtifactStore) -> str:
+    """Store every spec file of the sealed snapshot ``tree`` and its manifest; returns the
+    manifest's hash."""
+    is_spec = matcher(globs)
+    files: dict[str, tuple[str, str]] = {}
+    for rel, st in _walk(tree):
+        if is_spec(rel):
+            kind, data = _read(tree / rel, st)
+            files[rel] = (kind, store.ingest_bytes(data))
+    return store.ingest_bytes(Manifest(tuple(globs), files, import_roots(tree)).encode())
+
+
+def pin_spec(repo: Path, globs: Sequence[str], root: Path,
+             store: ArtifactStore | None = None) -> str:
+    """Pin the spec of ``repo``'s tree as it is now (a run's base tree): the hashed files,
+    copied once into a sealed snapshot in a private folder under ``root`` (dropped after, so
+    a snapshot of the same tree another run is verifying is never touched), never the live
+    folder."""
+    private = root / f".pin-{os.getpid()}-{secrets.token_hex(6)}"
+    try:
+        snap = snapshot(repo, private)
+        assert snap.path is not None
+        return pin_from_snapshot(snap.path, globs, store or ArtifactStore())
+    finally:
+        remove_snapshot(private)
+
+
+def compare(tree: Path, tree_hash: str, manifest: Manifest, may_change: Sequence[str],
+            policy: SpecPolicy, store: ArtifactStore) -> SpecChange:
+    """How the sealed snapshot ``tree`` differs from the pin, judged.
+
+    Refused, in every mood: a change to a pinned file outside ``may_change`` and any new
+    spec-matching file that is not an admitted addition. A change to a pinned file inside
+    ``may_change``: refused, or held for a person (``policy``). ``diff`` is the unified diff
+    of every changed pinned file, stored for the person and the record.
+    """
+    allowed, influences = matcher(may_change), matcher(INFLUENCE)
+    seen = dict(_walk(tree))
+    added: list[str] = []
+    ignored: list[str] = []
+    modified: list[str] = []
+    for rel, st in seen.items():
+        if rel in manifest.files:
+            kind, data = _read(tree / rel, st)
+            if (kind, blake3_hex(data)) != manifest.files[rel]:
+                modified.append(rel)
+        elif manifest.is_spec(rel):
+            (added if allowed(rel) and not influences(rel) else ignored).append(rel)
+        elif manifest.shadows(rel):
+            ignored.append(rel)
+    deleted = [p for p in manifest.files if p not in seen]
+    declared = [p for p in (*modified, *deleted) if allowed(p)]
+    refused = [*ignored, *(p for p in (*modified, *deleted) if p not in declared)]
+    held: list[str] = []
+    (held if policy == "approve" else refused).extend(declared)
+    diff = _diff(tree, manifest, sorted([*modified, *deleted]), store) \
+        if modified or deleted else None
+    return SpecChange(tree_hash=tree_hash, added=tuple(added), modified=tuple(modified),
+                      deleted=tuple(sorted(deleted)), ignored=tuple(ignored),
+                      refused=tuple(sorted(refused)), held=tuple(sorted(held)), diff=diff)
+
+
+def _diff(tree: Path, manifest: Manifest, paths: list[str], store: ArtifactStore) -> str:
+    """Store the unified diff (pinned -> executor's) of ``paths``; returns its hash."""
+    out: list[str] = []
+    for rel in paths:
+        before = _pinned_bytes(store, manifest.files[rel][1]).decode("utf-8", "replace")
+        path = tree / rel
+        after = _read(path, path.lstat())[1].decode("utf-8", "replace") \
+            if os.path.lexists(path) else ""
+        out.extend(difflib.unified_diff(before.splitlines(True), after.splitlines(True),
+                                        f"a/{rel} (pinned)", f"b/{rel}"))
+    text = "".join(out).encode()
+    if len(text) > DIFF_LIMIT:
+        text = text[:DIFF_LIMIT] + f"\n[choir] diff cut at {DIFF_LIMIT} bytes\n".encode()
+    return store.ingest_bytes(text)
+
+
+def repin(manifest: Manifest, tree: Path, paths: Sequence[str], store: ArtifactStore) -> str:
+    """A new manifest with ``paths`` (changes a person approved) taken from ``tree``."""
+    files = dict(manifest.files)
+    for rel in paths:
+        path = tree / rel
+        if os.path.lexists(path):
+            kind, data = _read(path, path.lstat())
+            files[rel] = (kind, store.ingest_bytes(data))
+        else:
+            files.pop(rel, None)
+    return store.ingest_bytes(Manifest(manifest.globs, files, manifest.roots).encode())
+
+
+def _write(path: Path, kind: str, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "l":
+        os.symlink(data.decode("utf-8", "surrogateescape"), path)
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.chmod(path, 0o555 if kind == "x" else 0o444)
+
+
+def view_key(tree_hash: str, manifest_hash: str, added: Sequence[str] = ()) -> str:
+    """A view's folder name: its tree, its pin and the additions it admits."""
+    return f"{tree_hash}.spec-" + blake3_hex(
+        canonical_json([manifest_hash, list(added)]))[:24]
+
+
+def build_view(tree: Path, tree_hash: str, manifest_hash: str, added: Sequence[str],
+               root: Path, store: ArtifactStore) -> tuple[Path, str]:
+    """What the verifiers read: the sealed snapshot ``tree`` with the spec reset to the pin
+    and only the ``added`` files kept of the rest; sealed read-only under ``root``.
+    Returns (path, tree hash of the view).
+
+    The copy is made privately and renamed into place (a folder that exists is complete);
+    one already there is kept only if it hashes as the fresh copy does.
+    """
+    manifest = load_manifest(store, manifest_hash)
+    final = root / view_key(tree_hash, manifest_hash, added)
+    tmp = root / f".tmp-view-{os.getpid()}-{secrets.token_hex(6)}"
+    tmp.mkdir(mode=0o700, parents=True)
+    try:
+        admitted = set(added)
+        for rel, st in _walk(tree):
+            if manifest.governs(rel) and rel not in admitted:
+                continue  # pinned (written below) or not admitted: never seen
+            _write(tmp / rel, *_read(tree / rel, st))
+        for rel, (kind, digest) in manifest.files.items():
+            _write(tmp / rel, kind, _pinned_bytes(store, digest))
+        for dirpath, _dirs, _names in os.walk(tmp, topdown=False):
+            os.chmod(dirpath, 0o555)
+        fresh = inspect_tree(tmp).tree_hash
+        if final.is_dir() and inspect_tree(final).tree_hash == fresh:
+            remove_snapshot(tmp)
+            return final, fresh
+        remove_snapshot(final)
+        os.rename(tmp, final)
+    except BaseException:
+        remove_snapshot(tmp)
+        raise
+    return final, fresh
+
+
+def ensure_view(tree: Path, manifest_hash: str, change: SpecChange, root: Path,
+                store: ArtifactStore, *, additions: bool = False) -> Path:
+    """The view ``change`` names: with the pinned checks alone (``view_hash``), or with the
+    admitted additions beside them (``additions_view``). The existing folder when it still
+    hashes to that, else a fresh one built from ``tree``.
+
+    Raises:
+        IntegrityError: the fresh view hashes differently (the snapshot or the pin moved).
+    """
+    added = change.added if additions else ()
+    expected = change.additions_view if additions else change.view_hash
+    existing = root / view_key(change.tree_hash, manifest_hash, added)
+    if existing.is_dir() and inspect_tree(existing).tree_hash == expected:
+        return existing
+    path, fresh = build_view(tree, change.tree_hash, manifest_hash, added, root, store)
+    if fresh != expected:
+        raise IntegrityError(f"the spec view of {change.tree_hash[:12]} hashes to "
+                             f"{fresh[:12]}, not {expected[:12]}; nothing verified")
+    return path
+
+
+def _views(tree: Path, manifest_hash: str, change: SpecChange, root: Path,
+           store: ArtifactStore) -> SpecChange:
+    """``change`` with its views built: the pinned checks alone, and (with additions) the
+    pinned checks beside the admitted additions."""
+    _path, alone = build_view(tree, change.tree_hash, manifest_hash, (), root, store)
+    extended = ""
+    if change.added:
+        _path, extended = build_view(tree, change.tree_hash, manifest_hash, change.added,
+                                     root, store)
+    return change.model_copy(update={"view_hash": alone, "additions_view": extended})
+
+
+def refusal_summary(change: SpecChange, limit: int = 400) -> str:
+    """One bounded line for a report, a reason or an event."""
+    parts = [f"{name} {', '.join(paths)}" for name, paths in
+             (("modified", change.modified), ("deleted", change.deleted),
+              ("added outside may_change_spec", change.ignored),
+              ("admitted", change.added)) if paths]
+    text = "; ".join(parts) or "no change"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+
+def judge_round(tree: Path, tree_hash: str, manifest_hash: str, may_change: Sequence[str],
+                policy: SpecPolicy, root: Path, store: ArtifactStore | None = None) -> SpecChange:
+    """Compare the sealed snapshot ``tree`` with the pin and build the view its verifiers
+    will read; the change records the view's hash."""
+    store = store or ArtifactStore()
+    change = compare(tree, tree_hash, load_manifest(store, manifest_hash), may_change, policy,
+                     store)
+    return _views(tree, manifest_hash, change, root, store)
+
+
+def approve_change(tree: Path, manifest_hash: str, change: SpecChange, root: Path,
+                   store: ArtifactStore | None = None) -> tuple[str, SpecChange]:
+    """A person approved ``change.held``: the new pin (those files as the executor left
+    them) and the change as recorded from now on (approved, its view rebuilt on the new pin).
+    """
+    store = store or ArtifactStore()
+    pin = repin(load_manifest(store, manifest_hash), tree, change.held, store)
+    return pin, _views(tree, pin, change.model_copy(update={"approved": True}), root, store)
+
+
+def remove_views(root: Path, tree_hash: str) -> None:
+    """Drop every spec view of ``tree_hash`` under ``root``."""
+    for path in root.glob(f"{tree_hash}.spec-*"):
+        remove_snapshot(path)

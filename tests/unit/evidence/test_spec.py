@@ -1,0 +1,152 @@
+"""The pinned spec: which paths it holds, what a view shows verifiers, what the executor may
+write. Real files, real artifact store, real snapshots; the loop's attacks are in
+``tests/integration/test_spec_attacks.py``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from choir.config import DEFAULT_SPEC
+from choir.evidence.artifacts import ArtifactStore
+from choir.evidence.spec import (
+    judge_round,
+    load_manifest,
+    matcher,
+    pin_spec,
+    view_key,
+)
+from choir.evidence.tree import remove_snapshot, snapshot
+from choir.exceptions import IntegrityError
+from choir.executors.spec_binds import executor_read_only
+
+
+@pytest.mark.parametrize(("path", "spec"), [
+    ("tests/test_calc.py", True), ("src/pkg/tests/data.json", True), ("test_x.py", True),
+    ("pkg/x_test.py", True), ("deep/down/conftest.py", True), ("pyproject.toml", True),
+    ("lib/evil.pth", True), ("sitecustomize.py", True), ("verifiers/audit.py", True),
+    ("choir.yaml", True), ("a/__snapshots__/s.ambr", True), ("calc.py", False),
+    ("forcing-0.dist-info/entry_points.txt", True), ("src/x.egg-info/PKG-INFO", True),
+    ("testsuite/x.py", False), ("src/contest.py", False), ("docs/tests.md", False),
+])
+def test_the_default_spec_covers_what_test_runners_read(path: str, spec: bool) -> None:
+    assert matcher(DEFAULT_SPEC)(path) is spec
+
+
+def test_globs_read_like_gitignore() -> None:
+    m = matcher(["/only_root.py", "a/*/c.py", "x/**/y.py", "dir/"])
+    assert m("only_root.py") and not m("sub/only_root.py")
+    assert m("a/b/c.py") and not m("a/b/b/c.py") and not m("z/a/b/c.py")
+    assert m("x/y.py") and m("x/1/2/y.py")
+    assert m("dir/f") and m("p/dir/q/f") and not m("dir")
+
+
+def _repo(root: Path) -> Path:
+    repo = root / "repo"
+    (repo / "tests").mkdir(parents=True)
+    (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (repo / "tests" / "test_calc.py").write_text("assert add(2, 3) == 5\n")
+    (repo / "pytest.ini").write_text("[pytest]\n")
+    (repo / "choir.yaml").write_text("verifiers: {}\n")
+    return repo
+
+
+def _judge(repo: Path, pin: str, root: Path, may: tuple[str, ...] = (),
+           policy: str = "refuse"):  # type: ignore[no-untyped-def]
+    snap = snapshot(repo, root)
+    assert snap.path is not None
+    change = judge_round(snap.path, snap.tree_hash, pin, may, policy, root)  # type: ignore[arg-type]
+    return change, root / view_key(snap.tree_hash, pin, change.added)
+
+
+def test_a_view_resets_the_spec_and_drops_planted_files(tmp_path: Path) -> None:
+    repo, root = _repo(tmp_path), tmp_path / "snaps"
+    pin = pin_spec(repo, DEFAULT_SPEC, root)
+    (repo / "tests" / "test_calc.py").write_text("assert True\n")
+    os.remove(repo / "pytest.ini")
+    for planted in ("conftest.py", "sitecustomize.py", "lib/site.pth", "tests/conftest.py"):
+        (repo / planted).parent.mkdir(exist_ok=True)
+        (repo / planted).write_text("import os; os._exit(0)\n")
+    (repo / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    change, view = _judge(repo, pin, root)
+    assert change.modified == ("tests/test_calc.py",) and change.deleted == ("pytest.ini",)
+    assert set(change.ignored) == {"conftest.py", "sitecustomize.py", "lib/site.pth",
+                                   "tests/conftest.py"}
+    assert set(change.refused) == {*change.ignored, "tests/test_calc.py", "pytest.ini"}
+    assert (view / "tests" / "test_calc.py").read_text() == "assert add(2, 3) == 5\n"
+    assert (view / "pytest.ini").read_text() == "[pytest]\n"
+    assert not (view / "conftest.py").exists() and not (view / "lib" / "site.pth").exists()
+    assert "a + b" in (view / "calc.py").read_text()  # the code under test is the executor's
+    assert change.diff is not None
+    diff = ArtifactStore().read_bytes(change.diff).decode()
+    assert "-assert add(2, 3) == 5" in diff and "+assert True" in diff
+    assert (view / "calc.py").stat().st_mode & 0o777 == 0o444  # sealed, as snapshots are
+    assert (view / "tests").stat().st_mode & 0o777 == 0o555
+    remove_snapshot(view)
+
+
+def test_declared_additions_are_kept_and_declared_changes_held(tmp_path: Path) -> None:
+    repo, root = _repo(tmp_path), tmp_path / "snaps"
+    pin = pin_spec(repo, DEFAULT_SPEC, root)
+    (repo / "tests" / "test_new.py").write_text("assert 1\n")
+    (repo / "tests" / "conftest.py").write_text("x = 1\n")
+    (repo / "tests" / "test_calc.py").write_text("assert add(2, 3) == 5 and True\n")
+    change, view = _judge(repo, pin, root, may=("tests/",), policy="approve")
+    assert change.added == ("tests/test_new.py",)  # a conftest.py is never an addition
+    assert change.ignored == ("tests/conftest.py",) == change.refused
+    assert change.held == ("tests/test_calc.py",)
+    assert (view / "tests" / "test_new.py").exists()
+    assert not (view / "tests" / "conftest.py").exists()
+
+
+def test_a_tampered_pin_fails_closed(tmp_path: Path) -> None:
+    repo, root = _repo(tmp_path), tmp_path / "snaps"
+    pin = pin_spec(repo, DEFAULT_SPEC, root)
+    manifest = load_manifest(ArtifactStore(), pin)
+    digest = manifest.files["tests/test_calc.py"][1]
+    obj = ArtifactStore().path_of(digest)
+    os.chmod(obj, 0o644)
+    obj.write_text("assert True\n")
+    with pytest.raises(IntegrityError):
+        _judge(repo, pin, root)
+
+
+def test_the_executor_gets_pinned_folders_and_files_read_only(tmp_path: Path) -> None:
+    repo, root = _repo(tmp_path), tmp_path / "snaps"
+    manifest = load_manifest(ArtifactStore(), pin_spec(repo, DEFAULT_SPEC, root))
+    whole = executor_read_only(repo, manifest, ())
+    assert sorted(p.relative_to(repo.resolve()).as_posix() for p in whole) == [
+        "choir.yaml", "pytest.ini", "tests"]
+    # a declared addition under tests/ keeps the folder writable: its pinned files stay bound
+    split = executor_read_only(repo, manifest, ("tests/test_new.py",))
+    assert sorted(p.relative_to(repo.resolve()).as_posix() for p in split) == [
+        "choir.yaml", "pytest.ini", "tests/test_calc.py"]
+    declared = executor_read_only(repo, manifest, ("tests/test_calc.py", "pytest.ini"))
+    assert sorted(p.relative_to(repo.resolve()).as_posix() for p in declared) == ["choir.yaml"]
+
+
+def test_pinning_never_touches_a_snapshot_another_run_verifies(tmp_path: Path) -> None:
+    repo, root = _repo(tmp_path), tmp_path / "snaps"
+    other = snapshot(repo, root)  # another run's round, on the same tree
+    pin_spec(repo, DEFAULT_SPEC, root)
+    assert other.path is not None and (other.path / "calc.py").exists()
+    assert sorted(p.name for p in root.iterdir()) == [other.tree_hash]  # nothing left over
+
+
+def test_a_new_module_that_shadows_the_runner_or_the_stdlib_is_never_seen(
+        tmp_path: Path) -> None:
+    repo, root = _repo(tmp_path), tmp_path / "snaps"
+    (repo / "code").mkdir()  # the project's own folder, named like a stdlib module
+    (repo / "code" / "a.py").write_text("A = 1\n")
+    pin = pin_spec(repo, DEFAULT_SPEC, root)
+    for planted in ("pytest.py", "xml/etree/ElementTree.py", "src/pytest/__init__.py",
+                    "json.py", "code/b.py", "helpers.py"):
+        (repo / planted).parent.mkdir(parents=True, exist_ok=True)
+        (repo / planted).write_text("raise SystemExit(0)\n")
+    change, view = _judge(repo, pin, root)
+    assert set(change.ignored) == {"pytest.py", "xml/etree/ElementTree.py",
+                                   "src/pytest/__init__.py", "json.py"}
+    assert (view / "code" / "b.py").exists() and (view / "helpers.py").exists()
+    assert not (view / "pytest.py").exists() and not (view / "xml").exists()
