@@ -167,7 +167,8 @@ def walk(root: str | Path, *, skip: Collection[str] = (),
     during the walk fails to open and is not entered.
 
     Raises:
-        TooDeep: a folder is nested deeper than ``max_depth`` (the root's children are at 1).
+        TooDeep: a folder lies deeper than ``max_depth`` (the root's children are at depth 1,
+            so ``max_depth`` folders may nest inside the root).
     """
     top = open_dir(root)
     try:
@@ -188,7 +189,7 @@ def _walk(dfd: int, prefix: str, depth: int, skip: Collection[str],
         yield Entry(rel, dfd, name, st)
         if not stat.S_ISDIR(st.st_mode) or name in skip:
             continue
-        if max_depth is not None and depth >= max_depth:
+        if max_depth is not None and depth > max_depth:
             raise TooDeep(errno.ENAMETOOLONG, f"deeper than {max_depth} folders", rel)
         try:
             sub = open_dir(name, dfd)

@@ -9,14 +9,19 @@ resolution would have followed it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.tree import inspect_tree, snapshot
+from choir.exceptions import IntegrityError
 
 SECRET = b"-----BEGIN PRIVATE KEY-----\nSECRET-hostile-paths\n-----END PRIVATE KEY-----\n"
 
@@ -127,3 +132,67 @@ def test_a_sandboxed_executor_cannot_steal_the_key_through_a_staged_symlinked_fo
     stored = every_byte(choir_home / "artifacts")
     assert key not in stored and key.hex().encode() not in stored, "the key reached a verifier"
     assert key.hex() not in proc.stdout + proc.stderr
+
+
+def plant_out(store: ArtifactStore, run_id: str, keys: Path) -> Path:
+    out = store.run_dir(run_id) / "out"
+    out.mkdir(parents=True)
+    (out / "junit.xml").write_text("<testsuite/>")
+    os.symlink(keys / "ed25519.key", out / "key-file")
+    os.symlink(keys, out / "key-folder")
+    return out
+
+
+def test_collecting_choir_out_never_follows_a_planted_symlink(tmp_path: Path) -> None:
+    keys = secret_home(tmp_path)
+    store = ArtifactStore(tmp_path / "store")
+    out = plant_out(store, "r1", keys)
+    assert (out / "key-folder" / "ed25519.key").read_bytes() == SECRET  # the control
+    files = store.seal_run("r1")
+    assert set(files) == {"out/junit.xml"}
+    assert not os.path.lexists(out / "key-file") and not os.path.lexists(out / "key-folder")
+    assert SECRET not in every_byte(store.root)
+    assert (keys / "ed25519.key").read_bytes() == SECRET
+
+
+def test_a_folder_swapped_for_a_symlink_while_out_is_collected_is_not_followed(
+        tmp_path: Path) -> None:
+    """The race a leftover process runs: ``out/d`` is a real folder when it is listed and a
+    symlink to the key folder when its files are read. (A race: on the old path-based walk it
+    leaked in about half of the 6-second tries; the descriptor walk cannot.)"""
+    keys = secret_home(tmp_path)
+    store = ArtifactStore(tmp_path / "store")
+    real = tmp_path / "real"
+    stop = time.monotonic() + 6
+    runs = 0
+
+    def swap(out: Path, done: threading.Event) -> None:
+        while not done.is_set():
+            with contextlib.suppress(OSError):
+                os.rename(real, out / "d")
+            with contextlib.suppress(OSError):
+                os.rename(out / "d", real)
+            with contextlib.suppress(OSError):
+                os.symlink(keys, out / "d")
+            with contextlib.suppress(OSError):
+                os.unlink(out / "d")
+
+    real.mkdir()
+    (real / "ed25519.key").write_text("harmless")
+    while time.monotonic() < stop:
+        runs += 1
+        out = store.run_dir(f"r{runs}") / "out"
+        out.mkdir(parents=True)
+        done = threading.Event()
+        swapper = threading.Thread(target=swap, args=(out, done))
+        swapper.start()
+        try:
+            for _ in range(200):
+                with contextlib.suppress(OSError, IntegrityError):
+                    store.seal_run(f"r{runs}")
+        finally:
+            done.set()
+            swapper.join()
+        if not real.exists():
+            os.rename(out / "d", real)
+        assert SECRET not in every_byte(store.root / "objects"), f"leaked on run {runs}"
