@@ -32,6 +32,13 @@ from types import ModuleType
 from choir.evidence import tree
 
 
+def _cpu() -> float:
+    """CPU seconds of this process and its reaped children (git): steadier than wall time
+    on a loaded machine."""
+    me, kids = os.times(), os.times()
+    return me.user + me.system + kids.children_user + kids.children_system
+
+
 def make_repo(root: Path, files: int) -> Path:
     repo = root / "repo"
     for n in range(files):
@@ -72,6 +79,7 @@ def load_old(rev: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location("old_tree", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules["old_tree"] = module
     spec.loader.exec_module(module)
     return module
 
@@ -101,14 +109,17 @@ def main() -> None:
             cases[f"{args.against} scan"] = lambda: old.inspect_tree(repo)
             cases[f"{args.against} snapshot (+ remove)"] = lambda: snap(old, repo, tmp / "old")
         times: dict[str, list[float]] = {name: [] for name in cases}
+        cpu: dict[str, list[float]] = {name: [] for name in cases}
         for _ in range(args.runs):
             for name, call in cases.items():
-                start = time.perf_counter()
+                start, used = time.perf_counter(), _cpu()
                 call()
                 times[name].append(time.perf_counter() - start)
+                cpu[name].append(_cpu() - used)
         for name, values in times.items():
-            print(f"{name:42s} median {statistics.median(values) * 1000:7.1f} ms  "
-                  f"min {min(values) * 1000:7.1f}  max {max(values) * 1000:7.1f}")
+            print(f"{name:42s} wall median {statistics.median(values) * 1000:7.1f} ms "
+                  f"(min {min(values) * 1000:7.1f})  cpu median "
+                  f"{statistics.median(cpu[name]) * 1000:7.1f} ms")
         for root, _dirs, _files in os.walk(tmp):
             os.chmod(root, 0o755)
     sys.stdout.flush()
