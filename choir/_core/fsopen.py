@@ -130,8 +130,9 @@ class DirCursor:
         self.close()
 
 
-def read_bytes(root: str | Path, rel: str, limit: int) -> bytes:
-    """At most ``limit`` bytes of the regular file ``rel`` under ``root``, no link followed.
+def read_bytes(root: str | Path, rel: str, limit: int | None) -> bytes:
+    """The regular file ``rel`` under ``root`` (its first ``limit`` bytes when given), no
+    link followed.
 
     Raises:
         OSError: a component is missing, a symlink, or the file is not a regular file.
@@ -140,7 +141,7 @@ def read_bytes(root: str | Path, rel: str, limit: int) -> bytes:
     with DirCursor(root) as cursor:
         fd, _st = open_regular(parts[-1], cursor.dir(parts[:-1]))
     with os.fdopen(fd, "rb") as fh:
-        return fh.read(limit)
+        return fh.read() if limit is None else fh.read(limit)
 
 
 @dataclass(frozen=True)
