@@ -44,7 +44,9 @@ from choir.exceptions import IntegrityError, UserError
 _SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".venv"}
 _CHUNK = 1 << 20
 _MAX_DEPTH = 256
-_GONE = {errno.ENOENT, errno.ENOTDIR, errno.ELOOP}
+# deleted, reachable only through a link, not a regular file any more, or a name no work
+# tree can hold (a crafted index listing ``../x``): not a file of this tree
+_GONE = {errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EINVAL}
 
 
 def resolve_commit(repo: Path, rev: str) -> str | None:
@@ -164,7 +166,7 @@ def _scan(repo: Path, dest: Path | None, manifest: list[bytes] | None = None,
                 else:
                     continue
             except OSError as exc:
-                if exc.errno in _GONE:  # deleted, or reachable only through a link
+                if exc.errno in _GONE:
                     continue
                 raise
             inner, inner256 = blake3.blake3(max_threads=1), hashlib.sha256()
