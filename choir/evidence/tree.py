@@ -60,6 +60,21 @@ def commit_sha(repo: Path) -> str | None:
     return resolve_commit(repo, "HEAD")
 
 
+def _is_file(entry: fsopen.Entry) -> bool:
+    """Whether a walked entry is one of the tree's files. A symlink to a folder is not (a
+    ``.venv`` link to a virtualenv elsewhere): it is neither entered nor hashed, as a
+    walk that never follows links has always treated it. Its target's type is looked up
+    only to classify it; nothing is read through it."""
+    if stat.S_ISDIR(entry.st.st_mode):
+        return False
+    if stat.S_ISLNK(entry.st.st_mode):
+        try:
+            return not stat.S_ISDIR(os.stat(entry.name, dir_fd=entry.dir_fd).st_mode)
+        except OSError:  # dangling: a file of the tree, hashed by its target text
+            return True
+    return True
+
+
 def _files(repo: Path, git: GitRepo | None, *, everything: bool = False) -> list[str]:
     """The paths to hash, sorted: git's listing, or (outside git) every file found."""
     listed = git.run("ls-files", "-z", "--cached", "--others", "--exclude-standard") \
@@ -69,7 +84,7 @@ def _files(repo: Path, git: GitRepo | None, *, everything: bool = False) -> list
     skip = frozenset() if everything else _SKIP_DIRS
     try:
         return sorted(e.rel for e in fsopen.walk(repo, skip=skip, max_depth=_MAX_DEPTH)
-                      if not stat.S_ISDIR(e.st.st_mode))
+                      if _is_file(e))
     except fsopen.TooDeep as exc:
         raise UserError(f"{repo}/{exc.filename} is nested deeper than {_MAX_DEPTH} folders: "
                         "fix: flatten it, or ignore it in git") from None
