@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from choir._core import fsopen
 from choir._core.ids import new_run_id
 from choir._core.terminal import plain_lines, shorten
 from choir.app.claim import check_claim_name, record_claim
@@ -40,6 +41,7 @@ from choir.verification.session import (
 from choir.verification.session_logs import run_order, write_session_logs
 
 TAIL_LINES = 200
+_SOURCE_MAX = 4 << 20  # a test module read to find a def's line
 
 
 @dataclass
@@ -101,7 +103,8 @@ def pytest_node(repo: Path, test_id: str, location: str | None) -> tuple[str, st
     node = "::".join([rel.as_posix(), *rest, name])
     base = re.escape(name.split("[", 1)[0])
     try:
-        lines = (repo / rel).read_text(encoding="utf-8", errors="replace").splitlines()
+        text = fsopen.read_bytes(repo, rel.as_posix(), _SOURCE_MAX)  # never through a link
+        lines = text.decode("utf-8", "replace").splitlines()
     except OSError:
         return node, rel.as_posix()
     pattern = re.compile(_DEF.format(name=base))

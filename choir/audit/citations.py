@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from choir.models import Attestation, VerificationReport, Violation
+from choir.models import Attestation, RunManifest, VerificationReport, Violation
 
 if TYPE_CHECKING:
     from choir.evidence.artifacts import ArtifactStore
@@ -22,6 +22,22 @@ MAX_REPORT = 4 << 20
 
 def _v(kind: str, obj: str, expected: str, found: str) -> Violation:
     return Violation(kind=kind, object=obj[:200], expected=expected[:200], found=found[:200])
+
+
+def _manifest_files(att: Attestation, store: ArtifactStore) -> set[str]:
+    """Digests of every file the run's manifest lists, when the manifest is intact.
+
+    An attestation names a bounded selection of its run's files; the manifest it signs
+    (by hash) lists them all, so a citation may point at any of those.
+    """
+    digest = att.body.manifest_hash
+    if not store.verify(digest):
+        return set()
+    try:
+        manifest = RunManifest.model_validate_json(store.read_bytes(digest, limit=MAX_REPORT))
+    except (ValidationError, ValueError, OSError):
+        return set()
+    return set(manifest.files.values())
 
 
 def check_citations(att: Attestation, store: ArtifactStore) -> list[Violation]:
@@ -36,7 +52,7 @@ def check_citations(att: Attestation, store: ArtifactStore) -> list[Violation]:
             store.read_bytes(att.body.report_hash, limit=MAX_REPORT))
     except (ValidationError, ValueError, OSError) as err:
         return [_v("citation_unreadable", where, "a readable VerificationReport", str(err))]
-    vouched = set(att.body.artifacts.values())
+    vouched = set(att.body.artifacts.values()) | _manifest_files(att, store)
     found: list[Violation] = []
     for n, sig in enumerate(report.failure_signatures):
         cite = sig.citation

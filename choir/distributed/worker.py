@@ -109,8 +109,9 @@ def run_on_worker(spec_json: str, target_json: str, run_id: str, snapshot: bytes
         store = ArtifactStore(scratch)
         result = run_verifier(spec, repo=repo, sandbox=sandbox, store=store, run_id=run_id,
                               target=target, env=env)
-        base = store.run_dir(run_id)
-        files = {rel: (base / rel).read_bytes() for rel in result.manifest.files}
+        # the stored objects, not the run folder: a process the step left behind may have
+        # swapped links in there since it was sealed
+        files = {rel: store.read_bytes(digest) for rel, digest in result.manifest.files.items()}
         return seal_for_coordinator(run_id, result.manifest, files, certificate)
     finally:
         sandbox.close()

@@ -11,8 +11,9 @@ then renamed into place, so a crash never leaves a partial object visible and me
 constant at any size. Identical content is stored once.
 
 Every byte here may come from a hostile verifier: digests are validated before they touch a
-path, run ids cannot traverse, lines are read in bounded chunks, and links, FIFOs and devices
-planted in a run folder are never followed.
+path, run ids cannot traverse, lines are read in bounded chunks, and a run folder is walked
+by descriptor (``choir.evidence.collect``): links, FIFOs and devices planted in it are never
+followed, and the files of ``$CHOIR_OUT`` are bounded in number, depth and name bytes.
 """
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ from typing import BinaryIO
 
 import blake3
 
+from choir._core import fsopen
 from choir._core.canonical import canonical_json, is_hash
 from choir._core.paths import artifact_dir
+from choir.evidence.collect import MANIFEST as MANIFEST
+from choir.evidence.collect import OutBounds, Sealed, discard, seal
 from choir.exceptions import IntegrityError, UserError
 from choir.models import RunManifest
 
 CHUNK = 1 << 20
-MANIFEST = "manifest.json"
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
@@ -257,12 +260,29 @@ class ArtifactStore:
             os.chmod(path, 0o444)
         return digest
 
-    def _ingest_by_link(self, path: Path) -> str | None:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
+    def ingest_at(self, dir_fd: int, name: str) -> str:
+        """Store the regular file ``name`` of folder ``dir_fd`` as ``ingest_file`` does, reached
+        without following a link (``choir._core.fsopen``): for files a hostile step wrote.
+
+        Raises:
+            OSError: ``name`` is a symlink (``ELOOP``), not a regular file (``EINVAL``) or gone.
+        """
+        digest = self._ingest_by_link(name, dir_fd)
+        if digest is not None:
+            return digest
+        fd, _st = fsopen.open_regular(name, dir_fd)
+        with os.fdopen(fd, "rb") as fh:
+            digest = self.ingest_stream(fh)
+            with contextlib.suppress(OSError):
+                os.fchmod(fd, 0o444)
+        return digest
+
+    def _ingest_by_link(self, path: Path | str, dir_fd: int | None = None) -> str | None:
+        if not stat.S_ISREG(os.lstat(path, dir_fd=dir_fd).st_mode):
             return None  # symlinks and special files are copied (or refused) by the caller
         tmp = self._tmp_path("l")
         try:
-            os.link(path, tmp, follow_symlinks=False)
+            os.link(path, tmp, src_dir_fd=dir_fd, follow_symlinks=False)
         except OSError:
             return None
         try:
@@ -429,28 +449,22 @@ class ArtifactStore:
         """Hash every file of a run folder but ``manifest.json`` and make each read-only.
 
         Returns relative posix path -> digest, for ``RunManifest.files``; each file is also
-        stored as an object. Symlinks, FIFOs, sockets and devices that a verifier planted are
-        removed, never followed: evidence is regular files only.
+        stored as an object. Nothing is followed: the folder is walked by descriptor, and
+        symlinks, FIFOs, sockets and devices that a verifier planted are removed (evidence
+        is regular files only). ``out/`` is held to the widest ``OutBounds``; see
+        ``collect_run`` for a step's own limits and the bound it exceeded.
         """
-        base = self.run_dir(run_id)
-        files: dict[str, str] = {}
-        for dirpath, dirnames, filenames in os.walk(base):
-            here = Path(dirpath)
-            for name in list(dirnames):
-                if (here / name).is_symlink():
-                    (here / name).unlink()
-                    dirnames.remove(name)
-            dirnames.sort()
-            for name in sorted(filenames):
-                path = here / name
-                rel = path.relative_to(base).as_posix()
-                if rel == MANIFEST or (here == base and name.startswith(f".{MANIFEST}.")):
-                    continue
-                if not stat.S_ISREG(os.lstat(path).st_mode):
-                    path.unlink()
-                    continue
-                files[rel] = self.ingest_file(path)
-        return dict(sorted(files.items()))
+        return self.collect_run(run_id, OutBounds()).files
+
+    def collect_run(self, run_id: str, bounds: OutBounds) -> Sealed:
+        """``seal_run`` within ``bounds``: over them, ``out/`` is set aside unread and the
+        result names the bound (``choir.evidence.collect``)."""
+        return seal(self.run_dir(run_id), bounds, self.root / "aborted", self.ingest_at)
+
+    def discard(self, path: Path) -> None:
+        """Remove a folder of a run (temporaries, caches), never following a link; one
+        nested too deep to remove is moved under ``aborted/`` instead."""
+        discard(path, self.root / "aborted")
 
     def sealed(self, run_id: str) -> tuple[RunManifest, str] | None:
         """The manifest of a run that finished and its hash, or None if it never sealed.

@@ -12,76 +12,82 @@ by ``.git/info/exclude``, a stale ``__pycache__``) are absent from it, and a pro
 behind by the executor cannot change it afterwards. A copy, not a
 hard link: a hard link would let a leftover process write through to the snapshot.
 
-``commit_sha`` is recorded only when the snapshot equals HEAD's tree file by file (git blob
-ids of the copied bytes against ``git ls-tree``), so a commit is never named for a tree that
-had uncommitted changes.
+Every file is opened through ``choir._core.fsopen``, one component at a time and never
+through a link: git lists paths from its index, and a staged ``lnk/key`` whose folder was
+swapped for a symlink to the signing key's folder must not be copied into the snapshot.
+
+``commit_sha`` is recorded only when the tree HEAD's commit object records (its bytes
+re-hashed, replace refs and grafts off: ``choir.evidence.git``) equals the git tree id
+computed here from the copied bytes, so a commit is never named for a tree that had
+uncommitted changes, nor for a tree that git was made to show in its place.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 import secrets
 import shutil
 import stat
-import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import blake3
 
+from choir._core import fsopen
 from choir._core.paths import artifact_dir
+from choir.evidence.git import GitRepo, locate, tree_id
 from choir.exceptions import IntegrityError, UserError
 
 _SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".venv"}
 _CHUNK = 1 << 20
-
-
-def _git(repo: Path, *args: str) -> str | None:
-    try:
-        out = subprocess.run(
-            # an executor can write the repo's .git/config, and git runs core.fsmonitor
-            # from it, here, outside any sandbox: never let it (tests/integration/
-            # test_executor_sandbox.py::test_an_executor_cannot_plant_git_config...)
-            ["git", "-c", "core.fsmonitor=false", "-C", str(repo), *args],
-            capture_output=True,
-            check=True,
-            timeout=60,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.decode("utf-8", "surrogateescape")
+_MAX_DEPTH = 256
+# deleted, reachable only through a link, not a regular file any more, or a name no work
+# tree can hold (a crafted index listing ``../x``): not a file of this tree
+_GONE = {errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EINVAL}
 
 
 def resolve_commit(repo: Path, rev: str) -> str | None:
     """The full sha of commit ``rev`` in ``repo``, or None."""
-    out = _git(repo, "rev-parse", "--verify", "-q", f"{rev}^{{commit}}")
-    return out.strip() or None if out else None
+    git = locate(repo)
+    return git.rev(rev) if git is not None else None
 
 
 def commit_sha(repo: Path) -> str | None:
     """HEAD's sha, or None outside git or before the first commit."""
-    out = _git(repo, "rev-parse", "--verify", "-q", "HEAD")
-    return out.strip() or None if out else None
+    return resolve_commit(repo, "HEAD")
 
 
-def _is_git(repo: Path) -> bool:
-    return (repo / ".git").exists()
+def _is_file(entry: fsopen.Entry) -> bool:
+    """Whether a walked entry is one of the tree's files. A symlink to a folder is not (a
+    ``.venv`` link to a virtualenv elsewhere): it is neither entered nor hashed, as a
+    walk that never follows links has always treated it. Its target's type is looked up
+    only to classify it; nothing is read through it."""
+    if stat.S_ISDIR(entry.st.st_mode):
+        return False
+    if stat.S_ISLNK(entry.st.st_mode):
+        try:
+            return not stat.S_ISDIR(os.stat(entry.name, dir_fd=entry.dir_fd).st_mode)
+        except OSError:  # dangling: a file of the tree, hashed by its target text
+            return True
+    return True
 
 
-def _files(repo: Path, *, everything: bool = False) -> Iterator[str]:
-    listed = None if everything else _git(repo, "ls-files", "-z", "--cached", "--others",
-                                           "--exclude-standard")
-    if listed is not None and _is_git(repo):
-        yield from sorted({p for p in listed.split("\0") if p})
-        return
-    found: list[str] = []
-    for root, dirs, names in os.walk(repo):
-        dirs[:] = sorted(d for d in dirs if everything or d not in _SKIP_DIRS)
-        for name in names:
-            found.append(os.path.relpath(os.path.join(root, name), repo))
-    yield from sorted(found)
+def _files(repo: Path, git: GitRepo | None, *, everything: bool = False) -> list[str]:
+    """The paths to hash, sorted: git's listing, or (outside git) every file found."""
+    listed = git.run("ls-files", "-z", "--cached", "--others", "--exclude-standard") \
+        if git is not None and not everything else None
+    if listed is not None:
+        return sorted({p for p in listed.decode("utf-8", "surrogateescape").split("\0") if p})
+    skip = frozenset() if everything else _SKIP_DIRS
+    try:
+        return sorted(e.rel for e in fsopen.walk(repo, skip=skip, max_depth=_MAX_DEPTH)
+                      if _is_file(e))
+    except fsopen.TooDeep as exc:
+        raise UserError(f"{repo}/{exc.filename} is nested deeper than {_MAX_DEPTH} folders: "
+                        "fix: flatten it, or ignore it in git") from None
 
 
 @dataclass(frozen=True)
@@ -101,25 +107,6 @@ class Snapshot:
     size: int
 
 
-def _head_blobs(repo: Path) -> tuple[str, dict[str, tuple[str, str]]] | None:
-    """HEAD's sha and {path: (kind, blob id)} of its tree, or None (no git, no commit)."""
-    head = commit_sha(repo)
-    if not head:
-        return None
-    listed = _git(repo, "ls-tree", "-r", "-z", "--full-tree", head)
-    if listed is None:
-        return None
-    blobs: dict[str, tuple[str, str]] = {}
-    for entry in listed.split("\0"):
-        if not entry:
-            continue
-        meta, _, path = entry.partition("\t")
-        mode, _kind, oid = meta.split(" ")
-        kind = {"100755": "x", "100644": "f", "120000": "l"}.get(mode, "?")
-        blobs[path] = (kind, oid)
-    return head, blobs
-
-
 def _blob_hasher(oid_len: int, size: int) -> hashlib._Hash:
     hasher = hashlib.sha256() if oid_len == 64 else hashlib.sha1()  # noqa: S324 - git's id
     hasher.update(f"blob {size}\0".encode())
@@ -134,85 +121,110 @@ def _inside(root: Path, link: Path, target: str) -> bool:
     return resolved == str(root) or resolved.startswith(str(root) + os.sep)
 
 
-def _copy_file(src: Path, dst: Path | None, hashers: list[object], mode: int) -> int:
-    """Stream ``src`` into every hasher (and ``dst``, created read-only); returns the size."""
+def _copy_file(src: int, out: int, hashers: list[object]) -> int:
+    """Stream descriptor ``src`` into every hasher (and ``out`` unless -1); returns the size."""
     size = 0
-    out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode) if dst is not None else -1
-    try:
-        if out >= 0:
-            os.fchmod(out, mode)  # whatever the umask: a sandbox user must be able to read it
-        with open(src, "rb") as fh:
-            for chunk in iter(lambda: fh.read(_CHUNK), b""):
-                size += len(chunk)
-                for h in hashers:
-                    h.update(chunk)  # type: ignore[attr-defined]
-                if out >= 0:
-                    view = memoryview(chunk)
-                    while view:
-                        view = view[os.write(out, view):]
-    finally:
-        if out >= 0:
-            os.close(out)
+    with os.fdopen(src, "rb") as fh:
+        for chunk in iter(lambda: fh.read(_CHUNK), b""):
+            size += len(chunk)
+            for h in hashers:
+                h.update(chunk)  # type: ignore[attr-defined]
+            if out >= 0:
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(out, view):]
     return size
+
+
+def _clean_commit(git: GitRepo | None, head: str | None,
+                  seen: dict[str, tuple[str, str]]) -> str | None:
+    """``head`` when the tree its (re-hashed) commit object records is exactly the tree of
+    ``seen``'s blob ids; otherwise None. Nothing git lists or caches is trusted here."""
+    if git is None or head is None:
+        return None
+    try:
+        with git.objects() as objects:
+            recorded = objects.commit_tree(head)
+    except (IntegrityError, OSError, ValueError):
+        return None
+    return head if tree_id(seen, len(head)) == recorded else None
 
 
 def _scan(repo: Path, dest: Path | None, manifest: list[bytes] | None = None,
           *, commit: bool = True, everything: bool = False) -> Snapshot:
-    """One pass over the tree: hash every listed file and, with ``dest``, copy it there."""
+    """One pass over the tree: hash every listed file and, with ``dest``, copy it there.
+
+    Every file is reached through ``choir._core.fsopen`` (no link followed on the way); a
+    listed path that can only be reached through a symlinked folder is skipped, as git
+    itself treats it (deleted from the work tree).
+    """
     repo = repo.resolve()
-    head = _head_blobs(repo) if commit and _is_git(repo) else None
-    oid_len = len(head[0]) if head else 40
+    git = None if everything else locate(repo)
+    head = git.rev("HEAD") if commit and git is not None else None
+    oid_len = len(head) if head else 40
     seen: dict[str, tuple[str, str]] = {}
     outer, outer256 = blake3.blake3(), hashlib.sha256()
     files = total = 0
-    made: set[Path] = set()
-    for rel in _files(repo, everything=everything):
-        path = repo / rel
-        try:
-            st = path.lstat()
-        except FileNotFoundError:  # listed by git but deleted in the working tree
-            continue
-        inner, inner256 = blake3.blake3(max_threads=1), hashlib.sha256()
-        target_path = dest / rel if dest is not None else None
-        if target_path is not None and target_path.parent not in made:
-            target_path.parent.mkdir(parents=True, exist_ok=True)
-            made.add(target_path.parent)
-        if stat.S_ISLNK(st.st_mode):
-            link = os.readlink(path)
-            data = link.encode("utf-8", "surrogateescape")
-            if target_path is not None:
-                if not _inside(repo, path, link):
-                    raise UserError(
-                        f"{path} is a symlink to {link}, outside the repo: a verifier could "
-                        "follow it out of the tree it verifies; fix: make it relative and "
-                        "inside the repo, or remove it")
-                os.symlink(link, target_path)
-            blob = _blob_hasher(oid_len, len(data))
-            for h in (inner, inner256, blob):
-                h.update(data)
-            kind, size = "l", len(data)
-        elif stat.S_ISREG(st.st_mode):
-            blob = _blob_hasher(oid_len, st.st_size)
-            kind = "x" if st.st_mode & 0o111 else "f"
-            size = _copy_file(path, target_path, [inner, inner256, blob],
-                              0o555 if kind == "x" else 0o444)
-            if size != st.st_size:  # changed under us: the blob id header is wrong
-                blob = _blob_hasher(oid_len, -1)
-        else:
-            continue
-        record = f"{kind} {rel}\0".encode("utf-8", "surrogateescape")
-        outer.update(record)
-        outer.update(inner.digest())
-        line = f"{kind} {inner256.hexdigest()} {rel}\0".encode("utf-8", "surrogateescape")
-        outer256.update(line)
-        if manifest is not None:
-            manifest.append(line)
-        seen[rel] = (kind, blob.hexdigest())
-        files += 1
-        total += size
-    clean = head is not None and seen == head[1]
+    with contextlib.ExitStack() as stack:
+        src = stack.enter_context(fsopen.DirCursor(repo))
+        dst = stack.enter_context(fsopen.DirCursor(dest, create=True)) if dest else None
+        for rel in _files(repo, git, everything=everything):
+            try:
+                parts = fsopen.split(rel)
+                folder = src.dir(parts[:-1])
+                st = os.stat(parts[-1], dir_fd=folder, follow_symlinks=False)
+                if stat.S_ISLNK(st.st_mode):
+                    link = os.readlink(parts[-1], dir_fd=folder)
+                    fd = -1
+                elif stat.S_ISREG(st.st_mode):
+                    fd, st = fsopen.open_regular(parts[-1], folder)
+                else:
+                    continue
+            except OSError as exc:
+                if exc.errno in _GONE:
+                    continue
+                raise
+            inner, inner256 = blake3.blake3(max_threads=1), hashlib.sha256()
+            out_dir = dst.dir(parts[:-1]) if dst is not None else -1
+            if fd < 0:
+                data = link.encode("utf-8", "surrogateescape")
+                if dst is not None:
+                    if not _inside(repo, repo / rel, link):
+                        raise UserError(
+                            f"{repo / rel} is a symlink to {link}, outside the repo: a verifier "
+                            "could follow it out of the tree it verifies; fix: make it "
+                            "relative and inside the repo, or remove it")
+                    os.symlink(link, parts[-1], dir_fd=out_dir)
+                blob = _blob_hasher(oid_len, len(data))
+                for h in (inner, inner256, blob):
+                    h.update(data)
+                kind, size = "l", len(data)
+            else:
+                blob = _blob_hasher(oid_len, st.st_size)
+                kind = "x" if st.st_mode & 0o111 else "f"
+                mode = 0o555 if kind == "x" else 0o444
+                out = fsopen.create_file(parts[-1], out_dir, mode) if dst is not None else -1
+                try:
+                    if out >= 0:
+                        os.fchmod(out, mode)  # whatever the umask: a sandbox user must read it
+                    size = _copy_file(fd, out, [inner, inner256, blob])
+                finally:
+                    if out >= 0:
+                        os.close(out)
+                if size != st.st_size:  # changed under us: the blob id header is wrong
+                    blob = _blob_hasher(oid_len, -1)
+            record = f"{kind} {rel}\0".encode("utf-8", "surrogateescape")
+            outer.update(record)
+            outer.update(inner.digest())
+            line = f"{kind} {inner256.hexdigest()} {rel}\0".encode("utf-8", "surrogateescape")
+            outer256.update(line)
+            if manifest is not None:
+                manifest.append(line)
+            seen[rel] = (kind, blob.hexdigest())
+            files += 1
+            total += size
     return Snapshot(tree_hash=outer.hexdigest(), sha256=outer256.hexdigest(),
-                    commit_sha=head[0] if head and clean else None, path=dest,
+                    commit_sha=_clean_commit(git, head, seen), path=dest,
                     files=files, size=total)
 
 
@@ -334,34 +346,23 @@ def commit_tree_hash(repo: Path, rev: str) -> str | None:
     """The tree hash ``rev``'s committed tree would have, computed from git's objects.
 
     The same (kind, path, blake3) list ``tree_hash`` makes of a clean checkout, so ``gate
-    --commit`` can check that an ASSERT's tree really is that commit's. None when ``rev`` is
-    not a commit in ``repo``.
+    --commit`` can check that an ASSERT's tree really is that commit's. Every object is
+    re-hashed as it is read, and replace refs and grafts are off, so a commit cannot be made
+    to read as another. None when ``rev`` is not a commit in ``repo``, or one of its objects
+    is missing or planted.
     """
-    sha = _git(repo, "rev-parse", "--verify", "-q", f"{rev}^{{commit}}")
-    listed = _git(repo, "ls-tree", "-r", "-z", "--full-tree", sha.strip()) if sha else None
-    if listed is None:
+    git = locate(repo)
+    sha = git.rev(rev) if git is not None else None
+    if git is None or sha is None:
         return None
-    entries: list[tuple[str, str, str]] = []
-    for entry in listed.split("\0"):
-        if not entry:
-            continue
-        meta, _, path = entry.partition("\t")
-        mode, _kind, oid = meta.split(" ")
-        kind = {"100755": "x", "100644": "f", "120000": "l"}.get(mode)
-        if kind is not None:  # submodules are not files in the tree either
-            entries.append((path, kind, oid))
-    entries.sort()
     outer = blake3.blake3()
-    with subprocess.Popen(["git", "-C", str(repo), "cat-file", "--batch"],
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE) as proc:
-        assert proc.stdin is not None and proc.stdout is not None
-        for path, kind, oid in entries:
-            proc.stdin.write(f"{oid}\n".encode())
-            proc.stdin.flush()
-            size = int(proc.stdout.readline().split()[2])
-            data = proc.stdout.read(size)
-            proc.stdout.read(1)
-            outer.update(f"{kind} {path}\0".encode("utf-8", "surrogateescape"))
-            outer.update(blake3.blake3(data).digest())
-        proc.stdin.close()
+    try:
+        with git.objects() as objects:
+            for path, kind, oid in sorted(objects.files(objects.commit_tree(sha))):
+                inner = blake3.blake3(max_threads=1)
+                objects.stream(oid, "blob", inner.update)
+                outer.update(f"{kind} {path}\0".encode("utf-8", "surrogateescape"))
+                outer.update(inner.digest())
+    except (IntegrityError, OSError, ValueError):
+        return None
     return outer.hexdigest()

@@ -6,14 +6,21 @@ canonical bytes. Verification recomputes both and every hash the body references
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import Field, SerializerFunctionWrapHandler, StringConstraints, model_serializer
 
 from choir.models._base import Frozen
 from choir.models.manifest import AppliedLimits
 from choir.models.report import Result, Target
+
+# An attestation names at most this many artifacts, each by a name of at most
+# ARTIFACT_NAME_MAX characters, so its size is bounded whatever a step wrote; the run
+# manifest (``manifest_hash``) lists every file and is itself hashed and checked.
+ARTIFACTS_MAX = 64
+ARTIFACT_NAME_MAX = 512
 
 
 class Environment(Frozen):
@@ -63,6 +70,19 @@ class SpecChange(Frozen):
         return bool(self.added or self.modified or self.deleted or self.ignored)
 
 
+def attested_artifacts(files: Mapping[str, str], first: Iterable[str] = ()) -> dict[str, str]:
+    """The artifacts an attestation names: ``first`` (those its report lists), then the
+    logs, then the rest in path order, at most ``ARTIFACTS_MAX`` with names that fit."""
+    order = [*first, *sorted(r for r in files if r.startswith("logs/")), *sorted(files)]
+    chosen: dict[str, str] = {}
+    for rel in order:
+        if len(chosen) == ARTIFACTS_MAX:
+            break
+        if rel in files and rel not in chosen and len(rel) <= ARTIFACT_NAME_MAX:
+            chosen[rel] = files[rel]
+    return dict(sorted(chosen.items()))
+
+
 class AttestationBody(Frozen):
     """Everything an attestation vouches for. Hashes are hex blake3."""
 
@@ -78,7 +98,8 @@ class AttestationBody(Frozen):
     result: Result
     report_hash: str
     manifest_hash: str
-    artifacts: dict[str, str] = Field(default_factory=dict)
+    artifacts: dict[Annotated[str, StringConstraints(max_length=ARTIFACT_NAME_MAX)], str] = Field(
+        default_factory=dict, max_length=ARTIFACTS_MAX)
     environment: Environment
     policy_hash: str | None = None
     mood: str | None = None

@@ -45,6 +45,10 @@ class Limits(Frozen):
     # $CHOIR_OUT per run (temp, caches and home live there too); a step that writes more is
     # stopped and FAILs with this cap as the reason
     out_mb: int = Field(default=4096, gt=0)
+    # files and folder depth in $CHOIR_OUT: each file is listed in the signed manifest, so
+    # these bound its size (the ceilings keep it readable); over them the step FAILs
+    out_files: int = Field(default=10_000, gt=0, le=20_000)
+    out_depth: int = Field(default=32, gt=0, le=128)
 
 
 class Lenses(Frozen):

@@ -33,6 +33,7 @@ from choir.models import (
     VerifierRun,
     VerifierSpec,
 )
+from choir.models.attestation import attested_artifacts
 from choir.report import abuild_report
 from choir.sandbox import resolve_sandbox
 from choir.verification.pipeline import run_verifier
@@ -179,7 +180,7 @@ def attest_run(
         result=run.report.result,
         report_hash=run.report_hash,
         manifest_hash=run.manifest_hash,
-        artifacts=dict(manifest.files),
+        artifacts=attested_artifacts(manifest.files, run.report.artifacts),
         environment=Environment(
             sandbox=platform.sandbox,
             isolation=platform.isolation,

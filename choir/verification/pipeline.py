@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import os
 import platform
-import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import BinaryIO, Literal
 
 from choir.evidence.artifacts import ArtifactStore
+from choir.evidence.collect import OutBounds
 from choir.exceptions import IntegrityError
 from choir.models import (
     AppliedLimits,
@@ -165,10 +165,16 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
     if single and only.exists():
         (logs / "combined.log").unlink()
         os.link(only, logs / "combined.log")
-    shutil.rmtree(out / "tmp", ignore_errors=True)  # temporaries are not evidence
-    shutil.rmtree(out / "cache", ignore_errors=True)
-    shutil.rmtree(out / "home", ignore_errors=True)
-    files = store.seal_run(run_id)
+    for scratch in ("tmp", "cache", "home"):  # temporaries are not evidence
+        store.discard(out / scratch)
+    limits = spec.limits
+    sealed = store.collect_run(run_id, OutBounds(files=limits.out_files, depth=limits.out_depth))
+    files = sealed.files
+    if sealed.exceeded and records and infra_error is None:
+        status = "FAIL"  # the last step wrote past a bound of $CHOIR_OUT: it stopped there
+        if not records[-1].limit_exceeded:
+            records[-1] = records[-1].model_copy(update={"limit_exceeded": sealed.exceeded})
+        tail.feed(f"\n[choir] {sealed.exceeded}: $CHOIR_OUT was set aside, not kept\n".encode())
     described = sandbox.describe()
     manifest = RunManifest(
         run_id=run_id, verifier=spec.name, status=status,

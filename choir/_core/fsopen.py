@@ -1,0 +1,202 @@
+"""Hostile paths are opened, never resolved.
+
+Every tree Choir reads on the host (the repo after an executor ran, a snapshot, a step's
+``$CHOIR_OUT``) was arranged by code Choir does not trust, and Choir reads it with the
+signing key in reach. A path such as ``lnk/ed25519.key`` is safe to read only if no
+component of it is a symlink: checking the last component (``lstat``) is not enough, since
+the kernel follows every intermediate one, and checking first and opening afterwards loses a
+race with a process that swaps a folder for a link in between.
+
+So a path is never handed to the kernel whole. It is walked one component at a time from a
+directory descriptor with ``O_NOFOLLOW`` (``O_DIRECTORY`` for folders): a link anywhere on
+the way fails the open (``ELOOP``/``ENOTDIR``) instead of being followed, whenever it was
+planted. Regular files are checked after opening (``fstat``), so a FIFO cannot block and a
+device cannot be read. This module is the one place that does it; everything that reads
+such a tree goes through it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_dir(path: str | Path, dir_fd: int | None = None) -> int:
+    """A descriptor of the folder ``path`` (one component when ``dir_fd`` is given).
+
+    Raises:
+        OSError: it is missing, not a folder, or a symlink.
+    """
+    return os.open(path, DIR, dir_fd=dir_fd)
+
+
+def open_regular(name: str, dir_fd: int) -> tuple[int, os.stat_result]:
+    """A blocking read descriptor of the regular file ``name`` in ``dir_fd``, and its stat.
+
+    Raises:
+        OSError: it is missing, a symlink (``ELOOP``), or not a regular file (``EINVAL``).
+    """
+    fd = os.open(name, FILE, dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", name)
+        os.set_blocking(fd, True)
+        return fd, st
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def create_file(name: str, dir_fd: int, mode: int) -> int:
+    """A write descriptor of a new file ``name`` in ``dir_fd`` (never an existing one)."""
+    return os.open(name, _NEW, mode, dir_fd=dir_fd)
+
+
+def split(rel: str) -> list[str]:
+    """The components of a relative posix path; refuses ``..``, absolute and empty paths.
+
+    Raises:
+        OSError: ``rel`` is not a clean relative path (``EINVAL``).
+    """
+    parts = rel.split("/")
+    if not rel or rel.startswith("/") or "\0" in rel or any(p in ("", ".", "..") for p in parts):
+        raise OSError(errno.EINVAL, "not a clean relative path", rel)
+    return parts
+
+
+class DirCursor:
+    """Descriptors of the folders along one relative path, reused for the next path.
+
+    A sorted listing visits the files of one folder together, so walking each path from
+    the root again would reopen the same folders thousands of times; the cursor keeps the
+    chain of the last path open and reopens only from where the next path differs. With
+    ``create`` missing folders are made (for writing a copy into a private folder).
+    """
+
+    def __init__(self, root: str | Path, *, create: bool = False) -> None:
+        self._root = open_dir(root)
+        self._chain: list[tuple[str, int]] = []
+        self._create = create
+
+    def dir(self, parts: Sequence[str]) -> int:
+        """The descriptor of folder ``parts`` (from the root), valid until the next call.
+
+        Raises:
+            OSError: a component is missing (without ``create``), a symlink or not a folder.
+        """
+        keep = 0
+        for (name, _fd), want in zip(self._chain, parts, strict=False):
+            if name != want:
+                break
+            keep += 1
+        for _name, fd in self._chain[keep:]:
+            os.close(fd)
+        del self._chain[keep:]
+        for name in parts[keep:]:
+            parent = self._chain[-1][1] if self._chain else self._root
+            try:
+                fd = open_dir(name, parent)
+            except FileNotFoundError:
+                if not self._create:
+                    raise
+                os.mkdir(name, 0o755, dir_fd=parent)
+                fd = open_dir(name, parent)
+            self._chain.append((name, fd))
+        return self._chain[-1][1] if self._chain else self._root
+
+    def close(self) -> None:
+        for _name, fd in self._chain:
+            os.close(fd)
+        self._chain.clear()
+        if self._root >= 0:
+            os.close(self._root)
+            self._root = -1
+
+    def __enter__(self) -> DirCursor:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def read_bytes(root: str | Path, rel: str, limit: int | None) -> bytes:
+    """The regular file ``rel`` under ``root`` (its first ``limit`` bytes when given), no
+    link followed.
+
+    Raises:
+        OSError: a component is missing, a symlink, or the file is not a regular file.
+    """
+    parts = split(rel)
+    with DirCursor(root) as cursor:
+        fd, _st = open_regular(parts[-1], cursor.dir(parts[:-1]))
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read() if limit is None else fh.read(limit)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One thing found by ``walk``: its path from the root, its folder's descriptor (valid
+    while the walk is at it), its name there, and its ``lstat``."""
+
+    rel: str
+    dir_fd: int
+    name: str
+    st: os.stat_result
+
+
+class TooDeep(OSError):
+    """A folder lies deeper than the walk's bound (raised by ``walk``)."""
+
+
+def walk(root: str | Path, *, skip: Collection[str] = (),
+         max_depth: int | None = None) -> Iterator[Entry]:
+    """Every entry under ``root`` in sorted order, folders before what they hold, without
+    following any link; ``skip`` names folders not entered at any depth.
+
+    Folders are descended through their descriptors, so a folder swapped for a symlink
+    during the walk fails to open and is not entered.
+
+    Raises:
+        TooDeep: a folder lies deeper than ``max_depth`` (the root's children are at depth 1,
+            so ``max_depth`` folders may nest inside the root).
+    """
+    top = open_dir(root)
+    try:
+        yield from _walk(top, "", 1, skip, max_depth)
+    finally:
+        os.close(top)
+
+
+def _walk(dfd: int, prefix: str, depth: int, skip: Collection[str],
+          max_depth: int | None) -> Iterator[Entry]:
+    names = sorted(os.listdir(dfd))
+    for name in names:
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        rel = prefix + name
+        yield Entry(rel, dfd, name, st)
+        if not stat.S_ISDIR(st.st_mode) or name in skip:
+            continue
+        if max_depth is not None and depth > max_depth:
+            raise TooDeep(errno.ENAMETOOLONG, f"deeper than {max_depth} folders", rel)
+        try:
+            sub = open_dir(name, dfd)
+        except OSError:  # swapped for a link or removed since it was listed
+            continue
+        try:
+            yield from _walk(sub, rel + "/", depth + 1, skip, max_depth)
+        finally:
+            os.close(sub)

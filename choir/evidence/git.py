@@ -1,0 +1,317 @@
+"""git is data, not code: every git call Choir makes goes through here.
+
+An executor can write anything under the repo, ``.git`` included, and Choir runs git on that
+repo outside any sandbox. So git is run only as a reader of bytes whose meaning Choir checks
+itself:
+
+* no configuration but the repo's own (``GIT_CONFIG_NOSYSTEM``, ``GIT_CONFIG_GLOBAL=/dev/null``,
+  a neutral ``HOME``, nothing inherited from the caller's ``GIT_*``), and every key of it that
+  names a program (``core.fsmonitor``, ``core.hooksPath``, a pager) overridden on the command
+  line; only plumbing commands that run no filter, textconv or hook are used;
+* no replace refs (``GIT_NO_REPLACE_OBJECTS``) and no grafts (``GIT_GRAFT_FILE=/dev/null``):
+  ``git replace B F`` must not make commit B read as F;
+* the repository is located here, not by git: ``.git`` must be a real folder, or the ``.git``
+  file of a linked worktree whose admin folder points back at it; a ``commondir`` in a
+  plain ``.git``, a ``.git`` symlink, a ``.git`` file pointing anywhere else, and alternates
+  outside the repository are refused (``UserError``), and git is told exactly where the
+  repository and work tree are (``GIT_DIR``, ``GIT_WORK_TREE``), so ``core.worktree`` cannot
+  move them;
+* objects are hashed again as they are read (``cat-file`` does not check a loose object's
+  bytes against its name), and a commit is bound to a tree by recomputing the tree's id from
+  the bytes Choir copied, never by trusting git's index or tree listing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import cast
+
+from choir._core import fsopen
+from choir.exceptions import IntegrityError, UserError
+
+# keys of the repo's config that name programs or files outside it, pinned for every call
+_PINNED = (
+    "core.fsmonitor=false", "core.hooksPath=/dev/null", "core.pager=cat",
+    "core.untrackedCache=false", "core.excludesFile=/dev/null", "core.attributesFile=/dev/null",
+    "core.sshCommand=false", "safe.directory=*", "advice.graftFileDeprecated=false",
+)
+_MODES = {"100644": "f", "100755": "x", "120000": "l"}
+_MAX_POINTER = 4096
+_CHUNK = 1 << 20
+
+
+def _git_binary() -> str:
+    found = shutil.which("git")
+    if found is None:
+        raise FileNotFoundError("git")
+    return found
+
+
+@dataclass(frozen=True)
+class GitRepo:
+    """A repository Choir may read: its work tree, its git folder and the common folder that
+    holds objects, refs and config (the git folder itself, except in a linked worktree)."""
+
+    root: Path
+    git_dir: Path
+    common_dir: Path
+
+    def env(self) -> dict[str, str]:
+        """The whole environment of a git call: nothing inherited but ``PATH``."""
+        return {
+            "PATH": os.environ.get("PATH", os.defpath), "LC_ALL": "C", "HOME": "/nonexistent",
+            "XDG_CONFIG_HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_CONFIG_GLOBAL": os.devnull, "GIT_ATTR_NOSYSTEM": "1",
+            "GIT_NO_REPLACE_OBJECTS": "1", "GIT_GRAFT_FILE": os.devnull,
+            "GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0",
+            "GIT_DIR": str(self.git_dir), "GIT_WORK_TREE": str(self.root),
+        }
+
+    def argv(self, *args: str) -> list[str]:
+        pinned = [arg for kv in _PINNED for arg in ("-c", kv)]
+        return [_git_binary(), "--no-replace-objects", *pinned, *args]
+
+    def run(self, *args: str, timeout: float = 60) -> bytes | None:
+        """The stdout of ``git ARGS`` in the work tree, or None when it failed."""
+        try:
+            out = subprocess.run(self.argv(*args), cwd=self.root, env=self.env(),
+                                 capture_output=True, check=True, timeout=timeout,
+                                 stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout
+
+    def rev(self, rev: str) -> str | None:
+        """The full sha of commit ``rev``, or None (unknown, or no commit yet)."""
+        if rev.startswith("-"):
+            return None
+        out = self.run("rev-parse", "--verify", "-q", "--end-of-options", f"{rev}^{{commit}}")
+        sha = out.decode("ascii", "replace").strip() if out else ""
+        return sha if _is_oid(sha) else None
+
+    def objects(self) -> ObjectReader:
+        """A reader of this repository's objects that re-hashes every object it returns."""
+        return ObjectReader(self)
+
+
+def _is_oid(text: str) -> bool:
+    return len(text) in (40, 64) and all(c in "0123456789abcdef" for c in text)
+
+
+def _pointer(folder: Path, name: str) -> str | None:
+    """The first line of the small file ``folder/name`` (never through a link), or None."""
+    try:
+        data = fsopen.read_bytes(folder, name, _MAX_POINTER)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UserError(f"{folder / name} cannot be read as a plain file ({exc.strerror}): "
+                        "fix: make it a regular file") from None
+    return data.decode("utf-8", "surrogateescape").splitlines()[0].strip() if data else ""
+
+
+def _refuse(path: Path, what: str) -> UserError:
+    return UserError(f"{path}: {what}; Choir reads only a repository whose objects, refs and "
+                     "config lie in its own .git folder (or a worktree of one): fix: clone it "
+                     "plainly (git clone --no-shared) and verify the clone")
+
+
+def locate(repo: Path) -> GitRepo | None:
+    """The repository of work tree ``repo``, None when it has no ``.git``.
+
+    Raises:
+        UserError: ``.git`` is a symlink or special file, a ``.git`` file that is not a
+            linked worktree of a repository pointing back at it, or the repository borrows
+            objects or refs from outside itself (``commondir``, alternates).
+    """
+    root = Path(os.path.realpath(repo))
+    dotgit = root / ".git"
+    try:
+        st = os.lstat(dotgit)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        if _pointer(dotgit, "commondir") is not None:
+            raise _refuse(dotgit, "its commondir file borrows another repository")
+        found = GitRepo(root=root, git_dir=dotgit, common_dir=dotgit)
+    elif stat.S_ISREG(st.st_mode):
+        found = _worktree(root, dotgit)
+    else:
+        raise _refuse(dotgit, "it is a symlink or special file, not a folder")
+    _check_alternates(found)
+    return found
+
+
+def _worktree(root: Path, dotgit: Path) -> GitRepo:
+    """The repository of a linked worktree (``git worktree add``), checked both ways."""
+    line = _pointer(root, ".git") or ""
+    if not line.startswith("gitdir:"):
+        raise _refuse(dotgit, "a .git file without a gitdir line")
+    admin = Path(os.path.realpath(root / line[len("gitdir:"):].strip()))
+    common_line = _pointer(admin, "commondir") if admin.is_dir() else None
+    back = _pointer(admin, "gitdir") if admin.is_dir() else None
+    common = Path(os.path.realpath(admin / common_line)) if common_line else None
+    if (common is None or back is None or admin.parent != common / "worktrees"
+            or os.path.realpath(admin / back) != str(dotgit)):
+        raise _refuse(dotgit, f"a .git file pointing at {admin}, which is not a worktree of "
+                      "a repository that points back at this folder")
+    return GitRepo(root=root, git_dir=admin, common_dir=common)
+
+
+def _check_alternates(found: GitRepo) -> None:
+    """Refuse object stores borrowed from outside the repository and its common folder."""
+    allowed = [str(found.root), str(found.common_dir)]
+    pending = [found.common_dir / "objects"]
+    for _ in range(6):  # git follows alternates five levels deep
+        nxt = []
+        for objects in pending:
+            for name in ("alternates", "http-alternates"):
+                path = objects / "info" / name
+                try:
+                    data = fsopen.read_bytes(objects, f"info/{name}", 1 << 16)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    raise _refuse(path, f"unreadable ({exc.strerror})") from None
+                for line in data.decode("utf-8", "surrogateescape").splitlines():
+                    entry = line.strip()
+                    if not entry or entry.startswith("#"):
+                        continue
+                    real = os.path.realpath(objects / entry)
+                    if not any(real == a or real.startswith(a + os.sep) for a in allowed):
+                        raise _refuse(path, f"it borrows objects from {entry}")
+                    nxt.append(Path(real))
+        pending = nxt
+    if pending:
+        raise _refuse(found.common_dir / "objects", "alternates nested too deep")
+
+
+class ObjectReader:
+    """``git cat-file --batch``, with every object's bytes hashed again against its name."""
+
+    def __init__(self, repo: GitRepo) -> None:
+        self._proc = subprocess.Popen(repo.argv("cat-file", "--batch"), cwd=repo.root,
+                                      env=repo.env(), stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+    def __enter__(self) -> ObjectReader:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            if pipe is not None:
+                pipe.close()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+    def stream(self, oid: str, want: str, sink: Callable[[bytes], object]) -> None:
+        """Feed object ``oid`` (of type ``want``) to ``sink`` in chunks, then check its hash.
+
+        Raises:
+            IntegrityError: the object is missing, of another type, or its bytes do not hash
+                to its name (a planted loose object).
+        """
+        if not _is_oid(oid):
+            raise IntegrityError(f"not a git object id: {oid[:80]!r}")
+        stdin, stdout = self._proc.stdin, self._proc.stdout
+        assert stdin is not None and stdout is not None
+        stdin.write(f"{oid}\n".encode())
+        stdin.flush()
+        header = stdout.readline(256).split()
+        if len(header) != 3 or header[1].decode() != want or not header[2].isdigit():
+            raise IntegrityError(f"git object {oid} is missing or not a {want}")
+        size = int(header[2])
+        hasher = hashlib.sha256() if len(oid) == 64 else hashlib.sha1()  # noqa: S324 - git's id
+        hasher.update(f"{want} {size}\0".encode())
+        left = size
+        while left:
+            chunk = stdout.read(min(left, _CHUNK))
+            if not chunk:
+                raise IntegrityError(f"git object {oid} ended early")
+            hasher.update(chunk)
+            sink(chunk)
+            left -= len(chunk)
+        stdout.read(1)
+        if hasher.hexdigest() != oid:
+            raise IntegrityError(f"git object {oid}: its bytes hash to {hasher.hexdigest()}, "
+                                 "not to its name (a planted object)")
+
+    def read(self, oid: str, want: str) -> bytes:
+        """The bytes of object ``oid``, checked as ``stream`` does."""
+        parts: list[bytes] = []
+        self.stream(oid, want, parts.append)
+        return b"".join(parts)
+
+    def commit_tree(self, sha: str) -> str:
+        """The tree commit ``sha`` records, read from its checked bytes."""
+        first = self.read(sha, "commit").split(b"\n", 1)[0].decode("ascii", "replace")
+        tree = first.removeprefix("tree ")
+        if not first.startswith("tree ") or not _is_oid(tree):
+            raise IntegrityError(f"git commit {sha} names no tree")
+        return tree
+
+    def files(self, tree: str, prefix: str = "") -> Iterator[tuple[str, str, str]]:
+        """``(path, kind, blob id)`` of every file under ``tree``, from checked tree objects;
+        kind is ``f``, ``x`` or ``l``, and submodules are left out (they are not files)."""
+        data = self.read(tree, "tree")
+        width = len(tree) // 2
+        at = 0
+        while at < len(data):
+            space = data.index(b" ", at)
+            nul = data.index(b"\0", space)
+            mode = data[at:space].decode("ascii")
+            name = data[space + 1:nul].decode("utf-8", "surrogateescape")
+            oid = data[nul + 1:nul + 1 + width].hex()
+            at = nul + 1 + width
+            if mode == "40000":
+                yield from self.files(oid, f"{prefix}{name}/")
+            elif mode in _MODES:
+                yield f"{prefix}{name}", _MODES[mode], oid
+
+
+def tree_id(files: dict[str, tuple[str, str]], oid_len: int) -> str:
+    """The git tree id of ``{path: (kind, blob id)}``, computed here as git would.
+
+    Comparing it with the tree a commit records binds the commit to the bytes Choir copied,
+    without trusting git's index, tree listing or objects.
+    """
+    algo = hashlib.sha256 if oid_len == 64 else hashlib.sha1
+    root: dict[str, object] = {}
+    for path, entry in files.items():
+        node = root
+        *folders, name = path.split("/")
+        for folder in folders:
+            node = node.setdefault(folder, {})  # type: ignore[assignment]
+        node[name] = entry
+    return _tree_of(root, algo)
+
+
+def _tree_of(node: dict[str, object], algo: Callable[[], hashlib._Hash]) -> str:
+    rows: list[tuple[bytes, bytes]] = []
+    for name, value in node.items():
+        raw = name.encode("utf-8", "surrogateescape")
+        if isinstance(value, dict):
+            oid = bytes.fromhex(_tree_of(value, algo))
+            rows.append((raw + b"/", b"40000 " + raw + b"\0" + oid))
+        else:
+            kind, blob = cast(tuple[str, str], value)
+            mode = {"f": b"100644", "x": b"100755", "l": b"120000"}[kind]
+            rows.append((raw, mode + b" " + raw + b"\0" + bytes.fromhex(blob)))
+    body = b"".join(row for _key, row in sorted(rows))
+    hasher = algo()
+    hasher.update(b"tree %d\0" % len(body))
+    hasher.update(body)
+    return hasher.hexdigest()
+

@@ -1,0 +1,218 @@
+"""git is data, not code: plants in ``.git`` cannot make Choir bind a commit to another tree.
+
+Each plant is made the way an executor would (it can write anything under the repo, ``.git``
+included), shown live with plain git (the control), and then shown to have no effect on what
+Choir records: the tree's commit, ``gate --commit``'s tree, or the repository it reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import textwrap
+import zlib
+from pathlib import Path
+
+import pytest
+
+from choir.evidence.tree import commit_tree_hash, inspect_tree, resolve_commit, snapshot, tree_hash
+from choir.exceptions import UserError
+from tests.workitems import BUGGY, FIXED, PY, calc_repo
+
+
+def git(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t",
+                           *args], check=True, capture_output=True, text=True, env=env).stdout
+
+
+def buggy_repo(path: Path) -> tuple[Path, str, str]:
+    """A committed buggy tree: (repo, commit B, the tree hash of B's checkout)."""
+    path.mkdir(parents=True)
+    (path / "calc.py").write_text(BUGGY)
+    (path / "test_calc.py").write_text("from calc import add\n\ndef test_add():\n"
+                                       "    assert add(2, 3) == 5\n")
+    git(path, "init", "-q")
+    git(path, "add", "-A")
+    git(path, "commit", "-qm", "buggy")
+    return path, git(path, "rev-parse", "HEAD").strip(), tree_hash(path)
+
+
+def fix_and_commit(repo: Path) -> str:
+    (repo / "calc.py").write_text(FIXED)
+    git(repo, "commit", "-qam", "fix")
+    return git(repo, "rev-parse", "HEAD").strip()
+
+
+def test_a_replace_ref_cannot_make_commit_b_read_as_the_fix(tmp_path: Path) -> None:
+    repo, b, buggy = buggy_repo(tmp_path / "repo")
+    f = fix_and_commit(repo)
+    fixed = tree_hash(repo)
+    git(repo, "replace", b, f)
+    git(repo, "reset", "-q", "--soft", b)
+    # the control: plain git now reads B as F
+    assert git(repo, "rev-parse", f"{b}^{{tree}}") == git(repo, "rev-parse", f"{f}^{{tree}}")
+    seen = inspect_tree(repo)
+    assert seen.tree_hash == fixed
+    assert seen.commit_sha is None, "a commit was named for a tree it does not hold"
+    assert commit_tree_hash(repo, b) == buggy
+    assert commit_tree_hash(repo, f) == fixed
+
+
+def test_a_planted_loose_object_cannot_make_commit_b_read_as_the_fix(tmp_path: Path) -> None:
+    """Without replace refs: F's commit bytes written under B's name (git does not re-hash a
+    loose object it reads), then HEAD moved back to B."""
+    repo, b, buggy = buggy_repo(tmp_path / "repo")
+    f = fix_and_commit(repo)
+    git(repo, "reset", "-q", "--soft", b)
+    forged = subprocess.run(["git", "-C", str(repo), "cat-file", "commit", f],
+                            capture_output=True, check=True).stdout
+    loose = repo / ".git" / "objects" / b[:2] / b[2:]
+    loose.chmod(0o644)
+    loose.write_bytes(zlib.compress(b"commit %d\0" % len(forged) + forged))
+    # the control: plain git reads B as F
+    assert git(repo, "cat-file", "-p", b).splitlines()[0] == \
+        git(repo, "cat-file", "-p", f).splitlines()[0]
+    assert inspect_tree(repo).commit_sha is None
+    assert commit_tree_hash(repo, b) is None  # a planted object is no commit at all
+    assert buggy != tree_hash(repo)
+
+
+def test_a_graft_cannot_rewrite_history_for_choir(tmp_path: Path) -> None:
+    repo, b, _ = buggy_repo(tmp_path / "repo")
+    f = fix_and_commit(repo)
+    (repo / ".git" / "info" / "grafts").write_text(f"{f}\n")  # F without parents
+    # the control: plain git honours the graft
+    plain = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "-q", "HEAD^"],
+                           capture_output=True, text=True)
+    assert plain.returncode != 0, "the graft plant is not live"
+    assert resolve_commit(repo, "HEAD^") == b
+    assert inspect_tree(repo).commit_sha == f
+
+
+def _other_repo(tmp_path: Path) -> Path:
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "calc.py").write_text(FIXED)
+    git(other, "init", "-q")
+    git(other, "add", "-A")
+    git(other, "commit", "-qm", "elsewhere")
+    return other
+
+
+def test_alternates_outside_the_repo_are_refused(tmp_path: Path) -> None:
+    repo, _b, _ = buggy_repo(tmp_path / "repo")
+    other = _other_repo(tmp_path)
+    elsewhere = git(other, "rev-parse", "HEAD").strip()
+    (repo / ".git" / "objects" / "info" / "alternates").write_text(
+        str(other / ".git" / "objects") + "\n")
+    # the control: plain git reads a commit that lives only outside the repo
+    assert git(repo, "cat-file", "-t", elsewhere).strip() == "commit"
+    with pytest.raises(UserError, match="borrows objects"):
+        inspect_tree(repo)
+    with pytest.raises(UserError, match="borrows objects"):
+        snapshot(repo, tmp_path / "snaps")
+
+
+def test_a_dot_git_file_pointing_elsewhere_is_refused(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text(FIXED)
+    other = _other_repo(tmp_path)
+    (repo / ".git").write_text(f"gitdir: {other / '.git'}\n")
+    # the control: plain git takes the other repository as this one's, clean at its HEAD
+    assert git(repo, "rev-parse", "HEAD") == git(other, "rev-parse", "HEAD")
+    assert git(repo, "status", "--porcelain") == ""
+    with pytest.raises(UserError, match="not a worktree"):
+        inspect_tree(repo)
+    (repo / ".git").unlink()
+    os.symlink(other / ".git", repo / ".git")
+    assert git(repo, "rev-parse", "HEAD") == git(other, "rev-parse", "HEAD")
+    with pytest.raises(UserError, match="symlink"):
+        inspect_tree(repo)
+
+
+def test_a_commondir_in_a_plain_dot_git_is_refused(tmp_path: Path) -> None:
+    repo, _b, _ = buggy_repo(tmp_path / "repo")
+    other = _other_repo(tmp_path)
+    (repo / ".git" / "commondir").write_text(str(other / ".git") + "\n")
+    assert git(repo, "rev-parse", "HEAD") == git(other, "rev-parse", "HEAD")  # live
+    with pytest.raises(UserError, match="commondir"):
+        inspect_tree(repo)
+
+
+def test_a_linked_worktree_is_read_and_its_commit_recorded(tmp_path: Path) -> None:
+    repo, b, buggy = buggy_repo(tmp_path / "repo")
+    git(repo, "worktree", "add", "-q", str(tmp_path / "wt"), "-b", "side")
+    seen = inspect_tree(tmp_path / "wt")
+    assert (seen.tree_hash, seen.commit_sha) == (buggy, b)
+
+
+def test_core_worktree_and_global_config_do_not_change_the_listing(tmp_path: Path) -> None:
+    repo, b, buggy = buggy_repo(tmp_path / "repo")
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    (decoy / "decoy.py").write_text("x = 1\n")
+    git(repo, "config", "core.worktree", str(decoy))
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text("[core]\n\texcludesFile = " + str(home / "ignore") + "\n")
+    (home / "ignore").write_text("calc.py\n")
+    env = dict(os.environ, HOME=str(home))
+    # the control: plain git lists the decoy folder as the work tree
+    assert "decoy.py" in git(repo, "ls-files", "--others", env=env)
+    os.environ["HOME"], saved = str(home), os.environ["HOME"]
+    try:
+        seen = inspect_tree(repo)
+    finally:
+        os.environ["HOME"] = saved
+    assert (seen.tree_hash, seen.commit_sha) == (buggy, b)
+
+
+REPLACE = """\
+import pathlib, subprocess
+git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+b = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+pathlib.Path("calc.py").write_text({fixed!r})
+subprocess.run([*git, "commit", "-qam", "fix"], check=True)
+f = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+subprocess.run([*git, "replace", b, f], check=True)
+subprocess.run([*git, "reset", "-q", "--soft", b], check=True)
+"""
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_an_executor_cannot_get_a_buggy_commit_through_the_gate_with_a_replace_ref(
+        tmp_path: Path, choir_home: Path) -> None:
+    """End to end: the executor fixes the tree, then makes the buggy commit B read as the
+    fix. The ASSERT is for the fixed tree; B must not pass ``gate --commit``."""
+    repo = calc_repo(tmp_path / "repo", canary="CANARY-git-hardening", sandbox="bwrap")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "buggy")
+    b = git(repo, "rev-parse", "HEAD").strip()
+    (tmp_path / "replace.py").write_text(REPLACE.format(fixed=FIXED))
+    item = tmp_path / "item.yaml"
+    item.write_text(textwrap.dedent(f"""\
+        id: replace
+        goal: add must add
+        repo: ./repo
+        max_attempts: 1
+        executor:
+          kind: command
+          command: {PY} {tmp_path / 'replace.py'}
+        """))
+    proc = subprocess.run([PY, "-m", "choir", "run", str(item), "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert git(repo, "rev-parse", "HEAD").strip() == b, proc.stderr  # the plant is in place
+    assert git(repo, "replace", "-l").strip() == b
+    assert json.loads(proc.stdout)["status"] == "asserted", proc.stdout + proc.stderr
+    atts = [json.loads(p.read_text()) for p in (choir_home / "attestations").rglob("*.json")]
+    assert atts and all(a["body"]["target"]["commit_sha"] != b for a in atts)
+    gate = subprocess.run([PY, "-m", "choir", "gate", "replace", "--commit", b],
+                          capture_output=True, text=True, cwd=repo, timeout=120)
+    assert gate.returncode == 1, gate.stdout + gate.stderr
+    ok = subprocess.run([PY, "-m", "choir", "gate", "replace"], capture_output=True, text=True,
+                        cwd=repo, timeout=120)
+    assert ok.returncode == 0, ok.stdout + ok.stderr  # the fixed tree itself did pass
