@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from choir._core.canonical import canonical_json
-from choir.attest.keys import decode_public_key, key_id_of, verify_signature
+from choir.attest.keys import decode_public_key, key_id_of, key_refusal, verify_signature
 
 if TYPE_CHECKING:
     from choir.attest import Signer
@@ -99,8 +99,8 @@ def head_key_id(head: Head) -> str | None:
 
 
 def check_heads(path: Path, chain: dict[int, str], tail: int,
-                trusted_keys: Collection[str], shared: Iterable[bytes] = ()
-                ) -> list[tuple[str, str, str, str]]:
+                trusted_keys: Collection[str], shared: Iterable[bytes] = (),
+                revoked_keys: Collection[str] = ()) -> list[tuple[str, str, str, str]]:
     """(kind, object, expected, found) for every signed head the chain does not honour.
 
     ``chain`` maps seq to event hash for the log as stored; ``tail`` is its last seq.
@@ -118,8 +118,8 @@ def check_heads(path: Path, chain: dict[int, str], tail: int,
         key_id = head_key_id(head)
         if key_id is None:
             found.append(("ahdb_head_signature", where, "a valid signature", "invalid"))
-        elif key_id not in trusted_keys:
-            found.append(("ahdb_head_untrusted_key", where, "a trusted key", key_id))
+        elif (refusal := key_refusal(key_id, trusted_keys, revoked_keys)) is not None:
+            found.append((f"ahdb_head_{refusal[0]}", where, refusal[1], key_id))
         elif head.seq > tail:
             found.append(("ahdb_truncated", where, f"the log reaches seq {head.seq}",
                           f"it ends at seq {tail}"))
