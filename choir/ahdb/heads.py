@@ -24,7 +24,7 @@ from choir._core.canonical import canonical_json
 from choir.attest.keys import decode_public_key, key_id_of, key_refusal, verify_signature
 
 if TYPE_CHECKING:
-    from choir.attest import Signer
+    from choir.attest import SigningKey
 
 HEAD_TYPE = "choir.ahdb-head/v1"
 
@@ -46,14 +46,14 @@ def signed_bytes(seq: int, head: str) -> bytes:
     return canonical_json({"type": HEAD_TYPE, "seq": seq, "head": head})
 
 
-def head_line(seq: int, head: str, signer: Signer) -> bytes:
+def head_line(seq: int, head: str, signer: SigningKey) -> bytes:
     """One signed head record: a line of canonical JSON."""
     return canonical_json({"seq": seq, "head": head, "key_id": signer.key_id,
                            "public_key": signer.public_key,
                            "signature": signer.sign(signed_bytes(seq, head))}) + b"\n"
 
 
-def write_head(path: Path, seq: int, head: str, signer: Signer) -> bytes:
+def write_head(path: Path, seq: int, head: str, signer: SigningKey) -> bytes:
     """Append one signed head; a single O_APPEND write, so concurrent writers never mix.
 
     Written after the commit: a crash before it loses an anchor, never invents one.

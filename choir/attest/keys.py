@@ -30,9 +30,18 @@ from choir.models import Violation
 from choir.trusted import BrokerSigner
 from choir.trusted import signer as broker_signer
 from choir.trusted.confine import confinement
-from choir.trusted.keyfile import KEY_FILE, KEY_ID_LEN, PUB_FILE, Signer, key_id_of, publish
+from choir.trusted.keyfile import (
+    KEY_FILE,
+    KEY_ID_LEN,
+    PUB_FILE,
+    Signer,
+    SigningKey,
+    key_id_of,
+    publish,
+)
 
-__all__ = ["KEY_FILE", "KEY_ID_LEN", "PUB_FILE", "BrokerSigner", "Signer", "key_id_of"]
+__all__ = ["KEY_FILE", "KEY_ID_LEN", "PUB_FILE", "BrokerSigner", "Signer", "SigningKey",
+           "key_id_of"]
 
 if TYPE_CHECKING:
     from choir.models import Attestation, Violation

@@ -22,6 +22,7 @@ import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -38,6 +39,18 @@ KEY_ID_LEN = 32
 def key_id_of(public_key_raw: bytes) -> str:
     """The key id of a raw 32-byte ed25519 public key."""
     return blake3_hex(public_key_raw)[:KEY_ID_LEN]
+
+
+class SigningKey(Protocol):
+    """What every signer offers: an in-process ``Signer`` or the broker's ``BrokerSigner``."""
+
+    @property
+    def key_id(self) -> str: ...
+
+    @property
+    def public_key(self) -> str: ...
+
+    def sign(self, data: bytes) -> str: ...
 
 
 @dataclass(frozen=True)

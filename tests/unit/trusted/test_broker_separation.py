@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -84,7 +86,8 @@ def _seed(home: Path) -> bytes:
                              serialization.NoEncryption())  # type: ignore[union-attr]
 
 
-def _probe(tmp_path: Path, mode: str) -> tuple[dict[str, object], bytes, str]:
+def _probe(tmp_path: Path, mode: str, as_user: int | None = None
+           ) -> tuple[dict[str, object], bytes, str]:
     home, repo = tmp_path / f"home-{mode}", tmp_path / f"repo-{mode}"
     repo.mkdir()
     from choir.trusted.keyfile import load_key
@@ -92,8 +95,14 @@ def _probe(tmp_path: Path, mode: str) -> tuple[dict[str, object], bytes, str]:
     key_id = load_key(home).key_id  # the key exists before the run, as in any used home
     (repo / "lnk").symlink_to(home / "keys")  # what the planted symlinked folder resolves to
     seed = _seed(home)
-    proc = subprocess.run([sys.executable, "-c", PROBE, str(home), str(repo), mode, seed.hex()],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    prefix: list[str] = []
+    if as_user is not None:
+        for path in (tmp_path, home, repo, *home.rglob("*")):
+            os.chown(path, as_user, as_user, follow_symlinks=False)
+        prefix = ["setpriv", f"--reuid={as_user}", f"--regid={as_user}", "--clear-groups"]
+    proc = subprocess.run([*prefix, sys.executable, "-c", PROBE, str(home), str(repo), mode,
+                           seed.hex()], capture_output=True, text=True, timeout=120, cwd="/",
+                          env=dict(os.environ, HOME=str(tmp_path)))
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout), seed, key_id
 
@@ -116,6 +125,24 @@ def test_a_tree_bug_in_the_confined_process_gets_nothing_and_signatures_verify(
     assert loot["/proc/broker/root"].startswith("ERR")
     # environ stays readable on this kernel (a read-mode check): it holds the parent's own
     # variables at fork time, never the key, which the broker reads only after the fork
+    assert out["key_id"] == key_id
+    assert verify_signature(str(out["public_key"]), b'{"type":"choir.probe/v1"}',
+                            str(out["signature"]))
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root to become another user")
+def test_a_user_that_is_not_root_gets_the_user_namespace_level(tmp_path: Path) -> None:
+    work = Path(tempfile.mkdtemp(prefix="choir-broker-user-", dir="/tmp"))
+    try:
+        out, seed, key_id = _probe(work, "separated", as_user=65534)
+    finally:
+        shutil.rmtree(work)
+    assert out["level"] == "user-namespace"
+    assert _leaks(out["loot"], seed) == {}  # type: ignore[arg-type]
+    loot = out["loot"]
+    assert isinstance(loot, dict)
+    assert loot["/proc/broker/mem"].startswith("ERR")
     assert out["key_id"] == key_id
     assert verify_signature(str(out["public_key"]), b'{"type":"choir.probe/v1"}',
                             str(out["signature"]))
