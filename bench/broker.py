@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -29,14 +30,13 @@ from pathlib import Path
 
 # the command as it ran before the broker: the key loaded in this process, nothing hidden
 IN_PROCESS = """
-import sys
-from pathlib import Path
 import choir.attest.keys as keys
 from choir.trusted.keyfile import load_key
 from choir._core.paths import choir_home
+import choir.cli
 keys.broker_signer = lambda home=None: load_key(home or choir_home())
-from choir.cli import main
-main(sys.argv[1:])
+choir.cli._separate = lambda args: None
+choir.cli.main()  # the process entry point, as `python -m choir` runs it
 """
 
 BROKER_IMPORTS = "import choir.trusted, choir.trusted.broker, choir.trusted.confine"
@@ -93,13 +93,21 @@ def _attestation_body(home: Path) -> bytes:
     return canonical_json(body)
 
 
-def _wall(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
+def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float]:
+    """Wall and CPU (user+sys of the reaped process tree) milliseconds of one command."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode not in (0,):
         raise SystemExit(f"{argv[:4]} exited {proc.returncode}: {proc.stderr[-2000:]}")
-    return elapsed * 1000
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return elapsed * 1000, cpu * 1000
+
+
+def _wall(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
+    return _run(argv, cwd, env)[0]
 
 
 def startup(tmp: Path, env: dict[str, str], runs: int) -> None:
@@ -122,17 +130,24 @@ def verify(tmp: Path, env: dict[str, str], runs: int) -> None:
     args = ["verify", "--repo", str(repo), "--json"]
     cases = {"in-process key (before)": [sys.executable, "-c", IN_PROCESS, *args],
              "broker + confinement (now)": [sys.executable, "-m", "choir", *args]}
-    times: dict[str, list[float]] = {name: [] for name in cases}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
     for argv in cases.values():  # warm-up: bytecode, page cache, the key
         _wall(argv, tmp, env)
     for _ in range(runs):
         for name, argv in cases.items():
-            times[name].append(_wall(argv, tmp, env))
-    before = statistics.median(times["in-process key (before)"])
+            times[name].append(_run(argv, tmp, env))
+    base = times["in-process key (before)"]
+    wall0, cpu0 = (statistics.median(x[i] for x in base) for i in (0, 1))
     for name, samples in times.items():
-        med = statistics.median(samples)
-        print(f"{'choir verify, ' + name:44} {med:9.1f} ms  (+{med - before:.1f} ms, "
-              f"min {min(samples):.1f})")
+        wall, cpu = (statistics.median(x[i] for x in samples) for i in (0, 1))
+        print(f"{'choir verify, ' + name:44} {wall:9.1f} ms  (+{wall - wall0:.1f} ms, min "
+              f"{min(x[0] for x in samples):.1f}); cpu {cpu:.1f} ms (+{cpu - cpu0:.1f})")
+    # runs are interleaved, so each pair saw the same load: the median of the differences
+    pairs = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(base, times["broker + confinement (now)"],
+                                                        strict=True)]
+    print(f"{'median of paired differences (now - before)':44} "
+          f"{statistics.median(p[0] for p in pairs):9.1f} ms wall, "
+          f"{statistics.median(p[1] for p in pairs):.1f} ms cpu")
 
 
 def main() -> None:

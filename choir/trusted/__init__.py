@@ -41,9 +41,14 @@ def signer(home: Path | None = None) -> BrokerSigner:
         IntegrityError: the broker cannot load the key (unreadable, not ed25519, shared,
             or hidden because this process was confined before its broker started).
     """
+    client = _started((home or choir_home()).absolute())
+    client.key_id  # noqa: B018 (asks for the key: a broker that cannot load it raises here)
+    return client
+
+
+def _started(base: Path) -> BrokerSigner:
     from choir.trusted.broker import spawn
 
-    base = (home or choir_home()).absolute()
     with _lock:
         found = _brokers.get(base)
         if found is not None:
@@ -68,7 +73,7 @@ def separate(home: Path | None = None) -> str:
 
     base = (home or choir_home()).absolute()
     keys = keys_dir(base)  # the mount point must exist before the broker may create the key
-    signer(base)
+    _started(base)  # the broker loads the key while this process hides it from itself
     return confine(keys)
 
 

@@ -19,24 +19,38 @@ from choir.trusted.protocol import Reply, Request, recv, send
 
 
 class BrokerSigner:
-    """The client end of one broker. Raises ``IntegrityError`` when the broker cannot load
-    the key (the broker's message says why and how to fix it)."""
+    """The client end of one broker. ``key_id`` and ``public_key`` are asked for on first
+    use, so the broker loads the key while its parent gets on; they raise
+    ``IntegrityError`` when the broker cannot load it (its message says why and the fix)."""
 
     def __init__(self, home: Path, pid: int, sock: socket.socket) -> None:
         self.home, self.pid = home, pid
         self._sock: socket.socket | None = sock
         self._owner = os.getpid()
         self._lock = threading.Lock()
-        try:
-            hello = self._ask(Request(op="hello"))
-        except IntegrityError:
-            self.close()
-            raise
-        self.key_id: str = hello.key_id
-        self.public_key: str = hello.public_key
+        self._hello: Reply | None = None
 
     def __repr__(self) -> str:
-        return f"BrokerSigner(key_id={getattr(self, 'key_id', '?')!r}, pid={self.pid})"
+        return f"BrokerSigner(home={str(self.home)!r}, pid={self.pid})"
+
+    def _key(self) -> Reply:
+        if self._hello is None:
+            try:
+                self._hello = self._ask(Request(op="hello"))
+            except IntegrityError:
+                self.close()
+                raise
+        return self._hello
+
+    @property
+    def key_id(self) -> str:
+        """The key id of the broker's key."""
+        return self._key().key_id
+
+    @property
+    def public_key(self) -> str:
+        """Base64 of the broker's raw 32-byte public key."""
+        return self._key().public_key
 
     def _ask(self, request: Request) -> Reply:
         with self._lock:
