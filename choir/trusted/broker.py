@@ -80,15 +80,15 @@ def answer(raw: dict[str, object], signer: Signer | None, failure: str,
 
 
 def serve(sock: socket.socket, home: Path) -> None:
-    """Answer requests on ``sock`` until the other end closes."""
+    """Answer requests on ``sock`` until the other end closes.
+
+    The key is loaded (or made, in a new home) at the first request, so a command that
+    never signs nor asks for the key leaves the home as it found it.
+    """
     signer: Signer | None = None
     failure = ""
     key_path = home / "keys" / KEY_FILE
-    try:
-        signer = load_key(home)
-    except (IntegrityError, OSError) as err:
-        failure = str(err)
-    key = (key_path, _identity(key_path))
+    key: tuple[Path, tuple[int, ...] | None] = (key_path, None)
     store = functools.cache(ArtifactStore)  # made on the first attestation, not before
     while True:
         try:
@@ -97,6 +97,12 @@ def serve(sock: socket.socket, home: Path) -> None:
             return
         if raw is None:
             return
+        if signer is None and not failure:
+            try:
+                signer = load_key(home)
+            except (IntegrityError, OSError) as err:
+                failure = str(err)
+            key = (key_path, _identity(key_path))
         try:
             send(sock, answer(raw, signer, failure, store, key))
         except OSError:
