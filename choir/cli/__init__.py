@@ -45,7 +45,7 @@ def _separate(args: list[str]) -> None:
 
     try:
         separate()
-    except ChoirError as exc:
+    except (ChoirError, OSError) as exc:
         click.echo(f"choir: error: {exc}", err=True)
         sys.exit(2)
 

@@ -87,7 +87,7 @@ def _single_threaded() -> bool:
 
 def confine(keys: Path) -> str:
     """Hide ``keys`` from this process and its children; returns the level reached."""
-    where = str(keys)
+    where = str(keys.absolute())
     if where in _confined:
         return _confined[where]
     level = "process"
@@ -112,4 +112,4 @@ def confine(keys: Path) -> str:
 
 def confinement(keys: Path) -> str | None:
     """The level ``confine`` reached for ``keys`` in this process, or None if not called."""
-    return _confined.get(str(keys))
+    return _confined.get(str(keys.absolute()))

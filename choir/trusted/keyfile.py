@@ -8,7 +8,7 @@ read it. A reader never sees a half-written key.
 
 Rotation keeps every earlier public key in ``keys/retired/<key id>.pub`` (public bytes only),
 so attestations signed before the rotation still name a key that can be looked up; the old
-private key is destroyed. Only the broker process (``choir.trusted.broker``) and the
+private key file is replaced. Only the broker process (``choir.trusted.broker``) and the
 ``choir keys`` command call ``load_key``; everything else signs through the broker.
 
 A key id is the first 32 hex characters of blake3 over the raw public key, so anyone holding
@@ -167,7 +167,8 @@ def rotate_key(home: Path) -> tuple[str | None, Signer]:
     """Replace the key of ``home`` with a new one; returns (the old key id, the new signer).
 
     The old public key is kept in ``keys/retired/<id>.pub``; the old private key is
-    replaced in place (``rename`` over it), so no copy of it stays in the home.
+    replaced in place (``rename`` over it), so no file in the home holds it any more (its
+    blocks are not shredded: revoke a key that may have leaked).
     """
     keys = keys_dir(home)
     old: str | None = None

@@ -79,6 +79,15 @@ def test_rotate_revoke_revokes_the_old_key_and_a_malformed_id_exits_2(
     assert bad.returncode == 2 and "is not a key id" in bad.stderr
 
 
+def test_audit_in_a_confined_process_names_a_home_still_signing_with_a_revoked_key(
+        choir_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The confined audit cannot see the key file; it asks the broker which key signs."""
+    current = choir("keys", "show").stdout.split("signing key: ")[1].split()[0]
+    monkeypatch.setenv("CHOIR_REVOKED_KEYS", current)
+    code, kinds = audit_kinds()
+    assert code == 1 and any(kind == "signer_revoked" for kind, _ in kinds)
+
+
 def test_a_revoked_signing_key_is_refused_up_front(choir_home: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from choir.attest import load_signer
