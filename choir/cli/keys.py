@@ -15,10 +15,13 @@ import click
 
 
 def _append_line(path: Path, line: str, header: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
-        if os.fstat(fd).st_size == 0:
+        size = os.fstat(fd).st_size
+        if size == 0:
             os.write(fd, header.encode("ascii"))
+        elif os.pread(fd, 1, size - 1) != b"\n":  # a hand-edited list without a final newline
+            os.write(fd, b"\n")
         os.write(fd, f"{line}\n".encode("ascii"))
     finally:
         os.close(fd)
