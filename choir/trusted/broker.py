@@ -11,8 +11,9 @@ the key only after the fork, so the key never exists in the parent's memory. The
 - freezes the garbage collector and always leaves through ``os._exit``, so finalizers of
   objects copied from the parent (temporary folders, open stores) never run twice;
 - answers typed, bounded requests (``choir.trusted.protocol``) after the checks of
-  ``choir.trusted.checks``, and exits when the parent's end closes (the parent died or
-  closed it), so it never outlives the process it serves.
+  ``choir.trusted.checks``, records each signature in ``keys/signed.log`` first, and exits
+  when the parent's end closes (the parent died or closed it), so it never outlives the
+  process it serves.
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ import signal
 import socket
 import warnings
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from choir._core.canonical import blake3_hex, canonical_json
 from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError, SigningRefused
 from choir.trusted import checks
@@ -38,6 +41,7 @@ from choir.trusted.keyfile import KEY_FILE, Signer, load_key
 from choir.trusted.protocol import Reply, Request, recv, send
 
 PR_SET_DUMPABLE = 4
+JOURNAL = "signed.log"
 
 
 def _libc() -> ctypes.CDLL:
@@ -76,7 +80,24 @@ def answer(raw: dict[str, object], signer: Signer | None, failure: str,
         return Reply(ok=False, error="data is not base64")
     except SigningRefused as err:
         return Reply(ok=False, error=str(err)[:2000])
+    try:
+        _journal(key[0].parent, signer.key_id, kind, data)
+    except OSError as err:
+        return Reply(ok=False, error=f"cannot record the signature in {JOURNAL}: {err}")
     return Reply(ok=True, kind=kind, signature=signer.sign(data))
+
+
+def _journal(keys: Path, key_id: str, kind: str, data: bytes) -> None:
+    """Append what is about to be signed to ``keys/signed.log`` (kind, blake3 of the bytes,
+    time, key id), in the folder the main process cannot see: after a compromise of main,
+    this lists every signature it obtained, so each can be judged and its key revoked."""
+    line = canonical_json({"at": datetime.now(UTC).isoformat(timespec="milliseconds"),
+                           "blake3": blake3_hex(data), "key_id": key_id, "kind": kind})
+    fd = os.open(keys / JOURNAL, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, line + b"\n")
+    finally:
+        os.close(fd)
 
 
 def serve(sock: socket.socket, home: Path) -> None:

@@ -105,3 +105,19 @@ def test_a_forked_child_gets_its_own_broker(choir_home: Path) -> None:
     read.close()
     write.close()
     assert int(child_pid) != parent.pid and key_id == parent.key_id
+
+
+def test_every_signature_is_journaled_where_the_main_process_cannot_see(
+        choir_home: Path) -> None:
+    import json
+
+    from choir._core.canonical import blake3_hex
+
+    s = signer()
+    head = canonical_json(HEAD)
+    s.sign(head)
+    with pytest.raises(SigningRefused):
+        s.sign(b"not signed, not journaled")
+    lines = (choir_home / "keys" / "signed.log").read_text().splitlines()
+    assert [(e["kind"], e["blake3"], e["key_id"]) for e in map(json.loads, lines)] == [
+        ("head", blake3_hex(head), s.key_id)]
