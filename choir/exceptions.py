@@ -138,6 +138,10 @@ class IntegrityError(ChoirError):
     """Stored evidence does not match its hash, signature or chain."""
 
 
+class SigningRefused(IntegrityError):
+    """The signing broker refused a request: the bytes are not a Choir object it signs."""
+
+
 class NotFoundError(ChoirError, LookupError):
     """A stored object that was asked for by id does not exist (absent, not corrupt)."""
 

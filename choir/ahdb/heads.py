@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from choir._core.canonical import canonical_json
-from choir.attest.keys import decode_public_key, key_id_of, verify_signature
+from choir.attest.keys import decode_public_key, key_id_of, key_refusal, verify_signature
 
 if TYPE_CHECKING:
-    from choir.attest import Signer
+    from choir.attest import SigningKey
 
 HEAD_TYPE = "choir.ahdb-head/v1"
 
@@ -46,14 +46,14 @@ def signed_bytes(seq: int, head: str) -> bytes:
     return canonical_json({"type": HEAD_TYPE, "seq": seq, "head": head})
 
 
-def head_line(seq: int, head: str, signer: Signer) -> bytes:
+def head_line(seq: int, head: str, signer: SigningKey) -> bytes:
     """One signed head record: a line of canonical JSON."""
     return canonical_json({"seq": seq, "head": head, "key_id": signer.key_id,
                            "public_key": signer.public_key,
                            "signature": signer.sign(signed_bytes(seq, head))}) + b"\n"
 
 
-def write_head(path: Path, seq: int, head: str, signer: Signer) -> bytes:
+def write_head(path: Path, seq: int, head: str, signer: SigningKey) -> bytes:
     """Append one signed head; a single O_APPEND write, so concurrent writers never mix.
 
     Written after the commit: a crash before it loses an anchor, never invents one.
@@ -99,8 +99,8 @@ def head_key_id(head: Head) -> str | None:
 
 
 def check_heads(path: Path, chain: dict[int, str], tail: int,
-                trusted_keys: Collection[str], shared: Iterable[bytes] = ()
-                ) -> list[tuple[str, str, str, str]]:
+                trusted_keys: Collection[str], shared: Iterable[bytes] = (),
+                revoked_keys: Collection[str] = ()) -> list[tuple[str, str, str, str]]:
     """(kind, object, expected, found) for every signed head the chain does not honour.
 
     ``chain`` maps seq to event hash for the log as stored; ``tail`` is its last seq.
@@ -118,8 +118,8 @@ def check_heads(path: Path, chain: dict[int, str], tail: int,
         key_id = head_key_id(head)
         if key_id is None:
             found.append(("ahdb_head_signature", where, "a valid signature", "invalid"))
-        elif key_id not in trusted_keys:
-            found.append(("ahdb_head_untrusted_key", where, "a trusted key", key_id))
+        elif (refusal := key_refusal(key_id, trusted_keys, revoked_keys)) is not None:
+            found.append((f"ahdb_head_{refusal[0]}", where, refusal[1], key_id))
         elif head.seq > tail:
             found.append(("ahdb_truncated", where, f"the log reaches seq {head.seq}",
                           f"it ends at seq {tail}"))

@@ -34,7 +34,7 @@ from choir.exceptions import IntegrityError, PromotionError
 from choir.models import Atom, AtomKind, AtomStatus, Attestation, Result
 
 if TYPE_CHECKING:
-    from choir.attest import Signer
+    from choir.attest import SigningKey
 
 GENESIS = "0" * 64
 
@@ -117,7 +117,7 @@ class AHDB:
 
     def __init__(self, path: Path | None = None, *, attestations: Any, artifacts: Any,
                  trusted_keys: Collection[str] | None = None,
-                 signer: Signer | Callable[[], Signer] | None = None,
+                 signer: SigningKey | Callable[[], SigningKey] | None = None,
                  url: str | None = None, home: Path | None = None) -> None:
         """``path``: an SQLite file; ``url``: a Postgres database; neither: the configured
         store (``choir.store_url``: ``CHOIR_DATABASE_URL``, else ``store.url``, else

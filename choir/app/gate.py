@@ -171,7 +171,8 @@ def check_gate(work_item: str, *, tree: str | None, commit: str | None,
             answer.problems.append(f"attestation {att_id[:12]}: unreadable: {err}")
             continue
         loaded.append(att)
-        for v in verify_attestation(att, artifacts=store, trusted_keys=root.keys):
+        for v in verify_attestation(att, artifacts=store, trusted_keys=root.keys,
+                                    revoked_keys=root.revoked):
             answer.problems.append(f"attestation {att_id[:12]}: {v.kind}: expected "
                                    f"{v.expected}, found {v.found}")
         target = att.body.target

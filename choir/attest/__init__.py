@@ -9,6 +9,7 @@ from choir.attest.check import verify_attestation
 from choir.attest.intoto import pae, payload_of, statement, to_dsse, verify_dsse
 from choir.attest.keys import (
     Signer,
+    SigningKey,
     TrustRoot,
     key_id_of,
     load_signer,
@@ -24,6 +25,7 @@ from choir.attest.store import AttestationStore, key_summary
 __all__ = [
     "AttestationStore",
     "Signer",
+    "SigningKey",
     "TrustRoot",
     "key_id_of",
     "key_summary",

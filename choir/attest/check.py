@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from choir._core.canonical import blake3_hex, is_hash
-from choir.attest.keys import decode_public_key, key_id_of, verify_signature
+from choir.attest.keys import decode_public_key, key_id_of, key_refusal, verify_signature
 from choir.attest.mint import signed_bytes
 from choir.models import Attestation, RunManifest, VerificationReport, Violation
 
@@ -37,14 +37,16 @@ def verify_attestation(
     *,
     artifacts: ArtifactStore | None = None,
     trusted_keys: Collection[str] | None = None,
+    revoked_keys: Collection[str] = (),
 ) -> list[Violation]:
     """Every way ``att`` fails to prove what it claims; empty when it is sound.
 
     Checks the id against the canonical body, the ed25519 signature against the public key
     the attestation carries, the key id against that key, the key against ``trusted_keys``
-    (by key id) when given and, with ``artifacts``, that every referenced object exists and
-    re-hashes, that the stored report agrees with the body on ``result`` and ``target``, and
-    that the stored manifest belongs to this run and tree and its files are intact.
+    (by key id) when given and against ``revoked_keys`` and, with ``artifacts``, that every
+    referenced object exists and re-hashes, that the stored report agrees with the body on
+    ``result`` and ``target``, and that the stored manifest belongs to this run and tree and
+    its files are intact.
     """
     if not isinstance(att, Attestation):
         try:
@@ -67,8 +69,10 @@ def verify_attestation(
             found.append(_v("attestation_key_id", att.id, key_id, att.signer_key_id))
         if not verify_signature(att.public_key, data, att.signature):
             found.append(_v("attestation_signature", att.id, "valid signature", "invalid"))
-    if trusted_keys is not None and key_id not in trusted_keys:
-        found.append(_v("attestation_untrusted_key", att.id, "a trusted key", key_id))
+    refusal = key_refusal(key_id, (key_id,) if trusted_keys is None else trusted_keys,
+                          revoked_keys)
+    if refusal is not None:
+        found.append(_v(f"attestation_{refusal[0]}", att.id, refusal[1], key_id))
     if artifacts is not None:
         found.extend(_check_objects(att, artifacts))
     return found

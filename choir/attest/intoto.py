@@ -26,10 +26,11 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from choir._core.canonical import canonical_json
-from choir.attest.keys import Signer, verify_signature
+from choir.attest.keys import verify_signature
 from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError
 from choir.models import Attestation
+from choir.trusted.keyfile import SigningKey
 
 if TYPE_CHECKING:
     from choir.evidence.artifacts import ArtifactStore
@@ -86,7 +87,7 @@ def statement(att: Attestation, artifacts: ArtifactStore) -> dict[str, Any]:
 
 
 def to_dsse(
-    att: Attestation, signer: Signer, *, artifacts: ArtifactStore | None = None
+    att: Attestation, signer: SigningKey, *, artifacts: ArtifactStore | None = None
 ) -> dict[str, Any]:
     """A DSSE envelope around the in-toto statement of ``att``, signed by ``signer``.
 

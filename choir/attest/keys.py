@@ -1,10 +1,8 @@
-"""The signing key: one ed25519 key per ``CHOIR_HOME``, created on first use.
+"""Keys as the rest of Choir sees them: signers, signatures and the pinned trust root.
 
-Files: ``$CHOIR_HOME/keys/ed25519.key`` (PKCS#8 PEM, mode 0600, directory 0700) and
-``ed25519.pub`` beside it (base64 of the 32 raw public-key bytes). Creation is safe when
-several processes race: each writes a complete key to a private temp file and hard-links it
-to the final name; ``link`` fails if the name exists, so exactly one key wins and the losers
-read it. A reader never sees a half-written key.
+One ed25519 key per ``CHOIR_HOME``, created on first use. The private key is read and
+written only by ``choir.trusted`` (its broker process and ``choir keys``); ``load_signer``
+hands out a ``BrokerSigner`` that signs through the broker. This module verifies.
 
 Trust is pinned, not found: ``trust_root`` reads the key ids to trust from
 ``CHOIR_TRUSTED_KEYS`` or ``$CHOIR_HOME/trusted_keys``.
@@ -18,32 +16,46 @@ from __future__ import annotations
 import base64
 import binascii
 import os
-import secrets
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from choir._core.canonical import blake3_hex
 from choir._core.paths import choir_home
-from choir.exceptions import ConfigError, IntegrityError, UserError
+from choir.exceptions import ConfigError, UserError
 from choir.models import Violation
+from choir.trusted import BrokerSigner
+from choir.trusted import signer as broker_signer
+from choir.trusted.confine import confinement
+from choir.trusted.keyfile import (
+    KEY_FILE,
+    KEY_ID_LEN,
+    PUB_FILE,
+    Signer,
+    SigningKey,
+    key_id_of,
+    publish,
+)
+
+__all__ = ["KEY_FILE", "KEY_ID_LEN", "PUB_FILE", "BrokerSigner", "Signer", "SigningKey",
+           "key_id_of"]
 
 if TYPE_CHECKING:
     from choir.models import Attestation, Violation
 
-KEY_FILE = "ed25519.key"
-PUB_FILE = "ed25519.pub"
-KEY_ID_LEN = 32
 
+def load_signer(home: Path | None = None) -> BrokerSigner:
+    """The signer of this ``CHOIR_HOME``: its broker process, which creates the key on first
+    use (``choir.trusted.signer``, the one place a signer is built).
 
-def key_id_of(public_key_raw: bytes) -> str:
-    """The key id of a raw 32-byte ed25519 public key."""
-    return blake3_hex(public_key_raw)[:KEY_ID_LEN]
+    Raises:
+        IntegrityError: the key file exists but is unreadable, not ed25519, or readable by
+            group or others.
+    """
+    return broker_signer(home)
 
 
 def _b64decode(text: str) -> bytes:
@@ -75,99 +87,10 @@ def verify_signature(public_key_b64: str, data: bytes, signature_b64: str) -> bo
     return True
 
 
-@dataclass(frozen=True)
-class Signer:
-    """A loaded private key. ``public_key`` is base64 of the raw 32 bytes."""
-
-    private_key: Ed25519PrivateKey = field(repr=False)
-    public_key: str
-    key_id: str
-
-    @classmethod
-    def from_private_key(cls, private_key: Ed25519PrivateKey) -> Signer:
-        """Wrap a key (tests and callers holding keys elsewhere use this)."""
-        raw = private_key.public_key().public_bytes(
-            serialization.Encoding.Raw, serialization.PublicFormat.Raw
-        )
-        return cls(private_key, base64.b64encode(raw).decode("ascii"), key_id_of(raw))
-
-    @classmethod
-    def generate(cls) -> Signer:
-        """A fresh in-memory key, never written anywhere."""
-        return cls.from_private_key(Ed25519PrivateKey.generate())
-
-    def sign(self, data: bytes) -> str:
-        """Base64 ed25519 signature of ``data``."""
-        return base64.b64encode(self.private_key.sign(data)).decode("ascii")
-
-
-def _write_new(directory: Path, data: bytes, mode: int) -> Path:
-    tmp = directory / f".tmp-{os.getpid()}-{secrets.token_hex(8)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return tmp
-
-
-def _publish(directory: Path, name: str, data: bytes, mode: int) -> None:
-    """Create ``directory/name`` with ``data`` unless it exists (atomic, no clobber)."""
-    tmp = _write_new(directory, data, mode)
-    try:
-        os.link(tmp, directory / name)
-    except FileExistsError:
-        pass
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _load_private(path: Path) -> Ed25519PrivateKey:
-    st = path.stat()
-    if st.st_mode & 0o077:
-        raise IntegrityError(
-            f"{path} is readable by others (mode {st.st_mode & 0o777:o}): "
-            f"run `chmod 600 {path}`; a shared key cannot vouch for anything"
-        )
-    try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-    except ValueError as err:
-        raise IntegrityError(f"{path} is not a readable ed25519 key: {err}") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise IntegrityError(f"{path} holds a {type(key).__name__}, not an ed25519 key")
-    return key
-
-
-def load_signer(home: Path | None = None) -> Signer:
-    """The signer of this ``CHOIR_HOME``, creating its key on first use.
-
-    Raises:
-        IntegrityError: the key file exists but is unreadable, not ed25519, or readable by
-            group or others.
-    """
-    keys = (home or choir_home()) / "keys"
-    keys.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(keys, 0o700)
-    key_path = keys / KEY_FILE
-    if not key_path.exists():
-        pem = Ed25519PrivateKey.generate().private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-        _publish(keys, KEY_FILE, pem, 0o600)
-    signer = Signer.from_private_key(_load_private(key_path))
-    pub_path = keys / PUB_FILE
-    pub_text = (signer.public_key + "\n").encode("ascii")
-    if not pub_path.exists() or pub_path.read_bytes() != pub_text:
-        tmp = _write_new(keys, pub_text, 0o644)
-        os.replace(tmp, pub_path)
-    return signer
-
-
 TRUST_ENV = "CHOIR_TRUSTED_KEYS"
 PIN_FILE = "trusted_keys"
+REVOKE_ENV = "CHOIR_REVOKED_KEYS"
+REVOKE_FILE = "revoked_keys"
 
 
 @dataclass(frozen=True)
@@ -176,18 +99,23 @@ class TrustRoot:
 
     ``source`` names the variable or file that pinned them; ``first_use`` is True when no pin
     existed and this home's own key was just recorded as the pin (trust on first use).
+    ``keys`` never holds a revoked id: ``revoked`` lists them, so a check can name why a
+    key does not count (``key_revoked``) instead of only that it does not.
     """
 
     keys: frozenset[str]
     source: str
     first_use: bool = False
+    revoked: frozenset[str] = frozenset()
 
     def describe(self) -> str:
         """One line for ``gate`` and ``audit`` answers: the pinned ids and their source."""
-        return f"trusted keys ({self.source}): {', '.join(sorted(self.keys))}"
+        line = f"trusted keys ({self.source}): {', '.join(sorted(self.keys)) or 'none'}"
+        return line + (f"; revoked: {', '.join(sorted(self.revoked))}" if self.revoked else "")
 
 
-def _parse_ids(text: str, *, path: str, lines: bool) -> frozenset[str]:
+def _parse_ids(text: str, *, path: str, lines: bool, empty_ok: bool = False
+               ) -> frozenset[str]:
     ids: set[str] = set()
     items = text.splitlines() if lines else text.split(",")
     for number, raw in enumerate(items, start=1):
@@ -201,7 +129,7 @@ def _parse_ids(text: str, *, path: str, lines: bool) -> frozenset[str]:
                 hint="list key ids as `choir gate` and `choir audit` print them "
                      "(the signer's id is in every attestation's signer_key_id)")
         ids.add(item)
-    if not ids:
+    if not ids and not empty_ok:
         raise ConfigError("names no key id, so no attestation could ever count", path=path,
                           hint=f"list at least one key id, or unset {TRUST_ENV} / remove "
                                "the file to trust this home's own key on first use")
@@ -219,12 +147,16 @@ def trust_root(home: Path | None = None) -> TrustRoot:
     lives in ``CHOIR_HOME``, which no sandboxed step can write; an executor running on the
     host as the same user can, which is why CI should pin with the variable.
 
+    Revoked ids (``revoked_key_ids``) are taken out of the pinned ones, whoever pinned them.
+
     Raises:
         ConfigError: the variable or file is malformed or names no key (naming the line).
     """
+    revoked = revoked_key_ids(home)
     env = os.environ.get(TRUST_ENV)
     if env is not None and env.strip():
-        return TrustRoot(_parse_ids(env, path=TRUST_ENV, lines=False), TRUST_ENV)
+        return TrustRoot(_parse_ids(env, path=TRUST_ENV, lines=False) - revoked, TRUST_ENV,
+                         revoked=revoked)
     base = home or choir_home()
     pin = base / PIN_FILE
     first_use = False
@@ -233,18 +165,58 @@ def trust_root(home: Path | None = None) -> TrustRoot:
         note = (f"# Choir trusted key ids, one per line (pinned on first use; {TRUST_ENV} "
                 f"overrides)\n{signer.key_id}\n")
         base.mkdir(parents=True, exist_ok=True)
-        _publish(base, PIN_FILE, note.encode("ascii"), 0o600)
+        publish(base, PIN_FILE, note.encode("ascii"), 0o600)
         first_use = True
     try:
         text = pin.read_text("utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"cannot read the pinned key list: {err}", path=str(pin),
                           hint=f"fix or remove it, or set {TRUST_ENV}") from None
-    return TrustRoot(_parse_ids(text, path=str(pin), lines=True), str(pin), first_use)
+    return TrustRoot(_parse_ids(text, path=str(pin), lines=True) - revoked, str(pin),
+                     first_use, revoked)
+
+
+def revoked_key_ids(home: Path | None = None) -> frozenset[str]:
+    """Key ids that never count again: ``$CHOIR_REVOKED_KEYS`` and ``$CHOIR_HOME/revoked_keys``.
+
+    Both count (a revocation only ever adds): a CI system can revoke by the variable
+    without touching the home, and ``choir keys revoke`` writes the file. A revoked key may
+    have signed anything, at any date it liked, so everything it signed is refused.
+
+    Raises:
+        ConfigError: the variable or file is malformed (naming the line).
+    """
+    ids: frozenset[str] = frozenset()
+    env = os.environ.get(REVOKE_ENV, "")
+    if env.strip():
+        ids |= _parse_ids(env, path=REVOKE_ENV, lines=False, empty_ok=True)
+    path = (home or choir_home()) / REVOKE_FILE
+    try:
+        text = path.read_text("utf-8")
+    except FileNotFoundError:
+        return ids
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"cannot read the revoked key list: {err}", path=str(path),
+                          hint="fix it; removing it would trust revoked keys again") from None
+    return ids | _parse_ids(text, path=str(path), lines=True, empty_ok=True)
+
+
+def key_refusal(key_id: str, trusted: Collection[str], revoked: Collection[str]
+                ) -> tuple[str, str] | None:
+    """Why ``key_id`` does not count, as (violation suffix, expected), or None when it does.
+
+    The one wording for attestations and signed heads alike: ``key_revoked`` for a revoked
+    id, ``untrusted_key`` for one nobody pinned.
+    """
+    if key_id in revoked:
+        return "key_revoked", "a key that is not revoked"
+    if key_id not in trusted:
+        return "untrusted_key", "a trusted key"
+    return None
 
 
 def trusted_key_ids(home: Path | None = None) -> set[str]:
-    """Key ids this ``CHOIR_HOME`` trusts: exactly the pinned list (``trust_root``)."""
+    """Key ids this ``CHOIR_HOME`` trusts: the pinned list less the revoked (``trust_root``)."""
     return set(trust_root(home).keys)
 
 
@@ -257,9 +229,13 @@ def trust_violations(home: Path | None = None) -> list[Violation]:
 
     base = home or choir_home()
     root = trust_root(home)
-    if not (base / "keys" / KEY_FILE).exists():
-        return []
+    if not (base / "keys" / KEY_FILE).exists() and confinement(base / "keys") is None:
+        return []  # no key yet (a confined process cannot see it, but its broker can)
     key_id = load_signer(home).key_id
+    if key_id in root.revoked:
+        return [Violation(kind="signer_revoked", object=str(base / "keys" / KEY_FILE),
+                          expected="a signing key that is not revoked",
+                          found=f"{key_id}: run `choir keys rotate`")]
     if key_id in root.keys:
         return []
     return [Violation(kind="signer_not_pinned", object=str(base / "keys" / KEY_FILE),
@@ -279,7 +255,7 @@ def signer_counts(attestations: Iterable[Attestation]) -> dict[str, int]:
 
 
 
-def require_pinned_signer(home: Path | None = None) -> Signer:
+def require_pinned_signer(home: Path | None = None) -> BrokerSigner:
     """This home's signer, refused up front when the pin does not trust it.
 
     A run whose attestations could never count would verify for nothing and then fail on
@@ -291,6 +267,9 @@ def require_pinned_signer(home: Path | None = None) -> Signer:
 
     signer = load_signer(home)
     root = trust_root(home)
+    if signer.key_id in root.revoked:
+        raise UserError(f"this home's signing key {signer.key_id} is revoked\n  fix: run "
+                        "`choir keys rotate` to make a new key and pin it")
     if signer.key_id not in root.keys:
         raise UserError(
             f"this home's signing key {signer.key_id} is not among the trusted keys pinned by "

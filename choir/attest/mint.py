@@ -9,8 +9,8 @@ from the body and check the signature with the public key the attestation carrie
 from __future__ import annotations
 
 from choir._core.canonical import blake3_hex, canonical_json
-from choir.attest.keys import Signer
 from choir.models import Attestation, AttestationBody
+from choir.trusted.keyfile import SigningKey
 
 
 def signed_bytes(body: AttestationBody) -> bytes:
@@ -18,7 +18,7 @@ def signed_bytes(body: AttestationBody) -> bytes:
     return canonical_json(body)
 
 
-def mint(body: AttestationBody, signer: Signer) -> Attestation:
+def mint(body: AttestationBody, signer: SigningKey) -> Attestation:
     """Sign ``body`` with ``signer``; returns the attestation (not yet stored)."""
     data = signed_bytes(body)
     return Attestation(

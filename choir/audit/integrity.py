@@ -25,7 +25,7 @@ from choir.ahdb.anchor import PinnedHead, check_pin
 from choir.ahdb.heads import check_heads, heads_path
 from choir.ahdb.postgres import redact
 from choir.ahdb.store import AHDB, Event, attestation_lookup, check_chain
-from choir.attest import AttestationStore, trust_violations, trusted_key_ids, verify_attestation
+from choir.attest import AttestationStore, trust_root, trust_violations, verify_attestation
 from choir.audit.citations import check_citations
 from choir.audit.ledger import compare_tables, contradicted, replay_log
 from choir.evidence.artifacts import MANIFEST, ArtifactStore, hash_file
@@ -53,9 +53,10 @@ def _raised(exc: BaseException) -> str:
 class _Audit:
     """One audit's shared findings; each method is a section (see ``audit``)."""
 
-    def __init__(self, base: Path, artifacts_root: Path | None, trusted: Collection[str]
-                 ) -> None:
+    def __init__(self, base: Path, artifacts_root: Path | None, trusted: Collection[str],
+                 revoked: Collection[str] = ()) -> None:
         self.base, self.artifacts_root, self.trusted = base, artifacts_root, trusted
+        self.revoked = revoked
         self.found: list[Violation] = []
         self.counts: Counter[str] = Counter()
         self.manifests: set[str] = set()
@@ -99,7 +100,8 @@ class _Audit:
         assert self.atts is not None and self.store is not None
         att = self.atts.get(att_id)
         self.manifests.add(att.body.manifest_hash)
-        problems = verify_attestation(att, artifacts=self.store, trusted_keys=self.trusted)
+        problems = verify_attestation(att, artifacts=self.store, trusted_keys=self.trusted,
+                                      revoked_keys=self.revoked)
         self.found.extend(problems)
         if not problems:
             self.valid[att_id] = att
@@ -221,7 +223,8 @@ class _Audit:
 
     def _heads(self, path: Path, chain: dict[int, str], tail: int,
                shared: list[bytes] | tuple[()]) -> None:
-        for kind, obj, expected, got in check_heads(path, chain, tail, self.trusted, shared):
+        for kind, obj, expected, got in check_heads(path, chain, tail, self.trusted, shared,
+                                                    self.revoked):
             self.found.append(_v(kind, obj, expected, got))
 
     def _anchor(self, pin: PinnedHead | None, chain: dict[int, str], tail: int) -> None:
@@ -239,8 +242,8 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None,
         ConfigError: the pinned trusted-key list is malformed (exit 2: the user fixes it).
     """
     base = home or choir_home()
-    trusted = trusted_key_ids(base)
-    run = _Audit(base, artifacts_root, trusted)
+    root = trust_root(base)
+    run = _Audit(base, artifacts_root, root.keys, root.revoked)
     run.found.extend(trust_violations(base))  # the pinned trust root itself
     try:
         run.open_stores()

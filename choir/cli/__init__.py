@@ -26,7 +26,28 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "attest": ("choir.cli.audit", "attest", "Show attestations."),
     "ahdb": ("choir.cli.audit", "ahdb", "Inspect the AHDB control state."),
     "trace": ("choir.cli.trace", "trace", "Export a run's trace, or verify one."),
+    "keys": ("choir.cli.keys", "keys", "Show, rotate or revoke the signing key."),
 }
+
+# Commands that sign or read what a step or an executor wrote: their process signs through
+# a broker and never sees the key folder (choir.trusted). `keys` manages the key itself.
+_SEPARATED = frozenset({"verify", "init", "run", "approve", "gate", "audit", "attest", "ahdb",
+                        "trace", "runs"})
+
+
+def _separate(args: list[str]) -> None:
+    """Start the signing broker, then hide the key from this process, before any work."""
+    name = next((a for a in args if not a.startswith("-")), None)
+    if name not in _SEPARATED or {"-h", "--help"} & set(args):
+        return
+    from choir.exceptions import ChoirError
+    from choir.trusted import separate
+
+    try:
+        separate()
+    except (ChoirError, OSError) as exc:
+        click.echo(f"choir: error: {exc}", err=True)
+        sys.exit(2)
 
 
 class _LazyGroup(click.Group):
@@ -68,4 +89,5 @@ def main(argv: list[str] | None = None) -> Any:
         # models and schemas): 80-450 ms after a `choir verify`, measured. Frozen objects are
         # skipped; the operating system frees the memory, and atexit handlers still run.
         atexit.register(gc.freeze)
+        _separate(sys.argv[1:])
     return run_cli(cli, argv if argv is not None else sys.argv[1:])

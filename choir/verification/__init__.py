@@ -39,7 +39,7 @@ from choir.sandbox import resolve_sandbox
 from choir.verification.pipeline import run_verifier
 
 if TYPE_CHECKING:
-    from choir.attest import AttestationStore, Signer
+    from choir.attest import AttestationStore, SigningKey
     from choir.config import RepoConfig
     from choir.config.policy import Policy
     from choir.evidence.artifacts import ArtifactStore
@@ -153,7 +153,7 @@ def attest_run(
     spec: VerifierSpec,
     *,
     store: ArtifactStore,
-    signer: Signer,
+    signer: SigningKey,
     attestations: AttestationStore,
     policy_hash: str | None,
     mood: str | None,

@@ -40,12 +40,13 @@ def test_default_home_is_choir_home(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 def test_sign_and_verify(tmp_path: Path) -> None:
     signer = load_signer(tmp_path)
-    sig = signer.sign(b"payload")
-    assert verify_signature(signer.public_key, b"payload", sig)
-    assert not verify_signature(signer.public_key, b"payloaD", sig)
-    assert not verify_signature(Signer.generate().public_key, b"payload", sig)
-    assert not verify_signature("%%%", b"payload", sig)
-    assert not verify_signature(signer.public_key, b"payload", "AAAA")
+    payload = b'{"type":"choir.test-record/v1"}'
+    sig = signer.sign(payload)
+    assert verify_signature(signer.public_key, payload, sig)
+    assert not verify_signature(signer.public_key, payload.upper(), sig)
+    assert not verify_signature(Signer.generate().public_key, payload, sig)
+    assert not verify_signature("%%%", payload, sig)
+    assert not verify_signature(signer.public_key, payload, "AAAA")
 
 
 def test_key_readable_by_others_is_refused(tmp_path: Path) -> None:

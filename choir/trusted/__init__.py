@@ -1,0 +1,80 @@
+"""The trusted core: the signing key, held by a broker process apart from hostile bytes.
+
+Choir's main process walks trees an executor arranged, reads logs and ``$CHOIR_OUT`` that
+steps wrote and parses them; any bug there must not reach the key. So the key lives in a
+broker (``choir.trusted.broker``) that signs only typed, bounded requests it recognises
+(``choir.trusted.checks``), and ``separate`` hides the key folder from the main process
+(``choir.trusted.confine``). ``signer`` is the one place that builds a signer: every caller
+(attestations, AHDB heads, records, DSSE exports) gets a ``BrokerSigner`` from it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+from choir._core.paths import choir_home
+from choir.trusted.client import BrokerSigner
+from choir.trusted.keyfile import KEY_FILE, Signer, key_id_of, keys_dir
+
+_MAX_BROKERS = 4
+_brokers: OrderedDict[Path, BrokerSigner] = OrderedDict()
+_lock = threading.Lock()
+
+
+def close_all() -> None:
+    """Close every broker this process started (each exits and is reaped); runs at exit."""
+    with _lock:
+        while _brokers:
+            _brokers.popitem()[1].close()
+
+
+atexit.register(close_all)
+
+
+def signer(home: Path | None = None) -> BrokerSigner:
+    """The signer of ``home`` (default ``CHOIR_HOME``): its broker, started on first use.
+
+    Raises:
+        IntegrityError: the broker cannot load the key (unreadable, not ed25519, shared,
+            or hidden because this process was confined before its broker started).
+    """
+    client = _started((home or choir_home()).absolute())
+    client.key_id  # noqa: B018 (asks for the key: a broker that cannot load it raises here)
+    return client
+
+
+def _started(base: Path) -> BrokerSigner:
+    from choir.trusted.broker import spawn
+
+    with _lock:
+        found = _brokers.get(base)
+        if found is not None:
+            if found.usable():
+                _brokers.move_to_end(base)
+                return found
+            found.close()
+        client = BrokerSigner(base, *spawn(base))
+        _brokers[base] = client
+        while len(_brokers) > _MAX_BROKERS:
+            _brokers.popitem(last=False)[1].close()
+        return client
+
+
+def separate(home: Path | None = None) -> str:
+    """Start the broker of ``home``, then hide its key folder from this process.
+
+    Returns the confinement level (``choir.trusted.confine``). Call it before reading any
+    hostile byte and before any thread starts.
+    """
+    from choir.trusted.confine import confine
+
+    base = (home or choir_home()).absolute()
+    keys = keys_dir(base)  # the mount point must exist before the broker may create the key
+    _started(base)  # the broker loads the key while this process hides it from itself
+    return confine(keys)
+
+
+__all__ = ["KEY_FILE", "BrokerSigner", "Signer", "key_id_of", "separate", "signer"]

@@ -1,0 +1,162 @@
+"""The broker: the one process that holds the signing key.
+
+``spawn`` forks it from the caller before the caller touches any hostile byte (the child is
+a copy of a process that has read nothing an executor or a step wrote), and the child reads
+the key only after the fork, so the key never exists in the parent's memory. The child then:
+
+- makes itself non-dumpable (``PR_SET_DUMPABLE`` 0): ``/proc/<pid>/mem``, ``environ``,
+  ``root``, ``cwd`` and ``fd`` of the broker need ``CAP_SYS_PTRACE`` over it, which the
+  confined parent gave up (``choir.trusted.confine``);
+- keeps only its end of the socket pair (stdin, stdout and stderr go to ``/dev/null``);
+- freezes the garbage collector and always leaves through ``os._exit``, so finalizers of
+  objects copied from the parent (temporary folders, open stores) never run twice;
+- answers typed, bounded requests (``choir.trusted.protocol``) after the checks of
+  ``choir.trusted.checks``, records each signature in ``keys/signed.log`` first, and exits
+  when the parent's end closes (the parent died or closed it), so it never outlives the
+  process it serves.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ctypes
+import functools
+import gc
+import os
+import signal
+import socket
+import warnings
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from choir._core.canonical import blake3_hex, canonical_json
+from choir.evidence.artifacts import ArtifactStore
+from choir.exceptions import IntegrityError, SigningRefused
+from choir.trusted import checks
+from choir.trusted.keyfile import KEY_FILE, Signer, load_key
+from choir.trusted.protocol import Reply, Request, recv, send
+
+PR_SET_DUMPABLE = 4
+JOURNAL = "signed.log"
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _identity(path: Path) -> tuple[int, ...] | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mode, st.st_ctime_ns, st.st_mtime_ns, st.st_size
+
+
+def answer(raw: dict[str, object], signer: Signer | None, failure: str,
+           store: Callable[[], ArtifactStore], key: tuple[Path, tuple[int, ...] | None]) -> Reply:
+    """The reply to one request (never raises: a refusal is a reply).
+
+    ``key`` is the key file and its identity when loaded: a ``hello`` after the file was
+    replaced (``choir keys rotate``) answers ``stale``, and the client starts a new broker.
+    """
+    try:
+        req = Request.model_validate(raw)
+    except ValidationError as err:
+        return Reply(ok=False, error=f"not a broker request: {err}"[:2000])
+    if signer is None:
+        return Reply(ok=False, kind="key", error=failure[:2000])
+    if req.op == "hello":
+        if _identity(key[0]) != key[1]:
+            return Reply(ok=False, kind="stale", error="the key file changed")
+        return Reply(ok=True, key_id=signer.key_id, public_key=signer.public_key)
+    try:
+        data = base64.b64decode(req.data.encode("ascii"), validate=True)
+        kind = checks.classify(data, store)
+    except (binascii.Error, UnicodeEncodeError):
+        return Reply(ok=False, error="data is not base64")
+    except SigningRefused as err:
+        return Reply(ok=False, error=str(err)[:2000])
+    try:
+        _journal(key[0].parent, signer.key_id, kind, data)
+    except OSError as err:
+        return Reply(ok=False, error=f"cannot record the signature in {JOURNAL}: {err}")
+    return Reply(ok=True, kind=kind, signature=signer.sign(data))
+
+
+def _journal(keys: Path, key_id: str, kind: str, data: bytes) -> None:
+    """Append what is about to be signed to ``keys/signed.log`` (kind, blake3 of the bytes,
+    time, key id), in the folder the main process cannot see: after a compromise of main,
+    this lists every signature it obtained, so each can be judged and its key revoked."""
+    line = canonical_json({"at": datetime.now(UTC).isoformat(timespec="milliseconds"),
+                           "blake3": blake3_hex(data), "key_id": key_id, "kind": kind})
+    fd = os.open(keys / JOURNAL, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, line + b"\n")
+    finally:
+        os.close(fd)
+
+
+def serve(sock: socket.socket, home: Path) -> None:
+    """Answer requests on ``sock`` until the other end closes.
+
+    The key is loaded (or made, in a new home) at the first request, so a command that
+    never signs nor asks for the key leaves the home as it found it.
+    """
+    signer: Signer | None = None
+    failure = ""
+    key_path = home / "keys" / KEY_FILE
+    key: tuple[Path, tuple[int, ...] | None] = (key_path, None)
+    store = functools.cache(ArtifactStore)  # made on the first attestation, not before
+    while True:
+        try:
+            raw = recv(sock)
+        except (OSError, ValueError):
+            return
+        if raw is None:
+            return
+        if signer is None and not failure:
+            try:
+                signer = load_key(home)
+            except (IntegrityError, OSError) as err:
+                failure = str(err)
+            key = (key_path, _identity(key_path))
+        try:
+            send(sock, answer(raw, signer, failure, store, key))
+        except OSError:
+            return
+
+
+def _become_broker(keep: int) -> None:
+    gc.disable()
+    gc.freeze()
+    _libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent; EOF stops us
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.closerange(3, keep)
+    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+    os.chdir("/")
+
+
+def spawn(home: Path) -> tuple[int, socket.socket]:
+    """Fork the broker for ``home``; returns its pid and the parent's end of the channel."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with warnings.catch_warnings():  # forking a threaded process: the child runs only this
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover (runs in the child; tests observe it through the socket)
+        code = 0
+        try:
+            _become_broker(child.fileno())
+            serve(child, home)
+        except BaseException:
+            code = 1
+        os._exit(code)
+    child.close()
+    return pid, parent

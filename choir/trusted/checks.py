@@ -1,0 +1,116 @@
+"""What the broker checks before it signs: the bytes are a Choir object it recognises.
+
+The broker decides by content, never by what the client says the bytes are, so a request
+cannot dodge the checks of one kind by claiming another. Every accepted byte string is:
+
+- bounded: at most ``MAX_SIGNED`` bytes;
+- well-formed: canonical JSON of one object (``choir._core.canonical``: re-encoding the
+  parsed object gives the very same bytes), or a DSSE pre-authentication encoding;
+- typed, by its ``type`` field:
+  - ``choir.attestation/v1``: validates as ``AttestationBody`` (frozen, extra fields
+    refused), and the report and run manifest it cites exist in the artifact store and
+    re-hash to their names (opened without following the last link; read, never parsed);
+  - ``choir.ahdb-head/v1``: exactly ``type``, ``seq`` (a positive integer) and ``head`` (a
+    blake3 hex digest);
+  - any other ``choir.*`` type: a record (trace or session records sign their own
+    canonical bodies); its type keeps its signature from passing for a head's or an
+    attestation's, whose verifiers rebuild the bytes with their own type;
+  - DSSE: payload type ``application/vnd.in-toto+json`` and a canonical in-toto
+    Statement v1 whose predicate type is Choir's.
+
+What the broker cannot check is whether a well-formed body is true (that the tests really
+passed): that would mean parsing logs and walking trees, the hostile bytes the separation
+keeps out of this process. ``docs/security.md`` says what that leaves an attacker.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import ValidationError
+
+from choir._core.canonical import canonical_json, is_hash
+from choir.evidence.artifacts import ArtifactStore
+from choir.exceptions import SigningRefused
+from choir.models import AttestationBody
+from choir.trusted.protocol import MAX_SIGNED
+
+ATTESTATION_TYPE = "choir.attestation/v1"
+HEAD_TYPE = "choir.ahdb-head/v1"
+DSSE_PAYLOAD_TYPE = b"application/vnd.in-toto+json"
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE = "https://choir.dev/attestation/v1"
+_RECORD_TYPE_MAX = 100
+
+
+def _canonical_object(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        raise SigningRefused(f"{what} is not JSON") from None
+    if not isinstance(obj, dict):
+        raise SigningRefused(f"{what} is not a JSON object")
+    if canonical_json(obj) != data:
+        raise SigningRefused(f"{what} is not canonical JSON (sorted keys, no white space)")
+    return obj
+
+
+def _check_head(obj: dict[str, Any]) -> None:
+    seq, head = obj.get("seq"), obj.get("head")
+    if set(obj) != {"type", "seq", "head"} or type(seq) is not int or not 0 < seq < 1 << 62 \
+            or not isinstance(head, str) or not is_hash(head):
+        raise SigningRefused("a head is exactly a type, a positive seq and a blake3 head")
+
+
+def _check_attestation(obj: dict[str, Any], data: bytes,
+                       store: Callable[[], ArtifactStore]) -> None:
+    try:
+        body = AttestationBody.model_validate(obj)
+    except ValidationError as err:
+        raise SigningRefused(f"not a valid attestation body: {err}"[:1500]) from None
+    if canonical_json(body) != data:
+        raise SigningRefused("the attestation body does not re-encode to the bytes sent")
+    for role, digest in (("report", body.report_hash), ("manifest", body.manifest_hash)):
+        if not store().verify(digest):
+            raise SigningRefused(f"the attestation's {role} {digest[:80]} is not in the "
+                                 "artifact store with that hash")
+
+
+def _check_dsse(data: bytes) -> None:
+    parts = data.split(b" ", 4)
+    if len(parts) != 5 or parts[2] != DSSE_PAYLOAD_TYPE or \
+            parts[1] != str(len(parts[2])).encode() or parts[3] != str(len(parts[4])).encode():
+        raise SigningRefused("a DSSE envelope must carry one in-toto JSON payload")
+    statement = _canonical_object(parts[4], "the DSSE payload")
+    if statement.get("_type") != STATEMENT_TYPE or \
+            statement.get("predicateType") != PREDICATE_TYPE:
+        raise SigningRefused("the DSSE payload is not a Choir in-toto Statement v1")
+
+
+def classify(data: bytes, store: Callable[[], ArtifactStore]) -> str:
+    """The kind of Choir object ``data`` is, after its checks (see the module docstring).
+
+    ``store`` gives the artifact store, opened only when an attestation body needs it.
+
+    Raises:
+        SigningRefused: ``data`` is oversized, malformed, or not a Choir object.
+    """
+    if len(data) > MAX_SIGNED:
+        raise SigningRefused(f"{len(data)} bytes is more than the {MAX_SIGNED} the broker signs")
+    if data.startswith(b"DSSEv1 "):
+        _check_dsse(data)
+        return "dsse"
+    obj = _canonical_object(data, "the signed bytes")
+    kind = obj.get("type")
+    if kind == HEAD_TYPE:
+        _check_head(obj)
+        return "head"
+    if kind == ATTESTATION_TYPE:
+        _check_attestation(obj, data, store)
+        return "attestation"
+    if not isinstance(kind, str) or not kind.startswith("choir.") or \
+            len(kind) > _RECORD_TYPE_MAX:
+        raise SigningRefused("the signed bytes are not a Choir object (no choir.* type)")
+    return "record"  # its type keeps it apart: a verifier of heads or attestations checks it

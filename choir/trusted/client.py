@@ -1,0 +1,105 @@
+"""``BrokerSigner``: a ``Signer`` whose key lives in the broker process.
+
+It has the same ``key_id``, ``public_key`` and ``sign(bytes) -> str`` as an in-process
+``Signer``, so ``mint``, head records and every other caller use it unchanged. Requests are
+serialised with a lock (one channel, many threads); a fork of this process gets its own
+broker, never a share of the parent's channel.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import threading
+from pathlib import Path
+
+from choir.exceptions import IntegrityError, SigningRefused
+from choir.trusted.protocol import Reply, Request, recv, send
+
+
+class BrokerSigner:
+    """The client end of one broker. ``key_id`` and ``public_key`` are asked for on first
+    use, so the broker loads the key while its parent gets on; they raise
+    ``IntegrityError`` when the broker cannot load it (its message says why and the fix)."""
+
+    def __init__(self, home: Path, pid: int, sock: socket.socket) -> None:
+        self.home, self.pid = home, pid
+        self._sock: socket.socket | None = sock
+        self._owner = os.getpid()
+        self._lock = threading.Lock()
+        self._hello: Reply | None = None
+
+    def __repr__(self) -> str:
+        return f"BrokerSigner(home={str(self.home)!r}, pid={self.pid})"
+
+    def _key(self) -> Reply:
+        if self._hello is None:
+            try:
+                self._hello = self._ask(Request(op="hello"))
+            except IntegrityError:
+                self.close()
+                raise
+        return self._hello
+
+    @property
+    def key_id(self) -> str:
+        """The key id of the broker's key."""
+        return self._key().key_id
+
+    @property
+    def public_key(self) -> str:
+        """Base64 of the broker's raw 32-byte public key."""
+        return self._key().public_key
+
+    def _ask(self, request: Request) -> Reply:
+        with self._lock:
+            if self._sock is None:
+                raise IntegrityError("the signing broker was closed")
+            try:
+                send(self._sock, request)
+                raw = recv(self._sock)
+            except (OSError, ValueError) as err:
+                raw, why = None, str(err)
+            else:
+                why = "it closed the channel"
+        if raw is None:
+            raise IntegrityError(f"the signing broker (pid {self.pid}) is gone: {why}")
+        reply = Reply.model_validate(raw)
+        if reply.ok:
+            return reply
+        if reply.kind == "key":
+            raise IntegrityError(reply.error)
+        raise SigningRefused(f"the signing broker refused: {reply.error}")
+
+    def sign(self, data: bytes) -> str:
+        """Base64 ed25519 signature of ``data``, made by the broker after its checks.
+
+        Raises:
+            SigningRefused: ``data`` is not a Choir object the broker signs.
+        """
+        return self._ask(Request(op="sign", data=base64.b64encode(data).decode("ascii"))
+                         ).signature
+
+    def usable(self) -> bool:
+        """True while the channel is open, this is the process that opened it, and the
+        broker still holds the key the key file holds (it answers ``stale`` otherwise)."""
+        if self._sock is None or os.getpid() != self._owner:
+            return False
+        try:
+            self._ask(Request(op="hello"))
+        except IntegrityError:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Close the channel; the broker exits and is reaped."""
+        with self._lock:
+            sock, self._sock = self._sock, None
+        if sock is None or os.getpid() != self._owner:
+            return
+        sock.close()
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass

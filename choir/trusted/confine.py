@@ -1,0 +1,115 @@
+"""Hide the key folder from this process once the broker holds the key.
+
+Called at the entry of a ``choir`` command, after the broker is forked and before the
+command reads any repo, snapshot, log or ``$CHOIR_OUT``. What it can do depends on who runs
+Choir; it returns the level reached, and each level holds only what it says:
+
+``mount-namespace`` (root): the process enters a private mount namespace (mounts made
+    private, so nothing propagates back to the host), an empty read-only tmpfs is mounted
+    over ``$CHOIR_HOME/keys``, and ``CAP_SYS_PTRACE`` is dropped from the effective,
+    permitted, inheritable and bounding sets. The key path, any link that resolves to it
+    and ``/proc/<broker>/{root,mem,environ,fd}`` (the broker is non-dumpable) all give
+    nothing, here and in every child (git, sandboxes, a host executor).
+``user-namespace`` (not root): the same mask inside a new user and mount namespace that
+    maps only the caller's own uid and gid. The broker stays in the parent user namespace,
+    so the capabilities this process holds in its own namespace give no ptrace over it.
+``process`` (the namespaces were refused, or threads already run): the key is not in this
+    process's memory, but its file stays reachable by path; the caller is told.
+
+What no level stops: code running as root in this process (a compromised plugin, not a
+tree-handling bug) still holds ``CAP_SYS_ADMIN`` and can unmount the mask. Running the
+broker under its own uid would close that; ``docs/security.md`` says so.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REC, MS_PRIVATE = 1 << 14, 1 << 18
+CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
+PR_CAPBSET_DROP = 24
+CAP_SYS_PTRACE = 19
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+_confined: dict[str, str] = {}
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mask(libc: ctypes.CDLL, keys: Path) -> None:
+    _check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make mounts private")
+    _check(libc.mount(b"choir-keys-mask", os.fsencode(keys), b"tmpfs",
+                      MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, b"size=4k,mode=0500"),
+           f"mask {keys}")
+
+
+def _drop_ptrace(libc: ctypes.CDLL) -> None:
+    _check(libc.prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0), "drop CAP_SYS_PTRACE")
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _check(libc.capget(ctypes.byref(header), data), "capget")
+    for half in data:
+        for name in ("effective", "permitted", "inheritable"):
+            setattr(half, name, getattr(half, name) & ~(1 << CAP_SYS_PTRACE))
+    _check(libc.capset(ctypes.byref(header), data), "capset")
+
+
+def _map_self() -> None:
+    uid, gid = os.getuid(), os.getgid()
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                       ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as fh:
+            fh.write(text)
+
+
+def _single_threaded() -> bool:
+    return len(os.listdir("/proc/self/task")) == 1
+
+
+def confine(keys: Path) -> str:
+    """Hide ``keys`` from this process and its children; returns the level reached."""
+    where = str(keys.absolute())
+    if where in _confined:
+        return _confined[where]
+    level = "process"
+    if _single_threaded():
+        libc = _libc()
+        try:
+            if os.geteuid() == 0:
+                _check(libc.unshare(CLONE_NEWNS), "unshare the mount namespace")
+                _mask(libc, keys)
+                _drop_ptrace(libc)
+                level = "mount-namespace"
+            else:
+                _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare user and mounts")
+                _map_self()
+                _mask(libc, keys)
+                level = "user-namespace"
+        except OSError:
+            level = "process"
+    _confined[where] = level
+    return level
+
+
+def confinement(keys: Path) -> str | None:
+    """The level ``confine`` reached for ``keys`` in this process, or None if not called."""
+    return _confined.get(str(keys.absolute()))

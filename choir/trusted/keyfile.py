@@ -1,0 +1,184 @@
+"""The signing key on disk: the only code that reads or writes a private key.
+
+Files: ``$CHOIR_HOME/keys/ed25519.key`` (PKCS#8 PEM, mode 0600, directory 0700) and
+``ed25519.pub`` beside it (base64 of the 32 raw public-key bytes). Creation is safe when
+several processes race: each writes a complete key to a private temp file and hard-links it
+to the final name; ``link`` fails if the name exists, so exactly one key wins and the losers
+read it. A reader never sees a half-written key.
+
+Rotation keeps every earlier public key in ``keys/retired/<key id>.pub`` (public bytes only),
+so attestations signed before the rotation still name a key that can be looked up; the old
+private key file is replaced. Only the broker process (``choir.trusted.broker``) and the
+``choir keys`` command call ``load_key``; everything else signs through the broker.
+
+A key id is the first 32 hex characters of blake3 over the raw public key, so anyone holding
+an attestation can recompute it from the public key it carries.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from choir._core.canonical import blake3_hex
+from choir.exceptions import IntegrityError
+
+KEY_FILE = "ed25519.key"
+PUB_FILE = "ed25519.pub"
+RETIRED_DIR = "retired"
+KEY_ID_LEN = 32
+
+
+def key_id_of(public_key_raw: bytes) -> str:
+    """The key id of a raw 32-byte ed25519 public key."""
+    return blake3_hex(public_key_raw)[:KEY_ID_LEN]
+
+
+class SigningKey(Protocol):
+    """What every signer offers: an in-process ``Signer`` or the broker's ``BrokerSigner``."""
+
+    @property
+    def key_id(self) -> str: ...
+
+    @property
+    def public_key(self) -> str: ...
+
+    def sign(self, data: bytes) -> str: ...
+
+
+@dataclass(frozen=True)
+class Signer:
+    """A private key held in this process. ``public_key`` is base64 of the raw 32 bytes.
+
+    Only the broker and tests hold one; every other caller gets a ``BrokerSigner`` with the
+    same ``key_id``, ``public_key`` and ``sign``.
+    """
+
+    private_key: Ed25519PrivateKey = field(repr=False)
+    public_key: str
+    key_id: str
+
+    @classmethod
+    def from_private_key(cls, private_key: Ed25519PrivateKey) -> Signer:
+        """Wrap a key (tests and callers holding keys elsewhere use this)."""
+        raw = private_key.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        )
+        return cls(private_key, base64.b64encode(raw).decode("ascii"), key_id_of(raw))
+
+    @classmethod
+    def generate(cls) -> Signer:
+        """A fresh in-memory key, never written anywhere."""
+        return cls.from_private_key(Ed25519PrivateKey.generate())
+
+    def sign(self, data: bytes) -> str:
+        """Base64 ed25519 signature of ``data``."""
+        return base64.b64encode(self.private_key.sign(data)).decode("ascii")
+
+
+def write_new(directory: Path, data: bytes, mode: int) -> Path:
+    """A private temp file in ``directory`` holding ``data`` (fsynced); the caller links it."""
+    tmp = directory / f".tmp-{os.getpid()}-{secrets.token_hex(8)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return tmp
+
+
+def publish(directory: Path, name: str, data: bytes, mode: int) -> None:
+    """Create ``directory/name`` with ``data`` unless it exists (atomic, no clobber)."""
+    tmp = write_new(directory, data, mode)
+    try:
+        os.link(tmp, directory / name)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def keys_dir(home: Path) -> Path:
+    """``home/keys``, created owner-only (the confinement masks exactly this folder)."""
+    keys = home / "keys"
+    keys.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(keys, 0o700)
+    return keys
+
+
+def _load_private(path: Path) -> Ed25519PrivateKey:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as err:
+        raise IntegrityError(f"{path} cannot be opened as a key file: {err}") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if st.st_mode & 0o077:
+            raise IntegrityError(
+                f"{path} is readable by others (mode {st.st_mode & 0o777:o}): "
+                f"run `chmod 600 {path}`; a shared key cannot vouch for anything")
+        pem = fh.read(1 << 16)
+    try:
+        key = serialization.load_pem_private_key(pem, password=None)
+    except ValueError as err:
+        raise IntegrityError(f"{path} is not a readable ed25519 key: {err}") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise IntegrityError(f"{path} holds a {type(key).__name__}, not an ed25519 key")
+    return key
+
+
+def _pem(key: Ed25519PrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _write_pub(keys: Path, signer: Signer) -> None:
+    pub_path = keys / PUB_FILE
+    pub_text = (signer.public_key + "\n").encode("ascii")
+    if not pub_path.exists() or pub_path.read_bytes() != pub_text:
+        os.replace(write_new(keys, pub_text, 0o644), pub_path)
+
+
+def load_key(home: Path) -> Signer:
+    """The key of ``home``, created on first use. Runs in the broker, never elsewhere.
+
+    Raises:
+        IntegrityError: the key file exists but is unreadable, not ed25519, a link, or
+            readable by group or others.
+    """
+    keys = keys_dir(home)
+    key_path = keys / KEY_FILE
+    if not os.path.lexists(key_path):
+        publish(keys, KEY_FILE, _pem(Ed25519PrivateKey.generate()), 0o600)
+    signer = Signer.from_private_key(_load_private(key_path))
+    _write_pub(keys, signer)
+    return signer
+
+
+def rotate_key(home: Path) -> tuple[str | None, Signer]:
+    """Replace the key of ``home`` with a new one; returns (the old key id, the new signer).
+
+    The old public key is kept in ``keys/retired/<id>.pub``; the old private key is
+    replaced in place (``rename`` over it), so no file in the home holds it any more (its
+    blocks are not shredded: revoke a key that may have leaked).
+    """
+    keys = keys_dir(home)
+    old: str | None = None
+    if os.path.lexists(keys / KEY_FILE):
+        current = Signer.from_private_key(_load_private(keys / KEY_FILE))
+        old = current.key_id
+        retired = keys / RETIRED_DIR
+        retired.mkdir(exist_ok=True, mode=0o755)
+        publish(retired, f"{old}.pub", (current.public_key + "\n").encode("ascii"), 0o644)
+    fresh = Signer.from_private_key(Ed25519PrivateKey.generate())
+    os.replace(write_new(keys, _pem(fresh.private_key), 0o600), keys / KEY_FILE)
+    _write_pub(keys, fresh)
+    return old, fresh
