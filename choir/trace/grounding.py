@@ -8,7 +8,8 @@ claims. These checks can, given the home's stores:
   trusted key (``choir.trace.chain``), and every event is sealed;
 - ``attestations``: every attestation event names a sound attestation in the store (id,
   signature, trusted key, objects) that agrees with the trace: the verifier call it attests,
-  that call's result, report and manifest, the work item, and the tree the executor left;
+  that call's result, report and manifest, the work item (or a part a split made of it,
+  ``ITEM~N``), and the tree the executor left;
 - ``derived``: the work item, plan, claims, evidence and outcome are what the sealed events
   and the stores derive (``choir.trace.export.build_run_trace``, the exporter's own code),
   so a claim whose text, status or citations were rewritten is named, field by field.
@@ -130,12 +131,18 @@ def _check_attestations(trace: Trace, sources: RecordSources, add: Add) -> None:
                        body.manifest_hash),
                       ("the tree the executor left", trees.get(str(call)),
                        body.target.tree_hash)]
-        if body.target.work_item is not None:
-            wants.append(("the work item", trace.work_item, body.target.work_item))
+        item = body.target.work_item
+        if item is not None and not _part_of(item, trace.work_item):
+            wants.append(("the work item", trace.work_item, item))
         for what, traced, attested in wants:
             if traced is not None and traced != attested:
                 add("attestations", where, f"{what}: the trace says {str(traced)[:80]!r}, "
                                            f"the attestation {str(attested)[:80]!r}")
+
+
+def _part_of(item: str, run_item: str | None) -> bool:
+    """``item`` is the run's work item or one of the parts a split made of it (``ITEM~N``)."""
+    return run_item is not None and (item == run_item or item.startswith(f"{run_item}~"))
 
 
 def _source(claim_id: str) -> str:
