@@ -350,3 +350,25 @@ def test_a_torn_last_line_is_cut_when_the_run_resumes(tmp_path: Path) -> None:
     resumed = _choir(home, "run", "--resume", "k1", "--json")
     assert resumed.returncode == 0, resumed.stderr
     assert _audit(home) == (0, [])
+
+
+def test_a_run_killed_before_its_first_checkpoint_is_started_again(tmp_path: Path) -> None:
+    """Killed after ``run_started`` was sealed but before the graph's first checkpoint:
+    there is no run to resume; starting the item again under the same id continues the
+    record, and audit is clean."""
+    from choir.attest import load_signer
+    from choir.trace.record import TraceRecorder
+
+    home = tmp_path / "home"
+    home.mkdir()
+    item = make_item(tmp_path, executor=fix_cmd(tmp_path))
+    recorder = TraceRecorder("k2", home, signer=load_signer(home))
+    recorder.emit("run_started", name="fix-add", data={"work_item": "fix-add",
+                                                       "mood": "CALM", "required": []})
+    recorder._commit()
+    code, violations = _audit(home)
+    assert code == 1 and _kinds(violations) == {"trace_required_steps"}
+    assert _choir(home, "run", "--resume", "k2").returncode == 2  # no run to resume
+    again = _choir(home, "run", str(item), "--run-id", "k2", "--json")
+    assert again.returncode == 0, again.stderr
+    assert _audit(home) == (0, [])
