@@ -42,12 +42,16 @@ def check_seals(run_id: str, events: Sequence[TraceEvent], seals: Sequence[Seal]
                 trusted: Collection[str]) -> list[tuple[str, str, str]]:
     """(check, where, detail) for the first seal that does not hold and for an unsealed tail.
 
-    ``seal_integrity``: a seal whose signature, key or run is wrong, or whose events no longer
-    hash to what it signed (one was changed, dropped, added or reordered, or the trace was cut
-    short of it). ``seal_coverage``: events after the last seal.
+    ``seal_integrity``: a seal whose run is wrong, or whose events no longer hash to what it
+    signed (one was changed, dropped, added or reordered, or the trace was cut short of it),
+    or a seal's signature or key. ``seal_coverage``: events after the last seal. Every
+    seal's digest is compared (a hash each); signatures are checked from the last seal back
+    until one holds: the chain makes it vouch for every event before it, so an earlier seal
+    only restates it.
     """
     heads = chain_heads(run_id, events)
     broken: list[tuple[str, str]] = []
+    bound: list[tuple[str, Seal]] = []
     for n, seal in enumerate(seals):
         where = f"seals[{n}] (events 1..{seal.seq})"
         if not 1 <= seal.seq <= len(events):
@@ -55,16 +59,24 @@ def check_seals(run_id: str, events: Sequence[TraceEvent], seals: Sequence[Seal]
                                   "(events were cut or dropped)"))
             continue
         problem = seal_problem(seal, kind="trace", subject=run_id, digest=heads[seal.seq],
-                               trusted=trusted)
-        if problem is not None:
+                               trusted=None)
+        if problem is None:
+            bound.append((where, seal))
+        else:
             broken.append((where, f"{problem} (an event up to seq {seal.seq} was changed, "
                                   "dropped, added or reordered)"
                            if problem.startswith("the record hashes") else problem))
+    for where, seal in sorted(bound, key=lambda pair: -pair[1].seq):
+        problem = seal_problem(seal, kind="trace", subject=run_id, digest=seal.digest,
+                               trusted=trusted)
+        if problem is None:
+            break
+        broken.append((where, problem))
+    covered = max((seal.seq for seal in seals if seal.seq <= len(events)), default=0)
     # one change breaks every later seal of the chain: the first one names it
-    found = [("seal_integrity", where, detail + (f"; {len(broken) - 1} later seals fail too"
+    found = [("seal_integrity", where, detail + (f"; {len(broken) - 1} more seals fail"
                                                  if len(broken) > 1 else ""))
              for where, detail in broken[:1]]
-    covered = max((seal.seq for seal in seals), default=0)
     if covered < len(events):
         found.append(("seal_coverage", f"events[{covered}]",
                       f"events {covered + 1}..{len(events)} are not sealed (a crash, or a "

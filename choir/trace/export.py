@@ -145,7 +145,7 @@ def export_run(run_id: str, *, home: Path | None = None,
 
     base = home or choir_home()
     path = record_path(run_id, base)
-    if not path.is_file():
+    if not (path.exists() or path.is_symlink()):  # a planted link or FIFO is read, and named
         raise UserError(f"no trace recorded for run {run_id!r} under {path.parent}; "
                         "`choir runs` lists the runs, and only `choir run` records traces")
     events, seals = read_trace(path)

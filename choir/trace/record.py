@@ -27,7 +27,7 @@ from choir._core.paths import choir_home
 from choir.exceptions import IntegrityError, UserError
 from choir.trace.chain import chain_heads, chain_next, chain_start
 from choir.trace.model import TraceEvent
-from choir.verification.seal import Seal, make_seal
+from choir.verification.seal import Seal, make_seal, open_record
 
 if TYPE_CHECKING:
     from choir.attest import Signer
@@ -50,7 +50,7 @@ def read_records(path: Path) -> Iterator[dict[str, Any]]:
     Raises:
         IntegrityError: a line is not a JSON object (a torn or edited record).
     """
-    with open(path, "rb") as fh:
+    with open_record(path) as fh:
         for number, line in enumerate(iter(lambda: fh.readline(MAX_RECORD_LINE + 1), b""), 1):
             try:
                 if len(line) > MAX_RECORD_LINE:  # read no further: a planted giant line
@@ -85,10 +85,11 @@ def read_trace(path: Path) -> tuple[list[TraceEvent], list[Seal]]:
 
 def _cut_torn_line(path: Path) -> None:
     """Drop a last line without its newline: a write the disk did not finish (never sealed)."""
-    size = path.stat().st_size
-    if not size:
-        return
-    with open(path, "rb+") as fh:
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+    size = os.fstat(fd).st_size
+    with os.fdopen(fd, "rb+") as fh:
+        if not size:
+            return
         fh.seek(max(0, size - MAX_RECORD_LINE - 1))
         tail = fh.read()
         if tail.endswith(b"\n"):
@@ -133,8 +134,13 @@ class TraceRecorder:
             UserError: an event was changed, dropped or reordered after it was sealed (exit
                 2: resuming would seal the change as if the run had made it).
         """
-        _cut_torn_line(self.path)
-        events, seals = read_trace(self.path)
+        try:
+            _cut_torn_line(self.path)
+            events, seals = read_trace(self.path)
+        except (IntegrityError, OSError) as exc:
+            raise UserError(f"the trace of run {self.run_id} is unreadable: {exc}\n  fix: "
+                            "`choir audit` names it; restore the record, or start the work "
+                            "item as a new run") from None
         heads = chain_heads(self.run_id, events)
         for seal in seals:
             if not 1 <= seal.seq <= len(events) or heads[seal.seq] != seal.digest:
@@ -171,7 +177,7 @@ class TraceRecorder:
         self._replay(event.model_dump(mode="json"))
 
     def _append(self, data: bytes) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             os.write(fd, data)
         finally:

@@ -11,13 +11,17 @@ An attacker without the key can delete a seal but never make one, and audit requ
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO, Literal
 
 from pydantic import Field
 
 from choir._core.canonical import canonical_json
 from choir.attest.keys import decode_public_key, key_id_of, verify_signature
+from choir.exceptions import IntegrityError
 from choir.models._base import Frozen
 
 if TYPE_CHECKING:
@@ -53,13 +57,19 @@ def make_seal(kind: SealKind, subject: str, seq: int, digest: str, signer: Signe
 
 
 def seal_problem(seal: Seal, *, kind: str, subject: str, digest: str,
-                 trusted: Collection[str]) -> str | None:
+                 trusted: Collection[str] | None) -> str | None:
     """Why ``seal`` does not vouch for ``digest`` as ``kind`` record ``subject``, or None.
 
     The key id is recomputed from the public key the seal carries, never taken from it.
+    ``trusted`` None: only what the seal names is compared, its signature not checked (a
+    seal that only restates what a later, verified seal covers need not be).
     """
     if seal.kind != kind or seal.subject != subject:
         return f"a seal of {seal.kind} {seal.subject!r}, not of {kind} {subject!r}"
+    if seal.digest != digest:
+        return f"the record hashes to {digest}, not the sealed {seal.digest}"
+    if trusted is None:
+        return None
     try:
         key_id = key_id_of(decode_public_key(seal.public_key).public_bytes_raw())
     except ValueError:
@@ -69,6 +79,24 @@ def seal_problem(seal: Seal, *, kind: str, subject: str, digest: str,
         return "the seal's signature does not verify"
     if key_id not in trusted:
         return f"sealed by key {key_id}, which this home does not trust"
-    if seal.digest != digest:
-        return f"the record hashes to {digest}, not the sealed {seal.digest}"
     return None
+
+
+def open_record(path: Path) -> BinaryIO:
+    """A record file opened for reading, never through a link and never a FIFO or device
+    (a planted one would hang or redirect ``choir audit``).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        IntegrityError: ``path`` is a link or not a regular file.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise IntegrityError(f"{path}: not a readable record ({exc.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise IntegrityError(f"{path}: not a regular file")
+    return os.fdopen(fd, "rb")

@@ -27,7 +27,7 @@ from choir.models._base import Frozen
 from choir.models.manifest import Platform
 from choir.postconditions.episode import VerificationOutcome, check_episode, episode
 from choir.verification import load_manifest
-from choir.verification.seal import Seal, make_seal, seal_problem
+from choir.verification.seal import Seal, make_seal, open_record, seal_problem
 from choir.verification.session_logs import check_session_logs, run_order
 
 if TYPE_CHECKING:
@@ -100,11 +100,11 @@ def is_session_folder(manifest_path: Path) -> bool:
 def _check_seal(run_dir: Path, data: bytes, trusted: Collection[str]) -> str | None:
     """Why ``seal.json`` does not vouch for the manifest bytes ``data``, or None."""
     try:
-        with open(run_dir / SEAL, "rb") as fh:
+        with open_record(run_dir / SEAL) as fh:
             seal = Seal.model_validate_json(fh.read(MAX_SEAL + 1))
     except FileNotFoundError:
         return "absent"
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, IntegrityError) as exc:
         return f"unreadable: {str(exc)[:150]}"
     return seal_problem(seal, kind=SESSION_KIND, subject=run_dir.name, digest=blake3_hex(data),
                         trusted=trusted)

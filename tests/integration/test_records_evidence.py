@@ -9,6 +9,7 @@ edit, and expects a named violation (exit 1), never a pass and never a crash.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -372,3 +373,21 @@ def test_a_run_killed_before_its_first_checkpoint_is_started_again(tmp_path: Pat
     again = _choir(home, "run", str(item), "--run-id", "k2", "--json")
     assert again.returncode == 0, again.stderr
     assert _audit(home) == (0, [])
+
+
+@pytest.mark.parametrize("plant", ["fifo", "symlink"])
+def test_a_planted_record_is_never_followed_or_waited_on(home: Path, plant: str) -> None:
+    """A FIFO would hang audit, a link would read another file as the record."""
+    trace, seal = _trace_file(home), _session(home) / "seal.json"
+    for path in (trace, seal):
+        copy = path.with_name(path.name + ".real")
+        path.rename(copy)
+        if plant == "fifo":
+            os.mkfifo(path)
+        else:
+            path.symlink_to(copy)
+    code, violations = _audit(home)
+    assert code == 1
+    kinds = {v["kind"]: v["found"] for v in violations if v["kind"] != "session_extra_file"}
+    assert set(kinds) == {"trace_unreadable", "session_seal"}, violations
+    assert all("not a" in found for found in kinds.values()), kinds
