@@ -401,5 +401,5 @@ def test_audit_names_a_verifier_call_cut_from_a_trace(home: Path) -> None:
     code, violations = _audit(home)
     assert code == 1
     assert [v["kind"] for v in violations] == ["trace_unrecorded_attestation",
-                                               "trace_seal_integrity"]
+                                               "trace_seal_integrity", "trace_seal_coverage"]
     assert call["call_id"] in violations[0]["object"]
