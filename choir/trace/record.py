@@ -25,7 +25,7 @@ from choir._core.canonical import canonical_json
 from choir._core.failpoints import failpoint
 from choir._core.paths import choir_home
 from choir.exceptions import IntegrityError, UserError
-from choir.trace.chain import chain_heads, chain_next, chain_start
+from choir.trace.chain import chain_heads, chain_next, chain_start, check_seals
 from choir.trace.model import TraceEvent
 from choir.verification.seal import Seal, make_seal, open_record
 
@@ -141,17 +141,21 @@ class TraceRecorder:
             raise UserError(f"the trace of run {self.run_id} is unreadable: {exc}\n  fix: "
                             "`choir audit` names it; restore the record, or start the work "
                             "item as a new run") from None
-        heads = chain_heads(self.run_id, events)
-        for seal in seals:
-            if not 1 <= seal.seq <= len(events) or heads[seal.seq] != seal.digest:
-                raise UserError(
-                    f"{self.path}: the trace of run {self.run_id} was changed after it was "
-                    f"sealed (events 1..{seal.seq}); a run is not resumed on a changed "
-                    "record\n  fix: `choir audit` names the change; restore the record, or "
-                    "start the work item as a new run")
+        from choir.attest import trusted_key_ids
+
+        # the very check audit makes (signatures too: seals re-made over a changed record
+        # would otherwise be vouched for by the resumed run's first, genuine seal)
+        broken = [detail for check, _, detail in check_seals(
+            self.run_id, events, seals, trusted_key_ids(self.home)) if check != "seal_coverage"]
+        if broken:
+            raise UserError(
+                f"{self.path}: the trace of run {self.run_id} was changed after it was sealed "
+                f"({broken[0][:300]}); a run is not resumed on a changed record\n  fix: "
+                "`choir audit` names the change; restore the record, or start the work item "
+                "as a new run")
         for event in events:
             self._replay(event.model_dump(mode="json"))
-        self.head = heads[-1]
+        self.head = chain_heads(self.run_id, events)[-1]
 
     def _replay(self, rec: dict[str, Any]) -> None:
         self.seq = int(rec.get("seq", self.seq))

@@ -391,3 +391,30 @@ def test_a_planted_record_is_never_followed_or_waited_on(home: Path, plant: str)
     kinds = {v["kind"]: v["found"] for v in violations if v["kind"] != "session_extra_file"}
     assert set(kinds) == {"trace_unreadable", "session_seal"}, violations
     assert all("not a" in found for found in kinds.values()), kinds
+
+
+def test_seals_remade_over_a_changed_record_are_caught_and_not_laundered(tmp_path: Path
+                                                                         ) -> None:
+    """The attacker changes a sealed event and rewrites every seal's digest to the new chain
+    (keeping the signatures: they cannot make new ones). Audit names it, and a resume, whose
+    first seal would be genuine and cover everything, refuses."""
+    from choir.trace.chain import chain_heads
+    from choir.trace.record import read_trace
+
+    home, _ = _crashed_run(tmp_path)
+    path = home / "traces" / "k1.jsonl"
+    records = [json.loads(x) for x in path.read_text().splitlines()]
+    records[0]["data"]["mood"] = "BOLD"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    heads = chain_heads("k1", read_trace(path)[0])
+    for record in records:
+        if record["kind"] == "seal":
+            record["seal"]["digest"] = heads[record["seal"]["seq"]]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    code, violations = _audit(home)
+    assert code == 1 and "trace_seal_integrity" in _kinds(violations)
+    assert "signature does not verify" in next(
+        v["found"] for v in violations if v["kind"] == "trace_seal_integrity")
+    resumed = _choir(home, "run", "--resume", "k1")
+    assert resumed.returncode == 2 and "changed after it was sealed" in resumed.stderr
+    assert "trace_seal_integrity" in _kinds(_audit(home)[1])
