@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 SESSION_KIND: Final = "verify_session"
 SEAL = "seal.json"
 MAX_SEAL = 4096
+MAX_MANIFEST = 16 << 20
 # a `choir verify` green thread's run id: the session's id, the verifier, the replica
 _SESSION_THREAD = re.compile(r"^(verify-\d{8}T\d{6}-[0-9a-f]{6})-.+-\d+$")
 
@@ -92,9 +93,22 @@ def is_session_manifest(data: object) -> bool:
 def is_session_folder(manifest_path: Path) -> bool:
     """True when ``manifest_path`` parses as JSON and says it is a verify session's."""
     try:
-        return is_session_manifest(json.loads(manifest_path.read_bytes()))
-    except (OSError, ValueError):
+        return is_session_manifest(json.loads(_read_manifest(manifest_path)))
+    except (OSError, ValueError, IntegrityError):
         return False
+
+
+def _read_manifest(path: Path) -> bytes:
+    """A session manifest's bytes, size-capped, never through a link or from a FIFO.
+
+    Raises:
+        OSError: unreadable. IntegrityError: a link, not a regular file, or too large.
+    """
+    with open_record(path) as fh:
+        data = fh.read(MAX_MANIFEST + 1)
+    if len(data) > MAX_MANIFEST:
+        raise IntegrityError(f"{path}: larger than {MAX_MANIFEST} bytes")
+    return data
 
 
 def _check_seal(run_dir: Path, data: bytes, trusted: Collection[str]) -> str | None:
@@ -113,9 +127,9 @@ def _check_seal(run_dir: Path, data: bytes, trusted: Collection[str]) -> str | N
 def check_session(run_dir: Path, attestations: Any,
                   trusted: Collection[str]) -> list[tuple[str, str, str]]:
     """What ``choir audit`` finds wrong with a verify session's folder, as (kind, expected,
-    found). The folder holds its manifest, its seal and its logs only; the seal is by a trusted key
-    over exactly these manifest bytes; every run the manifest lists is backed by a valid
-    attestation in the list, with the same target; PASS only if every one of them passed.
+    found). The folder holds its manifest, its seal and its logs only; the seal is by a
+    trusted key over exactly these manifest bytes; every run the manifest lists is backed by a
+    valid attestation in the list, with the same target; PASS only if every one of them passed.
     """
 
     problems: list[tuple[str, str, str]] = []
@@ -125,9 +139,9 @@ def check_session(run_dir: Path, attestations: Any,
         problems.append(("session_extra_file", f"manifest.json, logs/ and {SEAL} only",
                          ", ".join(extra)[:200]))
     try:
-        data = (run_dir / "manifest.json").read_bytes()
+        data = _read_manifest(run_dir / "manifest.json")
         session = SessionManifest.model_validate_json(data)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, IntegrityError) as exc:
         return [*problems, ("session_manifest", "a valid verify session manifest",
                             str(exc)[:200])]
     unsealed = _check_seal(run_dir, data, trusted)
