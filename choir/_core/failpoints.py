@@ -18,6 +18,7 @@ POINTS = (
     "green:ran",            # a verifier's run is sealed; its report is not made
     "attest:minted",        # attestations are stored; the node has not returned
     "adjudicate:written",   # the AHDB holds this round's atoms; the decision is not saved
+    "trace:sealing",        # a node's trace events are written; their seal is not
 )
 
 

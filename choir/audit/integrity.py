@@ -33,7 +33,7 @@ from choir.exceptions import UserError
 from choir.models import Attestation, Result, RunManifest, Violation
 from choir.models._base import Frozen
 from choir.store_url import database_url
-from choir.verification.session import check_session, is_session_folder
+from choir.verification.session import check_session, is_session_folder, missing_sessions
 
 
 class AuditResult(Frozen):
@@ -124,14 +124,16 @@ class _Audit:
                 self.found.append(_v("run_missing", att.body.run_id,
                                      f"the run folder attestation {att_id[:16]} vouches for",
                                      "absent"))
+        self.found.extend(_v(*missing) for missing in
+                          missing_sessions(self.store, self.valid.values()))
 
     def _run(self, run_id: str) -> None:
         assert self.store is not None and self.atts is not None
         run_dir = self.store.run_dir(run_id)
         manifest_path = run_dir / MANIFEST
         if is_session_folder(manifest_path):  # a `choir verify` session: checked by its owner
-            self.found.extend(_v(kind, run_id, want, got)
-                              for kind, want, got in check_session(run_dir, self.atts))
+            self.found.extend(_v(kind, run_id, want, got) for kind, want, got in
+                              check_session(run_dir, self.atts, self.trusted))
             return
         try:
             manifest = RunManifest.model_validate_json(manifest_path.read_bytes())

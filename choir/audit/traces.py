@@ -2,7 +2,10 @@
 
 A run still being driven holds its lock; its trace is unfinished by design, so it is counted
 and skipped, not reported. Anything else that does not verify is a violation named after the
-check that failed (``trace_citation_hash``, ``trace_required_steps``, ...).
+check that failed (``trace_citation_hash``, ``trace_seal_integrity``, ...). Every trace is
+held against this home (``choir.trace.grounding``): its seals, attestations and AHDB atoms.
+A crashed run's trace is unfinished (``trace_required_steps``), and may end in events it had
+no time to seal (``trace_seal_coverage``); both name ``choir run --resume``, which clears them.
 """
 
 from __future__ import annotations
@@ -77,19 +80,24 @@ def check_traces(home: Path, store: ArtifactStore, counts: dict[str, int],
                  attestations: Iterable[Attestation] = ()) -> list[Violation]:
     """Violations of every recorded run's trace; ``counts`` gains traces (and traces_live).
 
-    A run the checkpoints know but whose trace is gone is named too, and so is a valid
-    attestation minted in a run that its trace does not record: deleting a trace, or a
-    verifier call from one, must not be a way to hide it.
+    ``attestations``: the valid ones. A run the checkpoints know, or that minted one of them,
+    but whose trace is gone is named too, and so is a valid attestation minted in a run that
+    its trace does not record: deleting a trace, or a verifier call from one, must not be a
+    way to hide it.
     """
-    from choir.trace import export_run, verify_trace
+    from choir.attest import trusted_key_ids
+    from choir.trace import RecordSources, export_run, verify_trace
 
-    minted = _attested_calls(attestations)
-
+    valid = {att.id: att for att in attestations}
+    minted = _attested_calls(valid.values())
+    sources = RecordSources(home=home, store=store, trusted=trusted_key_ids(home),
+                            verified=valid)
+    recorded = set(recorded_runs(home))
     found: list[Violation] = [
         Violation(kind="trace_missing", object=f"trace {run_id}",
                   expected="the run's recorded trace", found="absent")
-        for run_id in sorted(checkpointed_runs(home) - set(recorded_runs(home)))]
-    for run_id in recorded_runs(home):
+        for run_id in sorted((checkpointed_runs(home) | set(minted)) - recorded)]
+    for run_id in sorted(recorded):
         if _live(home, run_id):
             counts["traces_live"] = counts.get("traces_live", 0) + 1
             continue
@@ -100,14 +108,14 @@ def check_traces(home: Path, store: ArtifactStore, counts: dict[str, int],
             found.append(Violation(kind="trace_unreadable", object=f"trace {run_id}",
                                    expected="an exportable trace", found=str(exc)[:200]))
             continue
-        recorded = {ev.name for ev in trace.events if ev.kind == "attestation"}
+        in_trace = {ev.name for ev in trace.events if ev.kind == "attestation"}
         for att_id, call in sorted(minted.get(run_id, {}).items()):
-            if att_id not in recorded:
+            if att_id not in in_trace:
                 found.append(Violation(kind="trace_unrecorded_attestation",
                                        object=f"trace {run_id}: {call}",
                                        expected=f"attestation {att_id} in the trace",
                                        found="absent"))
-        result = verify_trace(trace.model_dump(mode="json"), store)
+        result = verify_trace(trace.model_dump(mode="json"), store, sources=sources)
         for f in result.failures:
             found.append(Violation(kind=f"trace_{f.check}", object=f"trace {run_id}: {f.where}"
                                    [:200], expected=f"the {f.check} check passes",

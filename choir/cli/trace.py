@@ -47,11 +47,13 @@ def trace_export(run_id: str, output: Path | None, agent_store: Path | None) -> 
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def trace_verify(file: Path, as_json: bool) -> int:
-    """Check a trace: exit 0 when every check passes, 1 when any fails."""
-    from choir.evidence.artifacts import ArtifactStore
+    """Check a trace, and hold it against this home's stores: exit 0 when every check
+    passes, 1 when any fails."""
     from choir.trace import verify_trace_file
+    from choir.trace.grounding import RecordSources
 
-    result = verify_trace_file(file, ArtifactStore())
+    sources = RecordSources.of_home()
+    result = verify_trace_file(file, sources.store, sources=sources)
     if as_json:
         click.echo(json.dumps(result.model_dump(mode="json"), indent=2))
     else:

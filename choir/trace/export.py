@@ -8,7 +8,7 @@ run remembered. Each claim cites the evidence it came from by line span and span
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +28,8 @@ from choir.trace.model import (
     TraceOutcome,
     TracePlan,
 )
-from choir.trace.record import read_records, record_path
+from choir.trace.record import read_trace, record_path
+from choir.verification.seal import Seal
 
 if TYPE_CHECKING:
     from choir.evidence.artifacts import ArtifactStore
@@ -132,15 +133,6 @@ def _atom_claims(b: _Builder, atoms: list[Any], attested: dict[str, tuple[int, s
         b.claim(f"ahdb/{atom.id}", atom.kind.value, f"{atom.status.value}: {text}", seq, cites)
 
 
-def _events(run_id: str, home: Path) -> Iterator[TraceEvent]:
-    path = record_path(run_id, home)
-    if not path.is_file():
-        raise UserError(f"no trace recorded for run {run_id!r} under {path.parent}; "
-                        "`choir runs` lists the runs, and only `choir run` records traces")
-    for rec in read_records(path):
-        yield TraceEvent.model_validate(rec)
-
-
 def export_run(run_id: str, *, home: Path | None = None,
                store: ArtifactStore | None = None) -> Trace:
     """The trace of ``choir run`` ``run_id``, built from its records and the stores.
@@ -149,12 +141,29 @@ def export_run(run_id: str, *, home: Path | None = None,
         UserError: no trace was recorded for ``run_id``.
         IntegrityError: a record, report or manifest it needs is unreadable.
     """
-    from choir.ahdb import open_ahdb
     from choir.evidence.artifacts import ArtifactStore
 
     base = home or choir_home()
-    store = store or ArtifactStore()
-    events = list(_events(run_id, base))
+    path = record_path(run_id, base)
+    if not (path.exists() or path.is_symlink()):  # a planted link or FIFO is read, and named
+        raise UserError(f"no trace recorded for run {run_id!r} under {path.parent}; "
+                        "`choir runs` lists the runs, and only `choir run` records traces")
+    events, seals = read_trace(path)
+    return build_run_trace(run_id, events, seals, home=base, store=store or ArtifactStore())
+
+
+def build_run_trace(run_id: str, events: Sequence[TraceEvent], seals: Sequence[Seal], *,
+                    home: Path, store: ArtifactStore) -> Trace:
+    """The trace the events of run ``run_id`` and the stores of ``home`` make.
+
+    ``choir trace verify`` calls this too, on an exported trace's own events, and holds
+    every derived field (work item, plan, claims, evidence, outcome) against the result.
+
+    Raises:
+        IntegrityError: a report or manifest it needs is unreadable.
+    """
+    from choir.ahdb import open_ahdb
+
     b = _Builder(store)
     required: list[str] = []
     planned: list[PlannedStep] = []
@@ -188,8 +197,8 @@ def export_run(run_id: str, *, home: Path | None = None,
             insufficient = None
         elif ev.kind == "insufficient_evidence":
             insufficient = InsufficientEvidence(reason=str(ev.data.get("reason", "")))
-    if attested and (base / "ahdb.sqlite").exists():
-        atoms = open_ahdb(base).atoms(work_item=work_item)
+    if attested and (home / "ahdb.sqlite").exists():
+        atoms = open_ahdb(home).atoms(work_item=work_item)
         _atom_claims(b, atoms, attested, reports, events[-1].seq if events else 0)
     claims = b.claims
     if insufficient is not None:  # docs/trace.md: every claim of such a run is marked
@@ -198,7 +207,7 @@ def export_run(run_id: str, *, home: Path | None = None,
                  work_item=work_item,
                  plan=TracePlan(schema_version=PLAN_SCHEMA_VERSION, required=tuple(required),
                                 planned=tuple(planned)),
-                 events=tuple(events), claims=tuple(claims),
+                 events=tuple(events), seals=tuple(seals), claims=tuple(claims),
                  evidence=tuple(b.evidence.values()),
                  outcome=TraceOutcome(status=status, reason=reason[:2000],
                                       insufficient_evidence=insufficient))

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from choir.models._base import Frozen
+from choir.verification.seal import Seal
 
 TRACE_SCHEMA_VERSION = 1
 PLAN_SCHEMA_VERSION = 1
@@ -141,6 +142,9 @@ class Trace(Frozen):
     work_item: str | None = Field(default=None, max_length=200)
     plan: TracePlan
     events: tuple[TraceEvent, ...] = Field(max_length=MAX_EVENTS)
+    # the recorder's signed chain heads over ``events`` (choir.trace.chain); a run's trace
+    # without them vouches for nothing
+    seals: tuple[Seal, ...] = Field(default=(), max_length=MAX_EVENTS)
     claims: tuple[DerivedClaim, ...] = Field(default=(), max_length=MAX_CLAIMS)
     evidence: tuple[EvidenceFile, ...] = Field(default=(), max_length=MAX_EVIDENCE)
     outcome: TraceOutcome

@@ -1,10 +1,15 @@
-"""Recording a ``choir run``'s trace while it runs: one JSON line per event.
+"""Recording a ``choir run``'s trace while it runs: one JSON line per event, sealed.
 
 What the stored records alone cannot say is recorded here: the order things happened in,
 when, and which result answers which call (call ids). Everything else (reports, manifests,
-attestations, AHDB claims) is read back from the stores at export time. Lines are appended
-with one ``write`` each and flushed, so a crash loses at most the event being written, and a
-resumed run appends to the same file, numbering on from the last line.
+attestations, AHDB claims) is read back from the stores at export time.
+
+The record is evidence (``choir.trace.chain``): each event line is the event's canonical JSON,
+the events form a hash chain, and after each node of the run the recorder appends a seal
+line, the chain's head signed with the home's key. A node's events are appended in one
+``write`` and its seal in the next, so a crash leaves either a sealed record or one node's
+events unsealed; a resumed run seals them with its first seal (a torn last line, which only
+a failing disk leaves, is cut first), after checking that nothing sealed was changed.
 """
 
 from __future__ import annotations
@@ -14,12 +19,21 @@ import os
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from choir._core.canonical import canonical_json
+from choir._core.failpoints import failpoint
 from choir._core.paths import choir_home
-from choir.exceptions import IntegrityError
+from choir.exceptions import IntegrityError, UserError
+from choir.trace.chain import chain_heads, chain_next, chain_start, check_seals
+from choir.trace.model import TraceEvent
+from choir.verification.seal import Seal, make_seal, open_record
+
+if TYPE_CHECKING:
+    from choir.attest import Signer
 
 MAX_RECORD_LINE = 64 << 10
+SEAL_LINE = "seal"  # a line ``{"kind": "seal", "seal": {...}}``; every other line is an event
 
 
 def traces_dir(home: Path | None = None) -> Path:
@@ -31,12 +45,12 @@ def record_path(run_id: str, home: Path | None = None) -> Path:
 
 
 def read_records(path: Path) -> Iterator[dict[str, Any]]:
-    """The recorded events of a run, in order.
+    """The recorded lines of a run (events and seals), in order.
 
     Raises:
         IntegrityError: a line is not a JSON object (a torn or edited record).
     """
-    with open(path, "rb") as fh:
+    with open_record(path) as fh:
         for number, line in enumerate(iter(lambda: fh.readline(MAX_RECORD_LINE + 1), b""), 1):
             try:
                 if len(line) > MAX_RECORD_LINE:  # read no further: a planted giant line
@@ -49,17 +63,57 @@ def read_records(path: Path) -> Iterator[dict[str, Any]]:
             yield record
 
 
+def read_trace(path: Path) -> tuple[list[TraceEvent], list[Seal]]:
+    """A run's recorded events and the seals over them.
+
+    Raises:
+        IntegrityError: a line is not an event or a seal.
+    """
+    events: list[TraceEvent] = []
+    seals: list[Seal] = []
+    for number, rec in enumerate(read_records(path), 1):
+        try:
+            if rec.get("kind") == SEAL_LINE:
+                seals.append(Seal.model_validate(rec.get("seal")))
+            else:
+                events.append(TraceEvent.model_validate(rec))
+        except ValueError as exc:
+            raise IntegrityError(f"{path}:{number}: not a trace event or seal "
+                                 f"({str(exc)[:300]})") from None
+    return events, seals
+
+
+def _cut_torn_line(path: Path) -> None:
+    """Drop a last line without its newline: a write the disk did not finish (never sealed)."""
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+    size = os.fstat(fd).st_size
+    with os.fdopen(fd, "rb+") as fh:
+        if not size:
+            return
+        fh.seek(max(0, size - MAX_RECORD_LINE - 1))
+        tail = fh.read()
+        if tail.endswith(b"\n"):
+            return
+        cut = tail.rfind(b"\n")
+        if cut < 0 and len(tail) < size:
+            raise IntegrityError(f"{path}: the last line is longer than a trace record")
+        fh.truncate(size - len(tail) + cut + 1)
+
+
 class TraceRecorder:
-    """Appends a run's events to ``CHOIR_HOME/traces/RUN_ID.jsonl``.
+    """Appends a run's events to ``CHOIR_HOME/traces/RUN_ID.jsonl`` and seals them.
 
     ``node`` turns each orchestrator node's state update into events: the executor and each
     verifier become a ``tool_call`` and its ``tool_result`` under one call id (the green
     thread's run id for a verifier), plans number themselves, and attestations are linked to
-    the verifier call they attest.
+    the verifier call they attest. ``started``, ``node`` and ``ended`` each write their events
+    at once and then seal them (``signer``: the home's, loaded when first needed).
     """
 
-    def __init__(self, run_id: str, home: Path | None = None) -> None:
+    def __init__(self, run_id: str, home: Path | None = None,
+                 signer: Signer | None = None) -> None:
         self.run_id = run_id
+        self.home = home
         self.path = record_path(run_id, home)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.seq = 0
@@ -67,9 +121,41 @@ class TraceRecorder:
         self.executions = 0
         self.attested: set[str] = set()
         self.last_round: list[str] = []  # results of the current plan's voting runs
+        self.head = chain_start(run_id)
+        self._signer = signer
+        self._batch: list[bytes] = []
         if self.path.exists():
-            for rec in read_records(self.path):
-                self._replay(rec)
+            self._reopen()
+
+    def _reopen(self) -> None:
+        """Take up a record a stopped run left: its sealed part must be as it was sealed.
+
+        Raises:
+            UserError: an event was changed, dropped or reordered after it was sealed (exit
+                2: resuming would seal the change as if the run had made it).
+        """
+        try:
+            _cut_torn_line(self.path)
+            events, seals = read_trace(self.path)
+        except (IntegrityError, OSError) as exc:
+            raise UserError(f"the trace of run {self.run_id} is unreadable: {exc}\n  fix: "
+                            "`choir audit` names it; restore the record, or start the work "
+                            "item as a new run") from None
+        from choir.attest import trusted_key_ids
+
+        # the very check audit makes (signatures too: seals re-made over a changed record
+        # would otherwise be vouched for by the resumed run's first, genuine seal)
+        broken = [detail for check, _, detail in check_seals(
+            self.run_id, events, seals, trusted_key_ids(self.home)) if check != "seal_coverage"]
+        if broken:
+            raise UserError(
+                f"{self.path}: the trace of run {self.run_id} was changed after it was sealed "
+                f"({broken[0][:300]}); a run is not resumed on a changed record\n  fix: "
+                "`choir audit` names the change; restore the record, or start the work item "
+                "as a new run")
+        for event in events:
+            self._replay(event.model_dump(mode="json"))
+        self.head = chain_heads(self.run_id, events)[-1]
 
     def _replay(self, rec: dict[str, Any]) -> None:
         self.seq = int(rec.get("seq", self.seq))
@@ -86,18 +172,40 @@ class TraceRecorder:
 
     def emit(self, kind: str, *, name: str = "", call_id: str | None = None,
              data: dict[str, Any] | None = None) -> None:
-        rec: dict[str, Any] = {"seq": self.seq + 1, "kind": kind,
-                               "ts": datetime.now(UTC).isoformat(), "name": name,
-                               "data": data or {}}
-        if call_id is not None:
-            rec["call_id"] = call_id
-        line = (json.dumps(rec, sort_keys=True, separators=(",", ":")) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        """Add an event to the batch ``_commit`` writes and seals."""
+        event = TraceEvent.model_validate({
+            "seq": self.seq + 1, "kind": kind, "ts": datetime.now(UTC), "name": name,
+            "call_id": call_id, "data": data or {}})
+        self._batch.append(canonical_json(event) + b"\n")
+        self.head = chain_next(self.head, event)
+        self._replay(event.model_dump(mode="json"))
+
+    def _append(self, data: bytes) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
-            os.write(fd, line)
+            os.write(fd, data)
         finally:
             os.close(fd)
-        self._replay(rec)
+
+    def _commit(self, node: bool = False) -> None:
+        """Write the batch's events in one ``write``, then their seal in the next.
+
+        ``node``: a node's events, written after the graph checkpointed the node; a crash
+        between the two writes (the ``trace:sealing`` failpoint) leaves them unsealed.
+        """
+        if not self._batch:
+            return
+        self._append(b"".join(self._batch))
+        self._batch = []
+        if node:
+            failpoint("trace:sealing")
+        if self._signer is None:
+            from choir.attest import load_signer
+
+            self._signer = load_signer(self.home)
+        seal = make_seal("trace", self.run_id, self.seq, self.head, self._signer)
+        self._append(canonical_json({"kind": SEAL_LINE, "seal": seal.model_dump(mode="json")})
+                     + b"\n")
 
     def started(self, start: Any) -> None:
         """A new run (``start`` is the graph input) or a resumed one (``start`` is not a dict)."""
@@ -108,6 +216,7 @@ class TraceRecorder:
                 "required": list(item.required_verifiers)})
         else:
             self.emit("run_resumed")
+        self._commit()
 
     def node(self, node: str, update: dict[str, Any]) -> None:
         if node == "execute":
@@ -145,6 +254,7 @@ class TraceRecorder:
             self.emit("decision", name=node, data={
                 "status": update.get("status"), "reason": str(update.get("reason", ""))[:1000],
                 "mood": update.get("mood"), "asserted": update.get("asserted") or None})
+        self._commit(node=True)
 
     def ended(self, values: dict[str, Any], waiting: bool) -> str:
         """The run stopped: paused for approval, or ended. Returns its insufficient-evidence
@@ -152,12 +262,14 @@ class TraceRecorder:
         status = str(values.get("status", "unknown"))
         if waiting:
             self.emit("awaiting_approval", data={"status": status})
+            self._commit()
             return ""
         reason = str(values.get("reason", ""))[:1000]
         missing = insufficiency(status, self.last_round)
         if missing:
             self.emit("insufficient_evidence", data={"reason": missing})
         self.emit("run_ended", data={"status": status, "reason": reason})
+        self._commit()
         return missing
 
 

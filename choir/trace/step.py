@@ -56,14 +56,17 @@ def run_trace_step(planned: PlannedVerifier, run_id: str, target: Target,
     """Verify the parent run's trace and store the evidence under ``run_id``'s folder."""
     from choir.models.run import VerifierRun
     from choir.trace.export import export_run
+    from choir.trace.grounding import RecordSources
     from choir.trace.verify import verify_trace
 
     sealed = store.sealed(run_id)
     if sealed is None:  # a replay after a crash reuses the sealed evidence, never redoes it
         started = datetime.now(UTC)
         clock = time.monotonic()
-        trace = export_run(parent_run(run_id, planned.name), store=store)
-        result = verify_trace(trace.model_dump(mode="json"), store, partial=True)
+        sources = RecordSources.of_home(store=store)
+        trace = export_run(parent_run(run_id, planned.name), home=sources.home, store=store)
+        result = verify_trace(trace.model_dump(mode="json"), store, partial=True,
+                              sources=sources)
         folder = store.run_dir(run_id)
         (folder / "logs").mkdir(parents=True, exist_ok=True)
         (folder / "trace.json").write_bytes(canonical_json(trace))

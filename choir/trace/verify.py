@@ -25,6 +25,7 @@ from pydantic import Field, ValidationError
 
 from choir.exceptions import UserError
 from choir.models._base import Frozen
+from choir.trace.grounding import GROUNDING_CHECKS, RecordSources, check_grounding
 from choir.trace.model import (
     SUPPORTED_PLAN_VERSIONS,
     SUPPORTED_TRACE_VERSIONS,
@@ -37,8 +38,10 @@ if TYPE_CHECKING:
 
 MAX_TRACE_BYTES = 64 << 20
 MAX_FAILURES = 1000
-CHECKS = ("schema", "version", "ordering", "tool_linkage", "required_steps", "citation_marker",
-          "citation_span", "citation_hash", "evidence_integrity", "insufficient_evidence")
+TRACE_CHECKS = ("schema", "version", "ordering", "tool_linkage", "required_steps",
+                "citation_marker", "citation_span", "citation_hash", "evidence_integrity",
+                "insufficient_evidence")
+CHECKS = TRACE_CHECKS + GROUNDING_CHECKS  # what `choir trace verify` and `choir audit` run
 _MARKER = re.compile(r"\[@([^\]\s]{0,12})\]")
 _CHUNK = 1 << 20
 
@@ -78,9 +81,10 @@ class _Failures:
         self.items.append(Failure(check=check, where=where[:300], detail=detail[:600]))
 
 
-def _report(fails: _Failures, ran: set[str], metrics: dict[str, int]) -> TraceVerification:
+def _report(fails: _Failures, ran: set[str], metrics: dict[str, int],
+              names: tuple[str, ...]) -> TraceVerification:
     checks = tuple(CheckResult(name=c, passed=c in ran and c not in fails.failed)
-                   for c in CHECKS)
+                   for c in names)
     return TraceVerification(ok=all(c.passed for c in checks), checks=checks,
                              failures=tuple(fails.items),
                              summary_metrics={**metrics, "failures": len(fails.items)
@@ -126,49 +130,57 @@ class _TooDeep:
     pass
 
 
-def verify_trace(raw: Any, store: ArtifactStore, *, partial: bool = False) -> TraceVerification:
+def verify_trace(raw: Any, store: ArtifactStore, *, partial: bool = False,
+                 sources: RecordSources | None = None) -> TraceVerification:
     """Run every check on a parsed trace (``parse_trace_json``) against ``store``.
 
     ``partial``: the trace of a run still under way (the ``trace`` verifier kind): its end,
     its last plan's steps and its required verifiers are not demanded yet.
+    ``sources``: the home to hold the trace against (``choir.trace.grounding``); without it
+    only the structural checks run and are listed (``TRACE_CHECKS``): the CLI, ``choir
+    audit`` and the ``trace`` verifier always give it.
     """
+    names = CHECKS if sources is not None else TRACE_CHECKS
     fails, ran = _Failures(), set[str]()
     ran.add("version")
     if isinstance(raw, _TooLarge | _TooDeep):
         fails.add("schema", "$", "larger than the cap of 64 MiB" if isinstance(raw, _TooLarge)
                   else "nested too deeply to be a trace")
         ran.add("schema")
-        return _report(fails, ran, {})
+        return _report(fails, ran, {}, names)
     _check_versions(raw, fails)
     if fails.failed:
-        return _report(fails, ran, {})
+        return _report(fails, ran, {}, names)
     ran.add("schema")
     try:
         trace = Trace.model_validate(raw)
     except ValidationError as err:
         for e in err.errors()[:50]:
             fails.add("schema", "$." + ".".join(str(x) for x in e["loc"]), e["msg"])
-        return _report(fails, ran, {})
-    ran.update(CHECKS)
+        return _report(fails, ran, {}, names)
+    ran.update(names)
     _check_ordering(trace, fails)
     calls = _check_linkage(trace, fails)
     _check_required(trace, fails, partial)
     _check_markers(trace, fails)
     metrics = _check_evidence_and_citations(trace, store, fails)
     _check_insufficient(trace, fails)
+    if sources is not None:
+        check_grounding(trace, sources, fails.add)
     metrics.update(events=len(trace.events), tool_calls=calls, claims=len(trace.claims),
                    citations=sum(len(c.citations) for c in trace.claims),
                    insufficient_claims=sum(c.insufficient for c in trace.claims))
-    return _report(fails, ran, metrics)
+    return _report(fails, ran, metrics, names)
 
 
-def verify_trace_file(path: Path, store: ArtifactStore) -> TraceVerification:
-    """Read, parse and verify a trace file.
+def verify_trace_file(path: Path, store: ArtifactStore, *,
+                      sources: RecordSources | None = None) -> TraceVerification:
+    """Read, parse and verify a trace file (against the home of ``sources`` when given).
 
     Raises:
         UserError: the file is missing, unreadable or not JSON (exit 2).
     """
-    return verify_trace(parse_trace_json(read_trace_file(path), path), store)
+    return verify_trace(parse_trace_json(read_trace_file(path), path), store, sources=sources)
 
 
 def _check_versions(raw: Any, fails: _Failures) -> None:
@@ -243,8 +255,8 @@ def _check_required(trace: Trace, fails: _Failures, partial: bool) -> None:
     if not kinds or kinds[0] != "run_started":
         fails.add("required_steps", "events[0]", "the trace does not begin with run_started")
     if not partial and (not kinds or kinds[-1] not in ("run_ended", "awaiting_approval")):
-        fails.add("required_steps", "events[-1]", "the trace does not end with run_ended "
-                                                  "(an unfinished or truncated run)")
+        fails.add("required_steps", "events[-1]", "the trace does not end with run_ended: "
+                  f"a crashed run (`choir run --resume {trace.run_id}`) or a truncated trace")
     # a step is present when it was called; whether the call has its result is tool_linkage
     ran: set[tuple[int, str, int]] = set()
     called: set[str] = set()

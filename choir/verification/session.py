@@ -1,17 +1,24 @@
 """A session record: the manifest of a whole ``choir verify`` (and of one action's round in
 ``choir run``) at ``runs/{run_id}/manifest.json``, how it is written once, and how ``choir
 audit`` checks it against the attestations it lists.
+
+The manifest says things no attestation signs (its commands, times, mood, platform), so it is
+sealed (``choir.verification.seal``): ``seal.json`` beside it holds the home key's signature
+over the manifest's blake3. A changed byte, a missing seal, or a session whose attestations
+remain but whose folder is gone is a named violation.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import Field
 
+from choir._core.canonical import blake3_hex, canonical_json
 from choir.attest import AttestationStore
 from choir.evidence.artifacts import ArtifactStore, write_once
 from choir.exceptions import IntegrityError
@@ -20,9 +27,19 @@ from choir.models._base import Frozen
 from choir.models.manifest import Platform
 from choir.postconditions.episode import VerificationOutcome, check_episode, episode
 from choir.verification import load_manifest
+from choir.verification.seal import Seal, make_seal, open_record, seal_problem
 from choir.verification.session_logs import check_session_logs, run_order
 
-SESSION_KIND = "verify_session"
+if TYPE_CHECKING:
+    from choir.attest import Signer
+    from choir.models import Attestation
+
+SESSION_KIND: Final = "verify_session"
+SEAL = "seal.json"
+MAX_SEAL = 4096
+MAX_MANIFEST = 16 << 20
+# a `choir verify` green thread's run id: the session's id, the verifier, the replica
+_SESSION_THREAD = re.compile(r"^(verify-\d{8}T\d{6}-[0-9a-f]{6})-.+-\d+$")
 
 
 class SessionCommand(Frozen):
@@ -76,27 +93,61 @@ def is_session_manifest(data: object) -> bool:
 def is_session_folder(manifest_path: Path) -> bool:
     """True when ``manifest_path`` parses as JSON and says it is a verify session's."""
     try:
-        return is_session_manifest(json.loads(manifest_path.read_bytes()))
-    except (OSError, ValueError):
+        return is_session_manifest(json.loads(_read_manifest(manifest_path)))
+    except (OSError, ValueError, IntegrityError):
         return False
 
 
-def check_session(run_dir: Path, attestations: Any) -> list[tuple[str, str, str]]:
+def _read_manifest(path: Path) -> bytes:
+    """A session manifest's bytes, size-capped, never through a link or from a FIFO.
+
+    Raises:
+        OSError: unreadable. IntegrityError: a link, not a regular file, or too large.
+    """
+    with open_record(path) as fh:
+        data = fh.read(MAX_MANIFEST + 1)
+    if len(data) > MAX_MANIFEST:
+        raise IntegrityError(f"{path}: larger than {MAX_MANIFEST} bytes")
+    return data
+
+
+def _check_seal(run_dir: Path, data: bytes, trusted: Collection[str]) -> str | None:
+    """Why ``seal.json`` does not vouch for the manifest bytes ``data``, or None."""
+    try:
+        with open_record(run_dir / SEAL) as fh:
+            seal = Seal.model_validate_json(fh.read(MAX_SEAL + 1))
+    except FileNotFoundError:
+        return "absent"
+    except (OSError, ValueError, IntegrityError) as exc:
+        return f"unreadable: {str(exc)[:150]}"
+    return seal_problem(seal, kind=SESSION_KIND, subject=run_dir.name, digest=blake3_hex(data),
+                        trusted=trusted)
+
+
+def check_session(run_dir: Path, attestations: Any,
+                  trusted: Collection[str]) -> list[tuple[str, str, str]]:
     """What ``choir audit`` finds wrong with a verify session's folder, as (kind, expected,
-    found). The folder holds its manifest only; every run it lists is backed by a valid
-    attestation in the list, with the same target; PASS only if every one of them passed.
+    found). The folder holds its manifest, its seal and its logs only; the seal is by a
+    trusted key over exactly these manifest bytes; every run the manifest lists is backed by a
+    valid attestation in the list, with the same target; PASS only if every one of them passed.
     """
 
     problems: list[tuple[str, str, str]] = []
-    extra = sorted(p.name for p in run_dir.iterdir() if p.name not in ("manifest.json", "logs"))
+    extra = sorted(p.name for p in run_dir.iterdir()
+                   if p.name not in ("manifest.json", "logs", SEAL))
     if extra:
-        problems.append(("session_extra_file", "manifest.json and logs/ only",
+        problems.append(("session_extra_file", f"manifest.json, logs/ and {SEAL} only",
                          ", ".join(extra)[:200]))
     try:
-        session = SessionManifest.model_validate_json((run_dir / "manifest.json").read_bytes())
-    except (OSError, ValueError) as exc:
+        data = _read_manifest(run_dir / "manifest.json")
+        session = SessionManifest.model_validate_json(data)
+    except (OSError, ValueError, IntegrityError) as exc:
         return [*problems, ("session_manifest", "a valid verify session manifest",
                             str(exc)[:200])]
+    unsealed = _check_seal(run_dir, data, trusted)
+    if unsealed is not None:
+        problems.append(("session_seal", "manifest.json sealed by a trusted key",
+                         unsealed[:200]))
     if (run_dir / "logs").exists() or session.repo is not None:
         # every session written since the run-folder logs were added has them (a verify
         # session also names its repo, so deleting its logs/ is caught too)
@@ -136,12 +187,41 @@ def platform_of(first: Platform | None, sandbox: str, isolation: str) -> dict[st
             "sandbox": sandbox, "isolation": isolation}
 
 
-def write_session(store: Any, session: str, manifest: dict[str, Any]) -> None:
-    """Write the session's run folder: ``runs/{session}/manifest.json``, once, read-only."""
+def missing_sessions(store: ArtifactStore,
+                     attestations: Iterable[Attestation]) -> list[tuple[str, str, str, str]]:
+    """(kind, object, expected, found) for each ``choir verify`` session that minted one of
+    ``attestations`` (the valid ones) but whose sealed record is gone."""
+    found: list[tuple[str, str, str, str]] = []
+    for session in sorted({m.group(1) for att in attestations
+                           if (m := _SESSION_THREAD.match(att.body.run_id))}):
+        if not is_session_folder(store.run_dir(session) / "manifest.json"):
+            found.append(("session_missing", session, "the session's sealed manifest, as its "
+                          "attestations were minted", "absent"))
+    return found
+
+
+def _write_sealed(folder: Path, session: str, data: bytes, signer: Signer | None) -> None:
+    """The manifest, then its seal; each written once. Signing is deterministic (ed25519),
+    so a replay writes the very same seal."""
+    from choir.attest import load_signer
+
+    write_once(folder / "manifest.json", data, f"run {session}: manifest already written")
+    seal = make_seal(SESSION_KIND, session, 0, blake3_hex(data), signer or load_signer())
+    write_once(folder / SEAL, canonical_json(seal) + b"\n",
+               f"run {session}: seal already written")
+
+
+def _manifest_bytes(manifest: dict[str, Any]) -> bytes:
+    return json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"
+
+
+def write_session(store: Any, session: str, manifest: dict[str, Any],
+                  signer: Signer | None = None) -> None:
+    """Write the session's run folder: ``runs/{session}/manifest.json`` and its seal, once,
+    read-only (``signer``: the home's by default)."""
     folder = store.run_dir(session)
     folder.mkdir(parents=True, exist_ok=False)
-    data = json.dumps(manifest, indent=2, sort_keys=True).encode() + b"\n"
-    write_once(folder / "manifest.json", data, f"run {session}: manifest already written")
+    _write_sealed(folder, session, _manifest_bytes(manifest), signer)
 
 
 def seal_round(session: str, runs: Iterable[Any], minted: Mapping[str, str], *,
@@ -157,7 +237,7 @@ def seal_round(session: str, runs: Iterable[Any], minted: Mapping[str, str], *,
     entries = episode(pairs)
     if not entries:
         return None
-    if (store.run_dir(session) / "manifest.json").exists():
+    if (store.run_dir(session) / SEAL).exists():
         return session
     manifests = [load_manifest(store, run.manifest_hash) for run, _ in pairs]
     first = manifests[0]
@@ -179,8 +259,7 @@ def seal_round(session: str, runs: Iterable[Any], minted: Mapping[str, str], *,
         attestations=tuple(att.id for _, att in pairs), verification=entries)
     try:
         write_session(store, session, record.model_dump(mode="json"))
-    except FileExistsError:  # an earlier replay died between the folder and the file
-        data = json.dumps(record.model_dump(mode="json"), indent=2, sort_keys=True).encode()
-        write_once(store.run_dir(session) / "manifest.json", data + b"\n",
-                   f"run {session}: manifest already written")
+    except FileExistsError:  # an earlier replay died between the folder and the seal
+        _write_sealed(store.run_dir(session), session,
+                      _manifest_bytes(record.model_dump(mode="json")), None)
     return session

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from choir.evidence.artifacts import ArtifactStore
-from choir.trace import CHECKS, export_run, verify_trace
+from choir.trace import CHECKS, RecordSources, export_run, verify_trace
+from choir.trace.grounding import GROUNDING_CHECKS
 from choir.trace.verify import TraceVerification
 from tests.integration.test_orchestrator import fix_cmd, make_item
 from tests.workitems import PY
@@ -28,10 +29,8 @@ def _env(home: Path) -> dict[str, str]:
     return {**os.environ, "CHOIR_HOME": str(home), "CHOIR_ARTIFACT_DIR": str(home / "artifacts")}
 
 
-@pytest.fixture(scope="module")
-def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One real run (FAIL, HYPOTHESIZE, fix, PASS, ASSERT) shared by the tests: its home."""
-    base = tmp_path_factory.mktemp("trace-run")
+def real_run(base: Path) -> Path:
+    """One real run ``t1`` (FAIL, HYPOTHESIZE, fix, PASS, ASSERT) under ``base``: its home."""
     home = base / "home"
     home.mkdir()
     item = make_item(base, executor=fix_cmd(base))
@@ -39,6 +38,12 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
                           capture_output=True, text=True, timeout=300, env=_env(home))
     assert proc.returncode == 0, proc.stderr
     return home
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real run shared by the tests: its home."""
+    return real_run(tmp_path_factory.mktemp("trace-run"))
 
 
 @pytest.fixture
@@ -59,7 +64,9 @@ def _trace(home: Path) -> dict[str, Any]:
 
 
 def _verify(raw: Any, home: Path) -> TraceVerification:
-    return verify_trace(json.loads(json.dumps(raw)), ArtifactStore(home / "artifacts"))
+    store = ArtifactStore(home / "artifacts")
+    return verify_trace(json.loads(json.dumps(raw)), store,
+                        sources=RecordSources.of_home(home, store))
 
 
 def _failed(result: TraceVerification) -> set[str]:
@@ -242,7 +249,9 @@ def test_each_hard_failure_fails_exactly_its_check(home: Path, check: str, edit:
     edit(edited, home)
     result = _verify(edited, home)
     assert not result.ok
-    assert _failed(result) == {check}, result.failures
+    # an edit of sealed or derived content also fails those checks; of the structural ones,
+    # exactly the check the edit triggers fails
+    assert _failed(result) - set(GROUNDING_CHECKS) == {check}, result.failures
     assert not {c.name: c.passed for c in result.checks}[check]
 
 
@@ -251,7 +260,8 @@ def test_insufficient_evidence_verifies_when_every_claim_is_marked(home: Path) -
     _insufficient_unmarked(raw, home)
     for claim in raw["claims"]:
         claim["insufficient"] = True
-    assert _verify(raw, home).ok
+    # the rule itself (the edit is not what the run sealed: the structural checks only)
+    assert verify_trace(json.loads(json.dumps(raw)), ArtifactStore(home / "artifacts")).ok
 
 
 def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -274,7 +284,9 @@ def test_cli_export_and_verify_exit_codes(home: Path, tmp_path: Path) -> None:
     proc = _cli(home, "verify", str(out), "--json")
     assert proc.returncode == 1
     failures = json.loads(proc.stdout)["failures"]
-    assert [(f["check"], f["severity"]) for f in failures] == [("citation_hash", "error")]
+    # the citation no longer hashes, and is not the one the stored report derives
+    assert [(f["check"], f["severity"]) for f in failures] == [("citation_hash", "error"),
+                                                               ("derived", "error")]
     assert set(failures[0]) == {"check", "severity", "where", "detail"}
 
 
@@ -313,9 +325,10 @@ def test_audit_verifies_every_runs_trace(home: Path) -> None:
 
 
 def test_audit_names_a_truncated_trace(home: Path) -> None:
-    _edit_record(home, lambda r: r["kind"] != "run_ended")
+    _edit_record(home, lambda r: r["kind"] != "run_ended")  # its seal is left behind
     code, violations = _audit(home)
-    assert code == 1 and [v["kind"] for v in violations] == ["trace_required_steps"]
+    assert code == 1 and [v["kind"] for v in violations] == ["trace_required_steps",
+                                                             "trace_seal_integrity"]
 
 
 def test_a_run_without_enough_evidence_says_so(tmp_path: Path) -> None:
@@ -382,10 +395,11 @@ def test_audit_names_a_verifier_call_cut_from_a_trace(home: Path) -> None:
     kept = [r for r in records if r.get("call_id") != call["call_id"]
             and r.get("data", {}).get("call") != call["call_id"]
             and not (r["kind"] == "plan" and r["data"]["plan"] == call["data"]["plan"])]
-    for n, record in enumerate(kept):
+    for n, record in enumerate(r for r in kept if r["kind"] != "seal"):
         record["seq"] = n + 1
     path.write_text("".join(json.dumps(r) + "\n" for r in kept))
     code, violations = _audit(home)
     assert code == 1
-    assert [v["kind"] for v in violations] == ["trace_unrecorded_attestation"]
+    assert [v["kind"] for v in violations] == ["trace_unrecorded_attestation",
+                                               "trace_seal_integrity", "trace_seal_coverage"]
     assert call["call_id"] in violations[0]["object"]

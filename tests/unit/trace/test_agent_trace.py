@@ -13,7 +13,7 @@ from choir import Agent
 from choir.agent import SqliteContextStore
 from choir.evidence.artifacts import ArtifactStore
 from choir.testing import FakeModel, final_output, reply, tool_call
-from choir.trace import verify_trace
+from choir.trace import RecordSources, verify_trace
 from choir.trace.agent import export_agent
 
 
@@ -49,6 +49,11 @@ async def test_an_agent_run_trace_links_calls_and_grounds_its_output(tmp_path: P
     assert [c.kind for c in trace.claims] == ["output"]
     raw = trace.model_dump(mode="json")
     assert verify_trace(raw, store).ok
+    # held against a home: an agent trace is not sealed, and claims only its output
+    sources = RecordSources(home=tmp_path / "home", store=store, trusted=())
+    assert verify_trace(raw, store, sources=sources).ok
+    relabelled = {**raw, "claims": [{**raw["claims"][0], "kind": "ASSERT"}]}
+    assert _checks(verify_trace(relabelled, store, sources=sources)) == {"derived"}
     raw["events"] = [e for e in raw["events"] if not (e["kind"] == "tool_result"
                                                       and e["name"] == "add")]
     for n, event in enumerate(raw["events"]):

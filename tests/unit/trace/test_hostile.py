@@ -10,7 +10,7 @@ import pytest
 
 from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import UserError
-from choir.trace import CHECKS, verify_trace, verify_trace_file
+from choir.trace import TRACE_CHECKS, verify_trace, verify_trace_file
 from choir.trace.verify import MAX_TRACE_BYTES
 
 
@@ -22,7 +22,7 @@ def _write(tmp_path: Path, data: bytes) -> Path:
 
 def test_the_small_trace_verifies(small: dict[str, Any], store: ArtifactStore) -> None:
     result = verify_trace(small, store)
-    assert result.ok and [c.name for c in result.checks] == list(CHECKS)
+    assert result.ok and [c.name for c in result.checks] == list(TRACE_CHECKS)
     assert all(c.passed for c in result.checks)
 
 
