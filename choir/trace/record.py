@@ -30,7 +30,7 @@ from choir.trace.model import TraceEvent
 from choir.verification.seal import Seal, make_seal, open_record
 
 if TYPE_CHECKING:
-    from choir.attest import Signer
+    from choir.attest import SigningKey
 
 MAX_RECORD_LINE = 64 << 10
 SEAL_LINE = "seal"  # a line ``{"kind": "seal", "seal": {...}}``; every other line is an event
@@ -111,7 +111,7 @@ class TraceRecorder:
     """
 
     def __init__(self, run_id: str, home: Path | None = None,
-                 signer: Signer | None = None) -> None:
+                 signer: SigningKey | None = None) -> None:
         self.run_id = run_id
         self.home = home
         self.path = record_path(run_id, home)

@@ -25,7 +25,7 @@ from choir.exceptions import IntegrityError
 from choir.models._base import Frozen
 
 if TYPE_CHECKING:
-    from choir.attest import Signer
+    from choir.attest import SigningKey
 
 SEAL_TYPE = "choir.record-seal/v1"
 SealKind = Literal["trace", "verify_session"]
@@ -50,7 +50,7 @@ def seal_bytes(kind: str, subject: str, seq: int, digest: str) -> bytes:
                            "digest": digest})
 
 
-def make_seal(kind: SealKind, subject: str, seq: int, digest: str, signer: Signer) -> Seal:
+def make_seal(kind: SealKind, subject: str, seq: int, digest: str, signer: SigningKey) -> Seal:
     return Seal(kind=kind, subject=subject, seq=seq, digest=digest, key_id=signer.key_id,
                 public_key=signer.public_key,
                 signature=signer.sign(seal_bytes(kind, subject, seq, digest)))

@@ -31,7 +31,7 @@ from choir.verification.seal import Seal, make_seal, open_record, seal_problem
 from choir.verification.session_logs import check_session_logs, run_order
 
 if TYPE_CHECKING:
-    from choir.attest import Signer
+    from choir.attest import SigningKey
     from choir.models import Attestation
 
 SESSION_KIND: Final = "verify_session"
@@ -200,7 +200,7 @@ def missing_sessions(store: ArtifactStore,
     return found
 
 
-def _write_sealed(folder: Path, session: str, data: bytes, signer: Signer | None) -> None:
+def _write_sealed(folder: Path, session: str, data: bytes, signer: SigningKey | None) -> None:
     """The manifest, then its seal; each written once. Signing is deterministic (ed25519),
     so a replay writes the very same seal."""
     from choir.attest import load_signer
@@ -216,7 +216,7 @@ def _manifest_bytes(manifest: dict[str, Any]) -> bytes:
 
 
 def write_session(store: Any, session: str, manifest: dict[str, Any],
-                  signer: Signer | None = None) -> None:
+                  signer: SigningKey | None = None) -> None:
     """Write the session's run folder: ``runs/{session}/manifest.json`` and its seal, once,
     read-only (``signer``: the home's by default)."""
     folder = store.run_dir(session)
