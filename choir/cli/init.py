@@ -175,6 +175,21 @@ def _has_module(dirs: list[Path], name: str) -> bool:
                or any(d.glob(f"{name}-*.dist-info")) for d in dirs)
 
 
+def unignored_venvs(repo: Path) -> list[str]:
+    """Top-level virtualenvs that git would hash into the tree (not ignored): their
+    ``bin/python`` links out of the repo, so verifying would refuse the tree."""
+    from choir.evidence.git import locate
+
+    venvs = sorted(p.parent.name for p in repo.glob("*/pyvenv.cfg"))
+    found = locate(repo) if venvs else None
+    if found is None:
+        return []
+    listed = found.run("ls-files", "-z", "--cached", "--others", "--exclude-standard", "--",
+                       *(f"{name}/pyvenv.cfg" for name in venvs)) or b""
+    return sorted({entry.split("/", 1)[0] for entry in listed.decode(errors="replace")
+                   .split("\0") if entry})
+
+
 def keep_runnable(found: Detected, repo: Path, python: Path | None) -> None:
     """Drop the presets whose tool the project's interpreter does not have, saying why: a
     verifier that cannot run is INCONCLUSIVE on every round, and PARANOID halts on it."""
@@ -271,6 +286,14 @@ def init(repo: Path, force: bool, no_verify: bool, mood: str | None,
     repo = repo.expanduser().resolve()
     if not repo.is_dir():
         raise UserError(f"{repo}: repo folder does not exist\n  fix: pass --repo DIR")
+    exposed = unignored_venvs(repo)
+    if exposed:
+        raise UserError(
+            f"{repo}: {', '.join(n + '/' for n in exposed)} is a virtualenv that git does not "
+            "ignore, so it would be part of the tree to verify (its interpreter links point "
+            "outside the repo, which verification refuses)\n"
+            f"  fix: add {', '.join(repr(n + '/') for n in exposed)} to .gitignore, then run "
+            "`choir init` again (nothing was written)")
     found = detect(repo)
     if python is not None and not python.is_absolute():
         python = python.absolute()

@@ -113,6 +113,20 @@ def _blob_hasher(oid_len: int, size: int) -> hashlib._Hash:
     return hasher
 
 
+def _outside_link(repo: Path, rel: str, link: str) -> str:
+    """The refusal of a symlink out of the tree, with the fix that fits: a virtualenv that
+    git does not ignore (its ``bin/python`` links out to the base interpreter) is the common
+    case, and the fix there is ``.gitignore``, not the link."""
+    top = rel.split("/", 1)[0]
+    if "/" in rel and (repo / top / "pyvenv.cfg").is_file():
+        return (f"{repo / rel} is a symlink to {link}, outside the repo: {top}/ is a virtualenv "
+                f"that git does not ignore, so it is part of the tree to verify; fix: add "
+                f"'{top}/' to .gitignore (Choir still runs the project's interpreter from it)")
+    return (f"{repo / rel} is a symlink to {link}, outside the repo: a verifier could follow "
+            "it out of the tree it verifies; fix: make it relative and inside the repo, or "
+            "remove it")
+
+
 def _inside(root: Path, link: Path, target: str) -> bool:
     """True when a symlink at ``link`` pointing to ``target`` stays under ``root``."""
     if os.path.isabs(target):
@@ -190,10 +204,7 @@ def _scan(repo: Path, dest: Path | None, manifest: list[bytes] | None = None,
                 data = link.encode("utf-8", "surrogateescape")
                 if dst is not None:
                     if not _inside(repo, repo / rel, link):
-                        raise UserError(
-                            f"{repo / rel} is a symlink to {link}, outside the repo: a verifier "
-                            "could follow it out of the tree it verifies; fix: make it "
-                            "relative and inside the repo, or remove it")
+                        raise UserError(_outside_link(repo, rel, link))
                     os.symlink(link, parts[-1], dir_fd=out_dir)
                 blob = _blob_hasher(oid_len, len(data))
                 for h in (inner, inner256, blob):

@@ -154,3 +154,30 @@ def test_the_interpreter_is_inspected_never_run(tmp_path: Path) -> None:
     assert not marker.exists()
     assert proc.returncode == 2  # the venv has no pytest: nothing left to verify with
     assert "pytest is not installed" in proc.stderr and str(venv) in proc.stderr
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=repo,
+                   check=True, capture_output=True)
+
+
+def test_a_venv_git_does_not_ignore_is_named_with_the_gitignore_fix(tmp_path: Path) -> None:
+    # the refusal spoke of symlinks and never of .gitignore, and init had already written
+    # choir.yaml before verify exited 2
+    repo = project(tmp_path / "calc")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(repo / ".venv")],
+                   check=True)
+    _git(repo, "init", "-q")
+    proc = run("init", "--repo", str(repo), "--python", sys.executable)
+    assert proc.returncode == 2
+    assert ".gitignore" in proc.stderr and "'.venv/'" in proc.stderr
+    assert not (repo / "choir.yaml").exists()
+    # verify names the same fix when it meets one
+    (repo / "choir.yaml").write_text("verifiers:\n  t: {kind: unit_tests, steps: "
+                                     "[{name: t, command: 'true'}]}\n")
+    verified = run("verify", "--repo", str(repo), "--sandbox", sandbox())
+    assert verified.returncode == 2 and ".gitignore" in verified.stderr
+    (repo / ".gitignore").write_text(".venv/\n")
+    (repo / "choir.yaml").unlink()
+    assert run("init", "--repo", str(repo), "--no-verify", "--python",
+               sys.executable).returncode == 0
