@@ -57,6 +57,9 @@ class CommandRecord(Frozen):
     # the limits enforced on this step; left out of the JSON when absent (manifests written
     # before it existed keep their hashes)
     limits_applied: AppliedLimits | None = Field(default=None, exclude_if=_absent)
+    # bytes of the step's output not stored: its log was cut at ``limits.out_mb`` (absent:
+    # stored whole)
+    output_cut: int | None = Field(default=None, exclude_if=_absent)
 
 
 class Platform(Frozen):
