@@ -26,6 +26,8 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "attest": ("choir.cli.audit", "attest", "Show attestations."),
     "ahdb": ("choir.cli.audit", "ahdb", "Inspect the AHDB control state."),
     "trace": ("choir.cli.trace", "trace", "Export a run's trace, or verify one."),
+    "trust-interpreter": ("choir.cli.trust", "trust_interpreter",
+                          "Trust the repo's interpreter as it is now (after pip install)."),
 }
 
 

@@ -2,7 +2,7 @@
 
 from choir.models.atom import Atom, AtomKind, AtomStatus
 from choir.models.attestation import Attestation, AttestationBody, Environment
-from choir.models.manifest import AppliedLimits, CommandRecord, Platform, RunManifest
+from choir.models.manifest import AppliedLimits, CommandRecord, Interpreter, Platform, RunManifest
 from choir.models.report import (
     Citation,
     Counts,
@@ -42,6 +42,7 @@ __all__ = [
     "ExecutorOutput",
     "ExecutorSpec",
     "FailureSignature",
+    "Interpreter",
     "Lens",
     "Lenses",
     "Limits",

@@ -155,6 +155,10 @@ class DockerSandbox(Sandbox):
         """Always: the engine applies memory, pids and CPU limits itself, fsize by ulimit."""
         return True
 
+    def toolchain(self, repo: Path) -> _toolchain.Toolchain | None:
+        """The host's interpreter for an image that borrows host /usr; else the image's own."""
+        return _toolchain.choose(repo, self._python, self._binds) if self.host_usr else None
+
     def has_image(self) -> bool:
         """True when the configured image is present locally (no registry is assumed). The
         default image is built here when it is missing (``_host_image``): a user with an

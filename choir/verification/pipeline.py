@@ -22,16 +22,18 @@ from pathlib import Path
 from typing import BinaryIO, Literal
 
 from choir.evidence.artifacts import ArtifactStore
-from choir.exceptions import IntegrityError
+from choir.exceptions import ConfigError, IntegrityError
 from choir.models import (
     AppliedLimits,
     CommandRecord,
+    Interpreter,
     Platform,
     RunManifest,
     Target,
     VerifierSpec,
 )
 from choir.sandbox import Sandbox
+from choir.sandbox._interpreter import measure
 
 TAIL_LINES = 200
 TAIL_LINE_MAX = 2000
@@ -245,7 +247,8 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
                           image_digest=described.get("image_digest"),
                           sandbox=sandbox.name, isolation=sandbox.isolation,
                           transfer=described.get("transfer"),  # type: ignore[arg-type]
-                          limits_applied=AppliedLimits.weakest(applied)),
+                          limits_applied=AppliedLimits.weakest(applied),
+                          interpreter=_interpreter(sandbox, repo)),
         infra_error=infra_error[:1000] if infra_error else None,
         files=files, bytes_logged=total,
     )
@@ -253,6 +256,18 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
     return PipelineResult(status=status, run_id=run_id, run_dir=run_dir, manifest=manifest,
                           manifest_hash=manifest_hash, artifacts=files, tail_log=tail.text(),
                           infra_error=infra_error)
+
+
+def _interpreter(sandbox: Sandbox, repo: Path) -> Interpreter | None:
+    """What the steps ran: as vouched for when the sandbox opened, else measured now (a
+    sandbox not opened by ``open_sandbox``: a cluster worker's, a test's)."""
+    if sandbox.interpreter is not None:
+        return sandbox.interpreter
+    try:
+        tools = sandbox.toolchain(repo)
+        return measure(tools, repo) if tools is not None else None
+    except (OSError, ConfigError):
+        return None  # the steps could not have run it either; the infra error says why
 
 
 def replay_sealed(store: ArtifactStore, run_id: str, spec: VerifierSpec,
