@@ -27,6 +27,8 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "ahdb": ("choir.cli.audit", "ahdb", "Inspect the AHDB control state."),
     "trace": ("choir.cli.trace", "trace", "Export a run's trace, or verify one."),
     "keys": ("choir.cli.keys", "keys", "Show, rotate or revoke the signing key."),
+    "trust-interpreter": ("choir.cli.trust", "trust_interpreter",
+                          "Trust the repo's interpreter as it is now (after pip install)."),
 }
 
 # Commands that sign or read what a step or an executor wrote: their process signs through

@@ -7,7 +7,7 @@ from choir.models.attestation import (
     Environment,
     SpecChange,
 )
-from choir.models.manifest import AppliedLimits, CommandRecord, Platform, RunManifest
+from choir.models.manifest import AppliedLimits, CommandRecord, Interpreter, Platform, RunManifest
 from choir.models.report import (
     Citation,
     Counts,
@@ -47,6 +47,7 @@ __all__ = [
     "ExecutorOutput",
     "ExecutorSpec",
     "FailureSignature",
+    "Interpreter",
     "Lens",
     "Lenses",
     "Limits",

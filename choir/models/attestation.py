@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SerializerFunctionWrapHandler, StringConstraints, model_serializer
 
 from choir.models._base import Frozen
-from choir.models.manifest import AppliedLimits
+from choir.models.manifest import AppliedLimits, Interpreter
 from choir.models.report import Result, Target
 
 # An attestation names at most this many artifacts, each by a name of at most
@@ -37,6 +37,8 @@ class Environment(Frozen):
     # the resource limits enforced on every step (from the stored manifest); left out of the
     # JSON when absent, so attestations minted before it existed keep their ids
     limits_applied: AppliedLimits | None = Field(default=None, exclude_if=lambda v: v is None)
+    # the interpreter the steps ran, with its digest (from the stored manifest); absent as above
+    interpreter: Interpreter | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class SpecChange(Frozen):

@@ -57,6 +57,30 @@ class CommandRecord(Frozen):
     # the limits enforced on this step; left out of the JSON when absent (manifests written
     # before it existed keep their hashes)
     limits_applied: AppliedLimits | None = Field(default=None, exclude_if=_absent)
+    # bytes of the step's output not stored: its log was cut at ``limits.out_mb`` (absent:
+    # stored whole)
+    output_cut: int | None = Field(default=None, exclude_if=_absent)
+
+
+class Interpreter(Frozen):
+    """The interpreter a verifier's steps ran, as evidence (``choir.sandbox._interpreter``).
+
+    An interpreter inside the repo (the repo's ``.venv``, ignored or not) is outside the tree
+    hash, yet the steps run it: an executor that planted a ``.pth`` or a fake ``pytest``
+    there made a buggy tree PASS. Its whole folder is hashed, and it runs only when that
+    digest is the one trusted (``trust``); one outside the repo is recorded by the files
+    it reads at start-up (the binary, ``pyvenv.cfg``, ``.pth`` files, ``sitecustomize``).
+    """
+
+    python: str  # the interpreter a step's ``python3`` resolves to
+    venv: str | None = None
+    digest: str  # blake3 of the hashed files' paths, kinds, modes and contents
+    files: int
+    scope: Literal["tree", "startup"]  # the whole folder, or the start-up files only
+    in_repo: bool = False
+    # outside-repo: not the executor's to change; trusted: the digest recorded when it was
+    # trusted (``choir trust-interpreter``); first-use: no digest was recorded yet, this one is
+    trust: Literal["outside-repo", "trusted", "first-use"]
 
 
 class Platform(Frozen):
@@ -75,6 +99,8 @@ class Platform(Frozen):
     # checked by the coordinator against the cluster's CA and the worker's signature
     worker: str | None = Field(default=None, exclude_if=_absent)
     worker_cert: str | None = Field(default=None, exclude_if=_absent)
+    # the interpreter the steps ran (absent: the image's own, or a backend that chose none)
+    interpreter: Interpreter | None = Field(default=None, exclude_if=_absent)
 
 
 class RunManifest(Frozen):

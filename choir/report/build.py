@@ -76,8 +76,28 @@ def decide(result: PipelineResult, parsed: ParseResult, parser: str,
     """The verdict and the reason, from evidence alone.
 
     ``steps`` is how many steps the verifier declares: the last one is the one that
-    promised the structured evidence (JUnit XML) the parser reads.
+    promised the structured evidence (JUnit XML) the parser reads. A log cut at
+    ``limits.out_mb`` hides what a log parser would have read (the failures, the summary):
+    such a run PASSes only when a complete structured result (JUnit XML, SARIF read
+    without error) decides, else it is INCONCLUSIVE; the reason names the cut either way.
     """
+    verdict, reason = _decide_steps(result, parsed, parser, steps)
+    cut = next((r for r in result.manifest.commands_executed if r.output_cut), None)
+    if cut is None:
+        return verdict, reason
+    note = (f"the log was cut: {cut.output_cut} bytes of step {cut.name} not kept "
+            "(limits.out_mb)")
+    if verdict is not Result.PASS:
+        return verdict, f"{reason}; {note}"
+    if parser in _STRUCTURED and not parsed.error:
+        return verdict, f"{reason} and {parser} read a complete result, although {note}"
+    return Result.INCONCLUSIVE, (f"{note}, and no complete structured result decides: raise "
+                                 "limits.out_mb, or write JUnit XML to $CHOIR_OUT (parser: "
+                                 "junit)")
+
+
+def _decide_steps(result: PipelineResult, parsed: ParseResult, parser: str,
+                  steps: int | None) -> tuple[Result, str]:
     if result.infra_error:
         return Result.INCONCLUSIVE, f"the sandbox failed: {result.infra_error[:200]}"
     if parser == "postcondition":  # exit codes 0/1/3 from the harness; any other fault:
@@ -144,6 +164,9 @@ def deterministic_report(result: PipelineResult, *, spec: VerifierSpec, target: 
         actions = ["No action needed: every step passed."]
     elif verdict is Result.INCONCLUSIVE and result.infra_error:
         actions = ["Rerun in a working sandbox; this run proves nothing either way."]
+    elif verdict is Result.INCONCLUSIVE and "the log was cut" in reason:
+        actions = ["Raise limits.out_mb or make the step print less, or have it write JUnit "
+                   "XML to $CHOIR_OUT (parser: junit): a cut log proves nothing either way."]
     elif verdict is Result.INCONCLUSIVE and spec.kind is VerifierKind.POSTCONDITION:
         actions = ["The action's effect could not be verified (no answer in time, or the "
                    "check itself broke): check the resource and the verifier, then rerun."]

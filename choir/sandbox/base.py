@@ -17,14 +17,15 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar, Literal
 
 from choir._registry import SANDBOXES
 from choir.exceptions import UnknownNameError
-from choir.models import AppliedLimits, Limits
+from choir.models import AppliedLimits, Interpreter, Limits
+from choir.sandbox._toolchain import Toolchain
 
 Isolation = Literal["container", "namespace", "none"]
 Sink = Callable[[bytes], None]
@@ -106,25 +107,31 @@ def prepare_out(out_dir: Path, owner: tuple[int, int] | None = None) -> None:
             os.chown(path, *owner, follow_symlinks=False)
 
 
-def out_usage(out_dir: Path) -> int:
-    """Bytes under ``out_dir``: the larger of apparent size and blocks, links not followed
-    (a sparse file counts whole: the artifact store would copy it whole)."""
-    total = 0
-    stack = [str(out_dir)]
+def walk(root: str, *, ordered: bool = False) -> Iterator[tuple[str, os.stat_result | None]]:
+    """Every path under ``root`` with its ``lstat`` (None: it vanished meanwhile), links never
+    followed; ``ordered``: each folder's entries by name (a stable order to hash)."""
+    stack = [root]
     while stack:
         try:
             entries = list(os.scandir(stack.pop()))
         except OSError:
             continue
+        if ordered:
+            entries.sort(key=lambda e: e.name)
         for entry in entries:
             try:
-                st = entry.stat(follow_symlinks=False)
+                st: os.stat_result | None = entry.stat(follow_symlinks=False)
             except OSError:
-                continue
-            total += max(st.st_size, st.st_blocks * 512)
-            if stat.S_ISDIR(st.st_mode):
+                st = None
+            yield entry.path, st
+            if st is not None and stat.S_ISDIR(st.st_mode):
                 stack.append(entry.path)
-    return total
+
+
+def out_usage(out_dir: Path) -> int:
+    """Bytes under ``out_dir``: the larger of apparent size and blocks, links not followed
+    (a sparse file counts whole: the artifact store would copy it whole)."""
+    return sum(max(st.st_size, st.st_blocks * 512) for _, st in walk(str(out_dir)) if st)
 
 
 class OutWatch:
@@ -269,6 +276,9 @@ class Sandbox(abc.ABC):
     # why this backend runs: set by ``auto`` (what it tried and why each was passed over),
     # else "named in choir.yaml or --sandbox"
     chosen_because: str = "named in choir.yaml or --sandbox"
+    # set by ``open_sandbox``: the interpreter the steps run, vouched for against the digest
+    # trusted for the repo (``_interpreter.vouch``); recorded in every run's manifest
+    interpreter: Interpreter | None = None
 
     @classmethod
     def available(cls) -> bool:
@@ -300,6 +310,12 @@ class Sandbox(abc.ABC):
         says False. The default is False: a backend must prove it can.
         """
         return False
+
+    def toolchain(self, repo: Path) -> Toolchain | None:
+        """The host interpreter the steps in ``repo`` run; None when they run none of the
+        host's (an image's own Python: the image digest records it)."""
+        del repo
+        return None
 
     def describe(self) -> dict[str, str | None]:
         """Image and digest, for the manifest and attestation."""

@@ -102,6 +102,9 @@ class BwrapSandbox(Sandbox):
             return "bwrap is not installed (apt-get install bubblewrap)"
         return "bwrap is installed but a probe run failed (user namespaces refused?)"
 
+    def toolchain(self, repo: Path) -> _toolchain.Toolchain:
+        return _toolchain.choose(repo, self._python, self._binds)
+
     def limits_enforceable(self) -> bool:
         """True when a real probe places a group pair under the cgroup controllers here.
 

@@ -24,6 +24,12 @@ read-only root, memory/pids/CPU limits, the ``fsize`` ulimit per file; the outpu
 capped when it is copied back (the host never receives more than ``limits.out_mb``). Binds are
 kept only for an image that borrows the engine host's ``/usr`` (the toolchain). The mode is
 recorded in the manifest (``platform.transfer``).
+
+Output: the step's stdout and stderr are read through an attach made before the start, and
+the container has no log driver, so the engine keeps no copy. With the default ``json-file``
+driver a step printing 200 MB of short lines had the engine write gigabytes of JSON to its
+own disk, and following that file took minutes; attached, the same stream takes under a
+second and the host stores only what the pipeline keeps (``limits.out_mb``).
 """
 
 from __future__ import annotations
@@ -149,6 +155,10 @@ class DockerSandbox(Sandbox):
         """Always: the engine applies memory, pids and CPU limits itself, fsize by ulimit."""
         return True
 
+    def toolchain(self, repo: Path) -> _toolchain.Toolchain | None:
+        """The host's interpreter for an image that borrows host /usr; else the image's own."""
+        return _toolchain.choose(repo, self._python, self._binds) if self.host_usr else None
+
     def has_image(self) -> bool:
         """True when the configured image is present locally (no registry is assumed). The
         default image is built here when it is missing (``_host_image``): a user with an
@@ -234,7 +244,7 @@ class DockerSandbox(Sandbox):
         client: Any = None
         container: Any = None
         try:
-            from docker.types import Mount, Ulimit
+            from docker.types import LogConfig, Mount, Ulimit
 
             client = self.client()
             if copy:
@@ -251,7 +261,7 @@ class DockerSandbox(Sandbox):
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], user=f"{NOBODY}:{NOBODY}",
                 mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
                 pids_limit=limits.pids, nano_cpus=int(limits.cpus * 1e9),
-                labels=labels, detach=True,
+                labels=labels, detach=True, log_config=LogConfig(type="none"),
                 ulimits=[Ulimit(name="fsize", soft=watch.cap, hard=watch.cap)],
             )
             if copy:  # into the volume (the root is read-only); the step user owns out/
@@ -263,22 +273,31 @@ class DockerSandbox(Sandbox):
             return ExecResult(-1, int((time.monotonic() - start) * 1000),
                               infra_error=f"docker could not create a container: {exc}")
         total = 0
+        stream: Any = None
         try:
             applied = engine_limits(container.attrs.get("HostConfig") or {}, limits)
             if self.require_limits and (applied.memory_mb is None or applied.pids is None):
                 return ExecResult(-1, int((time.monotonic() - start) * 1000),
                                   infra_error="the docker engine dropped the memory/pids "
                                   "limits and the mood requires limits")
+            # attached before the start, so no byte is missed; no engine-side copy is kept
+            stream = container.attach(stdout=True, stderr=True, stream=True, logs=False)
             container.start()
             if not copy:  # in copy mode the output is capped when it comes back
                 watch.start(lambda: _kill_quietly(container))
-            stream = container.logs(stream=True, follow=True, stdout=True, stderr=True)
+            lock, closed = threading.Lock(), False
 
             def pump() -> None:
                 nonlocal total
-                for chunk in stream:
-                    total += len(chunk)
-                    sink(chunk)
+                try:
+                    for chunk in stream:
+                        with lock:
+                            if closed:  # exec returned: its sink is no longer ours to write
+                                return
+                            total += len(chunk)
+                            sink(chunk)
+                except OSError:  # the stream closed under it (exec gave up waiting)
+                    return
 
             reader = threading.Thread(target=pump, daemon=True)
             reader.start()
@@ -293,6 +312,8 @@ class DockerSandbox(Sandbox):
             # The log stream can lag the container's exit by seconds for large outputs: drain
             # it to the end. A stream that does not end is reported, never silently cut.
             reader.join(timeout=max(60.0, timeout_s))
+            with lock:
+                closed = True
             incomplete = reader.is_alive()
             oom = False
             if code == 137 and not timed_out:  # SIGKILL: ask the engine whether it was OOM
@@ -311,6 +332,7 @@ class DockerSandbox(Sandbox):
                               infra_error=f"docker failed: {exc}")
         finally:
             watch.stop()
+            _close_quietly(stream)
             _remove_quietly(client, container)
 
     def _repo_volume(self, client: Any, repo: Path) -> str:
@@ -445,6 +467,17 @@ def engine_limits(host_config: Mapping[str, Any], limits: Limits) -> AppliedLimi
         cpus=nano / 1e9 if nano > 0 else None,
         out_mb=limits.out_mb,  # Choir's own watchdog (OutWatch) plus the fsize ulimit
     )
+
+
+def _close_quietly(stream: Any) -> None:
+    """Close an attach stream's socket (the SDK leaves it open once read to the end)."""
+    if stream is None:
+        return
+    for close in (stream.close, stream._response.close):  # the socket, then its file
+        try:
+            close()
+        except Exception:  # noqa: BLE001 - closed already
+            pass
 
 
 def _kill_quietly(container: Any) -> None:

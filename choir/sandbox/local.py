@@ -39,6 +39,9 @@ class LocalSandbox(Sandbox):
         isolating backends' options."""
         self._python = python
 
+    def toolchain(self, repo: Path) -> _toolchain.Toolchain:
+        return _toolchain.choose(repo, self._python)
+
     def limits_enforceable(self) -> bool:
         """Never: a plain subprocess has no memory or pids limit (only the out cap)."""
         return False

@@ -27,6 +27,7 @@ from choir.models import (
     Attestation,
     AttestationBody,
     Environment,
+    Interpreter,
     RunManifest,
     SpecChange,
     Target,
@@ -36,6 +37,7 @@ from choir.models import (
 from choir.models.attestation import attested_artifacts
 from choir.report import abuild_report
 from choir.sandbox import resolve_sandbox
+from choir.sandbox._interpreter import trust, vouch
 from choir.verification.pipeline import run_verifier
 
 if TYPE_CHECKING:
@@ -66,9 +68,13 @@ def open_sandbox(config: RepoConfig, policy: Policy, mood: Mood,
                  name: str | None = None) -> Sandbox:
     """The sandbox a repo's verifiers run in (``choir.yaml``'s backend and image, or ``name``).
 
+    The interpreter the steps will run is vouched for here (``_interpreter.vouch``): one
+    the repo reaches must be the one trusted for it, digest included.
+
     Raises:
         UserError: the mood refuses a sandbox without isolation or one that cannot apply
-            resource limits (PARANOID), or the name is unknown.
+            resource limits (PARANOID), or the name is unknown; the repo's interpreter
+            changed since it was trusted, or lies in the repo under PARANOID.
     """
 
     sandbox = resolve_sandbox(name or config.sandbox.backend, **sandbox_options(config))
@@ -92,7 +98,28 @@ def open_sandbox(config: RepoConfig, policy: Policy, mood: Mood,
                 "sandbox, or choose another mood"
             )
         sandbox.require_limits = True  # a step that loses them at run time is INCONCLUSIVE
+    try:
+        tools = sandbox.toolchain(Path(config.path))
+        if tools is not None:  # refused here, before a step runs, when it changed untrusted
+            sandbox.interpreter = vouch(
+                tools, Path(config.path),
+                refuse_in_repo=not policy.moods[mood].allow_unsafe_isolation)
+    except BaseException:
+        sandbox.close()
+        raise
     return sandbox
+
+
+def trust_interpreter(config: RepoConfig, name: str | None = None) -> Interpreter | None:
+    """Record the interpreter ``config``'s verifiers run, fully re-hashed now, as the one
+    trusted for its repo (after a deliberate change: ``pip install`` into the repo's venv).
+    None when the sandbox runs no host interpreter (an image's own)."""
+    sandbox = resolve_sandbox(name or config.sandbox.backend, **sandbox_options(config))
+    try:
+        tools = sandbox.toolchain(Path(config.path))
+    finally:
+        sandbox.close()
+    return trust(tools, Path(config.path)) if tools is not None else None
 
 
 async def run_verifier_thread(
@@ -191,6 +218,7 @@ def attest_run(
             arch=platform.arch,
             choir_version=__version__,
             limits_applied=platform.limits_applied,
+            interpreter=platform.interpreter,
         ),
         policy_hash=policy_hash,
         mood=mood,

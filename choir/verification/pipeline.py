@@ -1,7 +1,9 @@
 """One verifier's steps in a sandbox: in order, stop at the first failure.
 
 Output streams to ``logs/step-NN-NAME.log`` and ``logs/combined.log`` in the run folder in
-constant memory, keeping only a bounded tail for people. A timeout is a FAIL and no retry;
+constant memory, keeping only a bounded tail for people. What a run stores of its output is
+capped by ``limits.out_mb`` like ``$CHOIR_OUT`` (``_LogCap``): a step printing gigabytes
+had every byte stored. A timeout is a FAIL and no retry;
 a sandbox that could not start is INCONCLUSIVE, distinct from a failing step. Afterwards
 every file in the run folder is hashed into the manifest, whose own hash is signed later.
 """
@@ -12,7 +14,7 @@ import collections
 import os
 import platform
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,19 +22,22 @@ from typing import BinaryIO, Literal
 
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.collect import OutBounds
-from choir.exceptions import IntegrityError
+from choir.exceptions import ConfigError, IntegrityError
 from choir.models import (
     AppliedLimits,
     CommandRecord,
+    Interpreter,
     Platform,
     RunManifest,
     Target,
     VerifierSpec,
 )
 from choir.sandbox import Sandbox
+from choir.sandbox._interpreter import measure
 
 TAIL_LINES = 200
 TAIL_LINE_MAX = 2000
+LOG_END_KEEP = 64 << 10  # of a cut step, its last bytes are kept too: the summary is there
 Status = Literal["PASS", "FAIL", "INCONCLUSIVE"]
 
 
@@ -45,6 +50,15 @@ class _Tail:
         self._dropped = 0
 
     def feed(self, chunk: bytes) -> None:
+        if chunk.count(b"\n") > TAIL_LINES:
+            # only the lines after the last TAIL_LINES + 1 newlines can stay: splitting the
+            # others one by one cost 50 s for 200 MB of short lines
+            cut = len(chunk)
+            for _ in range(TAIL_LINES + 1):
+                cut = chunk.rindex(b"\n", 0, cut)
+            self._partial.clear()
+            self._dropped = 0
+            chunk = chunk[cut + 1:]
         parts = chunk.split(b"\n")
         for i, part in enumerate(parts):
             room = TAIL_LINE_MAX + 1 - len(self._partial)
@@ -67,6 +81,54 @@ class _Tail:
         if self._partial:
             self._flush()
         return "\n".join(self.lines)
+
+
+class _LogCap:
+    """The run's log as stored: at most ``limits.out_mb`` of it, cut with a marker.
+
+    The head of the output up to the cap (less ``keep`` bytes) is stored as it streams; past
+    it, bytes are only counted, except the last ``keep`` bytes of the step, held in a ring
+    and stored after the marker when the step ends. The step is not stopped: its exit code
+    still counts, and a cut log PASSes only when a complete structured result decides
+    (``choir.report.build``). The cap spans the run's steps: what one step stored, the next
+    cannot; each later step stores its marker and last bytes only. Memory: ``keep`` bytes.
+    """
+
+    def __init__(self, cap_mb: int) -> None:
+        self.cap_mb = cap_mb
+        cap = cap_mb * 1024 * 1024
+        self.keep = min(LOG_END_KEEP, cap // 4)
+        self.room = cap - self.keep
+        self.cut = 0  # bytes of the current step not stored
+        self._end = bytearray()
+
+    def admit(self, chunk: bytes) -> bytes:
+        """The part of ``chunk`` to store now; the rest is counted and its end remembered."""
+        take = chunk[:max(self.room, 0)]
+        self.room -= len(take)
+        rest = chunk[len(take):]
+        if rest:
+            self._end += rest
+            if len(self._end) > self.keep:
+                self.cut += len(self._end) - self.keep
+                del self._end[:len(self._end) - self.keep]
+        return take
+
+    def sink(self, store: Callable[[bytes], None]) -> Callable[[bytes], None]:
+        """A sink that stores through ``store`` what the cap admits."""
+        return lambda chunk: store(self.admit(chunk))
+
+    def end_step(self, name: str) -> tuple[bytes, int | None]:
+        """(the marker and kept end to store, bytes not stored) once step ``name`` ended."""
+        if not self.cut:
+            tail, self._end = bytes(self._end), bytearray()
+            return tail, None
+        cut, self.cut = self.cut, 0
+        note = (f"\n[choir] log cut: {cut} bytes of step {name} not kept (the run's log is "
+                f"capped at {self.cap_mb} MiB, limits.out_mb); its last {len(self._end)} "
+                "bytes follow\n").encode()
+        kept, self._end = note + bytes(self._end), bytearray()
+        return kept, cut
 
 
 @dataclass
@@ -112,6 +174,7 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
     infra_error: str | None = None
     total = 0
     step_env = {**spec.env, **(env or {})}
+    cap = _LogCap(spec.limits.out_mb)
     # Each byte is stored once: a one-step verifier's combined.log is its step log (one
     # inode, so one object); the command and any failure are in the manifest and the tail.
     single = len(spec.steps) == 1
@@ -131,7 +194,10 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
                 sink = _sink(step_log, None if single else combined, tail)
                 result = sandbox.exec(step.command, repo=repo, out_dir=out, env=step_env,
                                       timeout_s=remaining, limits=spec.limits,
-                                      network=spec.network, sink=sink)
+                                      network=spec.network,
+                                      sink=cap.sink(sink))
+                kept, cut = cap.end_step(step.name)
+                sink(kept)
             total += result.output_bytes
             if result.limits_applied is not None or not result.infra_error:
                 applied.append(result.limits_applied)  # a sandbox that never started: none
@@ -149,7 +215,8 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
                                          timed_out=result.timed_out,
                                          oom_killed=result.oom_killed,
                                          limit_exceeded=result.limit_exceeded,
-                                         limits_applied=result.limits_applied))
+                                         limits_applied=result.limits_applied,
+                                         output_cut=cut))
             if result.timed_out or result.oom_killed or result.exit_code != 0:
                 why = ("timed out" if result.timed_out else
                        "killed: out of memory" if result.oom_killed else
@@ -186,7 +253,8 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
                           image_digest=described.get("image_digest"),
                           sandbox=sandbox.name, isolation=sandbox.isolation,
                           transfer=described.get("transfer"),  # type: ignore[arg-type]
-                          limits_applied=AppliedLimits.weakest(applied)),
+                          limits_applied=AppliedLimits.weakest(applied),
+                          interpreter=_interpreter(sandbox, repo)),
         infra_error=infra_error[:1000] if infra_error else None,
         files=files, bytes_logged=total,
     )
@@ -194,6 +262,18 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
     return PipelineResult(status=status, run_id=run_id, run_dir=run_dir, manifest=manifest,
                           manifest_hash=manifest_hash, artifacts=files, tail_log=tail.text(),
                           infra_error=infra_error)
+
+
+def _interpreter(sandbox: Sandbox, repo: Path) -> Interpreter | None:
+    """What the steps ran: as vouched for when the sandbox opened, else measured now (a
+    sandbox not opened by ``open_sandbox``: a cluster worker's, a test's)."""
+    if sandbox.interpreter is not None:
+        return sandbox.interpreter
+    try:
+        tools = sandbox.toolchain(repo)
+        return measure(tools, repo) if tools is not None else None
+    except (OSError, ConfigError):
+        return None  # the steps could not have run it either; the infra error says why
 
 
 def replay_sealed(store: ArtifactStore, run_id: str, spec: VerifierSpec,
@@ -249,6 +329,8 @@ def stored_result(store: ArtifactStore, run_id: str, manifest: RunManifest,
 
 def _sink(step_log: BinaryIO, combined: BinaryIO | None, tail: _Tail):  # type: ignore[no-untyped-def]
     def write(chunk: bytes) -> None:
+        if not chunk:
+            return
         step_log.write(chunk)
         if combined is not None:
             combined.write(chunk)

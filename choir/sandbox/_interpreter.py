@@ -1,0 +1,225 @@
+"""The interpreter the verifiers run is evidence: its path and a digest, checked across runs.
+
+The attack this closes: an executor wrote an ignored ``.venv/bin/python3`` (or a ``.pth``, a
+``sitecustomize.py``, a patched ``pytest``) into the repo's venv; the next ``choir run`` or
+``choir verify`` of that repo ran it and ASSERTed a buggy tree. Pinning at run start and a
+read-only venv during a sandboxed executor protect one run; between runs, and against a
+``sandbox: none`` executor, nothing did.
+
+So an interpreter inside the repo (anything the executor could have written, ignored or
+not) is hashed whole: every path under its folder with its kind, mode and content, links by
+their target, ``__pycache__`` included (a planted ``.pyc`` with a matching header is loaded).
+Its digest must equal the one recorded when it was trusted (``trust``): the first use
+records it, ``choir trust-interpreter`` records it again after a deliberate change
+(``pip install``); any other change is refused before a step runs. An interpreter outside
+the repo is not the executor's to change: it is recorded by what it reads at start-up (the
+binary, ``pyvenv.cfg``, ``.pth`` files, ``sitecustomize``/``usercustomize``), which is cheap.
+
+Hashing reads every file once; after that a file is re-read only when its stat changes
+(device, inode, size, mtime and ctime: ctime cannot be set back by an unprivileged process).
+The per-file cache lives under ``CHOIR_HOME`` (out of an executor's reach; one that can
+write there can read the signing key anyway); ``full=True`` ignores it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from datetime import UTC, datetime
+from pathlib import Path
+
+from choir._core.canonical import blake3_hex
+from choir._core.paths import choir_home
+from choir.exceptions import UserError
+from choir.models import Interpreter
+from choir.sandbox._toolchain import Toolchain
+from choir.sandbox.base import walk
+
+STARTUP = ("sitecustomize.py", "usercustomize.py")
+_MEMO: dict[str, dict[str, list[int | str]]] = {}  # cache file -> entries, this process
+_DIRTY: set[int] = set()  # caches with entries not yet saved (by id)
+
+
+def python_of(tools: Toolchain) -> str:
+    """The interpreter a step's ``python3`` resolves to: the first PATH head that has one."""
+    for head in tools.path_head:
+        if os.path.exists(f"{head}/python3"):
+            return f"{head}/python3"
+    return f"{tools.path_head[0]}/python3" if tools.path_head else "python3"
+
+
+def _inside(path: str, repo: Path) -> bool:
+    real, root = Path(os.path.realpath(path)), Path(os.path.realpath(repo))
+    return real == root or root in real.parents
+
+
+def _file_hash(path: str, st: os.stat_result, cache: dict[str, list[int | str]],
+               full: bool) -> str:
+    key = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    known = cache.get(path)
+    if not full and known is not None and known[:5] == key:
+        return str(known[5])
+    import blake3
+
+    hasher = blake3.blake3()
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            hasher.update(chunk)
+    digest = hasher.hexdigest()
+    cache[path] = [*key, digest]
+    _DIRTY.add(id(cache))
+    return digest
+
+
+def _row(path: str, rel: str, cache: dict[str, list[int | str]], full: bool,
+         st: os.stat_result | None = None) -> str:
+    """One path as hashed: kind, mode and content (a link: its target, never followed)."""
+    try:
+        st = st or os.lstat(path)
+    except OSError:
+        return f"-\0{rel}"
+    mode = stat.S_IMODE(st.st_mode)
+    if stat.S_ISLNK(st.st_mode):
+        return f"L\0{rel}\0{os.readlink(path)}"
+    if stat.S_ISDIR(st.st_mode):
+        return f"D\0{rel}\0{mode:o}"
+    if stat.S_ISREG(st.st_mode):
+        return f"F\0{rel}\0{mode:o}\0{_file_hash(path, st, cache, full)}"
+    return f"O\0{rel}\0{st.st_mode:o}"
+
+
+def _tree_rows(root: str, cache: dict[str, list[int | str]], full: bool) -> list[str]:
+    skip = len(root) + 1
+    return [_row(path, path[skip:], cache, full, st) if st else f"-\0{path[skip:]}"
+            for path, st in walk(root, ordered=True)]
+
+
+def _startup_files(venv: str | None, base: str) -> list[str]:
+    """What an interpreter reads at start-up: ``pyvenv.cfg`` and the site folders' ``.pth``
+    and customize files (the stdlib itself is the installation's, outside the repo)."""
+    found = [f"{venv}/pyvenv.cfg"] if venv else []
+    for prefix in (p for p in (venv, base) if p):
+        for lib in sorted(Path(prefix).glob("lib/python3*/site-packages")):
+            found += sorted(str(p) for p in lib.iterdir()
+                            if p.suffix == ".pth" or p.name in STARTUP)
+    return found
+
+
+def _cache_file(key: str) -> Path:
+    return choir_home() / "cache" / "interpreters" / f"{blake3_hex(key.encode())[:32]}.json"
+
+
+def _load_cache(path: Path) -> dict[str, list[int | str]]:
+    memo = _MEMO.get(str(path))
+    if memo is not None:
+        return memo
+    try:
+        loaded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        loaded = {}
+    _MEMO[str(path)] = loaded if isinstance(loaded, dict) else {}
+    return _MEMO[str(path)]
+
+
+def _save(path: Path, data: object) -> None:
+    """Write ``data`` as JSON atomically (a concurrent reader sees the old or the new)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def _reached_from(repo: Path, tools: Toolchain, base: str) -> list[str]:
+    """The interpreter's folders an executor could have changed: those inside the repo, and
+    a venv the repo's ``.venv`` leads to (a link an executor swapped to a folder of its own)."""
+    roots = [r for r in (tools.venv, base) if r and _inside(r, repo)]
+    link = repo / ".venv"
+    if tools.venv and os.path.islink(link) and \
+            os.path.realpath(link) == os.path.realpath(tools.venv):
+        roots.append(tools.venv)
+    return list(dict.fromkeys(os.path.realpath(r) for r in roots))
+
+
+def measure(tools: Toolchain, repo: Path, *, full: bool = False) -> Interpreter:
+    """The interpreter ``tools`` runs, hashed (its whole folder when the repo reaches it).
+
+    ``trust`` is ``outside-repo`` or, for one in the repo, ``first-use`` until ``vouch``.
+    """
+    python = python_of(tools)
+    binary = os.path.realpath(python)
+    base = os.path.dirname(os.path.dirname(binary))
+    roots = _reached_from(repo, tools, base)
+    cache_key = os.path.realpath(tools.venv) if tools.venv else binary
+    cache = {} if full else _load_cache(_cache_file(cache_key))
+    rows: list[str] = []
+    for root in roots:
+        rows.append(f"R\0{root}")
+        rows += _tree_rows(root, cache, full)
+    if not roots:
+        rows += [_row(path, path, cache, full) for path in _startup_files(tools.venv, base)]
+    if not any(_inside(binary, Path(r)) for r in roots):
+        rows.append(_row(binary, binary, cache, full))  # what the venv's link resolves to
+    if not full and id(cache) in _DIRTY:
+        _DIRTY.discard(id(cache))
+        _save(_cache_file(cache_key), cache)
+    return Interpreter(python=python, venv=tools.venv, digest=blake3_hex("\n".join(rows).encode()),
+                       files=len(rows), scope="tree" if roots else "startup",
+                       in_repo=bool(roots), trust="first-use" if roots else "outside-repo")
+
+
+def _trust_file(repo: Path) -> Path:
+    """One record per repo: which interpreter it runs, and that interpreter's digest. Keyed by
+    the repo, not the interpreter, so a swap to another folder is a change, not a first use."""
+    key = os.path.realpath(repo)
+    return choir_home() / "trust" / "interpreters" / f"{blake3_hex(key.encode())[:32]}.json"
+
+
+def _record(found: Interpreter, repo: Path) -> None:
+    _save(_trust_file(repo), {"repo": os.path.realpath(repo), "python": found.python,
+                              "venv": found.venv, "digest": found.digest, "files": found.files,
+                              "trusted_at": datetime.now(UTC).isoformat()})
+
+
+def trust(tools: Toolchain, repo: Path) -> Interpreter:
+    """Record the interpreter ``repo`` runs now, fully re-hashed, as the trusted one."""
+    _MEMO.clear()  # read the files, not what this process cached
+    found = measure(tools, repo, full=True)
+    _record(found, repo)
+    return found.model_copy(update={"trust": "trusted" if found.in_repo else "outside-repo"})
+
+
+def vouch(tools: Toolchain, repo: Path, *, refuse_in_repo: bool = False) -> Interpreter:
+    """The interpreter ``tools`` runs, checked against the one trusted for ``repo``.
+
+    Raises:
+        UserError: it lies in the repo's reach and ``refuse_in_repo`` (PARANOID), or it is
+            not the interpreter, or not the digest, trusted for the repo (it changed since:
+            an executor may have planted code there).
+    """
+    found = measure(tools, repo)
+    if not found.in_repo:
+        return found
+    where = found.venv or found.python
+    if refuse_in_repo:
+        raise UserError(f"the mood refuses the interpreter {where}: the repo reaches it, it "
+                        "is outside the tree hash and an executor could have changed it; set "
+                        "sandbox.python in choir.yaml to an interpreter outside the repo")
+    try:
+        trusted = json.loads(_trust_file(repo).read_text())
+    except FileNotFoundError:
+        _record(found, repo)
+        return found
+    except (OSError, ValueError) as exc:
+        raise UserError(f"the interpreter trust record of {repo} is unreadable ({exc}); run "
+                        f"'choir trust-interpreter --repo {repo}' to record it again") from None
+    was = (trusted.get("python"), trusted.get("digest"))
+    if was != (found.python, found.digest):
+        raise UserError(
+            f"the interpreter {where} that the repo runs is not the one trusted for it "
+            f"({was[0]}, digest {str(was[1])[:12]}; now {found.python}, digest "
+            f"{found.digest[:12]}): an executor may have planted code there. If you changed "
+            f"it yourself (pip install), run 'choir trust-interpreter --repo {repo}'; else "
+            "recreate the venv")
+    return found.model_copy(update={"trust": "trusted"})

@@ -1,0 +1,108 @@
+"""The interpreter the verifiers run is evidence, checked across runs.
+
+The attack: between two runs, something the executor controls (a ``sandbox: none``
+executor, a process it left behind) plants a ``.pth`` in the repo's ignored ``.venv`` that
+makes every Python exit 0 at start-up; the next ``choir verify`` ran it and PASSed a buggy
+tree. Real venvs, real git, real bwrap; ``choir verify`` as users run it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from choir.app.verify import verify_tree
+from choir.attest import AttestationStore
+from choir.exceptions import UserError
+from choir.models import Mood
+
+pytestmark = pytest.mark.skipif(not shutil.which("bwrap") and not os.environ.get("CI"),
+                                reason="bubblewrap is not installed")
+PLANT = "import os; os._exit(0)\n"  # every interpreter start ends here, "passing"
+
+
+def _venv(path: Path) -> Path:
+    base = os.path.realpath(sys.base_prefix) + "/bin/python3"
+    subprocess.run([base, "-m", "venv", "--without-pip", str(path)], check=True)
+    return path
+
+
+def _site(venv: Path) -> Path:
+    return next(venv.glob("lib/python3*/site-packages"))
+
+
+@pytest.fixture
+def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.delenv("VIRTUAL_ENV", raising=False)
+    path = tmp_path / "proj"
+    path.mkdir()
+    _venv(path / ".venv")
+    (path / ".gitignore").write_text(".venv*\n")
+    (path / "mod.py").write_text("def add(a, b):\n    return a - b\n")  # the bug
+    (path / "check.py").write_text("import mod\nassert mod.add(2, 2) == 4, 'add is wrong'\n")
+    (path / "choir.yaml").write_text(textwrap.dedent("""\
+        verifiers:
+          check:
+            kind: smoke
+            steps:
+              - name: check
+                command: python3 check.py
+    """))
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    subprocess.run(["git", "-C", str(path), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(path), "-c", "user.email=t@t", "-c", "user.name=t",
+                    "commit", "-qm", "buggy"], check=True)
+    return path
+
+
+def _verify(repo: Path, mood: Mood = Mood.CALM) -> dict:  # type: ignore[type-arg]
+    return verify_tree(repo, mood=mood, sandbox_name="bwrap").contract
+
+
+def test_a_pth_planted_between_runs_is_refused_not_run(repo: Path) -> None:
+    assert _verify(repo)["status"] == "FAIL"  # the bug is seen; the venv is trusted now
+    (_site(repo / ".venv") / "zz_choir_plant.pth").write_text(PLANT)
+    with pytest.raises(UserError, match="not the one trusted"):
+        _verify(repo)
+
+
+def test_a_venv_link_swapped_to_a_planted_venv_is_refused(repo: Path) -> None:
+    """A fresh venv under a new name has no trust record of its own: it is a change."""
+    assert _verify(repo)["status"] == "FAIL"
+    planted = _venv(repo / ".venv-planted")
+    (_site(planted) / "zz_choir_plant.pth").write_text(PLANT)
+    shutil.rmtree(repo / ".venv")
+    (repo / ".venv").symlink_to(".venv-planted")
+    with pytest.raises(UserError, match="not the one trusted"):
+        _verify(repo)
+
+
+def test_a_change_trusted_explicitly_runs_and_every_attestation_names_the_interpreter(
+    repo: Path
+) -> None:
+    from choir.config import load_repo_config
+    from choir.verification import trust_interpreter
+
+    first = _verify(repo)
+    assert first["status"] == "FAIL"
+    (_site(repo / ".venv") / "harmless.pth").write_text("\n")
+    trusted = trust_interpreter(load_repo_config(repo), "bwrap")
+    assert trusted is not None and trusted.trust == "trusted" and trusted.scope == "tree"
+    again = _verify(repo)
+    assert again["status"] == "FAIL"
+    env = AttestationStore().get(again["attestations"][0]).body.environment
+    assert env.interpreter is not None
+    assert env.interpreter.venv == os.path.realpath(repo / ".venv")
+    assert env.interpreter.digest == trusted.digest and env.interpreter.in_repo
+    assert env.interpreter.trust == "trusted"
+
+
+def test_paranoid_refuses_an_interpreter_inside_the_repo(repo: Path) -> None:
+    with pytest.raises(UserError, match="refuses the interpreter"):
+        _verify(repo, Mood.PARANOID)
