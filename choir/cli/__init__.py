@@ -26,6 +26,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "attest": ("choir.cli.audit", "attest", "Show attestations."),
     "ahdb": ("choir.cli.audit", "ahdb", "Inspect the AHDB control state."),
     "trace": ("choir.cli.trace", "trace", "Export a run's trace, or verify one."),
+    "view": ("choir.cli.view", "view", "Browse runs, reports and attestations locally."),
 }
 
 
