@@ -123,6 +123,7 @@ def synthetic_runs(home: Path, artifacts: Path, n: int, *, traced_every: int = 5
     """``n`` stored runs written through the stores' own writers, fast: verify session
     manifests (``write_session``), and every ``traced_every``-th a ``choir run`` trace
     (``TraceRecorder``). Alternating verdicts and three work items give the filters work."""
+    from concurrent.futures import ThreadPoolExecutor
     from datetime import UTC, datetime, timedelta
 
     from choir.evidence.artifacts import ArtifactStore
@@ -131,22 +132,25 @@ def synthetic_runs(home: Path, artifacts: Path, n: int, *, traced_every: int = 5
 
     store = ArtifactStore(artifacts)
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
-    for i in range(n):
+
+    def one(i: int) -> None:
         when = (t0 + timedelta(seconds=i)).isoformat()
-        status = "PASS" if i % 3 else "FAIL"
         if traced_every and i % traced_every == 0:
             rec = TraceRecorder(f"item-{i % 3}-{i:06d}", home)
             rec.emit("run_started", name=f"item-{i % 3}",
                      data={"work_item": f"item-{i % 3}", "required": (), "mood": "CALM"})
             rec.emit("run_ended", data={"status": "asserted" if i % 3 else "halted",
                                         "reason": "synthetic"})
-            continue
+            return
         manifest = SessionManifest(
-            run_id=f"verify-{i:06d}", status=status, mood="CALM", timestamp_start=when,
-            timestamp_end=when, commit_sha=None, tree_hash=f"{i:064x}", commands_executed=(),
-            platform={"sandbox": "bwrap", "isolation": "namespace"}, duration_ms=1, runs={},
-            attestations=())
+            run_id=f"verify-{i:06d}", status="PASS" if i % 3 else "FAIL", mood="CALM",
+            timestamp_start=when, timestamp_end=when, commit_sha=None, tree_hash=f"{i:064x}",
+            commands_executed=(), platform={"sandbox": "bwrap", "isolation": "namespace"},
+            duration_ms=1, runs={}, attestations=())
         write_session(store, manifest.run_id, manifest.model_dump(mode="json"))
+
+    with ThreadPoolExecutor(8) as pool:  # each write fsyncs; the waits overlap
+        list(pool.map(one, range(n)))
 
 
 def flip_byte(path: Path, offset: int = 0) -> None:

@@ -8,14 +8,17 @@ never imports LangGraph.
 The index is kept in memory between requests. Run folders and their manifests are
 write-once, so a folder whose manifest has been read is never read again (only a folder
 still without one is looked at next time); trace files grow while a run runs, so each is
-re-read only when its size or modification time changed. Ten thousand stored runs then cost
-one directory listing per request (docs/performance.md).
+re-read only when its size or modification time changed (one that ended, every few seconds).
+Ten thousand stored runs then cost two directory listings per request
+(docs/performance.md).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,8 @@ from choir.trace.record import MAX_RECORD_LINE, traces_dir
 
 MAX_MANIFEST = 4 << 20
 _TAIL = 64 << 10  # the last records of a trace file: where its status is
+RECHECK_S = 10.0  # how often a trace that ended is looked at again (a resume appends to it)
+FINAL = frozenset({"asserted", "halted", "rejected"})
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,10 @@ class RunIndex:
         self.runs = artifacts_root / "runs"
         self._folders: dict[str, RunRow | None] = {}  # read once: folders are write-once
         self._traces: dict[str, tuple[int, int, RunRow | None]] = {}
+        self._changed = True
+        self._last_full = float("-inf")
+        self._sorted: list[RunRow] = []
+        self._items: list[str] = []
 
     def _scan_folders(self) -> None:
         try:
@@ -117,37 +126,61 @@ class RunIndex:
             manifest = self.runs / name / "manifest.json"
             if os.path.lexists(manifest):  # sealed: its row never changes
                 self._folders[name] = _session_row(name, manifest)
+                self._changed = True
 
     def _scan_traces(self) -> None:
+        """New trace files, and those that may have grown: a run still going is looked at on
+        every call, an ended one (its status is final) every ``RECHECK_S`` seconds, in case
+        it was resumed."""
+        now = time.monotonic()
+        full = now - self._last_full >= RECHECK_S
+        if full:
+            self._last_full = now
         try:
-            entries = list(os.scandir(self.traces))
+            names = os.listdir(self.traces)
         except OSError:
             return
-        for entry in entries:
-            if not entry.name.endswith(".jsonl") or not entry.is_file(follow_symlinks=False):
+        for name in names:
+            known = self._traces.get(name)
+            if not name.endswith(".jsonl") or (known is not None and not full and
+                                               known[2] is not None and
+                                               known[2].status in FINAL):
                 continue
-            st = entry.stat(follow_symlinks=False)
-            known = self._traces.get(entry.name)
+            path = self.traces / name
+            try:
+                st = path.lstat()
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
             if known is None or known[:2] != (st.st_size, st.st_mtime_ns):
-                row = _trace_row(Path(entry.path), st.st_size)
-                self._traces[entry.name] = (st.st_size, st.st_mtime_ns, row)
+                self._traces[name] = (st.st_size, st.st_mtime_ns, _trace_row(path, st.st_size))
+                self._changed = True
 
     def rows(self) -> list[RunRow]:
         """Every run, newest first (by its last update)."""
         self._scan_folders()
         self._scan_traces()
-        found = [r for r in self._folders.values() if r is not None]
-        found += [t[2] for t in self._traces.values() if t[2] is not None]
-        return sorted(found, key=lambda r: (r.updated, r.run_id), reverse=True)
+        if self._changed:  # sorted once per change, not per request
+            found = [r for r in self._folders.values() if r is not None]
+            found += [t[2] for t in self._traces.values() if t[2] is not None]
+            self._sorted = sorted(found, key=lambda r: (r.updated, r.run_id), reverse=True)
+            self._items = sorted({r.work_item for r in found if r.work_item})
+            self._changed = False
+        return self._sorted
 
     def select(self, *, kind: str = "", status: str = "", work_item: str = "",
                query: str = "") -> list[RunRow]:
         """The rows matching every filter given (``query``: part of the run id)."""
         status = status.lower()
-        return [r for r in self.rows()
+        rows = self.rows()
+        if not (kind or status or work_item or query):
+            return rows
+        return [r for r in rows
                 if (not kind or r.kind == kind) and (not status or r.status.lower() == status)
                 and (not work_item or r.work_item == work_item)
                 and (not query or query in r.run_id)]
 
     def work_items(self) -> list[str]:
-        return sorted({r.work_item for r in self.rows() if r.work_item})
+        """The work items of the runs listed by the last ``rows`` call."""
+        return self._items
