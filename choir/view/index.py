@@ -73,6 +73,7 @@ def _trace_row(path: Path, size: int) -> RunRow | None:
         return None
     data = first[0].get("data") or {}
     status, mood, updated = "running", str(data.get("mood") or ""), str(first[0].get("ts"))
+    tree = ""
     for rec in _records(tail):
         rdata: dict[str, Any] = rec["data"] if isinstance(rec.get("data"), dict) else {}
         if rec.get("kind") in ("decision", "run_ended", "awaiting_approval") and \
@@ -80,10 +81,12 @@ def _trace_row(path: Path, size: int) -> RunRow | None:
             status = str(rdata["status"])
         if rdata.get("mood"):
             mood = str(rdata["mood"])
+        if isinstance(rdata.get("tree_hash"), str):  # the executor's last candidate tree
+            tree = rdata["tree_hash"]
         updated = str(rec.get("ts") or updated)
     return RunRow(run_id=path.stem, kind="run", status=status,
                   work_item=str(data.get("work_item") or ""), mood=mood,
-                  started=str(first[0].get("ts")), updated=updated)
+                  started=str(first[0].get("ts")), updated=updated, tree_hash=tree)
 
 
 def _session_row(run_id: str, manifest: Path) -> RunRow | None:
