@@ -50,10 +50,11 @@ def _choir(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Comple
                           capture_output=True, text=True, timeout=300)
 
 
-def make_home(work: Path) -> dict[str, str]:
-    """Fill ``work/home`` with real runs; returns their ids (``verify``, ``run``)."""
+def make_home(work: Path, extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """Fill ``work/home`` with real runs; returns their ids (``verify``, ``run``).
+    ``extra_env``: e.g. ``CHOIR_DATABASE_URL`` for a Postgres store."""
     home = work / "home"
-    env = env_for(home)
+    env = {**env_for(home), **(extra_env or {})}
     shutil.copytree(ROOT / "examples/quickstart", work / "qs")
     repo = work / "qs" / "repo"
     (repo / "hostile.py").write_text(HOSTILE)

@@ -215,3 +215,23 @@ def test_a_missing_extra_fails_with_the_pip_command_and_help_stays_light(
 
 
 del os
+
+
+def test_a_postgres_store_is_read_through_the_same_pages(tmp_path: Path, pg_url: str) -> None:
+    """AHDB atoms and attestations live in Postgres: the local attestation files are removed,
+    so every page below reads the shared store."""
+    shared = {"CHOIR_DATABASE_URL": pg_url}
+    made = make_home(tmp_path, shared)
+    home = Path(made["home"])
+    assert not (home / "ahdb.sqlite").exists()
+    unit = session_attestations(home, made["verify"])["unit"]
+    for local in (home / "attestations").glob("*.json"):
+        local.chmod(0o644)
+        local.unlink()
+    with view_server(home, shared) as s, httpx.Client(base_url=s.base, timeout=30) as c:
+        c.get(f"/?token={s.token}")
+        atoms = c.get("/ahdb?work_item=fix-add").text
+        assert "PROMOTED" in atoms and "HYPOTHESIZE" in atoms
+        page = c.get(f"/attestation/{unit.id}").text  # type: ignore[attr-defined]
+        assert 'id="att-status">VALID' in page
+        assert made["run"] in c.get("/").text
