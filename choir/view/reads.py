@@ -8,7 +8,9 @@ same stores without those effects; an absent store reads as empty.
 
 from __future__ import annotations
 
+import json
 import os
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,8 +57,9 @@ class Stores:
         return None, "no key pinned yet"
 
     def ahdb(self) -> AHDB | None:
-        """The AHDB, read-only in practice (no signer); None when this home has none."""
-        if database_url(self.home) is None and not (self.home / "ahdb.sqlite").is_file():
+        """The shared (Postgres) AHDB, opened without a signer; None without one (SQLite is
+        read on a read-only connection instead: ``atoms_and_demotions``)."""
+        if database_url(self.home) is None:
             return None
         keys, _ = self.trusted_keys()
         return AHDB(attestations=self.attestations, artifacts=self.artifacts,
@@ -122,9 +125,31 @@ def load_manifest(stores: Stores, digest: str) -> RunManifest | None:
         return None
 
 
+def _sqlite_rows(path: Path, work_item: str) -> tuple[list[Atom], list[dict[str, Any]]]:
+    """Atoms and demotions straight from the SQLite tables, on a read-only connection: the
+    store's own connection would set up its schema and checkpoint the WAL, both writes."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        sql, args = "SELECT body FROM atoms", list[str]()
+        if work_item:
+            sql, args = sql + " WHERE work_item = ?", [work_item]
+        atoms = [Atom.model_validate_json(r[0])
+                 for r in conn.execute(sql + " ORDER BY created_seq", args)]
+        demotions = [{"seq": seq, "created_at": created, **json.loads(payload)}
+                     for seq, payload, created in conn.execute(
+                         "SELECT seq, payload, created_at FROM events WHERE kind = 'demote' "
+                         "ORDER BY seq")]
+    finally:
+        conn.close()
+    return atoms, demotions
+
+
 def atoms_and_demotions(stores: Stores, work_item: str = "") -> tuple[list[Atom],
                                                                       list[dict[str, Any]]]:
     """The AHDB's atoms (of ``work_item`` when given) and every demotion event, in order."""
+    if database_url(stores.home) is None:
+        path = stores.home / "ahdb.sqlite"
+        return _sqlite_rows(path, work_item) if path.is_file() else ([], [])
     db = stores.ahdb()
     if db is None:
         return [], []

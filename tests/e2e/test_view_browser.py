@@ -79,7 +79,7 @@ def test_run_list_to_a_failing_report_to_the_highlighted_citation(
         rows = {r.find_element("css selector", "b").text: r for r in css(browser, "tr.thread")}
         shot(browser, "verify")
         rows["unit"].find_element("css selector", "a.report-link").click()
-        assert "test_calc::test_add" in browser.page_source
+        assert "::test_add" in browser.page_source
         shot(browser, "report")
         citation = css(browser, "a.citation")[0]
         wanted = citation.text  # "lines N–N of ..."
