@@ -29,12 +29,13 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "keys": ("choir.cli.keys", "keys", "Show, rotate or revoke the signing key."),
     "trust-interpreter": ("choir.cli.trust", "trust_interpreter",
                           "Trust the repo's interpreter as it is now (after pip install)."),
+    "view": ("choir.cli.view", "view", "Browse runs, reports and attestations locally."),
 }
 
 # Commands that sign or read what a step or an executor wrote: their process signs through
 # a broker and never sees the key folder (choir.trusted). `keys` manages the key itself.
 _SEPARATED = frozenset({"verify", "init", "run", "approve", "gate", "audit", "attest", "ahdb",
-                        "trace", "runs"})
+                        "trace", "runs", "view", "trust-interpreter"})
 
 
 def _separate(args: list[str]) -> None:

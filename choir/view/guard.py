@@ -1,0 +1,104 @@
+"""Who may talk to the viewer, and what a browser may do with its pages.
+
+The viewer listens on loopback, but any local process, and any web page the user opens
+(through DNS rebinding or a cross-site request), can reach a loopback port. So every request
+must carry the per-launch token: in the URL of the first request (the one ``choir view``
+prints), then in a cookie set from it (``HttpOnly``, ``SameSite=Strict``, named by port, so
+no other site's request carries it). The ``Host`` header must name the loopback address the
+server listens on, which a rebound name cannot. Every response carries a Content-Security-
+Policy that allows no script at all, so even a template mistake cannot run artifact text as
+code.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable, MutableMapping
+from http.cookies import SimpleCookie
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+CSP = ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+       "base-uri 'none'; frame-ancestors 'none'")
+SECURITY_HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+    (b"cache-control", b"no-store"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+    (b"cross-origin-resource-policy", b"same-origin"),
+]
+
+
+def _header(scope: Scope, name: bytes) -> str:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return ""
+
+
+class TokenGuard:
+    """ASGI middleware: refuse every request without the token; add the security headers."""
+
+    def __init__(self, app: ASGIApp, token: str, port: int) -> None:
+        self.app, self.token, self.port = app, token, port
+        self.cookie = f"choir_view_{port}"
+        self.hosts = {f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"}
+
+    def _ok(self, given: str) -> bool:
+        return bool(given) and hmac.compare_digest(given.encode(), self.token.encode())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if _header(scope, b"host") not in self.hosts:
+            await _plain(send, 403, "forbidden: this viewer answers on its loopback address "
+                                    "only")
+            return
+        query = parse_qsl(bytes(scope.get("query_string", b"")).decode("latin-1"))
+        given = [v for k, v in query if k == "token"]
+        if given:  # the printed URL: keep the token in a cookie, then drop it from the URL
+            if not self._ok(given[-1]):
+                await _plain(send, 403, "forbidden: wrong token")
+                return
+            rest = urlencode([(k, v) for k, v in query if k != "token"])
+            where = scope.get("path", "/") + (f"?{rest}" if rest else "")
+            cookie = (f"{self.cookie}={self.token}; Path=/; HttpOnly; SameSite=Strict")
+            await _plain(send, 303, "see other", [(b"location", where.encode("latin-1")),
+                                                  (b"set-cookie", cookie.encode())])
+            return
+        jar: SimpleCookie = SimpleCookie()
+        try:
+            jar.load(_header(scope, b"cookie"))
+        except Exception:  # a malformed cookie header is no token
+            jar = SimpleCookie()
+        morsel = jar.get(self.cookie)
+        if morsel is None or not self._ok(morsel.value):
+            await _plain(send, 403, "forbidden: open the URL `choir view` printed (it carries "
+                                    "this launch's token)")
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+async def _plain(send: Send, status: int, text: str,
+                 extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = (text + "\n").encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                            (b"content-length", str(len(body)).encode()),
+                            *SECURITY_HEADERS, *(extra or [])]})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,44 @@
+"""Starting the viewer: a socket on loopback, a fresh token, uvicorn."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+from choir._core.paths import choir_home
+from choir.evidence.artifacts import ArtifactStore
+from choir.view.reads import Stores
+
+HOST = "127.0.0.1"
+
+
+def build(home: Path | None = None, artifacts_root: Path | None = None,
+          token: str | None = None, port: int = 0) -> tuple[object, str]:
+    """The guarded ASGI app over ``home`` and its token (for tests and ``serve``)."""
+    from choir.view.app import Viewer
+    from choir.view.guard import TokenGuard
+
+    token = token or secrets.token_urlsafe(24)
+    stores = Stores(home or choir_home(), ArtifactStore(artifacts_root))
+    return TokenGuard(Viewer(stores).app, token, port), token
+
+
+def serve(port: int = 0, *, announce: Callable[[str], None] = print,
+          home: Path | None = None) -> None:
+    """Serve the viewer on ``127.0.0.1:port`` (0: a free port) until interrupted; the URL
+    with this launch's token goes to ``announce`` before the first request can arrive."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((HOST, port))
+    sock.listen(128)  # connections queue from now on, so the printed URL works at once
+    bound = sock.getsockname()[1]
+    app, token = build(home, port=bound)
+    config = uvicorn.Config(app, log_level="warning", access_log=False,  # type: ignore[arg-type]
+                            server_header=False, date_header=False)
+    server = uvicorn.Server(config)
+    announce(f"http://{HOST}:{bound}/?token={token}")
+    server.run(sockets=[sock])

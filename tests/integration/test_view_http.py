@@ -1,0 +1,237 @@
+"""``choir view`` over plain HTTP (no browser): the token, the Host check, the security
+headers, escaping and bounds of hostile artifacts, server-side citation checks, paging, and
+that viewing writes nothing. The home holds real runs made by Choir (``tests.viewhome``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from choir.attest import verify_dsse
+from choir.evidence.artifacts import ArtifactStore
+from choir.view.text import LINE_MAX
+from tests.viewhome import (
+    LONG_LINE,
+    env_for,
+    flip_byte,
+    make_home,
+    session_attestations,
+    synthetic_runs,
+    view_server,
+)
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return make_home(tmp_path_factory.mktemp("view"))
+
+
+@pytest.fixture(scope="module")
+def server(made: dict[str, str]) -> Iterator[object]:
+    with view_server(Path(made["home"])) as s:
+        yield s
+
+
+@pytest.fixture()
+def client(server: object) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.base, follow_redirects=False, timeout=30) as c:  # type: ignore[attr-defined]
+        answer = c.get(f"/?token={server.token}")  # type: ignore[attr-defined]
+        assert answer.status_code == 303 and answer.headers["location"] == "/"
+        yield c
+
+
+def test_every_request_without_this_launchs_token_is_refused(server: object) -> None:
+    base, token = server.base, server.token  # type: ignore[attr-defined]
+    with httpx.Client(base_url=base, follow_redirects=False, timeout=30) as c:
+        for path in ("/", "/ahdb", "/audit", "/static/view.css", "/run/x"):
+            assert c.get(path).status_code == 403
+        assert c.get(f"/?token={token[:-1]}x").status_code == 403
+        assert c.get("/", headers={"cookie": f"choir_view_{server.port}=wrong"}).status_code \
+            == 403  # type: ignore[attr-defined]
+        # a rebound DNS name reaches the port with the right cookie, and is still refused
+        c.get(f"/?token={token}")
+        assert c.get("/").status_code == 200
+        assert c.get("/", headers={"host": f"evil.example:{server.port}"}).status_code \
+            == 403  # type: ignore[attr-defined]
+        cookie = c.get(f"/?token={token}").headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+
+
+def test_every_page_forbids_scripts_and_framing(client: httpx.Client,
+                                                made: dict[str, str]) -> None:
+    for path in ("/", f"/run/{made['run']}", f"/run/{made['verify']}", "/ahdb", "/audit",
+                 "/run/no-such-run", "/artifact/" + "0" * 64, "/static/view.css"):
+        answer = client.get(path)
+        assert answer.status_code in (200, 404), path
+        csp = answer.headers["content-security-policy"]
+        assert "default-src 'none'" in csp and "script" not in csp and \
+            "frame-ancestors 'none'" in csp, path
+        assert answer.headers["x-content-type-options"] == "nosniff"
+        assert answer.headers["referrer-policy"] == "no-referrer"
+
+
+def test_a_hostile_artifact_is_shown_inert_and_bounded(client: httpx.Client,
+                                                       made: dict[str, str]) -> None:
+    hostile = session_attestations(Path(made["home"]), made["verify"])["hostile"]
+    log = ArtifactStore(Path(made["home"]) / "artifacts").path_of(
+        hostile.body.artifacts["logs/combined.log"])  # type: ignore[attr-defined]
+    assert log.stat().st_size > LONG_LINE  # the stored log really holds the long line
+    page = client.get(f"/artifact/{log.parent.name}{log.name}")
+    assert page.status_code == 200
+    html = page.text
+    assert "&lt;script&gt;document.title=" in html and "&lt;img src=x onerror" in html
+    assert "<script" not in html and "<img" not in html
+    assert "\x1b" not in html and "\x07" not in html and "\u202e" not in html
+    assert "RED" in html and "click" in html  # the text stays, the sequences go
+    assert "line cut" in html and len(page.content) < 4 * LINE_MAX + 20_000
+    assert "after the long line" in html
+    raw = client.get(f"/artifact/{log.parent.name}{log.name}/raw")
+    assert raw.headers["content-type"].startswith("text/plain")
+    assert "\x1b" not in raw.text and len(raw.content) < 2 * LINE_MAX
+
+
+def test_a_citation_is_checked_against_the_stored_bytes(client: httpx.Client,
+                                                       made: dict[str, str]) -> None:
+    unit = session_attestations(Path(made["home"]), made["verify"])["unit"]
+    report = client.get(f"/report/{unit.body.report_hash}")  # type: ignore[attr-defined]
+    assert "::test_add" in report.text
+    link = report.text.split('class="citation" href="', 1)[1].split('"', 1)[0]
+    link = link.replace("&amp;", "&").split("#", 1)[0]
+    good = client.get(link)
+    assert "matches the stored bytes" in good.text and 'class="line cited"' in good.text
+    forged = link[:-64] + "f" * 64  # a report whose span hash does not fit its log
+    assert "DOES NOT MATCH the stored bytes" in client.get(forged).text
+
+
+def test_an_attestation_is_rechecked_on_every_view(client: httpx.Client,
+                                                   made: dict[str, str],
+                                                   tmp_path: Path) -> None:
+    unit = session_attestations(Path(made["home"]), made["verify"])["unit"]
+    page = client.get(f"/attestation/{unit.id}")  # type: ignore[attr-defined]
+    assert 'id="att-status">VALID' in page.text
+    dsse = client.get(f"/attestation/{unit.id}/dsse.json")  # type: ignore[attr-defined]
+    assert dsse.status_code == 200 and "attachment" in dsse.headers["content-disposition"]
+    assert verify_dsse(dsse.json(), unit.public_key)  # type: ignore[attr-defined]
+    body = json.loads(client.get(f"/attestation/{unit.id}/attestation.json").content)  # type: ignore[attr-defined]
+    assert body["id"] == unit.id  # type: ignore[attr-defined]
+    folder = client.get(f"/run/{unit.body.run_id}")  # type: ignore[attr-defined]
+    assert folder.status_code == 200 and "sealed manifest" in folder.text
+
+
+def test_malformed_ids_never_become_paths(client: httpx.Client) -> None:
+    for path in ("/run/..%2F..%2Fetc", "/run/.hidden", "/artifact/../../etc/passwd",
+                 "/artifact/abc", "/attestation/" + "g" * 64, "/report/zz",
+                 "/attestation/" + "0" * 64 + "/dsse.json"):
+        answer = client.get(path)
+        assert answer.status_code == 404, path
+        assert "root:" not in answer.text
+
+
+def test_the_run_list_pages_and_filters(tmp_path: Path) -> None:
+    home = tmp_path / "many"
+    synthetic_runs(home, home / "artifacts", 130)
+    with view_server(home) as s, httpx.Client(base_url=s.base, timeout=30) as c:
+        c.get(f"/?token={s.token}")
+        first = c.get("/")
+        assert "130 shown" in first.text and "page 1 of 3" in first.text
+        assert first.text.count('class="run-link"') == 50
+        last = c.get("/?page=3")
+        assert last.text.count('class="run-link"') == 30 and "verify-000001" in last.text
+        fails = c.get("/?kind=verify&status=FAIL")
+        assert "35 shown" in fails.text and "verify-000001" not in fails.text
+        item = c.get("/?work_item=item-1")
+        assert "8 shown" in item.text
+        assert 'class="run-link"' not in c.get("/?query=%3Cscript%3E").text
+        assert "&lt;script&gt;" in c.get("/?query=%3Cscript%3E").text
+
+
+def test_viewing_writes_nothing_not_even_a_key(tmp_path: Path, made: dict[str, str]) -> None:
+    """A home with evidence but no key and no pin: pinning or creating a key is a write the
+    viewer must never make (it would also make it a process that holds the key)."""
+    home = tmp_path / "home"
+    shutil.copytree(made["home"], home)
+    shutil.rmtree(home / "keys")
+    (home / "trusted_keys").unlink()
+
+    def snapshot() -> dict[str, tuple[int, int]]:
+        return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in home.rglob("*")
+                if p.is_file() and "-wal" not in p.name and "-shm" not in p.name}
+
+    before = snapshot()
+    unit = session_attestations(home, made["verify"])["unit"]
+    with view_server(home) as s, httpx.Client(base_url=s.base, timeout=30) as c:
+        c.get(f"/?token={s.token}")
+        for path in ("/", f"/run/{made['run']}", f"/run/{made['verify']}", "/ahdb", "/audit",
+                     f"/attestation/{unit.id}", f"/report/{unit.body.report_hash}"):  # type: ignore[attr-defined]
+            assert c.get(path).status_code == 200, path
+        assert "no key pinned" in c.get(f"/attestation/{unit.id}").text  # type: ignore[attr-defined]
+        assert c.get(f"/attestation/{unit.id}/dsse.json").status_code == 404  # type: ignore[attr-defined]
+    assert snapshot() == before
+    assert not (home / "keys").exists() and not (home / "trusted_keys").exists()
+
+
+def test_an_attestation_reads_invalid_after_a_byte_flip_in_its_object(
+        tmp_path: Path, made: dict[str, str]) -> None:
+    home = tmp_path / "home"
+    shutil.copytree(made["home"], home)
+    unit = session_attestations(home, made["verify"])["unit"]
+    flip_byte(ArtifactStore(home / "artifacts").path_of(unit.body.report_hash), 10)  # type: ignore[attr-defined]
+    with view_server(home) as s, httpx.Client(base_url=s.base, timeout=30) as c:
+        c.get(f"/?token={s.token}")
+        page = c.get(f"/attestation/{unit.id}").text  # type: ignore[attr-defined]
+        assert 'id="att-status">INVALID' in page and "MISSING OR ALTERED" in page
+        assert "object_hash" in page
+        assert "ALTERED" in c.get(f"/report/{unit.body.report_hash}").text  # type: ignore[attr-defined]
+        audit = c.get("/audit").text
+        assert "VIOLATION" in audit and f'href="/attestation/{unit.id}"' in audit  # type: ignore[attr-defined]
+
+
+def test_a_missing_extra_fails_with_the_pip_command_and_help_stays_light(
+        made: dict[str, str]) -> None:
+    env = env_for(Path(made["home"]))
+    blocked = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.modules['starlette'] = None\n"
+         "from choir.cli import main; main(['view'])"],
+        env=env, capture_output=True, text=True, timeout=60)
+    assert blocked.returncode == 2
+    assert "pip install 'choir[view]'" in blocked.stderr
+    light = subprocess.run(
+        [sys.executable, "-c", "import sys, choir\nfrom choir.cli import main\n"
+         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+         "print(sorted(m for m in ('starlette', 'uvicorn', 'jinja2', 'choir.view') "
+         "if m in sys.modules))"],
+        env=dict(env, PYTHONDONTWRITEBYTECODE="1"), capture_output=True, text=True,
+        timeout=60)
+    assert light.stdout.strip().endswith("[]"), light.stdout[-500:]
+    assert "view" in light.stdout
+
+
+del os
+
+
+def test_a_postgres_store_is_read_through_the_same_pages(tmp_path: Path, pg_url: str) -> None:
+    """AHDB atoms and attestations live in Postgres: the local attestation files are removed,
+    so every page below reads the shared store."""
+    shared = {"CHOIR_DATABASE_URL": pg_url}
+    made = make_home(tmp_path, shared)
+    home = Path(made["home"])
+    assert not (home / "ahdb.sqlite").exists()
+    unit = session_attestations(home, made["verify"])["unit"]
+    for local in (home / "attestations").glob("*.json"):
+        local.chmod(0o644)
+        local.unlink()
+    with view_server(home, shared) as s, httpx.Client(base_url=s.base, timeout=30) as c:
+        c.get(f"/?token={s.token}")
+        atoms = c.get("/ahdb?work_item=fix-add").text
+        assert "PROMOTED" in atoms and "HYPOTHESIZE" in atoms
+        page = c.get(f"/attestation/{unit.id}").text  # type: ignore[attr-defined]
+        assert 'id="att-status">VALID' in page
+        assert made["run"] in c.get("/").text
