@@ -142,6 +142,7 @@ def synthetic_runs(home: Path, artifacts: Path, n: int, *, traced_every: int = 5
                      data={"work_item": f"item-{i % 3}", "required": (), "mood": "CALM"})
             rec.emit("run_ended", data={"status": "asserted" if i % 3 else "halted",
                                         "reason": "synthetic"})
+            rec._commit()  # written and sealed, as a node's events are
             return
         manifest = SessionManifest(
             run_id=f"verify-{i:06d}", status="PASS" if i % 3 else "FAIL", mood="CALM",

@@ -33,9 +33,11 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 # Commands that sign or read what a step or an executor wrote: their process signs through
-# a broker and never sees the key folder (choir.trusted). `keys` manages the key itself.
+# a broker and never sees the key folder (choir.trusted). `keys` manages the key itself;
+# `view` never signs and must not even create a key (it reads the stores read-only, and
+# signs a DSSE export by running `choir attest show` in a process of its own).
 _SEPARATED = frozenset({"verify", "init", "run", "approve", "gate", "audit", "attest", "ahdb",
-                        "trace", "runs", "view", "trust-interpreter"})
+                        "trace", "runs", "trust-interpreter"})
 
 
 def _separate(args: list[str]) -> None:

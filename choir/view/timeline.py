@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from choir.exceptions import IntegrityError, UserError
 from choir.models import RunManifest
 from choir.trace.model import TraceEvent
-from choir.trace.record import read_records, record_path
+from choir.trace.record import read_trace, record_path
 from choir.view.reads import MAX_DOCUMENT, Stores, load_manifest
 
 
@@ -66,7 +66,7 @@ def _events(stores: Stores, run_id: str) -> list[TraceEvent]:
     path = record_path(run_id, stores.home)
     if not path.is_file():
         raise UserError(f"no trace recorded for run {run_id!r}")
-    return [TraceEvent.model_validate(rec) for rec in read_records(path)]
+    return read_trace(path)[0]  # the events; their seals are audit's to check
 
 
 def run_timeline(stores: Stores, run_id: str) -> Timeline:
