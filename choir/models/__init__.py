@@ -19,6 +19,7 @@ from choir.models.report import (
 )
 from choir.models.run import ExecutorIsolation, ExecutorOutput, ParentFrame, VerifierRun
 from choir.models.verifier import (
+    HeldOut,
     Lens,
     Lenses,
     Limits,
@@ -32,6 +33,7 @@ from choir.models.violation import Violation
 from choir.models.workitem import BlastRadius, ExecutorSpec, Mood, WorkItem
 
 __all__ = [
+    "HeldOut",
     "AppliedLimits",
     "Atom",
     "AtomKind",

@@ -27,6 +27,9 @@ class VerifierKind(StrEnum):
     PIPELINE = "pipeline"
     POSTCONDITION = "postcondition"  # a callable or scaffold checking an action's effect
     TRACE = "trace"  # the run's own trace, verified in-process (choir.trace.step)
+    # the pinned tests run against mutants of the lines the executor changed (BOLD, PARANOID):
+    # a mutant they do not kill is a change they do not test (choir.director.mutation)
+    MUTATION = "mutation"
 
 
 class StepSpec(Frozen):
@@ -67,6 +70,15 @@ class Lenses(Frozen):
     independent: str | None = None
 
 
+class HeldOut(Frozen):
+    """Where a held-out verifier's files live (outside the repo, never shown to the executor)
+    and the blake3 of their manifest when the run's configuration was pinned: a verifier
+    whose files changed since then verifies nothing (fail closed)."""
+
+    path: str
+    files_hash: str
+
+
 class VerifierSpec(Frozen):
     """One allowlisted verifier. Only verifiers named in ``choir.yaml`` may ever run."""
 
@@ -80,6 +92,12 @@ class VerifierSpec(Frozen):
     limits: Limits = Field(default_factory=Limits)
     env: dict[str, str] = Field(default_factory=dict)
     lenses: Lenses = Field(default_factory=Lenses)
+    # a held-out check (choir.config.heldout): its files are copied into the tree only this
+    # verifier reads; its reports reach the executor as counts. Absent in the JSON when
+    # unset, so the config hash of every other verifier is what it was.
+    heldout: HeldOut | None = Field(default=None, exclude_if=lambda v: v is None)
+    # a mutation check (kind mutation): the allowlisted verifier whose steps run on mutants
+    mutates: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _trace_runs_choir(self) -> VerifierSpec:
