@@ -33,7 +33,6 @@ from choir.models.violation import Violation
 from choir.models.workitem import BlastRadius, ExecutorSpec, Mood, WorkItem
 
 __all__ = [
-    "HeldOut",
     "AppliedLimits",
     "Atom",
     "AtomKind",
@@ -49,6 +48,7 @@ __all__ = [
     "ExecutorOutput",
     "ExecutorSpec",
     "FailureSignature",
+    "HeldOut",
     "Lens",
     "Lenses",
     "Limits",
