@@ -149,9 +149,16 @@ async def run_green(rnd: Round, planned: PlannedVerifier, *, sandbox: Sandbox | 
 
                 async def one(spec: VerifierSpec, planned: PlannedVerifier, run_id: str,
                               tree: Path, target: Target) -> Thread:
+                    """One mutant's run, attested as what it is: the steps on that tree."""
                     assert sandbox is not None
-                    return await _run_sandboxed(rnd, spec, planned, run_id, sandbox, runner,
-                                                tree=tree, target=target)
+                    run, result = await _run_sandboxed(rnd, spec, planned, run_id, sandbox,
+                                                       runner, tree=tree, target=target)
+                    if run.report_hash:
+                        await asyncio.to_thread(
+                            attest_run, run, spec, store=rnd.store, signer=load_signer(),
+                            attestations=AttestationStore(), policy_hash=rnd.policy.hash,
+                            mood=rnd.mood.value)
+                    return run, result
 
                 run = await run_mutation(rnd, spec, planned, run_id, sandbox.name, one)
             else:

@@ -12,8 +12,9 @@ on survived: a changed line no test depends on. Survivors make the check FAIL or
 INCONCLUSIVE (the mood's ``mutation_survivors``), with each survivor named by file, line and
 swap, so the person (and the executor: these are its own lines) sees it.
 
-The check's evidence is the mutants' own sealed runs: its manifest lists one command per
-mutant with that run's exit code, and its report names each mutant run's manifest.
+The check's evidence is the mutants' own sealed runs, each attested (lens ``mutant``, its
+target the mutant's tree, never the candidate's): the check's manifest lists one command per
+mutant with that run's outcome, and its report names each mutant run's manifest.
 """
 
 from __future__ import annotations
@@ -228,7 +229,7 @@ async def _mutate(rnd: Round, spec: VerifierSpec, planned: PlannedVerifier, run_
             mutant_target = Target(work_item=rnd.target.work_item,
                                    tree_hash=(await asyncio.to_thread(inspect_tree, tree)
                                               ).tree_hash)
-            one = planned.model_copy(update={"diagnostic": True, "lens": "default"})
+            one = planned.model_copy(update={"diagnostic": True, "lens": "mutant"})
             run, result = await run_one(source, one, f"{run_id}-m{k}", tree, mutant_target)
         finally:
             await asyncio.to_thread(remove_snapshot, tree)

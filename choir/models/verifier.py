@@ -112,8 +112,9 @@ class VerifierSpec(Frozen):
 
 # executor_gate: the llm executor's own check of its candidate (its spec is the default one;
 # it never promotes anything, only the Director loop's rounds do)
+# mutant: one run of a mutation check's steps on one mutant tree (choir.director.mutation)
 Lens = Literal["default", "clean_rerun", "isolated_subset", "instrumented", "independent",
-               "executor_gate"]
+               "executor_gate", "mutant"]
 
 
 class PlannedVerifier(Frozen):

@@ -14,11 +14,14 @@ from pathlib import Path
 import pytest
 
 from choir.ahdb import open_ahdb
+from choir.app.gate import check_gate
+from choir.app.verify import verify_tree
 from choir.attest import AttestationStore
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.tree import tree_hash
 from choir.models import Mood, VerificationReport
 from tests.heldoutrepo import EQ_OVERLOAD, HARD_CODED, MARKER, home, write_heldout
+from tests.sandboxes import ISOLATED, isolated_backend
 from tests.specrepo import build_templates, run_item
 from tests.workitems import FIXED
 
@@ -60,10 +63,15 @@ def test_without_heldout_checks_the_eq_overload_is_asserted(
 def test_the_honest_fix_passes_the_heldout_check(tmp_path: Path, templates: dict[str, Path],
                                                  mood: Mood) -> None:
     write_heldout(home(), tmp_path / "repo")
-    outcome, _repo = run_item(tmp_path, templates["unit"], HONEST, mood)
+    outcome, repo = run_item(tmp_path, templates["unit"], HONEST, mood)
     assert outcome.status == "asserted", outcome.events
     hidden = [a for a in AttestationStore() if a.body.verifier == "hidden"]
     assert hidden and all(a.body.result.value == "PASS" and a.body.heldout for a in hidden)
+    assert check_gate("fix-add", tree=tree_hash(repo), commit=None).passed
+    from choir.audit.integrity import audit
+
+    result = audit()
+    assert result.ok, result.violations
 
 
 SNOOP = f"""
@@ -147,3 +155,49 @@ def test_the_executor_hears_counts_only_while_the_person_keeps_the_full_report(
     assert any("test_hidden_sum_is_a_plain_int" in (s.test_id or "")
                for r in full for s in r.failure_signatures), full
     assert outcome.status != "asserted"
+
+
+CHECK = """\
+import os
+import sys
+
+sys.path.insert(0, os.getcwd())
+from calc import add
+
+for path in (os.path.join(os.environ["CHOIR_HELDOUT"], "planted"), "planted"):
+    try:
+        open(path, "w").close()
+    except OSError:
+        continue
+    print("writable:", path)
+    sys.exit(3)
+sys.exit(0 if add(2, 3) == 5 else 1)
+"""
+
+
+@pytest.mark.parametrize("name", ISOLATED)
+def test_a_heldout_check_reads_its_files_read_only_in_each_sandbox(
+        tmp_path: Path, choir_home: Path, name: str) -> None:
+    """``choir verify`` in bwrap and in Docker: the held-out files and the repo are readable
+    and read-only to the check; it judges the code like any verifier."""
+    isolated_backend(name).close()
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (repo / "choir.yaml").write_text(
+        "verifiers:\n  smoke:\n    kind: smoke\n    steps: [{name: s, command: 'true'}]\n")
+    folder = choir_home / "heldout" / "check"
+    folder.mkdir(parents=True)
+    (folder / "check.py").write_text(CHECK)
+    (choir_home / "heldout.yaml").write_text(
+        f"repos:\n  - repo: {repo}\n    verifiers:\n      hidden:\n        kind: smoke\n"
+        f"        path: check\n        steps:\n          - name: check\n"
+        f"            command: python3 $CHOIR_HELDOUT/check.py\n")
+    buggy = verify_tree(repo, sandbox_name=name, mood=Mood.CALM)
+    assert not buggy.passed
+    [hidden] = [r for r in buggy.contract["reports"] if r["verifier"] == "hidden"]
+    assert hidden["result"] == "FAIL"
+    assert (repo / "calc.py").write_text(FIXED)
+    fixed = verify_tree(repo, sandbox_name=name, mood=Mood.CALM)
+    assert fixed.passed, fixed.contract["reports"]
+    assert not (repo / "planted").exists()
