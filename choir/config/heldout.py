@@ -92,16 +92,17 @@ def _entry_errors(doc: YamlDoc, i: int, entry: Any) -> list[ConfigError]:
 
 def _spec(doc: YamlDoc, loc: tuple[Any, ...], name: str,
           raw: Any) -> tuple[VerifierSpec | None, list[ConfigError]]:
-    where = {"path": str(doc.path), "line": doc.line_of(loc)}
+    file, line = str(doc.path), doc.line_of(loc)
     if not isinstance(raw, dict):
-        return None, [ConfigError(f"held-out verifier '{name}' must be a mapping", **where,
-                                  hint="give it 'kind:', 'path:' and 'steps:'")]
+        return None, [ConfigError(f"held-out verifier '{name}' must be a mapping", path=file,
+                                  line=line, hint="give it 'kind:', 'path:' and 'steps:'")]
     raw = dict(raw)
     folder = Path(os.path.expanduser(str(raw.pop("path", name))))
     folder = folder if folder.is_absolute() else heldout_root() / folder
     if not folder.is_dir():
         return None, [ConfigError(f"held-out verifier '{name}': folder {folder} does not "
-                                  "exist", **where, hint="create it and put the checks in it")]
+                                  "exist", path=file, line=line,
+                                  hint="create it and put the checks in it")]
     try:
         expanded = expand(doc, name, raw)
         files = files_of(folder)
@@ -114,7 +115,7 @@ def _spec(doc: YamlDoc, loc: tuple[Any, ...], name: str,
         prefix=loc)
     if spec is not None and spec.kind in (VerifierKind.TRACE, VerifierKind.MUTATION):
         return None, [ConfigError(f"held-out verifier '{name}': kind {spec.kind.value} runs "
-                                  "Choir's own checks, not held-out files", **where,
+                                  "Choir's own checks, not held-out files", path=file, line=line,
                                   hint="use kind unit_tests (or another test kind)")]
     return spec, errors
 

@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from choir._core.canonical import canonical_json
 from choir.evidence.spec import load_manifest, matcher
@@ -221,7 +221,7 @@ async def _mutate(rnd: Round, spec: VerifierSpec, planned: PlannedVerifier, run_
     lines: list[str] = []
     killed, unknown, survived = 0, 0, []
     evidence: dict[str, str] = {}
-    isolation = "none"
+    isolation: Literal["container", "namespace", "none"] = "none"
     root = snapshot_root()
     for k, mutant in enumerate(found, start=1):
         tree = await asyncio.to_thread(mutant_tree, rnd.tree, mutant, root)
