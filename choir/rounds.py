@@ -42,6 +42,7 @@ from choir.models import (
     VerificationReport,
     VerifierKind,
     VerifierRun,
+    VerifierSpec,
     WorkItem,
 )
 from choir.verification import attest_run, open_sandbox, run_verifier_thread, sandbox_options
@@ -82,6 +83,9 @@ class Round:
     on_event: Event = _nobody
     in_process: Mapping[VerifierKind, InProcess] = field(default_factory=dict)
     sandbox_name: str | None = None
+    # a ``choir run``'s base tree: the manifest of its Python files as they were when the
+    # run started (``choir.evidence.spec.pin_spec``), what a mutation check diffs against
+    base: str | None = None
 
     @functools.cached_property
     def store(self) -> ArtifactStore:
@@ -125,8 +129,6 @@ async def run_green(rnd: Round, planned: PlannedVerifier, *, sandbox: Sandbox | 
 
     Never raises for what the verifier did: a crash is an INCONCLUSIVE run (unsealed).
     """
-    from choir.postconditions.context import context_env
-
     run_id = thread_run_id(rnd.id, planned.name, planned.replica)
     label = {"kind": "green", "key": run_id, "verifier": planned.name, "lens": planned.lens,
              "replica": planned.replica}
@@ -142,14 +144,26 @@ async def run_green(rnd: Round, planned: PlannedVerifier, *, sandbox: Sandbox | 
                 run = await asyncio.to_thread(own, planned, run_id, rnd.target, rnd.store)
             elif sandbox is None:
                 raise RuntimeError(f"no sandbox for verifier {planned.name}")
+            elif spec.kind is VerifierKind.MUTATION:
+                from choir.director.mutation import run_mutation
+
+                async def one(spec: VerifierSpec, planned: PlannedVerifier, run_id: str,
+                              tree: Path, target: Target) -> Thread:
+                    """One mutant's run, attested as what it is: the steps on that tree."""
+                    assert sandbox is not None
+                    run, result = await _run_sandboxed(rnd, spec, planned, run_id, sandbox,
+                                                       runner, tree=tree, target=target)
+                    if run.report_hash:
+                        await asyncio.to_thread(
+                            attest_run, run, spec, store=rnd.store, signer=load_signer(),
+                            attestations=AttestationStore(), policy_hash=rnd.policy.hash,
+                            mood=rnd.mood.value)
+                    return run, result
+
+                run = await run_mutation(rnd, spec, planned, run_id, sandbox.name, one)
             else:
-                run, result = await run_verifier_thread(
-                    spec, repo=rnd.tree, target=rnd.target, sandbox=sandbox, store=rnd.store,
-                    run_id=run_id, reporter=rnd.config.models.reporter,
-                    reporter_name=rnd.config.reporter_name(), lens=planned.lens,
-                    replica=planned.replica, diagnostic=planned.diagnostic,
-                    tests=planned.tests, runner=runner,
-                    env=context_env(spec, rnd.work_item, run_id=run_id))
+                run, result = await _run_sandboxed(rnd, spec, planned, run_id, sandbox,
+                                                   runner)
         except UserError:
             raise  # a configuration the user must fix (no scheduler answers): not evidence
         except Exception as exc:  # noqa: BLE001 - a crash is evidence of nothing
@@ -158,6 +172,33 @@ async def run_green(rnd: Round, planned: PlannedVerifier, *, sandbox: Sandbox | 
                   "seconds": round(time.monotonic() - started, 2),
                   "summary": run.report.summary[:160]})
     return run, result
+
+
+async def _run_sandboxed(rnd: Round, spec: VerifierSpec, planned: PlannedVerifier, run_id: str,
+                         sandbox: Sandbox, runner: Callable[..., PipelineResult] | None, *,
+                         tree: Path | None = None, target: Target | None = None) -> Thread:
+    """``spec`` in ``sandbox`` on ``tree`` (default: the round's); a held-out verifier reads
+    a private copy with its files added, removed after (``choir.evidence.heldout``)."""
+    from choir.evidence.heldout import heldout_tree
+    from choir.evidence.tree import remove_snapshot, snapshot_root
+    from choir.postconditions.context import context_env
+
+    tree = tree or rnd.tree
+    private = None
+    if spec.heldout is not None:
+        root = snapshot_root()
+        root.mkdir(parents=True, exist_ok=True)
+        private = tree = await asyncio.to_thread(heldout_tree, tree, spec.heldout, root)
+    try:
+        return await run_verifier_thread(
+            spec, repo=tree, target=target or rnd.target, sandbox=sandbox, store=rnd.store,
+            run_id=run_id, reporter=rnd.config.models.reporter,
+            reporter_name=rnd.config.reporter_name(), lens=planned.lens,
+            replica=planned.replica, diagnostic=planned.diagnostic, tests=planned.tests,
+            runner=runner, env=context_env(spec, rnd.work_item, run_id=run_id))
+    finally:
+        if private is not None:
+            await asyncio.to_thread(remove_snapshot, private)
 
 
 @dataclass

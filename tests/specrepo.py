@@ -79,20 +79,20 @@ def _executor(tmp_path: Path, body: str) -> str:
 
 
 def write_item(tmp_path: Path, template: Path, body: str, extra: str = "",
-               sandbox: str = "auto") -> tuple[Path, Path]:
-    """A copy of ``template`` and a one-attempt work item whose executor runs ``body``."""
+               sandbox: str = "auto", attempts: int = 1) -> tuple[Path, Path]:
+    """A copy of ``template`` and a work item whose executor runs ``body``."""
     repo = tmp_path / "repo"
     shutil.copytree(template, repo, symlinks=True)
     item = tmp_path / "item.yaml"
-    item.write_text(f"id: fix-add\ngoal: {GOAL}\nrepo: ./repo\nmax_attempts: 1\n{extra}"
+    item.write_text(f"id: fix-add\ngoal: {GOAL}\nrepo: ./repo\nmax_attempts: {attempts}\n{extra}"
                     f"executor:\n  kind: command\n  sandbox: {sandbox}\n"
                     f"  command: {_executor(tmp_path, body)}\n")
     return item, repo
 
 
 def run_item(tmp_path: Path, template: Path, body: str, mood: Mood, extra: str = "",
-             sandbox: str = "auto") -> tuple[RunOutcome, Path]:
-    item, repo = write_item(tmp_path, template, body, extra, sandbox)
+             sandbox: str = "auto", attempts: int = 1) -> tuple[RunOutcome, Path]:
+    item, repo = write_item(tmp_path, template, body, extra, sandbox, attempts)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # sandbox: none says so, loudly
         return asyncio.run(run_work_item(item, mood=mood)), repo

@@ -103,6 +103,11 @@ def green_verifier(item: WorkItem, run_id: str) -> Any:
 
     async def verify(output: ChangeSummary) -> ChangeSummary:
         config, policy, mood = pinned.config, pinned.policy, pinned.mood
+        # held-out checks are never the agent's to run (its gate would read their reports),
+        # nor the Director's mutation checks (they need the run's base tree)
+        config = config.model_copy(update={"verifiers": {
+            n: s for n, s in config.verifiers.items()
+            if s.heldout is None and s.mutates is None}})
         chosen = outside_a_run(plan(policy, mood, config.verifiers,
                                     required=item.required_verifiers), config.verifiers)
         planned = [PlannedVerifier(name=name, lens="executor_gate") for name in

@@ -311,6 +311,9 @@ def load_repo_config(repo: Path) -> RepoConfig:
     errors += spec_glob_errors(doc, ("spec",))
     ConfigError.raise_all(errors)
     assert parsed is not None  # no error was found, so the file validated
+    from choir.config.heldout import load_heldout
+
+    verifiers.update(load_heldout(repo, set(verifiers)))  # the user's, outside the repo
     sandbox = _sandbox_section(parsed.sandbox, repo, doc)
     if resources:
         from choir.postconditions.spec import resource_binds

@@ -22,6 +22,8 @@ from choir.models._base import Frozen
 
 POLICY_FILE = "moods.yaml"
 SpecPolicy = Literal["refuse", "approve"]
+Survivors = Literal["fail", "inconclusive"]
+MUTANTS_SUFFIX = ".mutants"
 
 
 class _PackagedMood(Frozen):
@@ -33,6 +35,9 @@ class _PackagedMood(Frozen):
     # the run's own trace, verified and attested, before anything is ASSERTed (choir run)
     require_trace: bool = False
     spec_change: SpecPolicy = "refuse"
+    require_heldout: bool = False
+    mutation_survivors: Survivors = "fail"
+    mutants: int = Field(default=8, ge=1, le=64)
 
 
 class _PackagedPolicy(Frozen):
@@ -56,6 +61,14 @@ class MoodPolicy(Frozen):
     # a change to a pinned spec file that the work item's may_change_spec names: refused, or
     # held for a person with the diff attached (approve); outside it, always refused
     spec_change: SpecPolicy = "refuse"
+    # every held-out check of the repo (choir.config.heldout) runs in this mood, whatever
+    # its kind or the repo's mood override
+    require_heldout: bool = False
+    # a mutant of the executor's changed lines that the pinned tests do not kill makes the
+    # mutation check FAIL (the executor is told which line) or INCONCLUSIVE (never ASSERTed,
+    # looked at again); ``mutants``: at most this many per round
+    mutation_survivors: Survivors = "fail"
+    mutants: int = 8
 
 
 class Policy(Frozen):
@@ -96,6 +109,7 @@ def with_run_checks(config: RepoConfig,
     trace verifier in-process on the run's own record, no code of the repo's.
     """
     base = packaged or load_packaged_policy()
+    config = with_mutation(config, base)
     if not any(m.require_trace for m in base.moods.values()):
         return config
     if any(spec.kind is VerifierKind.TRACE for spec in config.verifiers.values()):
@@ -103,6 +117,25 @@ def with_run_checks(config: RepoConfig,
     name = "trace" if "trace" not in config.verifiers else "choir-trace"
     spec = VerifierSpec(name=name, kind=VerifierKind.TRACE,
                         steps=(StepSpec(name="verify", command="choir trace verify"),))
+    return config.model_copy(update={"verifiers": {**config.verifiers, name: spec}})
+
+
+def with_mutation(config: RepoConfig, base: _PackagedPolicy) -> RepoConfig:
+    """When a mood plans mutation checks (BOLD, PARANOID), the allowlist of a ``choir run``
+    gains one: ``NAME.mutants`` runs the steps of the repo's first unit-test verifier (else
+    its pipeline) on mutants of the lines the executor changed (``choir.director.mutation``).
+    """
+    if not any(VerifierKind.MUTATION in m.kinds for m in base.moods.values()) or any(
+            s.kind is VerifierKind.MUTATION for s in config.verifiers.values()):
+        return config
+    source = next((s for kind in (VerifierKind.UNIT_TESTS, VerifierKind.PIPELINE)
+                   for s in config.verifiers.values()
+                   if s.kind is kind and s.heldout is None), None)
+    if source is None:
+        return config
+    name = f"{source.name[:64 - len(MUTANTS_SUFFIX)]}{MUTANTS_SUFFIX}"
+    spec = source.model_copy(update={"name": name, "kind": VerifierKind.MUTATION,
+                                     "mutates": source.name})
     return config.model_copy(update={"verifiers": {**config.verifiers, name: spec}})
 
 
@@ -124,7 +157,7 @@ def load_policy(config: RepoConfig, packaged: _PackagedPolicy | None = None) -> 
     for mood in Mood:
         default = base.moods.get(mood) or base.moods[Mood.SKEPTICAL]
         checks = tuple(n for n, spec in config.verifiers.items()
-                       if spec.kind is not VerifierKind.TRACE)
+                       if spec.kind not in (VerifierKind.TRACE, VerifierKind.MUTATION))
         core = _by_kind(config, default.kinds)
         if not any(n in checks for n in core):  # the run's own trace checks no code
             core = (*checks, *core)
@@ -136,12 +169,18 @@ def load_policy(config: RepoConfig, packaged: _PackagedPolicy | None = None) -> 
             "allow_unsafe_isolation": default.allow_unsafe_isolation,
             "require_limits": default.require_limits,
             "spec_change": default.spec_change,
+            "require_heldout": default.require_heldout,
+            "mutation_survivors": default.mutation_survivors,
+            "mutants": default.mutants,
         }
         override = config.moods.get(mood)
         if override is not None:
             fields.update(
                 {k: v for k, v in override.model_dump().items() if v is not None}
             )
+        if fields["require_heldout"]:
+            held = [n for n, spec in config.verifiers.items() if spec.heldout is not None]
+            fields["verifiers"] = tuple(dict.fromkeys([*fields["verifiers"], *held]))
         moods[mood] = MoodPolicy(**fields)
     return Policy(
         moods=moods,

@@ -42,7 +42,9 @@ def _pieces(runs: Sequence[VerifierRun], failing: Sequence[str],
     Past ``MAX_PARTS`` pieces, one per verifier (the parent's final verification checks
     whatever the parts leave out).
     """
-    whole = [(name, failing_tests(runs, name) if specs[name].lenses.isolate else ())
+    # a held-out verifier's test names never become a part's goal: the executor reads it
+    whole = [(name, failing_tests(runs, name)
+              if specs[name].lenses.isolate and specs[name].heldout is None else ())
              for name in failing]
     fine: list[tuple[str, tuple[str, ...]]] = []
     for name, tests in whole:

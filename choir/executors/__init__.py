@@ -115,14 +115,18 @@ def _passed_env() -> dict[str, str]:
 
 
 def _hidden() -> list[Path]:
-    """Choir's stores and the host's password hashes: masked inside the sandbox.
+    """Choir's stores, every held-out folder and the host's password hashes: masked inside
+    the sandbox.
 
     Bound folders (the work item's folder, the toolchain, the repo) may hold CHOIR_HOME,
     as in the quickstart where it sits beside the repo: masking them covers every case.
     """
 
-    found = [choir_home(), artifact_dir(), Path("/etc/shadow"), Path("/etc/gshadow")]
-    return [p.resolve() for p in found if p.exists()]
+    from choir.config.heldout import heldout_paths
+
+    found = [p.resolve() for p in (choir_home(), artifact_dir(), Path("/etc/shadow"),
+                                   Path("/etc/gshadow")) if p.exists()]
+    return [*found, *(p for p in heldout_paths() if not any(p.is_relative_to(f) for f in found))]
 
 
 def interpreter_in_repo(repo: Path) -> list[Path]:

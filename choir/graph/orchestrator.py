@@ -25,6 +25,7 @@ from choir.director import part_plan, plan, verdicts
 from choir.director.advisor import suggest
 from choir.director.lenses import nested_plan
 from choir.evidence.artifacts import ArtifactStore
+from choir.evidence.heldout import redact
 from choir.evidence.spec import (
     ADDITIONS_REPLICA,
     DIFF_LIMIT,
@@ -69,7 +70,8 @@ def _round(state: GreenIn | RunState, round_id: str, tree: Path) -> Round:
     return Round(id=round_id,
                  config=state["config"], policy=state["policy"], mood=Mood(state["mood"]),
                  target=state["target"], tree=tree, work_item=state["work_item"],
-                 on_event=emit, in_process={VerifierKind.TRACE: run_trace_step})
+                 on_event=emit, in_process={VerifierKind.TRACE: run_trace_step},
+                 base=state.get("base"))
 
 
 async def green_thread(state: GreenIn) -> GreenOut:
@@ -185,7 +187,8 @@ async def execute(state: RunState) -> dict[str, Any]:
         read_only = tuple(executor_read_only(Path(item.repo), manifest, item.may_change_spec))
     with pinned_gate(state["config"], state["policy"], Mood(state["mood"]), read_only):
         output = await asyncio.to_thread(get_executor(item.executor.kind), item, attempt,
-                                         state.get("feedback", []), run_id=run_id)
+                                         redact(state.get("feedback", []),
+                                                state["config"].verifiers), run_id=run_id)
     failpoint("execute:done")
     ended = ("timed out" if output.timed_out else
              "done" if output.exit_code is None else f"exited {output.exit_code}")
@@ -273,7 +276,8 @@ async def direct(state: RunState) -> dict[str, Any]:
             advice = await suggest(config.models.director, item, mood=mood,
                                    attempt=state.get("attempt", 1),
                                    planned=[p.name for p in chosen.verifiers if p.replica == 0],
-                                   specs=config.verifiers, last=state.get("feedback", []))
+                                   specs=config.verifiers,
+                                   last=redact(state.get("feedback", []), config.verifiers))
             usage.append(("director", advice.usage))
             chosen = plan(policy, mood, config.verifiers, required=required,
                           suggestion=advice.names, reason=advice.reason)
@@ -299,6 +303,7 @@ def fan_out(state: RunState) -> list[Send] | str:
     sends = [Send("green", GreenIn(
         work_item=item, config=state["config"], policy=state["policy"], planned=pv,
         target=state["target"], mood=state["mood"], spec=state.get("spec"),
+        base=state.get("base"),
         spec_change=state.get("spec_change"),
         run_id=thread_run_id(round_run_id(state["run_id"], round_no), pv.name, pv.replica)))
         for pv in state["plan"].verifiers]

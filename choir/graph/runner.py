@@ -162,8 +162,11 @@ async def run_work_item(path: Path, *, mood: Mood | None = None, run_id: str | N
     run_id = run_id or new_run_id(item.id)
     # the checks that define success, as they are before the executor runs (the base tree)
     spec = pin_spec(Path(item.repo), config.spec, snapshot_root())
+    # and its Python sources, when a mood checks the change by mutating it
+    base = pin_spec(Path(item.repo), ("*.py",), snapshot_root()) if any(
+        s.mutates for s in config.verifiers.values()) else None
     start = {"work_item": item, "config": config, "policy": policy, "run_id": run_id,
-             "spec": spec,
+             "spec": spec, "base": base,
              "mood": start_mood.value, "attempt": 0, "round": 0, "history": [],
              "status": "running"}
     return await _drive(start, run_id, on_event)

@@ -7,7 +7,7 @@ report + hashes) and the executor's output lives in the artifact store, referenc
 from __future__ import annotations
 
 import operator
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NotRequired
 
 from typing_extensions import TypedDict
 
@@ -40,6 +40,8 @@ class RunState(TypedDict, total=False):
     # pinned from the tree the run started on; replaced only by a person's approval
     spec: str | None
     spec_change: SpecChange | None  # the current tree's spec against the pin, judged
+    # the base tree's Python files, pinned like the spec: what a mutation check diffs against
+    base: str | None
     floor: list[str]  # verifiers earlier primary rounds ran: a later plan never drops one
     run_id: str
     mood: str
@@ -79,6 +81,7 @@ class GreenIn(TypedDict):
     mood: str
     spec: str | None
     spec_change: SpecChange | None
+    base: NotRequired[str | None]
 
 
 class GreenOut(TypedDict):
@@ -93,7 +96,8 @@ def checkpoint_types() -> list[tuple[str, str]]:
     names = ["Mood", "BlastRadius", "WorkItem", "ExecutorSpec", "Target", "Result",
              "VerificationReport", "FailureSignature", "Citation", "Counts", "Usage",
              "PlannedVerifier", "VerifierPlan", "VerifierSpec", "VerifierKind", "StepSpec",
-             "Limits", "Lenses", "VerifierRun", "ParentFrame", "ExecutorOutput", "SpecChange"]
+             "Limits", "Lenses", "VerifierRun", "ParentFrame", "ExecutorOutput", "SpecChange",
+             "HeldOut"]
     found = [(getattr(models, n).__module__, n) for n in names]
     found += [(config.__name__, n) for n in ("RepoConfig", "ModelsConfig", "SandboxConfig",
                                              "MoodOverride")]

@@ -19,6 +19,7 @@ from choir.models.report import (
 )
 from choir.models.run import ExecutorIsolation, ExecutorOutput, ParentFrame, VerifierRun
 from choir.models.verifier import (
+    HeldOut,
     Lens,
     Lenses,
     Limits,
@@ -47,6 +48,7 @@ __all__ = [
     "ExecutorOutput",
     "ExecutorSpec",
     "FailureSignature",
+    "HeldOut",
     "Interpreter",
     "Lens",
     "Lenses",

@@ -116,12 +116,15 @@ class AttestationBody(Frozen):
     its canonical JSON: every pinned path and its blake3); absent for ``choir verify``."""
     spec_change: SpecChange | None = None
     """How the verified tree's spec differs from the pin, and what the verifiers read."""
+    heldout: str | None = None
+    """A held-out verifier's run: the blake3 of its files' manifest (files kept outside the
+    repo, never shown to the executor, reported back to it as counts only)."""
 
     @model_serializer(mode="wrap")
     def _omit_absent_executor(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
         """Absent stays absent, so bodies minted before the field existed keep their ids."""
         data: dict[str, object] = handler(self)
-        for key in ("executor_isolation", "spec_hash", "spec_change"):
+        for key in ("executor_isolation", "spec_hash", "spec_change", "heldout"):
             if data.get(key) is None:
                 data.pop(key, None)
         return data

@@ -27,6 +27,9 @@ class VerifierKind(StrEnum):
     PIPELINE = "pipeline"
     POSTCONDITION = "postcondition"  # a callable or scaffold checking an action's effect
     TRACE = "trace"  # the run's own trace, verified in-process (choir.trace.step)
+    # the pinned tests run against mutants of the lines the executor changed (BOLD, PARANOID):
+    # a mutant they do not kill is a change they do not test (choir.director.mutation)
+    MUTATION = "mutation"
 
 
 class StepSpec(Frozen):
@@ -71,6 +74,15 @@ class Lenses(Frozen):
     independent: str | None = None
 
 
+class HeldOut(Frozen):
+    """Where a held-out verifier's files live (outside the repo, never shown to the executor)
+    and the blake3 of their manifest when the run's configuration was pinned: a verifier
+    whose files changed since then verifies nothing (fail closed)."""
+
+    path: str
+    files_hash: str
+
+
 class VerifierSpec(Frozen):
     """One allowlisted verifier. Only verifiers named in ``choir.yaml`` may ever run."""
 
@@ -84,6 +96,12 @@ class VerifierSpec(Frozen):
     limits: Limits = Field(default_factory=Limits)
     env: dict[str, str] = Field(default_factory=dict)
     lenses: Lenses = Field(default_factory=Lenses)
+    # a held-out check (choir.config.heldout): its files are copied into the tree only this
+    # verifier reads; its reports reach the executor as counts. Absent in the JSON when
+    # unset, so the config hash of every other verifier is what it was.
+    heldout: HeldOut | None = Field(default=None, exclude_if=lambda v: v is None)
+    # a mutation check (kind mutation): the allowlisted verifier whose steps run on mutants
+    mutates: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _trace_runs_choir(self) -> VerifierSpec:
@@ -98,8 +116,9 @@ class VerifierSpec(Frozen):
 
 # executor_gate: the llm executor's own check of its candidate (its spec is the default one;
 # it never promotes anything, only the Director loop's rounds do)
+# mutant: one run of a mutation check's steps on one mutant tree (choir.director.mutation)
 Lens = Literal["default", "clean_rerun", "isolated_subset", "instrumented", "independent",
-               "executor_gate"]
+               "executor_gate", "mutant"]
 
 
 class PlannedVerifier(Frozen):

@@ -226,6 +226,7 @@ def attest_run(
         executor_isolation=executor_isolation,
         spec_hash=spec_hash,
         spec_change=spec_change,
+        heldout=spec.heldout.files_hash if spec.heldout is not None else None,
         started_at=manifest.timestamp_start,
         ended_at=manifest.timestamp_end,
     )

@@ -237,7 +237,8 @@ def test_bold_broadens_once_the_core_is_green_and_asserts_only_with_both(
     proc = choir("run", str(item), "--json")
     assert proc.returncode == 0, proc.stderr
     claim = next(a for a in atoms() if a["kind"] == "ASSERT" and not a["references"])
-    assert claim["required_verifiers"] == ["style", "unit"]
+    # BOLD broadens with the mutation check too (the core's tests on mutants of the change)
+    assert claim["required_verifiers"] == ["style", "unit", "unit.mutants"]
 
 
 def test_a_part_that_cannot_be_satisfied_halts_the_run_as_its_parent(tmp_path: Path) -> None:
