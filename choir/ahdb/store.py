@@ -373,6 +373,19 @@ class AHDB:
                                            f"{hit.body.verifier} on this tree"))
         return demoted
 
+    def attestation(self, attestation_id: str) -> Attestation:
+        """The attestation, checked (valid and trusted) exactly as the rules check it."""
+        return self._lookup(attestation_id)
+
+    def resolve_hypothesis(self, atom_id: str, attestation_id: str) -> Atom:
+        """Mark an open HYPOTHESIZE confirmed or refuted by a PASS (``rules.resolution``)."""
+        from choir.ahdb.rules import resolution
+
+        hypothesis = _Tables(self._conn()).get(atom_id)
+        verdict = resolution(hypothesis, self._lookup(attestation_id)) if hypothesis else ""
+        return self._append("resolve", {"atom_id": atom_id, "attestation": attestation_id,
+                                        "verdict": verdict})
+
     def hyperthesis(self, work_item: str | None, tree_hash: str, *, claim: str,
                     attestation_ids: Sequence[str], key: str | None = None) -> Atom:
         return self._append("hyperthesis", self._new(
@@ -389,6 +402,9 @@ def _already_applied(atoms: _Tables, kind: str, payload: dict[str, Any]) -> Atom
             return existing
         return None
     atom = atoms.get(str(payload.get("atom_id", "")))
+    if kind == "resolve" and atom is not None and atom.status is not AtomStatus.PROPOSED and \
+            payload.get("attestation") in atom.attestations:
+        return atom
     if kind == "promote" and atom is not None and atom.status is AtomStatus.PROMOTED and \
             set(atom.attestations) == set(payload.get("attestations") or ()):
         return atom
