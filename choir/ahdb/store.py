@@ -31,7 +31,7 @@ from choir.ahdb.rules import Change, Lookup, apply, replay
 from choir.attest import AttestationStore, load_signer, trusted_key_ids, verify_attestation
 from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError, PromotionError
-from choir.models import Atom, AtomKind, AtomStatus, Attestation, Result
+from choir.models import Atom, AtomKind, AtomStatus, Attestation, Result, VerifierHistory
 
 if TYPE_CHECKING:
     from choir.attest import Signer
@@ -372,6 +372,34 @@ class AHDB:
                 demoted.append(self.demote(claim.id, hit.id, f"attested FAIL of "
                                            f"{hit.body.verifier} on this tree"))
         return demoted
+
+    def verifier_history(self, verifier: str, limit: int = 500) -> VerifierHistory:
+        """What this AHDB has seen of ``verifier`` (its latest ``limit`` claims): the trees it
+        judged, and those where its evidence reversed (a demoted claim: PASS then FAIL on one
+        tree; a refuted hypothesis: FAIL then PASS on one tree)."""
+        conn = self._conn()
+        trees = {t for (t,) in conn.execute(
+            "SELECT DISTINCT tree_hash FROM fails WHERE verifier = ? LIMIT ?", (verifier, limit))}
+        reversed_on: set[str] = set()
+        rows = conn.execute(
+            "SELECT body FROM atoms WHERE status IN ('PROMOTED', 'DEMOTED') AND kind IN "
+            "('ASSERT', 'HYPOTHESIZE') ORDER BY created_seq DESC LIMIT ?", (limit,)).fetchall()
+        for (body,) in rows:
+            atom = Atom.model_validate_json(body)
+            if atom.kind is AtomKind.ASSERT and not atom.references and \
+                    verifier in atom.required_verifiers and atom.tree_hash:
+                trees.add(atom.tree_hash)
+                if atom.status is AtomStatus.DEMOTED:
+                    reversed_on.add(atom.tree_hash)
+            elif atom.kind is AtomKind.HYPOTHESIZE and atom.status is AtomStatus.DEMOTED and \
+                    atom.tree_hash:
+                try:
+                    refuter = self._lookup(atom.attestations[-1]).body.verifier
+                except PromotionError:
+                    continue
+                if refuter == verifier:
+                    reversed_on.add(atom.tree_hash)
+        return VerifierHistory(trees=len(trees | reversed_on), reversals=len(reversed_on))
 
     def attestation(self, attestation_id: str) -> Attestation:
         """The attestation, checked (valid and trusted) exactly as the rules check it."""

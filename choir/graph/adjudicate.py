@@ -79,7 +79,9 @@ def _record(db: AHDB, state: RunState, decision: Decision, results: dict[str, Re
         hypothesis = derive(item, runs, results, state["config"].verifiers,
                             changed_files(Path(item.repo), commit))
         if hypothesis is not None:
-            db.hypothesize(item.id, tree, claim=hypothesis.claim,
+            claim = hypothesis.claim if decision.action != "escalate" else \
+                f"{decision.reason[:400]}; {hypothesis.claim}"
+            db.hypothesize(item.id, tree, claim=claim,
                            discriminating_test=hypothesis.discriminating_test,
                            key=f"{key}/hypothesize",
                            attestation_ids=[minted[r.run_id] for r in failing])

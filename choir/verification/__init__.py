@@ -30,6 +30,7 @@ from choir.models import (
     RunManifest,
     SpecChange,
     Target,
+    VerifierHistory,
     VerifierRun,
     VerifierSpec,
 )
@@ -94,6 +95,16 @@ def open_sandbox(config: RepoConfig, policy: Policy, mood: Mood,
     return sandbox
 
 
+def verifier_history(verifier: str) -> VerifierHistory | None:
+    """The AHDB's record of ``verifier`` for calibrating confidence; None when the AHDB
+    cannot be read (the report then says nothing of history, and never more than the
+    table)."""
+    try:
+        return open_ahdb().verifier_history(verifier)
+    except Exception:  # noqa: BLE001 - calibration is advice to lower, never a fault
+        return None
+
+
 async def run_verifier_thread(
     spec: VerifierSpec,
     *,
@@ -126,7 +137,8 @@ async def run_verifier_thread(
     )
     failpoint("green:ran")
     report = await abuild_report(result, spec=spec, store=store, target=target, reporter=reporter,
-                                 reporter_name=reporter_name)
+                                 reporter_name=reporter_name, lens=lens,
+                                 history=verifier_history(spec.name))
     report_hash = store.ingest_bytes(canonical_json(report))
     run = VerifierRun(
         verifier=spec.name,
