@@ -55,9 +55,10 @@ def _signatures(runs: Sequence[VerifierRun], name: str) -> list[str]:
 
 
 def derive(item: WorkItem, runs: Sequence[VerifierRun], results: Mapping[str, Result],
-           specs: Mapping[str, VerifierSpec], changed: Sequence[str],
-           since: str = "the tree the attempt started from") -> Hypothesis | None:
-    """The hypothesis of a failing round, or None when nothing failed."""
+           specs: Mapping[str, VerifierSpec], changed: Sequence[str] | None,
+           since: str = "the commit the tree sits on") -> Hypothesis | None:
+    """The hypothesis of a failing round, or None when nothing failed. ``changed`` is None
+    when it is unknown which files the attempt changed (no git history to compare with)."""
     failing = [n for n, r in sorted(results.items()) if r in (Result.FAIL, Result.FLAKY)]
     if not failing:
         return None
@@ -77,10 +78,13 @@ def derive(item: WorkItem, runs: Sequence[VerifierRun], results: Mapping[str, Re
         isolated = isolate_command(spec, tests) if spec else None
         experiments.append(f"{name}: `{isolated}` fails now and must pass" if isolated else
                            f"{name}: `{full}` exits non-zero now and must exit 0")
-    files = ", ".join(changed[:_FILES_SHOWN]) + (
-        f" and {len(changed) - _FILES_SHOWN} more" if len(changed) > _FILES_SHOWN else "")
-    where = (f"the attempt changed {files} against {since}" if changed else
-             f"the attempt changed no file against {since}: the failure predates the change")
+    changed = list(changed) if changed is not None else None
+    files = ", ".join((changed or [])[:_FILES_SHOWN]) + (
+        f" and {len(changed) - _FILES_SHOWN} more" if changed and len(changed) > _FILES_SHOWN
+        else "")
+    where = ("which files the attempt changed is unknown (no git history to compare with)"
+             if changed is None else f"the attempt changed {files} against {since}" if changed
+             else f"the attempt changed no file against {since}: the failure predates the change")
     names = [n for n in failing if results[n] is Result.FAIL]
     need = (f"it passes when {', '.join(names)} pass" + (" with the change confined to those "
             "files" if changed else "") if names else "it passes when the runs agree on PASS")

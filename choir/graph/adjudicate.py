@@ -111,9 +111,9 @@ def resolve_hypotheses(db: AHDB, state: RunState) -> list[str]:
     return lines
 
 
-def changed_files(repo: Path, commit: str | None) -> list[str]:
+def changed_files(repo: Path, commit: str | None) -> list[str] | None:
     """The files the attempt changed against the commit the tree sits on (tracked changes
-    and new files), bounded; ``[]`` when git cannot say."""
+    and new files), bounded; None when git cannot say (not a git repository)."""
     import subprocess
 
     base = ["git", "-C", str(repo)]
@@ -123,7 +123,9 @@ def changed_files(repo: Path, commit: str | None) -> list[str]:
         new = subprocess.run([*base, "ls-files", "--others", "--exclude-standard"],
                              capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.SubprocessError):
-        return []
+        return None
+    if diff.returncode != 0 or new.returncode != 0:
+        return None
     names = [*diff.stdout.splitlines(), *new.stdout.splitlines()]
     return [n for n in dict.fromkeys(names) if n.isprintable() and not n.startswith(".choir")][
         :50]
@@ -306,8 +308,8 @@ async def adjudicate_node(state: RunState) -> Command[Goto]:
     round_no = state.get("round", 0) + 1
     key = f"{state['run_id']}/{item.id}/{round_no}"
     record_drift(db, drift, work_item=item.id, tree_hash=state["target"].tree_hash, key=key)
+    resolved = resolve_hypotheses(db, state)  # earlier rounds' hypotheses, before this one's
     asserted = _record(db, state, decision, results, key)
-    resolved = resolve_hypotheses(db, state)
     failpoint("adjudicate:written")
     base: dict[str, Any] = {"mood": decision.mood.value, "reason": decision.reason,
                             "round": round_no,
