@@ -76,8 +76,9 @@ def derive(item: WorkItem, runs: Sequence[VerifierRun], results: Mapping[str, Re
         sigs = _signatures(runs, name)
         what.append(f"{name} fails " + ("; ".join(sigs) if sigs else "a step (no test named)"))
         isolated = isolate_command(spec, tests) if spec else None
+        named = f" (failing: {', '.join(t[:120] for t in tests[:3])})" if tests else ""
         experiments.append(f"{name}: `{isolated}` fails now and must pass" if isolated else
-                           f"{name}: `{full}` exits non-zero now and must exit 0")
+                           f"{name}: `{full}` exits non-zero now{named} and must exit 0")
     changed = list(changed) if changed is not None else None
     files = ", ".join((changed or [])[:_FILES_SHOWN]) + (
         f" and {len(changed) - _FILES_SHOWN} more" if changed and len(changed) > _FILES_SHOWN
