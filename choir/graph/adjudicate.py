@@ -111,29 +111,53 @@ def resolve_hypotheses(db: AHDB, state: RunState) -> list[str]:
     return lines
 
 
-def changed_files(repo: Path, commit: str | None) -> list[str] | None:
-    """The files the attempt changed against the commit the tree sits on (tracked changes
-    and new files), bounded; None when git cannot say (not a git repository). The repo is
-    the executor's: git runs only through the hardened helper (no repo config that names a
-    program, no hooks, no replace refs), never plain ``git -C``."""
+def changed_files(repo: Path, commit: str | None, limit: int = 50) -> list[str] | None:
+    """The files the attempt changed against the commit the tree sits on (tracked files whose
+    bytes differ, and new files), at most ``limit``; None when git cannot say.
+
+    The repo is the executor's, so git never looks at the working tree here: ``git diff``
+    would run the clean filter and fsmonitor a planted ``.gitattributes`` or config names,
+    as Choir. The commit's blobs come from the hardened object reader, the working files are
+    opened without following links and hashed as git would, and new files come from
+    ``ls-files --others``, which reads no file content.
+    """
+    import hashlib
+
+    from choir._core import fsopen
     from choir.evidence.git import locate
-    from choir.exceptions import UserError
+    from choir.exceptions import IntegrityError, UserError
 
     try:
         found = locate(repo)
-    except UserError:  # a .git that points elsewhere: no answer, never a crash
+        head = found.rev(commit or "HEAD") if found is not None else None
+        if found is None or head is None:
+            return None
+        with found.objects() as reader:
+            listed = list(reader.files(reader.commit_tree(head)))
+    except (UserError, IntegrityError, OSError, ValueError):
         return None
-    if found is None:
-        return None
-    diff = found.run("diff", "--no-ext-diff", "--no-textconv", "--name-only", "-z",
-                     "--end-of-options", commit or "HEAD", "--")
-    new = found.run("ls-files", "-z", "--others", "--exclude-standard")
-    if diff is None or new is None:
-        return None
-    names = [n for n in (*diff.decode(errors="replace").split("\0"),
-                         *new.decode(errors="replace").split("\0")) if n]
+    changed: list[str] = []
+    with fsopen.DirCursor(repo) as cursor:
+        for rel, _kind, oid in listed:
+            if len(changed) >= limit:
+                break
+            parts = fsopen.split(rel)
+            try:
+                fd, st = fsopen.open_regular(parts[-1], cursor.dir(parts[:-1]))
+            except OSError:
+                changed.append(rel)  # deleted, or now a link or a folder
+                continue
+            with open(fd, "rb", closefd=True) as fh:
+                hasher = hashlib.sha256() if len(oid) == 64 else hashlib.sha1()  # noqa: S324
+                hasher.update(f"blob {st.st_size}\0".encode())
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    hasher.update(chunk)
+            if hasher.hexdigest() != oid:
+                changed.append(rel)
+    new = found.run("ls-files", "-z", "--others", "--exclude-standard") or b""
+    names = [*changed, *(n for n in new.decode(errors="replace").split("\0") if n)]
     return [n for n in dict.fromkeys(names) if n.isprintable() and not n.startswith(".choir")][
-        :50]
+        :limit]
 
 
 def _disclosures(state: RunState, results: dict[str, Result]) -> tuple[list[str], list[str]]:
