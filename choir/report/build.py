@@ -144,10 +144,6 @@ def _decide_steps(result: PipelineResult, parsed: ParseResult, parser: str,
     return Result.PASS, "every step exited 0"
 
 
-def _clip(text: str, limit: int) -> str:
-    return shorten(text, limit)
-
-
 def _counts_text(counts: Counts) -> str:
     parts = [f"{v} {k}" for k, v in counts.model_dump().items() if v is not None]
     return ", ".join(parts)
@@ -178,9 +174,9 @@ def deterministic_report(result: PipelineResult, *, spec: VerifierSpec, target: 
         actions = ["Fix the verifier's command or configuration in choir.yaml: the tool did "
                    "not run the checks, so this run proves nothing either way."]
     else:
-        actions = [_clip(f"Fix {s.test_id or s.kind}: {s.excerpt}", NEXT_ACTION_MAX)
+        actions = [shorten(f"Fix {s.test_id or s.kind}: {s.excerpt}", NEXT_ACTION_MAX)
                    for s in parsed.signatures[:3]] or [
-            _clip(f"Make step '{reason}' succeed; read the cited log lines.", NEXT_ACTION_MAX)]
+            shorten(f"Make step '{reason}' succeed; read the cited log lines.", NEXT_ACTION_MAX)]
     hyper: list[str] = []
     isolation = result.manifest.platform.isolation
     if isolation == "none":
@@ -197,7 +193,7 @@ def deterministic_report(result: PipelineResult, *, spec: VerifierSpec, target: 
     return fit(VerificationReport.model_construct(
         verifier=spec.name, verifier_type=spec.kind.value, target=target, result=verdict,
         failure_signatures=tuple(parsed.signatures), signatures_truncated=parsed.dropped,
-        summary=_clip(summary, SUMMARY_MAX), next_actions=tuple(actions[:3]),
+        summary=shorten(summary, SUMMARY_MAX), next_actions=tuple(actions[:3]),
         confidence=confidence, hyperthesis=tuple(hyper[:4]), counts=parsed.counts,
         parser=spec.parser, parser_truncated=parsed.truncated,
         artifacts=listed,
@@ -238,8 +234,8 @@ def exit_code_report(result: PipelineResult, *, spec: VerifierSpec, target: Targ
     combined = {k: v for k, v in result.artifacts.items() if k == "logs/combined.log"}
     return VerificationReport(
         verifier=spec.name[:64], verifier_type=spec.kind.value[:64], target=target,
-        result=verdict, summary=_clip(summary, SUMMARY_MAX),
-        next_actions=(_clip(action, NEXT_ACTION_MAX),),
+        result=verdict, summary=shorten(summary, SUMMARY_MAX),
+        next_actions=(shorten(action, NEXT_ACTION_MAX),),
         confidence=0.2 if verdict is Result.INCONCLUSIVE else 0.5,
         hyperthesis=("The report builder failed; only exit codes were read.",),
         parser=spec.parser[:32], parser_truncated=True,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from choir._core.resources import load_text
+from choir._core.terminal import shorten
 from choir.llm import ask_json
 from choir.models import Result, Usage, VerificationReport
 from choir.models.report import HYPERTHESIS_MAX, NEXT_ACTION_MAX, SUMMARY_MAX
@@ -85,8 +86,7 @@ def _messages(report: VerificationReport, text: str) -> list[dict[str, str]]:
 
 
 def _clip(text: str, limit: int) -> str:
-    text = clean_text(text).strip()
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return shorten(clean_text(text).strip(), limit)
 
 
 def _flat(text: str) -> str:

@@ -25,8 +25,7 @@ CHUNK = 1 << 20
 def run_order(commands: Sequence[Any], runs: Sequence[str]) -> list[str]:
     """The session's runs in ``commands_executed`` order (the manifest's ``runs`` mapping is
     stored with sorted keys), then any run without a command."""
-    order = list(dict.fromkeys(c.run_id if hasattr(c, "run_id") else c["run_id"]
-                               for c in commands))
+    order = list(dict.fromkeys(c.run_id for c in commands))
     return order + sorted(set(runs) - set(order))
 
 

@@ -21,6 +21,9 @@ import pytest
 
 from tests.workitems import PY, calc_repo, fixing_item
 
+# every stored file broken every way, ~2 minutes of real homes: CI's slow stage runs it
+pytestmark = pytest.mark.slow
+
 Mutation = Callable[[Path], None]
 
 

@@ -313,6 +313,7 @@ def _crashed_run(tmp_path: Path) -> tuple[Path, Path]:
     return home, item
 
 
+@pytest.mark.slow  # kill -9 and resume: the slow stage, like the orchestrator's
 def test_a_run_killed_between_trace_lines_is_named_until_resumed(tmp_path: Path) -> None:
     home, _ = _crashed_run(tmp_path)
     records = [json.loads(x) for x in (home / "traces" / "k1.jsonl").read_text().splitlines()]
@@ -326,6 +327,7 @@ def test_a_run_killed_between_trace_lines_is_named_until_resumed(tmp_path: Path)
     assert _audit(home) == (0, [])
 
 
+@pytest.mark.slow  # kill -9 and resume: the slow stage, like the orchestrator's
 def test_a_crashed_run_whose_sealed_trace_was_changed_is_not_resumed(tmp_path: Path) -> None:
     home, _ = _crashed_run(tmp_path)
     path = home / "traces" / "k1.jsonl"
@@ -340,6 +342,7 @@ def test_a_crashed_run_whose_sealed_trace_was_changed_is_not_resumed(tmp_path: P
     assert path.read_text().count("\n") == len(records)  # nothing appended, nothing sealed
 
 
+@pytest.mark.slow  # kill -9 and resume: the slow stage, like the orchestrator's
 def test_a_torn_last_line_is_cut_when_the_run_resumes(tmp_path: Path) -> None:
     """A write the disk did not finish (no newline): audit names it, the resume cuts it."""
     home, _ = _crashed_run(tmp_path)
@@ -353,6 +356,7 @@ def test_a_torn_last_line_is_cut_when_the_run_resumes(tmp_path: Path) -> None:
     assert _audit(home) == (0, [])
 
 
+@pytest.mark.slow  # kill -9 and resume: the slow stage, like the orchestrator's
 def test_a_run_killed_before_its_first_checkpoint_is_started_again(tmp_path: Path) -> None:
     """Killed after ``run_started`` was sealed but before the graph's first checkpoint:
     there is no run to resume; starting the item again under the same id continues the
@@ -393,6 +397,7 @@ def test_a_planted_record_is_never_followed_or_waited_on(home: Path, plant: str)
     assert all("not a" in found for found in kinds.values()), kinds
 
 
+@pytest.mark.slow  # kill -9 and resume: the slow stage, like the orchestrator's
 def test_seals_remade_over_a_changed_record_are_caught_and_not_laundered(tmp_path: Path
                                                                          ) -> None:
     """The attacker changes a sealed event and rewrites every seal's digest to the new chain
