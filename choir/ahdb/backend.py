@@ -60,6 +60,7 @@ class Backend(Protocol):
     def set_version(self, conn: Conn, version: int) -> None: ...
     def publish_head(self, record: bytes) -> None: ...
     def shared_heads(self) -> list[bytes]: ...
+    def damage(self) -> str | None: ...
 
 
 _SQLITE_SCHEMA = """
@@ -123,3 +124,18 @@ class SqliteBackend:
 
     def shared_heads(self) -> list[bytes]:
         return []
+
+    def damage(self) -> str | None:
+        """What SQLite's own structural check finds wrong with the file, or None.
+
+        A file cut short or edited below the SQL layer can still answer the audit's queries
+        (the pages they read survive) while the rest is gone; the check reads every page.
+        """
+        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        try:
+            rows = [str(row[0]) for row in conn.execute("PRAGMA quick_check").fetchall()]
+        except sqlite3.DatabaseError as exc:
+            return str(exc)
+        finally:
+            conn.close()
+        return None if rows == ["ok"] else "; ".join(rows)[:500]

@@ -86,7 +86,9 @@ def read_heads(path: Path, shared: Iterable[bytes] = ()) -> Iterator[Head | str]
             yield f"the file cannot be read: {exc.strerror or exc}"
             lines = []
         for number, raw in enumerate(lines, start=1):
-            yield parse(raw, f"line {number}")
+            # every record is written whole with its line end: one without it was cut
+            yield parse(raw, f"line {number}") if raw.endswith(b"\n") else \
+                f"line {number} is torn (no line end)"
     for number, raw in enumerate(shared, start=1):
         yield parse(raw, f"shared head {number}")
 

@@ -17,6 +17,10 @@ store's back is caught exactly as a forbidden write would have been refused.
 - demote: a valid FAIL attestation for the same tree, of a verifier the claim requires.
 - HYPOTHESIZE: valid FAIL attestations for that tree and a discriminating test.
 - HYPERTHESIS: a disclosure; it can never be promoted or referenced.
+- resolve: a later round marks a HYPOTHESIZE (still PROPOSED) confirmed or refuted by a
+  valid PASS attestation of a verifier it explains, for the same work item: on a later tree,
+  the failure it explained is gone (confirmed: PROMOTED); on its own tree, the failure did
+  not reproduce (refuted: DEMOTED; the verifier disagrees with itself, not the change).
 - outcome: a valid attestation's result, written when it is minted; it changes no atom, so
   audit can require that every stored attestation appears in the log (anchoring).
 """
@@ -200,6 +204,8 @@ def apply(atoms: State, kind: str, payload: dict[str, Any], at: datetime,
     if found is None:
         raise PromotionError(f"no atom {atom_id}")
     atom = found
+    if kind == "resolve":
+        return _resolve(atom, payload, at, lookup)
     if kind == "promote":
         if atom.kind is not AtomKind.ASSERT or atom.status is not AtomStatus.PROPOSED or \
                 atom.references:
@@ -230,6 +236,32 @@ def apply(atoms: State, kind: str, payload: dict[str, Any], at: datetime,
                                               "attestations": (*atom.attestations, att_id)}),
                       fails_of([fail]))
     raise PromotionError(f"unknown AHDB event kind {kind!r}")
+
+
+def resolution(hypothesis: Atom, evidence: Attestation) -> str:
+    """``confirmed`` or ``refuted``: what a PASS says about a hypothesis, by its tree."""
+    return "refuted" if evidence.body.target.tree_hash == hypothesis.tree_hash else "confirmed"
+
+
+def _resolve(atom: Atom, payload: dict[str, Any], at: datetime, lookup: Lookup) -> Change:
+    if atom.kind is not AtomKind.HYPOTHESIZE or atom.status is not AtomStatus.PROPOSED:
+        raise PromotionError(f"atom {atom.id[:16]} is not an open HYPOTHESIZE")
+    att_id = str(payload.get("attestation", ""))
+    evidence = lookup(att_id)
+    if evidence.body.result is not Result.PASS:
+        raise PromotionError(f"attestation {att_id[:16]} is {evidence.body.result.value}, "
+                             "not PASS")
+    if (evidence.body.target.work_item or None) != (atom.work_item or None):
+        raise PromotionError(f"attestation {att_id[:16]} is for another work item")
+    if evidence.body.verifier not in {lookup(a).body.verifier for a in atom.attestations}:
+        raise PromotionError(f"verifier {evidence.body.verifier!r} is not one the hypothesis "
+                             "explains")
+    verdict = resolution(atom, evidence)
+    if payload.get("verdict") != verdict:
+        raise PromotionError(f"the evidence says {verdict}, not {payload.get('verdict')!r}")
+    status = AtomStatus.PROMOTED if verdict == "confirmed" else AtomStatus.DEMOTED
+    return Change(atom.model_copy(update={"status": status, "updated_at": at,
+                                          "attestations": (*atom.attestations, att_id)}))
 
 
 def _check_assert(atoms: State, atom: Atom) -> None:

@@ -31,7 +31,7 @@ from choir.ahdb.rules import Change, Lookup, apply, replay
 from choir.attest import AttestationStore, load_signer, trusted_key_ids, verify_attestation
 from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError, PromotionError
-from choir.models import Atom, AtomKind, AtomStatus, Attestation, Result
+from choir.models import Atom, AtomKind, AtomStatus, Attestation, Result, VerifierHistory
 
 if TYPE_CHECKING:
     from choir.attest import SigningKey
@@ -373,6 +373,47 @@ class AHDB:
                                            f"{hit.body.verifier} on this tree"))
         return demoted
 
+    def verifier_history(self, verifier: str, limit: int = 500) -> VerifierHistory:
+        """What this AHDB has seen of ``verifier`` (its latest ``limit`` claims): the trees it
+        judged, and those where its evidence reversed (a demoted claim: PASS then FAIL on one
+        tree; a refuted hypothesis: FAIL then PASS on one tree)."""
+        conn = self._conn()
+        trees = {t for (t,) in conn.execute(
+            "SELECT DISTINCT tree_hash FROM fails WHERE verifier = ? LIMIT ?", (verifier, limit))}
+        reversed_on: set[str] = set()
+        rows = conn.execute(
+            "SELECT body FROM atoms WHERE status IN ('PROMOTED', 'DEMOTED') AND kind IN "
+            "('ASSERT', 'HYPOTHESIZE') ORDER BY created_seq DESC LIMIT ?", (limit,)).fetchall()
+        for (body,) in rows:
+            atom = Atom.model_validate_json(body)
+            if atom.kind is AtomKind.ASSERT and not atom.references and \
+                    verifier in atom.required_verifiers and atom.tree_hash:
+                trees.add(atom.tree_hash)
+                if atom.status is AtomStatus.DEMOTED:
+                    reversed_on.add(atom.tree_hash)
+            elif atom.kind is AtomKind.HYPOTHESIZE and atom.status is AtomStatus.DEMOTED and \
+                    atom.tree_hash:
+                try:
+                    refuter = self._lookup(atom.attestations[-1]).body.verifier
+                except PromotionError:
+                    continue
+                if refuter == verifier:
+                    reversed_on.add(atom.tree_hash)
+        return VerifierHistory(trees=len(trees | reversed_on), reversals=len(reversed_on))
+
+    def attestation(self, attestation_id: str) -> Attestation:
+        """The attestation, checked (valid and trusted) exactly as the rules check it."""
+        return self._lookup(attestation_id)
+
+    def resolve_hypothesis(self, atom_id: str, attestation_id: str) -> Atom:
+        """Mark an open HYPOTHESIZE confirmed or refuted by a PASS (``rules.resolution``)."""
+        from choir.ahdb.rules import resolution
+
+        hypothesis = _Tables(self._conn()).get(atom_id)
+        verdict = resolution(hypothesis, self._lookup(attestation_id)) if hypothesis else ""
+        return self._append("resolve", {"atom_id": atom_id, "attestation": attestation_id,
+                                        "verdict": verdict})
+
     def hyperthesis(self, work_item: str | None, tree_hash: str, *, claim: str,
                     attestation_ids: Sequence[str], key: str | None = None) -> Atom:
         return self._append("hyperthesis", self._new(
@@ -389,6 +430,9 @@ def _already_applied(atoms: _Tables, kind: str, payload: dict[str, Any]) -> Atom
             return existing
         return None
     atom = atoms.get(str(payload.get("atom_id", "")))
+    if kind == "resolve" and atom is not None and atom.status is not AtomStatus.PROPOSED and \
+            payload.get("attestation") in atom.attestations:
+        return atom
     if kind == "promote" and atom is not None and atom.status is AtomStatus.PROMOTED and \
             set(atom.attestations) == set(payload.get("attestations") or ()):
         return atom

@@ -189,6 +189,7 @@ class _Audit:
             self.found.append(_v("ahdb_unreadable", where, "a readable log", _raised(exc)))
             self._anchor(pin, {}, 0)
             return
+        self.guarded("ahdb_unreadable", where, lambda: self._damage(db, where))
         events = self._decode(rows)
         self.guarded("ahdb_unreadable", where, lambda: self._ledger(db, events))
         chain = {ev.seq: ev.event_hash for ev in events}
@@ -196,6 +197,11 @@ class _Audit:
         self.guarded("ahdb_head_unreadable", str(db.backend.heads), lambda: self._heads(
             db.backend.heads, chain, tail, db.backend.shared_heads()))
         self._anchor(pin, chain, tail)
+
+    def _damage(self, db: AHDB, where: str) -> None:
+        if (damage := db.backend.damage()) is not None:
+            self.found.append(_v("ahdb_unreadable", where, "a structurally sound database",
+                                 damage))
 
     def _decode(self, rows: list[tuple[object, ...]]) -> list[Event]:
         events: list[Event] = []

@@ -47,6 +47,9 @@ class _PackagedPolicy(Frozen):
     halt_after: int = Field(default=3, ge=1)
     nested_max: int = Field(default=2, ge=0, le=5)
     max_parallel: int = Field(default=6, ge=1, le=64)
+    max_mood_switches: int = Field(default=2, ge=0, le=4)
+    split_depth: int = Field(default=2, ge=0, le=4)
+    escalate_to: str | None = Field(default=None, pattern=r"^human$")
 
 
 class MoodPolicy(Frozen):
@@ -80,6 +83,12 @@ class Policy(Frozen):
     halt_after: int = 3
     nested_max: int = 2
     max_parallel: int = 6
+    # bounds of the governance loop (docs/concepts.md): mood switches per run, nested splits
+    max_mood_switches: int = 2
+    split_depth: int = 2
+    # who gets a work item the loop cannot satisfy when the work item names nobody: a person
+    # (through the approval interrupt) or, unset, nobody (the run halts)
+    escalate_to: str | None = None
 
     @cached_property
     def hash(self) -> str:
@@ -189,4 +198,7 @@ def load_policy(config: RepoConfig, packaged: _PackagedPolicy | None = None) -> 
         halt_after=base.halt_after,
         nested_max=base.nested_max,
         max_parallel=config.max_parallel or base.max_parallel,
+        max_mood_switches=base.max_mood_switches,
+        split_depth=base.split_depth,
+        escalate_to=base.escalate_to,
     )

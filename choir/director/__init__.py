@@ -28,7 +28,7 @@ from choir.models import (
 if TYPE_CHECKING:
     from choir.models import VerifierRun
 
-Action = Literal["done", "retry", "nested", "broaden", "split", "halt"]
+Action = Literal["done", "retry", "nested", "broaden", "split", "halt", "escalate"]
 
 
 def plan(policy: Policy, mood: Mood, allowlist: Collection[str], *,
@@ -151,19 +151,35 @@ class Decision:
     reason: str
 
 
+# The mood state machine (docs/concepts.md, "Mood switches"): where the same failure
+# ``same_signature_limit`` rounds in a row takes each mood. Every switch climbs ``RANK``, so no
+# sequence of rounds can come back to a mood it left (no SKEPTICAL -> CURIOUS -> SKEPTICAL),
+# and ``max_mood_switches`` bounds the switches of a run besides. A split narrows to
+# SKEPTICAL (or stays PARANOID): that also climbs.
+SWITCH: dict[Mood, Mood | None] = {
+    Mood.CALM: Mood.CURIOUS, Mood.BOLD: Mood.CURIOUS, Mood.CURIOUS: Mood.SKEPTICAL,
+    Mood.SKEPTICAL: None, Mood.PARANOID: None,
+}
+RANK: dict[Mood, int] = {Mood.CALM: 0, Mood.BOLD: 0, Mood.CURIOUS: 1, Mood.SKEPTICAL: 2,
+                         Mood.PARANOID: 3}
+
+
 def next_mood(mood: Mood) -> Mood:
-    """Where the same failure twice takes the loop: reframe (CURIOUS), then
-    narrow and isolate (SKEPTICAL). PARANOID is never left: nothing else is as strict. A
-    switch never drops a verifier either: plans keep every verifier earlier rounds ran."""
-    if mood is Mood.PARANOID:
-        return mood
-    return Mood.SKEPTICAL if mood is Mood.CURIOUS else Mood.CURIOUS
+    """Where the same failure again takes the loop: reframe (CURIOUS), then narrow and
+    isolate (SKEPTICAL), which it never leaves; PARANOID is never left either. A switch never
+    drops a verifier: plans keep every verifier earlier rounds ran."""
+    return SWITCH[mood] or mood
+
+
+def split_mood(mood: Mood) -> Mood:
+    """The mood of a split's parts: narrow and isolate, never a step down."""
+    return mood if RANK[mood] >= RANK[Mood.SKEPTICAL] else Mood.SKEPTICAL
 
 
 def adjudicate(runs: Sequence[VerifierRun], *, policy: Policy, mood: Mood, attempt: int,
                max_attempts: int, history: Sequence[Sequence[str]], nested_done: int,
                can_split: bool = False, broaden: Collection[str] = (),
-               contradicted: Collection[str] = ()) -> Decision:
+               contradicted: Collection[str] = (), switches: int = 0) -> Decision:
     """What the evidence on this tree means for the loop.
 
     ``history`` holds earlier rounds' failure signatures; ``nested_done`` counts the nested
@@ -173,6 +189,10 @@ def adjudicate(runs: Sequence[VerifierRun], *, policy: Policy, mood: Mood, attem
     PASS now is disagreement: FLAKY, and no nested round can settle it). A FLAKY verdict
     that nested rounds could not settle is a failure: it never promotes, and the executor is
     told which tests are nondeterministic.
+
+    ``attempt`` and ``max_attempts`` are the run's shared executor budget (every part of a
+    split draws on it): once it is spent nothing runs the executor again, so the budget is
+    checked before a split is considered. ``switches`` counts the mood switches so far.
     """
     results = verdicts(runs, need=policy.moods[mood].reruns)
     if not results:
@@ -206,17 +226,18 @@ def adjudicate(runs: Sequence[VerifierRun], *, policy: Policy, mood: Mood, attem
         if list(earlier) != current:
             break
         streak += 1
+    if attempt >= max_attempts:
+        return Decision("halt", mood, f"{what}; attempt budget spent ({attempt}/{max_attempts})")
     if streak >= policy.halt_after:
         if can_split:
-            return Decision("split", Mood.SKEPTICAL if mood is not Mood.PARANOID else mood,
+            return Decision("split", split_mood(mood),
                             f"the same failure {streak} rounds in a row: split into parts "
                             "(narrow and isolate)")
         return Decision("halt", mood, f"the same failure {streak} rounds in a row and the "
                         "work item does not divide further: reframe it or escalate")
-    if attempt >= max_attempts:
-        return Decision("halt", mood, f"{what}; attempt budget spent ({attempt}/{max_attempts})")
     new = next_mood(mood)
-    if streak >= policy.same_signature_limit and new is not mood:
+    if streak >= policy.same_signature_limit and new is not mood and \
+            switches < policy.max_mood_switches:
         return Decision("retry", new, f"the same failure {streak} rounds in a row: "
                         f"{mood.value} -> {new.value} (reframe, narrow, isolate)")
     return Decision("retry", mood, f"{what}: hypothesis sent to the executor")

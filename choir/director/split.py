@@ -6,7 +6,9 @@ of its tests), the work item becomes parts, one per failing piece. Each part has
 goal narrowed to its piece, the feedback of its piece only, and a plan of just its verifier
 (isolated to its tests where possible). The parts run one after another on the same tree;
 when every part is ASSERTed, the parent's full plan verifies the final tree, and only that
-can ASSERT the parent. A part never splits again, and a run splits at most once.
+can ASSERT the parent. A part that keeps failing the same way may split again ("until
+satisfiable"), down to the policy's ``split_depth``; every part at every depth draws on the
+one attempt budget of the run (``max_attempts`` of the work item), never a share of its own.
 """
 
 from __future__ import annotations
@@ -53,20 +55,21 @@ def _pieces(runs: Sequence[VerifierRun], failing: Sequence[str],
 
 
 def split_parts(item: WorkItem, runs: Sequence[VerifierRun], verdicts: Mapping[str, Result],
-                specs: Mapping[str, VerifierSpec], attempt: int) -> list[WorkItem]:
-    """The parts of ``item``, or ``[]`` when it does not divide (a part, or a single piece).
+                specs: Mapping[str, VerifierSpec], remaining: int) -> list[WorkItem]:
+    """The parts of ``item``, or ``[]`` when it does not divide (a single piece) or what is
+    left of the budget (``remaining`` executor runs) cannot give each part one attempt.
 
-    The parts share what is left of the parent's attempt budget (each gets an equal share,
-    at least two), so a split never multiplies the budget.
+    The parts draw on what is left of the one budget: each part's ``max_attempts`` is that
+    remainder (what it may use at most), and the run's shared count of executor runs stops
+    them all at the parent's ceiling, so a split never multiplies the budget.
     """
-    if item.split_of is not None:
+    if remaining < 1:
         return []
     failing = [n for n, r in sorted(verdicts.items())
                if r in (Result.FAIL, Result.FLAKY) and n in specs]
     pieces = _pieces(runs, failing, specs)
-    if len(pieces) < 2:
+    if len(pieces) < 2 or len(pieces) > remaining:
         return []
-    share = max(2, -(-(item.max_attempts - attempt) // len(pieces)))
     parts = []
     for k, (name, tests) in enumerate(pieces, start=1):
         what = f"{name}" + (f" test {', '.join(t[:160] for t in tests[:3])}" if tests else "")
@@ -74,7 +77,7 @@ def split_parts(item: WorkItem, runs: Sequence[VerifierRun], verdicts: Mapping[s
             what += f" and {len(tests) - 3} more"
         parts.append(item.model_copy(update={
             "id": part_id(item.id, k),
-            "max_attempts": share,
+            "max_attempts": remaining,
             "goal": f"{item.goal}\n[part {k}/{len(pieces)} of {item.id}: make {what} pass]",
             "scope": (*item.scope, *tests),
             "required_verifiers": (name,),

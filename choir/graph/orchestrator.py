@@ -43,7 +43,7 @@ from choir.executors import executor_isolation, get_executor
 from choir.executors.pinned import pinned_gate
 from choir.executors.spec_binds import executor_read_only
 from choir.graph.adjudicate import adjudicate_node
-from choir.graph.state import GreenIn, GreenOut, RunState
+from choir.graph.state import GreenIn, GreenOut, RunState, charge
 from choir.models import (
     Mood,
     PlannedVerifier,
@@ -170,6 +170,7 @@ async def execute(state: RunState) -> dict[str, Any]:
 
     item = state["work_item"]
     attempt = state.get("attempt", 0) + 1
+    budget = charge(state)
     mood = Mood(state["mood"])
     isolation = executor_isolation(item.executor)
     if isolation == "none" and not state["policy"].moods[mood].allow_unsafe_isolation:
@@ -203,7 +204,7 @@ async def execute(state: RunState) -> dict[str, Any]:
                            + ("refused" if change.refused else
                               "held for a person" if change.held else "additions admitted"))
     hold = change is not None and bool(change.held) and not change.refused
-    return {"attempt": attempt, "target": target, "executor_output": output.artifact,
+    return {**budget, "attempt": attempt, "target": target, "executor_output": output.artifact,
             "spec_change": change, "status": "awaiting_approval" if hold else "running",
             "executor_exit": output.exit_code, "executor_timed_out": output.timed_out,
             "executor_isolation": output.isolation,
@@ -339,8 +340,17 @@ async def attest(state: RunState) -> dict[str, Any]:
 
 
 def approve(state: RunState) -> dict[str, Any]:
-    answer = interrupt({"work_item": state["work_item"].id, "asserted": state.get("asserted")})
+    """A person's answer: to an ASSERT above the approval radius, or to an escalation (the
+    work item the loop could not satisfy, with its evidence). An escalation is never
+    ASSERTed by an answer: approving it records that a person took the work item."""
+    escalation = state.get("escalation")
+    answer = interrupt({"work_item": state["work_item"].id, "asserted": state.get("asserted"),
+                        **({"escalation": escalation} if escalation else {})})
     ok = bool(answer.get("approved")) if isinstance(answer, dict) else False
+    if escalation:
+        return {"status": "escalated" if ok else "rejected",
+                "events": ["a person took the escalated work item" if ok else
+                           "the escalation was rejected by a human"]}
     return {"status": "asserted" if ok else "rejected",
             "events": ["approved" if ok else "rejected by a human"]}
 

@@ -45,7 +45,14 @@ class RunState(TypedDict, total=False):
     floor: list[str]  # verifiers earlier primary rounds ran: a later plan never drops one
     run_id: str
     mood: str
-    attempt: int
+    attempt: int  # executor attempts of the current work item (or part)
+    # the one attempt budget: executor runs of the run's work item and every part split from
+    # it, and the ceiling (the run's work item's max_attempts), checkpointed with the rest
+    spent: int
+    budget: int
+    switches: int  # mood switches so far (bounded by the policy's max_mood_switches)
+    escalated: bool  # the work item was handed to its escalate_to executor already
+    escalation: dict[str, object] | None  # what a person is asked to take, with the evidence
     round: int
     round_kind: RoundKind
     nested: int  # nested rounds spent on this tree
@@ -67,6 +74,29 @@ class RunState(TypedDict, total=False):
     status: str
     reason: str
     asserted: str
+
+
+def budget_left(state: RunState) -> tuple[int, int]:
+    """(executor runs spent, the ceiling) of the run's one attempt budget."""
+    item = state["work_item"]
+    frame = state.get("parent")
+    ceiling = state.get("budget") or (frame.root.item if frame is not None else item).max_attempts
+    return state.get("spent", 0), ceiling
+
+
+def charge(state: RunState) -> dict[str, int]:
+    """The state update of one more executor run; refuses one past the ceiling.
+
+    The Director never asks for one (it checks the budget before a retry or a split), so
+    this is the last line: a fault, never a silent overrun.
+    """
+    from choir.exceptions import ChoirError
+
+    spent, ceiling = budget_left(state)
+    if spent >= ceiling:
+        raise ChoirError(f"attempt budget spent ({spent}/{ceiling}): no further executor run "
+                         f"for {state['work_item'].id}")
+    return {"spent": spent + 1, "budget": ceiling}
 
 
 class GreenIn(TypedDict):

@@ -16,6 +16,7 @@ from choir.models.report import (
     Target,
     Usage,
     VerificationReport,
+    VerifierHistory,
 )
 from choir.models.run import ExecutorIsolation, ExecutorOutput, ParentFrame, VerifierRun
 from choir.models.verifier import (
@@ -64,6 +65,7 @@ __all__ = [
     "Target",
     "Usage",
     "VerificationReport",
+    "VerifierHistory",
     "VerifierKind",
     "VerifierPlan",
     "VerifierRun",

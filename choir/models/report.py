@@ -80,6 +80,16 @@ class Counts(Frozen):
     skipped: int | None = None
 
 
+class VerifierHistory(Frozen):
+    """What the AHDB has seen of one verifier, for calibrating a report's confidence: how
+    many trees it judged, and on how many its evidence disagreed with itself (a PASS then a
+    FAIL on the same tree: a demoted claim; a FAIL whose tree later passed: a refuted
+    hypothesis)."""
+
+    trees: int = Field(default=0, ge=0)
+    reversals: int = Field(default=0, ge=0)
+
+
 class Usage(Frozen):
     """Tokens and cost a model spent on this report."""
 

@@ -48,7 +48,12 @@ class ExecutorOutput(Frozen):
 
 
 class ParentFrame(Frozen):
-    """The split work item, saved while its parts run; restored for the final verification."""
+    """The split work item, saved while its parts run; restored for the final verification.
+
+    A part may split again: its frame then keeps the parts still to do at its own level
+    (``parts``) and the frame above it (``parent``), so finishing the inner parts returns to
+    exactly where the outer split was.
+    """
 
     item: WorkItem
     attempt: int
@@ -56,3 +61,14 @@ class ParentFrame(Frozen):
     history: tuple[tuple[str, ...], ...] = ()
     reports: tuple[VerificationReport, ...] = ()
     floor: tuple[str, ...] = ()
+    parts: tuple[WorkItem, ...] = ()
+    parent: ParentFrame | None = None
+
+    @property
+    def depth(self) -> int:
+        """How many splits deep the frame's parts are (1: parts of the run's work item)."""
+        return 1 + (self.parent.depth if self.parent is not None else 0)
+
+    @property
+    def root(self) -> ParentFrame:
+        return self.parent.root if self.parent is not None else self

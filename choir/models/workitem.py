@@ -69,6 +69,12 @@ class WorkItem(Frozen):
     blast_radius: BlastRadius = BlastRadius.SMALL
     required_verifiers: tuple[str, ...] = ()
     executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
+    escalate_to: ExecutorSpec | Literal["human"] | None = None
+    """Who takes the work item when the loop cannot satisfy it (the same failure that does
+    not divide, evidence that stays inconclusive): a stronger executor (or the same kind
+    with a stronger ``model``), for what is left of ``max_attempts``, or ``human``: the run
+    waits for a person (``choir approve RUN_ID [--reject]``) with the evidence attached.
+    Unset: the policy's ``escalate_to``, else the run halts."""
     split_of: str | None = None
     """Set on a part of a split work item: the parent's id. A part verifies only its own
     required verifiers (narrowed to ``focus`` tests where the verifier can isolate them)."""

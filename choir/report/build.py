@@ -19,11 +19,13 @@ from choir.models import (
     Result,
     Target,
     VerificationReport,
+    VerifierHistory,
     VerifierKind,
     VerifierSpec,
 )
 from choir.models.report import NEXT_ACTION_MAX, SUMMARY_MAX
 from choir.report.bound import fit
+from choir.report.confidence import TABLE, calibrate
 from choir.report.parsers import ParseInput, ParseResult, get_parser
 from choir.report.postcondition import decide_postcondition
 from choir.report.reporter import bounded, fallback, windows
@@ -148,7 +150,9 @@ def _counts_text(counts: Counts) -> str:
 
 
 def deterministic_report(result: PipelineResult, *, spec: VerifierSpec, target: Target,
-                         parsed: ParseResult, verdict: Result, reason: str) -> VerificationReport:
+                         parsed: ParseResult, verdict: Result, reason: str,
+                         lens: str = "default",
+                         history: VerifierHistory | None = None) -> VerificationReport:
     counts = _counts_text(parsed.counts)
     listed, unlisted = _listed_artifacts(result)
     summary = f"{spec.name}: {verdict.value}: {reason}" + (f" ({counts})" if counts else "")
@@ -183,10 +187,9 @@ def deterministic_report(result: PipelineResult, *, spec: VerifierSpec, target: 
         hyper.append("Parser output was truncated; unlisted failures may exist.")
     if verdict is Result.INCONCLUSIVE:
         hyper.append("Inconclusive: cannot rule out either outcome.")
-    confidence = {Result.PASS: 0.9, Result.FAIL: 0.95, Result.INCONCLUSIVE: 0.2,
-                  Result.FLAKY: 0.4}[verdict]
-    if isolation == "none":
-        confidence = min(confidence, 0.7)
+    confidence, basis = calibrate(verdict, isolation=isolation, lens=lens, history=history)
+    if history is not None or confidence < TABLE[verdict] and isolation != "none":
+        hyper = [*hyper[:3], basis]
     return fit(VerificationReport.model_construct(
         verifier=spec.name, verifier_type=spec.kind.value, target=target, result=verdict,
         failure_signatures=tuple(parsed.signatures), signatures_truncated=parsed.dropped,
@@ -242,11 +245,12 @@ def exit_code_report(result: PipelineResult, *, spec: VerifierSpec, target: Targ
 
 
 def _build(result: PipelineResult, spec: VerifierSpec, store: ArtifactStore,
-           target: Target) -> VerificationReport:
+           target: Target, lens: str = "default",
+           history: VerifierHistory | None = None) -> VerificationReport:
     parsed = parse_run(result, spec, store)
     verdict, reason = decide(result, parsed, spec.parser, steps=len(spec.steps))
     return deterministic_report(result, spec=spec, target=target, parsed=parsed,
-                                verdict=verdict, reason=reason)
+                                verdict=verdict, reason=reason, lens=lens, history=history)
 
 
 BUILTIN_REPORTERS = ("model",)  # Choir's own async reporters run in the caller's event loop
@@ -284,7 +288,8 @@ def _own_thread(word: Any, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
 async def abuild_report(result: PipelineResult, *, spec: VerifierSpec, store: ArtifactStore,
                         target: Target, reporter: str | None = None,
                         reporter_name: str | None = None,
-                        deadline_s: float = 30.0) -> VerificationReport:
+                        deadline_s: float = 30.0, lens: str = "default",
+                        history: VerifierHistory | None = None) -> VerificationReport:
     """The report for ``result``, worded by the reporter ``reporter_name`` (a REPORTERS name;
     default: ``model`` when ``reporter`` names a litellm model, else ``deterministic``),
     within the documented bound (``choir.report.bound.fit``).
@@ -295,14 +300,16 @@ async def abuild_report(result: PipelineResult, *, spec: VerifierSpec, store: Ar
     a report to attest, and no reporter can raise a result.
     """
     return fit(await _abuild(result, spec=spec, store=store, target=target, reporter=reporter,
-                             reporter_name=reporter_name, deadline_s=deadline_s))
+                             reporter_name=reporter_name, deadline_s=deadline_s,
+                             lens=lens, history=history))
 
 
 async def _abuild(result: PipelineResult, *, spec: VerifierSpec, store: ArtifactStore,
                   target: Target, reporter: str | None, reporter_name: str | None,
-                  deadline_s: float) -> VerificationReport:
+                  deadline_s: float, lens: str = "default",
+                  history: VerifierHistory | None = None) -> VerificationReport:
     try:
-        report = _build(result, spec, store, target)
+        report = _build(result, spec, store, target, lens, history)
     except Exception as exc:  # noqa: BLE001 - any fault here must still leave evidence
         return exit_code_report(result, spec=spec, target=target,
                                 why=f"{type(exc).__name__}")

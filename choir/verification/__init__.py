@@ -31,6 +31,7 @@ from choir.models import (
     RunManifest,
     SpecChange,
     Target,
+    VerifierHistory,
     VerifierRun,
     VerifierSpec,
 )
@@ -122,6 +123,16 @@ def trust_interpreter(config: RepoConfig, name: str | None = None) -> Interprete
     return trust(tools, Path(config.path)) if tools is not None else None
 
 
+def verifier_history(verifier: str) -> VerifierHistory | None:
+    """The AHDB's record of ``verifier`` for calibrating confidence; None when the AHDB
+    cannot be read (the report then says nothing of history, and never more than the
+    table)."""
+    try:
+        return open_ahdb().verifier_history(verifier)
+    except Exception:  # noqa: BLE001 - calibration is advice to lower, never a fault
+        return None
+
+
 async def run_verifier_thread(
     spec: VerifierSpec,
     *,
@@ -154,7 +165,8 @@ async def run_verifier_thread(
     )
     failpoint("green:ran")
     report = await abuild_report(result, spec=spec, store=store, target=target, reporter=reporter,
-                                 reporter_name=reporter_name)
+                                 reporter_name=reporter_name, lens=lens,
+                                 history=verifier_history(spec.name))
     report_hash = store.ingest_bytes(canonical_json(report))
     run = VerifierRun(
         verifier=spec.name,

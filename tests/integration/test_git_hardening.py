@@ -216,3 +216,33 @@ def test_an_executor_cannot_get_a_buggy_commit_through_the_gate_with_a_replace_r
     ok = subprocess.run([PY, "-m", "choir", "gate", "replace"], capture_output=True, text=True,
                         cwd=repo, timeout=120)
     assert ok.returncode == 0, ok.stdout + ok.stderr  # the fixed tree itself did pass
+
+
+def test_the_hypothesis_reads_changed_files_without_running_the_repos_git_config(
+        tmp_path: Path) -> None:
+    # the governance loop listed changed files with plain `git -C repo diff`: a repo config's
+    # core.fsmonitor ran as Choir, outside any sandbox
+    import subprocess
+
+    from choir.graph.adjudicate import changed_files
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    run = lambda *a: subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *a],  # noqa: E731
+                                    cwd=repo, check=True, capture_output=True)
+    run("init", "-q")
+    (repo / "a.py").write_text("x = 1\n")
+    run("add", "-A")
+    run("commit", "-qm", "c")
+    marker = tmp_path / "ran"
+    hook = tmp_path / "monitor.sh"
+    hook.write_text(f"#!/bin/sh\ntouch {marker}\nexit 1\n")
+    hook.chmod(0o755)
+    run("config", "core.fsmonitor", str(hook))
+    (repo / "a.py").write_text("x = 2\n")
+    (repo / "b.py").write_text("y = 1\n")
+    subprocess.run(["git", "-C", str(repo), "status"], capture_output=True)
+    assert marker.exists()  # control: the plant is live for plain git
+    marker.unlink()
+    assert changed_files(repo, None) == ["a.py", "b.py"]
+    assert not marker.exists()

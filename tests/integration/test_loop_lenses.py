@@ -247,9 +247,11 @@ def test_a_part_that_cannot_be_satisfied_halts_the_run_as_its_parent(tmp_path: P
     assert proc.returncode == 1, proc.stderr
     out = json.loads(proc.stdout)
     assert out["status"] == "halted" and out["work_item"] == "calc" and out["attempt"] == 3
-    # the parts share the 3 attempts the parent had left: 2 each, and part 2 spends its own
+    # the parts draw on the 3 attempts the parent had left (one budget, not 2 per part):
+    # part 1 takes one, part 2 the last two, and the run stops at max_attempts
     assert out["reason"] == ("part calc~2 could not be satisfied: verification failed; "
-                             "attempt budget spent (2/2)")
+                             "attempt budget spent (6/6)")
+    assert len((tmp_path / "repo" / ".executor.log").read_text().splitlines()) == 6
     asserted = {a["work_item"] for a in atoms() if a["kind"] == "ASSERT" and a["references"]}
     assert asserted == {"calc~1"}  # the part that was done stays done; the whole is not
     assert choir("gate", "calc").returncode == 1

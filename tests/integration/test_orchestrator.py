@@ -75,8 +75,9 @@ def test_fail_hypothesize_fix_pass_assert_gate(tmp_path: Path) -> None:
     assert choir("gate", "fix-add", "--repo", str(tmp_path / "repo")).returncode == 0
     atoms = json.loads(choir("ahdb", "list", "--json").stdout)
     kinds = sorted((a["kind"], a["status"]) for a in atoms)
+    # the fixed tree passes: the hypothesis of the failing round is confirmed
     assert kinds == [("ASSERT", "PROMOTED"), ("ASSERT", "PROMOTED"),
-                     ("HYPOTHESIZE", "PROPOSED")]
+                     ("HYPOTHESIZE", "PROMOTED")]
     hyp = next(a for a in atoms if a["kind"] == "HYPOTHESIZE")
     assert "test_add" in hyp["discriminating_test"]
     # the executor got bounded reports, never raw output

@@ -273,7 +273,7 @@ def test_paranoid_is_never_left_by_a_mood_switch(policy: Policy) -> None:
 
     assert next_mood(Mood.PARANOID) is Mood.PARANOID
     assert [next_mood(m) for m in (Mood.CALM, Mood.BOLD, Mood.CURIOUS, Mood.SKEPTICAL)] == [
-        Mood.CURIOUS, Mood.CURIOUS, Mood.SKEPTICAL, Mood.CURIOUS]
+        Mood.CURIOUS, Mood.CURIOUS, Mood.SKEPTICAL, Mood.SKEPTICAL]
     runs = [vrun("unit", Result.FAIL, tests=("t::a",), replica=r) for r in (0, 1)]
     decision = decide(runs, policy, mood=Mood.PARANOID, history=[FAIL_SIG])
     assert decision.action == "retry" and decision.mood is Mood.PARANOID

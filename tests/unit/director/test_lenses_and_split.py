@@ -118,10 +118,17 @@ def verdicts_of(runs: list[VerifierRun]) -> dict[str, Result]:
     return {r.verifier: r.report.result for r in runs}
 
 
-def test_a_part_never_splits_again(specs: dict[str, VerifierSpec]) -> None:
+def test_a_part_splits_again_when_its_failure_divides(specs: dict[str, VerifierSpec]) -> None:
     part = item("wi~1").model_copy(update={"split_of": "wi"})
     runs = [vrun("unit", Result.FAIL), vrun("lint", Result.FAIL)]
-    assert split_parts(part, runs, verdicts_of(runs), specs, attempt=3) == []
+    assert [p.id for p in split_parts(part, runs, verdicts_of(runs), specs, remaining=3)] == [
+        "wi~1~1", "wi~1~2"]
+
+
+def test_nothing_splits_when_the_budget_cannot_run_every_part(
+        specs: dict[str, VerifierSpec]) -> None:
+    runs = [vrun("unit", Result.FAIL), vrun("lint", Result.FAIL)]
+    assert split_parts(item(), runs, verdicts_of(runs), specs, remaining=1) == []
 
 
 @pytest.mark.parametrize("runs", [
@@ -130,12 +137,12 @@ def test_a_part_never_splits_again(specs: dict[str, VerifierSpec]) -> None:
 ], ids=["verifier-without-isolate", "one-failing-test"])
 def test_a_single_failing_piece_does_not_split(specs: dict[str, VerifierSpec],
                                                runs: list[VerifierRun]) -> None:
-    assert split_parts(item(), runs, verdicts_of(runs), specs, attempt=3) == []
+    assert split_parts(item(), runs, verdicts_of(runs), specs, remaining=3) == []
 
 
 def test_two_failing_verifiers_make_two_parts(specs: dict[str, VerifierSpec]) -> None:
     runs = [vrun("unit", Result.FAIL), vrun("lint", Result.FAIL), vrun("sec", Result.PASS)]
-    parts = split_parts(item(), runs, verdicts_of(runs), specs, attempt=3)
+    parts = split_parts(item(), runs, verdicts_of(runs), specs, remaining=3)
     assert [(p.id, p.required_verifiers, p.split_of) for p in parts] == [
         ("wi~1", ("lint",), "wi"), ("wi~2", ("unit",), "wi")]
 
@@ -143,13 +150,13 @@ def test_two_failing_verifiers_make_two_parts(specs: dict[str, VerifierSpec]) ->
 def test_flaky_counts_as_a_failing_piece(specs: dict[str, VerifierSpec]) -> None:
     runs = [vrun("unit", Result.FAIL), vrun("lint", Result.PASS)]
     verdicts = {"unit": Result.FAIL, "lint": Result.FLAKY}
-    assert len(split_parts(item(), runs, verdicts, specs, attempt=3)) == 2
+    assert len(split_parts(item(), runs, verdicts, specs, remaining=3)) == 2
 
 
 def test_a_verifier_that_isolates_splits_per_failing_test(
         specs: dict[str, VerifierSpec]) -> None:
     runs = [vrun("unit", Result.FAIL, tests=("t::a", "t::b", "t::c"))]
-    parts = split_parts(item(), runs, verdicts_of(runs), specs, attempt=3)
+    parts = split_parts(item(), runs, verdicts_of(runs), specs, remaining=3)
     assert [(p.required_verifiers, p.focus) for p in parts] == [
         (("unit",), ("t::a",)), (("unit",), ("t::b",)), (("unit",), ("t::c",))]
 
@@ -157,7 +164,7 @@ def test_a_verifier_that_isolates_splits_per_failing_test(
 def test_too_many_pieces_split_per_verifier(specs: dict[str, VerifierSpec]) -> None:
     tests = tuple(f"t::{n}" for n in range(MAX_PARTS + 1))
     runs = [vrun("unit", Result.FAIL, tests=tests), vrun("lint", Result.FAIL)]
-    parts = split_parts(item(), runs, verdicts_of(runs), specs, attempt=3)
+    parts = split_parts(item(), runs, verdicts_of(runs), specs, remaining=3)
     assert [(p.required_verifiers, p.focus) for p in parts] == [(("lint",), ()),
                                                                 (("unit",), tests)]
 
@@ -165,7 +172,7 @@ def test_too_many_pieces_split_per_verifier(specs: dict[str, VerifierSpec]) -> N
 @pytest.mark.parametrize("parent", ["wi", "w" * 128])
 def test_part_ids_are_valid_work_item_ids(specs: dict[str, VerifierSpec], parent: str) -> None:
     runs = [vrun("unit", Result.FAIL), vrun("lint", Result.FAIL)]
-    parts = split_parts(item(parent), runs, verdicts_of(runs), specs, attempt=3)
+    parts = split_parts(item(parent), runs, verdicts_of(runs), specs, remaining=3)
     for k, part in enumerate(parts, start=1):
         assert part.id.endswith(f"~{k}")
         assert WorkItem.model_validate(part.model_dump()) == part
@@ -186,13 +193,17 @@ def test_a_focused_parts_feedback_keeps_only_its_tests() -> None:
     assert [s.test_id for s in mine.failure_signatures] == ["t::b"]
 
 
-def test_parts_share_what_is_left_of_the_budget(specs: dict[str, VerifierSpec]) -> None:
+def test_parts_never_get_more_than_what_is_left_of_the_budget(
+        specs: dict[str, VerifierSpec]) -> None:
+    """Old behaviour: each part got max(2, ceil(left / parts)): at 3 of 3, two parts got two
+    attempts each. Now each part may use at most what is left; the run's shared count of
+    executor runs stops them all at the parent's ceiling."""
     runs = [vrun("unit", Result.FAIL), vrun("lint", Result.FAIL)]
     wide = item().model_copy(update={"max_attempts": 10})
     assert [p.max_attempts for p in split_parts(wide, runs, verdicts_of(runs), specs,
-                                                attempt=3)] == [4, 4]  # ceil(7 / 2)
+                                                remaining=7)] == [7, 7]
     assert [p.max_attempts for p in split_parts(wide, runs, verdicts_of(runs), specs,
-                                                attempt=10)] == [2, 2]  # at least two
+                                                remaining=2)] == [2, 2]
 
 
 def test_test_ids_that_look_like_options_never_reach_the_isolate_command(
