@@ -29,6 +29,7 @@ from choir.agent.store import SqliteContextStore
 from choir.config import CONFIG_NAME, load_repo_config
 from choir.config.policy import load_policy
 from choir.director import outside_a_run, plan
+from choir.director.rounds import Round, attest_round, run_round
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.target import snapshot_target
 from choir.evidence.tree import remove_snapshot, snapshot_root
@@ -43,7 +44,6 @@ from choir.models import (
     VerifierRun,
     WorkItem,
 )
-from choir.rounds import Round, attest_round, run_round
 
 MAX_FEEDBACK_REPORTS = 8
 

@@ -12,24 +12,29 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from choir._core.canonical import blake3_hex
 from choir.ahdb.backend import Session
-from choir.exceptions import UserError
+from choir.config import database
+from choir.config.database import redact
 
-# one 64-bit key for "the AHDB writer"; leases use their own keys (choir.lease)
-WRITE_LOCK = 0x43484F4952414844  # "CHOIRAHD"
+__all__ = ["PostgresBackend", "close_connections", "redact"]
+
+# this process's sessions, one per (url, thread), each on that thread's shared connection
+_sessions: dict[tuple[str, int, int], Session] = {}
+_sessions_lock = threading.Lock()
+
+# "the AHDB writer" (and the schema's): leases use their own keys (choir.graph.lease)
+WRITE_LOCK = database.WRITE_LOCK
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS events (
       seq BIGINT PRIMARY KEY, prev_hash TEXT NOT NULL, event_hash TEXT NOT NULL UNIQUE,
       kind TEXT NOT NULL, payload TEXT NOT NULL, created_at TEXT NOT NULL)""",
-    """CREATE OR REPLACE FUNCTION choir_append_only() RETURNS trigger LANGUAGE plpgsql AS
-      $$ BEGIN RAISE EXCEPTION 'the AHDB log is append-only'; END $$""",
+    database.APPEND_ONLY_FUNCTION,
     """CREATE OR REPLACE TRIGGER events_no_change BEFORE UPDATE OR DELETE ON events
       FOR EACH ROW EXECUTE FUNCTION choir_append_only()""",
     """CREATE OR REPLACE TRIGGER events_no_truncate BEFORE TRUNCATE ON events
@@ -48,10 +53,6 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS heads (n BIGSERIAL PRIMARY KEY, record BYTEA NOT NULL)",
     """CREATE OR REPLACE TRIGGER heads_no_change BEFORE UPDATE OR DELETE ON heads
       FOR EACH ROW EXECUTE FUNCTION choir_append_only()""",
-    # the attestation index (choir.attest.shared): write-once, like the files it mirrors
-    "CREATE TABLE IF NOT EXISTS attestations (id TEXT PRIMARY KEY, body BYTEA NOT NULL)",
-    """CREATE OR REPLACE TRIGGER attestations_no_change BEFORE UPDATE OR DELETE
-      ON attestations FOR EACH ROW EXECUTE FUNCTION choir_append_only()""",
     "CREATE INDEX IF NOT EXISTS fails_on_tree ON fails (tree_hash)",
     # the tables' schema version (backend.SCHEMA_VERSION); created last, so its presence
     # means the whole schema is in place (an older database runs every statement once)
@@ -59,63 +60,18 @@ _SCHEMA = (
 )
 
 
-class PgConn:
-    """A psycopg connection that takes the store's ``?`` placeholders."""
-
-    def __init__(self, raw: Any) -> None:
-        self.raw = raw
-
-    def execute(self, sql: str, args: Sequence[Any] = (), /) -> Any:
-        return self.raw.execute(sql.replace("?", "%s"), tuple(args) if args else None)
-
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]], /) -> None:
-        rows = [tuple(r) for r in rows]
-        if rows:
-            with self.raw.cursor() as cur:
-                cur.executemany(sql.replace("?", "%s"), rows)
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for messages and file names."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = netloc[0].split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
-
-
-# this process's connections, one per (url, thread): AHDB objects are made per call, and
-# a connection per object would exhaust the server's slots; the pid guards a fork
-_sessions: dict[tuple[str, int, int], Session] = {}
-_sessions_lock = threading.Lock()
 _ready: set[str] = set()  # URLs whose schema this process has seen in place
-
-
-def connect(url: str) -> Any:
-    """A new autocommit psycopg connection; a clear UserError if the server does not answer."""
-    try:
-        import psycopg
-    except ImportError:
-        raise UserError("CHOIR_DATABASE_URL needs psycopg: pip install 'choir[postgres]'") \
-            from None
-    try:
-        # keepalives: a holder whose machine vanished loses its locks in about a minute
-        return psycopg.connect(url, autocommit=True, connect_timeout=10, keepalives=1,
-                               keepalives_idle=30, keepalives_interval=10, keepalives_count=3)
-    except psycopg.Error as exc:
-        raise UserError(f"cannot reach the store at {redact(url)}: "
-                        f"{str(exc).strip()[:300]}") from None
 
 
 def close_connections(url: str | None = None) -> None:
     """Close this process's cached connections (all, or those to ``url``)."""
+    for closed in database.close_connections(url):
+        _ready.discard(closed)
     with _sessions_lock:
         for key in [k for k in _sessions if url is None or k[0] == url]:
-            sess = _sessions.pop(key)
-            _ready.discard(key[0])
-            if key[1] == os.getpid():
-                sess.conn.raw.close()  # type: ignore[attr-defined]
+            del _sessions[key]
+    if url is None:
+        _ready.clear()
 
 
 class PostgresBackend:
@@ -131,13 +87,11 @@ class PostgresBackend:
 
     def session(self) -> Session:
         key = (self.url, os.getpid(), threading.get_ident())
+        conn = database.connection(self.url)
         with _sessions_lock:
             sess = _sessions.get(key)
-        if sess is not None and not sess.conn.raw.closed:  # type: ignore[attr-defined]
-            return sess
-        sess = Session(PgConn(connect(self.url)))
-        with _sessions_lock:
-            _sessions[key] = sess
+            if sess is None or sess.conn is not conn:
+                sess = _sessions[key] = Session(conn)
         return sess
 
     def begin(self, conn: Any) -> None:
@@ -147,18 +101,7 @@ class PostgresBackend:
     def ensure_schema(self) -> None:
         if self.url in _ready:
             return
-        conn = self.session().conn
-        if conn.execute("SELECT to_regclass('choir_meta')").fetchone()[0] is not None:
-            _ready.add(self.url)
-            return
-        self.begin(conn)  # under the writer's lock: CREATE ... IF NOT EXISTS races otherwise
-        try:
-            for stmt in _SCHEMA:
-                conn.execute(stmt)
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+        database.ensure_tables(self.session().conn, "choir_meta", _SCHEMA)
         _ready.add(self.url)
 
     def version(self, conn: Any) -> int:

@@ -120,7 +120,7 @@ class AHDB:
                  signer: SigningKey | Callable[[], SigningKey] | None = None,
                  url: str | None = None, home: Path | None = None) -> None:
         """``path``: an SQLite file; ``url``: a Postgres database; neither: the configured
-        store (``choir.store_url``: ``CHOIR_DATABASE_URL``, else ``store.url``, else
+        store (``choir.config.store_url``: ``CHOIR_DATABASE_URL``, else ``store.url``, else
         ``$CHOIR_HOME/ahdb.sqlite``)."""
         self.backend: Backend = make_backend(path, url, home)
         # the SQLite file, or for Postgres the name its local heads file derives from
@@ -443,7 +443,7 @@ def make_backend(path: Path | None, url: str | None, home: Path | None) -> Backe
     """An SQLite file at ``path``, the Postgres database at ``url``, else the configured one."""
     base = home or choir_home()
     if path is None and url is None:
-        from choir.store_url import database_url
+        from choir.config.store_url import database_url
 
         url = database_url(base)
     if url is not None:

@@ -139,7 +139,7 @@ def check_gate(work_item: str, *, tree: str | None, commit: str | None,
     store, atts = ArtifactStore(), AttestationStore()
     # the log is replayed with intact-evidence checks; trust is judged below, per attestation,
     # so the answer can name the key that signed even when it is not pinned
-    try:  # the configured store (choir.store_url)
+    try:  # the configured store (choir.config.store_url)
         ahdb = AHDB(attestations=atts, artifacts=store)
     except UserError:
         raise

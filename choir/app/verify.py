@@ -26,11 +26,11 @@ from choir.config.policy import load_policy
 from choir.director import outside_a_run
 from choir.director import plan as director_plan
 from choir.director.advisor import suggest
+from choir.director.rounds import Backend, Round, attest_round, run_round
 from choir.evidence.target import snapshot_target
 from choir.evidence.tree import remove_snapshot, snapshot_root
 from choir.models import Mood, PlannedVerifier, Result, WorkItem
 from choir.postconditions.episode import episode
-from choir.rounds import Backend, Round, attest_round, run_round
 from choir.verification import load_manifest
 from choir.verification.session import (
     SessionCommand,

@@ -12,38 +12,53 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from choir.config import database
 from choir.exceptions import IntegrityError
+
+_ready: set[str] = set()  # URLs whose attestations table this process has seen in place
+
+
+_SCHEMA = (
+    database.APPEND_ONLY_FUNCTION,
+    "CREATE TABLE IF NOT EXISTS attestations (id TEXT PRIMARY KEY, body BYTEA NOT NULL)",
+    """CREATE OR REPLACE TRIGGER attestations_no_change BEFORE UPDATE OR DELETE
+      ON attestations FOR EACH ROW EXECUTE FUNCTION choir_append_only()""",
+)
 
 
 class SharedIndex:
     """Attestation bytes keyed by id, in the configured Postgres database."""
 
     def __init__(self, url: str, home: Path) -> None:
-        from choir.ahdb.postgres import PostgresBackend
+        self.url = url
+        if url not in _ready:
+            database.ensure_tables(self.conn, "attestations", _SCHEMA)
+            _ready.add(url)
 
-        self.backend = PostgresBackend(url, home)
-        self.backend.ensure_schema()
+    @property
+    def conn(self) -> database.PgConn:
+        return database.connection(self.url)
 
     def put(self, att_id: str, data: bytes) -> None:
-        conn = self.backend.session().conn
+        conn = self.conn
         conn.execute("INSERT INTO attestations (id, body) VALUES (?, ?) ON CONFLICT DO NOTHING",
                      (att_id, data))
         if self.get(att_id) != data:
             raise IntegrityError(f"attestation {att_id} is already indexed with other content")
 
     def get(self, att_id: str) -> bytes | None:
-        row = self.backend.session().conn.execute(
+        row = self.conn.execute(
             "SELECT body FROM attestations WHERE id = ?", (att_id,)).fetchone()
         return bytes(row[0]) if row else None
 
     def ids(self) -> list[str]:
-        rows = self.backend.session().conn.execute("SELECT id FROM attestations ORDER BY id")
+        rows = self.conn.execute("SELECT id FROM attestations ORDER BY id")
         return [str(r[0]) for r in rows]
 
 
 def shared_index(home: Path) -> SharedIndex | None:
     """The index when a Postgres store is configured, else None (files only)."""
-    from choir.store_url import database_url
+    from choir.config.store_url import database_url
 
     url = database_url(home)
     return SharedIndex(url, home) if url else None

@@ -28,7 +28,7 @@ MAX_FILE = 4 << 20
 class AttestationStore:
     """Write-once storage of attestations, keyed by id.
 
-    With a Postgres store configured (``choir.store_url``), each one is also put in the
+    With a Postgres store configured (``choir.config.store_url``), each one is also put in the
     shared index (``choir.attest.shared``) and read from it when this machine has no file.
     """
 

@@ -23,16 +23,16 @@ from pydantic import Field
 from choir._core.paths import choir_home
 from choir.ahdb.anchor import PinnedHead, check_pin
 from choir.ahdb.heads import check_heads, heads_path
-from choir.ahdb.postgres import redact
 from choir.ahdb.store import AHDB, Event, attestation_lookup, check_chain
 from choir.attest import AttestationStore, trust_root, trust_violations, verify_attestation
 from choir.audit.citations import check_citations
 from choir.audit.ledger import compare_tables, contradicted, replay_log
+from choir.config.database import redact
+from choir.config.store_url import database_url
 from choir.evidence.artifacts import MANIFEST, ArtifactStore, hash_file
 from choir.exceptions import UserError
 from choir.models import Attestation, Result, RunManifest, Violation
 from choir.models._base import Frozen
-from choir.store_url import database_url
 from choir.verification.session import check_session, is_session_folder, missing_sessions
 
 

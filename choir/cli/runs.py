@@ -38,7 +38,7 @@ def _saver(home: Path) -> Any:
 
 
 def _loop_threads(home: Path) -> list[str]:
-    from choir.store_url import database_url
+    from choir.config.store_url import database_url
 
     url = database_url(home)
     if url:  # checkpoints in Postgres (choir.graph.checkpoints)
@@ -61,7 +61,7 @@ def _loop_state(home: Path, run_id: str) -> tuple[dict[str, Any], str] | None:
     """The last checkpoint's values and time of a ``choir run``, or None."""
     if run_id not in _loop_threads(home):
         return None
-    from choir.store_url import database_url
+    from choir.config.store_url import database_url
 
     url = database_url(home)
     if url:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from choir._registry import EXECUTORS, PARSERS, REPORTERS, SANDBOXES, Registry
+from choir._core.registry import EXECUTORS, PARSERS, REPORTERS, SANDBOXES, Registry
 from choir.config._yaml import YamlDoc, load_yaml, validation_errors
 from choir.config.presets import expand
 from choir.exceptions import ConfigError

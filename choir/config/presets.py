@@ -12,8 +12,8 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+from choir._core.registry import PRESETS
 from choir._core.resources import data_path, load_text
-from choir._registry import PRESETS
 from choir.config._yaml import YamlDoc
 from choir.exceptions import ConfigError
 

@@ -51,8 +51,8 @@ from choir.models import (
 )
 
 if TYPE_CHECKING:
+    from choir.director.rounds import Round
     from choir.models import PlannedVerifier, VerifierSpec
-    from choir.rounds import Round
     from choir.verification.pipeline import PipelineResult
 
 _SWAPS = {"+": "-", "-": "+", "*": "/", "/": "*", "==": "!=", "!=": "==", "<": "<=",

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Protocol
 
 from choir._core.paths import artifact_dir, choir_home
-from choir._registry import EXECUTORS
+from choir._core.registry import EXECUTORS
 from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import ConfigError, UserError
 from choir.executors.pinned import current_gate

@@ -1,6 +1,6 @@
 """Where a run's LangGraph checkpoints live: SQLite under CHOIR_HOME, or Postgres.
 
-With a Postgres store (``choir.store_url``) the checkpoints go to the same database as the
+With a Postgres store (``choir.config.store_url``) the checkpoints go to the same database as the
 AHDB (``langgraph-checkpoint-postgres``), so a run killed on one machine resumes on another
 from its last finished step. ``setup()`` creates or migrates the saver's tables; it runs under
 an advisory lock because two runners starting at once on a new database would race on it.
@@ -22,8 +22,8 @@ async def open_checkpointer(home: Path) -> AsyncIterator[Any]:
     """The configured async checkpoint saver, with Choir's checkpoint types allowed."""
     from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
+    from choir.config.store_url import database_url
     from choir.graph.state import checkpoint_types
-    from choir.store_url import database_url
 
     serde = JsonPlusSerializer(allowed_msgpack_modules=checkpoint_types())
     url = database_url(home)
@@ -36,7 +36,7 @@ async def open_checkpointer(home: Path) -> AsyncIterator[Any]:
         return
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
-    from choir.ahdb.postgres import connect
+    from choir.config.database import connect
 
     async with AsyncPostgresSaver.from_conn_string(url, serde=serde) as pg_saver:
         if url not in _ready:
@@ -52,7 +52,7 @@ async def open_checkpointer(home: Path) -> AsyncIterator[Any]:
 
 def pg_threads(url: str) -> list[str]:
     """Run ids with checkpoints in the Postgres store (``choir runs list``)."""
-    from choir.ahdb.postgres import connect
+    from choir.config.database import connect
 
     conn = connect(url)
     try:
@@ -71,7 +71,7 @@ def pg_latest(url: str, run_id: str) -> tuple[dict[str, Any], str] | None:
     from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
     from psycopg.rows import dict_row
 
-    from choir.ahdb.postgres import connect
+    from choir.config.database import connect
     from choir.graph.state import checkpoint_types
 
     conn = connect(url)

@@ -24,6 +24,7 @@ from choir._core.ids import round_run_id, thread_run_id
 from choir.director import part_plan, plan, verdicts
 from choir.director.advisor import suggest
 from choir.director.lenses import nested_plan
+from choir.director.rounds import Round, attest_round, crashed, run_round
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.heldout import redact
 from choir.evidence.spec import (
@@ -52,7 +53,6 @@ from choir.models import (
     VerifierKind,
     VerifierPlan,
 )
-from choir.rounds import Round, attest_round, crashed, run_round
 
 
 def emit(event: dict[str, Any]) -> None:
@@ -75,7 +75,7 @@ def _round(state: GreenIn | RunState, round_id: str, tree: Path) -> Round:
 
 
 async def green_thread(state: GreenIn) -> GreenOut:
-    """One verifier in its own sandbox, through the plan runner (``choir.rounds``); raw
+    """One verifier in its own sandbox, through the plan runner (``choir.director.rounds``); raw
     output stays in the artifact store."""
     planned, target = state["planned"], state["target"]
     # the thread's id is {round id}-{verifier}-{replica} (fan_out): the round's id is its head

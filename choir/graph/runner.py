@@ -4,7 +4,7 @@ Postgres with ``CHOIR_DATABASE_URL``: ``choir.graph.checkpoints``).
 Every step's checkpoint is written before the next step starts (``durability="sync"``), so
 after a crash ``resume(run_id)`` continues from the last finished step; ``approve`` answers a
 human-approval interrupt and finishes the run. One process drives a run at a time (a lease,
-``choir.lease``): a second ``--resume`` of a run that is still being driven is refused, or
+``choir.graph.lease``): a second ``--resume`` of a run that is still being driven is refused, or
 waits for the lease with ``CHOIR_LEASE_WAIT_S``.
 """
 
@@ -72,9 +72,9 @@ _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 @contextlib.contextmanager
 def _driving(run_id: str) -> Iterator[None]:
-    """Hold the run's lease while driving it (``choir.lease``): a second driver is refused
+    """Hold the run's lease while driving it (``choir.graph.lease``): a second driver is refused
     (exit 2) or, with ``CHOIR_LEASE_WAIT_S``, waits for it."""
-    from choir.lease import hold_lease
+    from choir.graph.lease import hold_lease
 
     if not _RUN_ID.match(run_id) or ".." in run_id:
         raise UserError(f"invalid run id {run_id!r}: up to 100 letters, digits, '.', '_', '-'")

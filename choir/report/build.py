@@ -12,8 +12,8 @@ import inspect
 import threading
 from typing import TYPE_CHECKING, Any
 
+from choir._core.registry import REPORTERS
 from choir._core.terminal import shorten
-from choir._registry import REPORTERS
 from choir.models import (
     Counts,
     Result,

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, BinaryIO
 
-from choir._registry import PARSERS
+from choir._core.registry import PARSERS
 from choir.models import Citation, Counts, FailureSignature
 from choir.models.report import EXCERPT_MAX, MAX_SIGNATURES
 from choir.report.signatures import canonicalize, signature_id

@@ -1,4 +1,4 @@
-"""The Sandbox contract and its registry by name (``choir._registry.SANDBOXES``).
+"""The Sandbox contract and its registry by name (``choir._core.registry.SANDBOXES``).
 
 A sandbox runs one shell command against a read-only repo with one writable output folder
 (``$CHOIR_OUT``), streams combined stdout/stderr to a sink chunk by chunk (never accumulating
@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from choir._registry import SANDBOXES
+from choir._core.registry import SANDBOXES
 from choir.exceptions import UnknownNameError
 from choir.models import AppliedLimits, Interpreter, Limits
 from choir.sandbox._toolchain import Toolchain

@@ -21,10 +21,10 @@ from choir._core.canonical import blake3_hex, is_hash
 from choir.ahdb import AHDB
 from choir.attest import AttestationStore, trust_root, verify_attestation
 from choir.attest.keys import TRUST_ENV
+from choir.config.store_url import database_url
 from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import ChoirError, IntegrityError, NotFoundError, UserError
 from choir.models import Atom, Attestation, RunManifest, VerificationReport, Violation
-from choir.store_url import database_url
 
 MAX_DOCUMENT = 4 << 20
 

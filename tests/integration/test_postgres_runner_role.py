@@ -13,7 +13,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from choir.ahdb import open_ahdb
-from choir.ahdb.postgres import close_connections, connect
+from choir.ahdb.postgres import close_connections
+from choir.config.database import connect
 from choir.evidence.tree import tree_hash
 from tests.evidence import attest, make_repo
 

@@ -1,6 +1,6 @@
-"""One plan runner (``choir.rounds``) for ``choir verify``, ``choir run``'s green threads and the
-llm executor's gate: one run-id scheme, and every sealed run attested, also when a thread
-beside it crashes. Real bubblewrap sandboxes, real artifact and attestation stores."""
+"""One plan runner (``choir.director.rounds``) for ``choir verify``, ``choir run``'s green
+threads and the llm executor's gate: one run-id scheme, and every sealed run attested, also
+when a thread beside it crashes. Real bubblewrap sandboxes, real artifact and attestation stores."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def test_the_gate_runs_the_plan_through_the_runner_on_a_sealed_copy(
 def test_the_limiter_serves_a_fresh_event_loop(tmp_path: Path) -> None:
     """A semaphore keyed by a dead loop's ``id()`` can be handed to a new loop with the same
     id, which then refuses it; the limiter is keyed by the loop itself."""
-    from choir.rounds import limiter
+    from choir.director.rounds import limiter
 
     async def use() -> None:
         async with limiter(1):
@@ -160,8 +160,8 @@ async def test_a_choir_run_round_opens_one_backend_for_its_green_threads(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each green thread is its own graph node; they share the round's sandbox and cluster
     client (before, every thread opened its own, and shipped the snapshot again)."""
+    from choir.director.rounds import _SHARED, Backend
     from choir.graph.runner import run_work_item
-    from choir.rounds import _SHARED, Backend
 
     repo = _repo(tmp_path)
     (repo / "choir.yaml").write_text(CHOIR_YAML + textwrap.dedent("""\

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from choir.config.store_url import database_url
 from choir.exceptions import ConfigError
-from choir.store_url import database_url
 
 
 def test_unset_means_the_embedded_sqlite(choir_home: Path) -> None:

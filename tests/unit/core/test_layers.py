@@ -41,3 +41,42 @@ def test_an_upward_import_is_caught(tmp_path: Path) -> None:
                          env={"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin"})
     assert out.returncode != 0
     assert "choir.models is not allowed to import choir.graph" in out.stdout
+
+
+def test_no_import_is_exempt_from_the_layers() -> None:
+    """The attestation index reached the AHDB's Postgres backend past the layers (an
+    ``ignore_imports`` entry); both stores now share ``choir.config.database`` below them."""
+    assert "ignore_imports" not in (ROOT / "pyproject.toml").read_text()
+
+
+def test_every_module_lives_in_a_concept_package() -> None:
+    """Top level: the package's entry points, the public errors and the one model gateway
+    (used alike by the reporter, the Director and the Agent); every other module belongs
+    to the package whose concept it serves, and that package has a layer."""
+    loose = sorted(p.name for p in (ROOT / "choir").glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py", "_version.py", "exceptions.py", "llm.py"]
+    layers = (ROOT / "pyproject.toml").read_text()
+    for package in sorted(p.parent.name for p in (ROOT / "choir").glob("*/__init__.py")):
+        assert f'"choir.{package}' in layers or f"| choir.{package}" in layers, package
+
+
+def test_errors_keep_their_public_names() -> None:
+    import pickle
+
+    from choir.exceptions import ConfigError, UnknownNameError
+
+    err = ConfigError("bad", path="choir.yaml", line=3, hint="say what")
+    assert type(err).__module__ == "choir.exceptions"
+    assert isinstance(pickle.loads(pickle.dumps(UnknownNameError("x"))), UnknownNameError)
+
+
+def test_every_error_class_is_public() -> None:
+    import inspect
+
+    from choir import exceptions
+    from choir._core import errors
+
+    defined = {n for n, c in inspect.getmembers(errors, inspect.isclass)
+               if issubclass(c, BaseException) and c.__module__ in {errors.__name__,
+                                                                    exceptions.__name__}}
+    assert defined == set(exceptions.__all__) == set(errors.__all__)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from choir import _registry
+from choir._core import registry as _registry
 from choir.config import load_repo_config
 from choir.exceptions import ConfigError, UnknownNameError
 from choir.models import Limits

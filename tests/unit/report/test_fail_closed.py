@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from choir._registry import PARSERS
+from choir._core.registry import PARSERS
 from choir.attest import AttestationStore, load_signer, verify_attestation
 from choir.evidence.artifacts import ArtifactStore
 from choir.models import Counts, Result, StepSpec, Target, VerifierKind, VerifierSpec

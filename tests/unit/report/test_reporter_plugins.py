@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from choir._registry import REPORTERS
+from choir._core.registry import REPORTERS
 from choir.evidence.artifacts import ArtifactStore
 from choir.models import Result, StepSpec, Target, VerificationReport, VerifierKind, VerifierSpec
 from choir.report import abuild_report

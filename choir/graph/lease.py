@@ -1,7 +1,7 @@
 """Run leases: one process, on one machine, drives a run at a time.
 
 With the embedded store the lease is an ``flock`` on ``$CHOIR_HOME/locks/RUN.lock``; with a
-Postgres store (``choir.store_url``) it is a session-level advisory lock held on a dedicated
+Postgres store (``choir.config.store_url``) it is a session-level advisory lock held on a dedicated
 connection, so runners on different machines exclude each other too. Both are released by
 the kernel or the server when the holder dies, even by ``kill -9``: a lock file would stay
 behind, a lock bound to a descriptor or a connection cannot. A second runner refuses at
@@ -75,7 +75,7 @@ def file_lease(locks: Path, run_id: str, wait_s: float) -> Iterator[None]:
 @contextlib.contextmanager
 def pg_lease(url: str, run_id: str, wait_s: float) -> Iterator[None]:
     """Hold ``pg_advisory_lock(lease_key(run_id))`` on a connection of its own."""
-    from choir.ahdb.postgres import connect
+    from choir.config.database import connect
 
     conn = connect(url)
     try:
@@ -99,7 +99,7 @@ def hold_lease(home: Path, run_id: str) -> Iterator[None]:
         UserError: another process holds it (after ``CHOIR_LEASE_WAIT_S``, if set).
         ConfigError: a bad store URL or wait value.
     """
-    from choir.store_url import database_url
+    from choir.config.store_url import database_url
 
     url, wait_s = database_url(home), lease_wait()
     lease = pg_lease(url, run_id, wait_s) if url else file_lease(home / "locks", run_id, wait_s)

@@ -16,7 +16,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
-from choir.exceptions import UnknownNameError
+from choir._core.errors import UnknownNameError
 
 T = TypeVar("T")
 
