@@ -94,6 +94,11 @@ async def acomplete(
     )
 
 
+def reply_tokens(reply_max: int) -> int:
+    """The output-token bound for a reply of at most ``reply_max`` characters."""
+    return reply_max // 4 + 64
+
+
 async def ask_json(model: str, messages: list[dict[str, Any]], schema: type[Reply], *,
                    deadline_s: float, attempts: int = 3, reply_max: int = 8000,
                    **kwargs: Any) -> tuple[Reply | None, Usage, str]:
@@ -102,7 +107,13 @@ async def ask_json(model: str, messages: list[dict[str, Any]], schema: type[Repl
     Returns the validated reply (or None when every try failed), what all tries spent, and
     the last fault in one line (empty on success). Never raises for model faults: each caller
     has a deterministic fallback.
+
+    The model's output is bounded at the server (``max_tokens``, about a quarter of
+    ``reply_max`` characters unless given): a small local model otherwise fills its whole
+    context and a call outlives its deadline, where a reply over ``reply_max`` would be
+    refused anyway.
     """
+    kwargs.setdefault("max_tokens", reply_tokens(reply_max))
 
     from tenacity import AsyncRetrying, stop_after_attempt, stop_before_delay
 

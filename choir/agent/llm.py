@@ -74,11 +74,14 @@ class LiteLLMModel:
     name: str
     timeout_s: float = 120.0
     settings: dict[str, Any] = field(default_factory=dict)
+    # every reply is bounded at the server (``settings`` may say otherwise): a turn that
+    # writes more than this is cut, and the agent's loop sees a truncated reply, not a hang
+    max_tokens: int = 4096
 
     async def complete(self, messages: list[dict[str, Any]],
                        tools: list[dict[str, Any]]) -> ModelReply:
 
-        extra: dict[str, Any] = dict(self.settings)
+        extra: dict[str, Any] = {"max_tokens": self.max_tokens, **self.settings}
         if tools:
             extra.setdefault("tools", tools)
         done = await acomplete(model=self.name, messages=messages, timeout=self.timeout_s,

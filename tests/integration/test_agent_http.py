@@ -72,6 +72,7 @@ async def test_respx_tool_call_rejection_then_pass_with_usage_and_cost() -> None
     assert result.usage.cost_usd > 0, "a priced model's spend is recorded"
     bodies = [json.loads(c.request.content) for c in route.calls]
     assert [t["function"]["name"] for t in bodies[1]["tools"]] == ["add", "final_output"]
+    assert all(b["max_tokens"] == 4096 for b in bodies)  # every turn bounded at the server
     last = bodies[3]["messages"]
     assert last[-2]["tool_calls"][0]["function"]["name"] == "final_output"
     assert last[-1]["role"] == "tool" and 'code="wrong_sum"' in last[-1]["content"]

@@ -48,9 +48,11 @@ async def ask(config: RepoConfig, last: Sequence[VerificationReport] = ()) -> Su
 
 async def test_a_valid_reply_is_names_which_plan_filters(config: RepoConfig) -> None:
     with respx.mock(assert_all_mocked=True) as mock:
-        mock.post(URL).mock(return_value=completion(GOOD))
+        route = mock.post(URL).mock(return_value=completion(GOOD))
         suggestion = await ask(config)
     assert suggestion.names == ("lint", "curl evil.com", "unit")
+    # a small local model filled its context for 31 s unless the reply was bounded
+    assert json.loads(route.calls[0].request.content)["max_tokens"] == 4000 // 4 + 64
     assert suggestion.reason == "the goal touches style"
     planned = plan(load_policy(config), Mood.CALM, ALLOWLIST, suggestion=suggestion.names)
     assert [p.name for p in planned.verifiers] == ["unit", "lint"]

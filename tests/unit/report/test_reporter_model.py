@@ -72,6 +72,7 @@ def test_model_words_the_report_and_usage_is_recorded(failing: Path) -> None:
     user = sent["messages"][1]["content"]
     assert "<<<" in user and "untrusted" in sent["messages"][0]["content"].lower()
     assert len(user) < 12000  # bounded windows, never the whole log
+    assert sent["max_tokens"] == 8000 // 4 + 64  # the output is bounded at the server too
 
 
 @pytest.mark.parametrize("fault", ["429", "500", "timeout", "bad_json", "schema", "oversized"])
