@@ -94,6 +94,21 @@ async def acomplete(
     )
 
 
+def _json_format(model: str, schema: type[BaseModel]) -> dict[str, Any]:
+    """The reply's schema itself where the model's server constrains output to one (fewer
+    invalid replies, so fewer retries), else plain JSON mode; the reply is validated
+    against ``schema`` either way."""
+    try:
+        constrained = bool(litellm_module().supports_response_schema(model=model))
+    except Exception:  # noqa: BLE001 - an unknown model or provider: plain JSON mode
+        constrained = False
+    if not constrained:
+        return {"type": "json_object"}
+    return {"type": "json_schema", "json_schema": {
+        "name": schema.__name__.strip("_") or "reply", "schema": schema.model_json_schema(),
+        "strict": False}}
+
+
 def reply_tokens(reply_max: int) -> int:
     """The output-token bound for a reply of at most ``reply_max`` characters."""
     return reply_max // 4 + 64
@@ -114,6 +129,7 @@ async def ask_json(model: str, messages: list[dict[str, Any]], schema: type[Repl
     refused anyway.
     """
     kwargs.setdefault("max_tokens", reply_tokens(reply_max))
+    kwargs.setdefault("response_format", _json_format(model, schema))
 
     from tenacity import AsyncRetrying, stop_after_attempt, stop_before_delay
 
@@ -133,7 +149,7 @@ async def ask_json(model: str, messages: list[dict[str, Any]], schema: type[Repl
                 reraise=True):
             with attempt:
                 reply = await acomplete(model=model, messages=messages, timeout=left(),
-                                        response_format={"type": "json_object"}, **kwargs)
+                                        **kwargs)
                 spent = Usage(model=model,
                               prompt_tokens=spent.prompt_tokens + reply.prompt_tokens,
                               completion_tokens=spent.completion_tokens + reply.completion_tokens,
