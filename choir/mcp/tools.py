@@ -23,6 +23,7 @@ from choir.exceptions import UserError
 from choir.mcp.args import GateArgs, ListRunsArgs, ShowArgs, VerifyArgs
 from choir.mcp.bound import clean, fit
 from choir.mcp.scope import Scope, Served
+from choir.mcp.stop import stop_steps
 from choir.models import Attestation, Mood, VerificationReport
 from choir.view.index import MAX_MANIFEST, RunIndex
 from choir.view.reads import Stores, attestation_view, load_report
@@ -59,16 +60,26 @@ class Tools:
         from choir.app.verify import averify_tree
 
         served = self.scope.pick(args.repo)
+        running = False
         try:
             with anyio.fail_after(self.timeout_s):
                 async with self._lock:
                     self.scope.check_pinned(served)
-                    outcome = await averify_tree(served.root, mood=Mood(args.mood),
-                                                 sandbox_name=self.sandbox, claim=args.claim)
+                    running = True
+                    try:
+                        outcome = await averify_tree(served.root, mood=Mood(args.mood),
+                                                     sandbox_name=self.sandbox,
+                                                     claim=args.claim)
+                    except anyio.get_cancelled_exc_class():  # the bound, or the client
+                        with anyio.CancelScope(shield=True):
+                            await anyio.to_thread.run_sync(stop_steps)
+                        raise
         except TimeoutError:
             raise ToolTimeout(f"verify: not done within {self.timeout_s:g} s (the bound "
-                              "`choir mcp --timeout` set); it was cancelled and nothing of it "
-                              "was attested") from None
+                              "`choir mcp --timeout` set); it was cancelled, its sandboxes "
+                              "stopped, and nothing of it was attested" if running else
+                              f"verify: another verification held the server for "
+                              f"{self.timeout_s:g} s; try again") from None
         self.scope.check_pinned(served)  # an edit while it ran: its answer is not the policy's
         return self._session(served, outcome.contract)
 
@@ -93,6 +104,8 @@ class Tools:
             "status": contract["status"], "verdict": contract["verdict"],
             "run_id": contract["run_id"], "repo": str(served.root), "mood": contract["mood"],
             "plan": contract["plan"], "plan_dropped": contract["plan_dropped"],
+            "sandbox": {k: v for k, v in contract["manifest"]["platform"].items()
+                        if k in ("sandbox", "isolation")},
             "summary": contract["summary"] if not hidden else "; ".join(
                 f"{r['verifier']}: {r['result']}" for r in reports),
             "failing_tests": [t for t in contract["failing_tests"]
