@@ -12,8 +12,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from choir.app.claim import NAME
+
 PATH_MAX = 1024
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # a work item id, as choir.app.claim
+NAME_PATTERN = NAME.pattern  # a claim
+WORK_ITEM_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._~-]{0,127}$"  # WorkItem.id (~: a split's parts)
 HASH_PATTERN = r"^[0-9a-f]{64}$"
 RUNS_MAX = 50
 
@@ -46,7 +49,7 @@ class ShowArgs(Args):
 
 
 class GateArgs(Args):
-    work_item: str = Field(pattern=NAME_PATTERN,
+    work_item: str = Field(pattern=WORK_ITEM_PATTERN,
                            description="A work item id or a claim name.")
     repo: str | None = RepoArg
     commit: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{7,64}$",
