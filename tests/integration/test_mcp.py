@@ -257,6 +257,15 @@ async def test_a_long_verification_is_cancelled_and_other_calls_still_answer(
         ok, runs = await call(session, "list_runs", {})
         assert ok and not any(r["kind"] == "verify" for r in runs["runs"])  # nothing sealed
 
+        # the client gives up (notifications/cancelled): the same stop
+        with pytest.raises(Exception, match="(?i)timed out|timeout"):
+            await session.call_tool("verify", {}, read_timeout_seconds=2)
+        await anyio.sleep(1.5)
+        leftover = subprocess.run(["pgrep", "-f", "sleep 60"], capture_output=True, text=True)
+        assert not leftover.stdout.strip(), "a verification the client cancelled ran on"
+        ok, _ = await call(session, "list_runs", {})
+        assert ok
+
 
 async def test_http_refuses_without_the_token_and_serves_with_it(tmp_path: Path) -> None:
     import httpx2
