@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 
 from choir._core.paths import choir_home
+from choir.agent.executor import MAX_FEEDBACK_REPORTS
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.heldout import counts_only, is_heldout
 from choir.exceptions import UserError
@@ -29,6 +30,7 @@ from choir.view.index import MAX_MANIFEST, RunIndex
 from choir.view.reads import Stores, attestation_view, load_report
 
 VERIFY_TIMEOUT_S = 900.0
+FAILING_MAX = 20  # failing tests named in one answer (each with file:line and an excerpt)
 VIOLATIONS_MAX = 10
 
 
@@ -108,10 +110,12 @@ class Tools:
                         if k in ("sandbox", "isolation")},
             "summary": contract["summary"] if not hidden else "; ".join(
                 f"{r['verifier']}: {r['result']}" for r in reports),
-            "failing_tests": [t for t in contract["failing_tests"]
-                              if t["verifier"] not in hidden],
             "attestations": contract["attestations"],
-            "reports": reports,
+            **_capped("failing_tests", [t for t in contract["failing_tests"]
+                                        if t["verifier"] not in hidden], FAILING_MAX),
+            # what did not pass first: that is what the agent has to act on
+            **_capped("reports", sorted(reports, key=lambda r: r["result"] == "PASS"),
+                      MAX_FEEDBACK_REPORTS),
         }
         if "claim" in contract:
             answer["claim"] = contract["claim"]
@@ -192,6 +196,14 @@ class Tools:
                              "started": row.started, "updated": row.updated,
                              "tree_hash": row.tree_hash})
         return fit(clean({"runs": runs, "stored": len(rows)}), key="runs")
+
+
+def _capped(key: str, items: list[Any], most: int) -> dict[str, Any]:
+    """``{key: the first most items}``, and ``{key}_truncated`` when some were left out."""
+    out: dict[str, Any] = {key: items[:most]}
+    if len(items) > most:
+        out[f"{key}_truncated"] = len(items) - most
+    return out
 
 
 def _repo_of(store: ArtifactStore, run_id: str) -> str | None:

@@ -60,7 +60,9 @@ NOISY = textwrap.dedent(f"""\
           - name: flood
             command: {PY} noisy.py
         timeout_s: 120
-    """)
+    """) + "".join(f"  ok{i}:\n    kind: lint\n    steps:\n      - name: t\n        command: "
+                   "\"true\"\n" for i in range(10)) + (
+    "moods:\n  CALM: {verifiers: [noisy, " + ", ".join(f"ok{i}" for i in range(10)) + "]}\n")
 SLOW = textwrap.dedent("""\
     verifiers:
       slow:
@@ -209,7 +211,10 @@ async def test_stdio_verify_audit_gate_and_every_hostile_argument(tmp_path: Path
 
         # 5 MB of output and escape sequences: a bounded, cleaned answer
         ok, flood = await call(session, "verify", {"repo": str(noisy)})
-        assert ok and flood["status"] == "FAIL"
+        assert ok and flood["status"] == "FAIL" and len(flood["attestations"]) == 11
+        # at most what choir run's executor hears, what failed first
+        assert len(flood["reports"]) == 8 and flood["reports_truncated"] == 3
+        assert flood["reports"][0]["verifier"] == "noisy"
         blob = json.dumps(flood, ensure_ascii=False)
         assert "\x1b" not in blob and "\x07" not in blob and "A" * 1000 not in blob
         assert len(blob.encode()) <= RESPONSE_MAX
