@@ -25,10 +25,6 @@ from choir.exceptions import UserError
 from choir.models import VerifierSpec
 
 
-class ScopeError(UserError):
-    """A path or repo a tool call may not use; the message says which repos it may."""
-
-
 @dataclass(frozen=True)
 class Served:
     """One repo the server answers for, with its configuration as it was at the start."""
@@ -78,12 +74,12 @@ class Scope:
         """The served repo ``given`` names (the default one when None).
 
         Raises:
-            ScopeError: ``given`` does not resolve to a served repo's root.
+            UserError: ``given`` does not resolve to a served repo's root.
         """
         if given is None:
             return self.repos[0]
         if "\x00" in given:
-            raise ScopeError("repo: a path holds no NUL byte")
+            raise UserError("repo: a path holds no NUL byte")
         path = Path(given).expanduser()
         if not path.is_absolute():
             path = self.repos[0].root / path
@@ -94,23 +90,23 @@ class Scope:
         for served in self.repos:
             if root == served.root:
                 return served
-        raise ScopeError(f"repo {given[:200]!r} is not a repo this server was started for "
+        raise UserError(f"repo {given[:200]!r} is not a repo this server was started for "
                          f"(it may verify only: {self.describe()})")
 
     def check_pinned(self, served: Served) -> None:
         """Refuse when the repo's choir.yaml is not the one pinned at the start.
 
         Raises:
-            ScopeError: it changed (or went away) since the server started.
+            UserError: it changed (or went away) since the server started.
         """
         try:
             now = _config_hash(served.root)
         except UserError:
             now = ""
         if now != served.config_hash:
-            raise ScopeError(f"{served.root / CONFIG_NAME} changed since `choir mcp` started: "
+            raise UserError(f"{served.root / CONFIG_NAME} changed since `choir mcp` started: "
                              "the allowlist and the mood policy are the person's, pinned at "
                              "the start; restart `choir mcp` to accept the new configuration")
 
 
-__all__ = ["Scope", "ScopeError", "Served"]
+__all__ = ["Scope", "Served"]

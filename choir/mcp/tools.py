@@ -34,14 +34,11 @@ FAILING_MAX = 20  # failing tests named in one answer (each with file:line and a
 VIOLATIONS_MAX = 10
 
 
-class ToolTimeout(UserError):
-    """A verification ran past the server's bound and was cancelled."""
-
-
 @dataclass
 class Tools:
     """The state one server keeps: its scope and launch choices, a lock that runs one
-    verification at a time (they share two cores with the agent), the run index."""
+    verification at a time (they compete with the agent for the same cores), the run
+    index."""
 
     scope: Scope
     sandbox: str | None = None
@@ -77,7 +74,7 @@ class Tools:
                             await anyio.to_thread.run_sync(stop_steps)
                         raise
         except TimeoutError:
-            raise ToolTimeout(f"verify: not done within {self.timeout_s:g} s (the bound "
+            raise UserError(f"verify: not done within {self.timeout_s:g} s (the bound "
                               "`choir mcp --timeout` set); it was cancelled, its sandboxes "
                               "stopped, and nothing of it was attested" if running else
                               f"verify: another verification held the server for "
@@ -216,4 +213,4 @@ def _repo_of(store: ArtifactStore, run_id: str) -> str | None:
     return repo if isinstance(repo, str) else None
 
 
-__all__ = ["VERIFY_TIMEOUT_S", "ToolTimeout", "Tools"]
+__all__ = ["VERIFY_TIMEOUT_S", "Tools"]

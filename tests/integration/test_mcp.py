@@ -278,7 +278,8 @@ async def test_http_refuses_without_the_token_and_serves_with_it(tmp_path: Path)
 
     repo = make_repo(tmp_path / "calc", {"calc.py": CALC_OK, "test_calc.py": TESTS,
                                          "choir.yaml": UNIT})
-    proc = subprocess.Popen([*CHOIR, "mcp", "--transport", "http", "--repo", str(repo)],
+    proc = subprocess.Popen([*CHOIR, "mcp", "--transport", "http", "--repo", str(repo),
+                             "--sandbox", SANDBOX],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ))
     try:
@@ -302,6 +303,10 @@ async def test_http_refuses_without_the_token_and_serves_with_it(tmp_path: Path)
             assert len((await session.list_tools()).tools) == 5
             ok, gate = await call(session, "gate", {"work_item": "calc-add"})
             assert ok and gate["passed"] is False
+            ok, found = await call(session, "verify", {"claim": "calc-add"})
+            assert ok and found["status"] == "PASS" and found["claim"]["asserted"]
+            ok, gate = await call(session, "gate", {"work_item": "calc-add"})
+            assert ok and gate["passed"] is True
             ok, text = await call(session, "gate", {"work_item": "x", "repo": str(tmp_path)})
             assert not ok and "not a repo this server was started for" in text
             ok, text = await call(session, "verify", {"network": "on"})
