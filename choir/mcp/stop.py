@@ -6,19 +6,16 @@ run to its own ``timeout_s``, beside the next verification. Every step is starte
 leader of a new session (``start_new_session``), the bwrap launchers too
 (``choir.sandbox._cgroups``), while the signing broker is forked into this process's session.
 So the children of this process that lead their own session are exactly the sandboxes; their
-groups are killed (a killed idle launcher is replaced on the next run). A Docker container is
-not a child: it stops at its own timeout.
+groups are killed (a killed idle launcher is replaced on the next run), and the step ends as
+killed, its run sealed and attested like any other. A Docker container is not a child: it
+stops at its own timeout.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
-
-PASSES = 3  # a thread may be starting its next step while the first pass kills this one
-PAUSE_S = 0.2
 
 
 def _children() -> list[int]:
@@ -38,17 +35,14 @@ def _children() -> list[int]:
 def stop_steps() -> int:
     """Kill the process group of every child leading its own session; returns how many."""
     killed = 0
-    for n in range(PASSES):
-        for pid in _children():
-            try:
-                if os.getsid(pid) != pid:
-                    continue  # the broker, a git call: this process's own session
-                os.killpg(pid, signal.SIGKILL)
-                killed += 1
-            except (ProcessLookupError, PermissionError):
-                continue
-        if n + 1 < PASSES:
-            time.sleep(PAUSE_S)
+    for pid in _children():
+        try:
+            if os.getsid(pid) != pid:
+                continue  # the broker, a git call: this process's own session
+            os.killpg(pid, signal.SIGKILL)
+            killed += 1
+        except (ProcessLookupError, PermissionError):
+            continue
     return killed
 
 

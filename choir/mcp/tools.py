@@ -32,6 +32,7 @@ from choir.view.reads import Stores, attestation_view, load_report
 VERIFY_TIMEOUT_S = 900.0
 FAILING_MAX = 20  # failing tests named in one answer (each with file:line and an excerpt)
 VIOLATIONS_MAX = 10
+STOP_EVERY_S = 0.2
 
 
 @dataclass
@@ -55,32 +56,70 @@ class Tools:
             is_heldout(report, s.specs) for s in self.scope.repos)
 
     async def verify(self, args: VerifyArgs) -> dict[str, Any]:
-        """``choir verify`` of a served repo; waits for a running one, both within the bound."""
-        from choir.app.verify import averify_tree
-
+        """``choir verify`` of a served repo, one at a time, within the bound (see
+        ``_bounded``); a call waiting for another one gives up after the bound too."""
         served = self.scope.pick(args.repo)
-        running = False
         try:
             with anyio.fail_after(self.timeout_s):
-                async with self._lock:
-                    self.scope.check_pinned(served)
-                    running = True
-                    try:
-                        outcome = await averify_tree(served.root, mood=Mood(args.mood),
-                                                     sandbox_name=self.sandbox,
-                                                     claim=args.claim)
-                    except anyio.get_cancelled_exc_class():  # the bound, or the client
-                        with anyio.CancelScope(shield=True):
-                            await anyio.to_thread.run_sync(stop_steps)
-                        raise
+                await self._lock.acquire()
         except TimeoutError:
-            raise UserError(f"verify: not done within {self.timeout_s:g} s (the bound "
-                              "`choir mcp --timeout` set); it was cancelled, its sandboxes "
-                              "stopped, and nothing of it was attested" if running else
-                              f"verify: another verification held the server for "
-                              f"{self.timeout_s:g} s; try again") from None
+            raise UserError(f"verify: another verification held the server for "
+                            f"{self.timeout_s:g} s; try again") from None
+        try:
+            self.scope.check_pinned(served)
+            contract, stopped = await self._bounded(served, args)
+        finally:
+            self._lock.release()
         self.scope.check_pinned(served)  # an edit while it ran: its answer is not the policy's
-        return self._session(served, outcome.contract)
+        answer = self._session(served, contract)
+        if stopped:
+            answer["stopped"] = (f"not done within {self.timeout_s:g} s (`choir mcp --timeout`): "
+                                 "its sandboxes were stopped; the runs they cut are recorded "
+                                 "and attested as they ended")
+        return answer
+
+    async def _bounded(self, served: Served, args: VerifyArgs) -> tuple[dict[str, Any], bool]:
+        """Run the verification to its end, stopping its sandboxes past the bound.
+
+        The steps run in worker threads, so cancelling the verification would only stop
+        waiting for them: they would run on, then seal run folders nothing attests (which
+        ``choir audit`` rightly reports). So the verification itself is never cancelled;
+        past the bound, or when the client cancels the call, its sandboxes are killed
+        (``choir.mcp.stop``) until it concludes on what they did, like a step that timed
+        out. A cancelled call still raises once the session is recorded.
+        """
+        from choir.app.verify import averify_tree
+
+        found: dict[str, Any] = {}
+        done = anyio.Event()
+
+        async def run() -> None:
+            with anyio.CancelScope(shield=True):
+                try:
+                    found["outcome"] = await averify_tree(
+                        served.root, mood=Mood(args.mood), sandbox_name=self.sandbox,
+                        claim=args.claim)
+                except Exception as exc:  # handed to the caller below
+                    found["error"] = exc
+                finally:
+                    done.set()
+
+        stopped = False
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            try:
+                with anyio.move_on_after(self.timeout_s):
+                    await done.wait()
+            except anyio.get_cancelled_exc_class():
+                with anyio.CancelScope(shield=True):
+                    await _stop_until(done)
+                raise
+            if not done.is_set():
+                stopped = True
+                await _stop_until(done)
+        if "error" in found:
+            raise found["error"]
+        return found["outcome"].contract, stopped
 
     def _session(self, served: Served, contract: dict[str, Any]) -> dict[str, Any]:
         stores = self._stores()
@@ -193,6 +232,14 @@ class Tools:
                              "started": row.started, "updated": row.updated,
                              "tree_hash": row.tree_hash})
         return fit(clean({"runs": runs, "stored": len(rows)}), key="runs")
+
+
+async def _stop_until(done: anyio.Event) -> None:
+    """Kill the sandboxes, and every one a queued verifier starts next, until ``done``."""
+    while not done.is_set():
+        await anyio.to_thread.run_sync(stop_steps)
+        with anyio.move_on_after(STOP_EVERY_S):
+            await done.wait()
 
 
 def _capped(key: str, items: list[Any], most: int) -> dict[str, Any]:
