@@ -21,8 +21,8 @@ from choir.cli._errors import EXIT_OK
 @click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True,
               help="With --transport http: the port on 127.0.0.1 (0: a free one).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1, 86400), default=900,
-              show_default=True, help="Seconds one verification may take; then it is "
-                                      "cancelled and the call answers with an error.")
+              show_default=True, help="Seconds one verification may take; then its "
+                                      "sandboxes are stopped and it ends FAIL, saying so.")
 def mcp(transport: str, repos: tuple[Path, ...], sandbox_name: str | None, port: int,
         timeout_s: float) -> int:
     """Serve Choir's tools (verify, show_report, show_attestation, gate, list_runs) over MCP.
