@@ -1,15 +1,14 @@
-"""Stopping a cancelled verification's steps, which run in worker threads.
+"""Stopping a verification's sandboxes when it runs past its bound or its call is cancelled.
 
 A sandbox step runs in a thread that streams its output (``choir.sandbox.base``), so
-cancelling the verification's task stops waiting for it, not the step: left alone, it would
-run to its own ``timeout_s``, beside the next verification. Every step is started as the
-leader of a new session (``start_new_session``), the bwrap launchers too
-(``choir.sandbox._cgroups``), while the signing broker is forked into this process's session.
-So the children of this process that lead their own session are exactly the sandboxes; their
-groups are killed (a killed idle launcher is replaced on the next run), and the step ends as
-killed, its run sealed and attested like any other. A Docker container is not a child: it
-stops at its own timeout.
-"""
+cancelling the verification's task would stop waiting for it, not the step: it would run to
+its own ``timeout_s`` and seal a run nothing attests. Every step is started as the leader of a
+new session (``start_new_session``), the bwrap launchers too (``choir.sandbox._cgroups``),
+while the signing broker is forked into this process's session. So the children of this
+process that lead their own session are exactly the sandboxes; their groups are killed (a
+killed idle launcher is replaced on the next run), and each step ends as killed, its run
+sealed and attested like any other (``choir.mcp.tools``). A Docker container is not a child:
+it stops at its own timeout."""
 
 from __future__ import annotations
 
