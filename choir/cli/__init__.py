@@ -30,14 +30,16 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "trust-interpreter": ("choir.cli.trust", "trust_interpreter",
                           "Trust the repo's interpreter as it is now (after pip install)."),
     "view": ("choir.cli.view", "view", "Browse runs, reports and attestations locally."),
+    "mcp": ("choir.cli.mcp", "mcp", "Serve verify, reports and the gate to agents over MCP."),
 }
 
 # Commands that sign or read what a step or an executor wrote: their process signs through
 # a broker and never sees the key folder (choir.trusted). `keys` manages the key itself;
 # `view` never signs and must not even create a key (it reads the stores read-only, and
-# signs a DSSE export by running `choir attest show` in a process of its own).
+# signs a DSSE export by running `choir attest show` in a process of its own). `mcp` verifies
+# and reads reports for an agent: separated like `verify`.
 _SEPARATED = frozenset({"verify", "init", "run", "approve", "gate", "audit", "attest", "ahdb",
-                        "trace", "runs", "trust-interpreter"})
+                        "trace", "runs", "trust-interpreter", "mcp"})
 
 
 def _separate(args: list[str]) -> None:
