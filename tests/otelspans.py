@@ -57,6 +57,7 @@ class Receiver:
 
     hang: bool = False
     bodies: list[bytes] = field(default_factory=list)
+    hits: int = 0
     _server: ThreadingHTTPServer | None = None
     _release: threading.Event = field(default_factory=threading.Event)
 
@@ -71,6 +72,7 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                receiver.hits += 1
                 if receiver.hang:
                     receiver._release.wait(60)
                     return

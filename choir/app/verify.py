@@ -161,7 +161,8 @@ async def averify_tree(
         root.set({"choir.status": outcome.status, "choir.verdict": outcome.verdict,
                     "choir.mood": outcome.contract["mood"],
                     "choir.tree_hash": outcome.contract["manifest"]["tree_hash"],
-                    "choir.verifiers": len(outcome.contract["threads"])})
+                    "choir.verifiers": len(outcome.contract["threads"]),
+                    "choir.crashed": len(outcome.contract["manifest"]["crashed"])})
         return outcome
 
 

@@ -12,6 +12,7 @@ seconds, then drops what is left.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -27,7 +28,6 @@ _TIMEOUT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOU
 
 _provider: Any = None
 _processor: Any = None
-_Batch: Any = None  # the SDK's BatchSpanProcessor class, once imported
 
 
 def wanted(flag: bool = False) -> bool:
@@ -55,7 +55,7 @@ def start(exporter: Any = None) -> None:
     Raises:
         MissingExtraError: the ``otel`` extra is not installed.
     """
-    global _provider, _processor, _Batch
+    global _provider, _processor
     if spans.enabled():
         return
     try:
@@ -77,7 +77,7 @@ def start(exporter: Any = None) -> None:
     # collector for the SDK's 30 s
     provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     provider.add_span_processor(processor)
-    _provider, _processor, _Batch = provider, processor, BatchSpanProcessor
+    _provider, _processor = provider, processor
     spans.install(provider.get_tracer("choir", __version__))
 
 
@@ -89,10 +89,11 @@ def stop() -> None:
         return
     spans.install(None)
     processor, _provider, _processor = _processor, None, None
-    if isinstance(processor, _Batch):
-        processor.shutdown(timeout_millis=int((_timeout() + 1.0) * 1000))
-    else:  # a test's exporter: every span was exported as it ended
-        processor.shutdown()
+    # the SDK's own shutdown may wait 30 s on a collector that hangs: it runs in a daemon
+    # thread, given the export timeout plus a second, then left behind
+    flushing = threading.Thread(target=processor.shutdown, name="choir-otel-flush", daemon=True)
+    flushing.start()
+    flushing.join(_timeout() + 1.0)
 
 
 @contextmanager

@@ -76,6 +76,7 @@ def test_verify_spans_form_a_tree_with_verdicts_and_hashes_and_no_output(
     assert root.attributes["choir.run_id"] == contract["run_id"]
     assert root.attributes["choir.status"] == "FAIL"
     assert root.attributes["choir.verdict"] == "FAIL"
+    assert root.attributes["choir.crashed"] == 0
     [rnd] = by_name(spans, "choir.round")
     assert parent_of(spans, rnd) is root and rnd.attributes["choir.round.kind"] == "verify"
     threads = {s.attributes["choir.verifier"]: s for s in by_name(spans, "choir.green_thread")}
