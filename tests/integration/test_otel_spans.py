@@ -8,7 +8,6 @@ import shutil
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -159,8 +158,38 @@ def test_run_spans_rounds_attempts_threads_and_model_calls(
     assert OUT_CANARY not in exported and REPLY_CANARY not in exported
 
 
-def _unused(*_: Any) -> None:
-    return None
+def test_an_llm_executor_attempt_holds_its_model_calls_and_gate_checks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from choir.testing import final_output, reply, tool_call
+
+    right = "def add(a, b):\n    return a + b\n"
+    script = [reply(tool_call("write_file", {"path": "calc.py", "content": right}),
+                    content=REPLY_CANARY),
+              final_output(summary=f"fixed {REPLY_CANARY}")]
+    with FakeModelServer(script) as server:
+        calc_repo(tmp_path / "repo", canary=OUT_CANARY, sandbox=sandbox())
+        item = tmp_path / "item.yaml"
+        item.write_text(f"id: fix-add-llm\ngoal: add must add\nrepo: ./repo\nmax_attempts: 1\n"
+                        f"executor:\n  kind: llm\n  model: {server.model}\n")
+        monkeypatch.setenv("OPENAI_API_BASE", server.api_base)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-fake")
+        with recording() as exporter:
+            code = choir("run", str(item), "--json", "--otel")
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["status"] == "asserted", out
+    spans = exporter.get_finished_spans()
+    [attempt] = by_name(spans, "choir.executor.attempt")
+    assert attempt.attributes["choir.executor"] == "llm"
+    calls = [s for s in spans if s.name.startswith("chat ")]
+    assert len(calls) == 2 and all(parent_of(spans, c) is attempt for c in calls)
+    assert sum(c.attributes["gen_ai.usage.output_tokens"] for c in calls) == 10
+    # the agent's gate check ran its verifiers as green threads inside the attempt
+    gate = [t for t in by_name(spans, "choir.green_thread")
+            if "-check" in t.attributes["choir.run_id"]]
+    assert gate and all(parent_of(spans, t) is attempt for t in gate)
+    exported = all_text(spans)
+    assert OUT_CANARY not in exported and REPLY_CANARY not in exported
 
 
 if sys.platform != "linux":  # pragma: no cover - bwrap and the loopback model are Linux here
