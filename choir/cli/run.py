@@ -87,11 +87,14 @@ def run(workitem: Path | None, mood: str | None, run_id: str | None, resume_id: 
 @click.command()
 @click.argument("run_id")
 @click.option("--reject", is_flag=True, help="Refuse instead of approving.")
-def approve(run_id: str, reject: bool) -> int:
+@click.option("--otel", is_flag=True, help=OTEL_HELP)
+def approve(run_id: str, reject: bool, otel: bool) -> int:
     """Answer a human-approval gate and finish the run."""
     from choir.graph import runner
+    from choir.telemetry import session
 
-    return _drive(lambda on: runner.approve(run_id, reject=reject, on_event=on), False)
+    with session(otel):
+        return _drive(lambda on: runner.approve(run_id, reject=reject, on_event=on), False)
 
 
 @click.command()
