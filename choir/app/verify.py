@@ -159,10 +159,10 @@ async def averify_tree(
         outcome = await _verify(repo.expanduser().resolve(), session, mood=mood,
                                 sandbox_name=sandbox_name, on_event=on_event, claim=claim)
         root.set({"choir.status": outcome.status, "choir.verdict": outcome.verdict,
-                    "choir.mood": outcome.contract["mood"],
-                    "choir.tree_hash": outcome.contract["manifest"]["tree_hash"],
-                    "choir.verifiers": len(outcome.contract["threads"]),
-                    "choir.crashed": len(outcome.contract["manifest"]["crashed"])})
+                  "choir.mood": outcome.contract["mood"],
+                  "choir.tree_hash": outcome.contract["manifest"]["tree_hash"],
+                  "choir.verifiers": len(outcome.contract["threads"]),
+                  "choir.crashed": len(outcome.contract["manifest"]["crashed"])})
         return outcome
 
 

@@ -188,17 +188,17 @@ async def execute(state: RunState) -> dict[str, Any]:
     if pin:
         manifest = load_manifest(ArtifactStore(), pin)
         read_only = tuple(executor_read_only(Path(item.repo), manifest, item.may_change_spec))
-    with span("choir.executor.attempt", {
+    with (span("choir.executor.attempt", {
             "choir.work_item": item.id, "choir.attempt": attempt,
             "choir.executor": item.executor.kind, "choir.isolation": isolation},
-            parent=state["run_id"]) as tel, \
-            pinned_gate(state["config"], state["policy"], Mood(state["mood"]), read_only):
+            parent=state["run_id"]) as tel,
+          pinned_gate(state["config"], state["policy"], Mood(state["mood"]), read_only)):
         output = await asyncio.to_thread(get_executor(item.executor.kind), item, attempt,
                                          redact(state.get("feedback", []),
                                                 state["config"].verifiers), run_id=run_id)
         tel.set({"choir.executor.exit_code": output.exit_code,
-                   "choir.executor.timed_out": output.timed_out,
-                   "choir.isolation": output.isolation})
+                 "choir.executor.timed_out": output.timed_out,
+                 "choir.isolation": output.isolation})
     failpoint("execute:done")
     ended = ("timed out" if output.timed_out else
              "done" if output.exit_code is None else f"exited {output.exit_code}")
@@ -270,7 +270,8 @@ async def direct(state: RunState) -> dict[str, Any]:
     # the round's span: closed by adjudication, the parent of its plan's green threads
     begin(round_id, "choir.round", {
         "choir.round": round_id, "choir.round.kind": kind, "choir.mood": mood.value,
-        "choir.work_item": item.id, "choir.tree_hash": state["target"].tree_hash},
+        "choir.work_item": item.id,
+        "choir.tree_hash": state["target"].tree_hash if state.get("target") else None},
         parent=state["run_id"])
     if kind == "nested":
         chosen = VerifierPlan(mood=mood, verifiers=tuple(nested_plan(

@@ -105,9 +105,9 @@ async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> Run
                 values = snap.values or {}
                 item = values.get("work_item")
                 root.set({"choir.status": values.get("status", "unknown"),
-                            "choir.mood": values.get("mood"),
-                            "choir.attempt": values.get("attempt"),
-                            "choir.work_item": item.id if item is not None else None})
+                          "choir.mood": values.get("mood"),
+                          "choir.attempt": values.get("attempt"),
+                          "choir.work_item": item.id if item is not None else None})
             insufficient = trace.ended(values, waiting=bool(snap.next))
     if values.get("target") is not None:  # the round's sealed snapshot is no longer needed
 
