@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from choir.exceptions import MissingExtraError
 from choir.models import Usage
+from choir.telemetry import enabled, model_call, usage
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -81,17 +82,29 @@ async def acomplete(
         # With tools, litellm imports its MCP gateway, which needs the optional ``mcp``
         # package (ModuleNotFoundError otherwise). Choir never sends MCP tools.
         kwargs.setdefault("_skip_mcp_handler", True)
-    response = await litellm.acompletion(
-        model=model, messages=messages, timeout=timeout, **kwargs
-    )
-    usage = getattr(response, "usage", None)
-    return Completion(
-        message=response.choices[0].message,
-        model=model,
-        prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-        completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
-        cost_usd=_cost(litellm, response),
-    )
+    with model_call(model, _provider(litellm, model, kwargs) if enabled() else "") as tel:
+        response = await litellm.acompletion(
+            model=model, messages=messages, timeout=timeout, **kwargs
+        )
+        spent = getattr(response, "usage", None)
+        done = Completion(
+            message=response.choices[0].message,
+            model=model,
+            prompt_tokens=int(getattr(spent, "prompt_tokens", 0) or 0),
+            completion_tokens=int(getattr(spent, "completion_tokens", 0) or 0),
+            cost_usd=_cost(litellm, response),
+        )
+        tel.set(usage(done.prompt_tokens, done.completion_tokens, done.cost_usd))
+    return done
+
+
+def _provider(litellm: Any, model: str, kwargs: dict[str, Any]) -> str:
+    """The provider litellm routes ``model`` to (``openai``, ``anthropic``, ...), for the
+    model-call span; its prefix when litellm cannot tell."""
+    try:
+        return str(litellm.get_llm_provider(model, api_base=kwargs.get("api_base"))[1])
+    except Exception:  # noqa: BLE001 - a name for a span, never a reason to fail the call
+        return model.split("/", 1)[0] if "/" in model else "unknown"
 
 
 def _json_format(model: str, schema: type[BaseModel]) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from choir.evidence.target import snapshot_target
 from choir.evidence.tree import remove_snapshot, snapshot_root
 from choir.models import Mood, PlannedVerifier, Result, WorkItem
 from choir.postconditions.episode import episode
+from choir.telemetry import span
 from choir.verification import load_manifest
 from choir.verification.session import (
     SessionCommand,
@@ -153,9 +154,22 @@ async def averify_tree(
 
     if claim is not None:
         check_claim_name(claim)
-    repo = repo.expanduser().resolve()
-    loop = asyncio.get_running_loop()
     session = new_run_id("verify")
+    with span("choir.verify", {"choir.run_id": session}, key=session) as root:
+        outcome = await _verify(repo.expanduser().resolve(), session, mood=mood,
+                                sandbox_name=sandbox_name, on_event=on_event, claim=claim)
+        root.set({"choir.status": outcome.status, "choir.verdict": outcome.verdict,
+                  "choir.mood": outcome.contract["mood"],
+                  "choir.tree_hash": outcome.contract["manifest"]["tree_hash"],
+                  "choir.verifiers": len(outcome.contract["threads"]),
+                  "choir.crashed": len(outcome.contract["manifest"]["crashed"])})
+        return outcome
+
+
+async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: str | None,
+                  on_event: OnEvent | None, claim: str | None) -> VerifyOutcome:
+    """``averify_tree``'s work, inside its session's span."""
+    loop = asyncio.get_running_loop()
     snapshots = snapshot_root() / session  # this invocation's own: removed when it ends
     # The snapshot (git, hashing, copying: mostly waiting on git and the disk) is taken while
     # the configuration is parsed and the plan made; nothing runs on it before both are done,
@@ -197,25 +211,30 @@ async def averify_tree(
                 sandbox_name=sandbox_name)
     started = time.monotonic()
     planned = list(plan.verifiers)
-    try:
-        pairs = await run_round(rnd, planned, backend=backend)
-        core_green = all(run.report.result is Result.PASS for run, _ in pairs)
-        if mood is Mood.BOLD and core_green:  # BOLD broadens once the core is green
-            wider = [PlannedVerifier(name=n) for n in policy.moods[mood].broaden
-                     if n not in {pv.name for pv in planned}]
-            planned += wider
-            pairs += await run_round(rnd, wider, backend=backend)
-    except BaseException:
+    with span("choir.round", {"choir.round": session, "choir.round.kind": "verify",
+                              "choir.mood": mood.value, "choir.tree_hash": target.tree_hash,
+                              "choir.verifiers": len(planned)}) as this_round:
+        try:
+            pairs = await run_round(rnd, planned, backend=backend)
+            core_green = all(run.report.result is Result.PASS for run, _ in pairs)
+            if mood is Mood.BOLD and core_green:  # BOLD broadens once the core is green
+                wider = [PlannedVerifier(name=n) for n in policy.moods[mood].broaden
+                         if n not in {pv.name for pv in planned}]
+                planned += wider
+                pairs += await run_round(rnd, wider, backend=backend)
+        except BaseException:
+            backend.close()
+            remove_snapshot(snapshots)
+            raise
         backend.close()
-        remove_snapshot(snapshots)
-        raise
-    backend.close()
-    # removed beside the attestations (a few hundred unlinks), and awaited before returning
-    removing = loop.run_in_executor(None, remove_snapshot, snapshots)
-    try:
-        return _conclude(repo, rnd, backend, plan, planned, pairs, started, claim)
-    finally:
-        await removing
+        # removed beside the attestations (a few hundred unlinks), and awaited before returning
+        removing = loop.run_in_executor(None, remove_snapshot, snapshots)
+        try:
+            outcome = _conclude(repo, rnd, backend, plan, planned, pairs, started, claim)
+        finally:
+            await removing
+        this_round.set({"choir.verdict": outcome.verdict, "choir.verifiers": len(planned)})
+        return outcome
 
 
 def _conclude(repo: Path, rnd: Round, backend: Backend, plan: Any,

@@ -8,6 +8,8 @@ from typing import Any, NoReturn
 import click
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_APPROVAL, EXIT_INCONCLUSIVE = 0, 1, 2, 3, 4
+OTEL_HELP = ("Emit OpenTelemetry spans over OTLP/HTTP (also CHOIR_OTEL=1; the endpoint from "
+             "OTEL_EXPORTER_OTLP_ENDPOINT); needs pip install 'choir[otel]'.")
 
 
 def run_cli(cli: click.Group, argv: list[str]) -> NoReturn:

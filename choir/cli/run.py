@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from choir.cli._errors import EXIT_FAIL, EXIT_OK
+from choir.cli._errors import EXIT_FAIL, EXIT_OK, OTEL_HELP
 
 _MOODS = ["CALM", "SKEPTICAL", "PARANOID", "BOLD", "CURIOUS"]
 
@@ -64,30 +64,37 @@ def _finish(outcome: Any, as_json: bool) -> int:
 @click.option("--run-id", default=None, help="Name the run (default: generated).")
 @click.option("--resume", "resume_id", default=None, help="Continue RUN_ID after a crash.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.option("--otel", is_flag=True, help=OTEL_HELP)
 def run(workitem: Path | None, mood: str | None, run_id: str | None, resume_id: str | None,
-        as_json: bool) -> int:
+        as_json: bool, otel: bool) -> int:
     """Run the loop until ASSERT, halt or budget end: 0 ASSERTed, 1 halted, 3 awaiting approval."""
     from choir.exceptions import UserError
     from choir.graph import runner
     from choir.models import Mood
+    from choir.telemetry import session
 
     if resume_id:
-        return _drive(lambda on: runner.resume(resume_id, on_event=on), as_json)
+        with session(otel):
+            return _drive(lambda on: runner.resume(resume_id, on_event=on), as_json)
     if workitem is None:
         raise UserError("give a work item file, or --resume RUN_ID")
-    chosen = Mood(mood.upper()) if mood else None
-    return _drive(lambda on: runner.run_work_item(workitem, mood=chosen, run_id=run_id,
-                                                  on_event=on), as_json)
+    chosen, path = Mood(mood.upper()) if mood else None, workitem
+    with session(otel):
+        return _drive(lambda on: runner.run_work_item(path, mood=chosen, run_id=run_id,
+                                                      on_event=on), as_json)
 
 
 @click.command()
 @click.argument("run_id")
 @click.option("--reject", is_flag=True, help="Refuse instead of approving.")
-def approve(run_id: str, reject: bool) -> int:
+@click.option("--otel", is_flag=True, help=OTEL_HELP)
+def approve(run_id: str, reject: bool, otel: bool) -> int:
     """Answer a human-approval gate and finish the run."""
     from choir.graph import runner
+    from choir.telemetry import session
 
-    return _drive(lambda on: runner.approve(run_id, reject=reject, on_event=on), False)
+    with session(otel):
+        return _drive(lambda on: runner.approve(run_id, reject=reject, on_event=on), False)
 
 
 @click.command()

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from choir.cli._errors import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK
+from choir.cli._errors import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, OTEL_HELP
 
 _MOODS = ["CALM", "SKEPTICAL", "PARANOID", "BOLD", "CURIOUS"]
 
@@ -24,11 +24,16 @@ _MOODS = ["CALM", "SKEPTICAL", "PARANOID", "BOLD", "CURIOUS"]
 @click.option("--claim", default=None, metavar="NAME",
               help="Record the verdict in the AHDB as claim NAME: `choir gate NAME` then "
                    "answers for this tree.")
+@click.option("--otel", is_flag=True, help=OTEL_HELP)
 def verify(repo: Path, mood: str | None, sandbox_name: str | None, as_json: bool,
-           claim: str | None) -> int:
+           claim: str | None, otel: bool) -> int:
     """Verify the working tree now: exit 0 PASS, 1 FAIL, 2 configuration error,
     4 INCONCLUSIVE (nothing failed, but some verifier could not decide)."""
-    return run_verify(repo, mood=mood, sandbox_name=sandbox_name, as_json=as_json, claim=claim)
+    from choir.telemetry import session
+
+    with session(otel):
+        return run_verify(repo, mood=mood, sandbox_name=sandbox_name, as_json=as_json,
+                          claim=claim)
 
 
 def run_verify(repo: Path, *, mood: str | None, sandbox_name: str | None, as_json: bool,

@@ -45,6 +45,7 @@ from choir.models import (
     VerifierSpec,
     WorkItem,
 )
+from choir.telemetry import span
 from choir.verification import attest_run, open_sandbox, run_verifier_thread, sandbox_options
 
 if TYPE_CHECKING:
@@ -134,7 +135,8 @@ async def run_green(rnd: Round, planned: PlannedVerifier, *, sandbox: Sandbox | 
              "replica": planned.replica}
     rnd.on_event({**label, "state": "queued"})
     result: PipelineResult | None = None
-    async with limiter(rnd.policy.max_parallel):
+    async with limiter(rnd.policy.max_parallel), span(
+            "choir.green_thread", _thread_attrs(run_id, planned, sandbox), key=run_id) as tel:
         rnd.on_event({**label, "state": "running"})
         started = time.monotonic()
         try:
@@ -168,10 +170,22 @@ async def run_green(rnd: Round, planned: PlannedVerifier, *, sandbox: Sandbox | 
             raise  # a configuration the user must fix (no scheduler answers): not evidence
         except Exception as exc:  # noqa: BLE001 - a crash is evidence of nothing
             run, result = crashed(planned, run_id, rnd.target, exc), None
+        tel.set({"choir.verdict": run.report.result.value, "choir.report_hash": run.report_hash,
+                 "choir.manifest_hash": run.manifest_hash,
+                 "choir.duration_s": round(time.monotonic() - started, 3)})
     rnd.on_event({**label, "state": "done", "result": run.report.result.value,
                   "seconds": round(time.monotonic() - started, 2),
                   "summary": run.report.summary[:160]})
     return run, result
+
+
+def _thread_attrs(run_id: str, planned: PlannedVerifier,
+                  sandbox: Sandbox | None) -> dict[str, object]:
+    """A green thread's span attributes known before it runs."""
+    return {"choir.run_id": run_id, "choir.verifier": planned.name, "choir.lens": planned.lens,
+            "choir.replica": planned.replica,
+            "choir.sandbox": sandbox.name if sandbox is not None else "in-process",
+            "choir.isolation": sandbox.isolation if sandbox is not None else "none"}
 
 
 async def _run_sandboxed(rnd: Round, spec: VerifierSpec, planned: PlannedVerifier, run_id: str,
@@ -314,9 +328,14 @@ def attest_round(rnd: Round, runs: Sequence[VerifierRun], *,
         planned = PlannedVerifier(name=run.verifier, lens=run.lens,  # type: ignore[arg-type]
                                   replica=run.replica, tests=run.tests)
         spec = lens_spec(rnd.config.verifiers[run.verifier], planned)
-        out[run.run_id] = attest_run(run, spec, store=rnd.store, signer=signer,
-                                     attestations=store, policy_hash=rnd.policy.hash,
-                                     mood=rnd.mood.value,
-                                     executor_isolation=executor_isolation,
-                                     spec_hash=spec_hash, spec_change=spec_change)
+        # a child of the run's green thread, which ended before anything was minted
+        with span("choir.attest", {
+                "choir.run_id": run.run_id, "choir.verifier": run.verifier,
+                "choir.verdict": run.report.result.value}, parent=run.run_id) as tel:
+            out[run.run_id] = attest_run(run, spec, store=rnd.store, signer=signer,
+                                         attestations=store, policy_hash=rnd.policy.hash,
+                                         mood=rnd.mood.value,
+                                         executor_isolation=executor_isolation,
+                                         spec_hash=spec_hash, spec_change=spec_change)
+            tel.set({"choir.attestation.id": out[run.run_id].id})
     return out

@@ -44,6 +44,7 @@ from choir.models import (
     WorkItem,
 )
 from choir.models.report import SUMMARY_MAX
+from choir.telemetry import end
 
 Goto = Literal["execute", "direct", "approve", "__end__"]
 
@@ -340,6 +341,8 @@ async def adjudicate_node(state: RunState) -> Command[Goto]:
     resolved = resolve_hypotheses(db, state)  # earlier rounds' hypotheses, before this one's
     asserted = _record(db, state, decision, results, key)
     failpoint("adjudicate:written")
+    end(f"{state['run_id']}-r{state.get('round', 0)}", {
+        "choir.action": decision.action, "choir.verifiers": len(results)})
     base: dict[str, Any] = {"mood": decision.mood.value, "reason": decision.reason,
                             "round": round_no,
                             "switches": state.get("switches", 0) + (decision.mood is not mood)}

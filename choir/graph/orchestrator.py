@@ -53,6 +53,7 @@ from choir.models import (
     VerifierKind,
     VerifierPlan,
 )
+from choir.telemetry import begin, span, within
 
 
 def emit(event: dict[str, Any]) -> None:
@@ -85,7 +86,8 @@ async def green_thread(state: GreenIn) -> GreenOut:
                              state.get("spec_change"),
                              additions=planned.replica >= ADDITIONS_REPLICA)
         rnd = _round(state, round_id, tree)
-        [(run, _)] = await run_round(rnd, [planned], shared=True)
+        with within(round_id):  # its round's span (``direct``) is its parent
+            [(run, _)] = await run_round(rnd, [planned], shared=True)
     except Exception as exc:  # noqa: BLE001 - no sandbox, no snapshot: evidence of nothing
         run = crashed(planned, state["run_id"], target, exc)
     return {"runs": [run]}
@@ -186,10 +188,17 @@ async def execute(state: RunState) -> dict[str, Any]:
     if pin:
         manifest = load_manifest(ArtifactStore(), pin)
         read_only = tuple(executor_read_only(Path(item.repo), manifest, item.may_change_spec))
-    with pinned_gate(state["config"], state["policy"], Mood(state["mood"]), read_only):
+    with (span("choir.executor.attempt", {
+            "choir.work_item": item.id, "choir.attempt": attempt,
+            "choir.executor": item.executor.kind, "choir.isolation": isolation},
+            parent=state["run_id"]) as tel,
+          pinned_gate(state["config"], state["policy"], Mood(state["mood"]), read_only)):
         output = await asyncio.to_thread(get_executor(item.executor.kind), item, attempt,
                                          redact(state.get("feedback", []),
                                                 state["config"].verifiers), run_id=run_id)
+        tel.set({"choir.executor.exit_code": output.exit_code,
+                 "choir.executor.timed_out": output.timed_out,
+                 "choir.isolation": output.isolation})
     failpoint("execute:done")
     ended = ("timed out" if output.timed_out else
              "done" if output.exit_code is None else f"exited {output.exit_code}")
@@ -257,6 +266,13 @@ async def direct(state: RunState) -> dict[str, Any]:
     usage: list[Any] = []
     need = policy.moods[mood].reruns
     floor = list(state.get("floor", []))
+    round_id = round_run_id(state["run_id"], state.get("round", 0))
+    # the round's span: closed by adjudication, the parent of its plan's green threads
+    begin(round_id, "choir.round", {
+        "choir.round": round_id, "choir.round.kind": kind, "choir.mood": mood.value,
+        "choir.work_item": item.id,
+        "choir.tree_hash": state["target"].tree_hash if state.get("target") else None},
+        parent=state["run_id"])
     if kind == "nested":
         chosen = VerifierPlan(mood=mood, verifiers=tuple(nested_plan(
             verdicts(runs, need), runs, config.verifiers, need)),
@@ -274,11 +290,14 @@ async def direct(state: RunState) -> dict[str, Any]:
         required = tuple(dict.fromkeys([*item.required_verifiers, *floor]))
         chosen = plan(policy, mood, config.verifiers, required=required)
         if config.models.director:
-            advice = await suggest(config.models.director, item, mood=mood,
-                                   attempt=state.get("attempt", 1),
-                                   planned=[p.name for p in chosen.verifiers if p.replica == 0],
-                                   specs=config.verifiers,
-                                   last=redact(state.get("feedback", []), config.verifiers))
+            with within(round_id):
+                advice = await suggest(config.models.director, item, mood=mood,
+                                       attempt=state.get("attempt", 1),
+                                       planned=[p.name for p in chosen.verifiers
+                                                if p.replica == 0],
+                                       specs=config.verifiers,
+                                       last=redact(state.get("feedback", []),
+                                                   config.verifiers))
             usage.append(("director", advice.usage))
             chosen = plan(policy, mood, config.verifiers, required=required,
                           suggestion=advice.names, reason=advice.reason)
@@ -319,11 +338,12 @@ async def attest(state: RunState) -> dict[str, Any]:
     rnd = _round(state, round_run_id(state["run_id"], state.get("round", 0)),
                  Path(state["work_item"].repo))
     change = state.get("spec_change")
-    fresh = attest_round(rnd, runs, minted=minted,
-                         executor_isolation=state.get("executor_isolation"),  # type: ignore[arg-type]
-                         spec_hash=state.get("spec"),
-                         spec_change=change if change is not None
-                         and change.tree_hash == state["target"].tree_hash else None)
+    with within(rnd.id):
+        fresh = attest_round(rnd, runs, minted=minted,
+                             executor_isolation=state.get("executor_isolation"),  # type: ignore[arg-type]
+                             spec_hash=state.get("spec"),
+                             spec_change=change if change is not None
+                             and change.tree_hash == state["target"].tree_hash else None)
     minted.update({run_id: att.id for run_id, att in fresh.items()})
     usage = [("reporter", run.report.usage) for run in runs
              if run.run_id in fresh and run.report.usage.model]

@@ -28,6 +28,7 @@ from choir.exceptions import UserError
 from choir.graph.checkpoints import open_checkpointer
 from choir.graph.orchestrator import build
 from choir.models import Mood, Usage
+from choir.telemetry import end_under, span
 from choir.trace.record import TraceRecorder
 from choir.verification import open_sandbox
 
@@ -99,25 +100,15 @@ async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> Run
                                 "continues it, or give another --run-id")
             trace = TraceRecorder(run_id)  # every run records its trace (choir.trace)
             trace.started(graph_input)
-            try:
-                async for namespace, mode, data in graph.astream(
-                        graph_input, cfg, stream_mode=["updates", "custom"], subgraphs=True,
-                        durability="sync"):
-                    if mode == "custom":
-                        if on_event is not None:
-                            on_event("progress", data)
-                    elif not namespace:
-                        for node, update in data.items():
-                            if isinstance(update, dict):
-                                trace.node(node, update)
-                                if on_event is not None:
-                                    on_event(node, update)
-            except Exception as exc:  # the trace ends with the error, not mid-air
-                trace.failed(exc)
-                raise
-            snap = await graph.aget_state(cfg)
-            insufficient = trace.ended(snap.values or {}, waiting=bool(snap.next))
-    values = snap.values or {}
+            with span("choir.run", {"choir.run_id": run_id}, key=run_id) as root:
+                snap = await _stream(graph, graph_input, cfg, trace, on_event, run_id)
+                values = snap.values or {}
+                item = values.get("work_item")
+                root.set({"choir.status": values.get("status", "unknown"),
+                          "choir.mood": values.get("mood"),
+                          "choir.attempt": values.get("attempt"),
+                          "choir.work_item": item.id if item is not None else None})
+            insufficient = trace.ended(values, waiting=bool(snap.next))
     if values.get("target") is not None:  # the round's sealed snapshot is no longer needed
 
         remove_snapshot(snapshot_root() / values["target"].tree_hash)
@@ -132,6 +123,31 @@ async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> Run
                                 else [])],
                       usage=spend_by_role(values.get("usage", [])), waiting=bool(snap.next),
                       question=_question(snap))
+
+
+async def _stream(graph: Any, graph_input: Any, cfg: Any, trace: TraceRecorder,
+                  on_event: OnEvent | None, run_id: str) -> Any:
+    """Drive the graph to its next stop and return its state; a round left open (an approval
+    gate, a failure) has its span closed here."""
+    try:
+        async for namespace, mode, data in graph.astream(
+                graph_input, cfg, stream_mode=["updates", "custom"], subgraphs=True,
+                durability="sync"):
+            if mode == "custom":
+                if on_event is not None:
+                    on_event("progress", data)
+            elif not namespace:
+                for node, update in data.items():
+                    if isinstance(update, dict):
+                        trace.node(node, update)
+                        if on_event is not None:
+                            on_event(node, update)
+    except Exception as exc:  # the trace ends with the error, not mid-air
+        trace.failed(exc)
+        raise
+    finally:
+        end_under(f"{run_id}-r")
+    return await graph.aget_state(cfg)
 
 
 def _question(snap: Any) -> dict[str, Any]:

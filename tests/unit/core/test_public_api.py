@@ -28,7 +28,7 @@ def _modules_after(code: str) -> set[str]:
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-HEAVY = ("litellm", "langgraph", "docker", "openai", "aiohttp")
+HEAVY = ("litellm", "langgraph", "docker", "openai", "aiohttp", "opentelemetry")
 
 
 def test_import_choir_is_light() -> None:
@@ -55,7 +55,7 @@ def test_cli_help_lists_every_contract_command() -> None:
 
 
 PUBLIC_PACKAGES = ("choir.agent", "choir.ahdb", "choir.attest", "choir.audit", "choir.models",
-                   "choir.report", "choir.sandbox", "choir.testing")
+                   "choir.report", "choir.sandbox", "choir.telemetry", "choir.testing")
 
 
 def _public_names(module: object) -> set[str]:
