@@ -159,6 +159,7 @@ def _asserted_run(tmp_path: Path) -> Path:
     return repo
 
 
+@pytest.mark.slow  # a whole run or two: CI's slow stage
 def test_gate_without_repo_checks_the_current_directory_tree(tmp_path: Path) -> None:
     repo = _asserted_run(tmp_path)
     ok = choir("gate", "fix-add", cwd=repo)

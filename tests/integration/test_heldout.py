@@ -25,7 +25,10 @@ from tests.sandboxes import ISOLATED, isolated_backend
 from tests.specrepo import build_templates, run_item
 from tests.workitems import FIXED
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+# cheating executors through whole runs under every mood:
+# CI's slow stage runs it, so that the README's command stays under five minutes
+pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap"),
+              pytest.mark.slow]
 HONEST = f"""
         Path("calc.py").write_text({FIXED!r})
         """

@@ -13,7 +13,13 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.workitems import PY, STEP_PY
+
+# every mood and lens through the whole loop, minutes of real rounds:
+# CI's slow stage runs it, so that the README's command stays under five minutes
+pytestmark = pytest.mark.slow
 
 PYTEST = f"{STEP_PY} -m pytest -q -p no:cacheprovider"
 

@@ -20,7 +20,10 @@ from choir.models import Mood, VerificationReport
 from tests.specrepo import build_templates, run_item
 from tests.workitems import FIXED
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+# mutants of real changes, each verified in a sandbox:
+# CI's slow stage runs it, so that the README's command stays under five minutes
+pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap"),
+              pytest.mark.slow]
 HONEST = f"""
         Path("calc.py").write_text({FIXED!r})
         """

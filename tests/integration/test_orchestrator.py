@@ -107,6 +107,7 @@ def test_canary_stays_in_the_artifact_store(tmp_path: Path, choir_home: Path) ->
     assert_canary_only_in_artifacts(choir_home, tmp_path)
 
 
+@pytest.mark.slow  # a whole run or two: CI's slow stage
 def test_canary_stays_out_even_when_the_reporter_model_obeys_the_log(
     tmp_path: Path, choir_home: Path
 ) -> None:
@@ -144,6 +145,7 @@ def test_canary_stays_out_even_when_the_reporter_model_obeys_the_log(
     assert_canary_only_in_artifacts(choir_home, tmp_path)
 
 
+@pytest.mark.slow  # a whole run or two: CI's slow stage
 def test_same_failure_switches_mood_then_halts_within_budget(tmp_path: Path) -> None:
     item = make_item(tmp_path, executor="true", max_attempts=6)
     proc = choir("run", str(item), "--json")
@@ -160,6 +162,7 @@ def test_attempt_budget_halts(tmp_path: Path) -> None:
     assert out["status"] == "halted" and "budget" in out["reason"]
 
 
+@pytest.mark.slow  # a whole run or two: CI's slow stage
 def test_large_blast_radius_waits_for_a_human(tmp_path: Path) -> None:
     item = make_item(tmp_path, executor=fix_cmd(tmp_path), blast="large")
     proc = choir("run", str(item), "--run-id", "big")
@@ -167,6 +170,7 @@ def test_large_blast_radius_waits_for_a_human(tmp_path: Path) -> None:
     assert choir("approve", "big").returncode == 0
 
 
+@pytest.mark.slow  # a whole run or two: CI's slow stage
 def test_a_human_can_reject(tmp_path: Path) -> None:
     item = make_item(tmp_path, executor=fix_cmd(tmp_path), blast="large")
     assert choir("run", str(item), "--run-id", "big2").returncode == 3
@@ -275,6 +279,7 @@ def test_kill_9_at_each_failpoint_then_resume_counts_and_mints_exactly_once(
     assert choir("audit").returncode == 0
 
 
+@pytest.mark.slow  # a whole run or two: CI's slow stage
 def test_a_taken_run_id_and_a_missing_one_are_usage_errors(tmp_path: Path) -> None:
     item = make_item(tmp_path, executor=fix_cmd(tmp_path))
     assert choir("run", str(item), "--run-id", "once").returncode == 0
@@ -362,6 +367,7 @@ def test_an_executor_that_rewrites_the_allowlist_changes_nothing_in_the_run(
                for b in bodies)
 
 
+@pytest.mark.slow  # a whole run or two: CI's slow stage
 def test_an_invalid_run_id_is_a_usage_error(tmp_path: Path) -> None:
     item = make_item(tmp_path, executor=fix_cmd(tmp_path))
     for bad in ("../escape", "has space", "x" * 101):

@@ -14,6 +14,8 @@ import subprocess
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.workitems import PY, calc_repo
 
 
@@ -47,6 +49,7 @@ def noop_item(tmp_path: Path) -> Path:
     return item
 
 
+@pytest.mark.slow  # a whole run or two: CI's slow stage
 def test_a_verify_fail_blocks_a_later_run_assert_of_the_same_tree(tmp_path: Path) -> None:
     repo = flaky_repo(tmp_path)
     verify = choir("verify", "--repo", str(repo), "--json")

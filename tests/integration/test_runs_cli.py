@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.workitems import FIXED, calc_repo
 
 CHOIR = [sys.executable, "-m", "choir"]
@@ -36,6 +38,7 @@ def _item(tmp_path: Path) -> Path:
     return item
 
 
+@pytest.mark.slow  # a whole run or two: CI's slow stage
 def test_run_json_then_runs_list_and_show(tmp_path: Path) -> None:
     proc = run("run", str(_item(tmp_path)), "--run-id", "r1", "--json")
     assert proc.returncode == 0, proc.stderr

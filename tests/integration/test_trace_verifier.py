@@ -9,12 +9,18 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from choir.attest import AttestationStore
 from choir.config import load_repo_config
 from choir.config.policy import load_policy
 from choir.models import Mood
 from tests.integration.test_orchestrator import fix_cmd, make_item
 from tests.workitems import PY, calc_repo
+
+# whole runs that record, forge and verify traces:
+# CI's slow stage runs it, so that the README's command stays under five minutes
+pytestmark = pytest.mark.slow
 
 TRACE_VERIFIER = "trace:\n  kind: trace\n  steps:\n    - name: verify\n" \
                  "      command: choir trace verify\n"

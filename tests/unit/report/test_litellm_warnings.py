@@ -13,6 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# a pytest run of its own that imports litellm:
+# CI's slow stage runs it, so that the README's command stays under five minutes
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[3]
 
 TESTS = '''
