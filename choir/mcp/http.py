@@ -19,7 +19,7 @@ from typing import Any
 from choir.exceptions import UserError
 from choir.mcp.server import build
 from choir.mcp.tools import Tools
-from choir.view.guard import Receive, Scope, Send, TokenGuard, _header, _plain
+from choir.view.guard import Receive, Scope, Send, TokenGuard, header, plain
 from choir.view.serve import HOST
 
 TOKEN_ENV = "CHOIR_MCP_TOKEN"
@@ -35,13 +35,13 @@ class BearerGuard(TokenGuard):
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if _header(scope, b"host") not in self.hosts:
-            await _plain(send, 403, "forbidden: this server answers on its loopback address "
+        if header(scope, b"host") not in self.hosts:
+            await plain(send, 403, "forbidden: this server answers on its loopback address "
                                     "only")
             return
-        scheme, _, given = _header(scope, b"authorization").partition(" ")
+        scheme, _, given = header(scope, b"authorization").partition(" ")
         if scheme.lower() != "bearer" or not self._ok(given.strip()):
-            await _plain(send, 401, "unauthorized: send `Authorization: Bearer TOKEN` with "
+            await plain(send, 401, "unauthorized: send `Authorization: Bearer TOKEN` with "
                                     "the token `choir mcp` printed",
                          [(b"www-authenticate", b'Bearer realm="choir-mcp"')])
             return

@@ -37,7 +37,8 @@ SECURITY_HEADERS = [
 ]
 
 
-def _header(scope: Scope, name: bytes) -> str:
+def header(scope: Scope, name: bytes) -> str:
+    """The request header ``name`` (lower-case bytes), decoded; empty when absent."""
     for key, value in scope.get("headers", []):
         if key == name:
             return bytes(value).decode("latin-1")
@@ -59,30 +60,30 @@ class TokenGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if _header(scope, b"host") not in self.hosts:
-            await _plain(send, 403, "forbidden: this viewer answers on its loopback address "
+        if header(scope, b"host") not in self.hosts:
+            await plain(send, 403, "forbidden: this viewer answers on its loopback address "
                                     "only")
             return
         query = parse_qsl(bytes(scope.get("query_string", b"")).decode("latin-1"))
         given = [v for k, v in query if k == "token"]
         if given:  # the printed URL: keep the token in a cookie, then drop it from the URL
             if not self._ok(given[-1]):
-                await _plain(send, 403, "forbidden: wrong token")
+                await plain(send, 403, "forbidden: wrong token")
                 return
             rest = urlencode([(k, v) for k, v in query if k != "token"])
             where = scope.get("path", "/") + (f"?{rest}" if rest else "")
             cookie = (f"{self.cookie}={self.token}; Path=/; HttpOnly; SameSite=Strict")
-            await _plain(send, 303, "see other", [(b"location", where.encode("latin-1")),
+            await plain(send, 303, "see other", [(b"location", where.encode("latin-1")),
                                                   (b"set-cookie", cookie.encode())])
             return
         jar: SimpleCookie = SimpleCookie()
         try:
-            jar.load(_header(scope, b"cookie"))
+            jar.load(header(scope, b"cookie"))
         except Exception:  # a malformed cookie header is no token
             jar = SimpleCookie()
         morsel = jar.get(self.cookie)
         if morsel is None or not self._ok(morsel.value):
-            await _plain(send, 403, "forbidden: open the URL `choir view` printed (it carries "
+            await plain(send, 403, "forbidden: open the URL `choir view` printed (it carries "
                                     "this launch's token)")
             return
 
@@ -94,8 +95,9 @@ class TokenGuard:
         await self.app(scope, receive, with_headers)
 
 
-async def _plain(send: Send, status: int, text: str,
-                 extra: list[tuple[bytes, bytes]] | None = None) -> None:
+async def plain(send: Send, status: int, text: str,
+                extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    """A whole plain-text response (the refusals every guard sends), never HTML."""
     body = (text + "\n").encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"text/plain; charset=utf-8"),
