@@ -1,0 +1,223 @@
+"""The plan driver: ready items run side by side, each in its own worktree and sandbox;
+ASSERTed items are merged one at a time through the gate, and the integration tree is
+verified (attested, as the claim named after the plan) after every merge.
+
+An item's worktree is made from the integration branch as it stands when the item becomes
+ready, so it holds its dependencies' verified changes and nothing unverified. The user's
+checkout is never touched: only refs (``choir/plan/...``) and worktrees under CHOIR_HOME.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from choir.app.gate import check_gate
+from choir.app.verify import averify_tree
+from choir.evidence.tree import commit_tree_hash
+from choir.team.git import commit_all, git, rev, worktree
+from choir.team.plan import Plan, item_key
+from choir.team.state import (
+    BLOCKED,
+    FAILED,
+    MERGED,
+    PENDING,
+    RUNNING,
+    load_state,
+    plan_dir,
+    save_state,
+)
+
+OnPlanEvent = Callable[[dict[str, Any]], None]
+FEEDBACK_CHARS = 2000
+INTEGRATION_RETRIES = 1  # a conflict or integration FAIL sends an item back once
+
+
+def worktrees_dir(repo: Path, plan_id: str) -> Path:
+    """Where a plan's worktrees live: beside the repo (``CHOIR_WORKTREES`` overrides), never
+    inside the user's checkout, and never under CHOIR_HOME, which sandboxes hide."""
+    root = os.environ.get("CHOIR_WORKTREES")
+    base = Path(root) if root else repo.parent / f".{repo.name}.choir-plans"
+    return base / plan_id
+
+
+def integration_branch(plan_id: str) -> str:
+    return f"choir/plan/{plan_id}"
+
+
+def item_branch(plan_id: str, item_id: str) -> str:
+    return f"choir/plan/{plan_id}/items/{item_id}"
+
+
+class Driver:
+    def __init__(self, plan: Plan, on_event: OnPlanEvent | None = None) -> None:
+        self.plan = plan
+        self.repo = Path(plan.repo)
+        self.dir = plan_dir(plan.id)  # the record, under CHOIR_HOME
+        self.trees = worktrees_dir(self.repo, plan.id)  # outside CHOIR_HOME and the checkout
+        self.emit = on_event or (lambda event: None)
+        self.merging = asyncio.Lock()
+        self.state: dict[str, Any] = {}
+
+    # -- the record --------------------------------------------------------------------------
+    def _save(self) -> None:
+        save_state(self.plan.id, self.state)
+
+    def _set(self, item_id: str, **fields: Any) -> None:
+        self.state["items"][item_id].update(fields)
+        self._save()
+        self.emit({"item": item_id, **self.state["items"][item_id]})
+
+    def _start(self, resume: bool) -> None:
+        old = load_state(self.plan.id)
+        branch = integration_branch(self.plan.id)
+        if resume and old is not None:
+            self.state = old
+            for row in self.state["items"].values():
+                if row["state"] == RUNNING:  # killed mid-run: run again from the record
+                    row["state"] = PENDING
+        else:
+            base = rev(self.repo, self.plan.base)
+            if base is None:
+                from choir.exceptions import UserError
+                raise UserError(f"plan {self.plan.id}: base branch '{self.plan.base}' does "
+                                f"not exist in {self.repo}")
+            git(self.repo, "branch", "-f", branch, base)
+            self.state = {"plan": self.plan.id, "repo": str(self.repo), "base": base,
+                          "status": "running", "integration": base, "integration_tree": None,
+                          "items": {i.id: {"state": PENDING, "attempt": 0, "run_id": "",
+                                           "member": i.member or "", "last": "",
+                                           "feedback": ""} for i in self.plan.items}}
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "items").mkdir(exist_ok=True)
+        self.integration_wt = self.trees / "integration"
+        worktree(self.repo, self.integration_wt, branch, self.state["integration"])
+        self._save()
+
+    # -- one item ----------------------------------------------------------------------------
+    async def _run_item(self, item_id: str) -> None:
+        from choir.graph import runner
+
+        row = self.state["items"][item_id]
+        attempt = row["attempt"] + 1
+        head = self.state["integration"]
+        tree = self.trees / "items" / item_id
+        worktree(self.repo, tree, item_branch(self.plan.id, item_id), head)
+        item = self.plan.work_item(item_id, tree)
+        if row["feedback"]:  # bounded: the conflict or the failing verifier, once
+            item = item.model_copy(update={"goal": f"{item.goal}\n\nIntegration feedback "
+                                           f"(attempt {attempt}):\n{row['feedback']}"})
+        path = self.dir / "items" / f"{item_id}.{attempt}.json"
+        path.write_text(json.dumps(item.model_dump(mode="json")))
+        run_id = f"{item_key(self.plan.id, item_id)}.{attempt}"
+        self._set(item_id, state=RUNNING, attempt=attempt, run_id=run_id, base=head)
+        outcome = await runner.run_work_item(path, run_id=run_id)
+        if outcome.status != "asserted":
+            self._set(item_id, state=FAILED, last=f"{outcome.status}: {outcome.reason}"[:300])
+            return
+        commit = commit_all(tree, f"{item_id}: {self.plan.item(item_id).goal[:60]}")
+        await self._integrate(item_id, commit)
+
+    async def _integrate(self, item_id: str, commit: str) -> None:
+        async with self.merging:
+            key = item_key(self.plan.id, item_id)
+            gate = check_gate(key, tree=commit_tree_hash(self.repo, commit), commit=None)
+            if not gate.passed:
+                self._set(item_id, state=FAILED, last="gate: " + "; ".join(gate.problems)[:300])
+                return
+            before = self.state["integration"]
+            wt = self.integration_wt
+            merged = git(wt, "merge", "--no-ff", "-q", "-m", f"merge {item_id}", commit,
+                         check=False)
+            if merged.returncode != 0:
+                conflicts = git(wt, "diff", "--name-only", "--diff-filter=U", check=False)
+                git(wt, "merge", "--abort", check=False)
+                git(wt, "reset", "-q", "--hard", before)
+                self._send_back(item_id, "merge conflict with the integration branch in: " +
+                                (", ".join(conflicts.stdout.split()) or "(unknown files)"))
+                return
+            verdict = await averify_tree(wt, claim=self.plan.id)
+            if not verdict.passed:
+                git(wt, "reset", "-q", "--hard", before)
+                failing = [f"{t['verifier']}: {t['result']}"
+                           for t in verdict.contract.get("threads", []) if t["result"] != "PASS"]
+                self._send_back(item_id, f"integration round {verdict.status}: " +
+                                ("; ".join(failing) or verdict.verdict))
+                return
+            head = rev(wt, "HEAD") or before
+            git(self.repo, "update-ref", f"refs/heads/{integration_branch(self.plan.id)}",
+                head, before)
+            self.state["integration"] = head
+            self.state["integration_tree"] = commit_tree_hash(self.repo, head)
+            self._set(item_id, state=MERGED, last="ASSERTed; merged; integration PASS",
+                      commit=commit, feedback="")
+
+    def _send_back(self, item_id: str, feedback: str) -> None:
+        row = self.state["items"][item_id]
+        sent = row.get("sent_back", 0)
+        if sent >= INTEGRATION_RETRIES:
+            self._set(item_id, state=FAILED, last=feedback[:FEEDBACK_CHARS])
+            return
+        self._set(item_id, state=PENDING, sent_back=sent + 1, last=feedback[:300],
+                  feedback=feedback[:FEEDBACK_CHARS])
+
+    # -- the schedule ------------------------------------------------------------------------
+    def _ready(self) -> tuple[list[str], bool]:
+        """Items whose dependencies are merged, and whether blocking changed anything."""
+        rows, ready, changed = self.state["items"], [], False
+        for item in self.plan.items:
+            if rows[item.id]["state"] != PENDING:
+                continue
+            deps = [rows[d]["state"] for d in item.depends_on]
+            if any(s in (FAILED, BLOCKED) for s in deps):
+                bad = [d for d in item.depends_on if rows[d]["state"] in (FAILED, BLOCKED)]
+                self._set(item.id, state=BLOCKED, last=f"blocked by {', '.join(bad)}")
+                changed = True
+            elif all(s == MERGED for s in deps):
+                ready.append(item.id)
+        return ready, changed
+
+    async def run(self, resume: bool = False) -> dict[str, Any]:
+        self._start(resume)
+        running: dict[str, asyncio.Task[None]] = {}
+        while True:
+            ready, changed = self._ready()
+            for item_id in ready:
+                if item_id not in running and len(running) < self.plan.max_parallel:
+                    running[item_id] = asyncio.create_task(self._run_item(item_id))
+            if not running:
+                if changed:
+                    continue
+                break
+            done, _ = await asyncio.wait(running.values(), return_when=asyncio.FIRST_COMPLETED)
+            for item_id, task in list(running.items()):
+                if task in done:
+                    del running[item_id]
+                    if task.exception() is not None:
+                        exc = task.exception()
+                        self._set(item_id, state=FAILED,
+                                  last=f"error: {type(exc).__name__}: {exc}"[:300])
+        return self._finish()
+
+    def _finish(self) -> dict[str, Any]:
+        rows = self.state["items"].values()
+        merged = all(r["state"] == MERGED for r in rows)
+        tree = self.state["integration_tree"]
+        gate = check_gate(self.plan.id, tree=tree, commit=None) if tree else None
+        self.state["status"] = "asserted" if merged and gate and gate.passed else "failed"
+        self._save()
+        for path in [self.integration_wt, *(self.trees / "items").glob("*")]:
+            if path.is_dir():
+                git(self.repo, "worktree", "remove", "--force", str(path), check=False)
+        git(self.repo, "worktree", "prune", check=False)
+        return self.state
+
+
+async def run_plan(plan: Plan, *, resume: bool = False,
+                   on_event: OnPlanEvent | None = None) -> dict[str, Any]:
+    """Drive ``plan`` to its end: every item merged or failed/blocked; the record returned."""
+    return await Driver(plan, on_event).run(resume=resume)

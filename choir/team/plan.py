@@ -1,0 +1,159 @@
+"""The plan file: members, work items with dependencies, validated whole with lines.
+
+A plan is loaded like ``choir.yaml``: every mistake (an unknown member, an item with neither
+``executor:`` nor ``member:``, a dependency on a missing id, a cycle named with its path) is
+reported at once with file, line and fix, before anything runs.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import Field
+
+from choir.config._yaml import YamlDoc, load_yaml, validation_errors
+from choir.exceptions import ConfigError
+from choir.models import Mood
+from choir.models._base import Frozen
+from choir.models.workitem import ExecutorSpec, WorkItem
+
+_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+class Member(Frozen):
+    """A named executor the plan's items may hand their work to."""
+
+    executor: ExecutorSpec
+    mood: Mood | None = None
+    concurrency: int = Field(default=1, ge=1, le=64)
+
+
+class PlanItem(WorkItem):
+    """A work item as today, with ``repo`` taken from the plan, plus who does it and what it
+    waits for."""
+
+    repo: str = ""
+    executor: ExecutorSpec | None = None  # type: ignore[assignment]
+    member: str | None = None
+    depends_on: tuple[str, ...] = ()
+
+
+class Plan(Frozen):
+    """A validated plan; ``repo`` is absolute once loaded."""
+
+    schema_version: int = 1
+    id: str = Field(pattern=_ID)
+    repo: str = "."
+    base: str = "main"
+    members: dict[str, Member] = Field(default_factory=dict)
+    max_parallel: int = Field(default=2, ge=1, le=64)
+    items: tuple[PlanItem, ...] = Field(min_length=1)
+
+    def item(self, item_id: str) -> PlanItem:
+        return next(i for i in self.items if i.id == item_id)
+
+    def work_item(self, item_id: str, repo: Path) -> WorkItem:
+        """The item as a plain work item over ``repo`` (its worktree), its executor resolved
+        from its member, under a plan-qualified id so two plans never share an ASSERT."""
+        item = self.item(item_id)
+        member = self.members.get(item.member or "")
+        executor = item.executor or (member.executor if member else None)
+        data = item.model_dump(exclude={"member", "depends_on", "executor", "repo", "id"},
+                               exclude_unset=True)
+        if member is not None and member.mood is not None and "mood" not in data:
+            data["mood"] = member.mood
+        return WorkItem(id=item_key(self.id, item.id), repo=str(repo),
+                        executor=executor or ExecutorSpec(), **data)
+
+
+def item_key(plan_id: str, item_id: str) -> str:
+    """The AHDB work item id of one plan item."""
+    return f"{plan_id}.{item_id}"
+
+
+def _cycle(deps: dict[str, tuple[str, ...]]) -> list[str] | None:
+    """A dependency cycle as a path (first id repeated at the end), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for dep in deps.get(node, ()):
+            if state.get(dep) == 1:
+                return [*stack[stack.index(dep):], dep]
+            if dep in deps and state.get(dep) is None and (found := visit(dep)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in deps:
+        if state.get(node) is None and (found := visit(node)):
+            return found
+    return None
+
+
+def _graph_errors(doc: YamlDoc, plan: Plan) -> list[ConfigError]:
+    errors: list[ConfigError] = []
+    path = str(doc.path)
+    ids = [i.id for i in plan.items]
+    for n, item in enumerate(plan.items):
+        loc: tuple[str | int, ...] = ("items", n)
+        if ids.count(item.id) > 1 and ids.index(item.id) != n:
+            errors.append(ConfigError(f"item id '{item.id}' is used twice", path=path,
+                                      line=doc.line_of((*loc, "id")),
+                                      hint="give every item its own id"))
+        if item.member is not None and item.member not in plan.members:
+            known = ", ".join(sorted(plan.members)) or "(none: add a 'members:' section)"
+            errors.append(ConfigError(f"item '{item.id}' names unknown member "
+                                      f"'{item.member}'", path=path,
+                                      line=doc.line_of((*loc, "member")),
+                                      hint=f"use one of: {known}"))
+        if (item.member is None) == (item.executor is None):
+            errors.append(ConfigError(f"item '{item.id}' needs exactly one of 'executor:' "
+                                      "and 'member:'", path=path, line=doc.line_of(loc),
+                                      hint="name a member of the plan, or give an executor"))
+        for k, dep in enumerate(item.depends_on):
+            if dep not in ids:
+                errors.append(ConfigError(f"item '{item.id}' depends on missing item "
+                                          f"'{dep}'", path=path,
+                                          line=doc.line_of((*loc, "depends_on", k)),
+                                          hint=f"use one of: {', '.join(ids)}"))
+    cycle = _cycle({i.id: i.depends_on for i in plan.items})
+    if cycle:
+        first = ids.index(cycle[0])
+        errors.append(ConfigError(f"dependency cycle: {' -> '.join(cycle)}", path=path,
+                                  line=doc.line_of(("items", first, "depends_on")),
+                                  hint="drop one of these depends_on entries"))
+    return errors
+
+
+def load_plan(path: Path) -> Plan:
+    """Load a plan file; ``repo`` is resolved relative to it and must be a git repo.
+
+    Raises:
+        ConfigError: every mistake in the file (ConfigErrors when several).
+    """
+    path = path.expanduser().resolve()
+    doc = load_yaml(path)
+    if not isinstance(doc.data, dict):
+        raise ConfigError("a plan must be a mapping", path=str(path), line=1,
+                          hint="start with 'id: my-plan'")
+    parsed, errors = validation_errors(doc, Plan)
+    if parsed is None:
+        ConfigError.raise_all(errors)
+    plan: Plan = parsed
+    errors += _graph_errors(doc, plan)
+    repo = (path.parent / plan.repo).resolve()
+    if not (repo / ".git").exists():
+        errors.append(ConfigError(f"repo '{plan.repo}' is not a git repository "
+                                  f"(resolved to {repo})", path=str(path),
+                                  line=doc.line_of(("repo",)),
+                                  hint="repo is relative to the plan file"))
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$", plan.base) or ".." in plan.base:
+        errors.append(ConfigError(f"base '{plan.base}' is not a branch name", path=str(path),
+                                  line=doc.line_of(("base",)), hint="e.g. base: main"))
+    ConfigError.raise_all(errors)
+    return plan.model_copy(update={"repo": str(repo)})

@@ -1,0 +1,53 @@
+"""The plan driver's durable record: one JSON file per plan, replaced atomically after every
+transition.
+
+Each item's own run is already checkpointed by LangGraph (``choir.graph.runner``); what the
+driver adds is small (each item's state, attempt and run id, the integration head), so a
+plain atomic record is enough: after kill -9, ``--resume`` reads it, skips every item already
+merged, and re-drives the rest from the integration branch as it stands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from choir._core.paths import choir_home
+
+PENDING, RUNNING, MERGED, FAILED, BLOCKED = "pending", "running", "merged", "failed", "blocked"
+
+
+def plan_dir(plan_id: str) -> Path:
+    return choir_home() / "plans" / plan_id
+
+
+def load_state(plan_id: str) -> dict[str, Any] | None:
+    path = plan_dir(plan_id) / "state.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def save_state(plan_id: str, state: dict[str, Any]) -> None:
+    folder = plan_dir(plan_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / "state.json.tmp"
+    with tmp.open("w") as fh:
+        json.dump(state, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, folder / "state.json")
+
+
+def list_plans() -> list[dict[str, Any]]:
+    root = choir_home() / "plans"
+    found = []
+    for child in sorted(root.iterdir()) if root.is_dir() else []:
+        state = load_state(child.name)
+        if state is not None:
+            found.append(state)
+    return found

@@ -1,0 +1,59 @@
+"""The plan file is validated whole: every mistake at once, with file, line and fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from choir.exceptions import ConfigError
+from choir.team.plan import load_plan
+from tests.team import team_repo, write_plan
+
+
+def test_every_mistake_in_a_plan_is_reported_at_once(tmp_path: Path) -> None:
+    team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "p", """\
+        - id: a
+          goal: a
+          member: nobody
+        - id: b
+          goal: b
+          member: worker
+          depends_on: [c]
+        - id: c
+          goal: c
+          member: worker
+          depends_on: [b]
+        - id: d
+          goal: d
+          member: worker
+          depends_on: [zzz]
+        - id: e
+          goal: e
+        """)
+    with pytest.raises(ConfigError) as err:
+        load_plan(plan)
+    text = str(err.value)
+    assert "unknown member 'nobody'" in text and f"{plan}:11:" in text
+    assert "dependency cycle: b -> c -> b" in text
+    assert "depends on missing item 'zzz'" in text
+    assert "item 'e' needs exactly one of 'executor:' and 'member:'" in text
+    assert str(plan) in text
+
+
+def test_a_good_plan_loads_and_resolves_members(tmp_path: Path) -> None:
+    team_repo(tmp_path / "repo")
+    plan = load_plan(write_plan(tmp_path, "p", """\
+        - id: a
+          goal: a
+          member: worker
+        - id: b
+          goal: b
+          executor: {kind: command, command: 'echo hi'}
+          depends_on: [a]
+        """))
+    assert plan.repo == str((tmp_path / "repo").resolve())
+    item = plan.work_item("a", tmp_path)
+    assert item.id == "p.a" and item.executor.command == "true"
+    assert plan.work_item("b", tmp_path).executor.command == "echo hi"
