@@ -46,11 +46,11 @@ def worktrees_dir(repo: Path, plan_id: str) -> Path:
 
 
 def integration_branch(plan_id: str) -> str:
-    return f"choir/plan/{plan_id}"
+    return f"choir/plan/{plan_id}/integration"
 
 
 def item_branch(plan_id: str, item_id: str) -> str:
-    return f"choir/plan/{plan_id}/items/{item_id}"
+    return f"choir/plan/{plan_id}/item/{item_id}"
 
 
 class Driver:
@@ -112,7 +112,7 @@ class Driver:
             item = item.model_copy(update={"goal": f"{item.goal}\n\nIntegration feedback "
                                            f"(attempt {attempt}):\n{row['feedback']}"})
         path = self.dir / "items" / f"{item_id}.{attempt}.json"
-        path.write_text(json.dumps(item.model_dump(mode="json")))
+        path.write_text(json.dumps(item.model_dump(mode="json", exclude={"split_of", "focus"})))
         run_id = f"{item_key(self.plan.id, item_id)}.{attempt}"
         self._set(item_id, state=RUNNING, attempt=attempt, run_id=run_id, base=head)
         outcome = await runner.run_work_item(path, run_id=run_id)
@@ -149,8 +149,8 @@ class Driver:
                                 ("; ".join(failing) or verdict.verdict))
                 return
             head = rev(wt, "HEAD") or before
-            git(self.repo, "update-ref", f"refs/heads/{integration_branch(self.plan.id)}",
-                head, before)
+            # the integration worktree is on the integration branch: the merge moved it;
+            # after a crash before this record, the resume resets it to the recorded head
             self.state["integration"] = head
             self.state["integration_tree"] = commit_tree_hash(self.repo, head)
             self._set(item_id, state=MERGED, last="ASSERTed; merged; integration PASS",

@@ -1,0 +1,112 @@
+"""Plans run for real: worktrees, bwrap sandboxes, pytest verifiers, merges through the gate.
+
+Each test's executors are scripted ``command``s, so every outcome is known in advance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from choir.team.driver import run_plan
+from choir.team.plan import load_plan
+from tests.team import git, team_repo, write_plan
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+
+
+def drive(tmp_path: Path, items: str, plan_id: str = "p") -> dict:
+    repo = team_repo(tmp_path / "repo")
+    before = (git(repo, "status", "--porcelain"), git(repo, "rev-parse", "HEAD"))
+    state = asyncio.run(run_plan(load_plan(write_plan(tmp_path, plan_id, items))))
+    # the user's checkout: no file, no index change, still on the base commit
+    assert (git(repo, "status", "--porcelain"), git(repo, "rev-parse", "HEAD")) == before
+    return state
+
+
+def show(repo: Path, ref: str, name: str) -> str:
+    return git(repo, "show", f"{ref}:{name}")
+
+
+def test_independent_and_dependent_items_merge_into_a_verified_integration(
+        tmp_path: Path) -> None:
+    state = drive(tmp_path, """\
+        - id: a
+          goal: write a
+          executor: {kind: command, command: 'echo A > a.txt'}
+        - id: z
+          goal: write z
+          member: worker
+        - id: b
+          goal: copy a into b
+          executor: {kind: command, command: 'cp a.txt b.txt || echo missing > b.txt'}
+          depends_on: [a]
+        """)
+    rows = state["items"]
+    assert {k: r["state"] for k, r in rows.items()} == dict.fromkeys("azb", "merged"), rows
+    assert state["status"] == "asserted"
+    repo = tmp_path / "repo"
+    assert show(repo, "choir/plan/p/integration", "b.txt") == "A"  # b saw a's verified change
+    assert git(repo, "rev-parse", "choir/plan/p/integration") == state["integration"]
+
+
+def test_conflicting_items_one_is_sent_back_and_rebased(tmp_path: Path) -> None:
+    state = drive(tmp_path, """\
+        - id: one
+          goal: c is one
+          executor: {kind: command, command: 'echo one > c.txt'}
+        - id: two
+          goal: c is two
+          executor: {kind: command, command: 'echo two > c.txt'}
+        """)
+    rows = state["items"]
+    assert rows["one"]["state"] == rows["two"]["state"] == "merged", rows
+    back = [r for r in rows.values() if r.get("sent_back")]
+    assert len(back) == 1 and back[0]["attempt"] == 2
+    assert state["status"] == "asserted"
+
+
+def test_two_items_that_break_together_are_caught_by_the_integration_round(
+        tmp_path: Path) -> None:
+    state = drive(tmp_path, """\
+        - id: x
+          goal: flag x
+          max_attempts: 1
+          executor: {kind: command, command: 'touch x.flag'}
+        - id: y
+          goal: flag y
+          max_attempts: 1
+          executor: {kind: command, command: 'touch y.flag'}
+        """)
+    rows = state["items"]
+    assert sorted(r["state"] for r in rows.values()) == ["failed", "merged"], rows
+    loser = next(r for r in rows.values() if r["state"] == "failed")
+    assert loser["sent_back"] == 1
+    assert state["status"] == "failed"
+    repo = tmp_path / "repo"
+    files = git(repo, "ls-tree", "--name-only", "choir/plan/p/integration").split()
+    assert not ("x.flag" in files and "y.flag" in files)  # nothing left half-merged
+
+
+def test_a_halted_item_blocks_its_dependents_and_the_rest_goes_on(tmp_path: Path) -> None:
+    state = drive(tmp_path, """\
+        - id: bad
+          goal: breaks the tree
+          max_attempts: 1
+          executor: {kind: command, command: 'echo BROKEN > h.txt'}
+        - id: after
+          goal: needs bad
+          member: worker
+          depends_on: [bad]
+        - id: ok
+          goal: fine
+          executor: {kind: command, command: 'echo A > a.txt'}
+        """)
+    rows = state["items"]
+    assert rows["bad"]["state"] == "failed"
+    assert rows["after"]["state"] == "blocked" and "bad" in rows["after"]["last"]
+    assert rows["ok"]["state"] == "merged"
+    assert rows["after"]["attempt"] == 0  # never started
