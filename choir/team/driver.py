@@ -54,8 +54,10 @@ def item_branch(plan_id: str, item_id: str) -> str:
 
 
 class Driver:
-    def __init__(self, plan: Plan, on_event: OnPlanEvent | None = None) -> None:
+    def __init__(self, plan: Plan, on_event: OnPlanEvent | None = None,
+                 plan_file: Path | None = None) -> None:
         self.plan = plan
+        self.plan_file = plan_file
         self.repo = Path(plan.repo)
         self.dir = plan_dir(plan.id)  # the record, under CHOIR_HOME
         self.trees = worktrees_dir(self.repo, plan.id)  # outside CHOIR_HOME and the checkout
@@ -87,7 +89,8 @@ class Driver:
                 raise UserError(f"plan {self.plan.id}: base branch '{self.plan.base}' does "
                                 f"not exist in {self.repo}")
             git(self.repo, "branch", "-f", branch, base)
-            self.state = {"plan": self.plan.id, "repo": str(self.repo), "base": base,
+            self.state = {"plan": self.plan.id, "plan_file": str(self.plan_file or ""),
+                          "repo": str(self.repo), "base": base,
                           "status": "running", "integration": base, "integration_tree": None,
                           "items": {i.id: {"state": PENDING, "attempt": 0, "run_id": "",
                                            "member": i.member or "", "last": "",
@@ -217,7 +220,10 @@ class Driver:
         return self.state
 
 
-async def run_plan(plan: Plan, *, resume: bool = False,
+async def run_plan(plan: Plan, *, resume: bool = False, plan_file: Path | None = None,
                    on_event: OnPlanEvent | None = None) -> dict[str, Any]:
-    """Drive ``plan`` to its end: every item merged or failed/blocked; the record returned."""
-    return await Driver(plan, on_event).run(resume=resume)
+    """Drive ``plan`` to its end: every item merged or failed/blocked; the record returned.
+
+    ``resume``: continue the plan's record (after a crash): merged items are not run again.
+    """
+    return await Driver(plan, on_event, plan_file).run(resume=resume)

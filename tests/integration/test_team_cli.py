@@ -1,0 +1,99 @@
+"""The plan through the real CLI: run, gate, promote (refused for a changed tree), and kill -9
+mid-plan then ``--resume`` with no merged item run again."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.team import git, team_repo, write_plan
+from tests.workitems import PY
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+
+
+def choir(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_gate_and_promote_only_for_exactly_the_integration_tree(tmp_path: Path) -> None:
+    repo = team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "rel", """\
+        - id: a
+          goal: write a
+          executor: {kind: command, command: 'echo A > a.txt'}
+        """)
+    ran = choir("plan", "run", str(plan), "--json")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    state = json.loads(ran.stdout)
+    gate = choir("gate", "rel")
+    assert gate.returncode == 0, gate.stdout
+    # the integration branch moves to a tree nobody verified: promotion is refused
+    wt = tmp_path / "wt"
+    git(repo, "worktree", "add", "-q", str(wt), "choir/plan/rel/integration")
+    (wt / "a.txt").write_text("sneaked in\n")
+    git(wt, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "sneak")
+    refused = choir("promote", "rel", "--to", "release")
+    assert refused.returncode == 1 and "gate does not hold" in refused.stdout, refused.stdout
+    assert git(repo, "branch", "--list", "release") == ""
+    # back to the verified commit: promoted, as a fast forward, the checkout untouched
+    git(wt, "reset", "-q", "--hard", state["integration"])
+    git(repo, "worktree", "remove", "--force", str(wt))
+    ok = choir("promote", "rel", "--to", "release")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert git(repo, "rev-parse", "release") == state["integration"]
+    assert git(repo, "status", "--porcelain") == "" and git(repo, "branch", "--show-current") \
+        == "main"
+    # a checked-out branch, and a branch that is not an ancestor, are never moved
+    checked_out = choir("promote", "rel", "--to", "main")
+    assert checked_out.returncode == 1 and "checked out" in checked_out.stdout
+    git(repo, "branch", "-f", "other", git(repo, "commit-tree", "-m", "x",
+                                           git(repo, "rev-parse", "main^{tree}")))
+    diverged = choir("promote", "rel", "--to", "other")
+    assert diverged.returncode == 1 and "not a fast forward" in diverged.stdout
+
+
+def test_kill_9_mid_plan_then_resume_runs_no_merged_item_again(
+        tmp_path: Path, choir_home: Path) -> None:
+    team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "dur", """\
+        - id: first
+          goal: quick
+          executor: {kind: command, command: 'echo 1 > one.txt'}
+        - id: second
+          goal: slow
+          executor: {kind: command, command: 'sleep 3; echo 2 > two.txt'}
+          depends_on: [first]
+        - id: third
+          goal: slow
+          executor: {kind: command, command: 'echo 3 > three.txt'}
+          depends_on: [second]
+        """, max_parallel=1)
+    proc = subprocess.Popen([PY, "-m", "choir", "plan", "run", str(plan), "--json"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    record = choir_home / "plans" / "dur" / "state.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if record.exists() and json.loads(record.read_text())["items"]["second"]["state"] \
+                == "running":
+            break
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = json.loads(record.read_text())["items"]
+    assert before["first"]["state"] == "merged" and before["third"]["state"] == "pending"
+    resumed = choir("plan", "run", "--resume", "dur", "--json")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    rows = json.loads(resumed.stdout)["items"]
+    assert all(r["state"] == "merged" for r in rows.values()), rows
+    assert rows["first"]["attempt"] == 1 and rows["first"]["run_id"] == "dur.first.1"
+    assert git(tmp_path / "repo", "show", "choir/plan/dur/integration:three.txt") == "3"
