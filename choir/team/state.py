@@ -33,6 +33,9 @@ def load_state(plan_id: str) -> dict[str, Any] | None:
 
 
 def save_state(plan_id: str, state: dict[str, Any]) -> None:
+    import datetime as dt
+
+    state["updated"] = dt.datetime.now(dt.UTC).isoformat()
     folder = plan_dir(plan_id)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / "state.json.tmp"

@@ -36,6 +36,11 @@ def test_gate_and_promote_only_for_exactly_the_integration_tree(tmp_path: Path) 
     state = json.loads(ran.stdout)
     gate = choir("gate", "rel")
     assert gate.returncode == 0, gate.stdout
+    listed = json.loads(choir("runs", "list", "--json").stdout)
+    assert {"run_id": "rel", "kind": "plan", "status": "asserted"}.items() <= \
+        next(r for r in listed if r["kind"] == "plan").items()
+    shown = choir("runs", "show", "rel")
+    assert "plan rel  ASSERTED" in shown.stdout and "merged" in shown.stdout, shown.stdout
     # the integration branch moves to a tree nobody verified: promotion is refused
     wt = tmp_path / "wt"
     git(repo, "worktree", "add", "-q", str(wt), "choir/plan/rel/integration")
