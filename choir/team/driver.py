@@ -119,6 +119,12 @@ class Driver:
         run_id = f"{item_key(self.plan.id, item_id)}.{attempt}"
         self._set(item_id, state=RUNNING, attempt=attempt, run_id=run_id, base=head)
         outcome = await runner.run_work_item(path, run_id=run_id)
+        spent = outcome.usage.get("total", {})
+        self.state["spend"] = spend = self.state.get("spend", {})
+        who = spend.setdefault(row["member"] or "(own executor)",
+                               {"prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0})
+        for key in who:  # each run counted once: the record is saved with the item's new state
+            who[key] = round(who[key] + spent.get(key, 0), 6)
         if outcome.status != "asserted":
             self._set(item_id, state=FAILED, last=f"{outcome.status}: {outcome.reason}"[:300])
             return
@@ -184,13 +190,22 @@ class Driver:
                 ready.append(item.id)
         return ready, changed
 
+    def _member_free(self, item_id: str, running: dict[str, Any]) -> bool:
+        """Below the member's own ``concurrency`` (an item with its own executor: no limit)."""
+        name = self.plan.item(item_id).member
+        if name is None:
+            return True
+        busy = sum(1 for other in running if self.plan.item(other).member == name)
+        return busy < self.plan.members[name].concurrency
+
     async def run(self, resume: bool = False) -> dict[str, Any]:
         self._start(resume)
         running: dict[str, asyncio.Task[None]] = {}
         while True:
             ready, changed = self._ready()
             for item_id in ready:
-                if item_id not in running and len(running) < self.plan.max_parallel:
+                if item_id not in running and len(running) < self.plan.max_parallel and \
+                        self._member_free(item_id, running):
                     running[item_id] = asyncio.create_task(self._run_item(item_id))
             if not running:
                 if changed:

@@ -48,6 +48,7 @@ def test_independent_and_dependent_items_merge_into_a_verified_integration(
     rows = state["items"]
     assert {k: r["state"] for k, r in rows.items()} == dict.fromkeys("azb", "merged"), rows
     assert state["status"] == "asserted"
+    assert set(state["spend"]) == {"worker", "(own executor)"}  # tokens and cost per member
     repo = tmp_path / "repo"
     assert show(repo, "choir/plan/p/integration", "b.txt") == "A"  # b saw a's verified change
     assert git(repo, "rev-parse", "choir/plan/p/integration") == state["integration"]
