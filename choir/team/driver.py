@@ -83,9 +83,14 @@ class Driver:
                 if row["state"] == RUNNING:  # killed mid-run: run again from the record
                     row["state"] = PENDING
         else:
+            from choir.exceptions import UserError
+
+            if old is not None:  # never reset a plan's integration branch by accident
+                raise UserError(f"plan {self.plan.id} has a record already; `choir plan run "
+                                f"--resume {self.plan.id}` finishes it, or give the plan a new "
+                                "id")
             base = rev(self.repo, self.plan.base)
             if base is None:
-                from choir.exceptions import UserError
                 raise UserError(f"plan {self.plan.id}: base branch '{self.plan.base}' does "
                                 f"not exist in {self.repo}")
             git(self.repo, "branch", "-f", branch, base)

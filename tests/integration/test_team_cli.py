@@ -34,6 +34,8 @@ def test_gate_and_promote_only_for_exactly_the_integration_tree(tmp_path: Path) 
     ran = choir("plan", "run", str(plan), "--json")
     assert ran.returncode == 0, ran.stdout + ran.stderr
     state = json.loads(ran.stdout)
+    again = choir("plan", "run", str(plan))  # the same id again: refused, nothing reset
+    assert again.returncode == 2 and "--resume rel" in again.stderr + again.stdout
     gate = choir("gate", "rel")
     assert gate.returncode == 0, gate.stdout
     listed = json.loads(choir("runs", "list", "--json").stdout)
