@@ -39,9 +39,9 @@ def rev(repo: Path, ref: str) -> str | None:
 
 def worktree(repo: Path, path: Path, branch: str, start: str) -> None:
     """A fresh worktree at ``path`` on ``branch`` reset to ``start`` (an old one removed)."""
-    if path.exists():
+    if path.exists():  # a leftover of a killed driver: removed (and its record pruned)
         git(repo, "worktree", "remove", "--force", str(path), check=False)
-    git(repo, "worktree", "prune")
+        git(repo, "worktree", "prune")
     git(repo, "worktree", "add", "-f", "-B", branch, str(path), start)
 
 
