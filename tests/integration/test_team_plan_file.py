@@ -57,3 +57,21 @@ def test_a_good_plan_loads_and_resolves_members(tmp_path: Path) -> None:
     item = plan.work_item("a", tmp_path)
     assert item.id == "p.a" and item.executor.command == "true"
     assert plan.work_item("b", tmp_path).executor.command == "echo hi"
+
+
+def test_the_cli_exits_2_naming_file_and_line(tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.workitems import PY
+
+    team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "p", """\
+        - id: a
+          goal: a
+          member: worker
+          depends_on: [a]
+        """)
+    proc = subprocess.run([PY, "-m", "choir", "plan", "run", str(plan)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    assert f"{plan}:" in proc.stderr and "dependency cycle: a -> a" in proc.stderr
