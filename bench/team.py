@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from choir.team.git import worktree
+from choir.evidence.git import locate
 
 
 def _repo(root: Path, files: int) -> Path:
@@ -39,6 +39,8 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         repo = _repo(Path(tmp), args.files)
+        git = locate(repo)
+        assert git is not None
         bare, ours = [], []
         for n in range(args.runs):
             path = Path(tmp) / f"bare{n}"
@@ -47,7 +49,7 @@ def main() -> None:
                             str(path), "main"], check=True)
             bare.append(time.perf_counter() - t)
             t = time.perf_counter()
-            worktree(repo, Path(tmp) / f"ours{n}", f"choir/bench/{n}", "main")
+            git.add_worktree(Path(tmp) / f"ours{n}", f"choir/bench/{n}", "main")
             ours.append(time.perf_counter() - t)
         b, o = statistics.median(bare), statistics.median(ours)
         print(f"worktree for {args.files} files: bare git {b * 1000:.1f} ms, "

@@ -18,8 +18,9 @@ from typing import Any
 
 from choir.app.gate import check_gate
 from choir.app.verify import averify_tree
+from choir.evidence.git import GitRepo, locate
 from choir.evidence.tree import commit_tree_hash
-from choir.team.git import commit_all, git, rev, worktree
+from choir.exceptions import UserError
 from choir.team.plan import Plan, item_key
 from choir.team.state import (
     BLOCKED,
@@ -64,6 +65,11 @@ class Driver:
         self.emit = on_event or (lambda event: None)
         self.merging = asyncio.Lock()
         self.state: dict[str, Any] = {}
+        found = locate(self.repo)
+        if found is None:
+            raise UserError(f"plan {plan.id}: {self.repo} is not a git repository\n  fix: "
+                            "`repo:` names the work tree of the repo the plan changes")
+        self.git: GitRepo = found
 
     # -- the record --------------------------------------------------------------------------
     def _save(self) -> None:
@@ -83,17 +89,15 @@ class Driver:
                 if row["state"] == RUNNING:  # killed mid-run: run again from the record
                     row["state"] = PENDING
         else:
-            from choir.exceptions import UserError
-
             if old is not None:  # never reset a plan's integration branch by accident
                 raise UserError(f"plan {self.plan.id} has a record already; `choir plan run "
                                 f"--resume {self.plan.id}` finishes it, or give the plan a new "
                                 "id")
-            base = rev(self.repo, self.plan.base)
+            base = self.git.rev(self.plan.base)
             if base is None:
                 raise UserError(f"plan {self.plan.id}: base branch '{self.plan.base}' does "
                                 f"not exist in {self.repo}")
-            git(self.repo, "branch", "-f", branch, base)
+            self.git.write("branch", "-f", branch, base)
             self.state = {"plan": self.plan.id, "plan_file": str(self.plan_file or ""),
                           "repo": str(self.repo), "base": base,
                           "status": "running", "integration": base, "integration_tree": None,
@@ -102,8 +106,8 @@ class Driver:
                                            "feedback": ""} for i in self.plan.items}}
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "items").mkdir(exist_ok=True)
-        self.integration_wt = self.trees / "integration"
-        worktree(self.repo, self.integration_wt, branch, self.state["integration"])
+        self.integration = self.git.add_worktree(self.trees / "integration", branch,
+                                                 self.state["integration"])
         self._save()
 
     # -- one item ----------------------------------------------------------------------------
@@ -114,7 +118,7 @@ class Driver:
         attempt = row["attempt"] + 1
         head = self.state["integration"]
         tree = self.trees / "items" / item_id
-        worktree(self.repo, tree, item_branch(self.plan.id, item_id), head)
+        work = self.git.add_worktree(tree, item_branch(self.plan.id, item_id), head)
         item = self.plan.work_item(item_id, tree)
         if row["feedback"]:  # bounded: the conflict or the failing verifier, once
             item = item.model_copy(update={"goal": f"{item.goal}\n\nIntegration feedback "
@@ -133,7 +137,12 @@ class Driver:
         if outcome.status != "asserted":
             self._set(item_id, state=FAILED, last=f"{outcome.status}: {outcome.reason}"[:300])
             return
-        commit = commit_all(tree, f"{item_id}: {self.plan.item(item_id).goal[:60]}")
+        # the git folder is the one recorded when the worktree was made, never the .git the
+        # member may have rewritten; filters and hooks the config names are pinned off
+        work.write("add", "-A")
+        work.write("commit", "-q", "--allow-empty", "--no-verify", "-m",
+                   f"{item_id}: {self.plan.item(item_id).goal[:60]}")
+        commit = work.rev("HEAD") or ""
         await self._integrate(item_id, commit)
 
     async def _integrate(self, item_id: str, commit: str) -> None:
@@ -144,25 +153,25 @@ class Driver:
                 self._set(item_id, state=FAILED, last="gate: " + "; ".join(gate.problems)[:300])
                 return
             before = self.state["integration"]
-            wt = self.integration_wt
-            merged = git(wt, "merge", "--no-ff", "-q", "-m", f"merge {item_id}", commit,
-                         check=False)
+            wt = self.integration
+            merged = wt.write("merge", "--no-ff", "--no-edit", "-q", "-m", f"merge {item_id}",
+                              commit, check=False)
             if merged.returncode != 0:
-                conflicts = git(wt, "diff", "--name-only", "--diff-filter=U", check=False)
-                git(wt, "merge", "--abort", check=False)
-                git(wt, "reset", "-q", "--hard", before)
+                conflicts = wt.write("diff", "--name-only", "--diff-filter=U", check=False)
+                wt.write("merge", "--abort", check=False)
+                wt.write("reset", "-q", "--hard", before)
                 self._send_back(item_id, "merge conflict with the integration branch in: " +
                                 (", ".join(conflicts.stdout.split()) or "(unknown files)"))
                 return
-            verdict = await averify_tree(wt, claim=self.plan.id)
+            verdict = await averify_tree(wt.root, claim=self.plan.id)
             if not verdict.passed:
-                git(wt, "reset", "-q", "--hard", before)
+                wt.write("reset", "-q", "--hard", before)
                 failing = [f"{t['verifier']}: {t['result']}"
                            for t in verdict.contract.get("threads", []) if t["result"] != "PASS"]
                 self._send_back(item_id, f"integration round {verdict.status}: " +
                                 ("; ".join(failing) or verdict.verdict))
                 return
-            head = rev(wt, "HEAD") or before
+            head = wt.rev("HEAD") or before
             # the integration worktree is on the integration branch: the merge moved it;
             # after a crash before this record, the resume resets it to the recorded head
             self.state["integration"] = head
@@ -233,10 +242,10 @@ class Driver:
         gate = check_gate(self.plan.id, tree=tree, commit=None) if tree else None
         self.state["status"] = "asserted" if merged and gate and gate.passed else "failed"
         self._save()
-        for path in [self.integration_wt, *(self.trees / "items").glob("*")]:
+        for path in [self.integration.root, *(self.trees / "items").glob("*")]:
             if path.is_dir():
-                git(self.repo, "worktree", "remove", "--force", str(path), check=False)
-        git(self.repo, "worktree", "prune", check=False)
+                self.git.write("worktree", "remove", "--force", str(path), check=False)
+        self.git.write("worktree", "prune", check=False)
         return self.state
 
 

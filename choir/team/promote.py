@@ -12,10 +12,10 @@ import datetime as dt
 from pathlib import Path
 
 from choir.app.gate import GateAnswer, check_gate
+from choir.evidence.git import locate
 from choir.evidence.tree import commit_tree_hash
 from choir.exceptions import UserError
 from choir.team.driver import integration_branch
-from choir.team.git import git, rev
 from choir.team.plan import item_key
 from choir.team.state import MERGED, load_state, save_state
 
@@ -61,7 +61,10 @@ def promote(plan_id: str, to: str, repo: Path | None = None) -> str:
     if state is None:
         raise UserError(f"promote: no plan {plan_id} on record")
     repo = (repo or Path(state["repo"])).resolve()
-    head = rev(repo, integration_branch(plan_id))
+    git = locate(repo)
+    if git is None:
+        raise UserError(f"promote: {repo} is not a git repository")
+    head = git.rev(integration_branch(plan_id))
     if head is None:
         raise UserError(f"promote: {repo} has no branch {integration_branch(plan_id)}")
     tree = commit_tree_hash(repo, head)
@@ -69,16 +72,16 @@ def promote(plan_id: str, to: str, repo: Path | None = None) -> str:
     if not answer.passed:
         raise UserError(f"promote: refused: the gate does not hold for {head[:12]}:\n  " +
                         "\n  ".join(answer.problems))
-    old = rev(repo, to)
-    if old is not None and git(repo, "merge-base", "--is-ancestor", old, head,
-                               check=False).returncode != 0:
+    old = git.rev(to)
+    if old is not None and git.run("merge-base", "--is-ancestor", old, head) is None:
         raise UserError(f"promote: refused: {to} is not an ancestor of {head[:12]} (not a fast "
                         "forward)")
-    checked_out = git(repo, "symbolic-ref", "-q", "--short", "HEAD", check=False).stdout.strip()
-    if checked_out == to:
-        raise UserError(f"promote: refused: {to} is checked out in {repo}; switch to another "
-                        "branch first (promotion never touches a checkout)")
-    git(repo, "update-ref", f"refs/heads/{to}", head, old or "")
+    listed = (git.run("worktree", "list", "--porcelain") or b"").decode("utf-8", "replace")
+    if f"branch refs/heads/{to}" in listed.splitlines():
+        raise UserError(f"promote: refused: {to} is checked out in a work tree of {repo}; "
+                        "switch it to another branch first (promotion never touches a "
+                        "checkout)")
+    git.write("update-ref", f"refs/heads/{to}", head, old or "")
     state.setdefault("promotions", []).append(
         {"to": to, "commit": head, "tree": tree, "from": old,
          "at": dt.datetime.now(dt.UTC).isoformat()})
