@@ -41,7 +41,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
 # signs a DSSE export by running `choir attest show` in a process of its own). `mcp` verifies
 # and reads reports for an agent: separated like `verify`.
 _SEPARATED = frozenset({"verify", "init", "run", "approve", "gate", "audit", "attest", "ahdb",
-                        "trace", "runs", "trust-interpreter", "mcp"})
+                        "trace", "runs", "trust-interpreter", "mcp", "plan", "promote"})
 
 
 def _separate(args: list[str]) -> None:

@@ -104,3 +104,46 @@ def test_kill_9_mid_plan_then_resume_runs_no_merged_item_again(
     assert all(r["state"] == "merged" for r in rows.values()), rows
     assert rows["first"]["attempt"] == 1 and rows["first"]["run_id"] == "dur.first.1"
     assert git(tmp_path / "repo", "show", "choir/plan/dur/integration:three.txt") == "3"
+
+
+PROBE = """\
+import atexit, os, sys
+
+def _probe():  # at exit, after the command ran: what this process could see of the keys
+    keys = os.path.join(os.environ["CHOIR_HOME"], "keys")
+    try:
+        seen = sorted(os.listdir(keys))
+    except OSError as exc:
+        seen = [type(exc).__name__]
+    with open(os.environ["KEY_PROBE"], "a") as fh:
+        fh.write(f"{sys.argv[1:3]} {seen}\\n")
+
+atexit.register(_probe)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the mount-namespace level needs root")
+def test_plan_run_gate_and_promote_never_see_the_key(tmp_path: Path, choir_home: Path) -> None:
+    """They read members' trees, logs and git objects: like ``choir run``, they work
+    confined from the key folder, and sign through the broker."""
+    from choir.trusted.keyfile import load_key
+
+    load_key(choir_home)
+    assert (choir_home / "keys" / "ed25519.key").exists()
+    probe_dir, probe = tmp_path / "probe", tmp_path / "probe.txt"
+    probe_dir.mkdir()
+    (probe_dir / "sitecustomize.py").write_text(PROBE)
+    team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "sep", """\
+        - id: a
+          goal: write a
+          executor: {kind: command, command: 'echo A > a.txt'}
+        """)
+    env = {**os.environ, "PYTHONPATH": f"{probe_dir}:{os.getcwd()}", "KEY_PROBE": str(probe)}
+    for args in (["plan", "run", str(plan), "--json"], ["gate", "sep"],
+                 ["promote", "sep", "--to", "release"]):
+        done = subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                              timeout=300, env=env)
+        assert done.returncode == 0, (args, done.stdout, done.stderr)
+    lines = probe.read_text().splitlines()
+    assert len(lines) == 3 and all(line.endswith(" []") for line in lines), lines
