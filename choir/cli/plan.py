@@ -61,12 +61,12 @@ def run(plan_file: Path | None, as_json: bool, resume_id: str | None) -> int:
               help="The repo (default: the plan's).")
 def promote(plan_id: str, to: str, repo: Path | None) -> int:
     """Fast-forward BRANCH to PLAN_ID's integration commit, only when its gate holds."""
-    from choir.exceptions import UserError
+    from choir.exceptions import PromotionError, UserError
     from choir.team.promote import promote as do_promote
 
     try:
         head = do_promote(plan_id, to, repo)
-    except UserError as err:
+    except (UserError, PromotionError) as err:
         click.echo(str(err))
         return EXIT_FAIL
     click.echo(f"promote: {to} -> {head[:12]} (plan {plan_id} ASSERTed for exactly this tree)")

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from typing import Any
 
+from choir.ahdb import open_ahdb
 from choir.app.gate import GateAnswer, check_gate
 from choir.evidence.git import locate
 from choir.evidence.tree import commit_tree_hash
-from choir.exceptions import UserError
+from choir.exceptions import PromotionError, UserError
 from choir.team.driver import integration_branch
 from choir.team.plan import item_key
 from choir.team.state import MERGED, load_state, save_state
@@ -82,8 +84,39 @@ def promote(plan_id: str, to: str, repo: Path | None = None) -> str:
                         "switch it to another branch first (promotion never touches a "
                         "checkout)")
     git.write("update-ref", f"refs/heads/{to}", head, old or "")
+    try:
+        _record(plan_id, state, head, tree, to, old)
+    except Exception:  # no global effect without its AHDB event: the branch goes back
+        if old is None:
+            git.write("update-ref", "-d", f"refs/heads/{to}", head, check=False)
+        else:
+            git.write("update-ref", f"refs/heads/{to}", old, head, check=False)
+        raise
     state.setdefault("promotions", []).append(
         {"to": to, "commit": head, "tree": tree, "from": old,
          "at": dt.datetime.now(dt.UTC).isoformat()})
     save_state(plan_id, state)
     return head
+
+
+def _record(plan_id: str, state: dict[str, Any], head: str, tree: str, to: str,
+            old: str | None) -> None:
+    """The promotion as an AHDB event, on the plan's and every item's live ASSERT.
+
+    Raises:
+        PromotionError: the rules refuse it (an ASSERT gone or demoted since the gate).
+    """
+    db = open_ahdb()
+    plan_assert = db.is_asserted(plan_id, tree)
+    if plan_assert is None:
+        raise PromotionError(f"promote: plan {plan_id} has no live ASSERT for {tree[:12]}")
+    repo = Path(state["repo"])
+    items: dict[str, str] = {}
+    for item_id, row in state["items"].items():
+        key = item_key(plan_id, item_id)
+        found = db.is_asserted(key, commit_tree_hash(repo, row["commit"]))
+        if found is None:
+            raise PromotionError(f"promote: item {item_id} has no live ASSERT")
+        items[key] = found.id
+    db.release(plan_id, assert_id=plan_assert.id, tree_hash=tree, commit=head, branch=to,
+               previous=old, items=items)

@@ -57,6 +57,8 @@ def test_gate_and_promote_only_for_exactly_the_integration_tree(tmp_path: Path) 
     ok = choir("promote", "rel", "--to", "release")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert git(repo, "rev-parse", "release") == state["integration"]
+    audited = choir("audit", "--json")  # every item, merge, integration round and promotion
+    assert audited.returncode == 0, audited.stdout
     assert git(repo, "status", "--porcelain") == "" and git(repo, "branch", "--show-current") \
         == "main"
     # a checked-out branch, and a branch that is not an ancestor, are never moved
