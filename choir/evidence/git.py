@@ -166,12 +166,23 @@ class GitRepo:
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
             self.write("worktree", "prune")
         self.write("worktree", "add", "-f", "-B", branch, str(path), start)
+        made = self.worktree_at(path)
+        if made is None:
+            raise UserError(f"git worktree add made no worktree record for {path}")
+        return made
+
+    def worktree_at(self, path: Path) -> GitRepo | None:
+        """The linked worktree of this repository at ``path``, found from this repository's
+        own worktree records (never from ``path/.git``), or None."""
         root = Path(os.path.realpath(path))
-        for admin in sorted((self.common_dir / "worktrees").iterdir()):
+        admins = self.common_dir / "worktrees"
+        if not root.is_dir() or not admins.is_dir():
+            return None
+        for admin in sorted(admins.iterdir()):
             back = _pointer(admin, "gitdir")
             if back is not None and os.path.realpath(admin / back) == str(root / ".git"):
                 return GitRepo(root=root, git_dir=admin, common_dir=self.common_dir)
-        raise UserError(f"git worktree add made no worktree record for {path}")
+        return None
 
 
 def _is_oid(text: str) -> bool:

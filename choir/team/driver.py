@@ -23,6 +23,7 @@ from choir.evidence.tree import commit_tree_hash
 from choir.exceptions import UserError
 from choir.team.plan import Plan, item_key
 from choir.team.state import (
+    ASSERTED,
     BLOCKED,
     FAILED,
     MERGED,
@@ -85,9 +86,6 @@ class Driver:
         branch = integration_branch(self.plan.id)
         if resume and old is not None:
             self.state = old
-            for row in self.state["items"].values():
-                if row["state"] == RUNNING:  # killed mid-run: run again from the record
-                    row["state"] = PENDING
         else:
             if old is not None:  # never reset a plan's integration branch by accident
                 raise UserError(f"plan {self.plan.id} has a record already; `choir plan run "
@@ -112,30 +110,41 @@ class Driver:
 
     # -- one item ----------------------------------------------------------------------------
     async def _run_item(self, item_id: str) -> None:
-        from choir.graph import runner
+        from choir.team.subgraph import work_item_graph
 
         row = self.state["items"][item_id]
-        attempt = row["attempt"] + 1
-        head = self.state["integration"]
         tree = self.trees / "items" / item_id
-        work = self.git.add_worktree(tree, item_branch(self.plan.id, item_id), head)
-        item = self.plan.work_item(item_id, tree)
-        if row["feedback"]:  # bounded: the conflict or the failing verifier, once
-            item = item.model_copy(update={"goal": f"{item.goal}\n\nIntegration feedback "
-                                           f"(attempt {attempt}):\n{row['feedback']}"})
-        path = self.dir / "items" / f"{item_id}.{attempt}.json"
-        path.write_text(json.dumps(item.model_dump(mode="json", exclude={"split_of", "focus"})))
-        run_id = f"{item_key(self.plan.id, item_id)}.{attempt}"
-        self._set(item_id, state=RUNNING, attempt=attempt, run_id=run_id, base=head)
-        outcome = await runner.run_work_item(path, run_id=run_id)
-        spent = outcome.usage.get("total", {})
+        resuming = row["state"] == RUNNING  # killed mid-run: continue that run, not a new one
+        work = self.git.worktree_at(tree) if resuming else None
+        if work is None:
+            resuming = False
+            attempt = row["attempt"] + 1
+            head = self.state["integration"]
+            work = self.git.add_worktree(tree, item_branch(self.plan.id, item_id), head)
+            item = self.plan.work_item(item_id, tree)
+            if row["feedback"]:  # bounded: the conflict or the failing verifier, once
+                item = item.model_copy(update={"goal": f"{item.goal}\n\nIntegration feedback "
+                                               f"(attempt {attempt}):\n{row['feedback']}"})
+            path = self.dir / "items" / f"{item_id}.{attempt}.json"
+            path.write_text(json.dumps(item.model_dump(mode="json",
+                                                       exclude={"split_of", "focus"})))
+            run_id = f"{item_key(self.plan.id, item_id)}.{attempt}"
+            self._set(item_id, state=RUNNING, attempt=attempt, run_id=run_id, base=head)
+        else:
+            run_id, attempt = row["run_id"], row["attempt"]
+            path = self.dir / "items" / f"{item_id}.{attempt}.json"
+        done = await work_item_graph().ainvoke({"work_item": str(path), "run_id": run_id,
+                                                "resume": resuming})
+        outcome = done["outcome"]
+        spent = outcome["usage"].get("total", {})
         self.state["spend"] = spend = self.state.get("spend", {})
         who = spend.setdefault(row["member"] or "(own executor)",
                                {"prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0})
         for key in who:  # each run counted once: the record is saved with the item's new state
             who[key] = round(who[key] + spent.get(key, 0), 6)
-        if outcome.status != "asserted":
-            self._set(item_id, state=FAILED, last=f"{outcome.status}: {outcome.reason}"[:300])
+        if outcome["status"] != "asserted":
+            self._set(item_id, state=FAILED,
+                      last=f"{outcome['status']}: {outcome['reason']}"[:300])
             return
         # the git folder is the one recorded when the worktree was made, never the .git the
         # member may have rewritten; filters and hooks the config names are pinned off
@@ -143,6 +152,8 @@ class Driver:
         work.write("commit", "-q", "--allow-empty", "--no-verify", "-m",
                    f"{item_id}: {self.plan.item(item_id).goal[:60]}")
         commit = work.rev("HEAD") or ""
+        # recorded before the merge: after a crash, an ASSERTed item is merged, never rerun
+        self._set(item_id, state=ASSERTED, commit=commit, last="ASSERTed; merging")
         await self._integrate(item_id, commit)
 
     async def _integrate(self, item_id: str, commit: str) -> None:
@@ -193,7 +204,7 @@ class Driver:
         """Items whose dependencies are merged, and whether blocking changed anything."""
         rows, ready, changed = self.state["items"], [], False
         for item in self.plan.items:
-            if rows[item.id]["state"] != PENDING:
+            if rows[item.id]["state"] not in (PENDING, RUNNING):  # RUNNING: after a crash
                 continue
             deps = [rows[d]["state"] for d in item.depends_on]
             if any(s in (FAILED, BLOCKED) for s in deps):
@@ -214,6 +225,9 @@ class Driver:
 
     async def run(self, resume: bool = False) -> dict[str, Any]:
         self._start(resume)
+        for item_id, row in self.state["items"].items():  # ASSERTed before a crash: merged
+            if row["state"] == ASSERTED:
+                await self._integrate(item_id, row["commit"])
         running: dict[str, asyncio.Task[None]] = {}
         while True:
             ready, changed = self._ready()

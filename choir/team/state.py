@@ -16,7 +16,8 @@ from typing import Any
 
 from choir._core.paths import choir_home
 
-PENDING, RUNNING, MERGED, FAILED, BLOCKED = "pending", "running", "merged", "failed", "blocked"
+PENDING, RUNNING, ASSERTED, MERGED = "pending", "running", "asserted", "merged"
+FAILED, BLOCKED = "failed", "blocked"
 
 
 def plan_dir(plan_id: str) -> Path:

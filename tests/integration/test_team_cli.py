@@ -105,7 +105,46 @@ def test_kill_9_mid_plan_then_resume_runs_no_merged_item_again(
     rows = json.loads(resumed.stdout)["items"]
     assert all(r["state"] == "merged" for r in rows.values()), rows
     assert rows["first"]["attempt"] == 1 and rows["first"]["run_id"] == "dur.first.1"
+    # the run killed mid-way was continued from its checkpoint, not started again
+    assert rows["second"]["attempt"] == 1 and rows["second"]["run_id"] == "dur.second.1"
     assert git(tmp_path / "repo", "show", "choir/plan/dur/integration:three.txt") == "3"
+
+
+def test_kill_9_between_an_items_assert_and_its_merge_merges_it_without_running_it_again(
+        tmp_path: Path, choir_home: Path) -> None:
+    """The item is recorded ASSERTed (with its commit) before its merge and integration
+    round: a driver killed in that window merges it on resume; its run is not repeated and
+    its tokens are not counted again."""
+    team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "win", """\
+        - id: only
+          goal: quick
+          executor: {kind: command, command: 'echo 1 > one.txt'}
+        """, max_parallel=1)
+    proc = subprocess.Popen([PY, "-m", "choir", "plan", "run", str(plan), "--json"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    record = choir_home / "plans" / "win" / "state.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if record.exists() and json.loads(record.read_text())["items"]["only"]["state"] \
+                == "asserted":
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = json.loads(record.read_text())
+    assert before["items"]["only"]["state"] == "asserted", before["items"]
+    resumed = choir("plan", "run", "--resume", "win", "--json")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    after = json.loads(resumed.stdout)
+    row = after["items"]["only"]
+    assert row["state"] == "merged" and row["attempt"] == 1 and row["run_id"] == "win.only.1"
+    assert row["commit"] == before["items"]["only"]["commit"]
+    assert after["spend"] == before["spend"]  # counted once, when the run ended
+    runs = {p.name for p in (choir_home / "runs").iterdir()} if (choir_home / "runs").is_dir() \
+        else set()
+    assert not {r for r in runs if r.startswith("win.only.2")}
 
 
 PROBE = """\
