@@ -70,6 +70,21 @@ def test_gate_and_promote_only_for_exactly_the_integration_tree(tmp_path: Path) 
     assert diverged.returncode == 1 and "not a fast forward" in diverged.stdout
 
 
+def kill_when(plan: Path, record: Path, item: str, state: str) -> Path:
+    """``choir plan run PLAN``, killed -9 as soon as its record shows ``item`` in ``state``."""
+    proc = subprocess.Popen([PY, "-m", "choir", "plan", "run", str(plan), "--json"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if record.exists() and json.loads(record.read_text())["items"][item]["state"] == state:
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return record
+
+
 def test_kill_9_mid_plan_then_resume_runs_no_merged_item_again(
         tmp_path: Path, choir_home: Path) -> None:
     team_repo(tmp_path / "repo")
@@ -86,18 +101,7 @@ def test_kill_9_mid_plan_then_resume_runs_no_merged_item_again(
           executor: {kind: command, command: 'echo 3 > three.txt'}
           depends_on: [second]
         """, max_parallel=1)
-    proc = subprocess.Popen([PY, "-m", "choir", "plan", "run", str(plan), "--json"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    record = choir_home / "plans" / "dur" / "state.json"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if record.exists() and json.loads(record.read_text())["items"]["second"]["state"] \
-                == "running":
-            break
-        time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    record = kill_when(plan, choir_home / "plans" / "dur" / "state.json", "second", "running")
     before = json.loads(record.read_text())["items"]
     assert before["first"]["state"] == "merged" and before["third"]["state"] == "pending"
     resumed = choir("plan", "run", "--resume", "dur", "--json")
@@ -121,18 +125,7 @@ def test_kill_9_between_an_items_assert_and_its_merge_merges_it_without_running_
           goal: quick
           executor: {kind: command, command: 'echo 1 > one.txt'}
         """, max_parallel=1)
-    proc = subprocess.Popen([PY, "-m", "choir", "plan", "run", str(plan), "--json"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    record = choir_home / "plans" / "win" / "state.json"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if record.exists() and json.loads(record.read_text())["items"]["only"]["state"] \
-                == "asserted":
-            break
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    record = kill_when(plan, choir_home / "plans" / "win" / "state.json", "only", "asserted")
     before = json.loads(record.read_text())
     assert before["items"]["only"]["state"] == "asserted", before["items"]
     resumed = choir("plan", "run", "--resume", "win", "--json")
