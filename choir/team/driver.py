@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,7 @@ class Driver:
             self.state = {"plan": self.plan.id, "plan_file": str(self.plan_file or ""),
                           "repo": str(self.repo), "base": base,
                           "status": "running", "integration": base, "integration_tree": None,
+                          "started": time.time(),
                           "items": {i.id: {"state": PENDING, "attempt": 0, "run_id": "",
                                            "member": i.member or "", "last": "",
                                            "feedback": ""} for i in self.plan.items}}
@@ -215,6 +217,20 @@ class Driver:
                 ready.append(item.id)
         return ready, changed
 
+    def _budget_spent(self) -> str | None:
+        """Which of the plan's limits is reached (item runs, tokens, cost, wall time)."""
+        limit, rows = self.plan.budget, self.state["items"].values()
+        spend = self.state.get("spend", {}).values()
+        used = {"attempts": sum(r["attempt"] for r in rows),
+                "tokens": sum(s["prompt_tokens"] + s["completion_tokens"] for s in spend),
+                "cost_usd": round(sum(s["cost_usd"] for s in spend), 6),
+                "wall_s": round(time.time() - self.state["started"], 1)}
+        for name, value in used.items():
+            cap = getattr(limit, name)
+            if cap is not None and value >= cap:
+                return f"{name} {value}/{cap}"
+        return None
+
     def _member_free(self, item_id: str, running: dict[str, Any]) -> bool:
         """Below the member's own ``concurrency`` (an item with its own executor: no limit)."""
         name = self.plan.item(item_id).member
@@ -231,7 +247,12 @@ class Driver:
         running: dict[str, asyncio.Task[None]] = {}
         while True:
             ready, changed = self._ready()
-            for item_id in ready:
+            spent = self._budget_spent() if ready else None
+            for item_id in ready if spent else ():  # nothing more starts; the rest is blocked
+                if item_id not in running:
+                    self._set(item_id, state=BLOCKED, last=f"plan budget spent: {spent}")
+                    changed = True
+            for item_id in ready if not spent else ():
                 if item_id not in running and len(running) < self.plan.max_parallel and \
                         self._member_free(item_id, running):
                     running[item_id] = asyncio.create_task(self._run_item(item_id))

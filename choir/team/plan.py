@@ -30,13 +30,26 @@ class Member(Frozen):
 
 
 class PlanItem(WorkItem):
-    """A work item as today, with ``repo`` taken from the plan, plus who does it and what it
-    waits for."""
+    """A work item as today, with ``repo`` taken from the plan, plus who does it, who takes
+    it over when the loop cannot satisfy it (``escalate_to``: a member of the plan, an
+    executor, or ``human``), and what it waits for."""
 
     repo: str = ""
     executor: ExecutorSpec | None = None  # type: ignore[assignment]
     member: str | None = None
+    escalate_to: ExecutorSpec | str | None = None  # type: ignore[assignment]
     depends_on: tuple[str, ...] = ()
+
+
+class Budget(Frozen):
+    """What the whole plan may spend; once any limit is reached no further item starts (the
+    ones running finish; the rest are reported blocked). Each item's own run is bounded
+    by its ``max_attempts`` (one budget for it and every part split from it)."""
+
+    attempts: int | None = Field(default=None, ge=1)  # item runs the driver starts
+    tokens: int | None = Field(default=None, ge=1)  # prompt + completion, every member
+    cost_usd: float | None = Field(default=None, gt=0)
+    wall_s: float | None = Field(default=None, gt=0)  # from the plan's first start
 
 
 class Plan(Frozen):
@@ -48,6 +61,7 @@ class Plan(Frozen):
     base: str = "main"
     members: dict[str, Member] = Field(default_factory=dict)
     max_parallel: int = Field(default=2, ge=1, le=64)
+    budget: Budget = Field(default_factory=Budget)
     items: tuple[PlanItem, ...] = Field(min_length=1)
 
     def item(self, item_id: str) -> PlanItem:
@@ -59,10 +73,15 @@ class Plan(Frozen):
         item = self.item(item_id)
         member = self.members.get(item.member or "")
         executor = item.executor or (member.executor if member else None)
-        data = item.model_dump(exclude={"member", "depends_on", "executor", "repo", "id"},
-                               exclude_unset=True)
+        data = item.model_dump(exclude={"member", "depends_on", "executor", "repo", "id",
+                                        "escalate_to"}, exclude_unset=True)
         if member is not None and member.mood is not None and "mood" not in data:
             data["mood"] = member.mood
+        target = item.escalate_to
+        if isinstance(target, str) and target in self.members:  # a member: its executor
+            data["escalate_to"] = self.members[target].executor
+        elif target is not None:
+            data["escalate_to"] = target
         return WorkItem(id=item_key(self.id, item.id), repo=str(repo),
                         executor=executor or ExecutorSpec(), **data)
 
@@ -115,6 +134,13 @@ def _graph_errors(doc: YamlDoc, plan: Plan) -> list[ConfigError]:
             errors.append(ConfigError(f"item '{item.id}' needs exactly one of 'executor:' "
                                       "and 'member:'", path=path, line=doc.line_of(loc),
                                       hint="name a member of the plan, or give an executor"))
+        target = item.escalate_to
+        if isinstance(target, str) and target != "human" and target not in plan.members:
+            known = ", ".join(sorted(plan.members)) or "(none: add a 'members:' section)"
+            errors.append(ConfigError(f"item '{item.id}' escalates to unknown member "
+                                      f"'{target}'", path=path,
+                                      line=doc.line_of((*loc, "escalate_to")),
+                                      hint=f"use one of: {known}, or human"))
         for k, dep in enumerate(item.depends_on):
             if dep not in ids:
                 errors.append(ConfigError(f"item '{item.id}' depends on missing item "

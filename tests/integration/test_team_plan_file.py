@@ -31,6 +31,10 @@ def test_every_mistake_in_a_plan_is_reported_at_once(tmp_path: Path) -> None:
           depends_on: [zzz]
         - id: e
           goal: e
+        - id: f
+          goal: f
+          member: worker
+          escalate_to: stronger
         """)
     with pytest.raises(ConfigError) as err:
         load_plan(plan)
@@ -38,6 +42,7 @@ def test_every_mistake_in_a_plan_is_reported_at_once(tmp_path: Path) -> None:
     assert "unknown member 'nobody'" in text and f"{plan}:11:" in text
     assert "dependency cycle: b -> c -> b" in text
     assert "depends on missing item 'zzz'" in text
+    assert "escalates to unknown member 'stronger'" in text and f"{plan}:29:" in text
     assert "item 'e' needs exactly one of 'executor:' and 'member:'" in text
     assert str(plan) in text
 
@@ -75,3 +80,22 @@ def test_the_cli_exits_2_naming_file_and_line(tmp_path: Path) -> None:
                           text=True, timeout=60)
     assert proc.returncode == 2
     assert f"{plan}:" in proc.stderr and "dependency cycle: a -> a" in proc.stderr
+
+
+def test_an_item_escalates_to_a_member_of_the_plan_as_that_members_executor(
+        tmp_path: Path) -> None:
+    team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "p", """\
+        - id: a
+          goal: a
+          executor: {kind: command, command: 'false'}
+          escalate_to: worker
+        - id: b
+          goal: b
+          member: worker
+          escalate_to: human
+        """)
+    loaded = load_plan(plan)
+    a = loaded.work_item("a", tmp_path)
+    assert a.escalate_to == loaded.members["worker"].executor
+    assert loaded.work_item("b", tmp_path).escalate_to == "human"

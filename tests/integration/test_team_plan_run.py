@@ -111,3 +111,56 @@ def test_a_halted_item_blocks_its_dependents_and_the_rest_goes_on(tmp_path: Path
     assert rows["after"]["state"] == "blocked" and "bad" in rows["after"]["last"]
     assert rows["ok"]["state"] == "merged"
     assert rows["after"]["attempt"] == 0  # never started
+
+
+def test_a_stuck_item_escalates_to_a_stronger_member_within_its_one_budget(
+        tmp_path: Path) -> None:
+    """The same failure that does not divide halts; with ``escalate_to: MEMBER`` the item
+    goes to that member for the attempts left, and its verified change is merged."""
+    repo = team_repo(tmp_path / "repo")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("""\
+id: esc
+repo: ./repo
+base: main
+members:
+  weak: {executor: {kind: command, command: 'echo BROKEN > a.txt'}}
+  strong: {executor: {kind: command, command: 'echo A > a.txt'}}
+items:
+  - id: a
+    goal: write a
+    member: weak
+    max_attempts: 6
+    escalate_to: strong
+""")
+    state = asyncio.run(run_plan(load_plan(plan)))
+    row = state["items"]["a"]
+    assert row["state"] == "merged", row
+    assert show(repo, "choir/plan/esc/integration", "a.txt") == "A"
+
+
+def test_the_plan_wide_budget_stops_new_items_and_reports_the_rest_blocked(
+        tmp_path: Path) -> None:
+    repo = team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "bud", """\
+        - id: first
+          goal: write a
+          executor: {kind: command, command: 'echo A > a.txt'}
+        - id: second
+          goal: write c
+          executor: {kind: command, command: 'echo C > c.txt'}
+        - id: third
+          goal: after second
+          member: worker
+          depends_on: [second]
+        """, max_parallel=1)
+    plan.write_text(plan.read_text().replace("max_parallel: 1\n",
+                                             "max_parallel: 1\nbudget: {attempts: 1}\n"))
+    state = asyncio.run(run_plan(load_plan(plan)))
+    rows = state["items"]
+    assert rows["first"]["state"] == "merged", rows
+    assert rows["second"]["state"] == "blocked" and rows["second"]["attempt"] == 0
+    assert "plan budget spent: attempts 1/1" in rows["second"]["last"]
+    assert rows["third"]["state"] == "blocked" and "second" in rows["third"]["last"]
+    assert state["status"] == "failed"
+    assert git(repo, "ls-tree", "--name-only", "choir/plan/bud/integration").count("c.txt") == 0
