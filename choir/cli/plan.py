@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,35 @@ def _line(event: dict[str, Any]) -> None:
     click.echo(f"  {event['item']:<20} {event.get('member') or '-':<10} {event['state']:<8} "
                f"attempt {event.get('attempt', 0)}  {str(event.get('last', ''))[:70]}",
                err=True)
+
+
+def _with_table(loaded: Any, drive: Any) -> dict[str, Any]:
+    """Drive the plan under a live table on the terminal: one row per item (member, state,
+    attempt, last verdict), redrawn on every transition."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+    rows: dict[str, dict[str, Any]] = {
+        i.id: {"member": i.member or "-", "state": "pending", "attempt": 0, "last": ""}
+        for i in loaded.items}
+
+    def table() -> Table:
+        out = Table(title=f"plan {loaded.id}")
+        for name in ("item", "member", "state", "attempt", "last verdict"):
+            out.add_column(name)
+        for item_id, row in rows.items():
+            out.add_row(item_id, row["member"] or "-", row["state"], str(row["attempt"]),
+                        str(row["last"])[:80])
+        return out
+
+    with Live(table(), console=Console(), auto_refresh=False) as live:
+        def update(event: dict[str, Any]) -> None:
+            rows[event["item"]].update({k: event.get(k, rows[event["item"]][k])
+                                        for k in ("member", "state", "attempt", "last")})
+            live.update(table(), refresh=True)
+
+        return dict(drive(update))
 
 
 @plan.command("run")
@@ -43,9 +73,13 @@ def run(plan_file: Path | None, as_json: bool, resume_id: str | None) -> int:
     if plan_file is None:
         raise UserError("give PLAN_FILE, or --resume ID")
     loaded = load_plan(plan_file)
-    state = asyncio.run(run_plan(loaded, resume=resume_id is not None,
-                                 plan_file=plan_file.resolve(),
-                                 on_event=None if as_json else _line))
+    live = not as_json and sys.stdout.isatty()
+
+    def drive(on_event: Any) -> dict[str, Any]:
+        return asyncio.run(run_plan(loaded, resume=resume_id is not None,
+                                    plan_file=plan_file.resolve(), on_event=on_event))
+
+    state = _with_table(loaded, drive) if live else drive(None if as_json else _line)
     if as_json:
         click.echo(json.dumps(state, indent=1, sort_keys=True))
     else:

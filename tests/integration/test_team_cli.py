@@ -181,3 +181,34 @@ def test_plan_run_gate_and_promote_never_see_the_key(tmp_path: Path, choir_home:
         assert done.returncode == 0, (args, done.stdout, done.stderr)
     lines = probe.read_text().splitlines()
     assert len(lines) == 3 and all(line.endswith(" []") for line in lines), lines
+
+
+def test_a_terminal_gets_a_live_table_of_items(tmp_path: Path, choir_home: Path) -> None:
+    """On a TTY: item, member, state, attempt and last verdict per row; redrawn live."""
+    import pty
+
+    team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "tty", """\
+        - id: alpha
+          goal: write a
+          member: worker
+        """)
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([PY, "-m", "choir", "plan", "run", str(plan)], stdout=follower,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "160"})
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    assert proc.wait(timeout=300) == 0
+    text = seen.decode("utf-8", "replace")
+    for column in ("item", "member", "state", "attempt", "last verdict"):
+        assert column in text, text[-2000:]
+    assert "alpha" in text and "worker" in text and "running" in text and "merged" in text
