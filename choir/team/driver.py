@@ -137,7 +137,7 @@ class Driver:
             path = self.dir / "items" / f"{item_id}.{attempt}.json"
         done = await work_item_graph().ainvoke({"work_item": str(path), "run_id": run_id,
                                                 "resume": resuming})
-        outcome = done["outcome"]
+        (outcome,) = done["outcomes"]
         spent = outcome["usage"].get("total", {})
         self.state["spend"] = spend = self.state.get("spend", {})
         who = spend.setdefault(row["member"] or "(own executor)",
