@@ -82,6 +82,12 @@ class Driver:
         self._save()
         self.emit({"item": item_id, **self.state["items"][item_id]})
 
+    def _timed(self, item_id: str, what: str, since: float) -> None:
+        """Add the seconds since ``since`` to the item's ``what`` (saved with its next
+        transition): where a plan's time went, and what the driver itself cost."""
+        row = self.state["items"][item_id]
+        row[what] = round(row.get(what, 0.0) + time.perf_counter() - since, 3)
+
     def _start(self, resume: bool) -> None:
         old = load_state(self.plan.id)
         branch = integration_branch(self.plan.id)
@@ -135,8 +141,10 @@ class Driver:
         else:
             run_id, attempt = row["run_id"], row["attempt"]
             path = self.dir / "items" / f"{item_id}.{attempt}.json"
+        clock = time.perf_counter()
         done = await work_item_graph().ainvoke({"work_item": str(path), "run_id": run_id,
                                                 "resume": resuming})
+        self._timed(item_id, "run_s", clock)
         (outcome,) = done["outcomes"]
         spent = outcome["usage"].get("total", {})
         self.state["spend"] = spend = self.state.get("spend", {})
@@ -176,7 +184,9 @@ class Driver:
                 self._send_back(item_id, "merge conflict with the integration branch in: " +
                                 (", ".join(conflicts.stdout.split()) or "(unknown files)"))
                 return
+            clock = time.perf_counter()
             verdict = await averify_tree(wt.root, claim=self.plan.id)
+            self._timed(item_id, "integration_s", clock)
             if not verdict.passed:
                 wt.write("reset", "-q", "--hard", before)
                 failing = [f"{t['verifier']}: {t['result']}"

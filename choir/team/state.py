@@ -1,10 +1,15 @@
-"""The plan driver's durable record: one JSON file per plan, replaced atomically after every
-transition.
+"""The plan driver's durable record: one JSON file per plan, replaced atomically (write,
+fsync, rename) after every transition.
 
-Each item's own run is already checkpointed by LangGraph (``choir.graph.runner``); what the
-driver adds is small (each item's state, attempt and run id, the integration head), so a
-plain atomic record is enough: after kill -9, ``--resume`` reads it, skips every item already
-merged, and re-drives the rest from the integration branch as it stands.
+Each item's own run is checkpointed by LangGraph (``choir.graph.runner``) under its run id;
+the record holds what the driver adds: each item's state, attempt, run id and commit, the
+integration head, and the spend per member, saved together with the transition that caused
+them. After kill -9, ``--resume`` reads it: a merged item is skipped; an item recorded
+ASSERTed (its commit made, before the merge) is merged without running again; an item
+recorded running continues its own run id from the run's last checkpoint; the integration
+branch is reset to the recorded head, so a merge the record does not hold is redone, never
+kept twice. A run's spend is added once, when the run ends, in the save that records its
+outcome.
 """
 
 from __future__ import annotations
