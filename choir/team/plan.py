@@ -62,7 +62,8 @@ class Plan(Frozen):
     members: dict[str, Member] = Field(default_factory=dict)
     max_parallel: int = Field(default=2, ge=1, le=64)
     budget: Budget = Field(default_factory=Budget)
-    items: tuple[PlanItem, ...] = Field(min_length=1)
+    items: tuple[PlanItem, ...] = ()
+    items_from: str | None = None  # a folder of work item files (*.yaml), relative to the plan
 
     def item(self, item_id: str) -> PlanItem:
         return next(i for i in self.items if i.id == item_id)
@@ -114,12 +115,38 @@ def _cycle(deps: dict[str, tuple[str, ...]]) -> list[str] | None:
     return None
 
 
-def _graph_errors(doc: YamlDoc, plan: Plan) -> list[ConfigError]:
+# where each item was written: its file, and the path of its mapping in that file
+Where = tuple[YamlDoc, tuple[str | int, ...]]
+
+
+def _folder_items(path: Path, doc: YamlDoc, plan: Plan) -> tuple[list[PlanItem], list[Where],
+                                                                  list[ConfigError]]:
+    """The work item files of ``items_from``, each validated with its own file and lines."""
+    folder = (path.parent / (plan.items_from or "")).resolve()
+    if not folder.is_dir():
+        return [], [], [ConfigError(f"items_from '{plan.items_from}' is not a folder "
+                                    f"(resolved to {folder})", path=str(path),
+                                    line=doc.line_of(("items_from",)),
+                                    hint="items_from is relative to the plan file")]
+    items: list[PlanItem] = []
+    where: list[Where] = []
     errors: list[ConfigError] = []
-    path = str(doc.path)
+    for file in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")]):
+        item_doc = load_yaml(file)
+        parsed, found = validation_errors(item_doc, PlanItem)
+        errors += found
+        if parsed is not None:
+            items.append(parsed)
+            where.append((item_doc, ()))
+    return items, where, errors
+
+
+def _graph_errors(plan: Plan, where: list[Where]) -> list[ConfigError]:
+    errors: list[ConfigError] = []
     ids = [i.id for i in plan.items]
     for n, item in enumerate(plan.items):
-        loc: tuple[str | int, ...] = ("items", n)
+        doc, loc = where[n]
+        path = str(doc.path)
         if ids.count(item.id) > 1 and ids.index(item.id) != n:
             errors.append(ConfigError(f"item id '{item.id}' is used twice", path=path,
                                       line=doc.line_of((*loc, "id")),
@@ -149,9 +176,9 @@ def _graph_errors(doc: YamlDoc, plan: Plan) -> list[ConfigError]:
                                           hint=f"use one of: {', '.join(ids)}"))
     cycle = _cycle({i.id: i.depends_on for i in plan.items})
     if cycle:
-        first = ids.index(cycle[0])
-        errors.append(ConfigError(f"dependency cycle: {' -> '.join(cycle)}", path=path,
-                                  line=doc.line_of(("items", first, "depends_on")),
+        doc, loc = where[ids.index(cycle[0])]
+        errors.append(ConfigError(f"dependency cycle: {' -> '.join(cycle)}",
+                                  path=str(doc.path), line=doc.line_of((*loc, "depends_on")),
                                   hint="drop one of these depends_on entries"))
     return errors
 
@@ -171,7 +198,17 @@ def load_plan(path: Path) -> Plan:
     if parsed is None:
         ConfigError.raise_all(errors)
     plan: Plan = parsed
-    errors += _graph_errors(doc, plan)
+    where: list[Where] = [(doc, ("items", n)) for n in range(len(plan.items))]
+    if plan.items_from is not None:
+        extra, extra_where, found = _folder_items(path, doc, plan)
+        errors += found
+        plan = plan.model_copy(update={"items": (*plan.items, *extra)})
+        where += extra_where
+    if not plan.items:
+        errors.append(ConfigError("the plan has no items", path=str(path), line=1,
+                                  hint="add 'items:', or 'items_from: FOLDER' of work item "
+                                  "files"))
+    errors += _graph_errors(plan, where)
     repo = (path.parent / plan.repo).resolve()
     if not (repo / ".git").exists():
         errors.append(ConfigError(f"repo '{plan.repo}' is not a git repository "

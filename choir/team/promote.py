@@ -70,6 +70,8 @@ def promote(plan_id: str, to: str, repo: Path | None = None) -> str:
     if head is None:
         raise UserError(f"promote: {repo} has no branch {integration_branch(plan_id)}")
     tree = commit_tree_hash(repo, head)
+    if tree is None:  # never the recorded tree in its place: that would gate another tree
+        raise UserError(f"promote: refused: the tree of {head[:12]} cannot be read")
     answer = check_plan_gate(plan_id, tree=tree)
     if not answer.passed:
         raise UserError(f"promote: refused: the gate does not hold for {head[:12]}:\n  " +

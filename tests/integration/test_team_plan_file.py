@@ -99,3 +99,27 @@ def test_an_item_escalates_to_a_member_of_the_plan_as_that_members_executor(
     a = loaded.work_item("a", tmp_path)
     assert a.escalate_to == loaded.members["worker"].executor
     assert loaded.work_item("b", tmp_path).escalate_to == "human"
+
+
+def test_items_come_from_a_folder_of_work_item_files_each_checked_with_its_own_lines(
+        tmp_path: Path) -> None:
+    team_repo(tmp_path / "repo")
+    folder = tmp_path / "backlog"
+    folder.mkdir()
+    (folder / "a.yaml").write_text("id: a\ngoal: write a\nmember: worker\n")
+    (folder / "b.yaml").write_text("id: b\ngoal: copy a\nmember: worker\ndepends_on: [a]\n")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("id: f\nrepo: ./repo\nitems_from: backlog\n"
+                    "members:\n  worker:\n    executor: {kind: command, command: 'true'}\n")
+    loaded = load_plan(plan)
+    assert [i.id for i in loaded.items] == ["a", "b"]
+    assert loaded.item("b").depends_on == ("a",)
+    (folder / "c.yaml").write_text("id: c\ngoal: c\n\nmember: nobody\ndepends_on: [zzz]\n")
+    with pytest.raises(ConfigError) as err:
+        load_plan(plan)
+    text = str(err.value)
+    assert f"{folder / 'c.yaml'}:4:" in text and "unknown member 'nobody'" in text
+    assert f"{folder / 'c.yaml'}:5:" in text and "missing item 'zzz'" in text
+    plan.write_text("id: f\nrepo: ./repo\nitems_from: nowhere\n")
+    with pytest.raises(ConfigError, match="items_from 'nowhere' is not a folder"):
+        load_plan(plan)
