@@ -23,6 +23,9 @@ store's back is caught exactly as a forbidden write would have been refused.
   not reproduce (refuted: DEMOTED; the verifier disagrees with itself, not the change).
 - outcome: a valid attestation's result, written when it is minted; it changes no atom, so
   audit can require that every stored attestation appears in the log (anchoring).
+- integrate: an item's merge into a plan's integration branch, kept after the integration
+  round: the item's live ASSERT for exactly the merged tree (and commit), and the plan's live
+  ASSERT for the integration tree that round verified (and its commit).
 - release: a plan's promotion (``choir promote``: a branch moved to the integration commit);
   it names the plan's live ASSERT for exactly that tree (and commit) and each item's live
   ASSERT, every claim behind them still PROMOTED and undisputed. It changes no atom: it is
@@ -203,8 +206,8 @@ def apply(atoms: State, kind: str, payload: dict[str, Any], at: datetime,
             raise PromotionError(f"the outcome of {att_id[:16]} is already recorded")
         # a FAIL blocks promotion on its tree whether or not a claim was live to demote
         return Change(None, fails_of([lookup(att_id)]), outcome=att_id)
-    if kind == "release":
-        _check_release(atoms, payload)
+    if kind in ("release", "integrate"):
+        (_check_release if kind == "release" else _check_integrate)(atoms, payload)
         return Change(None)
     atom_id = payload.get("atom_id", "")
     found = atoms.get(atom_id)
@@ -303,17 +306,36 @@ def _live_assert(atoms: State, atom_id: str, work_item: str, what: str) -> Atom:
     return atom
 
 
+def _asserted_for(atoms: State, atom_id: str, work_item: str, tree: str, commit: str,
+                  what: str) -> None:
+    """``atom_id`` is ``work_item``'s live ASSERT for exactly ``tree`` (and ``commit``)."""
+    atom = _live_assert(atoms, atom_id, work_item, what)
+    if atom.tree_hash != tree:
+        raise PromotionError(f"{what}: the ASSERT of {work_item} is for another tree")
+    if atom.commit_sha and atom.commit_sha != commit:
+        raise PromotionError(f"{what}: the ASSERT of {work_item} is for another commit")
+
+
 def _check_release(atoms: State, payload: dict[str, Any]) -> None:
     plan = str(payload["plan"])
-    atom = _live_assert(atoms, str(payload["assert"]), plan, f"release of plan {plan}")
-    if atom.tree_hash != payload["tree_hash"]:
-        raise PromotionError(f"release of plan {plan}: its ASSERT is for another tree")
-    if atom.commit_sha and atom.commit_sha != payload["commit"]:
-        raise PromotionError(f"release of plan {plan}: its ASSERT is for another commit")
+    what = f"release of plan {plan}"
+    _asserted_for(atoms, str(payload["assert"]), plan, payload["tree_hash"],
+                  payload["commit"], what)
     items = payload["items"]
     if not isinstance(items, dict) or not items:
-        raise PromotionError(f"release of plan {plan}: no item ASSERTs named")
+        raise PromotionError(f"{what}: no item ASSERTs named")
     for work_item, atom_id in sorted(items.items()):
         if not str(work_item).startswith(f"{plan}."):
-            raise PromotionError(f"release of plan {plan}: {work_item!r} is not its item")
-        _live_assert(atoms, str(atom_id), str(work_item), f"release of plan {plan}")
+            raise PromotionError(f"{what}: {work_item!r} is not its item")
+        _live_assert(atoms, str(atom_id), str(work_item), what)
+
+
+def _check_integrate(atoms: State, payload: dict[str, Any]) -> None:
+    plan, item = str(payload["plan"]), str(payload["item"])
+    what = f"merge of {item} into plan {plan}"
+    if not item.startswith(f"{plan}."):
+        raise PromotionError(f"{what}: {item!r} is not an item of the plan")
+    _asserted_for(atoms, str(payload["assert"]), item, payload["tree_hash"], payload["commit"],
+                  what)
+    _asserted_for(atoms, str(payload["integration_assert"]), plan,
+                  payload["integration_tree"], payload["head"], what)

@@ -195,12 +195,39 @@ class Driver:
                                 ("; ".join(failing) or verdict.verdict))
                 return
             head = wt.rev("HEAD") or before
+            tree = commit_tree_hash(self.repo, head)
+            recorded = self._record_merge(key, commit, head, tree)
+            if recorded is not None:  # fail closed: a merge the ledger cannot hold is undone
+                wt.write("reset", "-q", "--hard", before)
+                self._set(item_id, state=FAILED, last=recorded[:300])
+                return
             # the integration worktree is on the integration branch: the merge moved it;
             # after a crash before this record, the resume resets it to the recorded head
             self.state["integration"] = head
-            self.state["integration_tree"] = commit_tree_hash(self.repo, head)
+            self.state["integration_tree"] = tree
             self._set(item_id, state=MERGED, last="ASSERTed; merged; integration PASS",
                       commit=commit, feedback="")
+
+    def _record_merge(self, key: str, commit: str, head: str, tree: str | None) -> str | None:
+        """The merge as an AHDB ``integrate`` event (the item's ASSERT for its tree, the
+        plan's for the verified integration tree), so ``choir audit`` re-derives it; why not,
+        when it cannot be written."""
+        from choir.ahdb import open_ahdb
+        from choir.exceptions import PromotionError
+
+        db = open_ahdb()
+        item_tree = commit_tree_hash(self.repo, commit)
+        item = db.is_asserted(key, item_tree) if item_tree else None
+        whole = db.is_asserted(self.plan.id, tree) if tree else None
+        if item is None or whole is None or item_tree is None or tree is None:
+            return "merge not recorded: no live ASSERT for the item's or the integration tree"
+        try:
+            db.integrate(self.plan.id, key, assert_id=item.id, tree_hash=item_tree,
+                         commit=commit, head=head, integration_assert=whole.id,
+                         integration_tree=tree)
+        except PromotionError as exc:
+            return f"merge not recorded: {exc}"
+        return None
 
     def _send_back(self, item_id: str, feedback: str) -> None:
         row = self.state["items"][item_id]

@@ -1,5 +1,6 @@
-"""A plan's promotion is an AHDB event: written through the rules, re-derived by audit; a
-forged one (a valid chain link, evidence that does not hold) is named by ``choir audit``."""
+"""A plan's merges and its promotion are AHDB events: written through the rules, re-derived
+by audit; a forged one (a valid chain link, evidence that does not hold) is named by
+``choir audit``."""
 
 from __future__ import annotations
 
@@ -57,16 +58,22 @@ def test_a_promotion_is_a_checked_event_and_a_forged_one_is_named_by_audit(
     assert event.payload["plan"] == "pr" and event.payload["commit"] == head
     assert event.payload["tree_hash"] == state["integration_tree"]
     assert set(event.payload["items"]) == {"pr.a"}
+    (merge,) = [e for e in open_ahdb().events() if e.kind == "integrate"]
+    assert merge.payload["item"] == "pr.a" and merge.payload["head"] == head
+    assert merge.payload["integration_tree"] == state["integration_tree"]
     code, report = audit()
-    assert code == 0, report  # the replay re-derives the promotion through the same rules
+    assert code == 0, report  # the replay re-derives the merge and the promotion
+    # forged: a merge whose integration tree no round verified
+    _append(choir_home, "integrate", {**merge.payload, "integration_tree": "1" * 64})
     # forged: the plan's real ASSERT, but released for a tree nobody verified
     _append(choir_home, "release", {**event.payload, "tree_hash": "0" * 64, "branch": "x"})
     # forged: a plan that never ran, naming an item ASSERT it does not own
     _append(choir_home, "release", {**event.payload, "plan": "ghost", "branch": "y"})
     code, report = audit()
     flagged = [v for v in report["violations"] if v["kind"] == "ahdb_rule"]
-    assert code != 0 and len(flagged) == 2, report
-    assert all("(release)" in v["object"] for v in flagged), flagged
+    assert code != 0 and len(flagged) == 3, report
+    assert sorted(v["object"].split("(")[1] for v in flagged) == [
+        "integrate)", "release)", "release)"], flagged
 
 
 def test_a_promotion_whose_event_cannot_be_written_moves_no_branch(
