@@ -24,10 +24,10 @@ store's back is caught exactly as a forbidden write would have been refused.
 - outcome: a valid attestation's result, written when it is minted; it changes no atom, so
   audit can require that every stored attestation appears in the log (anchoring).
 - integrate: an item's merge into a plan's integration branch, kept after the integration
-  round: the item's live ASSERT for exactly the merged tree (and commit), and the plan's live
-  ASSERT for the integration tree that round verified (and its commit).
+  round: the item's live ASSERT for exactly the merged tree, and the plan's live ASSERT for
+  the integration tree that round verified (trees, as the gate binds them).
 - release: a plan's promotion (``choir promote``: a branch moved to the integration commit);
-  it names the plan's live ASSERT for exactly that tree (and commit) and each item's live
+  it names the plan's live ASSERT for exactly that tree and each item's live
   ASSERT, every claim behind them still PROMOTED and undisputed. It changes no atom: it is
   the record that a global effect happened, and on what evidence.
 """
@@ -306,21 +306,21 @@ def _live_assert(atoms: State, atom_id: str, work_item: str, what: str) -> Atom:
     return atom
 
 
-def _asserted_for(atoms: State, atom_id: str, work_item: str, tree: str, commit: str,
-                  what: str) -> None:
-    """``atom_id`` is ``work_item``'s live ASSERT for exactly ``tree`` (and ``commit``)."""
+def _asserted_for(atoms: State, atom_id: str, work_item: str, tree: str, what: str) -> None:
+    """``atom_id`` is ``work_item``'s live ASSERT for exactly ``tree``.
+
+    Bound by the tree, as the gate binds them: a tree does not change, and one verified
+    tree may sit under several commits (an item that changed nothing, merged, leaves the
+    integration tree as it was, under a new merge commit)."""
     atom = _live_assert(atoms, atom_id, work_item, what)
     if atom.tree_hash != tree:
         raise PromotionError(f"{what}: the ASSERT of {work_item} is for another tree")
-    if atom.commit_sha and atom.commit_sha != commit:
-        raise PromotionError(f"{what}: the ASSERT of {work_item} is for another commit")
 
 
 def _check_release(atoms: State, payload: dict[str, Any]) -> None:
     plan = str(payload["plan"])
     what = f"release of plan {plan}"
-    _asserted_for(atoms, str(payload["assert"]), plan, payload["tree_hash"],
-                  payload["commit"], what)
+    _asserted_for(atoms, str(payload["assert"]), plan, payload["tree_hash"], what)
     items = payload["items"]
     if not isinstance(items, dict) or not items:
         raise PromotionError(f"{what}: no item ASSERTs named")
@@ -335,7 +335,6 @@ def _check_integrate(atoms: State, payload: dict[str, Any]) -> None:
     what = f"merge of {item} into plan {plan}"
     if not item.startswith(f"{plan}."):
         raise PromotionError(f"{what}: {item!r} is not an item of the plan")
-    _asserted_for(atoms, str(payload["assert"]), item, payload["tree_hash"], payload["commit"],
+    _asserted_for(atoms, str(payload["assert"]), item, payload["tree_hash"], what)
+    _asserted_for(atoms, str(payload["integration_assert"]), plan, payload["integration_tree"],
                   what)
-    _asserted_for(atoms, str(payload["integration_assert"]), plan,
-                  payload["integration_tree"], payload["head"], what)

@@ -164,3 +164,24 @@ def test_the_plan_wide_budget_stops_new_items_and_reports_the_rest_blocked(
     assert rows["third"]["state"] == "blocked" and "second" in rows["third"]["last"]
     assert state["status"] == "failed"
     assert git(repo, "ls-tree", "--name-only", "choir/plan/bud/integration").count("c.txt") == 0
+
+
+def test_an_item_that_changes_nothing_merges_onto_a_tree_verified_before(
+        tmp_path: Path) -> None:
+    """The merge leaves the integration tree as it was, under a new merge commit: its
+    ASSERT (from the earlier round) binds it by tree, as the gate does, and is recorded."""
+    from choir.ahdb import open_ahdb
+
+    state = drive(tmp_path, """\
+        - id: a
+          goal: write a
+          executor: {kind: command, command: 'echo A > a.txt'}
+        - id: z
+          goal: nothing to do
+          member: worker
+          depends_on: [a]
+        """)
+    rows = state["items"]
+    assert rows["a"]["state"] == rows["z"]["state"] == "merged", rows
+    merges = [e.payload["item"] for e in open_ahdb().events() if e.kind == "integrate"]
+    assert merges == ["p.a", "p.z"]
