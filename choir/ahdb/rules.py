@@ -23,6 +23,13 @@ store's back is caught exactly as a forbidden write would have been refused.
   not reproduce (refuted: DEMOTED; the verifier disagrees with itself, not the change).
 - outcome: a valid attestation's result, written when it is minted; it changes no atom, so
   audit can require that every stored attestation appears in the log (anchoring).
+- integrate: an item's merge into a plan's integration branch, kept after the integration
+  round: the item's live ASSERT for exactly the merged tree, and the plan's live ASSERT for
+  the integration tree that round verified (trees, as the gate binds them).
+- release: a plan's promotion (``choir promote``: a branch moved to the integration commit);
+  it names the plan's live ASSERT for exactly that tree and each item's live
+  ASSERT, every claim behind them still PROMOTED and undisputed. It changes no atom: it is
+  the record that a global effect happened, and on what evidence.
 """
 
 from __future__ import annotations
@@ -199,6 +206,9 @@ def apply(atoms: State, kind: str, payload: dict[str, Any], at: datetime,
             raise PromotionError(f"the outcome of {att_id[:16]} is already recorded")
         # a FAIL blocks promotion on its tree whether or not a claim was live to demote
         return Change(None, fails_of([lookup(att_id)]), outcome=att_id)
+    if kind in ("release", "integrate"):
+        (_check_release if kind == "release" else _check_integrate)(atoms, payload)
+        return Change(None)
     atom_id = payload.get("atom_id", "")
     found = atoms.get(atom_id)
     if found is None:
@@ -280,3 +290,51 @@ def _check_assert(atoms: State, atom: Atom) -> None:
         evidence.extend(claim.attestations)
     if sorted(set(evidence)) != sorted(set(atom.attestations)):
         raise PromotionError("an ASSERT carries exactly its claims' attestations")
+
+
+def _live_assert(atoms: State, atom_id: str, work_item: str, what: str) -> Atom:
+    """The work-item ASSERT ``atom_id`` of ``work_item``, every claim behind it standing."""
+    atom = atoms.get(atom_id)
+    if atom is None or atom.kind is not AtomKind.ASSERT or \
+            atom.status is not AtomStatus.PROMOTED or not atom.references or \
+            atom.work_item != work_item:
+        raise PromotionError(f"{what}: {atom_id[:32]!r} is not a live ASSERT of {work_item!r}")
+    for ref in atom.references:
+        claim = atoms.get(ref)
+        if claim is None or claim.status is not AtomStatus.PROMOTED or disputed(atoms, claim):
+            raise PromotionError(f"{what}: the claim {ref[:16]} behind it no longer holds")
+    return atom
+
+
+def _asserted_for(atoms: State, atom_id: str, work_item: str, tree: str, what: str) -> None:
+    """``atom_id`` is ``work_item``'s live ASSERT for exactly ``tree``.
+
+    Bound by the tree, as the gate binds them: a tree does not change, and one verified
+    tree may sit under several commits (an item that changed nothing, merged, leaves the
+    integration tree as it was, under a new merge commit)."""
+    atom = _live_assert(atoms, atom_id, work_item, what)
+    if atom.tree_hash != tree:
+        raise PromotionError(f"{what}: the ASSERT of {work_item} is for another tree")
+
+
+def _check_release(atoms: State, payload: dict[str, Any]) -> None:
+    plan = str(payload["plan"])
+    what = f"release of plan {plan}"
+    _asserted_for(atoms, str(payload["assert"]), plan, payload["tree_hash"], what)
+    items = payload["items"]
+    if not isinstance(items, dict) or not items:
+        raise PromotionError(f"{what}: no item ASSERTs named")
+    for work_item, atom_id in sorted(items.items()):
+        if not str(work_item).startswith(f"{plan}."):
+            raise PromotionError(f"{what}: {work_item!r} is not its item")
+        _live_assert(atoms, str(atom_id), str(work_item), what)
+
+
+def _check_integrate(atoms: State, payload: dict[str, Any]) -> None:
+    plan, item = str(payload["plan"]), str(payload["item"])
+    what = f"merge of {item} into plan {plan}"
+    if not item.startswith(f"{plan}."):
+        raise PromotionError(f"{what}: {item!r} is not an item of the plan")
+    _asserted_for(atoms, str(payload["assert"]), item, payload["tree_hash"], what)
+    _asserted_for(atoms, str(payload["integration_assert"]), plan, payload["integration_tree"],
+                  what)

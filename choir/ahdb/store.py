@@ -414,6 +414,24 @@ class AHDB:
         return self._append("resolve", {"atom_id": atom_id, "attestation": attestation_id,
                                         "verdict": verdict})
 
+    def integrate(self, plan: str, item: str, *, assert_id: str, tree_hash: str, commit: str,
+                  head: str, integration_assert: str, integration_tree: str) -> None:
+        """Record an item's merge into a plan's integration branch (kept: its integration
+        round passed): the item's ASSERT for the merged tree, the plan's for the new head."""
+        self._write("integrate", {"plan": plan, "item": item, "assert": assert_id,
+                                  "tree_hash": tree_hash, "commit": commit, "head": head,
+                                  "integration_assert": integration_assert,
+                                  "integration_tree": integration_tree})
+
+    def release(self, plan: str, *, assert_id: str, tree_hash: str, commit: str, branch: str,
+                previous: str | None, items: dict[str, str]) -> None:
+        """Record a plan's promotion: ``branch`` moved from ``previous`` to ``commit``, on
+        the plan's ASSERT and its items' (work item id -> ASSERT id); checked like every
+        write, and replayed by ``choir audit`` like every event."""
+        self._write("release", {"plan": plan, "assert": assert_id, "tree_hash": tree_hash,
+                                "commit": commit, "branch": branch[:255],
+                                "from": previous or "", "items": dict(sorted(items.items()))})
+
     def hyperthesis(self, work_item: str | None, tree_hash: str, *, claim: str,
                     attestation_ids: Sequence[str], key: str | None = None) -> Atom:
         return self._append("hyperthesis", self._new(

@@ -25,6 +25,8 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "audit": ("choir.cli.audit", "audit", "Re-verify every stored hash, signature and event."),
     "attest": ("choir.cli.audit", "attest", "Show attestations."),
     "ahdb": ("choir.cli.audit", "ahdb", "Inspect the AHDB control state."),
+    "plan": ("choir.cli.plan", "plan", "Run a plan: many work items, one verified integration."),
+    "promote": ("choir.cli.plan", "promote", "Fast-forward a branch to a plan ASSERTed tree."),
     "trace": ("choir.cli.trace", "trace", "Export a run's trace, or verify one."),
     "keys": ("choir.cli.keys", "keys", "Show, rotate or revoke the signing key."),
     "trust-interpreter": ("choir.cli.trust", "trust_interpreter",
@@ -39,7 +41,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
 # signs a DSSE export by running `choir attest show` in a process of its own). `mcp` verifies
 # and reads reports for an agent: separated like `verify`.
 _SEPARATED = frozenset({"verify", "init", "run", "approve", "gate", "audit", "attest", "ahdb",
-                        "trace", "runs", "trust-interpreter", "mcp"})
+                        "trace", "runs", "trust-interpreter", "mcp", "plan", "promote"})
 
 
 def _separate(args: list[str]) -> None:

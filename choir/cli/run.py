@@ -116,14 +116,16 @@ def gate(work_item_id: str, commit: str | None, repo: Path | None, expect_head: 
     """
     from choir.ahdb.anchor import SeenHeads, load_pin
     from choir.app.gate import check_gate, gate_target
+    from choir.team.promote import check_plan_gate, is_plan
 
-    tree, sha = gate_target(repo, commit)
+    plan = repo is None and commit is None and is_plan(work_item_id)
+    tree, sha = (None, None) if plan else gate_target(repo, commit)
     pin = load_pin(expect_head) if expect_head else None
     marks = seen_heads or SeenHeads.default_path()
     # a commit read from git is checked by its tree: the bytes, not the label
-    answer = check_gate(work_item_id, tree=tree, commit=None if tree else sha, pin=pin,
-                        pin_source=f"the pinned head {expect_head}",
-                        seen=SeenHeads(marks) if marks else None)
+    answer = check_plan_gate(work_item_id) if plan else check_gate(
+        work_item_id, tree=tree, commit=None if tree else sha, pin=pin,
+        pin_source=f"the pinned head {expect_head}", seen=SeenHeads(marks) if marks else None)
     signed = ", ".join(f"{k} ({n})" for k, n in sorted(answer.signers.items())) or "none"
     if answer.passed:
         count = sum(answer.signers.values())

@@ -116,6 +116,12 @@ def list_runs() -> list[dict[str, Any]]:
                          "repo": session.get("repo"), "work_item": "",
                          "mood": session.get("mood", ""), "attempt": 1,
                          "reason": "", "updated": session.get("timestamp_end") or ""})
+    from choir.team.state import list_plans
+
+    for plan in list_plans():  # ``choir plan run``: one row per plan, its items in show
+        rows.append({"run_id": plan["plan"], "kind": "plan", "status": plan["status"],
+                     "repo": plan["repo"], "work_item": f"{len(plan['items'])} items",
+                     "mood": "", "attempt": 1, "reason": "", "updated": plan.get("updated", "")})
     return sorted(rows, key=lambda r: str(r["updated"]), reverse=True)
 
 
@@ -256,6 +262,19 @@ def list_command(as_json: bool, repo: Path | None) -> int:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 def show_command(run_id: str, as_json: bool) -> int:
     """One run: reports, verdicts, attestations, artifact paths, the executor's output."""
+    from choir.team.state import load_state
+
+    plan = load_state(run_id)
+    if plan is not None:
+        if as_json:
+            click.echo(json.dumps(plan, indent=2, sort_keys=True))
+            return EXIT_OK
+        click.echo(f"plan {run_id}  {str(plan['status']).upper()}  integration "
+                   f"{plan['integration'][:12]}  repo {plain_lines(plan['repo'])}")
+        for item_id, row in plan["items"].items():
+            click.echo(f"  {item_id:20} {row['state']:8} attempt {row['attempt']}  "
+                       f"{row['run_id'] or '-'}  {shorten(plain_lines(str(row['last'])), 80)}")
+        return EXIT_OK
     data = show_run(run_id)
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))

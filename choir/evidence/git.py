@@ -7,7 +7,11 @@ itself:
 * no configuration but the repo's own (``GIT_CONFIG_NOSYSTEM``, ``GIT_CONFIG_GLOBAL=/dev/null``,
   a neutral ``HOME``, nothing inherited from the caller's ``GIT_*``), and every key of it that
   names a program (``core.fsmonitor``, ``core.hooksPath``, a pager) overridden on the command
-  line; only plumbing commands that run no filter, textconv or hook are used;
+  line; readers use only plumbing commands that run no filter, textconv or hook;
+* the few writes (the plan driver's worktrees, commits, merges and branch moves: ``write``)
+  also pin empty every filter and merge driver the config defines, the editor, signing and
+  auto gc, and a worktree Choir made is addressed through the git folder recorded when it
+  was made, never through the ``.git`` an executor may since have rewritten;
 * no replace refs (``GIT_NO_REPLACE_OBJECTS``) and no grafts (``GIT_GRAFT_FILE=/dev/null``):
   ``git replace B F`` must not make commit B read as F;
 * the repository is located here, not by git: ``.git`` must be a real folder, or the ``.git``
@@ -43,6 +47,15 @@ _PINNED = (
     "core.untrackedCache=false", "core.excludesFile=/dev/null", "core.attributesFile=/dev/null",
     "core.sshCommand=false", "safe.directory=*", "advice.graftFileDeprecated=false",
 )
+# pinned for every write as well: nothing a write could start (an editor, a signer, gc)
+_WRITE_PINS = (
+    "core.editor=:", "sequence.editor=:", "commit.gpgSign=false", "tag.gpgSign=false",
+    "gc.auto=0", "maintenance.auto=false", "submodule.recurse=false", "merge.renormalize=false",
+    "diff.external=", "merge.tool=", "credential.helper=",
+)
+_IDENTITY = {"GIT_AUTHOR_NAME": "choir", "GIT_AUTHOR_EMAIL": "choir@localhost",
+             "GIT_COMMITTER_NAME": "choir", "GIT_COMMITTER_EMAIL": "choir@localhost",
+             "GIT_EDITOR": ":", "GIT_PAGER": "cat"}
 _MODES = {"100644": "f", "100755": "x", "120000": "l"}
 _MAX_POINTER = 4096
 _CHUNK = 1 << 20
@@ -100,6 +113,76 @@ class GitRepo:
     def objects(self) -> ObjectReader:
         """A reader of this repository's objects that re-hashes every object it returns."""
         return ObjectReader(self)
+
+    # -- writing: worktrees, merges, commits and branch moves (the plan driver) -----------
+    def _program_pins(self) -> list[str]:
+        """``-c`` pins that empty every filter and merge driver the config defines: their
+        names are arbitrary, so each one found is overridden (a filter that is empty runs
+        nothing; a merge driver that is empty fails the merge, which is refused, not run)."""
+        out = self.run("config", "-z", "--name-only", "--get-regexp", r"^(filter|merge)\.")
+        pins: list[str] = []
+        for key in sorted(set((out or b"").decode("utf-8", "surrogateescape").split("\0"))):
+            section, _, rest = key.partition(".")
+            name = rest.rpartition(".")[0]
+            if not name:
+                continue
+            if section == "filter":
+                pins += [f"filter.{name}.{var}=" for var in ("clean", "smudge", "process")]
+                pins.append(f"filter.{name}.required=false")
+            elif section == "merge":
+                pins.append(f"merge.{name}.driver=")
+        return [arg for kv in (*_WRITE_PINS, *pins) for arg in ("-c", kv)]
+
+    def write(self, *args: str, check: bool = True,
+              timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """``git ARGS`` that changes refs, the index or the work tree, with every program the
+        repo's config can name pinned off (hooks, fsmonitor, filters, merge drivers, editor,
+        signing, auto gc) and a fixed identity; its output kept, because a merge conflict's
+        text is the feedback an item gets back.
+
+        Raises:
+            UserError: git failed and ``check`` (its stderr, bounded).
+        """
+        argv = self.argv(*self._program_pins(), *args)
+        try:
+            proc = subprocess.run(argv, cwd=self.root, env={**self.env(), **_IDENTITY},
+                                  capture_output=True, text=True, errors="replace",
+                                  timeout=timeout, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise UserError(f"git {' '.join(args[:2])} could not run in {self.root}: "
+                            f"{exc}") from None
+        if check and proc.returncode != 0:
+            raise UserError(f"git {' '.join(args[:2])} failed in {self.root}: "
+                            f"{(proc.stderr or proc.stdout).strip()[-500:]}")
+        return proc
+
+    def add_worktree(self, path: Path, branch: str, start: str) -> GitRepo:
+        """A fresh linked worktree at ``path`` on ``branch`` reset to ``start`` (a leftover
+        one removed first), as a ``GitRepo`` whose git folder Choir located when it made it:
+        whatever is later written to the worktree's own ``.git`` is never read."""
+        if path.exists() or path.is_symlink():
+            self.write("worktree", "remove", "--force", str(path), check=False)
+            if path.exists() or path.is_symlink():
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+            self.write("worktree", "prune")
+        self.write("worktree", "add", "-f", "-B", branch, str(path), start)
+        made = self.worktree_at(path)
+        if made is None:
+            raise UserError(f"git worktree add made no worktree record for {path}")
+        return made
+
+    def worktree_at(self, path: Path) -> GitRepo | None:
+        """The linked worktree of this repository at ``path``, found from this repository's
+        own worktree records (never from ``path/.git``), or None."""
+        root = Path(os.path.realpath(path))
+        admins = self.common_dir / "worktrees"
+        if not root.is_dir() or not admins.is_dir():
+            return None
+        for admin in sorted(admins.iterdir()):
+            back = _pointer(admin, "gitdir")
+            if back is not None and os.path.realpath(admin / back) == str(root / ".git"):
+                return GitRepo(root=root, git_dir=admin, common_dir=self.common_dir)
+        return None
 
 
 def _is_oid(text: str) -> bool:

@@ -1,0 +1,124 @@
+"""The plan's gate and its promotion: no promotion, no global effect.
+
+The plan is ASSERTed only when its record says every item merged, each item's merged commit
+still passes the gate for exactly its tree, and the final integration tree passes the gate
+for the claim named after the plan. ``promote`` moves a branch to the integration commit only
+then, only for exactly that tree, and only as a fast forward.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+from choir.ahdb import open_ahdb
+from choir.app.gate import GateAnswer, check_gate
+from choir.evidence.git import locate
+from choir.evidence.tree import commit_tree_hash
+from choir.exceptions import PromotionError, UserError
+from choir.team.driver import integration_branch
+from choir.team.plan import item_key
+from choir.team.state import MERGED, load_state, save_state
+
+
+def is_plan(plan_id: str) -> bool:
+    return load_state(plan_id) is not None
+
+
+def check_plan_gate(plan_id: str, tree: str | None = None) -> GateAnswer:
+    """The gate for a plan: its integration tree (or ``tree``) and every item's commit."""
+    state = load_state(plan_id)
+    tree = tree or (state or {}).get("integration_tree")
+    answer = check_gate(plan_id, tree=tree, commit=None) if tree else GateAnswer(
+        False, plan_id, None, None, problems=["the plan has no verified integration tree"])
+    if state is None:
+        answer.passed = False
+        answer.problems.append(f"no plan {plan_id} on record")
+        return answer
+    if state.get("status") != "asserted":
+        answer.problems.append(f"plan {plan_id} is {state.get('status')}, not asserted")
+    if tree != state.get("integration_tree"):
+        answer.problems.append("the tree is not the plan's final integration tree")
+    repo = Path(state["repo"])
+    for item_id, row in state["items"].items():
+        if row["state"] != MERGED:
+            answer.problems.append(f"item {item_id} is {row['state']}")
+            continue
+        item_tree = commit_tree_hash(repo, row["commit"])
+        sub = check_gate(item_key(plan_id, item_id), tree=item_tree, commit=None)
+        answer.problems.extend(f"item {item_id}: {p}" for p in sub.problems)
+    answer.passed = answer.passed and not answer.problems
+    return answer
+
+
+def promote(plan_id: str, to: str, repo: Path | None = None) -> str:
+    """Fast-forward ``to`` to the plan's integration commit; the commit promoted.
+
+    Raises:
+        UserError: refused, with the reason (the gate, a changed tree, not a fast forward,
+            a branch checked out).
+    """
+    state = load_state(plan_id)
+    if state is None:
+        raise UserError(f"promote: no plan {plan_id} on record")
+    repo = (repo or Path(state["repo"])).resolve()
+    git = locate(repo)
+    if git is None:
+        raise UserError(f"promote: {repo} is not a git repository")
+    head = git.rev(integration_branch(plan_id))
+    if head is None:
+        raise UserError(f"promote: {repo} has no branch {integration_branch(plan_id)}")
+    tree = commit_tree_hash(repo, head)
+    if tree is None:  # never the recorded tree in its place: that would gate another tree
+        raise UserError(f"promote: refused: the tree of {head[:12]} cannot be read")
+    answer = check_plan_gate(plan_id, tree=tree)
+    if not answer.passed:
+        raise UserError(f"promote: refused: the gate does not hold for {head[:12]}:\n  " +
+                        "\n  ".join(answer.problems))
+    old = git.rev(to)
+    if old is not None and git.run("merge-base", "--is-ancestor", old, head) is None:
+        raise UserError(f"promote: refused: {to} is not an ancestor of {head[:12]} (not a fast "
+                        "forward)")
+    listed = (git.run("worktree", "list", "--porcelain") or b"").decode("utf-8", "replace")
+    if f"branch refs/heads/{to}" in listed.splitlines():
+        raise UserError(f"promote: refused: {to} is checked out in a work tree of {repo}; "
+                        "switch it to another branch first (promotion never touches a "
+                        "checkout)")
+    git.write("update-ref", f"refs/heads/{to}", head, old or "")
+    try:
+        _record(plan_id, state, head, tree, to, old)
+    except Exception:  # no global effect without its AHDB event: the branch goes back
+        if old is None:
+            git.write("update-ref", "-d", f"refs/heads/{to}", head, check=False)
+        else:
+            git.write("update-ref", f"refs/heads/{to}", old, head, check=False)
+        raise
+    state.setdefault("promotions", []).append(
+        {"to": to, "commit": head, "tree": tree, "from": old,
+         "at": dt.datetime.now(dt.UTC).isoformat()})
+    save_state(plan_id, state)
+    return head
+
+
+def _record(plan_id: str, state: dict[str, Any], head: str, tree: str, to: str,
+            old: str | None) -> None:
+    """The promotion as an AHDB event, on the plan's and every item's live ASSERT.
+
+    Raises:
+        PromotionError: the rules refuse it (an ASSERT gone or demoted since the gate).
+    """
+    db = open_ahdb()
+    plan_assert = db.is_asserted(plan_id, tree)
+    if plan_assert is None:
+        raise PromotionError(f"promote: plan {plan_id} has no live ASSERT for {tree[:12]}")
+    repo = Path(state["repo"])
+    items: dict[str, str] = {}
+    for item_id, row in state["items"].items():
+        key = item_key(plan_id, item_id)
+        found = db.is_asserted(key, commit_tree_hash(repo, row["commit"]))
+        if found is None:
+            raise PromotionError(f"promote: item {item_id} has no live ASSERT")
+        items[key] = found.id
+    db.release(plan_id, assert_id=plan_assert.id, tree_hash=tree, commit=head, branch=to,
+               previous=old, items=items)

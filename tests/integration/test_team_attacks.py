@@ -1,0 +1,115 @@
+"""A hostile member: the driver commits its worktree on the host, outside any sandbox, so
+nothing the member wrote in the worktree may steer that git call."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from choir.team.driver import run_plan
+from choir.team.plan import load_plan
+from tests.team import git, team_repo, write_plan
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("git") is None,
+                                reason="needs bubblewrap and git")
+
+
+def test_a_member_cannot_swap_the_worktree_git_dir_to_run_a_filter_on_the_host(
+        tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    team_repo(tmp_path / "repo")
+    command = ("git init -q --bare .evil && "
+               f"git --git-dir=.evil config filter.x.clean \"sh -c 'touch {marker}; cat'\" && "
+               "printf '* filter=x\\n' > .gitattributes && printf 'gitdir: .evil\\n' > .git")
+    script = tmp_path / "evil.sh"
+    script.write_text(command + "\n")
+    plan = write_plan(tmp_path, "atk", f"""\
+        - id: evil
+          goal: anything
+          max_attempts: 1
+          executor: {{kind: command, command: 'sh {script}'}}
+        """)
+    state = asyncio.run(run_plan(load_plan(plan)))
+    assert state["items"]["evil"]["state"] == "merged", state  # the attack got that far
+    assert not marker.exists(), "the member's git config ran a command on the host"
+
+
+def _plant_programs(git_dir: Path, marker: Path) -> None:
+    """Every program a git config can name, each leaving ``marker``/NAME when run."""
+    def cmd(name: str) -> str:
+        return f"\"sh -c 'touch {marker}/{name}; cat'\""  # quoted: ';' starts a comment
+
+    with (git_dir / "config").open("a") as fh:
+        fh.write(f'[filter "x"]\n\tclean = {cmd("clean")}\n\tsmudge = {cmd("smudge")}\n'
+                 f'\tprocess = {cmd("process")}\n\trequired = true\n'
+                 f'[merge "m"]\n\tdriver = {cmd("merge")}\n'
+                 f'[core]\n\tfsmonitor = {cmd("fsmonitor")}\n'
+                 f'[alias]\n\tmerge = "!touch {marker}/alias"\n'
+                 f'[credential]\n\thelper = "!touch {marker}/credential"\n')
+    hooks = git_dir / "hooks"
+    hooks.mkdir(exist_ok=True)
+    for hook in ("pre-commit", "commit-msg", "post-commit", "post-checkout", "post-merge",
+                 "pre-merge-commit", "reference-transaction", "post-index-change"):
+        (hooks / hook).write_text(f"#!/bin/sh\ntouch {marker}/hook-{hook}\n")
+        (hooks / hook).chmod(0o755)
+
+
+def test_programs_planted_in_the_repo_config_run_nothing_during_merge_commit_promote(
+        tmp_path: Path) -> None:
+    """Config the members' changes name (filters, a merge driver, fsmonitor, hooks) is
+    planted in the integration repo's own config, as if a member had reached it: the
+    driver's worktrees, commits, merges and the promotion must run none of it."""
+    from choir.team.promote import promote
+
+    marker = tmp_path / "ran"
+    marker.mkdir()
+    repo = team_repo(tmp_path / "repo")
+    _plant_programs(repo / ".git", marker)
+    attrs = "printf '* filter=x merge=m\\n' > .gitattributes"
+    plan = write_plan(tmp_path, "cfg", f"""\
+        - id: one
+          goal: a file through the filter
+          executor: {{kind: command, command: "{attrs} && echo A > a.txt"}}
+        - id: two
+          goal: another, merged after one
+          executor: {{kind: command, command: "{attrs} && echo C > c.txt"}}
+          depends_on: [one]
+        """)
+    state = asyncio.run(run_plan(load_plan(plan)))
+    assert sorted(p.name for p in marker.iterdir()) == [], "the repo config ran a program"
+    assert {k: r["state"] for k, r in state["items"].items()} == {"one": "merged",
+                                                                   "two": "merged"}, state
+    merged = git(tmp_path / "repo", "show", "choir/plan/cfg/integration:.gitattributes")
+    assert merged == "* filter=x merge=m"  # the members' files did name the planted drivers
+    promote("cfg", "released")
+    assert sorted(p.name for p in marker.iterdir()) == [], "the repo config ran a program"
+
+
+def test_a_worktree_whose_git_became_a_repo_of_its_own_runs_nothing_when_committed(
+        tmp_path: Path) -> None:
+    """The sandbox masks a worktree's ``.git`` from a member, but an executor with another
+    sandbox (or none) could replace it with a whole git folder whose config and hooks name
+    programs. The driver commits through the git folder it recorded when it made the
+    worktree, so it neither reads that folder nor commits into it."""
+    from choir.evidence.git import locate
+
+    marker = tmp_path / "ran"
+    marker.mkdir()
+    repo = team_repo(tmp_path / "repo")
+    main = locate(repo)
+    assert main is not None
+    work = main.add_worktree(tmp_path / "wt", "choir/plan/t/item/evil", "main")
+    (work.root / ".git").unlink()
+    git(work.root, "init", "-q", ".")
+    _plant_programs(work.root / ".git", marker)
+    (work.root / ".gitattributes").write_text("* filter=x\n")
+    (work.root / "a.txt").write_text("A\n")
+    work.write("add", "-A")
+    work.write("commit", "-q", "--allow-empty", "--no-verify", "-m", "evil")
+    assert not list(marker.iterdir()), "the worktree's own .git ran a program on the host"
+    head = work.rev("HEAD")
+    assert head is not None and git(repo, "show", f"{head}:a.txt") == "A"
+    assert git(repo, "rev-parse", "choir/plan/t/item/evil") == head

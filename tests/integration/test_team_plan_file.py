@@ -1,0 +1,125 @@
+"""The plan file is validated whole: every mistake at once, with file, line and fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from choir.exceptions import ConfigError
+from choir.team.plan import load_plan
+from tests.team import team_repo, write_plan
+
+
+def test_every_mistake_in_a_plan_is_reported_at_once(tmp_path: Path) -> None:
+    team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "p", """\
+        - id: a
+          goal: a
+          member: nobody
+        - id: b
+          goal: b
+          member: worker
+          depends_on: [c]
+        - id: c
+          goal: c
+          member: worker
+          depends_on: [b]
+        - id: d
+          goal: d
+          member: worker
+          depends_on: [zzz]
+        - id: e
+          goal: e
+        - id: f
+          goal: f
+          member: worker
+          escalate_to: stronger
+        """)
+    with pytest.raises(ConfigError) as err:
+        load_plan(plan)
+    text = str(err.value)
+    assert "unknown member 'nobody'" in text and f"{plan}:11:" in text
+    assert "dependency cycle: b -> c -> b" in text
+    assert "depends on missing item 'zzz'" in text
+    assert "escalates to unknown member 'stronger'" in text and f"{plan}:29:" in text
+    assert "item 'e' needs exactly one of 'executor:' and 'member:'" in text
+    assert str(plan) in text
+
+
+def test_a_good_plan_loads_and_resolves_members(tmp_path: Path) -> None:
+    team_repo(tmp_path / "repo")
+    plan = load_plan(write_plan(tmp_path, "p", """\
+        - id: a
+          goal: a
+          member: worker
+        - id: b
+          goal: b
+          executor: {kind: command, command: 'echo hi'}
+          depends_on: [a]
+        """))
+    assert plan.repo == str((tmp_path / "repo").resolve())
+    item = plan.work_item("a", tmp_path)
+    assert item.id == "p.a" and item.executor.command == "true"
+    assert plan.work_item("b", tmp_path).executor.command == "echo hi"
+
+
+def test_the_cli_exits_2_naming_file_and_line(tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.workitems import PY
+
+    team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "p", """\
+        - id: a
+          goal: a
+          member: worker
+          depends_on: [a]
+        """)
+    proc = subprocess.run([PY, "-m", "choir", "plan", "run", str(plan)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    assert f"{plan}:" in proc.stderr and "dependency cycle: a -> a" in proc.stderr
+
+
+def test_an_item_escalates_to_a_member_of_the_plan_as_that_members_executor(
+        tmp_path: Path) -> None:
+    team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "p", """\
+        - id: a
+          goal: a
+          executor: {kind: command, command: 'false'}
+          escalate_to: worker
+        - id: b
+          goal: b
+          member: worker
+          escalate_to: human
+        """)
+    loaded = load_plan(plan)
+    a = loaded.work_item("a", tmp_path)
+    assert a.escalate_to == loaded.members["worker"].executor
+    assert loaded.work_item("b", tmp_path).escalate_to == "human"
+
+
+def test_items_come_from_a_folder_of_work_item_files_each_checked_with_its_own_lines(
+        tmp_path: Path) -> None:
+    team_repo(tmp_path / "repo")
+    folder = tmp_path / "backlog"
+    folder.mkdir()
+    (folder / "a.yaml").write_text("id: a\ngoal: write a\nmember: worker\n")
+    (folder / "b.yaml").write_text("id: b\ngoal: copy a\nmember: worker\ndepends_on: [a]\n")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("id: f\nrepo: ./repo\nitems_from: backlog\n"
+                    "members:\n  worker:\n    executor: {kind: command, command: 'true'}\n")
+    loaded = load_plan(plan)
+    assert [i.id for i in loaded.items] == ["a", "b"]
+    assert loaded.item("b").depends_on == ("a",)
+    (folder / "c.yaml").write_text("id: c\ngoal: c\n\nmember: nobody\ndepends_on: [zzz]\n")
+    with pytest.raises(ConfigError) as err:
+        load_plan(plan)
+    text = str(err.value)
+    assert f"{folder / 'c.yaml'}:4:" in text and "unknown member 'nobody'" in text
+    assert f"{folder / 'c.yaml'}:5:" in text and "missing item 'zzz'" in text
+    plan.write_text("id: f\nrepo: ./repo\nitems_from: nowhere\n")
+    with pytest.raises(ConfigError, match="items_from 'nowhere' is not a folder"):
+        load_plan(plan)

@@ -1,0 +1,187 @@
+"""Plans run for real: worktrees, bwrap sandboxes, pytest verifiers, merges through the gate.
+
+Each test's executors are scripted ``command``s, so every outcome is known in advance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from choir.team.driver import run_plan
+from choir.team.plan import load_plan
+from tests.team import git, team_repo, write_plan
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+
+
+def drive(tmp_path: Path, items: str, plan_id: str = "p") -> dict:
+    repo = team_repo(tmp_path / "repo")
+    before = (git(repo, "status", "--porcelain"), git(repo, "rev-parse", "HEAD"))
+    state = asyncio.run(run_plan(load_plan(write_plan(tmp_path, plan_id, items))))
+    # the user's checkout: no file, no index change, still on the base commit
+    assert (git(repo, "status", "--porcelain"), git(repo, "rev-parse", "HEAD")) == before
+    return state
+
+
+def show(repo: Path, ref: str, name: str) -> str:
+    return git(repo, "show", f"{ref}:{name}")
+
+
+def test_independent_and_dependent_items_merge_into_a_verified_integration(
+        tmp_path: Path) -> None:
+    state = drive(tmp_path, """\
+        - id: a
+          goal: write a
+          executor: {kind: command, command: 'echo A > a.txt'}
+        - id: z
+          goal: write z
+          member: worker
+        - id: b
+          goal: copy a into b
+          executor: {kind: command, command: 'cp a.txt b.txt || echo missing > b.txt'}
+          depends_on: [a]
+        """)
+    rows = state["items"]
+    assert {k: r["state"] for k, r in rows.items()} == dict.fromkeys("azb", "merged"), rows
+    assert state["status"] == "asserted"
+    assert set(state["spend"]) == {"worker", "(own executor)"}  # tokens and cost per member
+    repo = tmp_path / "repo"
+    assert show(repo, "choir/plan/p/integration", "b.txt") == "A"  # b saw a's verified change
+    assert git(repo, "rev-parse", "choir/plan/p/integration") == state["integration"]
+
+
+def test_conflicting_items_one_is_sent_back_and_rebased(tmp_path: Path) -> None:
+    state = drive(tmp_path, """\
+        - id: one
+          goal: c is one
+          executor: {kind: command, command: 'echo one > c.txt'}
+        - id: two
+          goal: c is two
+          executor: {kind: command, command: 'echo two > c.txt'}
+        """)
+    rows = state["items"]
+    assert rows["one"]["state"] == rows["two"]["state"] == "merged", rows
+    back = [r for r in rows.values() if r.get("sent_back")]
+    assert len(back) == 1 and back[0]["attempt"] == 2
+    assert state["status"] == "asserted"
+
+
+def test_two_items_that_break_together_are_caught_by_the_integration_round(
+        tmp_path: Path) -> None:
+    state = drive(tmp_path, """\
+        - id: x
+          goal: flag x
+          max_attempts: 1
+          executor: {kind: command, command: 'touch x.flag'}
+        - id: y
+          goal: flag y
+          max_attempts: 1
+          executor: {kind: command, command: 'touch y.flag'}
+        """)
+    rows = state["items"]
+    assert sorted(r["state"] for r in rows.values()) == ["failed", "merged"], rows
+    loser = next(r for r in rows.values() if r["state"] == "failed")
+    assert loser["sent_back"] == 1
+    assert state["status"] == "failed"
+    repo = tmp_path / "repo"
+    files = git(repo, "ls-tree", "--name-only", "choir/plan/p/integration").split()
+    assert not ("x.flag" in files and "y.flag" in files)  # nothing left half-merged
+
+
+def test_a_halted_item_blocks_its_dependents_and_the_rest_goes_on(tmp_path: Path) -> None:
+    state = drive(tmp_path, """\
+        - id: bad
+          goal: breaks the tree
+          max_attempts: 1
+          executor: {kind: command, command: 'echo BROKEN > h.txt'}
+        - id: after
+          goal: needs bad
+          member: worker
+          depends_on: [bad]
+        - id: ok
+          goal: fine
+          executor: {kind: command, command: 'echo A > a.txt'}
+        """)
+    rows = state["items"]
+    assert rows["bad"]["state"] == "failed"
+    assert rows["after"]["state"] == "blocked" and "bad" in rows["after"]["last"]
+    assert rows["ok"]["state"] == "merged"
+    assert rows["after"]["attempt"] == 0  # never started
+
+
+def test_a_stuck_item_escalates_to_a_stronger_member_within_its_one_budget(
+        tmp_path: Path) -> None:
+    """The same failure that does not divide halts; with ``escalate_to: MEMBER`` the item
+    goes to that member for the attempts left, and its verified change is merged."""
+    repo = team_repo(tmp_path / "repo")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("""\
+id: esc
+repo: ./repo
+base: main
+members:
+  weak: {executor: {kind: command, command: 'echo BROKEN > a.txt'}}
+  strong: {executor: {kind: command, command: 'echo A > a.txt'}}
+items:
+  - id: a
+    goal: write a
+    member: weak
+    max_attempts: 6
+    escalate_to: strong
+""")
+    state = asyncio.run(run_plan(load_plan(plan)))
+    row = state["items"]["a"]
+    assert row["state"] == "merged", row
+    assert show(repo, "choir/plan/esc/integration", "a.txt") == "A"
+
+
+def test_the_plan_wide_budget_stops_new_items_and_reports_the_rest_blocked(
+        tmp_path: Path) -> None:
+    repo = team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "bud", """\
+        - id: first
+          goal: write a
+          executor: {kind: command, command: 'echo A > a.txt'}
+        - id: second
+          goal: write c
+          executor: {kind: command, command: 'echo C > c.txt'}
+        - id: third
+          goal: after second
+          member: worker
+          depends_on: [second]
+        """, max_parallel=1)
+    plan.write_text(plan.read_text().replace("max_parallel: 1\n",
+                                             "max_parallel: 1\nbudget: {attempts: 1}\n"))
+    state = asyncio.run(run_plan(load_plan(plan)))
+    rows = state["items"]
+    assert rows["first"]["state"] == "merged", rows
+    assert rows["second"]["state"] == "blocked" and rows["second"]["attempt"] == 0
+    assert "plan budget spent: attempts 1/1" in rows["second"]["last"]
+    assert rows["third"]["state"] == "blocked" and "second" in rows["third"]["last"]
+    assert state["status"] == "failed"
+    assert git(repo, "ls-tree", "--name-only", "choir/plan/bud/integration").count("c.txt") == 0
+
+
+def test_an_item_that_changes_nothing_merges_onto_a_tree_verified_before(
+        tmp_path: Path) -> None:
+    """The merge leaves the integration tree as it was, under a new merge commit: its
+    ASSERT (from the earlier round) binds it by tree, as the gate does, and is recorded."""
+    from choir.ahdb import open_ahdb
+
+    state = drive(tmp_path, """\
+        - id: a
+          goal: write a
+          executor: {kind: command, command: 'echo A > a.txt'}
+        - id: z
+          goal: nothing to do
+          member: worker
+          depends_on: [a]
+        """)
+    rows = state["items"]
+    assert rows["a"]["state"] == rows["z"]["state"] == "merged", rows
+    merges = [e.payload["item"] for e in open_ahdb().events() if e.kind == "integrate"]
+    assert merges == ["p.a", "p.z"]

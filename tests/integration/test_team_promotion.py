@@ -1,0 +1,105 @@
+"""A plan's merges and its promotion are AHDB events: written through the rules, re-derived
+by audit; a forged one (a valid chain link, evidence that does not hold) is named by
+``choir audit``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from choir._core.canonical import canonical_json
+from choir.ahdb import event_hash, open_ahdb
+from choir.team.driver import run_plan
+from choir.team.plan import load_plan
+from choir.team.promote import promote
+from tests.team import git, team_repo, write_plan
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+
+
+def audit() -> tuple[int, dict]:  # type: ignore[type-arg]
+    proc = subprocess.run([sys.executable, "-m", "choir", "audit", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def _append(home: Path, kind: str, payload: dict) -> None:  # type: ignore[type-arg]
+    """A row inserted behind the store's back, with a valid chain link."""
+    conn = sqlite3.connect(home / "ahdb.sqlite")
+    seq, prev = conn.execute("SELECT seq, event_hash FROM events ORDER BY seq DESC").fetchone()
+    created = "2026-01-01T00:00:00+00:00"
+    conn.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)",
+                 (seq + 1, prev, event_hash(prev, seq + 1, kind, payload, created), kind,
+                  canonical_json(payload).decode(), created))
+    conn.commit()
+    conn.close()
+
+
+def test_a_promotion_is_a_checked_event_and_a_forged_one_is_named_by_audit(
+        tmp_path: Path, choir_home: Path) -> None:
+    repo = team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "pr", """\
+        - id: a
+          goal: write a
+          executor: {kind: command, command: 'echo A > a.txt'}
+        """)
+    state = asyncio.run(run_plan(load_plan(plan)))
+    assert state["status"] == "asserted", state
+    head = promote("pr", "release")
+    assert git(repo, "rev-parse", "release") == head
+    (event,) = [e for e in open_ahdb().events() if e.kind == "release"]
+    assert event.payload["plan"] == "pr" and event.payload["commit"] == head
+    assert event.payload["tree_hash"] == state["integration_tree"]
+    assert set(event.payload["items"]) == {"pr.a"}
+    (merge,) = [e for e in open_ahdb().events() if e.kind == "integrate"]
+    assert merge.payload["item"] == "pr.a" and merge.payload["head"] == head
+    assert merge.payload["integration_tree"] == state["integration_tree"]
+    code, report = audit()
+    assert code == 0, report  # the replay re-derives the merge and the promotion
+    # forged: a merge whose integration tree no round verified
+    _append(choir_home, "integrate", {**merge.payload, "integration_tree": "1" * 64})
+    # forged: the plan's real ASSERT, but released for a tree nobody verified
+    _append(choir_home, "release", {**event.payload, "tree_hash": "0" * 64, "branch": "x"})
+    # forged: a plan that never ran, naming an item ASSERT it does not own
+    _append(choir_home, "release", {**event.payload, "plan": "ghost", "branch": "y"})
+    code, report = audit()
+    flagged = [v for v in report["violations"] if v["kind"] == "ahdb_rule"]
+    assert code != 0 and len(flagged) == 3, report
+    assert sorted(v["object"].split("(")[1] for v in flagged) == [
+        "integrate)", "release)", "release)"], flagged
+
+
+def test_a_promotion_whose_event_cannot_be_written_moves_no_branch(
+        tmp_path: Path, choir_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ref moves first, then the event is written; when the write fails (injected
+    here: the store refusing after the gate held), the branch goes back where it was."""
+    import choir.team.promote as module
+    from choir.exceptions import PromotionError
+
+    repo = team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "rb", """\
+        - id: a
+          goal: write a
+          executor: {kind: command, command: 'echo A > a.txt'}
+        """)
+    assert asyncio.run(run_plan(load_plan(plan)))["status"] == "asserted"
+    base = git(repo, "rev-parse", "main")
+    git(repo, "branch", "old", base)
+
+    def refuse(*args: object) -> None:
+        raise PromotionError("injected: the store refused the event")
+
+    monkeypatch.setattr(module, "_record", refuse)
+    for branch, before in (("new", ""), ("old", base)):
+        with pytest.raises(PromotionError):
+            promote("rb", branch)
+        after = git(repo, "branch", "--list", branch) and git(repo, "rev-parse", branch)
+        assert after == before, branch
+    assert not [e for e in open_ahdb().events() if e.kind == "release"]

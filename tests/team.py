@@ -1,0 +1,60 @@
+"""A tiny repo and plans with scripted ``command`` members, for the team tests.
+
+The repo's one verifier (pytest, in a real sandbox) fails when a ``*.txt`` file says BROKEN,
+when ``b.txt`` does not hold ``a.txt``'s line, or when ``x.flag`` and ``y.flag`` are both
+present: two changes that each pass alone but break together.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+from pathlib import Path
+
+from tests.workitems import STEP_PY
+
+CHECK = textwrap.dedent("""\
+    import pathlib
+
+    def test_tree():
+        here = pathlib.Path('.')
+        for p in here.glob('*.txt'):
+            assert 'BROKEN' not in p.read_text(), p
+        if (here / 'b.txt').exists():
+            assert (here / 'b.txt').read_text() == 'A\\n'
+        assert not ((here / 'x.flag').exists() and (here / 'y.flag').exists())
+    """)
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def team_repo(path: Path) -> Path:
+    path.mkdir(parents=True)
+    (path / "test_tree.py").write_text(CHECK)
+    (path / "choir.yaml").write_text(textwrap.dedent(f"""\
+        verifiers:
+          unit:
+            kind: unit_tests
+            steps:
+              - name: pytest
+                command: {STEP_PY} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml
+            parser: junit
+        """))
+    (path / ".gitignore").write_text("__pycache__/\n")
+    git(path, "init", "-q", "-b", "main")
+    git(path, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
+    git(path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "base")
+    return path
+
+
+def write_plan(tmp_path: Path, plan_id: str, items: str, max_parallel: int = 2) -> Path:
+    """A plan over ``tmp_path/repo`` with member ``sh`` (its command comes from each item's
+    goal-free ``executor:``, or the member's default ``true``)."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"id: {plan_id}\nrepo: ./repo\nbase: main\nmax_parallel: {max_parallel}\n"
+                    "members:\n  worker:\n    executor: {kind: command, command: 'true'}\n"
+                    "items:\n" + textwrap.indent(textwrap.dedent(items), "  "))
+    return plan
