@@ -23,7 +23,10 @@ from choir.models import Mood
 from tests.specrepo import build_templates, run_item, write_item
 from tests.workitems import FIXED, PY
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+# whole runs (plans of several items; spec changes under every mood): CI's slow stage runs
+# them, so that the README's command stays under five minutes
+pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap"),
+              pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

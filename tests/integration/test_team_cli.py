@@ -85,6 +85,7 @@ def kill_when(plan: Path, record: Path, item: str, state: str) -> Path:
     return record
 
 
+@pytest.mark.slow  # CI's slow stage: the README's command stays under 5 min
 def test_kill_9_mid_plan_then_resume_runs_no_merged_item_again(
         tmp_path: Path, choir_home: Path) -> None:
     team_repo(tmp_path / "repo")
@@ -114,6 +115,7 @@ def test_kill_9_mid_plan_then_resume_runs_no_merged_item_again(
     assert git(tmp_path / "repo", "show", "choir/plan/dur/integration:three.txt") == "3"
 
 
+@pytest.mark.slow  # CI's slow stage: the README's command stays under 5 min
 def test_kill_9_between_an_items_assert_and_its_merge_merges_it_without_running_it_again(
         tmp_path: Path, choir_home: Path) -> None:
     """The item is recorded ASSERTed (with its commit) before its merge and integration

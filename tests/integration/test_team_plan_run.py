@@ -15,7 +15,10 @@ from choir.team.driver import run_plan
 from choir.team.plan import load_plan
 from tests.team import git, team_repo, write_plan
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+# whole runs (plans of several items; spec changes under every mood): CI's slow stage runs
+# them, so that the README's command stays under five minutes
+pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap"),
+              pytest.mark.slow]
 
 
 def drive(tmp_path: Path, items: str, plan_id: str = "p") -> dict:

@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.integration.test_run_live import ANSI, run_on_a_terminal
 
 PY = sys.executable
@@ -57,6 +59,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=300)
 
 
+@pytest.mark.slow  # CI's slow stage: the README's command stays under 5 min
 def test_fail_summary_names_node_ids_replicas_and_isolation(tmp_path: Path) -> None:
     repo = repo_with_failures(tmp_path / "repo")
     proc = run("verify", "--repo", str(repo), "--sandbox", "local")

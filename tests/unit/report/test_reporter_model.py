@@ -183,6 +183,7 @@ def test_wording_that_pastes_the_log_is_dropped_so_raw_bytes_never_leave_the_thr
     lambda s: " ".join(s[i:i + 7] for i in range(0, len(s), 7)),  # spacing
     lambda s: s.upper().replace("-", "_"),          # case and punctuation
 ])
+@pytest.mark.slow  # CI's slow stage: the README's command stays under 5 min
 def test_a_disguised_or_split_paste_is_dropped_too(tmp_path: Path, disguise: Any) -> None:
     import sys
 
