@@ -6,8 +6,9 @@ bare equivalent in the same run.
 The runs are written through the stores' own writers (verify session manifests, and every
 fifth a `choir run` trace), then the real `choir view` is started on them and its pages are
 fetched over loopback HTTP. Rows: ``bare``: reading and parsing every run folder's manifest
-and every trace once, which any list of the runs must do (the viewer does it on the first
-request only); ``first page, cold``: the viewer's first request; ``first page, warm``,
+and every trace once, which any list of the runs must do (the viewer does it once, at
+launch, before it prints its URL); ``launch``: from starting ``choir view`` to its URL;
+``first page, first request``: the first request after that; ``first page, warm``,
 ``filtered (FAIL)`` and ``last page``: later requests (median), which list the run folder,
 stat the traces and render 50 rows. Also checks that ``import choir`` does not import the
 viewer or its web stack.
@@ -57,7 +58,9 @@ def main() -> None:
         synthetic_runs(home, home / "artifacts", args.n)
         print(f"wrote {args.n} runs in {time.perf_counter() - t0:.1f} s")
         bare_s = min(bare(home) for _ in range(3))
+        t0 = time.perf_counter()
         with view_server(home) as server, httpx.Client(base_url=server.base) as client:
+            launch = time.perf_counter() - t0  # until the URL: the index is built by then
             client.get(f"/?token={server.token}")
             t0 = time.perf_counter()
             first = client.get("/?page=1")
@@ -73,7 +76,8 @@ def main() -> None:
                 return statistics.median(times)
 
             rows = {"bare (parse every manifest and trace once)": bare_s,
-                    "first page, cold (first request)": cold,
+                    "launch, until the URL (index built)": launch,
+                    "first page, first request": cold,
                     "first page, warm": median("/"),
                     "filtered (FAIL)": median("/?status=FAIL"),
                     "last page": median(f"/?page={args.n // 50}")}
@@ -84,7 +88,8 @@ def main() -> None:
          "m.split('.')[0] in ('starlette', 'uvicorn', 'jinja2') or m.startswith('choir.view')))"],
         capture_output=True, text=True, check=True)
     print(f"import choir loads of the viewer: {probe.stdout.strip()}")
-    worst = max(rows["first page, warm"], rows["filtered (FAIL)"], rows["last page"])
+    worst = max(rows["first page, first request"], rows["first page, warm"],
+                rows["filtered (FAIL)"], rows["last page"])
     print(f"run list of {args.n}: {'OK' if worst < 0.3 else 'OVER'} (target < 300 ms)")
 
 

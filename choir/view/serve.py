@@ -15,20 +15,29 @@ HOST = "127.0.0.1"
 
 
 def build(home: Path | None = None, artifacts_root: Path | None = None,
-          token: str | None = None, port: int = 0) -> tuple[object, str]:
-    """The guarded ASGI app over ``home`` and its token (for tests and ``serve``)."""
+          token: str | None = None, port: int = 0, *, warm: bool = False) -> tuple[object, str]:
+    """The guarded ASGI app over ``home`` and its token (for tests and ``serve``).
+
+    ``warm``: read every stored run into the run list's index now, so that no page request
+    pays for it (with ten thousand runs the index takes seconds; a page then takes tens of
+    milliseconds).
+    """
     from choir.view.app import Viewer
     from choir.view.guard import TokenGuard
 
     token = token or secrets.token_urlsafe(24)
     stores = Stores(home or choir_home(), ArtifactStore(artifacts_root))
-    return TokenGuard(Viewer(stores).app, token, port), token
+    viewer = Viewer(stores)
+    if warm:
+        viewer.index.rows()
+    return TokenGuard(viewer.app, token, port), token
 
 
 def serve(port: int = 0, *, announce: Callable[[str], None] = print,
           home: Path | None = None) -> None:
     """Serve the viewer on ``127.0.0.1:port`` (0: a free port) until interrupted; the URL
-    with this launch's token goes to ``announce`` before the first request can arrive."""
+    with this launch's token goes to ``announce`` once the run list is indexed, before the
+    first request can arrive."""
     import uvicorn
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -36,7 +45,7 @@ def serve(port: int = 0, *, announce: Callable[[str], None] = print,
     sock.bind((HOST, port))
     sock.listen(128)  # connections queue from now on, so the printed URL works at once
     bound = sock.getsockname()[1]
-    app, token = build(home, port=bound)
+    app, token = build(home, port=bound, warm=True)  # before the URL: no request waits
     config = uvicorn.Config(app, log_level="warning", access_log=False,  # type: ignore[arg-type]
                             server_header=False, date_header=False)
     server = uvicorn.Server(config)
