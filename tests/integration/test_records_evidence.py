@@ -23,6 +23,10 @@ from tests.integration.test_trace import _env, real_run
 from tests.integration.test_verify_cli import CALC_OK, make_repo, sandbox_name
 from tests.workitems import PY
 
+# real homes whose records are forged, cut and audited:
+# CI's slow stage runs it, so that the README's command stays under five minutes
+pytestmark = pytest.mark.slow
+
 Records = list[dict[str, Any]]
 
 

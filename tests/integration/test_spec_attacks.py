@@ -24,7 +24,10 @@ from choir.models import Mood
 from tests.specrepo import build_templates, run_item
 from tests.workitems import FIXED
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+# every cheat under every mood, each a whole run: CI's slow stage runs them, so that the
+# README's command stays under five minutes
+pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap"),
+              pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,10 @@ from choir.trace.verify import TraceVerification
 from tests.integration.test_orchestrator import fix_cmd, make_item
 from tests.workitems import PY
 
+# real runs whose traces are recorded, forged and verified:
+# CI's slow stage runs it, so that the README's command stays under five minutes
+pytestmark = pytest.mark.slow
+
 Edit = Callable[[dict[str, Any], Path], None]
 
 
