@@ -81,6 +81,19 @@ def make_home(work: Path, extra_env: dict[str, str] | None = None) -> dict[str, 
     return {"verify": session["run_id"], "run": run_id.group(1), "home": str(home)}
 
 
+def run_plan(work: Path, home: Path, plan_id: str, items: str) -> dict[str, object]:
+    """A real ``choir plan run`` of ``items`` (plan YAML) over the team tests' tiny repo,
+    stored in ``home``; its record."""
+    from tests.team import team_repo, write_plan
+
+    team_repo(work / "repo")
+    plan = write_plan(work, plan_id, items)
+    ran = _choir(["plan", "run", str(plan), "--json"], env_for(home), work)
+    assert ran.stdout.strip(), ran.stderr[-2000:]
+    state: dict[str, object] = json.loads(ran.stdout)
+    return state
+
+
 class ViewServer:
     """``choir view`` on a free port over ``home``; ``url`` carries the token."""
 
