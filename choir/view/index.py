@@ -11,8 +11,8 @@ The index is kept in memory between requests. Run folders and their manifests ar
 write-once, so a folder whose manifest has been read is never read again (only a folder
 still without one is looked at next time); trace files grow while a run runs, so each is
 re-read only when its size or modification time changed (one that ended, every few seconds).
-Ten thousand stored runs then cost two directory listings per request
-(docs/performance.md).
+Ten thousand stored runs then cost three directory listings per request (runs, traces,
+plans) and a stat per plan (docs/performance.md).
 """
 
 from __future__ import annotations

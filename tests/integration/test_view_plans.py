@@ -82,6 +82,11 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     state = run_plan(work, home, "vp", ITEMS)
     assert {k: v["state"] for k, v in state["items"].items()} == {  # type: ignore[attr-defined]
         "a": "merged", "b": "merged", "bad": "failed", "after": "blocked"}
+    run_plan(work / "second", home, "shipped", """\
+        - id: only
+          goal: write a
+          executor: {kind: command, command: 'echo A > a.txt'}
+        """, promote_to="release")
     _hostile(home)
     return home
 
@@ -104,12 +109,15 @@ def test_a_plan_is_listed_with_its_status_and_filters_like_the_runs(
     page = client.get("/?kind=plan")
     assert page.status_code == 200
     rows = re.findall(r'href="/plan/([^"]+)">', page.text)
-    assert rows[0] == "vp"  # newest first: the hostile records are dated 2000 or undated
-    assert set(rows) == {"vp", "evil", "linked", "dirlink", "huge", "broken", "notaplan",
+    assert rows[:2] == ["shipped", "vp"]  # newest first: the hostile ones are old or undated
+    assert set(rows) == {"shipped", "vp", "evil", "linked", "dirlink", "huge", "broken", "notaplan",
                          "fifo"}
     assert 'href="/run/' not in page.text  # only plans
     vp_row = page.text.split('href="/plan/vp">')[1].split("</tr>")[0]
     assert "v-failed" in vp_row  # one item failed: the plan did not assert
+    assert "v-asserted" in page.text.split('href="/plan/shipped">')[1].split("</tr>")[0]
+    assert set(re.findall(r'href="/plan/([^"]+)">', client.get("/?status=asserted").text)) \
+        == {"shipped"}
     unreadable = client.get("/?kind=plan&status=unreadable").text
     assert set(re.findall(r'href="/plan/([^"]+)">', unreadable)) == {
         "linked", "dirlink", "huge", "broken", "notaplan", "fifo"}
@@ -137,6 +145,15 @@ def test_the_plan_page_draws_items_states_and_dependencies(client: httpx.Client)
     assert "breaks the tree" in row and "halted" in row.lower(), row
     rounds = page.text.split("Integration rounds kept")[1]
     assert rounds.count("<td>integrate</td>") == 2  # a and b merged, each round kept
+
+
+def test_a_promoted_plan_shows_its_round_and_its_release(client: httpx.Client) -> None:
+    page = client.get("/plan/shipped").text
+    assert 'data-item="only" data-state="merged"' in page
+    rounds, promotions = page.split("Integration rounds kept")[1].split("<h2>Promotions</h2>")
+    assert rounds.count("<td>integrate</td><td>shipped.only</td>") == 1
+    assert rounds.count("<td>release</td><td>release</td>") == 1  # the event, its branch
+    assert promotions.count("<tr><td>release</td>") == 1
 
 
 def test_a_hostile_plan_record_is_shown_inert(client: httpx.Client) -> None:
