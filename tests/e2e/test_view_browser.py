@@ -130,6 +130,8 @@ def test_an_attestation_is_marked_invalid_after_a_byte_flip_in_its_object(
         assert "/attestation/" in browser.current_url or "/artifact/" in browser.current_url
 
 
+@pytest.mark.slow  # a whole plan run: CI's slow stage
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="a plan's verifier needs bubblewrap")
 def test_a_plan_is_drawn_as_a_graph_without_script(browser: Any, tmp_path: Path) -> None:
     """A real three-item plan (one waits for the other two): its list row leads to its page,
     where the browser renders the server-drawn SVG, one box per item, one arrow per

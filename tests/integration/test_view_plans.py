@@ -15,9 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.viewhome import ViewServer, run_plan, view_server
+from tests.viewhome import run_plan, view_server
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+# the real plans (whole runs) are in CI's slow stage; the hostile records run by default
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 
 ITEMS = """\
     - id: a
@@ -77,6 +78,8 @@ def _hostile(home: Path) -> None:
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two real plans (one with a failed and a blocked item; one promoted), and the hostile
+    records beside them."""
     work = tmp_path_factory.mktemp("viewplans")
     home = work / "home"
     state = run_plan(work, home, "vp", ITEMS)
@@ -91,19 +94,27 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return home
 
 
-@pytest.fixture(scope="module")
-def server(home: Path) -> Iterator[ViewServer]:
-    with view_server(home) as s:
-        yield s
-
-
-@pytest.fixture()
-def client(server: ViewServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.base, timeout=30) as c:
-        c.get(f"/?token={server.token}")
+def _client(home: Path) -> Iterator[httpx.Client]:
+    with view_server(home) as s, httpx.Client(base_url=s.base, timeout=30) as c:
+        c.get(f"/?token={s.token}")
         yield c
 
 
+@pytest.fixture(scope="module")
+def client(home: Path) -> Iterator[httpx.Client]:
+    yield from _client(home)
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    """The hostile records alone: no plan runs, so these tests stay in the default run."""
+    home = tmp_path_factory.mktemp("viewhostile") / "home"
+    _hostile(home)
+    yield from _client(home)
+
+
+@pytest.mark.slow
+@needs_bwrap
 def test_a_plan_is_listed_with_its_status_and_filters_like_the_runs(
         client: httpx.Client) -> None:
     page = client.get("/?kind=plan")
@@ -124,6 +135,8 @@ def test_a_plan_is_listed_with_its_status_and_filters_like_the_runs(
     assert "run" not in re.findall(r"<td>(run|verify|plan)</td>", client.get("/?kind=plan").text)
 
 
+@pytest.mark.slow
+@needs_bwrap
 def test_the_plan_page_draws_items_states_and_dependencies(client: httpx.Client) -> None:
     page = client.get("/plan/vp")
     assert page.status_code == 200, page.text
@@ -147,6 +160,8 @@ def test_the_plan_page_draws_items_states_and_dependencies(client: httpx.Client)
     assert rounds.count("<td>integrate</td>") == 2  # a and b merged, each round kept
 
 
+@pytest.mark.slow
+@needs_bwrap
 def test_a_promoted_plan_shows_its_round_and_its_release(client: httpx.Client) -> None:
     page = client.get("/plan/shipped").text
     assert 'data-item="only" data-state="merged"' in page
@@ -156,8 +171,15 @@ def test_a_promoted_plan_shows_its_round_and_its_release(client: httpx.Client) -
     assert promotions.count("<tr><td>release</td>") == 1
 
 
-def test_a_hostile_plan_record_is_shown_inert(client: httpx.Client) -> None:
-    page = client.get("/plan/evil")
+def test_unreadable_plans_are_listed_as_such(hostile: httpx.Client) -> None:
+    listed = hostile.get("/?kind=plan&status=unreadable").text
+    assert set(re.findall(r'href="/plan/([^"]+)">', listed)) == {
+        "linked", "dirlink", "huge", "broken", "notaplan", "fifo"}
+    assert "&lt;script&gt;" in hostile.get("/?kind=plan").text  # evil's status, escaped
+
+
+def test_a_hostile_plan_record_is_shown_inert(hostile: httpx.Client) -> None:
+    page = hostile.get("/plan/evil")
     assert page.status_code == 200
     text = page.text
     assert "<script>alert" not in text and "<b>pwn</b>" not in text
@@ -173,14 +195,14 @@ def test_a_hostile_plan_record_is_shown_inert(client: httpx.Client) -> None:
     ("huge", "over the"), ("broken", "not JSON"), ("notaplan", "not a plan record"),
     ("fifo", "not a regular file")])
 def test_an_unreadable_record_is_said_so_never_followed_or_read_whole(
-        client: httpx.Client, name: str, why: str) -> None:
-    page = client.get(f"/plan/{name}")
+        hostile: httpx.Client, name: str, why: str) -> None:
+    page = hostile.get(f"/plan/{name}")
     assert page.status_code == 200
     assert "unreadable" in page.text and why in page.text, page.text[-1500:]
     for leaked in ("SECRET-FOLLOWED", "HUGE-READ", "BROKEN-READ"):
         assert leaked not in page.text
 
 
-def test_malformed_plan_ids_never_become_paths(client: httpx.Client) -> None:
+def test_malformed_plan_ids_never_become_paths(hostile: httpx.Client) -> None:
     for bad in ("..%2F..%2Fetc", "a..b", "%2Fetc%2Fpasswd", ".hidden", "a" * 80, "nope"):
-        assert client.get(f"/plan/{bad}").status_code == 404, bad
+        assert hostile.get(f"/plan/{bad}").status_code == 404, bad
