@@ -70,6 +70,9 @@ def _hostile(home: Path) -> None:
         fh.write(b'{"status": "HUGE-READ", "items": {}, "pad": "')
         fh.write(b"x" * (50 << 20))
         fh.write(b'"}')
+    chain = {f"i{n:04}": {"state": "pending", "depends_on": [f"i{n - 1:04}", f"i{n + 1:04}"]}
+             for n in range(1000)}  # a 1000-long chain, each also waiting for the next
+    _record(home, "long", json.dumps({"status": "running", "items": chain}))
     _record(home, "broken", '{"status": "BROKEN-READ", "items": {')
     _record(home, "notaplan", '["a list"]')
     (home / "plans" / "fifo").mkdir()
@@ -188,6 +191,13 @@ def test_a_hostile_plan_record_is_shown_inert(hostile: httpx.Client) -> None:
     assert "evil.example" not in text and "cHduZWQ" not in text  # OSC 8 and 52 gone whole
     assert 'data-state="unknown"' in text and 'data-state="running"' in text
     assert text.count('class="edge"') == 2  # x<->y drawn once each way, no self edge, no hang
+
+
+def test_a_long_cyclic_plan_is_drawn_bounded(hostile: httpx.Client) -> None:
+    page = hostile.get("/plan/long").text
+    assert page.count('<g class="node') == 400 and "600 more not shown" in page
+    assert page.count('class="edge"') == 2 * 399  # each pair both ways, none to the unshown
+    assert len(page) < 1_500_000
 
 
 @pytest.mark.parametrize("name,why", [
