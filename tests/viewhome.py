@@ -81,6 +81,25 @@ def make_home(work: Path, extra_env: dict[str, str] | None = None) -> dict[str, 
     return {"verify": session["run_id"], "run": run_id.group(1), "home": str(home)}
 
 
+def run_plan(work: Path, home: Path, plan_id: str, items: str,
+             promote_to: str = "") -> dict[str, object]:
+    """A real ``choir plan run`` of ``items`` (plan YAML) over the team tests' tiny repo in
+    ``work``, stored in ``home``, then ``choir promote`` to ``promote_to`` when given; the
+    plan's record as the run printed it."""
+    from tests.team import team_repo, write_plan
+
+    team_repo(work / "repo")
+    plan = write_plan(work, plan_id, items)
+    env = env_for(home)
+    ran = _choir(["plan", "run", str(plan), "--json"], env, work)
+    assert ran.stdout.strip(), ran.stderr[-2000:]
+    if promote_to:
+        done = _choir(["promote", plan_id, "--to", promote_to], env, work)
+        assert done.returncode == 0, done.stdout + done.stderr
+    state: dict[str, object] = json.loads(ran.stdout)
+    return state
+
+
 class ViewServer:
     """``choir view`` on a free port over ``home``; ``url`` carries the token."""
 

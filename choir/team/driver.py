@@ -109,7 +109,9 @@ class Driver:
                           "started": time.time(),
                           "items": {i.id: {"state": PENDING, "attempt": 0, "run_id": "",
                                            "member": i.member or "", "last": "",
-                                           "feedback": ""} for i in self.plan.items}}
+                                           "feedback": "", "goal": i.goal[:300],
+                                           "depends_on": list(i.depends_on)}
+                                    for i in self.plan.items}}
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "items").mkdir(exist_ok=True)
         self.integration = self.git.add_worktree(self.trees / "integration", branch,

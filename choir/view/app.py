@@ -28,12 +28,14 @@ from starlette.staticfiles import StaticFiles
 from choir._core.canonical import canonical_json, is_hash
 from choir.exceptions import ChoirError, IntegrityError, NotFoundError, UserError
 from choir.view.index import RunIndex
+from choir.view.plans import STATES, plan_view
 from choir.view.reads import (
     Stores,
     atoms_and_demotions,
     attestation_rows,
     attestation_view,
     load_report,
+    plan_events,
     verifier_run,
 )
 from choir.view.text import PAGE_LINES, plain_page, window
@@ -68,6 +70,7 @@ class Viewer:
             Route("/attestation/{att_id}", self.attestation),
             Route("/attestation/{att_id}/attestation.json", self.attestation_json),
             Route("/attestation/{att_id}/dsse.json", self.attestation_dsse),
+            Route("/plan/{plan_id}", self.plan),
             Route("/ahdb", self.ahdb), Route("/audit", self.audit),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ], exception_handlers={ChoirError: self._error})
@@ -106,6 +109,15 @@ class Viewer:
         atts = await asyncio.to_thread(attestation_rows, self.stores, found.get("attestations"))
         return self.page("session.html", title=f"verify {run_id}", s=found, run_id=run_id,
                          atts=atts)
+
+    async def plan(self, request: Request) -> HTMLResponse:
+        """A team plan: its items with their states and runs, the dependency graph drawn on
+        the server, the integration rounds and promotions."""
+        view = await asyncio.to_thread(plan_view, self.stores.home,
+                                       request.path_params["plan_id"])
+        rounds = await asyncio.to_thread(plan_events, self.stores, view.plan_id)
+        return self.page("plan.html", title=f"plan {view.plan_id}", p=view, states=STATES,
+                         rounds=rounds)
 
     async def report(self, request: Request) -> HTMLResponse:
         digest = request.path_params["digest"]

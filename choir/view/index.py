@@ -1,6 +1,8 @@
 """The run list: every ``choir run`` and ``choir verify`` under this home, newest first.
 
-A ``choir run`` is known by its trace records (``traces/RUN_ID.jsonl``: its first record
+A ``choir plan run`` is known by its plan record (``plans/PLAN_ID/state.json``, re-read when
+its size or modification time changed; ``choir.view.plans`` reads it). A ``choir run`` is
+known by its trace records (``traces/RUN_ID.jsonl``: its first record
 names the work item, its last decision the status), a ``choir verify`` by its session
 manifest (``runs/RUN_ID/manifest.json``). Neither needs the checkpoint database, so the list
 never imports LangGraph.
@@ -9,8 +11,8 @@ The index is kept in memory between requests. Run folders and their manifests ar
 write-once, so a folder whose manifest has been read is never read again (only a folder
 still without one is looked at next time); trace files grow while a run runs, so each is
 re-read only when its size or modification time changed (one that ended, every few seconds).
-Ten thousand stored runs then cost two directory listings per request
-(docs/performance.md).
+Ten thousand stored runs then cost three directory listings per request (runs, traces,
+plans) and a stat per plan (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from choir.trace.record import MAX_RECORD_LINE, traces_dir
+from choir.view.plans import plan_summary
 
 MAX_MANIFEST = 4 << 20
 _TAIL = 64 << 10  # the last records of a trace file: where its status is
@@ -36,7 +39,7 @@ class RunRow:
     """One line of the run list (everything shown is read from the stores)."""
 
     run_id: str
-    kind: str  # "run" (choir run) or "verify" (choir verify)
+    kind: str  # "run" (choir run), "verify" (choir verify) or "plan" (choir plan run)
     status: str
     work_item: str
     mood: str
@@ -111,6 +114,8 @@ class RunIndex:
     def __init__(self, home: Path, artifacts_root: Path) -> None:
         self.traces = traces_dir(home)
         self.runs = artifacts_root / "runs"
+        self.plans = home / "plans"
+        self._plans: dict[str, tuple[int, int, RunRow]] = {}
         self._folders: dict[str, RunRow | None] = {}  # read once: folders are write-once
         self._traces: dict[str, tuple[int, int, RunRow | None]] = {}
         self._changed = True
@@ -160,13 +165,40 @@ class RunIndex:
                 self._traces[name] = (st.st_size, st.st_mtime_ns, _trace_row(path, st.st_size))
                 self._changed = True
 
+    def _scan_plans(self) -> None:
+        """Plan records: rewritten after every transition, so each is re-read when its size
+        or modification time changed; one that cannot be read is an ``unreadable`` row."""
+        try:
+            names = os.listdir(self.plans)
+        except OSError:
+            names = []
+        for gone in set(self._plans) - set(names):
+            del self._plans[gone]
+            self._changed = True
+        for name in names:
+            try:
+                st = os.lstat(self.plans / name / "state.json")
+                key = (st.st_size, st.st_mtime_ns)
+            except OSError:
+                key = (-1, -1)
+            known = self._plans.get(name)
+            if known is not None and known[:2] == key:
+                continue
+            status, updated = plan_summary(self.plans.parent, name)
+            self._plans[name] = (*key, RunRow(run_id=name, kind="plan", status=status,
+                                              work_item="", mood="", started="",
+                                              updated=updated))
+            self._changed = True
+
     def rows(self) -> list[RunRow]:
-        """Every run, newest first (by its last update)."""
+        """Every run and plan, newest first (by its last update)."""
         self._scan_folders()
         self._scan_traces()
+        self._scan_plans()
         if self._changed:  # sorted once per change, not per request
             found = [r for r in self._folders.values() if r is not None]
             found += [t[2] for t in self._traces.values() if t[2] is not None]
+            found += [p[2] for p in self._plans.values()]
             self._sorted = sorted(found, key=lambda r: (r.updated, r.run_id), reverse=True)
             self._items = sorted({r.work_item for r in found if r.work_item})
             self._changed = False

@@ -190,3 +190,27 @@ def verifier_run(stores: Stores, run_id: str) -> tuple[RunManifest, str] | None:
         return RunManifest.model_validate_json(data), blake3_hex(data)
     except (OSError, ValidationError, ValueError):
         return None
+
+
+def plan_events(stores: Stores, plan_id: str) -> list[dict[str, Any]]:
+    """The AHDB's ``integrate`` and ``release`` events of ``plan_id``, in order (read-only:
+    SQLite on a read-only connection, Postgres through the store without a signer)."""
+    kinds = ("integrate", "release")
+    if database_url(stores.home) is None:
+        path = stores.home / "ahdb.sqlite"
+        if not path.is_file():
+            return []
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            found = [(seq, kind, json.loads(payload), created) for seq, kind, payload, created
+                     in conn.execute("SELECT seq, kind, payload, created_at FROM events WHERE "
+                                     "kind IN (?, ?) ORDER BY seq", kinds)]
+        finally:
+            conn.close()
+    else:
+        db = stores.ahdb()
+        found = [(ev.seq, ev.kind, ev.payload, ev.created_at)
+                 for ev in (db.events() if db else []) if ev.kind in kinds]
+    return [{"seq": seq, "kind": kind, "created_at": created, **payload}
+            for seq, kind, payload, created in found
+            if isinstance(payload, dict) and payload.get("plan") == plan_id]

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from choir.evidence.artifacts import ArtifactStore
-from tests.viewhome import flip_byte, make_home, session_attestations, view_server
+from tests.viewhome import flip_byte, make_home, run_plan, session_attestations, view_server
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
@@ -128,3 +128,41 @@ def test_an_attestation_is_marked_invalid_after_a_byte_flip_in_its_object(
         violation = css(browser, "tr.violation a")[0]
         violation.click()
         assert "/attestation/" in browser.current_url or "/artifact/" in browser.current_url
+
+
+@pytest.mark.slow  # a whole plan run: CI's slow stage
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="a plan's verifier needs bubblewrap")
+def test_a_plan_is_drawn_as_a_graph_without_script(browser: Any, tmp_path: Path) -> None:
+    """A real three-item plan (one waits for the other two): its list row leads to its page,
+    where the browser renders the server-drawn SVG, one box per item, one arrow per
+    dependency, coloured by state."""
+    home = tmp_path / "home"
+    run_plan(tmp_path, home, "demo", """\
+        - id: write-a
+          goal: write a
+          executor: {kind: command, command: 'echo A > a.txt'}
+        - id: break-it
+          goal: breaks the tree
+          max_attempts: 1
+          executor: {kind: command, command: 'echo BROKEN > h.txt'}
+        - id: copy-a
+          goal: copy a
+          executor: {kind: command, command: 'echo A > b.txt'}
+          depends_on: [write-a]
+        - id: release-notes
+          goal: needs everything
+          member: worker
+          depends_on: [copy-a, break-it]
+        """)
+    with view_server(home) as server:
+        browser.get(server.url)
+        next(a for a in css(browser, "a.run-link") if a.text == "demo").click()
+        assert browser.current_url == f"{server.base}/plan/demo"
+        nodes = css(browser, "svg.plan-graph g.node")
+        assert len(nodes) == 4 and len(css(browser, "svg.plan-graph line.edge")) == 3
+        assert all(n.rect["width"] > 100 for n in nodes)  # laid out and drawn
+        merged = css(browser, 'g.node[data-item="write-a"] rect')[0]
+        failed = css(browser, 'g.node[data-item="break-it"] rect')[0]
+        assert merged.value_of_css_property("fill") != failed.value_of_css_property("fill")
+        assert css(browser, "script") == []
+        shot(browser, "plan")
