@@ -112,6 +112,18 @@ class Edge:
     y2: int
     dep: str
     item: str
+    points: str = ""  # the SVG polyline: straight, or around the columns it skips
+
+
+def _edge(src: Node, dst: Node, dep: str) -> Edge:
+    """From ``src``'s right side to ``dst``'s left. An edge that skips a column runs in the
+    gap between rows (above the higher end), never through a node in between."""
+    x1, y1, x2, y2 = src.x + NODE_W, src.y + NODE_H // 2, dst.x, dst.y + NODE_H // 2
+    route = [(x1, y1), (x2, y2)]
+    if x2 - x1 > COL_W:
+        lane = min(src.y, dst.y) - (ROW_H - NODE_H) // 2
+        route[1:1] = [(x1 + 12, lane), (x2 - 12, lane)]
+    return Edge(x1, y1, x2, y2, dep, dst.item.id, " ".join(f"{x},{y}" for x, y in route))
 
 
 @dataclass(frozen=True)
@@ -187,9 +199,7 @@ def layout(items: tuple[ItemView, ...]) -> tuple[tuple[Node, ...], tuple[Edge, .
         row = rows[col] = rows.get(col, -1) + 1
         nodes[item.id] = Node(item, PAD + col * COL_W, PAD + row * ROW_H,
                               item.id if len(item.id) <= 22 else item.id[:21] + "…")
-    edges = tuple(Edge(nodes[d].x + NODE_W, nodes[d].y + NODE_H // 2, n.x, n.y + NODE_H // 2,
-                       d, n.item.id)
-                  for n in nodes.values() for d in n.item.depends_on
+    edges = tuple(_edge(nodes[d], n, d) for n in nodes.values() for d in n.item.depends_on
                   if d in nodes and d != n.item.id)
     width = PAD * 2 + (max(depth.values(), default=0)) * COL_W + NODE_W
     height = PAD * 2 + max(rows.values(), default=0) * ROW_H + NODE_H

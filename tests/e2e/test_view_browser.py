@@ -159,7 +159,7 @@ def test_a_plan_is_drawn_as_a_graph_without_script(browser: Any, tmp_path: Path)
         next(a for a in css(browser, "a.run-link") if a.text == "demo").click()
         assert browser.current_url == f"{server.base}/plan/demo"
         nodes = css(browser, "svg.plan-graph g.node")
-        assert len(nodes) == 4 and len(css(browser, "svg.plan-graph line.edge")) == 3
+        assert len(nodes) == 4 and len(css(browser, "svg.plan-graph .edge")) == 3
         assert all(n.rect["width"] > 100 for n in nodes)  # laid out and drawn
         merged = css(browser, 'g.node[data-item="write-a"] rect')[0]
         failed = css(browser, 'g.node[data-item="break-it"] rect')[0]

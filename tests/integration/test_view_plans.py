@@ -216,3 +216,23 @@ def test_an_unreadable_record_is_said_so_never_followed_or_read_whole(
 def test_malformed_plan_ids_never_become_paths(hostile: httpx.Client) -> None:
     for bad in ("..%2F..%2Fetc", "a..b", "%2Fetc%2Fpasswd", ".hidden", "a" * 80, "nope"):
         assert hostile.get(f"/plan/{bad}").status_code == 404, bad
+
+
+def test_an_edge_that_skips_a_column_runs_between_the_rows_not_through_a_node() -> None:
+    """a -> b -> c and a -> c: drawn straight, a -> c crossed b's box (seen in the screenshot)."""
+    from choir.view.plans import NODE_H, NODE_W, ItemView, layout
+
+    def item(name: str, *deps: str) -> ItemView:
+        return ItemView(name, "merged", "", "", 1, "", "", (), deps, 0)
+
+    nodes, edges, _, _ = layout((item("a"), item("b", "a"), item("c", "b", "a")))
+    box = {n.item.id: n for n in nodes}["b"]
+    skip = {(e.dep, e.item): e for e in edges}[("a", "c")]
+    points = [tuple(map(int, p.split(","))) for p in skip.points.split()]
+    assert len(points) == 4
+    for (x1, y1), (x2, y2) in zip(points, points[1:]):
+        for t in (i / 50 for i in range(51)):  # no point of the route inside b's box
+            x, y = x1 + (x2 - x1) * t, y1 + (y2 - y1) * t
+            assert not (box.x <= x <= box.x + NODE_W and box.y <= y <= box.y + NODE_H), (x, y)
+    straight = {(e.dep, e.item): e for e in edges}[("a", "b")]
+    assert len(straight.points.split()) == 2
