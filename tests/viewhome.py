@@ -110,10 +110,11 @@ class ViewServer:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         found = re.search(r"(http://127\.0\.0\.1:(\d+))/\?token=(\S+)", line)
-        if not found:
+        if not found:  # say why: its stderr, read before stop() closes it
+            self.proc.kill()
+            err = self.proc.stderr.read() if self.proc.stderr else ""
             self.stop()
-            raise AssertionError(f"choir view printed {line!r}; stderr "
-                                 f"{self.proc.stderr.read() if self.proc.stderr else ''}")
+            raise AssertionError(f"choir view printed {line!r}; stderr {err[-3000:]}")
         self.base, self.port, self.token = found.group(1), int(found.group(2)), found.group(3)
         self.url = f"{self.base}/?token={self.token}"
 

@@ -230,7 +230,7 @@ def test_an_edge_that_skips_a_column_runs_between_the_rows_not_through_a_node() 
     skip = {(e.dep, e.item): e for e in edges}[("a", "c")]
     points = [tuple(map(int, p.split(","))) for p in skip.points.split()]
     assert len(points) == 4
-    for (x1, y1), (x2, y2) in zip(points, points[1:]):
+    for (x1, y1), (x2, y2) in zip(points, points[1:], strict=False):
         for t in (i / 50 for i in range(51)):  # no point of the route inside b's box
             x, y = x1 + (x2 - x1) * t, y1 + (y2 - y1) * t
             assert not (box.x <= x <= box.x + NODE_W and box.y <= y <= box.y + NODE_H), (x, y)
