@@ -124,8 +124,8 @@ def test_a_plan_is_listed_with_its_status_and_filters_like_the_runs(
     assert page.status_code == 200
     rows = re.findall(r'href="/plan/([^"]+)">', page.text)
     assert rows[:2] == ["shipped", "vp"]  # newest first: the hostile ones are old or undated
-    assert set(rows) == {"shipped", "vp", "evil", "linked", "dirlink", "huge", "broken", "notaplan",
-                         "fifo"}
+    assert set(rows) == {"shipped", "vp", "evil", "long", "linked", "dirlink", "huge", "broken",
+                         "notaplan", "fifo"}
     assert 'href="/run/' not in page.text  # only plans
     vp_row = page.text.split('href="/plan/vp">')[1].split("</tr>")[0]
     assert "v-failed" in vp_row  # one item failed: the plan did not assert
