@@ -11,7 +11,7 @@ import subprocess
 import textwrap
 from pathlib import Path
 
-from tests.workitems import STEP_PY
+from tests.workitems import UNIT_VERIFIER
 
 CHECK = textwrap.dedent("""\
     import pathlib
@@ -34,15 +34,7 @@ def git(repo: Path, *args: str) -> str:
 def team_repo(path: Path) -> Path:
     path.mkdir(parents=True)
     (path / "test_tree.py").write_text(CHECK)
-    (path / "choir.yaml").write_text(textwrap.dedent(f"""\
-        verifiers:
-          unit:
-            kind: unit_tests
-            steps:
-              - name: pytest
-                command: {STEP_PY} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml
-            parser: junit
-        """))
+    (path / "choir.yaml").write_text(UNIT_VERIFIER)
     (path / ".gitignore").write_text("__pycache__/\n")
     git(path, "init", "-q", "-b", "main")
     git(path, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")

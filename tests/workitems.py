@@ -15,6 +15,16 @@ PY = sys.executable
 STEP_PY = os.path.realpath(sys.executable)
 BUGGY = "def add(a, b):\n    return a - b\n"
 FIXED = "def add(a, b):\n    return a + b\n"
+# the one pytest verifier of the test repos' choir.yaml
+UNIT_VERIFIER = textwrap.dedent(f"""\
+    verifiers:
+      unit:
+        kind: unit_tests
+        steps:
+          - name: pytest
+            command: {STEP_PY} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml
+        parser: junit
+    """)
 
 
 def calc_repo(path: Path, *, canary: str, sandbox: str | None = None,
@@ -33,15 +43,8 @@ def calc_repo(path: Path, *, canary: str, sandbox: str | None = None,
             print("{canary}")
             assert add(2, 3) == 5
         """))
-    config = textwrap.dedent(f"""\
-        verifiers:
-          unit:
-            kind: unit_tests
-            steps:
-              - name: pytest
-                command: {STEP_PY} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml
-            parser: junit
-        """) + textwrap.indent(textwrap.dedent(verifiers), "  ") + textwrap.dedent(extra)
+    config = (UNIT_VERIFIER + textwrap.indent(textwrap.dedent(verifiers), "  ")
+              + textwrap.dedent(extra))
     if sandbox:
         config += f"sandbox: {{backend: {sandbox}}}\n"
     (path / "choir.yaml").write_text(config)

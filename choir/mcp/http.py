@@ -31,14 +31,9 @@ class BearerGuard(TokenGuard):
     """The viewer's guard (loopback ``Host``, constant-time token check), with the token in
     the ``Authorization`` header."""
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        if header(scope, b"host") not in self.hosts:
-            await plain(send, 403, "forbidden: this server answers on its loopback address "
-                                    "only")
-            return
+    serves = "server"
+
+    async def authorized(self, scope: Scope, receive: Receive, send: Send) -> None:
         scheme, _, given = header(scope, b"authorization").partition(" ")
         if scheme.lower() != "bearer" or not self._ok(given.strip()):
             await plain(send, 401, "unauthorized: send `Authorization: Bearer TOKEN` with "

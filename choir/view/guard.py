@@ -56,14 +56,20 @@ class TokenGuard:
     def _ok(self, given: str) -> bool:
         return bool(given) and hmac.compare_digest(given.encode(), self.token.encode())
 
+    serves = "viewer"  # for the refusal of a foreign Host
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         if header(scope, b"host") not in self.hosts:
-            await plain(send, 403, "forbidden: this viewer answers on its loopback address "
-                                    "only")
+            await plain(send, 403, f"forbidden: this {self.serves} answers on its loopback "
+                                    "address only")
             return
+        await self.authorized(scope, receive, send)
+
+    async def authorized(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Past the Host check: the token from the printed URL, kept in a cookie."""
         query = parse_qsl(bytes(scope.get("query_string", b"")).decode("latin-1"))
         given = [v for k, v in query if k == "token"]
         if given:  # the printed URL: keep the token in a cookie, then drop it from the URL
