@@ -191,9 +191,12 @@ def _sandbox_section(section: SandboxConfig, repo: Path, doc: YamlDoc) -> Sandbo
             not exist (file and line given).
     """
 
+    from choir.config.heldout import heldout_paths
+
+    sealed = heldout_paths()
     for i, bind in enumerate(section.binds):
         try:
-            check_bind(bind, origin=f"sandbox.binds[{i}]")
+            check_bind(bind, origin=f"sandbox.binds[{i}]", sealed=sealed)
         except ConfigError as exc:
             raise ConfigError(exc.message, path=str(doc.path),
                               line=doc.line_of(("sandbox", "binds", i)),
@@ -206,6 +209,24 @@ def _sandbox_section(section: SandboxConfig, repo: Path, doc: YamlDoc) -> Sandbo
     if not section.python and not active_venv() and (repo / ".venv" / "pyvenv.cfg").is_file():
         return section.model_copy(update={"python": os.path.realpath(repo / ".venv")})
     return section
+
+
+def _resource_binds(resources: dict[str, Any], repo: Path, doc: YamlDoc) -> list[str]:
+    """The SQLite resources' folders, each checked like a bind (file and line on refusal)."""
+    from choir.config.heldout import heldout_paths
+    from choir.postconditions.spec import resource_binds
+
+    sealed = heldout_paths()
+    out = []
+    for name, folder in sorted(resource_binds(resources, repo).items()):
+        try:
+            out.append(check_bind(folder, origin=f"resource '{name}'", sealed=sealed))
+        except ConfigError as exc:
+            raise ConfigError(exc.message, path=str(doc.path),
+                              line=doc.line_of(("resources", name)),
+                              hint="keep the resource's folder a real folder outside Choir's "
+                                   "stores") from None
+    return sorted(set(out))
 
 
 def load_repo_config(repo: Path) -> RepoConfig:
@@ -316,9 +337,7 @@ def load_repo_config(repo: Path) -> RepoConfig:
     verifiers.update(load_heldout(repo, set(verifiers)))  # the user's, outside the repo
     sandbox = _sandbox_section(parsed.sandbox, repo, doc)
     if resources:
-        from choir.postconditions.spec import resource_binds
-
-        extra = [b for b in resource_binds(resources, repo) if b not in sandbox.binds]
+        extra = [b for b in _resource_binds(resources, repo, doc) if b not in sandbox.binds]
         sandbox = sandbox.model_copy(update={"binds": (*sandbox.binds, *extra)})
     return RepoConfig(
         path=str(repo),

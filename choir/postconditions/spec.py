@@ -225,11 +225,12 @@ def _resource(doc: Any, name: str, method: str, check: ReadAfterWrite | Invarian
     return {"resource": resource.for_harness(repo), "resource_name": check.resource}
 
 
-def resource_binds(resources: dict[str, Resource], repo: Path) -> list[str]:
-    """Folders of SQLite resources, bound read-only so the sandbox can read them."""
-    out = []
-    for res in resources.values():
+def resource_binds(resources: dict[str, Resource], repo: Path) -> dict[str, str]:
+    """Folders of SQLite resources by resource name, bound read-only so the sandbox can read
+    them (each still to be checked with ``check_bind``: the folder may be a planted link)."""
+    out = {}
+    for name, res in resources.items():
         if res.sqlite:
             # inside the repo too: verifiers see a snapshot of the tree, not the live file
-            out.append(str(Path(res.for_harness(repo)["path"]).parent.resolve()))
-    return sorted(set(out))
+            out[name] = str(Path(res.for_harness(repo)["path"]).parent.absolute())
+    return out

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,23 +37,31 @@ class Toolchain:
     venv: str | None
 
 
-def _protected() -> list[Path]:
-    """Folders no bind may contain: the key and AHDB home, the artifact store, $HOME."""
+def _protected() -> list[tuple[Path, bool]]:
+    """Folders no bind may contain: the key and AHDB home, the artifact store, $HOME; with
+    whether a bind inside one is refused too (Choir's own stores: yes; $HOME, where repos and
+    interpreters live: no)."""
     found = []
-    for path in (choir_home(), artifact_dir(), Path.home()):
+    for path, whole in ((choir_home(), True), (artifact_dir(), True), (Path.home(), False)):
         try:
-            found.append(Path(os.path.realpath(path)))
+            found.append((Path(os.path.realpath(path)), whole))
         except OSError:
             continue
     return found
 
 
-def check_bind(path: str, *, origin: str) -> str:
+def check_bind(path: str, *, origin: str, sealed: Sequence[Path] = ()) -> str:
     """``path`` resolved, or ConfigError when binding it would expose a secret or the host.
 
+    A folder inside Choir's home or artifact store is refused as well as one containing
+    them: a bind's path can be a link an executor planted in the repo (a resource folder
+    swapped for a link to ``$CHOIR_HOME/heldout``), and Docker's engine binds host paths
+    outside the mount namespace that masks the key. ``sealed`` adds folders guarded the same
+    way (the held-out checks named outside the home).
+
     Raises:
-        ConfigError: the path is relative, missing, a system pseudo-filesystem, or contains
-            CHOIR_HOME, the artifact store or $HOME.
+        ConfigError: the path is relative, missing, a system pseudo-filesystem, contains
+            CHOIR_HOME, the artifact store or $HOME, or lies inside Choir's stores.
     """
     if not os.path.isabs(path):
         raise ConfigError(f"{origin}: bind '{path}' is relative; give an absolute path")
@@ -63,12 +72,17 @@ def check_bind(path: str, *, origin: str) -> str:
     if real == "/" or any(real == f or real.startswith(f + "/") for f in FORBIDDEN):
         raise ConfigError(f"{origin}: bind '{path}' exposes the host ({real}); bind a "
                           "narrower folder")
-    for secret in _protected():
+    for secret, whole in [*_protected(), *((Path(p), True) for p in sealed)]:
         if secret == here or here in secret.parents:
             raise ConfigError(
                 f"{origin}: bind '{path}' contains {secret} (CHOIR_HOME, the artifact store or "
                 "$HOME): the signing key would be readable; bind the exact folder the step "
                 "needs instead")
+        if whole and secret in here.parents:
+            raise ConfigError(
+                f"{origin}: bind '{path}' leads into {secret} ({real}), a store of Choir's "
+                "(CHOIR_HOME, the artifact store, the held-out checks) that no step may read; "
+                "if the path is a link, replace it with the folder itself")
     return real
 
 

@@ -55,3 +55,41 @@ def test_a_configured_interpreter_binds_its_installation(tmp_path: Path) -> None
     base = os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))
     assert tools.venv is None
     assert tools.path_head[0] == f"{base}/bin"
+
+
+@pytest.mark.parametrize("inside", ["keys", "heldout/calc", "artifacts"])
+def test_a_bind_inside_choir_home_is_refused(inside: str, choir_home: Path) -> None:
+    """A bind may be a link planted in the repo (tests/integration/test_planted_binds.py):
+    inside Choir's home is as bad as containing it."""
+    (choir_home / inside).mkdir(parents=True, exist_ok=True)
+    with pytest.raises(ConfigError, match="store of Choir's"):
+        check_bind(str(choir_home / inside), origin="test")
+
+
+def test_a_bind_inside_home_is_allowed_where_repos_and_interpreters_live(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "project" / "data").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert check_bind(str(tmp_path / "project" / "data"), origin="test") == os.path.realpath(
+        tmp_path / "project" / "data")
+
+
+def test_a_bind_into_a_heldout_folder_outside_the_home_is_refused_with_file_and_line(
+        tmp_path: Path, choir_home: Path) -> None:
+    hidden = tmp_path / "hidden-checks"
+    (hidden / "calc").mkdir(parents=True)
+    (hidden / "calc" / "test_hidden.py").write_text("def test_x(): pass\n")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (choir_home / "heldout.yaml").write_text(f"""repos:
+  - repo: {repo}
+    verifiers:
+      hidden:
+        kind: integration_tests
+        path: {hidden}
+        steps: [{{name: t, command: pytest -q $CHOIR_HELDOUT}}]
+""")
+    (repo / "choir.yaml").write_text(CONFIG.replace("{bind}", str(hidden / "calc")))
+    with pytest.raises(ConfigError, match="store of Choir's") as caught:
+        load_repo_config(repo)
+    assert caught.value.line == 6 and str(repo / "choir.yaml") in str(caught.value)

@@ -1,0 +1,89 @@
+"""A folder Choir binds into a verifier's sandbox must never lead into Choir's own stores.
+
+The attack: a SQLite postcondition resource lives in the repo (``db/app.sqlite``), so its
+folder is bound read-only into every verifier's sandbox. An executor replaces ``db`` with a
+symlink to ``$CHOIR_HOME/heldout`` (it learns the home from its mask's mount point) and
+excludes it from git, so the tree scan never looks at it. The next ``choir verify`` or
+``choir run`` resolved the folder and bound the held-out checks into every step, where the
+code under test can read them and print them into a visible test's failure, which reaches
+the executor's feedback in full: the held-out checks are fitted. The same bind reached the
+artifact store (every held-out report's log) and, under Docker, whose engine binds host paths
+outside Choir's mount namespace, the key folder (then only its mode stood in the way).
+Watched on the code before the fix: the canary was printed under bwrap and under Docker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.sandboxes import ISOLATED, isolated_backend
+
+CANARY = "HELDOUT-CANARY-7f3a9c"
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+def _repo(root: Path, target: Path) -> Path:
+    repo = root / "repo"
+    (repo / "db").mkdir(parents=True)
+    sqlite3.connect(repo / "db" / "app.sqlite").close()
+    (repo / "choir.yaml").write_text(f"""\
+resources:
+  store: {{sqlite: db/app.sqlite}}
+verifiers:
+  unit:
+    kind: unit_tests
+    steps:
+      - name: peek
+        command: cat {target}/secret.txt; ls {target}; true
+""")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=x", "-c", "user.email=x@x", "commit", "-qm", "base")
+    # what the executor does: swap the folder for a link into Choir's home, hide it from git
+    os.rename(repo / "db", root / "db-moved")
+    (repo / "db").symlink_to(target)
+    (repo / ".git" / "info" / "exclude").write_text("db\n")
+    return repo
+
+
+@pytest.mark.parametrize("backend", ISOLATED)
+@pytest.mark.parametrize("where", ["heldout", "artifacts"])
+def test_a_resource_folder_swapped_for_a_link_into_choir_home_is_never_bound(
+        backend: str, where: str, tmp_path: Path, choir_home: Path) -> None:
+    isolated_backend(backend)
+    target = choir_home / where
+    target.mkdir(exist_ok=True)
+    (target / "secret.txt").write_text(CANARY + "\n")
+    repo = _repo(tmp_path, target)
+    proc = subprocess.run([sys.executable, "-m", "choir", "verify", "--repo", str(repo),
+                           "--sandbox", backend, "--json"], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ))
+    assert CANARY not in proc.stdout + proc.stderr, "a step read a folder of Choir's home"
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-500:], proc.stderr[-500:])
+    assert str(repo / "choir.yaml") in proc.stderr and "db" in proc.stderr
+    assert "CHOIR_HOME" in proc.stderr
+
+
+@pytest.mark.parametrize("backend", ISOLATED)
+def test_the_same_resource_as_a_real_folder_still_verifies(
+        backend: str, tmp_path: Path, choir_home: Path) -> None:
+    """The control: the resource folder, bound as before, when it is what it says it is."""
+    isolated_backend(backend)
+    repo = _repo(tmp_path, tmp_path / "elsewhere")
+    (repo / "db").unlink()
+    os.rename(tmp_path / "db-moved", repo / "db")
+    proc = subprocess.run([sys.executable, "-m", "choir", "verify", "--repo", str(repo),
+                           "--sandbox", backend, "--json"], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr[-800:]
+    assert json.loads(proc.stdout)["status"] == "PASS"
