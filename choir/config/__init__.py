@@ -242,10 +242,10 @@ def load_repo_config(repo: Path) -> RepoConfig:
             "repo folder does not exist", path=str(repo), hint="pass --repo DIR with a real folder"
         )
     path = repo / CONFIG_NAME
-    if not path.exists():
+    if not os.path.lexists(path):
         raise ConfigError("file not found", path=str(path),
                           hint="run 'choir init' in the repo to write one, or pass --repo DIR")
-    doc = load_yaml(path)
+    doc = load_yaml(path, root=repo)  # a file of the repo: no link followed, never a FIFO
     if doc.data is None:
         doc = YamlDoc(path=doc.path, data={}, _tree=None)
     if not isinstance(doc.data, dict):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import difflib
+import errno
 import os
 import re
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,16 +58,44 @@ def max_bytes() -> int:
     return int(raw) if raw.isdigit() else MAX_BYTES
 
 
-def _read_capped(path: Path) -> str:
+def _open(path: Path, root: Path | None) -> int:
+    """A read descriptor of the regular file ``path``: never a FIFO or a device (which
+    would block or never end), and under ``root`` (a repo) no link followed on the way."""
+    from choir._core import fsopen
+
+    if root is not None:
+        parts = fsopen.split(path.relative_to(root).as_posix())
+        with fsopen.DirCursor(root) as cursor:
+            return fsopen.open_regular(parts[-1], cursor.dir(parts[:-1]))[0]
+    fd = os.open(path, fsopen.FILE)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_capped(path: Path, root: Path | None = None) -> str:
     """The file's text, refused before parsing when it is larger than the cap."""
     cap = max_bytes()
     try:
-        with path.open("rb") as fh:
+        with os.fdopen(_open(path, root), "rb") as fh:
             raw = fh.read(cap + 1)
     except FileNotFoundError:
         raise ConfigError("file not found", path=str(path),
                           hint="check the path (it is relative to the current folder)") from None
     except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and root is not None:
+            raise ConfigError("is a symlink, or lies under one: Choir reads it only as a "
+                              "regular file of the repo (a link could lead outside the tree "
+                              "it verifies)", path=str(path),
+                              hint="replace the link with the file itself") from None
+        if exc.errno == errno.EINVAL:
+            raise ConfigError("not a regular file (a FIFO, a device or a folder)",
+                              path=str(path), hint="make it a plain YAML file") from None
         raise ConfigError(f"cannot read file: {exc}", path=str(path),
                           hint="make the file readable") from None
     if len(raw) > cap:
@@ -94,11 +124,13 @@ def _count_aliases(yaml: Any, text: str, path: Path) -> None:
                     hint="write the values out, or use fewer anchors and aliases")
 
 
-def load_yaml(path: Path) -> YamlDoc:
+def load_yaml(path: Path, *, root: Path | None = None) -> YamlDoc:
     """Parse ``path``; a syntax error becomes a ConfigError naming the line.
 
-    Hostile files cannot hurt the host: the size is capped before parsing, the alias count
-    while parsing, and the expanded size while converting to plain data.
+    Hostile files cannot hurt the host: only a regular file is read (a FIFO would block), the
+    size is capped before parsing, the alias count while parsing, and the expanded size while
+    converting to plain data. With ``root`` (the repo ``path`` lies in), the file is opened
+    from ``root`` one component at a time and no link on the way is followed.
 
     Raises:
         ConfigError: the file is missing, unreadable, too large, an alias bomb, or not
@@ -107,7 +139,7 @@ def load_yaml(path: Path) -> YamlDoc:
     from ruamel.yaml import YAML
     from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
-    text = _read_capped(path)
+    text = _read_capped(path, root)
     yaml = YAML(typ="rt")
     try:
         _count_aliases(yaml, text, path)

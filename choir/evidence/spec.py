@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from choir._core import fsopen
 from choir._core.canonical import blake3_hex, canonical_json
 from choir._core.globs import glob_regex
 from choir.config.policy import SpecPolicy
@@ -159,21 +160,24 @@ def load_manifest(store: ArtifactStore, digest: str) -> Manifest:
 
 
 def _walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
-    """Every file and symlink under ``root`` (relative posix path, lstat), in path order."""
-    for dirpath, dirs, names in os.walk(root):
-        dirs.sort()
-        for name in sorted(names):
-            path = Path(dirpath) / name
-            st = path.lstat()
-            if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
-                yield path.relative_to(root).as_posix(), st
+    """Every file and symlink under ``root`` (relative posix path, lstat), in path order,
+    walked by descriptor: no link is followed, whatever stands in the snapshot."""
+    for entry in fsopen.walk(root):
+        if stat.S_ISREG(entry.st.st_mode) or stat.S_ISLNK(entry.st.st_mode):
+            yield entry.rel, entry.st
 
 
-def _read(path: Path, st: os.stat_result) -> tuple[str, bytes]:
-    """(kind, bytes) of a file in a sealed snapshot: a symlink's target, never followed."""
+def _read(cursor: fsopen.DirCursor, rel: str,
+          st: os.stat_result | None = None) -> tuple[str, bytes]:
+    """(kind, bytes) of a file in a sealed snapshot: a symlink's target, never followed;
+    opened from the snapshot's root one component at a time (``cursor`` keeps the folder
+    chain open between sorted paths)."""
+    parts = fsopen.split(rel)
+    parent = cursor.dir(parts[:-1])
+    st = st or os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
     if stat.S_ISLNK(st.st_mode):
-        return "l", os.readlink(path).encode("utf-8", "surrogateescape")
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        return "l", os.readlink(parts[-1], dir_fd=parent).encode("utf-8", "surrogateescape")
+    fd, st = fsopen.open_regular(parts[-1], parent)
     with os.fdopen(fd, "rb") as fh:
         return ("x" if st.st_mode & 0o111 else "f"), fh.read()
 
@@ -190,10 +194,11 @@ def pin_from_snapshot(tree: Path, globs: Sequence[str], store: ArtifactStore) ->
     manifest's hash."""
     is_spec = matcher(globs)
     files: dict[str, tuple[str, str]] = {}
-    for rel, st in _walk(tree):
-        if is_spec(rel):
-            kind, data = _read(tree / rel, st)
-            files[rel] = (kind, store.ingest_bytes(data))
+    with fsopen.DirCursor(tree) as cursor:
+        for rel, st in _walk(tree):
+            if is_spec(rel):
+                kind, data = _read(cursor, rel, st)
+                files[rel] = (kind, store.ingest_bytes(data))
     return store.ingest_bytes(Manifest(tuple(globs), files, import_roots(tree)).encode())
 
 
@@ -226,15 +231,16 @@ def compare(tree: Path, tree_hash: str, manifest: Manifest, may_change: Sequence
     added: list[str] = []
     ignored: list[str] = []
     modified: list[str] = []
-    for rel, st in seen.items():
-        if rel in manifest.files:
-            kind, data = _read(tree / rel, st)
-            if (kind, blake3_hex(data)) != manifest.files[rel]:
-                modified.append(rel)
-        elif manifest.is_spec(rel):
-            (added if allowed(rel) and not influences(rel) else ignored).append(rel)
-        elif manifest.shadows(rel):
-            ignored.append(rel)
+    with fsopen.DirCursor(tree) as cursor:
+        for rel, st in seen.items():
+            if rel in manifest.files:
+                kind, data = _read(cursor, rel, st)
+                if (kind, blake3_hex(data)) != manifest.files[rel]:
+                    modified.append(rel)
+            elif manifest.is_spec(rel):
+                (added if allowed(rel) and not influences(rel) else ignored).append(rel)
+            elif manifest.shadows(rel):
+                ignored.append(rel)
     deleted = [p for p in manifest.files if p not in seen]
     declared = [p for p in (*modified, *deleted) if allowed(p)]
     refused = [*ignored, *(p for p in (*modified, *deleted) if p not in declared)]
@@ -242,8 +248,8 @@ def compare(tree: Path, tree_hash: str, manifest: Manifest, may_change: Sequence
     (held if policy == "approve" else refused).extend(declared)
     diff = _diff(tree, manifest, sorted([*modified, *deleted]), store) \
         if modified or deleted else None
-    return SpecChange(tree_hash=tree_hash, added=tuple(added), modified=tuple(modified),
-                      deleted=tuple(sorted(deleted)), ignored=tuple(ignored),
+    return SpecChange(tree_hash=tree_hash, added=tuple(sorted(added)), modified=tuple(modified),
+                      deleted=tuple(sorted(deleted)), ignored=tuple(sorted(ignored)),
                       refused=tuple(sorted(refused)), held=tuple(sorted(held)), diff=diff)
 
 
@@ -252,9 +258,9 @@ def _diff(tree: Path, manifest: Manifest, paths: list[str], store: ArtifactStore
     out: list[str] = []
     for rel in paths:
         before = _pinned_bytes(store, manifest.files[rel][1]).decode("utf-8", "replace")
-        path = tree / rel
-        after = _read(path, path.lstat())[1].decode("utf-8", "replace") \
-            if os.path.lexists(path) else ""
+        with fsopen.DirCursor(tree) as cursor:
+            after = _read(cursor, rel)[1].decode("utf-8", "replace") \
+                if os.path.lexists(tree / rel) else ""
         out.extend(difflib.unified_diff(before.splitlines(True), after.splitlines(True),
                                         f"a/{rel} (pinned)", f"b/{rel}"))
     text = "".join(out).encode()
@@ -267,9 +273,9 @@ def repin(manifest: Manifest, tree: Path, paths: Sequence[str], store: ArtifactS
     """A new manifest with ``paths`` (changes a person approved) taken from ``tree``."""
     files = dict(manifest.files)
     for rel in paths:
-        path = tree / rel
-        if os.path.lexists(path):
-            kind, data = _read(path, path.lstat())
+        if os.path.lexists(tree / rel):
+            with fsopen.DirCursor(tree) as cursor:
+                kind, data = _read(cursor, rel)
             files[rel] = (kind, store.ingest_bytes(data))
         else:
             files.pop(rel, None)
@@ -308,10 +314,11 @@ def build_view(tree: Path, tree_hash: str, manifest_hash: str, added: Sequence[s
     tmp.mkdir(mode=0o700, parents=True)
     try:
         admitted = set(added)
-        for rel, st in _walk(tree):
-            if manifest.governs(rel) and rel not in admitted:
-                continue  # pinned (written below) or not admitted: never seen
-            _write(tmp / rel, *_read(tree / rel, st))
+        with fsopen.DirCursor(tree) as cursor:
+            for rel, st in _walk(tree):
+                if manifest.governs(rel) and rel not in admitted:
+                    continue  # pinned (written below) or not admitted: never seen
+                _write(tmp / rel, *_read(cursor, rel, st))
         for rel, (kind, digest) in manifest.files.items():
             _write(tmp / rel, kind, _pinned_bytes(store, digest))
         for dirpath, _dirs, _names in os.walk(tmp, topdown=False):

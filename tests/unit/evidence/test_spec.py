@@ -150,3 +150,21 @@ def test_a_new_module_that_shadows_the_runner_or_the_stdlib_is_never_seen(
                                    "src/pytest/__init__.py", "json.py"}
     assert (view / "code" / "b.py").exists() and (view / "helpers.py").exists()
     assert not (view / "pytest.py").exists() and not (view / "xml").exists()
+
+
+def test_a_spec_file_under_a_symlinked_folder_is_never_read_through_it(tmp_path: Path) -> None:
+    """The spec's reads go by descriptor (``choir._core.fsopen``): a folder of the snapshot
+    that is a link (planted, or swapped in during the read) fails the open; the read by path
+    it replaced checked only the last component and read ``lnk/secret`` through the link."""
+    from choir._core import fsopen
+    from choir.evidence.spec import _read
+
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "secret").write_text("KEY-MATERIAL\n")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "lnk").symlink_to(tmp_path / "elsewhere")
+    with fsopen.DirCursor(tree) as cursor, pytest.raises(OSError):
+        _read(cursor, "lnk/secret")
+    with fsopen.DirCursor(tree) as cursor:  # the link itself is read as a link
+        assert _read(cursor, "lnk") == ("l", str(tmp_path / "elsewhere").encode())
