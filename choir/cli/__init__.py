@@ -36,12 +36,13 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 # Commands that sign or read what a step or an executor wrote: their process signs through
-# a broker and never sees the key folder (choir.trusted). `keys` manages the key itself;
-# `view` never signs and must not even create a key (it reads the stores read-only, and
-# signs a DSSE export by running `choir attest show` in a process of its own). `mcp` verifies
-# and reads reports for an agent: separated like `verify`.
+# a broker and never sees the key folder (choir.trusted). `keys` manages the key itself.
+# `view` must not even create a key: its broker starts only when the key exists (it signs
+# DSSE exports), the folder is masked either way. `mcp` verifies and reads reports for an
+# agent: separated like `verify`.
 _SEPARATED = frozenset({"verify", "init", "run", "approve", "gate", "audit", "attest", "ahdb",
-                        "trace", "runs", "trust-interpreter", "mcp", "plan", "promote"})
+                        "trace", "runs", "trust-interpreter", "mcp", "plan", "promote", "view"})
+_NO_NEW_KEY = frozenset({"view"})
 
 
 def _separate(args: list[str]) -> None:
@@ -53,7 +54,7 @@ def _separate(args: list[str]) -> None:
     from choir.trusted import separate
 
     try:
-        separate()
+        separate(make_key=name not in _NO_NEW_KEY)
     except (ChoirError, OSError) as exc:
         click.echo(f"choir: error: {exc}", err=True)
         sys.exit(2)

@@ -63,18 +63,29 @@ def _started(base: Path) -> BrokerSigner:
         return client
 
 
-def separate(home: Path | None = None) -> str:
+def separate(home: Path | None = None, *, make_key: bool = True) -> str:
     """Start the broker of ``home``, then hide its key folder from this process.
 
     Returns the confinement level (``choir.trusted.confine``). Call it before reading any
-    hostile byte and before any thread starts.
+    hostile byte and before any thread starts. With ``make_key=False`` (a reader such as
+    ``choir view``, which must not create a key) the broker starts only when the key exists;
+    the folder is masked either way, so a key a run makes later is never in view.
     """
     from choir.trusted.confine import confine
 
     base = (home or choir_home()).absolute()
+    present = (base / "keys" / KEY_FILE).is_file()
     keys = keys_dir(base)  # the mount point must exist before the broker may create the key
-    _started(base)  # the broker loads the key while this process hides it from itself
+    if make_key or present:
+        _started(base)  # the broker loads the key while this process hides it from itself
     return confine(keys)
 
 
-__all__ = ["KEY_FILE", "BrokerSigner", "Signer", "key_id_of", "separate", "signer"]
+def broker_started(home: Path | None = None) -> bool:
+    """True when this process holds a broker for ``home`` (``separate`` started one)."""
+    with _lock:
+        return (home or choir_home()).absolute() in _brokers
+
+
+__all__ = ["KEY_FILE", "BrokerSigner", "Signer", "broker_started", "key_id_of", "separate",
+           "signer"]

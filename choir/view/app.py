@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +23,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from choir._core.canonical import canonical_json, is_hash
-from choir.exceptions import ChoirError, IntegrityError, NotFoundError, UserError
+from choir.exceptions import ChoirError, IntegrityError, NotFoundError, SigningRefused, UserError
 from choir.view.index import RunIndex
 from choir.view.plans import STATES, plan_view
 from choir.view.reads import (
@@ -155,22 +152,22 @@ class Viewer:
         return _download(canonical_json(att), f"{att.id}.json")
 
     async def attestation_dsse(self, request: Request) -> Response:
-        """The in-toto/DSSE export. Signing needs the key, which this process never holds
-        (it reads hostile bytes): ``choir attest show --in-toto`` signs in its own process."""
-        att_id = request.path_params["att_id"]
-        self.stores.attestations.get(att_id)  # unknown or malformed: 404 before any process
-        if not (self.stores.home / "keys" / "ed25519.key").is_file():
-            raise NotFoundError("no signing key on this home: the DSSE envelope cannot be "
-                                "signed here (the attestation itself is signed: download it)")
-        env = dict(os.environ, CHOIR_HOME=str(self.stores.home),
-                   CHOIR_ARTIFACT_DIR=str(self.stores.artifacts.root))
-        proc = await asyncio.to_thread(
-            subprocess.run, [sys.executable, "-m", "choir", "attest", "show", att_id,
-                             "--in-toto"], capture_output=True, env=env, timeout=120)
-        if proc.returncode != 0:
-            return self.page("error.html", 409, title="export refused",
-                             message=proc.stderr.decode("utf-8", "replace")[-500:])
-        return _download(proc.stdout, f"{att_id}.dsse.json")
+        """The in-toto/DSSE export, signed by the broker ``choir view`` started before it hid
+        the key folder from itself (only when the home had a key: the viewer makes none)."""
+        from choir.attest import to_dsse
+        from choir.trusted import broker_started, signer
+
+        att = self.stores.attestations.get(request.path_params["att_id"])  # unknown: 404
+        if not broker_started():
+            raise NotFoundError("no signing key on this home when choir view started: the "
+                                "DSSE envelope cannot be signed here (the attestation itself "
+                                "is signed: download it)")
+        try:
+            envelope = await asyncio.to_thread(to_dsse, att, signer())
+        except (IntegrityError, SigningRefused) as exc:
+            return self.page("error.html", 409, title="export refused", message=str(exc)[-500:])
+        return _download(json.dumps(envelope, indent=2, sort_keys=True).encode(),
+                         f"{att.id}.dsse.json")
 
     async def ahdb(self, request: Request) -> HTMLResponse:
         work_item = request.query_params.get("work_item", "")[:200]

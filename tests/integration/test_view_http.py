@@ -155,7 +155,9 @@ def test_the_run_list_pages_and_filters(tmp_path: Path) -> None:
 
 def test_viewing_writes_nothing_not_even_a_key(tmp_path: Path, made: dict[str, str]) -> None:
     """A home with evidence but no key and no pin: pinning or creating a key is a write the
-    viewer must never make (it would also make it a process that holds the key)."""
+    viewer must never make (it would also make it a process that holds the key). Its one
+    write is the empty owner-only ``keys/`` folder its mask is mounted on, so a key a run
+    makes while it runs is never in its view."""
     home = tmp_path / "home"
     shutil.copytree(made["home"], home)
     shutil.rmtree(home / "keys")
@@ -175,7 +177,9 @@ def test_viewing_writes_nothing_not_even_a_key(tmp_path: Path, made: dict[str, s
         assert "no key pinned" in c.get(f"/attestation/{unit.id}").text  # type: ignore[attr-defined]
         assert c.get(f"/attestation/{unit.id}/dsse.json").status_code == 404  # type: ignore[attr-defined]
     assert snapshot() == before
-    assert not (home / "keys").exists() and not (home / "trusted_keys").exists()
+    assert (home / "keys").is_dir() and not any((home / "keys").iterdir())
+    assert (home / "keys").stat().st_mode & 0o777 == 0o700
+    assert not (home / "trusted_keys").exists()
 
 
 def test_an_attestation_reads_invalid_after_a_byte_flip_in_its_object(
@@ -214,8 +218,6 @@ def test_a_missing_extra_fails_with_the_pip_command_and_help_stays_light(
     assert "view" in light.stdout
 
 
-del os
-
 
 def test_a_postgres_store_is_read_through_the_same_pages(tmp_path: Path, pg_url: str) -> None:
     """AHDB atoms and attestations live in Postgres: the local attestation files are removed,
@@ -235,3 +237,25 @@ def test_a_postgres_store_is_read_through_the_same_pages(tmp_path: Path, pg_url:
         page = c.get(f"/attestation/{unit.id}").text  # type: ignore[attr-defined]
         assert 'id="att-status">VALID' in page
         assert made["run"] in c.get("/").text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the key check reads /proc/PID/root (root)")
+def test_the_viewer_process_cannot_read_the_key_yet_signs_a_dsse_export(
+        tmp_path: Path, made: dict[str, str]) -> None:
+    """The viewer parses hostile bytes (logs, traces, plan records), so it runs confined like
+    every such command: the key folder is an empty mask in its mount namespace, and a DSSE
+    export is signed by the broker it started before confining itself. Watched failing before
+    ``view`` joined the separated commands: ``/proc/PID/root`` showed the key file."""
+    home = tmp_path / "home"
+    shutil.copytree(made["home"], home)
+    key = home / "keys" / "ed25519.key"
+    assert key.is_file()
+    unit = session_attestations(home, made["verify"])["unit"]
+    with view_server(home) as s, httpx.Client(base_url=s.base, timeout=30) as c:
+        c.get(f"/?token={s.token}")
+        assert c.get("/").status_code == 200
+        assert not Path(f"/proc/{s.proc.pid}/root{key}").exists(), "the viewer can read the key"
+        assert os.listdir(f"/proc/{s.proc.pid}/root{key.parent}") == []
+        answer = c.get(f"/attestation/{unit.id}/dsse.json")  # type: ignore[attr-defined]
+        assert answer.status_code == 200, answer.text[-500:]
+        assert verify_dsse(answer.json(), unit.public_key)  # type: ignore[attr-defined]
