@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import ValidationError
+
 from choir.app.gate import GateAnswer
 from choir.attest import AttestationStore, load_signer, trust_root, verify_attestation
 from choir.attest.intoto import sign_statement
@@ -72,8 +74,13 @@ def gate_envelope(answer: GateAnswer, resource_uri: str | None = None) -> dict[s
                         "verification summary can name one")
     store = AttestationStore()
     checked = [store.get(att_id) for att_id in answer.attestations]
-    statement = summary_statement(
-        claim=answer.work_item, tree_hash=answer.tree_hash, commit_sha=answer.commit_sha,
-        passed=answer.passed, attestations=checked,
-        resource_uri=resource_uri or f"choir:claim:{answer.work_item}")
+    try:
+        statement = summary_statement(
+            claim=answer.work_item, tree_hash=answer.tree_hash, commit_sha=answer.commit_sha,
+            passed=answer.passed, attestations=checked,
+            resource_uri=resource_uri or f"choir:claim:{answer.work_item}")
+    except ValidationError as err:
+        raise UserError(f"gate --vsa: no verification summary can be made: {err}"[:800]
+                        + "\n  fix: a --resource-uri of at most 1024 characters, no controls"
+                        ) from None
     return sign_statement(statement, load_signer())

@@ -73,7 +73,7 @@ def github_action(repo: Path, mood: str | None, claim: str | None, sandbox: str 
         ref = f"@{env['GITHUB_REF']}" if env.get("GITHUB_REF") else ""
         resource_uri = f"git+{server}/{env['GITHUB_REPOSITORY']}{ref}"
     opts = _opts(repo, mood, claim, sandbox, out, resource_uri)
-    print(f"choir: verifying {opts.repo} as claim {claim}", flush=True)
+    print(github.defuse(f"choir: verifying {opts.repo} as claim {claim}"), flush=True)
     outcome = run(opts, lambda lines: github.relay(sys.stdout, lines))
     _report_github(outcome, opts)
     sys.exit(outcome.exit_code)

@@ -31,6 +31,7 @@ GATE_VERIFIER: Final = "https://choir.dev/gate/v1"
 
 _TEXT_MAX = 1024
 _Text = Annotated[str, StringConstraints(min_length=1, max_length=_TEXT_MAX)]
+_Uri = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f]{1,1024}$")]
 _DigestName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,32}$")]
 _DigestValue = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{1,128}$")]
 _Digests = Annotated[dict[_DigestName, _DigestValue], Field(min_length=1, max_length=8)]
@@ -103,7 +104,7 @@ class VerificationSummary(_Spec):
 
     verifier: GateVerifier
     timeVerified: _Time
-    resourceUri: _Text
+    resourceUri: _Uri
     policy: Descriptor
     inputAttestations: Annotated[tuple[Descriptor, ...], Field(max_length=256)] = ()
     verificationResult: Literal["PASSED", "FAILED"]

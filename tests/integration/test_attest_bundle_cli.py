@@ -59,6 +59,10 @@ def test_a_refused_gate_writes_a_failed_vsa(tmp_path: Path) -> None:
     [summary] = statements(vsa)
     assert summary["predicate"]["verificationResult"] == "FAILED"
     assert summary["predicate"]["resourceUri"] == "choir:claim:feature"
+    bad = run("gate", "feature", "--repo", str(tmp_path / "repo"), "--vsa", str(vsa),
+              "--resource-uri", "u" * 1025)
+    assert bad.returncode == 2 and "--resource-uri" in bad.stderr
+    assert "Traceback" not in bad.stderr
 
 
 def test_an_untrusted_or_broken_attestation_is_not_bundled(tmp_path: Path,

@@ -92,6 +92,8 @@ PROVENANCE = {"_type": "https://in-toto.io/Statement/v1", "subject": SUBJECT,
     (edited(VSA, ("predicate", "verifiedLevels"), ["FAILED"]), "when, and only when"),
     (edited(VSA, ("predicate", "verificationResult"), "FAILED"), "when, and only when"),
     (edited(VSA, ("predicate", "timeVerified"), "yesterday"), "not a valid"),
+    (edited(VSA, ("predicate", "resourceUri"), "git+https://x\n::add-mask::y"), "not a valid"),
+    (edited(VSA, ("predicate", "resourceUri"), "u" * 1025), "not a valid"),
     (edited(VSA, ("predicate", "policy"), KeyError), "not a valid"),
     (edited(VSA, ("predicate", "dependencyLevels"), {"SLSA_BUILD_LEVEL_3": 5}), "not a valid"),
 ])
