@@ -41,6 +41,8 @@ class GateAnswer:
     trust: str = ""
     first_use: bool = False
     problems: list[str] = field(default_factory=list)
+    attestations: list[str] = field(default_factory=list)
+    """The ids of the attestations behind the ASSERT that the gate loaded and judged."""
 
 
 def gate_target(repo: Path | None, commit: str | None,
@@ -180,5 +182,6 @@ def check_gate(work_item: str, *, tree: str | None, commit: str | None,
                 (tree and target.tree_hash != tree) or (commit and target.commit_sha != commit):
             answer.problems.append(f"attestation {att_id[:12]}: not a PASS for this tree")
     answer.signers = signer_counts(loaded)
+    answer.attestations = [att.id for att in loaded]
     answer.passed = not answer.problems and bool(loaded)
     return answer

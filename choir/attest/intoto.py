@@ -29,15 +29,15 @@ from choir._core.canonical import canonical_json
 from choir.attest.keys import verify_signature
 from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError
-from choir.models import Attestation
+from choir.models import Attestation, Target
+from choir.models.intoto import CHOIR_PREDICATE, STATEMENT_TYPE
 from choir.trusted.keyfile import SigningKey
 
 if TYPE_CHECKING:
     from choir.evidence.artifacts import ArtifactStore
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
-STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-PREDICATE_TYPE = "https://choir.dev/attestation/v1"
+PREDICATE_TYPE = CHOIR_PREDICATE
 
 
 def pae(payload_type: str, payload: bytes) -> bytes:
@@ -54,6 +54,16 @@ def _sha256(store: ArtifactStore, digest: str) -> str:
     return hasher.hexdigest()
 
 
+def tree_subject(target: Target) -> dict[str, Any]:
+    """The subject naming the verified tree: the statement of every predicate is about it."""
+    digest: dict[str, str] = {"blake3": target.tree_hash}
+    if target.tree_sha256:  # sha256 of the tree's canonical manifest (choir.evidence.tree)
+        digest["sha256"] = target.tree_sha256
+    if target.commit_sha:  # recorded only when the verified tree was exactly it
+        digest["gitCommit"] = target.commit_sha
+    return {"name": f"tree:{target.work_item or 'working-tree'}", "digest": digest}
+
+
 def statement(att: Attestation, artifacts: ArtifactStore) -> dict[str, Any]:
     """The in-toto Statement v1 for ``att``; the predicate is the whole attestation.
 
@@ -62,14 +72,7 @@ def statement(att: Attestation, artifacts: ArtifactStore) -> dict[str, Any]:
             statement about bytes that are not there would vouch for nothing).
     """
     body = att.body
-    target: dict[str, str] = {"blake3": body.target.tree_hash}
-    if body.target.tree_sha256:  # sha256 of the tree's canonical manifest (choir.evidence.tree)
-        target["sha256"] = body.target.tree_sha256
-    if body.target.commit_sha:  # recorded only when the verified tree was exactly it
-        target["gitCommit"] = body.target.commit_sha
-    subjects: list[dict[str, Any]] = [
-        {"name": f"tree:{body.target.work_item or 'working-tree'}", "digest": target}
-    ]
+    subjects: list[dict[str, Any]] = [tree_subject(body.target)]
     objects = {"choir:report": body.report_hash, "choir:manifest": body.manifest_hash}
     objects.update(sorted(body.artifacts.items()))
     for name, digest in objects.items():
@@ -96,7 +99,17 @@ def to_dsse(
     """
     if artifacts is None:
         artifacts = ArtifactStore()
-    payload = canonical_json(statement(att, artifacts))
+    return sign_statement(statement(att, artifacts), signer)
+
+
+def sign_statement(stmt: Any, signer: SigningKey) -> dict[str, Any]:
+    """A DSSE envelope around the canonical JSON of the in-toto statement ``stmt`` (a dict or
+    a model of ``choir.models.intoto``), signed by ``signer``.
+
+    Raises:
+        SigningRefused: the broker does not sign statements of this kind or shape.
+    """
+    payload = canonical_json(stmt)
     return {
         "payloadType": PAYLOAD_TYPE,
         "payload": base64.b64encode(payload).decode("ascii"),

@@ -19,7 +19,7 @@ from choir._core.paths import choir_home
 from choir.attest.keys import signer_counts, trust_root
 from choir.attest.mint import signed_bytes
 from choir.evidence.artifacts import write_once
-from choir.exceptions import IntegrityError, NotFoundError
+from choir.exceptions import IntegrityError, NotFoundError, UserError
 from choir.models import Attestation
 
 MAX_FILE = 4 << 20
@@ -98,6 +98,19 @@ class AttestationStore:
         local = {p.stem for p in self.root.glob("*.json") if is_hash(p.stem)}
         shared = set(self.shared.ids()) if self.shared is not None else set()
         yield from sorted(local | {i for i in shared if is_hash(i)})
+
+    def find(self, prefix: str) -> str:
+        """The one stored id that starts with ``prefix`` (a unique prefix is enough).
+
+        Raises:
+            UserError: no id, or several, start with it.
+        """
+        matches = [i for i in self.ids() if i.startswith(prefix)] if prefix else []
+        if len(matches) != 1:
+            raise UserError(
+                f"no attestation matches '{prefix}'" if not matches
+                else f"'{prefix}' matches {len(matches)} attestations; give more characters")
+        return matches[0]
 
     def __contains__(self, att_id: object) -> bool:
         if not (isinstance(att_id, str) and is_hash(att_id)):

@@ -86,20 +86,42 @@ def attest() -> None:
 def attest_show(attestation_id: str, in_toto: bool) -> int:
     """Show one attestation (a unique id prefix is enough)."""
     from choir.attest import AttestationStore, load_signer, to_dsse
-    from choir.exceptions import UserError
 
     store = AttestationStore()
-    matches = [i for i in store.ids() if i.startswith(attestation_id)]
-    if len(matches) != 1:
-        raise UserError(
-            f"no attestation matches '{attestation_id}'" if not matches
-            else f"'{attestation_id}' matches {len(matches)} attestations; give more characters"
-        )
-    att = store.get(matches[0])
+    att = store.get(store.find(attestation_id))
     if in_toto:
         click.echo(json.dumps(to_dsse(att, load_signer()), indent=2, sort_keys=True))
     else:
         click.echo(att.model_dump_json(indent=2))
+    return EXIT_OK
+
+
+@attest.command("bundle")
+@click.argument("ids", nargs=-1, metavar="[ID]...")
+@click.option("--session", default=None, metavar="RUN_ID",
+              help="Every attestation of this `choir verify` session (its run_id).")
+@click.option("--out", type=click.Path(path_type=Path), default=None, metavar="FILE",
+              help="Write the bundle to FILE (replaced whole) instead of printing it.")
+def attest_bundle(ids: tuple[str, ...], session: str | None, out: Path | None) -> int:
+    """The in-toto bundle of attestations: JSON Lines of DSSE envelopes, each attestation as
+    Choir's statement and as an in-toto test result. Exit 1, bundling nothing, when one does
+    not re-verify or was not signed by a trusted key."""
+    from choir.app.bundle import bundle_envelopes
+    from choir.attest.standard import jsonl
+    from choir.exceptions import IntegrityError
+
+    try:
+        text = jsonl(bundle_envelopes(ids, session))
+    except IntegrityError as exc:
+        click.echo(f"choir: {exc}", err=True)
+        return EXIT_FAIL
+    if out is None:
+        click.echo(text, nl=False)
+    else:
+        from choir.cli._render import write_whole
+
+        write_whole(out, text)
+        click.echo(f"attest bundle: {text.count(chr(10))} envelope(s) written to {out}")
     return EXIT_OK
 
 

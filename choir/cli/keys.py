@@ -41,12 +41,24 @@ def keys() -> None:
 
 
 @keys.command("show")
-def keys_show() -> int:
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object, with the public key (base64 of the raw ed25519 key) that "
+              "checks the signatures of `choir attest bundle` and `choir gate --vsa`.")
+def keys_show(as_json: bool) -> int:
     """Print the signing key id, the pinned ids and the revoked ids."""
     from choir.attest import load_signer, trust_root
 
-    click.echo(f"signing key: {load_signer().key_id}")
-    click.echo(trust_root().describe())
+    signer, root = load_signer(), trust_root()
+    if as_json:
+        import json
+
+        click.echo(json.dumps({"key_id": signer.key_id, "public_key": signer.public_key,
+                               "keytype": "ed25519", "trusted": sorted(root.keys),
+                               "revoked": sorted(root.revoked), "source": root.source},
+                              indent=2))
+        return 0
+    click.echo(f"signing key: {signer.key_id}")
+    click.echo(root.describe())
     return 0
 
 

@@ -107,8 +107,14 @@ def approve(run_id: str, reject: bool, otel: bool) -> int:
 @click.option("--seen-heads", "seen_heads", type=click.Path(path_type=Path), default=None,
               metavar="FILE", help="The high-water marks to check and move up (default: "
               "$CHOIR_SEEN_HEADS, else ~/.config/choir/seen-heads).")
+@click.option("--vsa", type=click.Path(path_type=Path), default=None, metavar="FILE",
+              help="Also write the decision, PASSED or FAILED, as a signed SLSA verification "
+              "summary (a DSSE envelope on one line: append it to an in-toto bundle).")
+@click.option("--resource-uri", "resource_uri", default=None, metavar="URI",
+              help="The VSA's resourceUri: what was verified, e.g. git+https://github.com/O/R "
+              "(default: choir:claim:WORK_ITEM_ID).")
 def gate(work_item_id: str, commit: str | None, repo: Path | None, expect_head: Path | None,
-         seen_heads: Path | None) -> int:
+         seen_heads: Path | None, vsa: Path | None, resource_uri: str | None) -> int:
     """Exit 0 only if WORK_ITEM_ID is ASSERTed with valid, trusted attestations for the tree.
 
     The tree is --repo's, else the current directory's; with --commit, that commit's tree.
@@ -137,6 +143,14 @@ def gate(work_item_id: str, commit: str | None, repo: Path | None, expect_head: 
         for problem in answer.problems:
             click.echo(f"  {problem}")
     click.echo(f"gate: {answer.trust}")
+    if vsa is not None:
+        from choir.app.bundle import gate_envelope
+        from choir.attest.standard import jsonl
+        from choir.cli._render import write_whole
+
+        write_whole(vsa, jsonl([gate_envelope(answer, resource_uri)]))
+        click.echo(f"gate: verification summary ({'PASSED' if answer.passed else 'FAILED'}) "
+                   f"written to {vsa}")
     if answer.first_use:
         click.echo("gate: note: no trusted keys were pinned; this home's own key was pinned on "
                    "first use. In CI set CHOIR_TRUSTED_KEYS=id1,id2.", err=True)

@@ -16,7 +16,11 @@ cannot dodge the checks of one kind by claiming another. Every accepted byte str
     canonical bodies); its type keeps its signature from passing for a head's or an
     attestation's, whose verifiers rebuild the bytes with their own type;
   - DSSE: payload type ``application/vnd.in-toto+json`` and a canonical in-toto
-    Statement v1 whose predicate type is Choir's.
+    Statement v1 whose predicate type is Choir's, or one of the standard predicates Choir
+    speaks beside it (in-toto test-result v0.1, SLSA verification summary v1), which must
+    then validate as its model in ``choir.models.intoto``: exactly the spec's fields, bounded,
+    self-consistent, and a VSA only in the name of Choir's gate. No other predicate type is
+    signed, so the key cannot vouch for a build provenance or anything Choir never checked.
 
 What the broker cannot check is whether a well-formed body is true (that the tests really
 passed): that would mean parsing logs and walking trees, the hostile bytes the separation
@@ -35,13 +39,14 @@ from choir._core.canonical import canonical_json, is_hash
 from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import SigningRefused
 from choir.models import AttestationBody
+from choir.models.intoto import CHOIR_PREDICATE, STANDARD_STATEMENTS, STATEMENT_TYPE
 from choir.trusted.protocol import MAX_SIGNED
 
 ATTESTATION_TYPE = "choir.attestation/v1"
 HEAD_TYPE = "choir.ahdb-head/v1"
 DSSE_PAYLOAD_TYPE = b"application/vnd.in-toto+json"
-STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-PREDICATE_TYPE = "https://choir.dev/attestation/v1"
+_DSSE_KINDS = {CHOIR_PREDICATE: "dsse", **{t: f"dsse:{t.split('/')[-2]}"
+                                           for t in STANDARD_STATEMENTS}}
 _RECORD_TYPE_MAX = 100
 
 
@@ -78,15 +83,24 @@ def _check_attestation(obj: dict[str, Any], data: bytes,
                                  "artifact store with that hash")
 
 
-def _check_dsse(data: bytes) -> None:
+def _check_dsse(data: bytes) -> str:
     parts = data.split(b" ", 4)
     if len(parts) != 5 or parts[2] != DSSE_PAYLOAD_TYPE or \
             parts[1] != str(len(parts[2])).encode() or parts[3] != str(len(parts[4])).encode():
         raise SigningRefused("a DSSE envelope must carry one in-toto JSON payload")
     statement = _canonical_object(parts[4], "the DSSE payload")
-    if statement.get("_type") != STATEMENT_TYPE or \
-            statement.get("predicateType") != PREDICATE_TYPE:
-        raise SigningRefused("the DSSE payload is not a Choir in-toto Statement v1")
+    kind = statement.get("predicateType")
+    if statement.get("_type") != STATEMENT_TYPE or not isinstance(kind, str) or \
+            kind not in _DSSE_KINDS:
+        raise SigningRefused("the DSSE payload is not an in-toto Statement v1 of a predicate "
+                             "Choir signs (its own, test-result v0.1, SLSA VSA v1)")
+    model = STANDARD_STATEMENTS.get(kind)
+    if model is not None:
+        try:
+            model.model_validate_json(parts[4])
+        except ValidationError as err:
+            raise SigningRefused(f"not a valid {kind} statement: {err}"[:1500]) from None
+    return _DSSE_KINDS[kind]
 
 
 def classify(data: bytes, store: Callable[[], ArtifactStore]) -> str:
@@ -100,8 +114,7 @@ def classify(data: bytes, store: Callable[[], ArtifactStore]) -> str:
     if len(data) > MAX_SIGNED:
         raise SigningRefused(f"{len(data)} bytes is more than the {MAX_SIGNED} the broker signs")
     if data.startswith(b"DSSEv1 "):
-        _check_dsse(data)
-        return "dsse"
+        return _check_dsse(data)
     obj = _canonical_object(data, "the signed bytes")
     kind = obj.get("type")
     if kind == HEAD_TYPE:

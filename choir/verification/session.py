@@ -21,7 +21,7 @@ from pydantic import Field
 from choir._core.canonical import blake3_hex, canonical_json
 from choir.attest import AttestationStore
 from choir.evidence.artifacts import ArtifactStore, write_once
-from choir.exceptions import IntegrityError
+from choir.exceptions import IntegrityError, NotFoundError
 from choir.models import Result
 from choir.models._base import Frozen
 from choir.models.manifest import Platform
@@ -179,6 +179,32 @@ def check_session(run_dir: Path, attestations: Any,
     if session.status != ("PASS" if passed else "FAIL"):
         problems.append(("session_status", "PASS" if passed else "FAIL", session.status))
     return problems
+
+
+def session_attestations(store: ArtifactStore, run_id: str) -> tuple[str, ...]:
+    """The ids of the attestations a ``choir verify`` session minted, from its manifest.
+
+    Only attestations of the session's own green threads are listed: whoever uses them loads
+    each by id, which re-derives it, and judges its signature (``choir attest bundle``).
+
+    Raises:
+        UserError: ``run_id`` is not a run id. NotFoundError: no session of that id.
+        IntegrityError: its manifest is a link, oversized or not a session's.
+    """
+    path = store.run_dir(run_id) / "manifest.json"
+    try:
+        session = SessionManifest.model_validate_json(_read_manifest(path))
+    except FileNotFoundError:
+        raise NotFoundError(f"no choir verify session {run_id} (no {path})") from None
+    except (OSError, ValueError) as exc:
+        raise IntegrityError(f"{path}: not a verify session's manifest: {exc}"[:300]) from None
+    return session.attestations
+
+
+def belongs_to(session: str, run_id: str) -> bool:
+    """True when ``run_id`` is a green thread of the ``choir verify`` session ``session``."""
+    found = _SESSION_THREAD.match(run_id)
+    return found is not None and found.group(1) == session
 
 
 def platform_of(first: Platform | None, sandbox: str, isolation: str) -> dict[str, str | None]:

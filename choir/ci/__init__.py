@@ -1,0 +1,179 @@
+"""``choir-ci``: Choir where the pull request is (the GitHub Action, the pre-commit hook).
+
+``choir-ci github`` is the entry of ``action.yml``: it verifies the checked-out tree, bundles
+the evidence, gates the claim, writes the step summary, annotations and outputs, and fails the
+step unless the tree passed and the gate opened. ``choir-ci pre-commit`` is the hook's entry
+(``.pre-commit-hooks.yaml``): the same run, its summary as plain text. The steps are in
+``steps.py``; how hostile text is kept from driving the runner is in ``github.py`` and
+``summary.py``. Options come from the command line or ``CHOIR_CI_*`` variables (the action
+sets those from its inputs, never by pasting inputs into a script).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from choir.ci import github
+from choir.ci.steps import Options, run, upload_paths
+from choir.ci.summary import Outcome, markdown, plain
+
+_MOODS = ["CALM", "SKEPTICAL", "PARANOID", "BOLD", "CURIOUS"]
+
+
+def _options(fn: Any) -> Any:
+    for option in reversed([
+        click.option("--repo", envvar="CHOIR_CI_REPO", default=".", show_default=True,
+                     type=click.Path(path_type=Path, file_okay=False),
+                     help="The repo to verify (holds choir.yaml)."),
+        click.option("--mood", envvar="CHOIR_CI_MOOD", default=None,
+                     type=click.Choice(_MOODS, case_sensitive=False)),
+        click.option("--claim", envvar="CHOIR_CI_CLAIM", default=None,
+                     help="The claim verified and gated (default: ci, pre-commit)."),
+        click.option("--sandbox", envvar="CHOIR_CI_SANDBOX", default=None,
+                     help="docker | bwrap | local | auto (default: choir.yaml, else auto)."),
+        click.option("--out", envvar="CHOIR_CI_OUT", default=None,
+                     type=click.Path(path_type=Path, file_okay=False),
+                     help="Where the bundle, the VSA, the key and the contract are written."),
+        click.option("--resource-uri", "resource_uri", envvar="CHOIR_CI_RESOURCE_URI",
+                     default=None, help="The VSA's resourceUri (in GitHub: the repository "
+                     "and ref)."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def _opts(repo: Path, mood: str | None, claim: str, sandbox: str | None, out: Path,
+          resource_uri: str | None) -> Options:
+    return Options(repo=repo.resolve(), out=out.resolve(), claim=claim,
+                   mood=mood.upper() if mood else None, sandbox=sandbox or None,
+                   resource_uri=resource_uri or None)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Verify and gate a tree in CI: exit 0 only when it passed and the gate opened,
+    1 otherwise, 2 when nothing could be verified (a configuration error)."""
+
+
+@main.command("github")
+@_options
+def github_action(repo: Path, mood: str | None, claim: str | None, sandbox: str | None,
+                  out: Path | None, resource_uri: str | None) -> None:
+    """The GitHub Action's step (reads the GITHUB_* variables the runner sets)."""
+    env = os.environ
+    claim = claim or "ci"
+    out = out or Path(env.get("RUNNER_TEMP") or ".") / "choir-ci"
+    if not resource_uri and env.get("GITHUB_REPOSITORY"):
+        server = env.get("GITHUB_SERVER_URL") or "https://github.com"
+        ref = f"@{env['GITHUB_REF']}" if env.get("GITHUB_REF") else ""
+        resource_uri = f"git+{server}/{env['GITHUB_REPOSITORY']}{ref}"
+    opts = _opts(repo, mood, claim, sandbox, out, resource_uri)
+    print(github.defuse(f"choir: verifying {opts.repo} as claim {claim}"), flush=True)
+    outcome = run(opts, lambda lines: github.relay(sys.stdout, lines))
+    _report_github(outcome, opts)
+    sys.exit(outcome.exit_code)
+
+
+def _report_github(outcome: Outcome, opts: Options) -> None:
+    """The log (tail in a group, commands stopped), annotations, step summary, outputs."""
+    env, out = os.environ, sys.stdout
+    contract = outcome.contract or {}
+    tail = str(contract.get("tail_log") or outcome.error)
+    if tail:
+        out.write("::group::choir: the tail of the logs (the verifiers' own output)\n")
+        github.relay(out, tail.splitlines())
+        out.write("::endgroup::\n")
+    for line in error_annotations(outcome, opts):
+        out.write(line + "\n")
+    text = markdown(outcome, claim=opts.claim)
+    (opts.out / "summary.md").write_text(text, encoding="utf-8")
+    if env.get("GITHUB_STEP_SUMMARY"):
+        with open(env["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as fh:
+            fh.write(text)
+    if env.get("GITHUB_OUTPUT"):
+        github.write_outputs(Path(env["GITHUB_OUTPUT"]), {
+            "status": outcome.status,
+            "run-id": _plain(contract.get("run_id")),
+            "gate": "open" if outcome.gate_code == 0 else "refused",
+            "bundle": outcome.bundle or "",
+            "key-id": outcome.key_id or "",
+            "paths": upload_paths(outcome, opts.out),
+        })
+    out.write(f"choir: {outcome.status}\n")
+    out.flush()
+
+
+def _plain(value: object) -> str:
+    text = str(value or "")
+    return text if text.isprintable() else ""
+
+
+def error_annotations(outcome: Outcome, opts: Options) -> list[str]:
+    """One error per failing test (at its file and line, when that is a file of the repo),
+    one per verifier that did not pass without one, one for a configuration error."""
+    from choir.ci.summary import one_line, report_rows
+
+    if outcome.contract is None:
+        return [github.annotation("error", one_line(outcome.error, 1500),
+                                  title="choir verify: configuration error")]
+    found: list[str] = []
+    tested: set[str] = set()
+    for test in (outcome.contract.get("failing_tests") or [])[:10]:
+        file, line = repo_location(test.get("location"), opts.repo)
+        tested.add(str(test.get("verifier")))
+        found.append(github.annotation(
+            "error", f"{one_line(test.get('node_id'))}: {one_line(test.get('excerpt') or '')}",
+            title=f"choir: {one_line(test.get('verifier'), 64)} failed", file=file, line=line))
+    for name, result, summary in report_rows(outcome.contract):
+        if result != "PASS" and name.rsplit("#", 1)[0] not in tested:
+            found.append(github.annotation("error", one_line(summary),
+                                           title=f"choir: {one_line(name, 64)} {result}"))
+    if outcome.gate_code not in (0, None) and not found:
+        found.append(github.annotation("error", " ".join(outcome.gate_lines)[:1500],
+                                       title=f"choir gate {opts.claim}: refused"))
+    return found[:20]
+
+
+def repo_location(location: object, repo: Path) -> tuple[str | None, int | None]:
+    """``path:line`` from a report as a path GitHub can annotate (relative to the workspace),
+    only when it names a regular file inside the repo; else (None, None)."""
+    if not isinstance(location, str) or not location or len(location) > 512:
+        return None, None
+    path, _, line = location.partition(":")
+    parts = Path(path).parts
+    if not parts or Path(path).is_absolute() or ".." in parts:
+        return None, None
+    target = repo / path
+    if target.is_symlink() or not target.is_file():
+        return None, None
+    workspace = Path(os.environ.get("GITHUB_WORKSPACE") or repo).resolve()
+    try:
+        shown = target.relative_to(workspace).as_posix()
+    except ValueError:
+        shown = path
+    return shown, int(line) if line.isdigit() else None
+
+
+@main.command("pre-commit")
+@_options
+def pre_commit(repo: Path, mood: str | None, claim: str | None, sandbox: str | None,
+               out: Path | None, resource_uri: str | None) -> None:
+    """The pre-commit hook: verify and gate the tree about to be committed."""
+    from choir._core.paths import choir_home
+    from choir.ci.summary import one_line
+
+    claim = claim or "pre-commit"
+    opts = _opts(repo, mood, claim, sandbox, out or choir_home() / "ci" / claim, resource_uri)
+
+    def progress(lines: list[str]) -> None:
+        for line in lines:
+            print(one_line(line, 200), file=sys.stderr, flush=True)
+
+    outcome = run(opts, progress)
+    sys.stdout.write(plain(outcome, claim=claim))
+    sys.exit(outcome.exit_code)

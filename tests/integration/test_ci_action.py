@@ -1,0 +1,110 @@
+"""``action.yml``: its steps run as a runner runs a composite action, inputs never in a script.
+
+A runner expands ``${{ ... }}`` before the shell sees a ``run:`` script, so an input pasted
+there (a claim, a resource URI, anything a workflow feeds from a pull request's title or
+branch) is shell code. Every expression must sit in ``env:`` or ``with:``; the test expands
+those the way the runner does and runs each ``run:`` with bash.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ruamel.yaml import YAML
+
+from tests import ghrunner
+from tests.integration.test_ci_github import calc, runner_env
+from tests.integration.test_verify_cli import CALC_OK, sandbox_name
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPR = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
+
+
+def action() -> dict[str, Any]:
+    loaded: dict[str, Any] = YAML(typ="safe").load((ROOT / "action.yml").read_text())
+    return loaded
+
+
+def test_no_expression_reaches_a_script() -> None:
+    spec = action()
+    assert spec["runs"]["using"] == "composite"
+    steps = spec["runs"]["steps"]
+    for step in steps:
+        assert "${{" not in step.get("run", ""), step["name"]
+    uses = [s for s in steps if "uses" in s]
+    assert [s["uses"] for s in uses] == ["actions/upload-artifact@v4"]
+    upload = uses[0]
+    assert "!cancelled()" in upload["if"]  # the evidence is uploaded when the check fails too
+    assert upload["with"]["path"] == "${{ steps.choir.outputs.paths }}"
+    for name, out in spec["outputs"].items():
+        assert out["value"] == f"${{{{ steps.choir.outputs.{name} }}}}"
+
+
+def expand(value: str, inputs: dict[str, str], runner_temp: Path) -> str:
+    """A runner's expansion of the expressions the action uses (others are refused)."""
+
+    def one(match: re.Match[str]) -> str:
+        expr = match.group(1)
+        if expr.startswith("inputs."):
+            return inputs[expr.removeprefix("inputs.")]
+        known = {"runner.temp": str(runner_temp), "github.action_path": str(ROOT)}
+        assert expr in known, f"an expression the test does not model: {expr}"
+        return known[expr]
+
+    return EXPR.sub(one, value)
+
+
+def run_action_step(name: str, tmp_path: Path,
+                    given: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    spec = action()
+    inputs = {k: str(v.get("default", "")) for k, v in spec["inputs"].items()} | given
+    step = next(s for s in spec["runs"]["steps"] if s["name"] == name)
+    env = runner_env(tmp_path)
+    for var in [v for v in env if v.startswith("CHOIR_CI_")]:
+        del env[var]  # only what the step's env: sets
+    runner_temp = Path(env["RUNNER_TEMP"])
+    env |= {k: expand(str(v), inputs, runner_temp) for k, v in step.get("env", {}).items()}
+    return subprocess.run(["bash", "-e", "-c", step["run"]], env=env, cwd=tmp_path / "ws",
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_the_verify_step_runs_from_its_env_alone(tmp_path: Path) -> None:
+    calc(tmp_path, CALC_OK)
+    venv = tmp_path / "runner-temp" / "choir-venv"
+    venv.parent.mkdir(exist_ok=True)
+    venv.symlink_to(sys.prefix)  # as if the install step had run (it is the slow test below)
+    # a hostile input: pasted into the script it would run; from env it is only a string
+    marker = tmp_path / "pwned"
+    proc = run_action_step("Verify and gate", tmp_path, {
+        "repo": "repo", "mood": "skeptical", "claim": "pr-7",
+        "sandbox": sandbox_name(),
+        "resource-uri": f"git+https://x/y'; touch {marker}; echo '"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not marker.exists()
+    out = ghrunner.outputs(tmp_path / "output")
+    assert set(action()["outputs"]) <= set(out)
+    assert out["status"] == "PASS"
+    home = tmp_path / "runner-temp" / "choir-home"  # CHOIR_HOME from the step's env
+    assert (home / "ahdb.sqlite").exists()
+    assert (tmp_path / "runner-temp" / "choir-ci" / "choir.intoto.jsonl").is_file()
+    assert "pr-7" in (tmp_path / "summary").read_text()
+
+
+@pytest.mark.slow
+def test_the_install_step_installs_choir_from_the_action(tmp_path: Path) -> None:
+    """The whole action but the upload: pip installs Choir (and its dependencies, from the
+    package index) into a fresh venv, then the verify step runs with it."""
+    calc(tmp_path, CALC_OK)
+    installed = run_action_step("Install Choir", tmp_path, {"python": sys._base_executable,
+                                                            "extras": ""})
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    assert (tmp_path / "runner-temp" / "choir-venv" / "bin" / "choir-ci").is_file()
+    proc = run_action_step("Verify and gate", tmp_path, {
+        "repo": "repo", "sandbox": sandbox_name()})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ghrunner.outputs(tmp_path / "output")["status"] == "PASS"
