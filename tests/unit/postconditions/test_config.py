@@ -57,7 +57,7 @@ def test_postconditions_become_allowlisted_verifiers(tmp_path: Path) -> None:
     assert payload["resource"] == {"kind": "sqlite", "path": str(repo / "state" / "app.db")}
     assert flag.network is False  # a file needs no network
     healthy = config.verifiers["healthy"]
-    assert healthy.network is True and "hosts=127.0.0.1:8080" in healthy.steps[0].command
+    assert healthy.network is True and healthy.hosts == ("127.0.0.1:8080",)
     # a decision method found as verifiers/NAME.py joins the allowlist as a callable
     assert json.loads(config.verifiers["audit_trail"].env["CHOIR_PC_SPEC"])["callable"] == \
         "verifiers/audit_trail.py"
