@@ -445,13 +445,8 @@ def load_work_item(path: Path) -> WorkItem:
             errors.append(ConfigError(f"'{key}' is set by Choir on the parts of a split work "
                                       "item", path=str(path), line=doc.line_of((key,)),
                                       hint=f"remove '{key}:'"))
-    data, meta = dict(doc.data), {}
-    for key in ("executor", "escalate_to"):  # ``uses: claude-code``: a preset underneath
-        try:
-            data[key], meta[key] = agents.expand(doc, (key,), data.get(key))
-        except ConfigError as err:
-            errors.append(err)
-    data = {k: v for k, v in data.items() if v is not None or k in doc.data}
+    data, meta, found = agents.expand_keys(doc, doc.data, ())  # ``uses: claude-code``
+    errors += found
     parsed, found = validation_errors(doc, WorkItem, data)
     errors += found + spec_glob_errors(doc, ("may_change_spec",))
     if parsed is None:

@@ -43,7 +43,7 @@ def executor_presets() -> dict[str, dict[str, Any]]:
     return packaged("agents.yaml", "executors", "executor")
 
 
-def expand(doc: YamlDoc, loc: tuple[str, ...], raw: Any) -> tuple[Any, dict[str, Any]]:
+def expand(doc: YamlDoc, loc: tuple[str | int, ...], raw: Any) -> tuple[Any, dict[str, Any]]:
     """``(fields, meta)``: ``raw`` with its ``uses:`` preset underneath, and the preset's
     load-time facts (``META``); ``raw`` unchanged and no facts without ``uses:``.
 
@@ -63,6 +63,46 @@ def expand(doc: YamlDoc, loc: tuple[str, ...], raw: Any) -> tuple[Any, dict[str,
     meta = {key: preset[key] for key in META if key in preset}
     fields = {key: value for key, value in preset.items() if key not in META}
     return {**fields, **{k: v for k, v in raw.items() if k != USES}}, meta
+
+
+def expand_keys(doc: YamlDoc, raw: Any, loc: tuple[str | int, ...],
+                keys: tuple[str, ...] = ("executor", "escalate_to")
+                ) -> tuple[Any, dict[str, dict[str, Any]], list[ConfigError]]:
+    """``(data, meta by key, errors)``: the mapping at ``loc`` with the executor specs under
+    ``keys`` expanded (a work item's ``executor`` and ``escalate_to``)."""
+    if not isinstance(raw, dict):
+        return raw, {}, []
+    data, meta, errors = dict(raw), {}, []
+    for key in keys:
+        if key in data:
+            try:
+                data[key], meta[key] = expand(doc, (*loc, key), data[key])
+            except ConfigError as err:
+                errors.append(err)
+    return data, meta, errors
+
+
+def expand_plan(doc: YamlDoc) -> tuple[Any, list[ConfigError]]:
+    """A plan file's data with the presets of its members' and items' executors filled in."""
+    data = doc.data
+    if not isinstance(data, dict):
+        return data, []
+    data, errors = dict(data), []
+    members = data.get("members")
+    if isinstance(members, dict):
+        data["members"] = {}
+        for name, member in members.items():
+            data["members"][name], _, found = expand_keys(doc, member, ("members", name),
+                                                          ("executor",))
+            errors += found
+    items = data.get("items")
+    if isinstance(items, list):
+        data["items"] = []
+        for i, item in enumerate(items):
+            expanded, _, found = expand_keys(doc, item, ("items", i))
+            data["items"].append(expanded)
+            errors += found
+    return data, errors
 
 
 def problems(doc: YamlDoc, loc: tuple[str, ...], spec: ExecutorSpec, repo: Path,

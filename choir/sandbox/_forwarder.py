@@ -4,9 +4,11 @@ Run as ``python3 -I -S -c SOURCE SOCKET TUNNELS COMMAND...`` (stdlib only, no si
 work with any Python in any image). It listens on ``127.0.0.1`` (an ephemeral port) and
 relays every connection to the proxy's Unix socket, sets ``HTTP(S)_PROXY`` to that port for
 the command, starts the command and exits with its status. ``TUNNELS`` (JSON) lists
-``[address, port, "host:port"]``: a listener on that loopback address and port that
-opens a ``CONNECT`` to the listed endpoint for each connection, so a client that bypasses
-proxies for loopback (Go's, for one) still reaches a listed ``127.0.0.1:PORT`` server.
+``[address, port, "host:port"]``: a listener on that loopback address and port (0: any)
+that opens a ``CONNECT`` to the listed endpoint for each connection. A listed loopback
+endpoint gets its own address and port, so a client that never proxies loopback (Go's, for
+one) still reaches a listed ``127.0.0.1:PORT`` server; any other gets a free port, named in
+``CHOIR_EGRESS_TUNNELS`` for clients that speak no HTTP proxy (Postgres).
 
 Nothing here is a security boundary: the step may kill it or talk to the socket itself.
 The proxy on the host decides everything.
@@ -94,6 +96,7 @@ def main(argv: list[str]) -> None:
     proxy = _listen(LOOPBACK, 0)
     url = f"http://{LOOPBACK}:{proxy.getsockname()[1]}"
     threading.Thread(target=_serve, args=(proxy, path, None), daemon=True).start()
+    opened = {}
     for address, port, target in tunnels:
         try:
             server = _listen(address, port)
@@ -101,6 +104,7 @@ def main(argv: list[str]) -> None:
             sys.stderr.write(f"[choir egress] no tunnel to {target} on {address}:{port}: "
                              f"{exc}\n")
             continue
+        opened[target] = f"{address}:{server.getsockname()[1]}"
         threading.Thread(target=_serve, args=(server, path, target), daemon=True).start()
     env = dict(os.environ)
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
@@ -111,6 +115,7 @@ def main(argv: list[str]) -> None:
     env.pop("all_proxy", None)
     env["NODE_USE_ENV_PROXY"] = "1"  # Node's own fetch reads the variables only when asked
     env["CHOIR_EGRESS_PROXY"] = url
+    env["CHOIR_EGRESS_TUNNELS"] = json.dumps(opened)  # endpoint -> the local address to use
     child = subprocess.Popen(command, env=env)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda number, _frame: child.send_signal(number))

@@ -176,7 +176,9 @@ class BwrapSandbox(Sandbox):
         for key, value in variables.items():
             args += ["--setenv", key, value]
         shell = ["/bin/sh", "-c", command]
-        args += ["--chdir", str(repo), *(egress.wrap(proxy, shell) if proxy else shell)]
+        python = egress.SYSTEM_PYTHON if os.path.exists(egress.SYSTEM_PYTHON) else "python3"
+        args += ["--chdir", str(repo),
+                 *(egress.wrap(proxy, shell, python) if proxy else shell)]
         return args
 
     def _staging(self, tools: _toolchain.Toolchain, repo: Path, out_dir: Path,

@@ -268,7 +268,8 @@ class DockerSandbox(Sandbox):
             if proxy is not None:  # the only way out: the proxy's socket, read-only
                 volumes[str(proxy.socket_dir)] = {"bind": egress.MOUNT, "mode": "ro"}
             container = client.containers.create(
-                self.image, egress.wrap(proxy, shell) if proxy is not None else shell,
+                self.image, shell if proxy is None else egress.wrap(
+                    proxy, shell, egress.SYSTEM_PYTHON if self.host_usr else "python3"),
                 working_dir=REPO, environment=self._environment(repo.resolve(), env),
                 volumes=volumes,
                 # copy mode: an anonymous volume, removed with the container

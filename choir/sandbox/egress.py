@@ -50,6 +50,9 @@ from choir.sandbox.base import ExecResult, Sink
 
 SOCKET_NAME = "proxy.sock"
 MOUNT = "/.choir-egress"  # where the socket folder is bound inside every sandbox
+# the host's own interpreter, when the sandbox shows the host's /usr: a fixed path, never a
+# PATH lookup (a pyenv shim is a bash script: 200 ms instead of 30 before the step starts)
+SYSTEM_PYTHON = "/usr/bin/python3"
 HEAD_MAX = 32 * 1024
 HEAD_TIMEOUT_S = 20.0
 CONNECT_TIMEOUT_S = 15.0
@@ -155,6 +158,15 @@ def refused_address(address: str, entry: HostPort) -> str | None:
 _THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")
 
 
+def _short_tmp() -> str:
+    """A temp folder whose socket path fits ``sun_path`` (108 bytes): ``TMPDIR`` when short
+    enough (a deep per-test or per-job TMPDIR is not), else ``/tmp``."""
+    for folder in (tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm"):
+        if len(f"{folder}/choir-egress-12345678/{SOCKET_NAME}") < 100 and os.path.isdir(folder):
+            return folder
+    raise OSError("no temp folder short enough for a Unix socket path")
+
+
 async def _system_resolve(host: str, port: int) -> list[str]:
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -201,7 +213,7 @@ class EgressProxy:
         Raises:
             OSError: the folder or the socket could not be made.
         """
-        self.socket_dir = Path(tempfile.mkdtemp(prefix="choir-egress-"))
+        self.socket_dir = Path(tempfile.mkdtemp(prefix="choir-egress-", dir=_short_tmp()))
         os.chmod(self.socket_dir, 0o755)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -403,13 +415,21 @@ def forwarder_source() -> str:
 
 def wrap(proxy: EgressProxy, argv: list[str], python: str = "python3") -> list[str]:
     """``argv`` run by the forwarder: the proxy port in its environment, and a tunnel on the
-    same port for each listed loopback endpoint (``127.0.0.1:PORT``, ``localhost:PORT``)."""
-    tunnels: dict[tuple[str, int], str] = {}
+    same port for each listed loopback endpoint (``127.0.0.1:PORT``, ``localhost:PORT``).
+
+    ``python``: the sandbox's interpreter for it; any Python 3 works (stdlib only, ``-S``).
+    """
+    tunnels: list[list[object]] = []
+    taken: set[tuple[str, int]] = set()
     for hp in sorted(proxy.allowed):
         if hp.host == "localhost":
-            tunnels.setdefault(("127.0.0.1", hp.port), str(hp))
+            local = ("127.0.0.1", hp.port)
         elif hp.ip and ":" not in hp.host and ipaddress.ip_address(hp.host).is_loopback:
-            tunnels.setdefault((hp.host, hp.port), str(hp))
+            local = (hp.host, hp.port)
+        else:
+            local = ("127.0.0.1", 0)  # a free port, named in CHOIR_EGRESS_TUNNELS
+        if local[1] == 0 or local not in taken:
+            taken.add(local)
+            tunnels.append([*local, str(hp)])
     return [python, "-I", "-S", "-c", forwarder_source(), f"{MOUNT}/{SOCKET_NAME}",
-            json.dumps([[ip, port, target] for (ip, port), target in sorted(tunnels.items())]),
-            *argv]
+            json.dumps(tunnels), *argv]

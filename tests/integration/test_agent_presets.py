@@ -25,6 +25,9 @@ pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bu
               pytest.mark.bwrap]
 
 CANARY = "CANARY-raw-verifier-output-agent-presets"
+# what Choir itself gives an executor: its inputs, its output folder, the way out
+CHOIR_GIVEN = {"CHOIR_ATTEMPT", "CHOIR_WORKITEM_FILE", "CHOIR_FEEDBACK_FILE", "CHOIR_PROMPT_FILE",
+               "CHOIR_RUN_ID", "CHOIR_OUT", "CHOIR_EGRESS_PROXY", "CHOIR_EGRESS_TUNNELS"}
 STILL_WRONG = "def add(a, b):\n    return a * b\n"
 # what each preset reads to find its model API, pointed at the stand-in model server
 BASE_URL = {
@@ -71,9 +74,7 @@ def test_each_preset_reaches_assert_through_its_real_cli_interface(
     for call in api.calls:
         seen = set(call.headers["x-standin-env"].split(","))
         assert "UNRELATED_SECRET" not in seen, "the agent saw a variable no preset names"
-        assert not any(name.startswith("CHOIR_") and name not in (
-            "CHOIR_ATTEMPT", "CHOIR_WORKITEM_FILE", "CHOIR_FEEDBACK_FILE", "CHOIR_PROMPT_FILE",
-            "CHOIR_RUN_ID", "CHOIR_EGRESS_PROXY", "CHOIR_OUT") for name in seen), seen
+        assert {name for name in seen if name.startswith("CHOIR_")} <= CHOIR_GIVEN, seen
         home = call.headers["x-standin-home"]
         assert home.startswith("/tmp/") and "choir-exec-" in home, home  # private, per attempt
     assert not (Path.home() / ".claude" / "standin-session.json").exists()

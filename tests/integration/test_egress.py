@@ -144,3 +144,46 @@ def test_an_executor_with_network_off_has_no_way_out(tmp_path: Path) -> None:
     target, code, log = _probe_executor(tmp_path, hosts=())
     assert code == 0, log
     assert target.secret_hits == [] and target.paths_seen == []
+
+
+@pytest.mark.bwrap
+def test_a_listed_endpoint_carries_any_tcp_protocol_through_its_tunnel(tmp_path: Path) -> None:
+    """A client that speaks no HTTP proxy (Postgres, say) gets a loopback port per listed
+    endpoint (``CHOIR_EGRESS_TUNNELS``). Run through the CLI: the endpoint is the host's own
+    address, which this test process (its network guard) may not connect to."""
+    import json
+    import socketserver
+    import subprocess
+    import threading
+
+    from tests.egress_attacks import host_address
+    from tests.workitems import PY
+
+    address = host_address()
+    if address is None:
+        pytest.skip("no non-loopback address on this machine")
+    isolated_backend("bwrap")
+
+    class Pong(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            if self.rfile.readline() == b"PING\n":
+                self.wfile.write(b"PONG\n")
+
+    with socketserver.ThreadingTCPServer(("0.0.0.0", 0), Pong) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        listed = f"{address}:{server.server_address[1]}"
+        repo = _repo(tmp_path / "repo", _probe_verifier(f"hosts: ['{listed}']"))
+        (repo / "probe.py").write_text(textwrap.dedent(f"""\
+            import json, os, socket
+            local = json.loads(os.environ["CHOIR_EGRESS_TUNNELS"])[{listed!r}]
+            host, port = local.rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=10) as s:
+                s.sendall(b"PING\\n")
+                assert s.makefile().readline() == "PONG\\n"
+            print("PONG-THROUGH-TUNNEL")
+            """))
+        proc = subprocess.run([PY, "-m", "choir", "verify", "--repo", str(repo), "--sandbox",
+                               "bwrap", "--json"], capture_output=True, text=True, timeout=120)
+        server.shutdown()
+    out = json.loads(proc.stdout)
+    assert out["status"] == "PASS", out["tail_log"]

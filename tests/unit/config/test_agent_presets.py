@@ -132,3 +132,34 @@ def test_bad_fields_are_named_with_their_line(tmp_path: Path, standins: Path, fi
 
 def test_an_agent_without_a_preset_needs_a_command(tmp_path: Path) -> None:
     assert "needs 'command'" in _errors(_item(tmp_path, "kind: agent\n"))
+
+
+def test_a_team_plans_members_and_items_use_presets_too(tmp_path: Path) -> None:
+    from choir.team.plan import load_plan
+    from tests.team import team_repo
+
+    team_repo(tmp_path / "repo")
+    plan_file = tmp_path / "plan.yaml"
+    body = textwrap.dedent("""\
+        id: p
+        repo: ./repo
+        base: main
+        members:
+          claude: {executor: {uses: claude-code, hosts: ['127.0.0.1:8080']}}
+          BAD
+        items:
+          - {id: a, goal: a, member: claude}
+          - {id: b, goal: b, executor: {uses: codex}, escalate_to: {uses: aider}}
+        """)
+    plan_file.write_text(body.replace("BAD", ""))
+    plan = load_plan(plan_file)
+    assert plan.members["claude"].executor.kind == "agent"
+    assert plan.members["claude"].executor.hosts == ("127.0.0.1:8080",)
+    item = plan.work_item("b", tmp_path)
+    assert item.executor.command is not None and item.executor.command.startswith("codex exec")
+    assert isinstance(item.escalate_to, type(item.executor))
+    assert item.escalate_to.command is not None and item.escalate_to.command.startswith("aider")
+    plan_file.write_text(body.replace("BAD", "bad: {executor: {uses: nope}}"))
+    with pytest.raises(ConfigError) as caught:
+        load_plan(plan_file)
+    assert "unknown preset 'nope'" in str(caught.value) and "plan.yaml:6" in str(caught.value)
