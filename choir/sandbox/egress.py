@@ -93,6 +93,10 @@ def parse_request(head: bytes) -> Request:
     except UnicodeDecodeError:
         raise Refused(400, "the request head is not ASCII") from None
     lines = text.split("\r\n")
+    if any("\r" in line or "\n" in line for line in lines):
+        # a bare CR or LF ends a header line for some servers and not for others: a second
+        # request or header smuggled past this parse
+        raise Refused(400, "a bare CR or LF in the request head")
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[0].isalpha():
         raise Refused(400, "not an HTTP/1.x request line")
@@ -113,10 +117,10 @@ def parse_request(head: bytes) -> Request:
     if not path.startswith("/"):
         path = "/" + path
     endpoint = _endpoint(authority, default_port=80)
-    headers = [line for line in lines[1:] if line and
-               line.split(":", 1)[0].strip().lower() not in _HOP_BY_HOP | _named(lines)]
-    host_header = str(endpoint) if endpoint.port != 80 else \
-        str(endpoint).removesuffix(":80")
+    dropped = _HOP_BY_HOP | _named(lines)
+    headers = [line for line in lines[1:]
+               if line and line.split(":", 1)[0].strip().lower() not in dropped]
+    host_header = str(endpoint).removesuffix(":80") if endpoint.port == 80 else str(endpoint)
     upstream = "\r\n".join([f"{method} {path} {version}", *headers, f"Host: {host_header}",
                             "Connection: close", "", ""])
     return Request(method, endpoint, upstream.encode("ascii"))

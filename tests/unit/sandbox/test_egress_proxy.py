@@ -79,6 +79,7 @@ def test_connect_and_absolute_form_are_the_only_requests() -> None:
         (b"GET http://a.example:80@b.example/ HTTP/1.1\r\n\r\n", "user"),
         (b"GET http://2130706433/ HTTP/1.1\r\n\r\n", "numeric"),
         (b"GET http://a.example/ HTTP/2\r\n\r\n", "HTTP/1.x"),
+        (b"GET http://a.example/ HTTP/1.1\r\nX: 1\nHost: b.example\r\n\r\n", "bare CR or LF"),
         ("GET http://\u00e9.example/ HTTP/1.1\r\n\r\n".encode(), "ASCII"),
     ]:
         with pytest.raises(Refused) as caught:
