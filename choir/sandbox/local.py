@@ -49,7 +49,8 @@ class LocalSandbox(Sandbox):
     def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
              timeout_s: float, limits: Limits, network: bool, sink: Sink,
              repo_writable: bool = False, hosts: Sequence[str] = ()) -> ExecResult:
-        del hosts  # no isolation: the host's network as it is (isolation ``none`` recorded)
+        if hosts:  # no isolation: the host's network as it is (isolation ``none`` recorded)
+            sink(b"[choir] egress: the local sandbox enforces no host list (isolation none)\n")
         prepare_out(out_dir)
         watch = OutWatch(out_dir, limits.out_mb)
         result = run_process(["/bin/sh", "-c", f"ulimit -f {watch.fsize_blocks} && exec /bin/sh "

