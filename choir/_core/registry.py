@@ -131,6 +131,7 @@ REPORTERS: Registry[Any] = Registry("reporter", {
 EXECUTORS: Registry[Any] = Registry("executor", {
     "command": "choir.executors:run_command",
     "python": "choir.executors:run_python",
+    "agent": "choir.executors:run_agent",
     "llm": "choir.agent.executor:run_llm",  # imports the agent stack, only when used
 })
 # built-in presets are data (policies/presets.yaml); a plugin's entry point names a mapping

@@ -23,7 +23,6 @@ from choir._core.ids import check_run_id
 from choir._core.paths import choir_home
 from choir._core.resources import load_text
 from choir.agent.agent import Agent, AgentResult
-from choir.agent.feedback import one_line
 from choir.agent.files import RepoFiles
 from choir.agent.store import SqliteContextStore
 from choir.config import CONFIG_NAME, load_repo_config
@@ -36,6 +35,7 @@ from choir.evidence.tree import remove_snapshot, snapshot_root
 from choir.exceptions import ConfigError, SandboxError, VerificationRejected
 from choir.executors import interpreter_in_repo
 from choir.executors.pinned import GateContext, current_gate
+from choir.executors.prompt import work_prompt
 from choir.models import (
     ExecutorOutput,
     PlannedVerifier,
@@ -44,8 +44,6 @@ from choir.models import (
     VerifierRun,
     WorkItem,
 )
-
-MAX_FEEDBACK_REPORTS = 8
 
 
 class ChangeSummary(BaseModel):
@@ -57,21 +55,6 @@ class ChangeSummary(BaseModel):
 # the allowlist, and the repo's .venv: ignored, so outside the tree hash, yet it is the
 # interpreter the verifiers run (a planted .pth would pass every step)
 PROTECTED = (CONFIG_NAME, ".venv")
-
-
-def feedback_text(reports: Sequence[VerificationReport]) -> str:
-    """The previous round, as the model may see it: bounded fields of bounded reports."""
-    if not reports:
-        return ""
-    lines = ["The previous attempt was verified and did not pass:"]
-    for report in list(reports)[:MAX_FEEDBACK_REPORTS]:
-        lines.append(f"- {report.verifier}: {report.result.value}: {one_line(report.summary)}")
-        for sig in report.failure_signatures[:5]:
-            lines.append(f"  - failing: {one_line(sig.test_id or sig.kind, 160)}"
-                         f" ({one_line(sig.excerpt or '', 160)})")
-        for action in report.next_actions[:3]:
-            lines.append(f"  - next: {one_line(action, 200)}")
-    return "\n".join(lines)
 
 
 def _rejection(runs: Sequence[VerifierRun]) -> VerificationRejected:
@@ -153,10 +136,7 @@ def build_agent(item: WorkItem, run_id: str, *, model: str | Any,
 
 
 def query(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport]) -> str:
-    return load_text("prompts", "executor_user.md").format(
-        work_item=item.id, attempt=attempt, goal=item.goal,
-        scope="\n".join(f"- {s}" for s in item.scope) or "(whole repository)",
-        feedback=feedback_text(feedback)).strip()
+    return work_prompt(item, attempt, feedback)
 
 
 def run_llm(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport],

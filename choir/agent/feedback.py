@@ -11,32 +11,20 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from choir.executors.prompt import one_line
+
+__all__ = ["one_line", "rejection_feedback", "safe_code", "sanitize_metadata"]
+
 MAX_MESSAGE = 600
-MAX_VALUE = 200
 MAX_KEYS = 12
 MAX_ITEMS = 10
 _CODE = re.compile(r"[^a-z0-9_.-]+")
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def safe_code(code: str | None) -> str:
     """A tag-safe code: lower-case ``[a-z0-9_.-]``, at most 64 characters."""
     cleaned = _CODE.sub("_", (code or "rejected").lower()).strip("_")[:64]
     return cleaned or "rejected"
-
-
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def one_line(text: str, limit: int = MAX_VALUE) -> str:
-    """First line only, control characters removed, escaped, and clipped with a marker."""
-    lines = str(text).strip().splitlines() or [""]
-    line = _CONTROL.sub("", lines[0]).strip()
-    more = len(lines) > 1
-    if len(line) > limit:
-        line, more = line[:limit], True
-    return _escape(line) + (" [...]" if more else "")
 
 
 def _value(value: Any) -> str:

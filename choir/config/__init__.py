@@ -15,11 +15,13 @@ from typing import Any, Literal
 from pydantic import Field
 
 from choir._core.registry import EXECUTORS, PARSERS, REPORTERS, SANDBOXES, Registry
+from choir.config import agents
 from choir.config._yaml import YamlDoc, load_yaml, validation_errors
 from choir.config.presets import expand
 from choir.exceptions import ConfigError
 from choir.models import Mood, StepSpec, VerifierKind, VerifierSpec, WorkItem
 from choir.models._base import Frozen
+from choir.models.workitem import ExecutorSpec
 from choir.postconditions.decisions import Decision
 from choir.sandbox._toolchain import active_venv, check_bind
 
@@ -462,7 +464,9 @@ def load_work_item(path: Path) -> WorkItem:
             errors.append(ConfigError(f"'{key}' is set by Choir on the parts of a split work "
                                       "item", path=str(path), line=doc.line_of((key,)),
                                       hint=f"remove '{key}:'"))
-    parsed, found = validation_errors(doc, WorkItem)
+    data, meta, found = agents.expand_keys(doc, doc.data, ())  # ``uses: claude-code``
+    errors += found
+    parsed, found = validation_errors(doc, WorkItem, data)
     errors += found + spec_glob_errors(doc, ("may_change_spec",))
     if parsed is None:
         ConfigError.raise_all(errors)
@@ -485,7 +489,8 @@ def load_work_item(path: Path) -> WorkItem:
                           EXECUTORS.names())
     if unknown is not None:
         errors.append(unknown)
-    needs: dict[str, Literal["command", "function"]] = {"command": "command", "python": "function"}
+    needs: dict[str, Literal["command", "function"]] = {"command": "command", "python": "function",
+                                                        "agent": "command"}
     field = needs.get(executor.kind)
     if field is not None and not getattr(executor, field):
         errors.append(ConfigError(
@@ -494,6 +499,11 @@ def load_work_item(path: Path) -> WorkItem:
             line=doc.line_of(("executor",)),
             hint=f"add '{field}:' under 'executor:'",
         ))
+    if repo.is_dir():
+        errors += agents.problems(doc, ("executor",), executor, repo, meta.get("executor", {}))
+        if isinstance(item.escalate_to, ExecutorSpec):
+            errors += agents.problems(doc, ("escalate_to",), item.escalate_to, repo,
+                                      meta.get("escalate_to", {}))
     if item.decision_type is not None and repo.is_dir():
         item, found = _decision_required(item, load_repo_config(repo), doc)
         errors += found

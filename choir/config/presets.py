@@ -20,9 +20,8 @@ from choir.exceptions import ConfigError
 USES = "uses"
 
 
-@cache
-def load_presets() -> dict[str, dict[str, Any]]:
-    """The packaged presets by name (read once per process).
+def packaged(file: str, key: str, what: str) -> dict[str, dict[str, Any]]:
+    """The mapping of presets under ``key`` in the packaged ``policies/{file}``.
 
     Raises:
         ConfigError: the packaged file is malformed (a packaging bug, named like a user file).
@@ -31,13 +30,22 @@ def load_presets() -> dict[str, dict[str, Any]]:
 
     from ruamel.yaml import YAML
 
-
-    data = YAML(typ="safe").load(StringIO(load_text("policies", "presets.yaml")))
-    presets = data.get("presets") if isinstance(data, dict) else None
+    data = YAML(typ="safe").load(StringIO(load_text("policies", file)))
+    presets = data.get(key) if isinstance(data, dict) else None
     if not isinstance(presets, dict) or not all(isinstance(v, dict) for v in presets.values()):
-        raise ConfigError("'presets:' must map names to verifier fields",
-                          path=str(data_path("policies") / "presets.yaml"), line=1)
-    found = {str(name): dict(spec) for name, spec in presets.items()}
+        raise ConfigError(f"'{key}:' must map names to {what} fields",
+                          path=str(data_path("policies") / file), line=1)
+    return {str(name): dict(spec) for name, spec in presets.items()}
+
+
+@cache
+def load_presets() -> dict[str, dict[str, Any]]:
+    """The packaged verifier presets and plugins' by name (read once per process).
+
+    Raises:
+        ConfigError: the packaged file or a plugin's preset is malformed.
+    """
+    found = packaged("presets.yaml", "presets", "verifier")
     for name in PRESETS.names():  # plugins' presets (``choir.presets`` entry points)
         if name not in found:
             spec = PRESETS.get(name)

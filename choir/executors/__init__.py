@@ -38,7 +38,7 @@ from choir.executors.pinned import current_gate
 from choir.models import Limits, VerificationReport, WorkItem
 from choir.models.run import ExecutorIsolation, ExecutorOutput
 from choir.models.workitem import ExecutorSpec
-from choir.sandbox._toolchain import choose
+from choir.sandbox._toolchain import check_bind, choose
 from choir.sandbox.bwrap import BwrapSandbox
 from choir.sandbox.local import LocalSandbox
 
@@ -167,12 +167,31 @@ def _choir_root() -> Path:
     return Path(__file__).resolve().parents[2]  # choir/executors/__init__.py -> ./
 
 
+def named_env(names: Sequence[str]) -> dict[str, str]:
+    """Only what a program needs to start (PATH, locale, terminal, CA bundles) and the
+    variables ``names`` lists, from Choir's environment: an agent gets its API key by name,
+    never the user's other credentials."""
+    wanted = (*_BASE_ENV, *names)
+    return {name: os.environ[name] for name in wanted if name in os.environ}
+
+
+_BASE_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "SSL_CERT_FILE",
+             "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
+
+
 def _run_user_code(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport],
                    run_id: str | None, argv: Callable[[Path], str],
-                   extra_env: dict[str, str] | None = None) -> ExecutorOutput:
-    """Run ``argv(inputs_dir)`` for one attempt in the executor's sandbox; keep its output."""
+                   extra_env: dict[str, str] | None = None, *, clean_env: bool = False,
+                   prompt: str | None = None) -> ExecutorOutput:
+    """Run ``argv(inputs_dir)`` for one attempt in the executor's sandbox; keep its output.
+
+    ``clean_env`` (or a ``pass_env`` list): only the named variables of Choir's environment;
+    else all of it but Choir's own. ``prompt``: written beside the work item, its path in
+    ``CHOIR_PROMPT_FILE``.
+    """
 
     isolation = executor_isolation(item.executor)
+    spec = item.executor
     repo = Path(item.repo).resolve()
     if any(repo == h or repo.is_relative_to(h) for h in _hidden() if h.is_dir()):
         raise UserError(f"the repo {repo} lies inside Choir's home or artifact store; move it "
@@ -180,7 +199,8 @@ def _run_user_code(item: WorkItem, attempt: int, feedback: Sequence[Verification
     with tempfile.TemporaryDirectory(prefix="choir-exec-") as tmp:
         inputs, out = Path(tmp) / "in", Path(tmp) / "out"
         inputs.mkdir()
-        env = {**_passed_env(), **(extra_env or {}), "CHOIR_ATTEMPT": str(attempt)}
+        base = named_env(spec.pass_env) if clean_env or spec.pass_env else _passed_env()
+        env = {**base, **(extra_env or {}), **spec.env, "CHOIR_ATTEMPT": str(attempt)}
         if run_id:
             env["CHOIR_RUN_ID"] = run_id
         (inputs / "workitem.json").write_text(item.model_dump_json())
@@ -188,6 +208,9 @@ def _run_user_code(item: WorkItem, attempt: int, feedback: Sequence[Verification
         if feedback:
             (inputs / "feedback.json").write_bytes(feedback_json(feedback))
             env["CHOIR_FEEDBACK_FILE"] = str(inputs / "feedback.json")
+        if prompt is not None:
+            (inputs / "prompt.md").write_text(prompt)
+            env["CHOIR_PROMPT_FILE"] = str(inputs / "prompt.md")
         log = Path(tmp) / "executor.log"
         kept = 0
 
@@ -199,10 +222,12 @@ def _run_user_code(item: WorkItem, attempt: int, feedback: Sequence[Verification
                 kept += len(chunk)
 
             common = {"repo": repo, "out_dir": out, "env": env,
-                      "timeout_s": item.executor.timeout_s, "limits": Limits(),
-                      "network": item.executor.network, "sink": sink, "repo_writable": True}
+                      "timeout_s": spec.timeout_s, "limits": Limits(),
+                      "network": spec.network, "sink": sink, "repo_writable": True,
+                      "hosts": spec.hosts}
             if isolation == "namespace":
-                readable = sorted({p for p in (repo.parent, inputs, _choir_root())
+                binds = [Path(check_bind(b, origin="executor.binds")) for b in spec.binds]
+                readable = sorted({p for p in (repo.parent, inputs, _choir_root(), *binds)
                                    if p != Path("/") and not str(p).startswith(_NEVER)})
                 result = BwrapSandbox().exec(argv(inputs), readable=readable,
                                              read_only=[*interpreter_in_repo(repo),
@@ -251,3 +276,25 @@ def run_python(item: WorkItem, attempt: int, feedback: Sequence[VerificationRepo
 # command and python run the user's code in bubblewrap (``executor_isolation`` decides how)
 run_command.runs_in_bwrap = True  # type: ignore[attr-defined]
 run_python.runs_in_bwrap = True  # type: ignore[attr-defined]
+
+
+@register_executor("agent")
+def run_agent(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport],
+              run_id: str | None = None) -> ExecutorOutput:
+    """Run an agent program (``uses: claude-code``, ...) as a command, sandboxed like one.
+
+    It gets the work item and the last round's bounded reports as a prompt
+    (``CHOIR_PROMPT_FILE``, ``choir.executors.prompt``), only the variables its
+    ``pass_env`` names, a private ``HOME`` (its sessions and settings die with the attempt,
+    the user's own ``~/.claude`` and friends are never seen), and the network only to its
+    ``hosts`` (its model API), through Choir's egress proxy.
+    """
+    from choir.executors.prompt import agent_prompt
+
+    assert item.executor.command
+    command = item.executor.command
+    return _run_user_code(item, attempt, feedback, run_id, lambda _inputs: command,
+                          clean_env=True, prompt=agent_prompt(item, attempt, feedback))
+
+
+run_agent.runs_in_bwrap = True  # type: ignore[attr-defined]

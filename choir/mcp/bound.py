@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from choir._core.terminal import shorten, strip_controls
-from choir.agent.executor import MAX_FEEDBACK_REPORTS
+from choir.executors.prompt import MAX_FEEDBACK_REPORTS
 from choir.models.report import REPORT_MAX_BYTES, SUMMARY_MAX
 
 TEXT_MAX = SUMMARY_MAX

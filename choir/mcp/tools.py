@@ -17,10 +17,10 @@ from typing import Any
 import anyio
 
 from choir._core.paths import choir_home
-from choir.agent.executor import MAX_FEEDBACK_REPORTS
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.heldout import counts_only, is_heldout
 from choir.exceptions import UserError
+from choir.executors.prompt import MAX_FEEDBACK_REPORTS
 from choir.mcp.args import GateArgs, ListRunsArgs, ShowArgs, VerifyArgs
 from choir.mcp.bound import clean, fit
 from choir.mcp.scope import Scope, Served

@@ -39,6 +39,9 @@ class Environment(Frozen):
     limits_applied: AppliedLimits | None = Field(default=None, exclude_if=lambda v: v is None)
     # the interpreter the steps ran, with its digest (from the stored manifest); absent as above
     interpreter: Interpreter | None = Field(default=None, exclude_if=lambda v: v is None)
+    # the only endpoints the steps could reach, through Choir's egress proxy (``hosts:``);
+    # absent when empty: ``network`` then says all (true) or nothing (false)
+    hosts: tuple[str, ...] = Field(default=(), exclude_if=lambda v: not v)
 
 
 class SpecChange(Frozen):

@@ -5,8 +5,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from choir._core.hosts import normalise_hosts
 from choir.models._base import Frozen
 from choir.models.workitem import Mood
 
@@ -102,6 +103,15 @@ class VerifierSpec(Frozen):
     heldout: HeldOut | None = Field(default=None, exclude_if=lambda v: v is None)
     # a mutation check (kind mutation): the allowlisted verifier whose steps run on mutants
     mutates: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    # the only endpoints a step may reach (``host[:port]``, port 443 by default), through
+    # Choir's egress proxy; the network is otherwise off (``choir.sandbox.egress``). Absent
+    # in the JSON when empty, so the config hash of every verifier without one is unchanged.
+    hosts: tuple[str, ...] = Field(default=(), exclude_if=lambda v: not v)
+
+    @field_validator("hosts")
+    @classmethod
+    def _normal_hosts(cls, hosts: tuple[str, ...]) -> tuple[str, ...]:
+        return normalise_hosts(hosts)
 
     @model_validator(mode="after")
     def _trace_runs_choir(self) -> VerifierSpec:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from choir._core.hosts import normalise_hosts
 from choir.models._base import Frozen
 
 
@@ -34,11 +36,16 @@ class ExecutorSpec(Frozen):
     ``command``: a shell command run in the repo. ``python``: ``module:function``.
     ``llm``: a Choir Agent with file tools scoped to the repo.
 
-    ``command`` and ``python`` run the user's code, so they run in a sandbox (bubblewrap)
-    with the repo writable and Choir's keys and stores out of sight. ``sandbox: none`` is the
-    explicit trust mode for local development: unsandboxed, recorded as executor isolation
-    ``none`` in every attestation of the run, and refused by PARANOID. ``network`` is off
-    unless the work item turns it on.
+    ``agent``: an agent program (Claude Code, Codex, aider, opencode: ``uses: NAME`` fills
+    the fields from ``policies/agents.yaml``) run as a command with the work item and the
+    bounded feedback as a prompt (``CHOIR_PROMPT_FILE``).
+
+    ``command``, ``python`` and ``agent`` run the user's code, so they run in a sandbox
+    (bubblewrap) with the repo writable and Choir's keys and stores out of sight.
+    ``sandbox: none`` is the explicit trust mode for local development: unsandboxed,
+    recorded as executor isolation ``none`` in every attestation of the run, and refused by
+    PARANOID. ``network`` is off unless the work item turns it on; ``hosts`` lets through
+    only those endpoints (Choir's egress proxy), whatever ``network`` says.
     """
 
     schema_version: Literal[1] = 1
@@ -54,6 +61,48 @@ class ExecutorSpec(Frozen):
     network: bool = False
     max_turns: int = Field(default=30, ge=1, le=500)
     verifier_max_attempts: int = Field(default=3, ge=1, le=50)
+    # The fields below are absent from the JSON when empty, so a work item saved before
+    # they existed reads and hashes as it did.
+    # the only endpoints the executor may reach (``host[:port]``, port 443 by default)
+    hosts: tuple[str, ...] = Field(default=(), exclude_if=lambda v: not v)
+    # the only variables of Choir's environment the executor sees, by name (``agent``
+    # always works so; ``command`` and ``python`` see all but Choir's own when this is empty)
+    pass_env: tuple[str, ...] = Field(default=(), exclude_if=lambda v: not v)
+    # variables set for the executor (after ``pass_env``)
+    env: dict[str, str] = Field(default_factory=dict, exclude_if=lambda v: not v)
+    # extra folders the executor's sandbox sees read-only (where an agent program is
+    # installed outside /usr); never one holding CHOIR_HOME, the artifact store or $HOME
+    binds: tuple[str, ...] = Field(default=(), exclude_if=lambda v: not v)
+
+    @field_validator("hosts")
+    @classmethod
+    def _normal_hosts(cls, hosts: tuple[str, ...]) -> tuple[str, ...]:
+        return normalise_hosts(hosts)
+
+    @field_validator("pass_env")
+    @classmethod
+    def _variable_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        for name in names:
+            _check_variable(name)
+        return names
+
+    @field_validator("env")
+    @classmethod
+    def _variables(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            _check_variable(name)
+        return env
+
+
+_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def _check_variable(name: str) -> None:
+    """A variable an executor may be given: a plain name, none of Choir's own settings."""
+    if not _VARIABLE.match(name):
+        raise ValueError(f"{name!r} is not an environment variable name")
+    if name.startswith("CHOIR_") or name == "AGENT_ARTIFACT_DIR":
+        raise ValueError(f"{name} is Choir's own setting: an executor never gets it")
 
 
 class WorkItem(Frozen):

@@ -86,13 +86,33 @@ def _postgres_value(resource: dict[str, Any], sql: str, params: dict[str, Any],
         raise _NotVisible("psycopg is not installed in the project's interpreter: "
                           "pip install 'psycopg[binary]'") from None
     try:
-        with psycopg.connect(resource["dsn"], connect_timeout=max(1, int(timeout))) as con:
+        with psycopg.connect(resource["dsn"], connect_timeout=max(1, int(timeout)),
+                             **egress_tunnel(resource["dsn"])) as con:
             row = con.execute(sql, params).fetchone()
     except psycopg.Error as exc:
         raise _NotVisible(f"query failed: {type(exc).__name__}") from None
     if row is None:
         raise _NotVisible("no row")
     return row[0]
+
+
+def egress_tunnel(dsn: str) -> dict[str, Any]:
+    """libpq's ``hostaddr``/``port`` for the sandbox's tunnel to the DSN's host, if any.
+
+    Under a host list there is no DNS and Postgres speaks no HTTP proxy: the forwarder
+    listens on a loopback port per listed endpoint (``CHOIR_EGRESS_TUNNELS``). ``hostaddr``
+    connects there while ``host`` stays the DSN's, for TLS verification and authentication.
+    """
+    tunnels = json.loads(os.environ.get("CHOIR_EGRESS_TUNNELS") or "{}")
+    parts = urllib.parse.urlsplit(dsn)
+    if parts.scheme not in ("postgres", "postgresql") or not parts.hostname:
+        return {}
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    where = tunnels.get(f"{host}:{parts.port or 5432}")
+    if not isinstance(where, str) or ":" not in where:
+        return {}
+    address, port = where.rsplit(":", 1)
+    return {"hostaddr": address, "port": int(port)}
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -105,7 +125,8 @@ def _http_get(resource: dict[str, Any], path: str, timeout: float) -> tuple[int,
     if "://" in path or path.startswith("//"):
         raise ValueError(f"path '{path}' must be relative to the resource's base URL")
     url = resource["base_url"].rstrip("/") + "/" + path.lstrip("/")
-    opener = urllib.request.build_opener(_NoRedirect, urllib.request.ProxyHandler({}))
+    # the sandbox's egress proxy when the verifier has a host list (HTTP_PROXY is set then)
+    opener = urllib.request.build_opener(_NoRedirect, urllib.request.ProxyHandler())
     try:
         with opener.open(url, timeout=max(timeout, 0.01)) as resp:
             return int(resp.status), resp.read(RESULT_MAX)

@@ -27,6 +27,7 @@ METHODS = ("callable", "read_after_write", "invariant_check")
 DEFAULT_VERIFY_TIMEOUT_MS = 5000
 GRACE_S = 2.0  # the harness's own start and teardown on top of verify_timeout_ms
 BACKSTOP_S = 10.0
+_PORTS = {"http": 80, "https": 443, "postgres": 5432, "postgresql": 5432}
 _REF = r"^([A-Za-z_][\w.]*:[A-Za-z_]\w*|[\w./-]+\.py(:[A-Za-z_]\w*)?)$"
 
 
@@ -49,13 +50,16 @@ class Resource(Frozen):
         return self
 
     def host(self) -> str | None:
-        """The network host this resource needs (recorded in the attestation), if any."""
+        """The endpoint this resource needs (``hosts:``: the only one its checks may reach,
+        recorded in the attestation), if any; the scheme's port when the URL names none."""
         url = self.http or self.postgres
         if not url:
             return None
         parts = urllib.parse.urlsplit(url)
-        return parts.hostname + (f":{parts.port}" if parts.port else "") \
-            if parts.hostname else None
+        if not parts.hostname:
+            return None
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        return f"{host}:{parts.port or _PORTS.get(parts.scheme, 443)}"
 
     def for_harness(self, repo: Path) -> dict[str, Any]:
         if self.sqlite:
@@ -178,8 +182,6 @@ def expand(doc: Any, name: str, raw: dict[str, Any], resources: dict[str, Resour
     from choir.postconditions._harness import BOOTSTRAP
 
     words = [f"postcondition={name}", f"method={method}"]
-    if payload["hosts"]:
-        words.append("hosts=" + ",".join(payload["hosts"]))
     command = "python3 -B -c " + shlex.quote(BOOTSTRAP) + " " + " ".join(words)
     return {
         "kind": "postcondition",
@@ -189,6 +191,7 @@ def expand(doc: Any, name: str, raw: dict[str, Any], resources: dict[str, Resour
         # start (a container under load) must not turn a verdict into a host timeout
         "timeout_s": payload["timeout_s"] + BACKSTOP_S,
         "network": bool(payload["hosts"]) or spec.network,
+        "hosts": payload["hosts"],  # enforced by the sandbox's egress proxy, attested
         "env": {**spec.env, "CHOIR_PC_SPEC": json.dumps(payload, sort_keys=True),
                 "CHOIR_PC_HARNESS": harness_source()},
     }

@@ -293,10 +293,13 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
              timeout_s: float, limits: Limits, network: bool, sink: Sink,
-             repo_writable: bool = False) -> ExecResult:
+             repo_writable: bool = False, hosts: Sequence[str] = ()) -> ExecResult:
         """Run ``sh -c command`` with cwd = ``repo`` (read-only) and ``out_dir`` writable.
 
         ``repo_writable`` is for executors only (they change the tree); verifiers never set it.
+        ``hosts``: the only ``host:port`` endpoints the step may reach, through Choir's egress
+        proxy (``choir.sandbox.egress``); an isolating backend keeps the network off
+        otherwise, whatever ``network`` says.
 
         Raises:
             Nothing for command failures (they are the exit code); start-up failures are

@@ -23,7 +23,7 @@ from typing import ClassVar
 from choir.exceptions import ConfigError
 from choir.models import AppliedLimits, Limits
 from choir.models import Limits as _Limits
-from choir.sandbox import _toolchain
+from choir.sandbox import _toolchain, egress
 from choir.sandbox._cgroups import (
     STAGE,
     STAGE_PYTHON,
@@ -44,6 +44,7 @@ from choir.sandbox.base import (
     step_env,
     stream_process,
 )
+from choir.sandbox.egress import EgressProxy
 
 NOBODY = 65534
 
@@ -121,9 +122,12 @@ class BwrapSandbox(Sandbox):
              network: bool, staged: Mapping[str, str] | None = None,
              repo_writable: bool = False, readable: Sequence[Path] = (),
              hidden: Sequence[Path] = (), read_only: Sequence[Path] = (),
-             tools: _toolchain.Toolchain | None = None) -> list[str]:
+             tools: _toolchain.Toolchain | None = None,
+             proxy: EgressProxy | None = None) -> list[str]:
         """The bwrap command line; ``staged`` maps a host path to where the launcher bound it
         (a path an unprivileged bwrap can reach), for sources behind a 0700 folder.
+        ``proxy``: the step's egress (``hosts:``): its socket folder is bound read-only at
+        ``egress.MOUNT`` and the command runs under the forwarder; the network stays off.
         ``repo_writable``, ``readable``, ``read_only`` and ``hidden`` serve executors
         (choir.executors): the repo read-write, extra read-only binds, folders inside the repo
         kept read-only (the verifiers' interpreter), then paths masked (an empty tmpfs, or
@@ -154,9 +158,12 @@ class BwrapSandbox(Sandbox):
         for path in hidden:
             args += ["--tmpfs", str(path)] if path.is_dir() else \
                 ["--ro-bind", "/dev/null", str(path)]
+        if proxy is not None:
+            sockets = str(proxy.socket_dir)
+            args += ["--ro-bind", staged.get(sockets, sockets), egress.MOUNT]
         args += ["--unshare-all", "--uid", str(NOBODY), "--gid", str(NOBODY),
                  "--cap-drop", "ALL", "--die-with-parent", "--new-session", "--clearenv"]
-        if network:
+        if network and proxy is None:
             args.append("--share-net")
         variables = step_env(str(out_dir), env)
         for var in ("PYENV_ROOT", "PYENV_VERSION", "CONDA_PREFIX", "VIRTUAL_ENV"):
@@ -168,17 +175,23 @@ class BwrapSandbox(Sandbox):
                                           "/bin"))
         for key, value in variables.items():
             args += ["--setenv", key, value]
-        args += ["--chdir", str(repo), "/bin/sh", "-c", command]
+        shell = ["/bin/sh", "-c", command]
+        python = egress.SYSTEM_PYTHON if os.path.exists(egress.SYSTEM_PYTHON) else "python3"
+        args += ["--chdir", str(repo),
+                 *(egress.wrap(proxy, shell, python) if proxy else shell)]
         return args
 
-    def _staging(self, tools: _toolchain.Toolchain, repo: Path, out_dir: Path) -> list[str]:
+    def _staging(self, tools: _toolchain.Toolchain, repo: Path, out_dir: Path,
+                 proxy: EgressProxy | None = None) -> list[str]:
         """Host paths an unprivileged bwrap could not reach: bound under STAGE first."""
-        return [p for p in (*tools.binds, str(repo), str(out_dir)) if not _traversable(p)]
+        sockets = (str(proxy.socket_dir),) if proxy is not None else ()
+        return [p for p in (*tools.binds, str(repo), str(out_dir), *sockets)
+                if not _traversable(p)]
 
     def command(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
                 network: bool, repo_writable: bool = False, readable: Sequence[Path] = (),
-                hidden: Sequence[Path] = (),
-                read_only: Sequence[Path] = ()) -> tuple[str, list[str]]:
+                hidden: Sequence[Path] = (), read_only: Sequence[Path] = (),
+                proxy: EgressProxy | None = None) -> tuple[str, list[str]]:
         """(shell setup, argv) that a root launcher runs as ``setup; exec argv``.
 
         As root, bwrap's own user namespace maps the step's uid to host root (it read
@@ -193,11 +206,12 @@ class BwrapSandbox(Sandbox):
             # docs/security.md.
             return "", self.argv(command, repo=repo, out_dir=out_dir, env=env,
                                  network=network, repo_writable=repo_writable,
-                                 readable=readable, hidden=hidden, read_only=read_only)
+                                 readable=readable, hidden=hidden, read_only=read_only,
+                                 proxy=proxy)
         tools = _toolchain.choose(repo, self._python, self._binds)  # once per step
         staged: dict[str, str] = {}
         setup = []
-        todo = self._staging(tools, repo, out_dir)
+        todo = self._staging(tools, repo, out_dir, proxy)
         python = prestaged_python()
         if python in todo:  # bound by the launcher when it was armed, off this path
             staged[python] = STAGE_PYTHON
@@ -209,20 +223,31 @@ class BwrapSandbox(Sandbox):
             setup.append(f"{make}mount --bind {shlex.quote(path)} {target} && ")
         argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
                 *self.argv(command, repo=repo, out_dir=out_dir, env=env, network=network,
-                           staged=staged, tools=tools)]
+                           staged=staged, tools=tools, proxy=proxy)]
         return "".join(setup), argv
 
     def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
              timeout_s: float, limits: Limits, network: bool, sink: Sink,
              repo_writable: bool = False, readable: Sequence[Path] = (),
-             hidden: Sequence[Path] = (), read_only: Sequence[Path] = ()) -> ExecResult:
+             hidden: Sequence[Path] = (), read_only: Sequence[Path] = (),
+             hosts: Sequence[str] = ()) -> ExecResult:
+        return egress.with_egress(hosts, sink, lambda proxy: self._exec(
+            command, repo=repo, out_dir=out_dir, env=env, timeout_s=timeout_s, limits=limits,
+            network=network, sink=sink, repo_writable=repo_writable, readable=readable,
+            hidden=hidden, read_only=read_only, proxy=proxy))
+
+    def _exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
+              timeout_s: float, limits: Limits, network: bool, sink: Sink,
+              repo_writable: bool, readable: Sequence[Path], hidden: Sequence[Path],
+              read_only: Sequence[Path], proxy: EgressProxy | None) -> ExecResult:
         drops = _drops_privilege() and not repo_writable
         owner = (NOBODY, NOBODY) if drops else None
         try:
             prepare_out(out_dir, owner=owner)
             setup, argv = self.command(command, repo=repo.resolve(), out_dir=out_dir.resolve(),
                                        env=env, network=network, repo_writable=repo_writable,
-                                       readable=readable, hidden=hidden, read_only=read_only)
+                                       readable=readable, hidden=hidden, read_only=read_only,
+                                       proxy=proxy)
         except (OSError, ConfigError) as exc:
             return ExecResult(-1, 0, infra_error=f"bwrap could not prepare the run: {exc}")
         watch = OutWatch(out_dir, limits.out_mb)

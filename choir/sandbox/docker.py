@@ -37,13 +37,13 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from choir.exceptions import ConfigError, MissingExtraError
 from choir.models import AppliedLimits, Limits
-from choir.sandbox import _toolchain
+from choir.sandbox import _toolchain, egress
 from choir.sandbox._host_image import ensure_host_image
 from choir.sandbox.base import (
     ExecResult,
@@ -54,6 +54,7 @@ from choir.sandbox.base import (
     register_sandbox,
     step_env,
 )
+from choir.sandbox.egress import EgressProxy
 
 DEFAULT_IMAGE = "choir-test:host"
 LABEL = "choir.managed"
@@ -227,12 +228,24 @@ class DockerSandbox(Sandbox):
 
     def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
              timeout_s: float, limits: Limits, network: bool, sink: Sink,
-             repo_writable: bool = False) -> ExecResult:
+             repo_writable: bool = False, hosts: Sequence[str] = ()) -> ExecResult:
         copy = self.transfer == "copy"
         if copy and repo_writable:
             return ExecResult(-1, 0, infra_error="the docker sandbox's copy transfer (remote "
                               "engine) brings no change to the repo back: an executor needs "
                               "sandbox.transfer: bind and a local engine")
+        if copy and hosts:
+            return ExecResult(-1, 0, infra_error="a host list (hosts:) needs the egress "
+                              "proxy's socket bound into the container: a remote engine "
+                              "(transfer: copy) cannot bind it; use a local engine or bwrap")
+        return egress.with_egress(hosts, sink, lambda proxy: self._exec(
+            command, repo=repo, out_dir=out_dir, env=env, timeout_s=timeout_s, limits=limits,
+            network=network, sink=sink, repo_writable=repo_writable, proxy=proxy))
+
+    def _exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
+              timeout_s: float, limits: Limits, network: bool, sink: Sink,
+              repo_writable: bool, proxy: EgressProxy | None) -> ExecResult:
+        copy = self.transfer == "copy"
         try:  # the container user must be able to write; links a step left are not followed
             prepare_out(out_dir, owner=None if copy else (NOBODY, NOBODY))
         except OSError as exc:
@@ -249,14 +262,19 @@ class DockerSandbox(Sandbox):
             client = self.client()
             if copy:
                 repo_volume = self._repo_volume(client, repo.resolve())
+            shell = ["/bin/sh", "-c", command]
+            volumes = self._volumes(repo.resolve(), out_dir.resolve(), repo_writable,
+                                    repo_volume)
+            if proxy is not None:  # the only way out: the proxy's socket, read-only
+                volumes[str(proxy.socket_dir)] = {"bind": egress.MOUNT, "mode": "ro"}
             container = client.containers.create(
-                self.image, ["/bin/sh", "-c", command],
+                self.image, shell if proxy is None else egress.wrap(
+                    proxy, shell, egress.SYSTEM_PYTHON if self.host_usr else "python3"),
                 working_dir=REPO, environment=self._environment(repo.resolve(), env),
-                volumes=self._volumes(repo.resolve(), out_dir.resolve(), repo_writable,
-                                      repo_volume),
+                volumes=volumes,
                 # copy mode: an anonymous volume, removed with the container
                 mounts=[Mount(COPY_ROOT, None, type="volume")] if copy else None,
-                network_disabled=not network, read_only=True,
+                network_disabled=proxy is not None or not network, read_only=True,
                 tmpfs={"/tmp": "rw,nosuid,size=256m"},
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], user=f"{NOBODY}:{NOBODY}",
                 mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -48,7 +48,9 @@ class LocalSandbox(Sandbox):
 
     def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
              timeout_s: float, limits: Limits, network: bool, sink: Sink,
-             repo_writable: bool = False) -> ExecResult:
+             repo_writable: bool = False, hosts: Sequence[str] = ()) -> ExecResult:
+        if hosts:  # no isolation: the host's network as it is (isolation ``none`` recorded)
+            sink(b"[choir] egress: the local sandbox enforces no host list (isolation none)\n")
         prepare_out(out_dir)
         watch = OutWatch(out_dir, limits.out_mb)
         result = run_process(["/bin/sh", "-c", f"ulimit -f {watch.fsize_blocks} && exec /bin/sh "

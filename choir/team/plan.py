@@ -13,6 +13,7 @@ from pathlib import Path
 from pydantic import Field
 
 from choir.config._yaml import YamlDoc, load_yaml, validation_errors
+from choir.config.agents import expand_keys, expand_plan
 from choir.exceptions import ConfigError
 from choir.models import Mood
 from choir.models._base import Frozen
@@ -133,8 +134,9 @@ def _folder_items(path: Path, doc: YamlDoc, plan: Plan) -> tuple[list[PlanItem],
     errors: list[ConfigError] = []
     for file in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")]):
         item_doc = load_yaml(file)
-        parsed, found = validation_errors(item_doc, PlanItem)
-        errors += found
+        data, _, found = expand_keys(item_doc, item_doc.data, ())
+        parsed, more = validation_errors(item_doc, PlanItem, data)
+        errors += found + more
         if parsed is not None:
             items.append(parsed)
             where.append((item_doc, ()))
@@ -194,7 +196,9 @@ def load_plan(path: Path) -> Plan:
     if not isinstance(doc.data, dict):
         raise ConfigError("a plan must be a mapping", path=str(path), line=1,
                           hint="start with 'id: my-plan'")
-    parsed, errors = validation_errors(doc, Plan)
+    data, errors = expand_plan(doc)  # ``uses: claude-code`` under an executor
+    parsed, found = validation_errors(doc, Plan, data)
+    errors += found
     if parsed is None:
         ConfigError.raise_all(errors)
     plan: Plan = parsed

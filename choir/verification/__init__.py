@@ -223,7 +223,8 @@ def attest_run(
         environment=Environment(
             sandbox=platform.sandbox,
             isolation=platform.isolation,
-            network=spec.network,
+            network=spec.network or bool(spec.hosts),
+            hosts=spec.hosts,
             image=platform.container_image,
             image_digest=platform.image_digest,
             os=platform.os,

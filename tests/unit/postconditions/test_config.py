@@ -57,7 +57,7 @@ def test_postconditions_become_allowlisted_verifiers(tmp_path: Path) -> None:
     assert payload["resource"] == {"kind": "sqlite", "path": str(repo / "state" / "app.db")}
     assert flag.network is False  # a file needs no network
     healthy = config.verifiers["healthy"]
-    assert healthy.network is True and "hosts=127.0.0.1:8080" in healthy.steps[0].command
+    assert healthy.network is True and healthy.hosts == ("127.0.0.1:8080",)
     # a decision method found as verifiers/NAME.py joins the allowlist as a callable
     assert json.loads(config.verifiers["audit_trail"].env["CHOIR_PC_SPEC"])["callable"] == \
         "verifiers/audit_trail.py"
@@ -157,3 +157,17 @@ def test_decisions_survive_a_checkpoint_round_trip(tmp_path: Path) -> None:
     serde = JsonPlusSerializer(allowed_msgpack_modules=checkpoint_types())
     back = serde.loads_typed(serde.dumps_typed(config))
     assert back == config and type(back.decisions["set_flag"]) is Decision
+
+
+def test_a_postgres_resource_is_reached_through_its_egress_tunnel(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No DNS and no HTTP proxy for libpq: the harness connects to the forwarder's loopback
+    port with ``hostaddr``, keeping the DSN's host for TLS and authentication."""
+    from choir.postconditions._harness import egress_tunnel
+
+    dsn = "postgresql://app@DB.internal/app?sslmode=verify-full"
+    assert egress_tunnel(dsn) == {}
+    monkeypatch.setenv("CHOIR_EGRESS_TUNNELS", '{"db.internal:5432": "127.0.0.1:40123"}')
+    assert egress_tunnel(dsn) == {"hostaddr": "127.0.0.1", "port": 40123}
+    assert egress_tunnel("postgresql://app@db.internal:6543/app") == {}
+    assert egress_tunnel("host=db.internal dbname=app") == {}
