@@ -102,6 +102,26 @@ class GitRepo:
             return None
         return out.stdout
 
+    def start(self, *args: str, timeout: float = 60) -> Callable[[], bytes | None]:
+        """``run``, started now and waited for by the returned call: a listing that runs
+        while Choir does something else (the snapshot checks its base meanwhile)."""
+        try:
+            proc = subprocess.Popen(self.argv(*args), cwd=self.root, env=self.env(),
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    stdin=subprocess.DEVNULL)
+        except OSError:
+            return lambda: None
+
+        def result() -> bytes | None:
+            try:
+                out, _err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                return None
+            return out if proc.returncode == 0 else None
+        return result
+
     def rev(self, rev: str) -> str | None:
         """The full sha of commit ``rev``, or None (unknown, or no commit yet)."""
         if rev.startswith("-"):
@@ -364,8 +384,8 @@ class ObjectReader:
                 yield f"{prefix}{name}", _MODES[mode], oid
 
 
-def tree_id(files: dict[str, tuple[str, str]], oid_len: int) -> str:
-    """The git tree id of ``{path: (kind, blob id)}``, computed here as git would.
+def tree_id(files: dict[str, tuple[str, bytes]], oid_len: int) -> str:
+    """The git tree id of ``{path: (kind, blob id as bytes)}``, computed here as git would.
 
     Comparing it with the tree a commit records binds the commit to the bytes Choir copied,
     without trusting git's index, tree listing or objects.
@@ -389,9 +409,9 @@ def _tree_of(node: dict[str, object], algo: Callable[[], hashlib._Hash]) -> str:
             oid = bytes.fromhex(_tree_of(value, algo))
             rows.append((raw + b"/", b"40000 " + raw + b"\0" + oid))
         else:
-            kind, blob = cast(tuple[str, str], value)
+            kind, blob = cast(tuple[str, bytes], value)
             mode = {"f": b"100644", "x": b"100755", "l": b"120000"}[kind]
-            rows.append((raw, mode + b" " + raw + b"\0" + bytes.fromhex(blob)))
+            rows.append((raw, mode + b" " + raw + b"\0" + blob))
     body = b"".join(row for _key, row in sorted(rows))
     hasher = algo()
     hasher.update(b"tree %d\0" % len(body))
