@@ -270,7 +270,7 @@ def scan(repo: Path, sink: _Sink | None, manifest: list[bytes] | None = None,
     oid_len = len(head) if head else 40
     cache = StatCache.of(store.root, repo, oid_len) if store is not None else None
     listed = _files(repo, git, everything=everything, listing=listing)
-    stats = fsopen.lstat_many(repo, listed) if cache is not None else None
+    stats = fsopen.lstat_many(repo, listed) if cache is not None and cache else None
     seen: dict[str, tuple[str, bytes]] = {}
     outer, outer256 = blake3.blake3(), hashlib.sha256()
     records: list[bytes] = []

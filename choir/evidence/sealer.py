@@ -6,6 +6,7 @@ Why the pool, and what holds against whom: ``choir.evidence.store``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -81,6 +82,7 @@ class Sealer:
     _count: int = field(init=False, default=0)
     _streak: int = field(init=False, default=0)
     _work_fd: int = field(init=False, default=-1)
+    _objects: dict[str, int] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.store.sweep_work()
@@ -88,6 +90,7 @@ class Sealer:
         self.work = self.store.root / "work" / f"{os.getpid()}-{started}-{secrets.token_hex(4)}"
         self.work.mkdir(mode=0o700)
         self._work_fd = fsopen.open_dir(self.work)
+        self._objects = self.store.object_dirs()
         claimed = self.store.claim(self.work, self.repo, self.family)
         if claimed is None:
             return
@@ -163,8 +166,8 @@ class Sealer:
         self._count += 1
         name = f"h{self._count}"
         try:
-            os.link(self.store.object_path(kind, digest), name, dst_dir_fd=self._work_fd,
-                    follow_symlinks=False)
+            os.link(digest.hex(), name, src_dir_fd=self._objects[kind],
+                    dst_dir_fd=self._work_fd, follow_symlinks=False)
         except OSError:
             return None
         if not bytes_match(self._work_fd, name, kind, digest):
@@ -231,21 +234,21 @@ class Sealer:
             dropped = sorted(base_dirs - want_dirs, key=lambda r: -r.count("/"))
             for rel in dropped:
                 self._rmdir(cursor, rel, touched)
-            made = sorted(want_dirs - base_dirs, key=lambda r: r.count("/"))
-            for rel in made:
+            made = want_dirs - base_dirs
+            for rel in sorted(made | self.entries.keys()):  # parents first, each opened once
+                entry = self.entries.get(rel)
+                if entry is not None:
+                    self._place(cursor, rel, entry, touched)
+                    continue
                 parts = rel.split("/")
                 os.mkdir(parts[-1], 0o755, dir_fd=self._writable(cursor, parts[:-1], touched))
                 touched.add(rel)
-            for rel, entry in self.entries.items():
-                self._place(cursor, rel, entry, touched)
         self._commit_objects()
-        for rel in sorted(touched, key=lambda r: -r.count("/")):
-            os.chmod(tree / rel if rel else tree, 0o555)
         self._gone = dropped_files | set(dropped)
-        restat = self.entries.keys() | self._restamp | (touched - {""}) | set(made)
+        restat = self.entries.keys() | self._restamp | (touched - {""}) | made
         if self.full:
             restat |= self.kept | want_dirs
-        self._rows = self._record(tree, restat, want_dirs)
+        self._rows = self._seal(tree, touched, restat, want_dirs)
         return tree
 
     def _writable(self, cursor: fsopen.DirCursor, parts: list[str], touched: set[str]) -> int:
@@ -287,7 +290,7 @@ class Sealer:
                     raise
                 continue
             if row[5] in (b"f", b"x"):
-                self.store.drop_object(row[5].decode(), row[6], row[0])
+                self._drop_object(row[5].decode(), row[6], row[0])
 
     def _rmdir(self, cursor: fsopen.DirCursor, rel: str, touched: set[str]) -> None:
         assert self.base is not None
@@ -335,20 +338,35 @@ class Sealer:
 
     def _commit_objects(self) -> None:
         """Move the new objects into ``objects/`` (each replacing any older copy's name)."""
-        made: set[Path] = set()
         for (kind, digest), name in self._made.items():
-            path = self.store.object_path(kind, digest)
-            if path.parent not in made:
-                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                made.add(path.parent)
-            os.rename(name, path, src_dir_fd=self._work_fd)
+            os.rename(name, digest.hex(), src_dir_fd=self._work_fd,
+                      dst_dir_fd=self._objects[kind])
 
-    def _record(self, tree: Path, restat: set[str], want_dirs: set[str]) -> dict[str, Row]:
-        """The rows that changed: every entry in ``restat``, with its ``lstat`` now."""
+    def _drop_object(self, kind: str, digest: bytes, ino: int) -> None:
+        """Drop the store's name of an object no tree links any more (GC by link count: a
+        name another tree links, or that names a newer copy, stays)."""
+        with contextlib.suppress(OSError):
+            st = os.stat(digest.hex(), dir_fd=self._objects[kind], follow_symlinks=False)
+            if st.st_ino == ino and st.st_nlink == 1:
+                os.unlink(digest.hex(), dir_fd=self._objects[kind])
+
+    def _seal(self, tree: Path, touched: set[str], restat: set[str],
+              want_dirs: set[str]) -> dict[str, Row]:
+        """Seal the folders changed (0555 again) and return the rows that changed: every
+        entry in ``restat`` with its ``lstat`` now, in one pass in path order (each folder
+        opened once; the objects' last link and rename are behind, so no later step of
+        this build moves a ctime recorded here)."""
         rows: dict[str, Row] = {}
         with fsopen.DirCursor(tree) as cursor:
-            for rel in sorted(restat):
+            if "" in touched:
+                os.fchmod(cursor.dir([]), 0o555)
+            for rel in sorted(restat | touched - {""}):
                 parts = rel.split("/")
+                if rel in touched:
+                    fd = cursor.dir(parts)
+                    os.fchmod(fd, 0o555)
+                    rows[rel] = (*stamp_of(os.fstat(fd)), DIR, bytes(32))
+                    continue
                 st = os.stat(parts[-1], dir_fd=cursor.dir(parts[:-1]), follow_symlinks=False)
                 if rel in want_dirs:
                     rows[rel] = (*stamp_of(st), DIR, bytes(32))
@@ -401,6 +419,9 @@ class Sealer:
         if self._work_fd >= 0:
             os.close(self._work_fd)
             self._work_fd = -1
+        for fd in self._objects.values():
+            os.close(fd)
+        self._objects = {}
         rmtree(self.work)
 
 

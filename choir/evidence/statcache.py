@@ -81,6 +81,11 @@ class StatCache:
         self._new: dict[str, _Row] = {}
         self.started = time.time_ns()
 
+    def __bool__(self) -> bool:
+        """False when the cache holds nothing (a first scan: no ``lstat`` worth taking
+        ahead of the reads)."""
+        return bool(self._old)
+
     @classmethod
     def of(cls, store: Path, repo: Path, oid_len: int) -> StatCache:
         """The cache of ``repo`` kept under the store folder ``store``."""

@@ -218,17 +218,14 @@ class Store:
         return _table.Table(self.root / "records" / tree_id, RECORD)
 
     # -- objects ----------------------------------------------------------------------------
-    def object_path(self, kind: str, digest: bytes) -> Path:
-        hexed = digest.hex()
-        return self.root / "objects" / kind / hexed[:2] / hexed
-
-    def drop_object(self, kind: str, digest: bytes, ino: int) -> None:
-        """Drop the store's name of an object no tree links any more."""
-        path = self.object_path(kind, digest)
-        with contextlib.suppress(OSError):
-            st = os.lstat(path)
-            if st.st_ino == ino and st.st_nlink == 1:
-                path.unlink()
+    def object_dirs(self) -> dict[str, int]:
+        """Descriptors of ``objects/f`` and ``objects/x`` (an object's name there is the hex
+        blake3 of its bytes; the caller closes them)."""
+        fds = {}
+        for kind in MODES:
+            (self.root / "objects" / kind).mkdir(mode=0o700, parents=True, exist_ok=True)
+            fds[kind] = fsopen.open_dir(self.root / "objects" / kind)
+        return fds
 
     # -- the pool ---------------------------------------------------------------------------
     def _recover(self, note: Note) -> None:
