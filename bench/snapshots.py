@@ -17,7 +17,11 @@ the machine is shared). Rows:
   round after a one-file change, and the peak RSS of the ``choir`` process at each size;
 - the cost curve: a round after one changed file at 1,000, 7,000 and 50,000 files, and
   after 1, 100 and 1,000 changed files at 50,000; plotted to ``--png`` when matplotlib
-  imports, printed as a table always.
+  imports, printed as a table always;
+- ``--worktrees``: a plan item's worktree of a 2,000-file repo, ``GitRepo.add_worktree`` in
+  a process confined as ``choir plan run`` is (an overlay of the store's checkout) against
+  bare ``git worktree add``: the first (its checkout built), the next ones of the same
+  commit, and one of a new commit (its checkout linked from the last); medians.
 
 Wall and CPU seconds (the reaped process tree's user+sys: the sandboxed step runs in
 bwrap's pid namespace and is not counted) are both printed; CPU is what load does not
@@ -204,6 +208,46 @@ def curve(run: Runner, tmp: Path, big: Path, runs: int,
     return points
 
 
+WORKTREES = """
+import os, pathlib, statistics, subprocess, sys, time
+from choir.trusted import separate
+assert separate() == "mount-namespace", "worktrees from the store need a root Choir"
+from choir.evidence.git import locate
+repo, root, runs = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), int(sys.argv[3])
+git = locate(repo)
+def timed(fn):
+    t = time.perf_counter(); fn(); return (time.perf_counter() - t) * 1000
+bare = [timed(lambda n=n: subprocess.run(["git", "-C", str(repo), "worktree", "add", "-q",
+        "-b", f"bare{n}", str(root / f"bare{n}"), "main"], check=True)) for n in range(runs)]
+first = timed(lambda: git.add_worktree(root / "first", "choir/bench/first", "main"))
+warm = [timed(lambda n=n: git.add_worktree(root / f"w{n}", f"choir/bench/w{n}", "main"))
+        for n in range(runs)]
+made = git.add_worktree(root / "item", "choir/bench/item", "main")
+(made.root / "pkg0" / "m0.py").write_text("X = -1\\n")
+made.write("commit", "-qam", "item")
+after = timed(lambda: git.add_worktree(root / "next", "choir/bench/next", "choir/bench/item"))
+print(f"bare git worktree add {statistics.median(bare):.0f} ms (median of {runs}); "
+      f"add_worktree: first {first:.0f} ms (its checkout built), next ones "
+      f"{statistics.median(warm):.0f} ms (median of {runs}, min {min(warm):.0f}, "
+      f"max {max(warm):.0f}), a new commit's {after:.0f} ms")
+"""
+
+
+def worktrees(run: Runner, tmp: Path, files: int, runs: int) -> None:
+    repo = tmp / "wtrepo"
+    for i in range(files):
+        folder = repo / f"pkg{i % 40}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"m{i}.py").write_text(f"X = {i}\n")
+    sh(["git", "init", "-q", "-b", "main"], repo)
+    commit(repo)
+    (tmp / "wts").mkdir()
+    out = subprocess.run([sys.executable, "-c", WORKTREES, str(repo), str(tmp / "wts"),
+                          str(runs)], env=run.home(), capture_output=True, text=True)
+    print(f"worktrees, {files} files: " + (out.stdout.strip() or out.stderr[-800:]),
+          flush=True)
+
+
 def plot(points: dict[str, tuple[float, float, int]], png: Path) -> bool:
     try:
         import matplotlib
@@ -238,6 +282,7 @@ def main() -> None:
     parser.add_argument("--no-big", action="store_true")
     parser.add_argument("--no-curve", action="store_true")
     parser.add_argument("--png", type=Path, default=None)
+    parser.add_argument("--worktrees", action="store_true")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="choir-bench-snap-"))
     os.chmod(tmp, 0o755)
@@ -247,6 +292,8 @@ def main() -> None:
         for _ in range(2):
             run.verify(run.one, one_env)  # warm: the key, the launcher, bytecode caches
         print(f"load average at start: {os.getloadavg()}", flush=True)
+        if args.worktrees:
+            worktrees(run, tmp, 2000, max(7, args.runs))
         if not args.no_django:
             repo = django(tmp)
             for store in (True, False):
