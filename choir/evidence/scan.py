@@ -28,6 +28,7 @@ from choir.evidence.statcache import Hashed, StatCache
 from choir.evidence.store import MODES, Store
 from choir.exceptions import IntegrityError, UserError
 
+_BATCH = 4096  # files whose lstat is taken ahead of the scan, at a time
 _SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".venv"}
 CHUNK = 1 << 20
 _MAX_DEPTH = 256
@@ -270,7 +271,8 @@ def scan(repo: Path, sink: _Sink | None, manifest: list[bytes] | None = None,
     oid_len = len(head) if head else 40
     cache = StatCache.of(store.root, repo, oid_len) if store is not None else None
     listed = _files(repo, git, everything=everything, listing=listing)
-    stats = fsopen.lstat_many(repo, listed) if cache is not None and cache else None
+    ahead = cache is not None and bool(cache)  # lstat a batch ahead, in threads
+    stats: list[os.stat_result | OSError] = []
     seen: dict[str, tuple[str, bytes]] = {}
     outer, outer256 = blake3.blake3(), hashlib.sha256()
     records: list[bytes] = []
@@ -278,9 +280,11 @@ def scan(repo: Path, sink: _Sink | None, manifest: list[bytes] | None = None,
     files = total = 0
     with fsopen.DirCursor(repo) as src:
         for i, rel in enumerate(listed):
+            if ahead and i % _BATCH == 0:  # a batch at a time: memory stays flat in the tree
+                stats = fsopen.lstat_many(repo, listed[i:i + _BATCH])
             try:
                 parts = fsopen.split(rel)
-                st = stats[i] if stats is not None else None
+                st = stats[i % _BATCH] if ahead else None
                 if isinstance(st, OSError):
                     raise st
                 hashed = None
