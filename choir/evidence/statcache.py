@@ -30,6 +30,7 @@ never code (``choir.evidence._table``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -40,6 +41,7 @@ import blake3
 from choir.evidence import _table
 
 RACY_NS = 2_000_000_000
+STAT_MAX = 64
 # dev, ino, size, mtime_ns, ctime_ns, mode; kind; blake3, sha256, git blob id (20 or 32)
 _FMT = "<QQqqqQc32s32s32s"
 _Row = tuple[int, int, int, int, int, int, bytes, bytes, bytes, bytes]
@@ -88,9 +90,17 @@ class StatCache:
 
     @classmethod
     def of(cls, store: Path, repo: Path, oid_len: int) -> StatCache:
-        """The cache of ``repo`` kept under the store folder ``store``."""
+        """The cache of ``repo`` kept under the store folder ``store`` (the ``STAT_MAX``
+        caches used last are kept: a plan makes a work tree per item and attempt)."""
         folder = store / "stat"
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        caches = [p for p in folder.iterdir() if not p.name.startswith(".")
+                  and not p.name.endswith(".delta")]
+        if len(caches) > STAT_MAX:
+            caches.sort(key=lambda p: p.stat().st_mtime)
+            for old in caches[:len(caches) - STAT_MAX]:
+                old.unlink(missing_ok=True)
+                old.with_name(old.name + ".delta").unlink(missing_ok=True)
         return cls(folder / repo_key(repo), oid_len)
 
     def hit(self, rel: str, st: os.stat_result) -> Hashed | None:
@@ -119,4 +129,8 @@ class StatCache:
         limit = self.started - RACY_NS
         kept = {rel: row for rel, row in self._new.items() if row[3] < limit and row[4] < limit}
         gone = (self._old.keys() - self._seen) | (self._new.keys() - kept.keys())
+        if not kept and not gone & self._old.keys():
+            with contextlib.suppress(OSError):  # used: the last to be let go (STAT_MAX)
+                os.utime(self._table.path)
+            return
         self._table.save(cast(dict[str, tuple[object, ...]], kept), gone & self._old.keys())

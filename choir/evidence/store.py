@@ -350,6 +350,26 @@ class Store:
             doomed = path if folder is not None else doomed
         self._forget(tree_id)
         rmtree(doomed)
+        self.sweep_objects()
+
+    def sweep_objects(self) -> None:
+        """Drop every object no tree links any more (its name in ``objects/`` its only
+        link): after an eviction, the objects only the evicted tree held. An object is
+        linked into its tree before its name appears here, so a build under way never
+        loses one."""
+        for kind in (*MODES, "F", "X"):
+            folder = self.root / "objects" / kind
+            try:
+                fd = fsopen.open_dir(folder)
+            except OSError:
+                continue
+            try:
+                for name in os.listdir(fd):
+                    with contextlib.suppress(OSError):
+                        if os.stat(name, dir_fd=fd, follow_symlinks=False).st_nlink == 1:
+                            os.unlink(name, dir_fd=fd)
+            finally:
+                os.close(fd)
 
     def sweep_work(self) -> None:
         """Remove work folders left by builds whose process is gone."""

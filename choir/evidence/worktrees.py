@@ -215,6 +215,7 @@ class _Lowers:
             os.rename(self.root / tree, doomed)
         (self.root / f"{tree}.record").unlink(missing_ok=True)
         rmtree(doomed)
+        self.store.sweep_objects()
 
     def _base(self) -> tuple[Path, dict[str, tuple[bytes, bytes]]] | None:
         """The most recently used lower, with what its files are: links from it cost less
@@ -384,5 +385,6 @@ class _Checkout:
                 os.unlink(tmp, dir_fd=folder)
             raise
         os.close(out)
+        # linked into the lower before it is named in objects/: a sweep never sees it alone
+        os.link(tmp, name, src_dir_fd=folder, dst_dir_fd=parent, follow_symlinks=False)
         os.rename(tmp, oid, src_dir_fd=folder, dst_dir_fd=folder)
-        os.link(oid, name, src_dir_fd=folder, dst_dir_fd=parent, follow_symlinks=False)

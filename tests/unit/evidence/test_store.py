@@ -204,14 +204,20 @@ def test_paranoid_is_immune_to_a_forged_record(repo: Path, tmp_path: Path,
 
 def test_a_store_object_written_between_rounds_is_not_linked_into_a_fresh_tree(
         repo: Path, tmp_path: Path, store_dir: Path) -> None:
-    root = tmp_path / "snaps"
-    first, _, _ = round_trip(repo, root)
-    Store(store_dir).evict(parked(store_dir).name)  # no base: the next tree is built from objects
-    [obj] = [p for p in (store_dir / "objects" / "f").rglob("*") if p.is_file()
-             and p.read_bytes() == BUGGY]
+    held = snapshot(repo, tmp_path / "held")  # lent, not parked: the next tree has no base
+    [obj] = [p for p in (store_dir / "objects" / "f").iterdir() if p.read_bytes() == BUGGY]
     tamper(obj, FORGED)
-    second, files, _ = round_trip(repo, root)
-    assert files["calc.py"] == BUGGY and second == first
+    second, files, _ = round_trip(repo, tmp_path / "snaps")
+    assert files["calc.py"] == BUGGY and second == held.tree_hash
+
+
+def test_an_evicted_tree_leaves_no_object_behind(repo: Path, tmp_path: Path,
+                                                 store_dir: Path) -> None:
+    round_trip(repo, tmp_path / "snaps")
+    assert list((store_dir / "objects" / "f").iterdir())
+    Store(store_dir).evict(parked(store_dir).name)
+    assert not list((store_dir / "objects" / "f").iterdir())
+    assert not list((store_dir / "pool").iterdir())
 
 
 def test_a_tree_lent_to_a_process_that_died_is_parked_by_the_next_claim(
