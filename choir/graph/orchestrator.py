@@ -104,13 +104,15 @@ def snapshot_round(repo: Path, work_item: str, previous: Target | None, *,
     """Hash the tree the executor left and seal a snapshot of it in the same pass.
 
     Every green thread of the round (and nested rounds on the same tree) verifies this
-    snapshot, never the live folder. The previous round's snapshot is dropped when the tree
-    changed: nothing verifies it any more.
+    snapshot, never the live folder. The previous round's snapshot is parked first, so this
+    one is built from it (``choir.evidence.store``: only the files the executor changed are
+    new); its spec views are dropped when the tree changed.
     """
 
+    if previous is not None:  # parked first: this round's tree is built from it
+        remove_snapshot(snapshot_root() / previous.tree_hash)
     snap = snapshot(repo, snapshot_root(), full=full)
     if previous is not None and previous.tree_hash != snap.tree_hash:
-        remove_snapshot(snapshot_root() / previous.tree_hash)
         remove_views(snapshot_root(), previous.tree_hash)
     return target_of(snap, work_item)
 
