@@ -83,6 +83,7 @@ class Sealer:
     _streak: int = field(init=False, default=0)
     _work_fd: int = field(init=False, default=-1)
     _objects: dict[str, int] = field(init=False, default_factory=dict)
+    _cursor: fsopen.DirCursor | None = field(init=False, default=None)  # the base's, for _still
 
     def __post_init__(self) -> None:
         self.store.sweep_work()
@@ -151,14 +152,20 @@ class Sealer:
         someone wrote it): kept only if its bytes (or link text) still match."""
         assert self.base is not None
         try:
-            with fsopen.DirCursor(self.base[1]) as cursor:
-                folder = cursor.dir(parts[:-1])
-                if kind != "l":
-                    return bytes_match(folder, parts[-1], kind, digest)
-                text = os.readlink(parts[-1], dir_fd=folder)
+            if self._cursor is None:  # one for the scan: it asks in path order
+                self._cursor = fsopen.DirCursor(self.base[1])
+            folder = self._cursor.dir(parts[:-1])
+            if kind != "l":
+                return bytes_match(folder, parts[-1], kind, digest)
+            text = os.readlink(parts[-1], dir_fd=folder)
         except OSError:
             return False
         return blake3.blake3(text.encode("utf-8", "surrogateescape")).digest() == digest
+
+    def _drop_cursor(self) -> None:
+        if self._cursor is not None:
+            self._cursor.close()
+            self._cursor = None
 
     def _hold(self, kind: str, digest: bytes) -> str | None:
         """The store's object for these bytes, linked into work/ and checked through that
@@ -211,6 +218,7 @@ class Sealer:
     # -- building -------------------------------------------------------------------------
     def build(self) -> Path:
         """The new tree, sealed, in the work folder (the claimed base changed into it)."""
+        self._drop_cursor()
         base_dirs = self.base_rows.where(5, DIR)
         base_files = self.base_rows.keys() - base_dirs
         gone = base_files - self.kept
@@ -414,6 +422,7 @@ class Sealer:
 
     def close(self) -> None:
         """Release the work folder; a base still held (the build failed) is dropped."""
+        self._drop_cursor()
         if self.base is not None:
             self.discard(None)
         if self._work_fd >= 0:
