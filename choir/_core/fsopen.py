@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +70,7 @@ def split(rel: str) -> list[str]:
         OSError: ``rel`` is not a clean relative path (``EINVAL``).
     """
     parts = rel.split("/")
-    if not rel or rel.startswith("/") or "\0" in rel or any(p in ("", ".", "..") for p in parts):
+    if not rel or "\0" in rel or "" in parts or "." in parts or ".." in parts:
         raise OSError(errno.EINVAL, "not a clean relative path", rel)
     return parts
 
@@ -86,6 +87,7 @@ class DirCursor:
     def __init__(self, root: str | Path, *, create: bool = False) -> None:
         self._root = open_dir(root)
         self._chain: list[tuple[str, int]] = []
+        self._last: list[str] | None = None  # the parts of the chain, when it is whole
         self._create = create
 
     def dir(self, parts: Sequence[str]) -> int:
@@ -94,6 +96,9 @@ class DirCursor:
         Raises:
             OSError: a component is missing (without ``create``), a symlink or not a folder.
         """
+        if parts == self._last:  # the folder of the last call: most calls, in path order
+            return self._chain[-1][1] if self._chain else self._root
+        self._last = None
         keep = 0
         for (name, _fd), want in zip(self._chain, parts, strict=False):
             if name != want:
@@ -112,12 +117,14 @@ class DirCursor:
                 os.mkdir(name, 0o755, dir_fd=parent)
                 fd = open_dir(name, parent)
             self._chain.append((name, fd))
+        self._last = list(parts)
         return self._chain[-1][1] if self._chain else self._root
 
     def close(self) -> None:
         for _name, fd in self._chain:
             os.close(fd)
         self._chain.clear()
+        self._last = None
         if self._root >= 0:
             os.close(self._root)
             self._root = -1
@@ -128,6 +135,41 @@ class DirCursor:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+def lstat_many(root: str | Path, rels: Sequence[str],
+               workers: int = 4) -> list[os.stat_result | OSError]:
+    """The ``lstat`` of every path in ``rels`` (sorted, relative to ``root``), or the error
+    reaching it raised, walked by descriptor as ``DirCursor`` does.
+
+    The calls are split among ``workers`` threads, as ``git status`` spreads its ``lstat``
+    calls: each waits in the kernel without the interpreter lock, so on a loaded machine
+    (11 us a call here) the stat of a 50,000-file tree no longer waits for them in turn.
+    """
+    out: list[os.stat_result | OSError] = [OSError()] * len(rels)
+
+    def run(start: int, end: int) -> None:
+        with DirCursor(root) as cursor:
+            for i in range(start, end):
+                try:
+                    parts = split(rels[i])
+                    out[i] = os.stat(parts[-1], dir_fd=cursor.dir(parts[:-1]),
+                                     follow_symlinks=False)
+                except OSError as exc:
+                    out[i] = exc
+
+    chunk = max(2048, -(-len(rels) // max(1, workers)))
+    bounds = [(i, min(i + chunk, len(rels))) for i in range(0, len(rels), chunk)]
+    threads = [threading.Thread(target=run, args=b, daemon=True) for b in bounds[1:]]
+    for thread in threads:
+        thread.start()
+    try:
+        if bounds:
+            run(*bounds[0])
+    finally:
+        for thread in threads:
+            thread.join()
+    return out
 
 
 def read_bytes(root: str | Path, rel: str, limit: int | None) -> bytes:

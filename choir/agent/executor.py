@@ -14,6 +14,7 @@ import asyncio
 import json
 import secrets
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +100,9 @@ def green_verifier(item: WorkItem, run_id: str) -> Any:
         snapshots = snapshot_root() / check
         try:
             # the agent waits while its tree is verified; the verifiers read a sealed copy
-            target, tree = await asyncio.to_thread(snapshot_target, repo, snapshots, item.id)
+            target, tree = await asyncio.to_thread(
+                partial(snapshot_target, repo, snapshots, item.id,
+                        full=policy.moods[mood].rehash == "full"))
             rnd = Round(id=check, config=config, policy=policy, mood=mood, target=target,
                         tree=tree, work_item=item)
             runs = [run for run, _ in await run_round(rnd, planned)]

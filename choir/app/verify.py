@@ -14,6 +14,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from choir._core.ids import new_run_id
 from choir._core.terminal import plain_lines, shorten
 from choir.app.claim import check_claim_name, record_claim
 from choir.config import load_repo_config
-from choir.config.policy import load_policy
+from choir.config.policy import full_rehash, load_policy
 from choir.director import outside_a_run
 from choir.director import plan as director_plan
 from choir.director.advisor import suggest
@@ -174,7 +175,8 @@ async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: 
     # The snapshot (git, hashing, copying: mostly waiting on git and the disk) is taken while
     # the configuration is parsed and the plan made; nothing runs on it before both are done,
     # and a configuration error still wins (the snapshot is then removed).
-    taking = loop.run_in_executor(None, snapshot_target, repo, snapshots)
+    full = full_rehash(mood or Mood.CALM)  # PARANOID reads every file: no stat cache
+    taking = loop.run_in_executor(None, partial(snapshot_target, repo, snapshots, full=full))
     emit = on_event or _quiet
     backend: Backend | None = None
     try:

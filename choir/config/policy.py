@@ -23,6 +23,7 @@ from choir.models._base import Frozen
 POLICY_FILE = "moods.yaml"
 SpecPolicy = Literal["refuse", "approve"]
 Survivors = Literal["fail", "inconclusive"]
+Rehash = Literal["stat", "full"]
 MUTANTS_SUFFIX = ".mutants"
 
 
@@ -38,6 +39,7 @@ class _PackagedMood(Frozen):
     require_heldout: bool = False
     mutation_survivors: Survivors = "fail"
     mutants: int = Field(default=8, ge=1, le=64)
+    rehash: Rehash = "stat"
 
 
 class _PackagedPolicy(Frozen):
@@ -72,6 +74,11 @@ class MoodPolicy(Frozen):
     # looked at again); ``mutants``: at most this many per round
     mutation_survivors: Survivors = "fail"
     mutants: int = 8
+    # how a round's tree is hashed: files whose lstat is unchanged taken from the trusted
+    # stat cache (stat), or every file read again and the sealed snapshot hashed whole
+    # (full); a repo's choir.yaml cannot change it (docs/security.md, "Incremental
+    # snapshots")
+    rehash: Rehash = "stat"
 
 
 class Policy(Frozen):
@@ -108,6 +115,15 @@ def load_packaged_policy() -> _PackagedPolicy:
     doc = _packaged_doc()
     result: _PackagedPolicy = validate(doc, _PackagedPolicy)
     return result
+
+
+def full_rehash(mood: Mood) -> bool:
+    """Whether ``mood`` hashes every file again (``rehash: full``), from the packaged
+    policy alone (a repo cannot weaken it), so ``choir verify`` can start its snapshot
+    before it reads the repo's configuration."""
+    policy = load_packaged_policy()
+    found = policy.moods.get(mood) or policy.moods[Mood.SKEPTICAL]
+    return found.rehash == "full"
 
 
 def with_run_checks(config: RepoConfig,
@@ -181,6 +197,7 @@ def load_policy(config: RepoConfig, packaged: _PackagedPolicy | None = None) -> 
             "require_heldout": default.require_heldout,
             "mutation_survivors": default.mutation_survivors,
             "mutants": default.mutants,
+            "rehash": default.rehash,
         }
         override = config.moods.get(mood)
         if override is not None:

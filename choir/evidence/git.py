@@ -39,6 +39,7 @@ from types import TracebackType
 from typing import cast
 
 from choir._core import fsopen
+from choir.evidence import worktrees
 from choir.exceptions import IntegrityError, UserError
 
 # keys of the repo's config that name programs or files outside it, pinned for every call
@@ -102,6 +103,26 @@ class GitRepo:
             return None
         return out.stdout
 
+    def start(self, *args: str, timeout: float = 60) -> Callable[[], bytes | None]:
+        """``run``, started now and waited for by the returned call: a listing that runs
+        while Choir does something else (the snapshot checks its base meanwhile)."""
+        try:
+            proc = subprocess.Popen(self.argv(*args), cwd=self.root, env=self.env(),
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    stdin=subprocess.DEVNULL)
+        except OSError:
+            return lambda: None
+
+        def result() -> bytes | None:
+            try:
+                out, _err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                return None
+            return out if proc.returncode == 0 else None
+        return result
+
     def rev(self, rev: str) -> str | None:
         """The full sha of commit ``rev``, or None (unknown, or no commit yet)."""
         if rev.startswith("-"):
@@ -133,17 +154,23 @@ class GitRepo:
                 pins.append(f"merge.{name}.driver=")
         return [arg for kv in (*_WRITE_PINS, *pins) for arg in ("-c", kv)]
 
-    def write(self, *args: str, check: bool = True,
-              timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def write(self, *args: str, check: bool = True, timeout: float = 120,
+              filters: bool = True) -> subprocess.CompletedProcess[str]:
         """``git ARGS`` that changes refs, the index or the work tree, with every program the
         repo's config can name pinned off (hooks, fsmonitor, filters, merge drivers, editor,
         signing, auto gc) and a fixed identity; its output kept, because a merge conflict's
-        text is the feedback an item gets back.
+        text is the feedback an item gets back. ``filters=False`` for a call that reads and
+        writes no work-tree file (``worktree add --no-checkout``, ``read-tree``): no filter
+        or merge driver can run, so the ``git config`` listing that pins them is skipped.
 
         Raises:
             UserError: git failed and ``check`` (its stderr, bounded).
         """
-        argv = self.argv(*self._program_pins(), *args)
+        if args[:2] == ("worktree", "remove"):
+            worktrees.release(Path(args[-1]))  # an overlay Choir mounted: unmounted first
+        pins = self._program_pins() if filters else \
+            [arg for kv in _WRITE_PINS for arg in ("-c", kv)]
+        argv = self.argv(*pins, *args)
         try:
             proc = subprocess.run(argv, cwd=self.root, env={**self.env(), **_IDENTITY},
                                   capture_output=True, text=True, errors="replace",
@@ -159,12 +186,19 @@ class GitRepo:
     def add_worktree(self, path: Path, branch: str, start: str) -> GitRepo:
         """A fresh linked worktree at ``path`` on ``branch`` reset to ``start`` (a leftover
         one removed first), as a ``GitRepo`` whose git folder Choir located when it made it:
-        whatever is later written to the worktree's own ``.git`` is never read."""
+        whatever is later written to the worktree's own ``.git`` is never read.
+
+        In Choir's own mount namespace it is an overlay of the store's checkout of
+        ``start`` (no file written: ``choir.evidence.worktrees``); elsewhere a checkout.
+        """
         if path.exists() or path.is_symlink():
             self.write("worktree", "remove", "--force", str(path), check=False)
             if path.exists() or path.is_symlink():
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
             self.write("worktree", "prune")
+        made = worktrees.overlay_worktree(self, path, branch, start)
+        if made is not None:
+            return made
         self.write("worktree", "add", "-f", "-B", branch, str(path), start)
         made = self.worktree_at(path)
         if made is None:
@@ -181,7 +215,9 @@ class GitRepo:
         for admin in sorted(admins.iterdir()):
             back = _pointer(admin, "gitdir")
             if back is not None and os.path.realpath(admin / back) == str(root / ".git"):
-                return GitRepo(root=root, git_dir=admin, common_dir=self.common_dir)
+                made = GitRepo(root=root, git_dir=admin, common_dir=self.common_dir)
+                worktrees.remount(made)  # an overlay made by another process: mounted here
+                return made
         return None
 
 
@@ -364,8 +400,8 @@ class ObjectReader:
                 yield f"{prefix}{name}", _MODES[mode], oid
 
 
-def tree_id(files: dict[str, tuple[str, str]], oid_len: int) -> str:
-    """The git tree id of ``{path: (kind, blob id)}``, computed here as git would.
+def tree_id(files: dict[str, tuple[str, bytes]], oid_len: int) -> str:
+    """The git tree id of ``{path: (kind, blob id as bytes)}``, computed here as git would.
 
     Comparing it with the tree a commit records binds the commit to the bytes Choir copied,
     without trusting git's index, tree listing or objects.
@@ -389,9 +425,9 @@ def _tree_of(node: dict[str, object], algo: Callable[[], hashlib._Hash]) -> str:
             oid = bytes.fromhex(_tree_of(value, algo))
             rows.append((raw + b"/", b"40000 " + raw + b"\0" + oid))
         else:
-            kind, blob = cast(tuple[str, str], value)
+            kind, blob = cast(tuple[str, bytes], value)
             mode = {"f": b"100644", "x": b"100755", "l": b"120000"}[kind]
-            rows.append((raw, mode + b" " + raw + b"\0" + bytes.fromhex(blob)))
+            rows.append((raw, mode + b" " + raw + b"\0" + blob))
     body = b"".join(row for _key, row in sorted(rows))
     hasher = algo()
     hasher.update(b"tree %d\0" % len(body))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from choir.evidence.tree import Snapshot, inspect_tree, snapshot
+from choir.evidence.scan import Snapshot
+from choir.evidence.tree import inspect_tree, snapshot
 from choir.models import Target
 
 
@@ -19,13 +20,14 @@ def resolve_target(repo: Path, work_item: str | None = None) -> Target:
     return target_of(inspect_tree(repo), work_item)
 
 
-def snapshot_target(repo: Path, root: Path,
-                    work_item: str | None = None) -> tuple[Target, Path]:
-    """Hash ``repo`` and copy exactly the hashed files into a sealed snapshot, in one pass.
+def snapshot_target(repo: Path, root: Path, work_item: str | None = None, *,
+                    full: bool = False) -> tuple[Target, Path]:
+    """Hash ``repo`` and seal exactly the hashed files into a snapshot, in one pass.
 
     Verifiers read the snapshot, never the live tree, so what they see is what the target
-    names. The caller removes it (``remove_snapshot``) when done.
+    names. The caller removes it (``remove_snapshot``) when done. ``full``: every file read
+    again, no stat cache (PARANOID).
     """
-    snap = snapshot(repo, root)
+    snap = snapshot(repo, root, full=full)
     assert snap.path is not None
     return target_of(snap, work_item), snap.path

@@ -5,12 +5,16 @@ its mode and contents, so uncommitted changes change the hash. Outside git, ever
 the repo except ``.git`` and caches. Evidence is bound to this hash, so it cannot be reused
 for a different tree.
 
-Verifiers never read the live working tree: ``snapshot`` copies exactly the hashed files
+Verifiers never read the live working tree: ``snapshot`` seals exactly the hashed files
 into a read-only directory in the same pass that hashes them (the hash is over the bytes
-copied), and that directory is what the sandbox sees. Ignored files (a ``conftest.py`` hidden
-by ``.git/info/exclude``, a stale ``__pycache__``) are absent from it, and a process left
-behind by the executor cannot change it afterwards. A copy, not a
-hard link: a hard link would let a leftover process write through to the snapshot.
+sealed), and that directory is what the sandbox sees. Ignored files (a ``conftest.py``
+hidden by ``.git/info/exclude``, a stale ``__pycache__``) are absent from it, and a process
+left behind by the executor cannot change it afterwards. Never a hard link to the live file
+(a leftover process would write through it): the sealed files are Choir's own copies in a
+content-addressed store, shared by the rounds whose trees hold the same bytes, and a round
+builds its tree from the tree the last one parked (``choir.evidence.store``); files
+whose ``lstat`` did not change are not read again (``choir.evidence.statcache``), unless
+the mood reads them all (PARANOID's ``rehash: full``).
 
 Every file is opened through ``choir._core.fsopen``, one component at a time and never
 through a link: git lists paths from its index, and a staged ``lnk/key`` whose folder was
@@ -18,35 +22,26 @@ swapped for a symlink to the signing key's folder must not be copied into the sn
 
 ``commit_sha`` is recorded only when the tree HEAD's commit object records (its bytes
 re-hashed, replace refs and grafts off: ``choir.evidence.git``) equals the git tree id
-computed here from the copied bytes, so a commit is never named for a tree that had
+computed here from the hashed bytes, so a commit is never named for a tree that had
 uncommitted changes, nor for a tree that git was made to show in its place.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import hashlib
 import os
 import secrets
-import shutil
-import stat
-from dataclasses import dataclass
 from pathlib import Path
 
 import blake3
 
 from choir._core import fsopen
 from choir._core.paths import artifact_dir
-from choir.evidence.git import GitRepo, locate, tree_id
-from choir.exceptions import IntegrityError, UserError
-
-_SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".venv"}
-_CHUNK = 1 << 20
-_MAX_DEPTH = 256
-# deleted, reachable only through a link, not a regular file any more, or a name no work
-# tree can hold (a crafted index listing ``../x``): not a file of this tree
-_GONE = {errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EINVAL}
+from choir.evidence.git import locate
+from choir.evidence.scan import LIST, CopySink, Snapshot, scan
+from choir.evidence.sealer import Sealer
+from choir.evidence.statcache import repo_key
+from choir.evidence.store import Store, rmtree
+from choir.exceptions import IntegrityError
 
 
 def resolve_commit(repo: Path, rev: str) -> str | None:
@@ -60,188 +55,9 @@ def commit_sha(repo: Path) -> str | None:
     return resolve_commit(repo, "HEAD")
 
 
-def _is_file(entry: fsopen.Entry) -> bool:
-    """Whether a walked entry is one of the tree's files. A symlink to a folder is not (a
-    ``.venv`` link to a virtualenv elsewhere): it is neither entered nor hashed, as a
-    walk that never follows links has always treated it. Its target's type is looked up
-    only to classify it; nothing is read through it."""
-    if stat.S_ISDIR(entry.st.st_mode):
-        return False
-    if stat.S_ISLNK(entry.st.st_mode):
-        try:
-            return not stat.S_ISDIR(os.stat(entry.name, dir_fd=entry.dir_fd).st_mode)
-        except OSError:  # dangling: a file of the tree, hashed by its target text
-            return True
-    return True
-
-
-def _files(repo: Path, git: GitRepo | None, *, everything: bool = False) -> list[str]:
-    """The paths to hash, sorted: git's listing, or (outside git) every file found."""
-    listed = git.run("ls-files", "-z", "--cached", "--others", "--exclude-standard") \
-        if git is not None and not everything else None
-    if listed is not None:
-        return sorted({p for p in listed.decode("utf-8", "surrogateescape").split("\0") if p})
-    skip = frozenset() if everything else _SKIP_DIRS
-    try:
-        return sorted(e.rel for e in fsopen.walk(repo, skip=skip, max_depth=_MAX_DEPTH)
-                      if _is_file(e))
-    except fsopen.TooDeep as exc:
-        raise UserError(f"{repo}/{exc.filename} is nested deeper than {_MAX_DEPTH} folders: "
-                        "fix: flatten it, or ignore it in git") from None
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What one hashing pass saw: the tree hash, its sha256 twin, and the clean commit.
-
-    ``path`` is the read-only copy of exactly the hashed files (None when only hashed).
-    ``sha256`` is the sha256 of the same file list as bytes (``tree_manifest``), for in-toto
-    consumers that match only sha256. ``commit_sha`` is HEAD only when the tree equals HEAD's tree.
-    """
-
-    tree_hash: str
-    sha256: str
-    commit_sha: str | None
-    path: Path | None
-    files: int
-    size: int
-
-
-def _blob_hasher(oid_len: int, size: int) -> hashlib._Hash:
-    hasher = hashlib.sha256() if oid_len == 64 else hashlib.sha1()  # noqa: S324 - git's id
-    hasher.update(f"blob {size}\0".encode())
-    return hasher
-
-
-def _outside_link(repo: Path, rel: str, link: str) -> str:
-    """The refusal of a symlink out of the tree, with the fix that fits: a virtualenv that
-    git does not ignore (its ``bin/python`` links out to the base interpreter) is the common
-    case, and the fix there is ``.gitignore``, not the link."""
-    top = rel.split("/", 1)[0]
-    if "/" in rel and (repo / top / "pyvenv.cfg").is_file():
-        return (f"{repo / rel} is a symlink to {link}, outside the repo: {top}/ is a virtualenv "
-                f"that git does not ignore, so it is part of the tree to verify; fix: add "
-                f"'{top}/' to .gitignore (Choir still runs the project's interpreter from it)")
-    return (f"{repo / rel} is a symlink to {link}, outside the repo: a verifier could follow "
-            "it out of the tree it verifies; fix: make it relative and inside the repo, or "
-            "remove it")
-
-
-def _inside(root: Path, link: Path, target: str) -> bool:
-    """True when a symlink at ``link`` pointing to ``target`` stays under ``root``."""
-    if os.path.isabs(target):
-        return False
-    resolved = os.path.normpath(os.path.join(os.path.dirname(link), target))
-    return resolved == str(root) or resolved.startswith(str(root) + os.sep)
-
-
-def _copy_file(src: int, out: int, hashers: list[object]) -> int:
-    """Stream descriptor ``src`` into every hasher (and ``out`` unless -1); returns the size."""
-    size = 0
-    with os.fdopen(src, "rb") as fh:
-        for chunk in iter(lambda: fh.read(_CHUNK), b""):
-            size += len(chunk)
-            for h in hashers:
-                h.update(chunk)  # type: ignore[attr-defined]
-            if out >= 0:
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(out, view):]
-    return size
-
-
-def _clean_commit(git: GitRepo | None, head: str | None,
-                  seen: dict[str, tuple[str, str]]) -> str | None:
-    """``head`` when the tree its (re-hashed) commit object records is exactly the tree of
-    ``seen``'s blob ids; otherwise None. Nothing git lists or caches is trusted here."""
-    if git is None or head is None:
-        return None
-    try:
-        with git.objects() as objects:
-            recorded = objects.commit_tree(head)
-    except (IntegrityError, OSError, ValueError):
-        return None
-    return head if tree_id(seen, len(head)) == recorded else None
-
-
-def _scan(repo: Path, dest: Path | None, manifest: list[bytes] | None = None,
-          *, commit: bool = True, everything: bool = False) -> Snapshot:
-    """One pass over the tree: hash every listed file and, with ``dest``, copy it there.
-
-    Every file is reached through ``choir._core.fsopen`` (no link followed on the way); a
-    listed path that can only be reached through a symlinked folder is skipped, as git
-    itself treats it (deleted from the work tree).
-    """
-    repo = repo.resolve()
-    git = None if everything else locate(repo)
-    head = git.rev("HEAD") if commit and git is not None else None
-    oid_len = len(head) if head else 40
-    seen: dict[str, tuple[str, str]] = {}
-    outer, outer256 = blake3.blake3(), hashlib.sha256()
-    files = total = 0
-    with contextlib.ExitStack() as stack:
-        src = stack.enter_context(fsopen.DirCursor(repo))
-        dst = stack.enter_context(fsopen.DirCursor(dest, create=True)) if dest else None
-        for rel in _files(repo, git, everything=everything):
-            try:
-                parts = fsopen.split(rel)
-                folder = src.dir(parts[:-1])
-                st = os.stat(parts[-1], dir_fd=folder, follow_symlinks=False)
-                if stat.S_ISLNK(st.st_mode):
-                    link = os.readlink(parts[-1], dir_fd=folder)
-                    fd = -1
-                elif stat.S_ISREG(st.st_mode):
-                    fd, st = fsopen.open_regular(parts[-1], folder)
-                else:
-                    continue
-            except OSError as exc:
-                if exc.errno in _GONE:
-                    continue
-                raise
-            inner, inner256 = blake3.blake3(max_threads=1), hashlib.sha256()
-            out_dir = dst.dir(parts[:-1]) if dst is not None else -1
-            if fd < 0:
-                data = link.encode("utf-8", "surrogateescape")
-                if dst is not None:
-                    if not _inside(repo, repo / rel, link):
-                        raise UserError(_outside_link(repo, rel, link))
-                    os.symlink(link, parts[-1], dir_fd=out_dir)
-                blob = _blob_hasher(oid_len, len(data))
-                for h in (inner, inner256, blob):
-                    h.update(data)
-                kind, size = "l", len(data)
-            else:
-                blob = _blob_hasher(oid_len, st.st_size)
-                kind = "x" if st.st_mode & 0o111 else "f"
-                mode = 0o555 if kind == "x" else 0o444
-                out = fsopen.create_file(parts[-1], out_dir, mode) if dst is not None else -1
-                try:
-                    if out >= 0:
-                        os.fchmod(out, mode)  # whatever the umask: a sandbox user must read it
-                    size = _copy_file(fd, out, [inner, inner256, blob])
-                finally:
-                    if out >= 0:
-                        os.close(out)
-                if size != st.st_size:  # changed under us: the blob id header is wrong
-                    blob = _blob_hasher(oid_len, -1)
-            record = f"{kind} {rel}\0".encode("utf-8", "surrogateescape")
-            outer.update(record)
-            outer.update(inner.digest())
-            line = f"{kind} {inner256.hexdigest()} {rel}\0".encode("utf-8", "surrogateescape")
-            outer256.update(line)
-            if manifest is not None:
-                manifest.append(line)
-            seen[rel] = (kind, blob.hexdigest())
-            files += 1
-            total += size
-    return Snapshot(tree_hash=outer.hexdigest(), sha256=outer256.hexdigest(),
-                    commit_sha=_clean_commit(git, head, seen), path=dest,
-                    files=files, size=total)
-
-
 def tree_hash(repo: Path) -> str:
     """Hex blake3 over (path, mode, content hash) of every file in the working tree."""
-    return _scan(repo, None, commit=False).tree_hash
+    return scan(repo, None, commit=False).tree_hash
 
 
 def tree_manifest(repo: Path) -> bytes:
@@ -252,22 +68,28 @@ def tree_manifest(repo: Path) -> bytes:
     matches only sha256 can be handed these bytes as the artifact.
     """
     lines: list[bytes] = []
-    _scan(repo, None, lines)
+    scan(repo, None, lines)
     return b"".join(lines)
 
 
 def inspect_tree(repo: Path) -> Snapshot:
     """Hash ``repo`` in place (no copy): its tree hash, sha256 twin and clean commit."""
-    return _scan(repo, None)
+    return scan(repo, None)
 
 
-def _holds(path: Path, tree: str) -> bool:
+def _holds(path: Path, tree: str, *, full: bool = False) -> bool:
     """True when snapshot directory ``path`` hashes, every file in it, to ``tree``.
 
     A directory that merely carries a tree's name proves nothing: anyone who can compute the
-    hash of the buggy tree could plant a fixed one under that name.
+    hash of the buggy tree could plant a fixed one under that name. A tree the store lent at
+    ``path`` is first checked by the ``lstat`` of every entry against its record (nothing
+    read; ``Store.holds``), unless ``full``; everything else is hashed whole.
     """
-    return _scan(path, None, commit=False, everything=True).tree_hash == tree
+    if not full:
+        store = Store.for_place(path, create=False)
+        if store is not None and store.holds(path, tree):
+            return True
+    return scan(path, None, commit=False, everything=True).tree_hash == tree
 
 
 def _seal(root: Path) -> None:
@@ -277,46 +99,107 @@ def _seal(root: Path) -> None:
 
 
 def remove_snapshot(path: Path) -> None:
-    """Delete a snapshot directory (unsealing it first); missing is fine."""
-    if not path.exists():
+    """Delete a snapshot directory (unsealing it first); a tree the store lent at ``path``
+    or inside it goes back to the store's pool instead, for the next round to build on.
+    Missing is fine."""
+    if not os.path.lexists(path):
         return
-    for dirpath, _dirs, _names in os.walk(path):
-        os.chmod(dirpath, 0o755)
-    shutil.rmtree(path, ignore_errors=True)
+    store = Store.for_place(path, create=False)
+    if store is not None:
+        store.reclaim(path)
+    rmtree(path)
 
 
-def snapshot(repo: Path, root: Path) -> Snapshot:
-    """Copy exactly the hashed files of ``repo`` to ``root/<tree hash>``, sealed read-only.
+def snapshot(repo: Path, root: Path, *, full: bool = False) -> Snapshot:
+    """Exactly the hashed files of ``repo`` at ``root/<tree hash>``, sealed read-only.
 
-    The copy is made in a private temp directory and renamed into place, so a snapshot
-    directory that exists is complete; if one for the same hash exists already (a resumed
-    run, a parallel caller) it is reused and the fresh copy dropped.
+    Built from the store's sealed trees (``choir.evidence.store``): only files whose
+    bytes the store does not hold are read into new objects; unchanged files are found by
+    the stat cache (``choir.evidence.statcache``) without reading them, unless ``full``
+    (PARANOID), which reads every file and hashes the finished tree again, whole. Where the
+    store cannot be used (``root`` on another file system), the files are copied. Either
+    way the tree is made privately and renamed into place, so a snapshot directory that
+    exists is complete; if one for the same hash exists already (a resumed run, a parallel
+    caller) it is reused and the fresh one dropped.
 
     Raises:
         UserError: a symlink in the tree points outside it.
     """
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    store = Store.for_place(root)
+    if store is not None:
+        sealed = _sealed(repo, root, store, full)
+        if sealed is not None:
+            return sealed
+    return _copied(repo, root)
+
+
+def _placed(snap: Snapshot, path: Path) -> Snapshot:
+    return Snapshot(tree_hash=snap.tree_hash, sha256=snap.sha256, commit_sha=snap.commit_sha,
+                    path=path, files=snap.files, size=snap.size)
+
+
+def _sealed(repo: Path, root: Path, store: Store, full: bool) -> Snapshot | None:
+    """``snapshot`` through the store; None when the tree it built failed its check (it is
+    dropped, and the caller copies instead)."""
+    real = repo.resolve()
+    git = locate(real)
+    listing = git.start(*LIST) if git is not None else None
+    family = repo_key(git.common_dir) if git is not None else ""
+    sealer = Sealer(store, repo_key(real), family, full=full)
+    try:
+        sealer.check()  # while git lists the tree
+        snap = scan(real, sealer, store=None if full else store, listing=listing)
+        try:
+            tree = sealer.build()
+        except OSError:  # a base someone altered past repair: never used
+            sealer.discard(None)
+            return None
+        if full and not _holds(tree, snap.tree_hash, full=True):
+            sealer.discard(tree)
+            return None
+        final = root / snap.tree_hash
+        if _into_place(tree, final, snap.tree_hash, full=full):
+            sealer.lend(tree, final, snap.tree_hash)
+        else:
+            sealer.park(tree, snap.tree_hash)
+        return _placed(snap, final)
+    finally:
+        sealer.close()
+
+
+def _into_place(made: Path, final: Path, tree: str, *, full: bool = False) -> bool:
+    """Rename ``made`` to ``final``: True once it is there; False when a snapshot of the
+    same tree is there already (a resumed run, a parallel caller) and is kept (``made`` is
+    the caller's to drop). One planted or altered under the tree's name is replaced."""
+    try:
+        os.rename(made, final)
+        return True
+    except OSError:
+        if not final.is_dir():
+            raise
+    if _holds(final, tree, full=full):
+        return False
+    remove_snapshot(final)
+    os.rename(made, final)
+    return True
+
+
+def _copied(repo: Path, root: Path) -> Snapshot:
+    """``snapshot`` by copying every file (the store unusable, or its tree refused)."""
     tmp = root / f".tmp-{os.getpid()}-{secrets.token_hex(6)}"
     tmp.mkdir(mode=0o700)
     try:
-        snap = _scan(repo, tmp)
+        with fsopen.DirCursor(tmp, create=True) as dest:
+            snap = scan(repo, CopySink(dest))
         _seal(tmp)
         final = root / snap.tree_hash
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not final.is_dir():
-                raise
-            if _holds(final, snap.tree_hash):  # a parallel caller's copy of the same tree
-                remove_snapshot(tmp)
-            else:  # planted or altered under the name of this tree: ours replaces it
-                remove_snapshot(final)
-                os.rename(tmp, final)
+        if not _into_place(tmp, final, snap.tree_hash):
+            remove_snapshot(tmp)
     except BaseException:
         remove_snapshot(tmp)
         raise
-    return Snapshot(tree_hash=snap.tree_hash, sha256=snap.sha256, commit_sha=snap.commit_sha,
-                    path=final, files=snap.files, size=snap.size)
+    return _placed(snap, final)
 
 
 def snapshot_root() -> Path:
@@ -325,12 +208,13 @@ def snapshot_root() -> Path:
     return artifact_dir() / "snapshots"
 
 
-def ensure_snapshot(repo: Path, tree: str, root: Path | None = None) -> Path:
-    """The sealed snapshot of tree ``tree``: the existing one, or a fresh copy of ``repo``.
+def ensure_snapshot(repo: Path, tree: str, root: Path | None = None, *,
+                    full: bool = False) -> Path:
+    """The sealed snapshot of tree ``tree``: the existing one, or a fresh one of ``repo``.
 
-    A resumed run (its snapshot removed, or taken on another machine) re-copies the live
-    tree and uses it only if it hashes to ``tree``: never verify a different tree than the
-    one the evidence will name.
+    A resumed run (its snapshot removed, or taken on another machine) takes the live tree
+    again and uses it only if it hashes to ``tree``: never verify a different tree than the
+    one the evidence will name. ``full`` (PARANOID): the existing one is hashed whole.
 
     Raises:
         IntegrityError: the live tree no longer hashes to ``tree``.
@@ -339,10 +223,10 @@ def ensure_snapshot(repo: Path, tree: str, root: Path | None = None) -> Path:
     root = root or snapshot_root()
     existing = root / tree
     if existing.is_dir():
-        if _holds(existing, tree):
+        if _holds(existing, tree, full=full):
             return existing
         remove_snapshot(existing)  # not the tree it is named for: never verify it
-    snap = snapshot(repo, root)
+    snap = snapshot(repo, root, full=full)
     if snap.tree_hash != tree:
         assert snap.path is not None
         remove_snapshot(snap.path)

@@ -84,7 +84,8 @@ async def green_thread(state: GreenIn) -> GreenOut:
     try:
         tree = verified_tree(Path(state["work_item"].repo), target, state.get("spec"),
                              state.get("spec_change"),
-                             additions=planned.replica >= ADDITIONS_REPLICA)
+                             additions=planned.replica >= ADDITIONS_REPLICA,
+                             full=_full(state))
         rnd = _round(state, round_id, tree)
         with within(round_id):  # its round's span (``direct``) is its parent
             [(run, _)] = await run_round(rnd, [planned], shared=True)
@@ -93,17 +94,25 @@ async def green_thread(state: GreenIn) -> GreenOut:
     return {"runs": [run]}
 
 
-def snapshot_round(repo: Path, work_item: str, previous: Target | None) -> Target:
+def _full(state: GreenIn | RunState) -> bool:
+    """Whether the state's mood hashes every file again (PARANOID's ``rehash: full``)."""
+    return state["policy"].moods[Mood(state["mood"])].rehash == "full"
+
+
+def snapshot_round(repo: Path, work_item: str, previous: Target | None, *,
+                   full: bool = False) -> Target:
     """Hash the tree the executor left and seal a snapshot of it in the same pass.
 
     Every green thread of the round (and nested rounds on the same tree) verifies this
-    snapshot, never the live folder. The previous round's snapshot is dropped when the tree
-    changed: nothing verifies it any more.
+    snapshot, never the live folder. The previous round's snapshot is parked first, so this
+    one is built from it (``choir.evidence.store``: only the files the executor changed are
+    new); its spec views are dropped when the tree changed.
     """
 
-    snap = snapshot(repo, snapshot_root())
-    if previous is not None and previous.tree_hash != snap.tree_hash:
+    if previous is not None:  # parked first: this round's tree is built from it
         remove_snapshot(snapshot_root() / previous.tree_hash)
+    snap = snapshot(repo, snapshot_root(), full=full)
+    if previous is not None and previous.tree_hash != snap.tree_hash:
         remove_views(snapshot_root(), previous.tree_hash)
     return target_of(snap, work_item)
 
@@ -115,13 +124,14 @@ def judge_spec(state: RunState, target: Target) -> SpecChange | None:
     if not pin:
         return None
     item = state["work_item"]
-    tree = ensure_snapshot(Path(item.repo), target.tree_hash)
+    tree = ensure_snapshot(Path(item.repo), target.tree_hash, full=_full(state))
     return judge_round(tree, target.tree_hash, pin, item.may_change_spec,
                        state["policy"].moods[Mood(state["mood"])].spec_change, snapshot_root())
 
 
 def verified_tree(repo: Path, target: Target, spec: str | None = None,
-                  change: SpecChange | None = None, *, additions: bool = False) -> Path:
+                  change: SpecChange | None = None, *, additions: bool = False,
+                  full: bool = False) -> Path:
     """What a green thread verifies: the sealed snapshot of ``target``'s tree, seen through
     the pinned spec (``choir.evidence.spec``) when the run pinned one.
 
@@ -132,7 +142,7 @@ def verified_tree(repo: Path, target: Target, spec: str | None = None,
     the work item's admitted new checks beside the pinned ones.
     """
 
-    tree = ensure_snapshot(repo, target.tree_hash)
+    tree = ensure_snapshot(repo, target.tree_hash, full=full)
     if not spec:
         return tree
     if change is None or change.tree_hash != target.tree_hash:
@@ -205,7 +215,7 @@ async def execute(state: RunState) -> dict[str, Any]:
     emit({"kind": "execute", "work_item": item.id, "attempt": attempt, "state": "done",
           "exit_code": output.exit_code, "timed_out": output.timed_out,
           "isolation": output.isolation, "output": output.artifact})
-    target = snapshot_round(Path(item.repo), item.id, state.get("target"))
+    target = snapshot_round(Path(item.repo), item.id, state.get("target"), full=_full(state))
     change = judge_spec(state, target)
     spec_events = []
     if change is not None and change.changed:
@@ -248,7 +258,7 @@ def approve_spec(state: RunState) -> Command[Literal["direct", "__end__"]]:
             "events": [f"spec change rejected by a person: {refusal_summary(change)}"]})
     item, held_pin = state["work_item"], state.get("spec")
     assert held_pin  # a change is judged only against a pin
-    tree = ensure_snapshot(Path(item.repo), change.tree_hash)
+    tree = ensure_snapshot(Path(item.repo), change.tree_hash, full=_full(state))
     pin, approved = approve_change(tree, held_pin, change, snapshot_root())
     return Command(goto="direct", update={
         "spec": pin, "spec_change": approved, "status": "running",

@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import collections
 import functools
+import hashlib
 import os
 import queue
 import secrets
@@ -100,6 +101,7 @@ class _Slot:
     pids: Path
     mem: Path
     launcher: subprocess.Popen[bytes] | None = None
+    mounts: bytes = b""  # the mount table its launcher's namespace was copied from
 
 
 def _oom_kills(mem: Path) -> int:
@@ -124,10 +126,20 @@ def _kill(path: Path) -> None:
             pass
 
 
+def _mount_table() -> bytes:
+    """A digest of this process's mount table: what a launcher armed now would copy."""
+    try:
+        with open("/proc/self/mountinfo", "rb") as fh:
+            return hashlib.blake2b(fh.read(), digest_size=16).digest()
+    except OSError:
+        return b""
+
+
 def _launch(slot: _Slot) -> subprocess.Popen[bytes]:
     """A shell that moves itself into the slot's groups, says so, then waits for its command."""
     shell, stage = ["/bin/sh", "-s"], ""
     if os.geteuid() == 0:
+        slot.mounts = _mount_table()  # before the copy: a later mount makes it stale
         # a private mount namespace with a tmpfs on STAGE, where the run binds what the
         # unprivileged bwrap must see but cannot reach (bwrap.BwrapSandbox.command)
         os.makedirs(STAGE, mode=0o755, exist_ok=True)
@@ -220,6 +232,12 @@ class _Pool:
             low = not self.ready and not self.arming
             if low:
                 self.arming += 1  # the spare queued below
+        if slot is not None and slot.mounts and slot.mounts != _mount_table():
+            # armed before a mount this process made since (an overlay worktree,
+            # choir.evidence.worktrees): its private copy of the mounts lacks it, and a run
+            # started from it would not see the worktree. A fresh launcher copies them now.
+            _discard(slot.launcher)
+            slot.launcher = _launch(slot)
         if slot is None:
             slot = self._new_slot()
             slot.launcher = _launch(slot)

@@ -27,6 +27,8 @@ import ctypes
 import os
 from pathlib import Path
 
+from choir._core import mounts
+
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REC, MS_PRIVATE = 1 << 14, 1 << 18
 CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
@@ -106,6 +108,8 @@ def confine(keys: Path) -> str:
                 level = "user-namespace"
         except OSError:
             level = "process"
+    if level != "process":
+        mounts.mark_private()  # every mount private: one made now dies with this process
     _confined[where] = level
     return level
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,33 @@ def test_walk_lists_links_without_entering_them_and_bounds_depth(tmp_path: Path)
     assert len(list(fsopen.walk(deep, max_depth=3))) == 3
     with pytest.raises(fsopen.TooDeep):
         list(fsopen.walk(deep, max_depth=2))
+
+
+def test_after_a_refused_folder_the_cursor_never_hands_out_a_stale_descriptor(
+        tmp_path: Path) -> None:
+    """A path refused halfway leaves a partial chain: the root asked for next must be the
+    root, not the last folder opened (a scan once read ``calc.py`` from ``a/b``)."""
+    root, _ = _tree(tmp_path)
+    (root / "top").write_text("at the root")
+    with fsopen.DirCursor(root) as cursor:
+        assert "top" in os.listdir(cursor.dir([]))
+        with pytest.raises(OSError):
+            cursor.dir(["a", "lnk", "deeper"])
+        assert "top" in os.listdir(cursor.dir([]))
+        with pytest.raises(OSError):
+            cursor.dir(["a", "b", "missing"])
+        assert "f" in os.listdir(cursor.dir(["a", "b"]))
+
+
+def test_lstat_many_walks_by_descriptor_in_threads(tmp_path: Path) -> None:
+    root, _ = _tree(tmp_path)
+    rels = ["a/b/f", "a/b/file-link", "a/lnk/secret", "a/missing",
+            *(f"a/b/n{i}" for i in range(5000))]
+    for i in range(5000):
+        (root / "a" / "b" / f"n{i}").write_text("")
+    found = fsopen.lstat_many(root, rels, workers=3)
+    assert not isinstance(found[0], OSError) and found[0].st_size == len("inside")
+    assert not isinstance(found[1], OSError) and stat.S_ISLNK(found[1].st_mode)
+    assert isinstance(found[2], OSError) and found[2].errno in (errno.ELOOP, errno.ENOTDIR)
+    assert isinstance(found[3], FileNotFoundError)
+    assert all(not isinstance(st, OSError) and st.st_size == 0 for st in found[4:])

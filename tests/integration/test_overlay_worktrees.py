@@ -1,0 +1,170 @@
+"""Worktrees from the store (``choir.evidence.worktrees``): an overlay of a sealed checkout,
+made only in Choir's own mount namespace. Each case runs in a child confined as every
+``choir`` command is (``choir.trusted.separate``), so no mount reaches the host."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="overlays are mounted as root")
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t",
+                           *args], check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    path = tmp_path / "repo"
+    for n in range(200):
+        folder = path / f"pkg{n % 5}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"m{n}.py").write_text(f"X = {n}\n")
+    (path / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    os.chmod(path / "run.sh", 0o755)
+    (path / "link").symlink_to("pkg0/m0.py")
+    git(path, "init", "-q", "-b", "main")
+    git(path, "add", "-A")
+    git(path, "commit", "-qm", "base")
+    return path
+
+
+def confined(code: str, *, private: bool = True) -> dict[str, object]:
+    """Run ``code`` (it fills ``out``) in a child, confined as ``choir`` commands are, or
+    not (then in the host's mount namespace)."""
+    head = "from choir.trusted import separate\nassert separate() == 'mount-namespace'\n"
+    script = (head if private else "") + "import json, os, pathlib, subprocess\nout = {}\n" \
+        + textwrap.dedent(code) + "\nprint(json.dumps(out))\n"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, env=os.environ)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return found
+
+
+MAKE = """
+from choir.evidence.git import locate
+from choir.evidence import worktrees
+repo = pathlib.Path({repo!r})
+git = locate(repo)
+def make(name, branch, start="main"):
+    return git.add_worktree(pathlib.Path({root!r}) / name, branch, start)
+"""
+
+
+def test_a_worktree_is_an_overlay_of_the_sealed_checkout(repo: Path, tmp_path: Path) -> None:
+    out = confined(MAKE.format(repo=str(repo), root=str(tmp_path / "trees")) + """
+a = make("a", "choir/a")
+b = make("b", "choir/b")
+out["mounted"] = [worktrees._mounted(a.root), worktrees._mounted(b.root)]
+out["clean"] = subprocess.run(["git", "-C", str(a.root), "status", "--porcelain"],
+                              capture_output=True, text=True).stdout
+out["files"] = sorted(str(p.relative_to(a.root)) for p in a.root.rglob("*")
+                      if p.is_file() and ".git" not in p.parts)
+out["mode"] = oct(os.stat(a.root / "run.sh").st_mode & 0o777)
+out["link"] = os.readlink(a.root / "link")
+with open(a.root / "pkg0" / "m0.py", "r+") as fh:  # in place: copied up, never the store's
+    fh.write("Y")
+out["b_sees"] = (b.root / "pkg0" / "m0.py").read_text()
+a.write("add", "-A")
+a.write("commit", "-qm", "item a")
+out["committed"] = subprocess.run(["git", "-C", str(repo), "show", "choir/a:pkg0/m0.py"],
+                                  capture_output=True, text=True).stdout
+store = pathlib.Path(os.environ["CHOIR_ARTIFACT_DIR"]) / "trees"
+out["objects_intact"] = all(
+    subprocess.run(["git", "hash-object", str(p)], capture_output=True, text=True
+                   ).stdout.strip() == p.name
+    for kind in ("F", "X") for p in (store / "objects" / kind).iterdir())
+git.write("worktree", "remove", "--force", str(a.root))
+out["removed"] = not a.root.exists() and not worktrees._mounted(a.root)
+""")
+    assert out["mounted"] == [True, True]
+    assert out["clean"] == ""
+    assert len(out["files"]) == 202  # type: ignore[arg-type]  # 200 modules, run.sh, link
+    assert out["mode"] == "0o755" and out["link"] == "pkg0/m0.py"
+    assert out["b_sees"] == "X = 0\n"
+    assert out["committed"] == "Y = 0\n"
+    assert out["objects_intact"] is True and out["removed"] is True
+
+
+def test_outside_a_private_mount_namespace_a_worktree_is_a_checkout(repo: Path,
+                                                                    tmp_path: Path) -> None:
+    out = confined(MAKE.format(repo=str(repo), root=str(tmp_path / "trees")) + """
+a = make("a", "choir/a")
+out["mounted"] = worktrees._mounted(a.root)
+out["count"] = len(list(a.root.rglob("*.py")))
+""", private=False)
+    assert out == {"mounted": False, "count": 200}
+
+
+def test_a_resumed_process_mounts_the_worktree_again(repo: Path, tmp_path: Path) -> None:
+    roots = str(tmp_path / "trees")
+    first = confined(MAKE.format(repo=str(repo), root=roots) + """
+a = make("a", "choir/a")
+(a.root / "pkg1" / "new.py").write_text("new = 1\\n")
+out["ok"] = True
+""")
+    assert first == {"ok": True}
+    assert sorted(os.listdir(tmp_path / "trees" / "a")) == [".git"]  # the host sees no mount
+    again = confined(MAKE.format(repo=str(repo), root=roots) + f"""
+a = git.worktree_at(pathlib.Path({roots!r}) / "a")
+out["new"] = (a.root / "pkg1" / "new.py").read_text()
+out["old"] = (a.root / "pkg1" / "m1.py").read_text()
+""")
+    assert again == {"new": "new = 1\n", "old": "X = 1\n"}
+
+
+def test_a_lower_written_between_worktrees_is_built_again(repo: Path, tmp_path: Path) -> None:
+    """A process with the caller's uid writes the sealed checkout (and covers it up): the
+    next worktree made from it sees the record's stamps differ and gets a new one."""
+    out = confined(MAKE.format(repo=str(repo), root=str(tmp_path / "trees")) + """
+a = make("a", "choir/a")
+store = pathlib.Path(os.environ["CHOIR_ARTIFACT_DIR"]) / "trees"
+[lower] = [p for p in (store / "lowers").iterdir() if p.is_dir()]
+target = lower / "pkg2" / "m2.py"
+before = target.stat()
+target.write_text("X = 9\\n")  # the same size
+os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+b = make("b", "choir/b")
+out["b"] = (b.root / "pkg2" / "m2.py").read_text()
+""")
+    assert out == {"b": "X = 2\n"}
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_choir_plan_run_makes_its_worktrees_from_the_store(tmp_path: Path,
+                                                           choir_home: Path) -> None:
+    """The real CLI runs confined, so its worktrees are overlays: the sealed checkout is
+    in the store after the plan, and the merged tree is the items' work. ``c`` waits for
+    ``a``: its worktree is mounted after the sandbox launchers were armed (a launcher's
+    private copy of the mounts lacked it, and c's executor found an empty folder)."""
+    from tests.team import team_repo, write_plan
+
+    team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "ov", """\
+        - id: a
+          goal: write a
+          executor: {kind: command, command: 'echo A > a.txt'}
+        - id: c
+          goal: write c
+          executor: {kind: command, command: 'echo C > c.txt'}
+          depends_on: [a]
+        """)
+    ran = subprocess.run([sys.executable, "-m", "choir", "plan", "run", str(plan), "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    lowers = choir_home / "artifacts" / "trees" / "lowers"
+    assert [p for p in lowers.iterdir() if p.is_dir()], "no worktree came from the store"
+    shown = git(tmp_path / "repo", "ls-tree", "--name-only", "choir/plan/ov/integration")
+    assert {"a.txt", "c.txt"} <= set(shown.split())
+    # the plan's end removed its worktrees: no mount, no upper layer left behind
+    assert not list((tmp_path / ".repo.choir-plans" / "ov").rglob("*.txt"))
