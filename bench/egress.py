@@ -112,13 +112,13 @@ def main() -> None:
     print(f"{'backend':7} {'step':9} {'config':12} {'wall ms':>8} {'in-step':>14} {'vs open':>8}")
     for backend, sb in backends.items():
         configs: dict[str, Callable[[str], tuple[float, dict[str, Any]]]] = {
-            "hosts": lambda c: step(sb, repo, out, c.format(proxied=0), hosts=listed,
+            "hosts": lambda c, sb=sb: step(sb, repo, out, c.format(proxied=0), hosts=listed,
                                     network=False),
-            "hosts-proxy": lambda c: step(sb, repo, out, c.format(proxied=1), hosts=listed,
+            "hosts-proxy": lambda c, sb=sb: step(sb, repo, out, c.format(proxied=1), hosts=listed,
                                           network=False),
         }
         if backend == "bwrap":  # docker's default network cannot reach the host's loopback
-            configs = {"open": lambda c: step(sb, repo, out, c.format(proxied=0), hosts=(),
+            configs = {"open": lambda c, sb=sb: step(sb, repo, out, c.format(proxied=0), hosts=(),
                                               network=True), **configs}
         for name, command in steps.items():
             samples: dict[str, list[tuple[float, dict[str, Any]]]] = {c: [] for c in configs}
