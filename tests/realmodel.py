@@ -26,14 +26,19 @@ import pytest
 from choir.testing.local_model import LocalModelServer, missing
 
 
-def local_model_or_skip() -> LocalModelServer:
-    """A started server; skipped (failed in CI) when the profile is not installed."""
+def profile_or_skip() -> None:
+    """Skip (fail in CI) when the profile is not installed."""
     reason = missing()
     if reason:
         if os.environ.get("CI"):
             pytest.fail(f"CI is set but the realmodel profile is missing: {reason}")
         pytest.skip(f"the realmodel profile is not installed (set CI=1 to make this a "
                     f"failure): {reason}")
+
+
+def local_model_or_skip() -> LocalModelServer:
+    """A started server; skipped (failed in CI) when the profile is not installed."""
+    profile_or_skip()
     return LocalModelServer().start()
 
 

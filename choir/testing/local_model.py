@@ -169,9 +169,14 @@ class LocalModelServer:
                     return self
                 time.sleep(0.1)
             tail = self.log_tail()
+            code = self._proc.poll()
             self.stop()
             if "address already in use" not in tail.lower():
-                raise SandboxError(f"the local model server did not start: {tail[-800:]}")
+                lines = [line for line in tail.splitlines() if line.strip()] or ["(no output)"]
+                how = (f"exit code {code}" if code is not None
+                       else f"no answer in {self.start_timeout_s:.0f} s")
+                raise SandboxError(f"the local model server did not start ({how}): "
+                                   f"{lines[-1].strip()[:400]}")
             self.port = 0 if self.port == port else self.port
         raise SandboxError("the local model server found no free port in three tries")
 
