@@ -71,6 +71,14 @@ def gguf_path() -> Path:
     raise MissingExtraError(f"the model file {GGUF} is not installed: {INSTALL}")
 
 
+def _cause(log: str) -> str:
+    """The line of a server's log that says why it stopped: the last one naming an error
+    (uvicorn logs its shutdown after the bind error), else the last one."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()] or ["(no output)"]
+    named = [line for line in lines if "error" in line.lower()]
+    return (named or lines)[-1][:400]
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -152,9 +160,9 @@ class LocalModelServer:
         reason = missing()
         if reason:
             raise MissingExtraError(reason)
-        began = time.monotonic()
-        for _ in range(3):  # a free port can be taken between the probe and the bind
-            port = self.port or _free_port()
+        began, requested = time.monotonic(), self.port
+        for _ in range(3 if not requested else 1):  # a free port can be taken meanwhile
+            port = requested or _free_port()
             # closed by stop(): the server writes to it for as long as it runs
             self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115
                 prefix="choir-local-model-", suffix=".log")
@@ -171,13 +179,11 @@ class LocalModelServer:
             tail = self.log_tail()
             code = self._proc.poll()
             self.stop()
-            if "address already in use" not in tail.lower():
-                lines = [line for line in tail.splitlines() if line.strip()] or ["(no output)"]
+            if requested or "address already in use" not in tail.lower():
                 how = (f"exit code {code}" if code is not None
                        else f"no answer in {self.start_timeout_s:.0f} s")
                 raise SandboxError(f"the local model server did not start ({how}): "
-                                   f"{lines[-1].strip()[:400]}")
-            self.port = 0 if self.port == port else self.port
+                                   f"{_cause(tail)}")
         raise SandboxError("the local model server found no free port in three tries")
 
     def running(self) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import textwrap
 import time
@@ -247,3 +248,15 @@ def test_a_server_that_cannot_load_its_model_says_why_and_leaves_nothing(
         server.start()
     assert f"(exit code 1): ValueError: Failed to load model from file: {bad}" in str(err.value)
     assert not server.running()
+
+
+def test_a_port_that_is_taken_is_named_not_replaced(tmp_path: Path) -> None:
+    profile_or_skip()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = LocalModelServer(port=port)
+        with pytest.raises(SandboxError, match="address already in use"):
+            server.start()
+    assert server.port == port and not server.running()
