@@ -7,12 +7,13 @@ explicit timeout (litellm's default is 6000 s) and reports tokens and cost.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from choir.exceptions import MissingExtraError
+from choir.exceptions import ConfigError, MissingExtraError
 from choir.models import Usage
 from choir.telemetry import enabled, model_call, usage
 
@@ -107,19 +108,100 @@ def _provider(litellm: Any, model: str, kwargs: dict[str, Any]) -> str:
         return model.split("/", 1)[0] if "/" in model else "unknown"
 
 
+# How a reply's JSON schema reaches the model's server (``CHOIR_MODEL_SCHEMA``): servers
+# speak different dialects, and litellm knows only the hosted models it has a price list for.
+SCHEMA_FORMS = {
+    "auto": "the schema where litellm knows the model enforces one, else plain JSON mode",
+    "json_schema": "OpenAI's structured outputs (llama.cpp's llama-server, vLLM, Ollama)",
+    "json_object_schema": "JSON mode with the schema inside it (llama-cpp-python's server)",
+    "json_object": "plain JSON mode, no schema",
+}
+SCHEMA_ENV = "CHOIR_MODEL_SCHEMA"
+
+
+def schema_form() -> str:
+    """The ``CHOIR_MODEL_SCHEMA`` setting; ``auto`` when unset.
+
+    Raises:
+        ConfigError: the variable holds anything else than a ``SCHEMA_FORMS`` name.
+    """
+    form = os.environ.get(SCHEMA_ENV, "").strip() or "auto"
+    if form not in SCHEMA_FORMS:
+        raise ConfigError(
+            f"{SCHEMA_ENV}={form!r} is not a schema form", path=f"${SCHEMA_ENV}",
+            hint="one of: " + "; ".join(f"{k} ({v})" for k, v in SCHEMA_FORMS.items()))
+    return form
+
+
 def _json_format(model: str, schema: type[BaseModel]) -> dict[str, Any]:
     """The reply's schema itself where the model's server constrains output to one (fewer
     invalid replies, so fewer retries), else plain JSON mode; the reply is validated
-    against ``schema`` either way."""
-    try:
-        constrained = bool(litellm_module().supports_response_schema(model=model))
-    except Exception:  # noqa: BLE001 - an unknown model or provider: plain JSON mode
-        constrained = False
-    if not constrained:
+    against ``schema`` either way.
+
+    llama-cpp-python's server turns ``{"type": "json_object", "schema": ...}`` into a
+    grammar and refuses ``json_schema`` (HTTP 422), where llama.cpp's own server and OpenAI
+    take ``json_schema``: the form is the deployment's to say (``CHOIR_MODEL_SCHEMA``).
+    """
+    form = schema_form()
+    wire = _wire_schema(schema.model_json_schema())
+    if form == "auto":
+        try:
+            known = bool(litellm_module().supports_response_schema(model=model))
+        except Exception:  # noqa: BLE001 - an unknown model or provider: plain JSON mode
+            known = False
+        form = "json_schema" if known else "json_object"
+    if form == "json_object":
         return {"type": "json_object"}
+    if form == "json_object_schema":
+        return {"type": "json_object", "schema": wire}
     return {"type": "json_schema", "json_schema": {
-        "name": schema.__name__.strip("_") or "reply", "schema": schema.model_json_schema(),
-        "strict": False}}
+        "name": schema.__name__.strip("_") or "reply", "schema": wire, "strict": False}}
+
+
+def _wire_schema(node: Any) -> Any:
+    """``node`` without string length bounds: the reply is validated against the real
+    schema here, and the output bound already caps its length.
+
+    A server that compiles the schema into a grammar unrolls ``maxLength`` into that many
+    nested rules: llama.cpp refuses the reporter's 4,000-character summary ("exceeds sane
+    defaults"), and llama-cpp-python's server then crashed on the missing grammar (SIGSEGV:
+    every later call of the run was refused).
+    """
+    if isinstance(node, list):
+        return [_wire_schema(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _SCHEMA_DATA:  # values, not schemas: kept as they are
+            out[key] = value
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):  # names -> schemas
+            out[key] = {name: _wire_schema(sub) for name, sub in value.items()}
+        elif key != "maxLength":
+            out[key] = _wire_schema(value)
+    return out
+
+
+_SCHEMA_DATA = ("default", "const", "enum", "examples")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_reply(content: str) -> Any:
+    """A model's JSON reply, read as the model's grammar wrote it.
+
+    Raw newlines and tabs inside strings are accepted (llama-cpp-python's grammar lets a
+    model write them; strict JSON refuses them, and every reply of a small local model was
+    lost to that); NaN and Infinity are not. The schema is checked by the caller, and
+    every string is cleaned of control characters before it is shown.
+
+    Raises:
+        ValueError: the reply is not one JSON value.
+    """
+    return json.loads(content, strict=False, parse_constant=_no_constant)
 
 
 def reply_tokens(reply_max: int) -> int:
@@ -170,7 +252,7 @@ async def ask_json(model: str, messages: list[dict[str, Any]], schema: type[Repl
                 content = reply.message.content or ""
                 if len(content) > reply_max:
                     raise ValueError(f"oversized reply ({len(content)} characters)")
-                return schema.model_validate_json(content), spent, ""
+                return schema.model_validate(parse_reply(content)), spent, ""
     except Exception as exc:  # noqa: BLE001 - every fault was retried; the caller falls back
         return None, spent, f"{type(exc).__name__}: {str(exc)[:200]}".replace("\n", " ")
     return None, spent, "no time left for a model call"  # pragma: no cover - stop raises

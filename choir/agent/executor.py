@@ -156,7 +156,8 @@ def run_llm(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport]
                           hint="set executor.model in the work item, or models.executor "
                                "in choir.yaml (any litellm model name)")
     agent_run = f"{run_id or 'adhoc-' + secrets.token_hex(4)}-exec{attempt}"
-    agent, files = build_agent(item, agent_run, model=model)
+    agent, files = build_agent(item, agent_run, model=model,
+                               model_settings={"max_tokens": item.executor.max_tokens})
     store = SqliteContextStore(choir_home() / "agents.sqlite")
 
     async def go() -> AgentResult:

@@ -19,6 +19,7 @@ from choir.config import agents
 from choir.config._yaml import YamlDoc, load_yaml, validation_errors
 from choir.config.presets import expand
 from choir.exceptions import ConfigError
+from choir.llm import schema_form
 from choir.models import Mood, StepSpec, VerifierKind, VerifierSpec, WorkItem
 from choir.models._base import Frozen
 from choir.models.workitem import ExecutorSpec
@@ -185,6 +186,19 @@ def _unknown_names(doc: YamlDoc) -> list[ConfigError]:
     return [err for err in found if err is not None]
 
 
+def _schema_form(doc: YamlDoc) -> list[ConfigError]:
+    """``CHOIR_MODEL_SCHEMA`` checked where a structured-reply role has a model: a typo in
+    the environment fails before anything runs, not as a reporter fault in every report."""
+    models = _section(doc.data, "models")
+    if not (models.get("reporter") or models.get("director")):
+        return []
+    try:
+        schema_form()
+    except ConfigError as err:
+        return [err]
+    return []
+
+
 def _sandbox_section(section: SandboxConfig, repo: Path, doc: YamlDoc) -> SandboxConfig:
     """The ``sandbox:`` section with ``python`` made absolute and every bind checked.
 
@@ -295,6 +309,7 @@ def load_repo_config(repo: Path) -> RepoConfig:
                 line=doc.line_of(("resources", name)),
                 hint="create the folder (the sandbox binds it read-only so postconditions "
                      "can read the database)"))
+    errors += _schema_form(doc)
     if not names and not errors:
         raise ConfigError(
             "no verifier is configured: nothing could ever be asserted",

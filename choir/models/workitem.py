@@ -60,6 +60,8 @@ class ExecutorSpec(Frozen):
     sandbox: Literal["auto", "bwrap", "none"] = "auto"
     network: bool = False
     max_turns: int = Field(default=30, ge=1, le=500)
+    # llm: output tokens per model turn (a slow local model writes ~10-100 a second)
+    max_tokens: int = Field(default=4096, ge=16, le=65536)
     verifier_max_attempts: int = Field(default=3, ge=1, le=50)
     # The fields below are absent from the JSON when empty, so a work item saved before
     # they existed reads and hashes as it did.

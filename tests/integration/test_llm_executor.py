@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from choir.testing import FakeModelServer, final_output, reply, tool_call
+from choir.testing import FakeModelServer, final_output, reply, text, tool_call
 from tests.workitems import PY, calc_repo
 
 CANARY = "CANARY-5b1e-llm-executor-must-never-see-raw-output"
@@ -84,3 +84,17 @@ def test_llm_executor_without_a_model_is_a_configuration_error(tmp_path: Path) -
     assert proc.returncode == 2, proc.stderr
     assert "executor kind 'llm' needs a model" in proc.stderr
     assert "models.executor" in proc.stderr
+
+
+def test_the_work_item_bounds_every_turn_of_the_llm_executor(tmp_path: Path) -> None:
+    """``executor.max_tokens``: a slow local model writes 10-100 tokens a second, and a turn
+    of 4,096 outlived the whole attempt there (the server finishes a reply nobody waits for)."""
+    with FakeModelServer([text("I will think about it.")], repeat_last=True) as server:
+        item = make_item(tmp_path, server.model)
+        item.write_text(item.read_text().replace("max_attempts: 2", "max_attempts: 1")
+                        + "  max_tokens: 256\n")
+        env = dict(os.environ, OPENAI_API_BASE=server.api_base, OPENAI_API_KEY="sk-fake")
+        proc = choir("run", str(item), "--json", env=env)
+    assert proc.returncode == 1, proc.stderr  # no tool call ever: the evidence says FAIL
+    assert json.loads(proc.stdout)["status"] == "halted"
+    assert server.bodies and all(b["max_tokens"] == 256 for b in server.bodies)
