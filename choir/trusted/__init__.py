@@ -11,13 +11,32 @@ broker (``choir.trusted.broker``) that signs only typed, bounded requests it rec
 from __future__ import annotations
 
 import atexit
+import importlib
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from choir._core.paths import choir_home
-from choir.trusted.client import BrokerSigner
-from choir.trusted.keyfile import KEY_FILE, Signer, key_id_of, keys_dir
+from choir.trusted.confine import keys_dir
+
+if TYPE_CHECKING:
+    import socket
+
+    from choir.trusted.client import BrokerSigner
+    from choir.trusted.keyfile import KEY_FILE, Signer, key_id_of
+
+# the names that need pydantic and cryptography, imported on first use: `choir verify`
+# confines itself through this package before it knows whether it needs either
+_LAZY = {"BrokerSigner": "choir.trusted.client", "KEY_FILE": "choir.trusted.keyfile",
+         "Signer": "choir.trusted.keyfile", "key_id_of": "choir.trusted.keyfile"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _MAX_BROKERS = 4
 _brokers: OrderedDict[Path, BrokerSigner] = OrderedDict()
@@ -48,6 +67,7 @@ def signer(home: Path | None = None) -> BrokerSigner:
 
 def _started(base: Path) -> BrokerSigner:
     from choir.trusted.broker import spawn
+    from choir.trusted.client import BrokerSigner
 
     with _lock:
         found = _brokers.get(base)
@@ -61,6 +81,18 @@ def _started(base: Path) -> BrokerSigner:
         while len(_brokers) > _MAX_BROKERS:
             _brokers.popitem(last=False)[1].close()
         return client
+
+
+def adopt(home: Path, pid: int, sock: socket.socket) -> None:
+    """Sign for ``home`` through the broker on ``sock`` (from ``BrokerSigner.channel``), in a
+    fork whose key folder is masked and which therefore cannot start one; the channels this
+    process inherited are closed here (their brokers serve the process that started them)."""
+    from choir.trusted.client import BrokerSigner
+
+    with _lock:
+        while _brokers:
+            _brokers.popitem()[1].close()
+        _brokers[home.absolute()] = BrokerSigner(home.absolute(), pid, sock)
 
 
 def separate(home: Path | None = None) -> str:
@@ -77,4 +109,4 @@ def separate(home: Path | None = None) -> str:
     return confine(keys)
 
 
-__all__ = ["KEY_FILE", "BrokerSigner", "Signer", "key_id_of", "separate", "signer"]
+__all__ = ["KEY_FILE", "BrokerSigner", "Signer", "adopt", "key_id_of", "separate", "signer"]
