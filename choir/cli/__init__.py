@@ -33,6 +33,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
                           "Trust the repo's interpreter as it is now (after pip install)."),
     "view": ("choir.cli.view", "view", "Browse runs, reports and attestations locally."),
     "mcp": ("choir.cli.mcp", "mcp", "Serve verify, reports and the gate to agents over MCP."),
+    "serve": ("choir.cli.serve", "serve", "Keep Choir warm for verify and run (a local service)."),
 }
 
 # Commands that sign or read what a step or an executor wrote: their process signs through
@@ -41,14 +42,29 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
 # signs a DSSE export by running `choir attest show` in a process of its own). `mcp` verifies
 # and reads reports for an agent: separated like `verify`.
 _SEPARATED = frozenset({"verify", "init", "run", "approve", "gate", "audit", "attest", "ahdb",
-                        "trace", "runs", "trust-interpreter", "mcp", "plan", "promote"})
+                        "trace", "runs", "trust-interpreter", "mcp", "plan", "promote", "serve"})
+# Commands a running `choir serve` answers (choir.serve): at the process entry their
+# separation waits until the command knows it runs here, cold (`warm` below).
+_WARM = frozenset({"verify", "run"})
+# Flags that make a separated command only start or stop another process, reading nothing:
+# that process separates itself (a confined parent would hand it a masked key folder).
+_LAUNCHERS = {"serve": frozenset({"--detach", "--stop"})}
+_deferred = False
 
 
 def _separate(args: list[str]) -> None:
     """Start the signing broker, then hide the key from this process, before any work."""
+    global _deferred
     name = next((a for a in args if not a.startswith("-")), None)
-    if name not in _SEPARATED or {"-h", "--help"} & set(args):
+    if name not in _SEPARATED or {"-h", "--help", *_LAUNCHERS.get(name, ())} & set(args):
         return
+    if name in _WARM:
+        _deferred = True
+        return
+    _separate_now()
+
+
+def _separate_now() -> None:
     from choir.exceptions import ChoirError
     from choir.trusted import separate
 
@@ -57,6 +73,49 @@ def _separate(args: list[str]) -> None:
     except (ChoirError, OSError) as exc:
         click.echo(f"choir: error: {exc}", err=True)
         sys.exit(2)
+
+
+def warm(request: dict[str, Any], progress: Any) -> dict[str, Any] | None:
+    """The answer of a running ``choir serve`` to ``request`` (``done`` or ``error``), its
+    events drawn by ``progress()`` (made once the service took the request), or None: then
+    this process separates, as every command that reads hostile bytes does, and the caller
+    runs cold. Only at the process entry: a library or test caller of ``main`` runs
+    in-process, as before.
+
+    Raises:
+        UserError: ``CHOIR_SERVE=require`` and no service answered, or the service was lost
+            after it took the request (nothing can safely run cold then).
+    """
+    global _deferred
+    if not _deferred:
+        return None
+    _deferred = False
+    from choir._core.paths import choir_home
+    from choir.exceptions import UserError
+    from choir.serve import client
+
+    mode = client.mode()
+    call, why = (None, "CHOIR_SERVE=off") if mode == "off" else \
+        client.Call.start(choir_home(), request)
+    if call is None:
+        if mode == "require":
+            raise UserError(f"CHOIR_SERVE=require: {why}")
+        client.note(why if mode == "auto" else "")
+        _separate_now()
+        return None
+    from choir.trusted.confine import confine, keys_dir
+
+    confine(keys_dir(choir_home().absolute()))  # its answer is made of hostile bytes too
+    view = progress()  # the live view, drawn here from the worker's events
+    try:
+        answer: dict[str, Any] = call.finish(view)
+        return answer
+    except client.Lost as exc:
+        raise UserError(f"{exc}; whatever it recorded is in the stores (`choir runs`), "
+                        "and the command can be run again") from None
+    finally:
+        view.close()
+        call.close()
 
 
 class _LazyGroup(click.Group):

@@ -12,6 +12,18 @@ OTEL_HELP = ("Emit OpenTelemetry spans over OTLP/HTTP (also CHOIR_OTEL=1; the en
              "OTEL_EXPORTER_OTLP_ENDPOINT); needs pip install 'choir[otel]'.")
 
 
+def show_error(error: dict[str, Any]) -> int:
+    """A command's failure as ``choir serve`` reported it, shown as the cold command shows
+    it: a user error exits 2 with its message (``run_cli``), a crash prints its traceback
+    and exits 1."""
+    from choir.exceptions import UserError
+
+    if not error.get("crash"):
+        raise UserError(str(error.get("message", "")))
+    sys.stderr.write(str(error.get("message", "")))
+    return EXIT_FAIL
+
+
 def run_cli(cli: click.Group, argv: list[str]) -> NoReturn:
     from choir.exceptions import UserError
 

@@ -24,7 +24,7 @@ from choir.exceptions import UserError
 from choir.mcp.args import GateArgs, ListRunsArgs, ShowArgs, VerifyArgs
 from choir.mcp.bound import clean, fit
 from choir.mcp.scope import Scope, Served
-from choir.mcp.stop import stop_steps
+from choir.sandbox.stop import stop_steps
 from choir.models import Attestation, Mood, VerificationReport
 from choir.view.index import MAX_MANIFEST, RunIndex
 from choir.view.reads import Stores, attestation_view, load_report
@@ -85,7 +85,7 @@ class Tools:
         waiting for them: they would run on, then seal run folders nothing attests (which
         ``choir audit`` rightly reports). So the verification itself is never cancelled;
         past the bound, or when the client cancels the call, its sandboxes are killed
-        (``choir.mcp.stop``) until it concludes on what they did, like a step that timed
+        (``choir.sandbox.stop``) until it concludes on what they did, like a step that timed
         out. A cancelled call still raises once the session is recorded.
         """
         from choir.app.verify import averify_tree

@@ -1,0 +1,138 @@
+"""``choir serve``: keep Choir warm for ``choir verify``, ``choir run`` and ``choir mcp``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from choir.cli._errors import EXIT_FAIL, EXIT_OK
+
+DETACH_WAIT_S = 60.0
+STOP_WAIT_S = 30.0
+
+
+def _commands() -> dict[str, object]:
+    """The commands the service answers, each through the function its cold command runs."""
+    from choir.cli.run import serve_run
+    from choir.cli.verify import serve_verify
+    from choir.serve.worker import Command
+
+    return {"verify": Command(serve_verify), "run": Command(serve_run, interrupt=True)}
+
+
+def _warm_up() -> None:
+    """Import what a request runs and fill the caches a cold command fills on every run,
+    once, before the first worker is forked (``choir._core.warm``)."""
+    import choir.app.verify
+    import choir.cli._render
+    import choir.cli.runs
+    import choir.graph.runner
+    import choir.sandbox.bwrap
+    import choir.sandbox.docker
+    import choir.sandbox.local  # noqa: F401
+    from choir._core import registry, warm
+    from choir.config.policy import load_packaged_policy
+
+    warm.enable()
+    load_packaged_policy()
+    for kind in (registry.SANDBOXES, registry.PARSERS, registry.REPORTERS, registry.EXECUTORS,
+                 registry.PRESETS, registry.POSTCONDITIONS):
+        kind.names()
+
+
+@click.command()
+@click.option("--detach", is_flag=True, help="Run in the background (output to "
+                                             "$CHOIR_HOME/serve/log); return once it listens.")
+@click.option("--stop", is_flag=True, help="Stop the service of this CHOIR_HOME (requests "
+                                           "it is answering finish first).")
+@click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True,
+              help="Requests answered side by side; more wait their turn.")
+@click.option("--idle-timeout", "idle_timeout_s", type=click.FloatRange(0, 7 * 86400),
+              default=1800, show_default=True,
+              help="Seconds without a request after which it exits (0: never).")
+@click.option("--ready-fd", type=int, default=None, hidden=True)
+def serve(detach: bool, stop: bool, jobs: int, idle_timeout_s: float,
+          ready_fd: int | None) -> int:
+    """Keep imports, sandbox launchers and stores warm behind an owner-only local socket.
+
+    `choir verify` and `choir run` use it when it runs and answer exactly as they would
+    without it (same output, exit code and attestations); when it is absent or stale (other
+    code, another CHOIR_HOME) they run as before. CHOIR_SERVE=off never asks it;
+    CHOIR_SERVE=require fails when it does not answer.
+    """
+    from choir._core.paths import choir_home
+
+    home = choir_home()
+    if stop:
+        return _stop(home)
+    if detach:
+        return _detach(home, jobs, idle_timeout_s)
+    from choir.serve.server import start
+
+    _warm_up()
+    if ready_fd is None:
+        click.echo(f"choir serve: listening for {home} (pid {os.getpid()}, {jobs} at a time); "
+                   "Ctrl-C or `choir serve --stop` ends it", err=True)
+    start(home, _commands(), jobs=jobs, idle_timeout_s=idle_timeout_s,  # type: ignore[arg-type]
+          ready=ready_fd)
+    return EXIT_OK
+
+
+def _stop(home: Path) -> int:
+    from choir.serve.server import running_pid
+
+    pid = running_pid(home)
+    if pid is None:
+        click.echo(f"choir serve: none runs for {home}")
+        return EXIT_FAIL
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_WAIT_S
+    while running_pid(home) == pid and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if running_pid(home) == pid:
+        click.echo(f"choir serve: pid {pid} did not stop within {STOP_WAIT_S:g} s")
+        return EXIT_FAIL
+    click.echo(f"choir serve: stopped (pid {pid})")
+    return EXIT_OK
+
+
+def _detach(home: Path, jobs: int, idle_timeout_s: float) -> int:
+    """Start ``choir serve`` in a session of its own and wait until it listens."""
+    from choir.exceptions import UserError
+    from choir.serve import place
+    from choir.serve.server import running_pid
+
+    fd = place.open_folder(home, create=True)
+    assert fd is not None
+    try:
+        log = os.open(place.LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                      | os.O_CLOEXEC, 0o600, dir_fd=fd)
+    finally:
+        os.close(fd)
+    read, write = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "choir", "serve", "--jobs", str(jobs), "--idle-timeout",
+             str(idle_timeout_s), "--ready-fd", str(write)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(write,),
+            start_new_session=True)
+    finally:
+        os.close(write)
+        os.close(log)
+    with os.fdopen(read, "rb") as ready:
+        import select
+
+        got = select.select([ready], [], [], DETACH_WAIT_S)[0] and ready.readline()
+    if got != b"ready\n":
+        code = proc.poll()
+        ended = f"exit {code}" if code is not None else "no answer"
+        raise UserError(f"choir serve did not start ({ended}); see "
+                        f"{place.folder(home) / place.LOG}")
+    click.echo(f"choir serve: listening for {home} (pid {running_pid(home) or proc.pid})")
+    return EXIT_OK
