@@ -24,8 +24,10 @@ from choir.exceptions import UserError
 from choir.mcp.args import GateArgs, ListRunsArgs, ShowArgs, VerifyArgs
 from choir.mcp.bound import clean, fit
 from choir.mcp.scope import Scope, Served
-from choir.sandbox.stop import stop_steps
 from choir.models import Attestation, Mood, VerificationReport
+from choir.sandbox.stop import stop_steps
+from choir.serve import client as service
+from choir.serve.client import Call
 from choir.view.index import MAX_MANIFEST, RunIndex
 from choir.view.reads import Stores, attestation_view, load_report
 
@@ -87,18 +89,29 @@ class Tools:
         past the bound, or when the client cancels the call, its sandboxes are killed
         (``choir.sandbox.stop``) until it concludes on what they did, like a step that timed
         out. A cancelled call still raises once the session is recorded.
+
+        A running ``choir serve`` verifies when there is one (``choir.serve.client``): the
+        same code in a warm worker, whose sandboxes it stops when asked.
         """
         from choir.app.verify import averify_tree
 
         found: dict[str, Any] = {}
         done = anyio.Event()
+        call = await anyio.to_thread.run_sync(_service_call, {
+            "command": "verify", "repo": str(served.root), "mood": args.mood,
+            "sandbox": self.sandbox, "as_json": True, "claim": args.claim})
+        stop: Callable[[], object] = call.stop if call is not None else stop_steps
 
         async def run() -> None:
             with anyio.CancelScope(shield=True):
                 try:
-                    found["outcome"] = await averify_tree(
-                        served.root, mood=Mood(args.mood), sandbox_name=self.sandbox,
-                        claim=args.claim)
+                    if call is not None:
+                        found["contract"] = await anyio.to_thread.run_sync(_service_answer,
+                                                                          call)
+                    else:
+                        found["contract"] = (await averify_tree(
+                            served.root, mood=Mood(args.mood), sandbox_name=self.sandbox,
+                            claim=args.claim)).contract
                 except Exception as exc:  # handed to the caller below
                     found["error"] = exc
                 finally:
@@ -112,14 +125,14 @@ class Tools:
                     await done.wait()
             except anyio.get_cancelled_exc_class():
                 with anyio.CancelScope(shield=True):
-                    await _stop_until(done)
+                    await _stop_until(done, stop)
                 raise
             if not done.is_set():
                 stopped = True
-                await _stop_until(done)
+                await _stop_until(done, stop)
         if "error" in found:
             raise found["error"]
-        return found["outcome"].contract, stopped
+        return found["contract"], stopped
 
     def _session(self, served: Served, contract: dict[str, Any]) -> dict[str, Any]:
         stores = self._stores()
@@ -234,12 +247,49 @@ class Tools:
         return fit(clean({"runs": runs, "stored": len(rows)}), key="runs")
 
 
-async def _stop_until(done: anyio.Event) -> None:
+async def _stop_until(done: anyio.Event, stop: Callable[[], object]) -> None:
     """Kill the sandboxes, and every one a queued verifier starts next, until ``done``."""
     while not done.is_set():
-        await anyio.to_thread.run_sync(stop_steps)
+        await anyio.to_thread.run_sync(stop)
         with anyio.move_on_after(STOP_EVERY_S):
             await done.wait()
+
+
+def _service_call(request: dict[str, Any]) -> Call | None:
+    """A running service's worker for ``request``, or None (verify in this process).
+
+    Raises:
+        UserError: ``CHOIR_SERVE=require`` and no service took it.
+    """
+    mode = service.mode()
+    if mode == "off":
+        return None
+    call, why = service.Call.start(choir_home(), request)
+    if call is None and mode == "require":
+        raise UserError(f"CHOIR_SERVE=require: {why}")
+    return call
+
+
+def _service_answer(call: Call) -> dict[str, Any]:
+    """The contract the worker answered with.
+
+    Raises:
+        UserError: the verification's configuration error, or the worker was lost.
+        RuntimeError: the verification crashed in the worker (its traceback).
+    """
+    try:
+        reply = call.finish(lambda kind, data: None)
+    except service.Lost as exc:
+        raise UserError(str(exc)) from None
+    finally:
+        call.close()
+    if "error" in reply:
+        error = reply["error"]
+        if error.get("crash"):
+            raise RuntimeError(str(error.get("message")))
+        raise UserError(str(error.get("message")))
+    contract: dict[str, Any] = reply["done"]["contract"]
+    return contract
 
 
 def _capped(key: str, items: list[Any], most: int) -> dict[str, Any]:
