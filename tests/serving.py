@@ -128,13 +128,14 @@ RAW = textwrap.dedent("""\
     s = socket.socket(socket.AF_UNIX)
     s.connect(f"/proc/self/fd/{folder}/" + os.path.basename(args["sock"]))
     data = json.dumps(args["envelope"]).encode()
-    fds = [os.open(args["cwd"], os.O_PATH), os.open(args["root"], os.O_PATH)] \\
-        if args["fds"] else []
+    null = os.open(os.devnull, os.O_RDWR)
+    fds = [os.open(args["cwd"], os.O_PATH), os.open(args["root"], os.O_PATH), null, null,
+           null] if args["fds"] else []
     frame = struct.pack(">I", len(data)) + data
     try:
         if fds:
             sent = s.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                        struct.pack("2i", *fds))])
+                                        struct.pack(f"{len(fds)}i", *fds))])
             s.sendall(frame[sent:])
         else:
             s.sendall(frame)

@@ -75,15 +75,16 @@ def _separate_now() -> None:
         sys.exit(2)
 
 
-def warm(request: dict[str, Any], progress: Any) -> dict[str, Any] | None:
-    """The answer of a running ``choir serve`` to ``request`` (``done`` or ``error``), its
-    events drawn by ``progress()`` (made once the service took the request), or None: then
+def warm(request: dict[str, Any]) -> int | None:
+    """The exit code of ``request`` answered by a running ``choir serve``, or None: then
     this process separates, as every command that reads hostile bytes does, and the caller
-    runs cold. Only at the process entry: a library or test caller of ``main`` runs
+    runs cold. The service's worker runs the command on this process's own descriptors, so
+    what this terminal shows (the live view, the table, the JSON) is what the command
+    prints cold. Only at the process entry: a library or test caller of ``main`` runs
     in-process, as before.
 
     Raises:
-        UserError: ``CHOIR_SERVE=require`` and no service answered, or the service was lost
+        UserError: ``CHOIR_SERVE=require`` and no service answered, or the worker was lost
             after it took the request (nothing can safely run cold then).
     """
     global _deferred
@@ -103,18 +104,12 @@ def warm(request: dict[str, Any], progress: Any) -> dict[str, Any] | None:
         client.note(why if mode == "auto" else "")
         _separate_now()
         return None
-    from choir.trusted.confine import confine, keys_dir
-
-    confine(keys_dir(choir_home().absolute()))  # its answer is made of hostile bytes too
-    view = progress()  # the live view, drawn here from the worker's events
     try:
-        answer: dict[str, Any] = call.finish(view)
-        return answer
+        return call.wait()
     except client.Lost as exc:
         raise UserError(f"{exc}; whatever it recorded is in the stores (`choir runs`), "
                         "and the command can be run again") from None
     finally:
-        view.close()
         call.close()
 
 

@@ -135,19 +135,6 @@ class Progress:
         return Group(table, Text("\n".join(self.log[-_KEEP:]), style="dim"))
 
 
-_READS = {"attest": ("events",), "adjudicate": ("events", "mood"), "approve": ("status",)}
-
-
-def wire_event(kind: str, data: dict[str, Any]) -> dict[str, Any] | None:
-    """What of an event this view reads (None: nothing), as ``choir serve`` sends it to the
-    client that draws the view: progress events whole (small, plain values), a node's update
-    cut to the fields ``_apply`` reads (the rest holds reports and runs, never sent)."""
-    if kind == "progress":
-        return data
-    keys = _READS.get(kind)
-    return None if keys is None else {k: data[k] for k in keys if k in data}
-
-
 def spend_lines(usage: dict[str, dict[str, Any]]) -> list[str]:
     """One line per role: calls, tokens and cost (empty when no model was used)."""
     return [f"spend {role}: {row['calls']} call(s), "

@@ -30,76 +30,32 @@ def _drive(coro_fn: Any, as_json: bool) -> int:
         outcome = asyncio.run(coro_fn(progress))
     finally:
         progress.close()
-    return _print(*_finish(outcome, as_json))
+    return _finish(outcome, as_json)
 
 
-def _print(lines: list[str], code: int) -> int:
-    for line in lines:
-        click.echo(line)
-    return code
-
-
-def _finish(outcome: Any, as_json: bool) -> tuple[list[str], int]:
-    """What ``choir run`` prints at the end, and its exit code (here, or in a worker of
-    ``choir serve`` for its client to print)."""
+def _finish(outcome: Any, as_json: bool) -> int:
     from choir.cli._progress import spend_lines
 
-    lines: list[str] = []
     if as_json:
         from choir.cli.runs import show_run
 
         stored = show_run(outcome.run_id, with_output=False)  # reports, attestations, verdicts
-        lines.append(json.dumps({**stored, **outcome.__dict__}, indent=2, default=str))
+        click.echo(json.dumps({**stored, **outcome.__dict__}, indent=2, default=str))
     else:
-        lines.append(f"{outcome.status.upper()}  run {outcome.run_id}  {outcome.work_item}  "
-                     f"attempt {outcome.attempt}  mood {outcome.mood}  {outcome.reason}")
-        lines.extend(spend_lines(outcome.usage))
+        click.echo(f"{outcome.status.upper()}  run {outcome.run_id}  {outcome.work_item}  "
+                   f"attempt {outcome.attempt}  mood {outcome.mood}  {outcome.reason}")
+        for line in spend_lines(outcome.usage):
+            click.echo(line)
         if outcome.status == "awaiting_approval":
             diff = outcome.question.get("diff")
             if diff:  # a held spec change: the executor's edit of the checks, to judge
                 from choir._core.terminal import strip_controls
 
-                lines.append("the spec change to approve (pinned -> executor's):")
-                lines.append(strip_controls(str(diff)))
-            lines.append(f"waiting for a human: choir approve {outcome.run_id} [--reject]")
-    return lines, int(outcome.exit_code())
-
-
-def _start(workitem: Path | None, mood: str | None, run_id: str | None,
-           resume_id: str | None) -> Any:
-    """The run to drive, as a function of its event callback.
-
-    Raises:
-        UserError: neither a work item nor a run to resume.
-    """
-    from choir.exceptions import UserError
-    from choir.graph import runner
-    from choir.models import Mood
-
-    if resume_id:
-        return lambda on: runner.resume(resume_id, on_event=on)
-    if workitem is None:
-        raise UserError("give a work item file, or --resume RUN_ID")
-    chosen, path = Mood(mood.upper()) if mood else None, workitem
-    return lambda on: runner.run_work_item(path, mood=chosen, run_id=run_id, on_event=on)
-
-
-def serve_run(request: Any, emit: Any) -> dict[str, Any]:
-    """``choir run`` in a worker of ``choir serve``: the same run, its closing lines and exit
-    code for the client to print (``choir.serve.worker.Command``)."""
-    from choir.cli._progress import wire_event
-    from choir.telemetry import session
-
-    def on_event(kind: str, data: dict[str, Any]) -> None:
-        sent = wire_event(kind, data)
-        if sent is not None:
-            emit(kind, sent)
-
-    start = _start(Path(request.workitem) if request.workitem else None, request.mood,
-                   request.run_id, request.resume)
-    with session(request.otel):
-        lines, code = _finish(asyncio.run(start(on_event)), request.as_json)
-    return {"lines": lines, "code": code}
+                click.echo("the spec change to approve (pinned -> executor's):")
+                click.echo(strip_controls(str(diff)))
+            click.echo(f"waiting for a human: choir approve {outcome.run_id} [--reject]")
+    code: int = outcome.exit_code()
+    return code
 
 
 @click.command()
@@ -113,21 +69,33 @@ def run(workitem: Path | None, mood: str | None, run_id: str | None, resume_id: 
         as_json: bool, otel: bool) -> int:
     """Run the loop until ASSERT, halt or budget end: 0 ASSERTed, 1 halted, 3 awaiting approval."""
     from choir.cli import warm
+
+    code = warm({"command": "run", "workitem": str(workitem) if workitem else None,
+                 "mood": mood.upper() if mood else None, "run_id": run_id,
+                 "resume": resume_id, "as_json": as_json, "otel": otel})
+    if code is not None:  # a running `choir serve` answered
+        return code
+    return serve_run(workitem, mood=mood, run_id=run_id, resume_id=resume_id,
+                     as_json=as_json, otel=otel)
+
+
+def serve_run(workitem: Path | None, *, mood: str | None, run_id: str | None,
+              resume_id: str | None, as_json: bool, otel: bool) -> int:
+    """What ``choir run`` runs, here or in a worker of ``choir serve``."""
+    from choir.exceptions import UserError
+    from choir.graph import runner
+    from choir.models import Mood
     from choir.telemetry import session
 
-    request = {"command": "run", "workitem": str(workitem) if workitem else None,
-               "mood": mood.upper() if mood else None, "run_id": run_id, "resume": resume_id,
-               "as_json": as_json, "otel": otel}
-    answered = warm(request, lambda: _progress(as_json))  # a running `choir serve`, if any
-    if answered is not None:
-        from choir.cli._errors import show_error
-
-        if "error" in answered:
-            return show_error(answered["error"])
-        return _print(answered["done"]["lines"], answered["done"]["code"])
-    start = _start(workitem, mood, run_id, resume_id)
+    if resume_id:
+        with session(otel):
+            return _drive(lambda on: runner.resume(resume_id, on_event=on), as_json)
+    if workitem is None:
+        raise UserError("give a work item file, or --resume RUN_ID")
+    chosen, path = Mood(mood.upper()) if mood else None, workitem
     with session(otel):
-        return _drive(start, as_json)
+        return _drive(lambda on: runner.run_work_item(path, mood=chosen, run_id=run_id,
+                                                      on_event=on), as_json)
 
 
 @click.command()

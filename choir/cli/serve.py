@@ -8,22 +8,38 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from choir.cli._errors import EXIT_FAIL, EXIT_OK
 
+if TYPE_CHECKING:
+    from choir.serve.worker import Command
+
 DETACH_WAIT_S = 60.0
 STOP_WAIT_S = 30.0
 
 
-def _commands() -> dict[str, object]:
-    """The commands the service answers, each through the function its cold command runs."""
+def _commands() -> dict[str, Command]:
+    """The commands the service answers, each through the function its cold command runs
+    and the exit-code mapping of the CLI's entry point."""
+    from choir.cli._errors import exit_code
     from choir.cli.run import serve_run
     from choir.cli.verify import serve_verify
     from choir.serve.worker import Command
 
-    return {"verify": Command(serve_verify), "run": Command(serve_run, interrupt=True)}
+    def verify(r: Any) -> int:
+        return exit_code(lambda: serve_verify(
+            Path(r.repo), mood=r.mood, sandbox_name=r.sandbox, as_json=r.as_json,
+            claim=r.claim, otel=r.otel))
+
+    def run(r: Any) -> int:
+        return exit_code(lambda: serve_run(
+            Path(r.workitem) if r.workitem else None, mood=r.mood, run_id=r.run_id,
+            resume_id=r.resume, as_json=r.as_json, otel=r.otel))
+
+    return {"verify": Command(verify), "run": Command(run, interrupt=True)}
 
 
 def _warm_up() -> None:
@@ -79,8 +95,7 @@ def serve(detach: bool, stop: bool, jobs: int, idle_timeout_s: float,
     if ready_fd is None:
         click.echo(f"choir serve: listening for {home} (pid {os.getpid()}, {jobs} at a time); "
                    "Ctrl-C or `choir serve --stop` ends it", err=True)
-    start(home, _commands(), jobs=jobs, idle_timeout_s=idle_timeout_s,  # type: ignore[arg-type]
-          ready=ready_fd)
+    start(home, _commands(), jobs=jobs, idle_timeout_s=idle_timeout_s, ready=ready_fd)
     return EXIT_OK
 
 

@@ -31,17 +31,17 @@ def verify(repo: Path, mood: str | None, sandbox_name: str | None, as_json: bool
     4 INCONCLUSIVE (nothing failed, but some verifier could not decide)."""
     from choir.cli import warm
 
-    request = {"command": "verify", "repo": str(repo), "mood": mood.upper() if mood else None,
-               "sandbox": sandbox_name, "as_json": as_json, "claim": claim, "otel": otel}
-    answered = warm(request, lambda: _progress(as_json))  # a running `choir serve`, if any
-    if answered is not None:
-        from choir.cli._errors import show_error
+    code = warm({"command": "verify", "repo": str(repo), "mood": mood.upper() if mood else None,
+                 "sandbox": sandbox_name, "as_json": as_json, "claim": claim, "otel": otel})
+    if code is not None:  # a running `choir serve` answered
+        return code
+    return serve_verify(repo, mood=mood, sandbox_name=sandbox_name, as_json=as_json,
+                        claim=claim, otel=otel)
 
-        if "error" in answered:
-            return show_error(answered["error"])
-        done = answered["done"]
-        return show_verify(done["contract"], done["status"], done["verdict"], as_json=as_json,
-                           claim=claim)
+
+def serve_verify(repo: Path, *, mood: str | None, sandbox_name: str | None, as_json: bool,
+                 claim: str | None, otel: bool) -> int:
+    """What ``choir verify`` runs, here or in a worker of ``choir serve``."""
     from choir.telemetry import session
 
     with session(otel):
@@ -52,58 +52,29 @@ def verify(repo: Path, mood: str | None, sandbox_name: str | None, as_json: bool
 def run_verify(repo: Path, *, mood: str | None, sandbox_name: str | None, as_json: bool,
                claim: str | None = None) -> int:
     """The one path ``choir verify`` and ``choir init`` take: verify, render, exit code."""
-    progress = _progress(as_json)
-    try:
-        outcome = _outcome(repo, mood, sandbox_name, claim, progress)
-    finally:
-        progress.close()
-    return show_verify(outcome.contract, outcome.status, outcome.verdict, as_json=as_json,
-                       claim=claim)
-
-
-def _outcome(repo: Path, mood: str | None, sandbox_name: str | None, claim: str | None,
-             on_event: Any) -> Any:
     from choir.app.verify import verify_tree
     from choir.models import Mood
 
-    return verify_tree(repo, mood=Mood(mood.upper()) if mood else None,
-                       sandbox_name=sandbox_name, on_event=on_event, claim=claim)
-
-
-def serve_verify(request: Any, emit: Any) -> dict[str, Any]:
-    """``choir verify`` in a worker of ``choir serve``: the same outcome, for the client to
-    render (``choir.serve.worker.Command``)."""
-    from choir.cli._progress import wire_event
-    from choir.telemetry import session
-
-    def on_event(kind: str, data: dict[str, Any]) -> None:
-        sent = wire_event(kind, data)
-        if sent is not None:
-            emit(kind, sent)
-
-    with session(request.otel):
-        outcome = _outcome(Path(request.repo), request.mood, request.sandbox, request.claim,
-                           on_event)
-    return {"status": outcome.status, "verdict": outcome.verdict, "contract": outcome.contract}
-
-
-def show_verify(contract: dict[str, Any], status: str, verdict: str, *, as_json: bool,
-                claim: str | None) -> int:
-    """Print a verification's outcome and return its exit code (cold or from the service)."""
+    progress = _progress(as_json)
+    try:
+        outcome = verify_tree(repo, mood=Mood(mood.upper()) if mood else None,
+                              sandbox_name=sandbox_name, on_event=progress, claim=claim)
+    finally:
+        progress.close()
     if as_json:
-        click.echo(json.dumps(contract, indent=2, sort_keys=True))
+        click.echo(json.dumps(outcome.contract, indent=2, sort_keys=True))
     else:
         from choir.cli._render import render_verify
 
-        render_verify(contract)
+        render_verify(outcome.contract)
         if claim is not None:
-            asserted = contract["claim"]["asserted"]
+            asserted = outcome.contract["claim"]["asserted"]
             click.echo(f"claim {claim}: " + (f"ASSERTed ({asserted[:12]}); `choir gate {claim}` "
                                              "answers for this tree" if asserted else
                                              "not ASSERTed (the session did not PASS)"))
-    if status == "PASS":
+    if outcome.passed:
         return EXIT_OK
-    return EXIT_INCONCLUSIVE if verdict == "INCONCLUSIVE" else EXIT_FAIL
+    return EXIT_INCONCLUSIVE if outcome.verdict == "INCONCLUSIVE" else EXIT_FAIL
 
 
 def _progress(as_json: bool) -> Any:

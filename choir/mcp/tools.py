@@ -10,6 +10,7 @@ here, out of every tool's arguments.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,8 @@ VERIFY_TIMEOUT_S = 900.0
 FAILING_MAX = 20  # failing tests named in one answer (each with file:line and an excerpt)
 VIOLATIONS_MAX = 10
 STOP_EVERY_S = 0.2
+EXIT_USAGE = 2  # `choir verify`'s exit code for a configuration error
+SAID_MAX = 64 << 10  # what a worker's stderr may hold that an answer reads
 
 
 @dataclass
@@ -97,7 +100,7 @@ class Tools:
 
         found: dict[str, Any] = {}
         done = anyio.Event()
-        call = await anyio.to_thread.run_sync(_service_call, {
+        call, files = await anyio.to_thread.run_sync(_service_call, {
             "command": "verify", "repo": str(served.root), "mood": args.mood,
             "sandbox": self.sandbox, "as_json": True, "claim": args.claim})
         stop: Callable[[], object] = call.stop if call is not None else stop_steps
@@ -106,8 +109,8 @@ class Tools:
             with anyio.CancelScope(shield=True):
                 try:
                     if call is not None:
-                        found["contract"] = await anyio.to_thread.run_sync(_service_answer,
-                                                                          call)
+                        found["contract"] = await anyio.to_thread.run_sync(
+                            _service_answer, call, files)
                     else:
                         found["contract"] = (await averify_tree(
                             served.root, mood=Mood(args.mood), sandbox_name=self.sandbox,
@@ -255,40 +258,58 @@ async def _stop_until(done: anyio.Event, stop: Callable[[], object]) -> None:
             await done.wait()
 
 
-def _service_call(request: dict[str, Any]) -> Call | None:
-    """A running service's worker for ``request``, or None (verify in this process).
+def _service_call(request: dict[str, Any]) -> tuple[Call | None, Any]:
+    """A running service's worker for ``request`` and the files it prints on (its stdout
+    and stderr), or None (verify in this process).
 
     Raises:
         UserError: ``CHOIR_SERVE=require`` and no service took it.
     """
+    import tempfile
+
     mode = service.mode()
     if mode == "off":
-        return None
-    call, why = service.Call.start(choir_home(), request)
-    if call is None and mode == "require":
-        raise UserError(f"CHOIR_SERVE=require: {why}")
-    return call
+        return None, None
+    # closed by _service_answer once the worker has printed, or below
+    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115
+    with open(os.devnull, "rb") as null:
+        call, why = service.Call.start(choir_home(), request,
+                                       (null.fileno(), out.fileno(), err.fileno()))
+    if call is None:
+        out.close()
+        err.close()
+        if mode == "require":
+            raise UserError(f"CHOIR_SERVE=require: {why}")
+    return call, (out, err)
 
 
-def _service_answer(call: Call) -> dict[str, Any]:
-    """The contract the worker answered with.
+def _service_answer(call: Call, files: Any) -> dict[str, Any]:
+    """The contract the worker printed (``choir verify --json``).
 
     Raises:
         UserError: the verification's configuration error, or the worker was lost.
         RuntimeError: the verification crashed in the worker (its traceback).
     """
+    out, err = files
     try:
-        reply = call.finish(lambda kind, data: None)
-    except service.Lost as exc:
-        raise UserError(str(exc)) from None
+        try:
+            code = call.wait()
+        except service.Lost as exc:
+            raise UserError(str(exc)) from None
+        finally:
+            call.close()
+        out.seek(0)
+        err.seek(0)
+        printed, said = out.read(), err.read(SAID_MAX).decode(errors="replace")
     finally:
-        call.close()
-    if "error" in reply:
-        error = reply["error"]
-        if error.get("crash"):
-            raise RuntimeError(str(error.get("message")))
-        raise UserError(str(error.get("message")))
-    contract: dict[str, Any] = reply["done"]["contract"]
+        out.close()
+        err.close()
+    if code == EXIT_USAGE:
+        raise UserError(said.strip().removeprefix("choir: error: "))
+    try:
+        contract: dict[str, Any] = json.loads(printed)
+    except ValueError:
+        raise RuntimeError(f"verify exited {code} without its JSON: {said[-2000:]}") from None
     return contract
 
 

@@ -6,8 +6,11 @@ used only when it is provably this user's and current: the folder and the socket
 socket another user planted is never spoken to), and it takes the request rather than
 answering ``stale`` or ``refused``. Any of those failing, or no service at all, returns
 None with the reason, and the command runs cold, so the answer is the same either way.
-After ``started`` there is no way back (the service may have begun recording evidence): a
-connection lost then is ``Lost``, which the command reports as a failure.
+A worker that takes the request runs the command on this process's own descriptors (its
+working directory, root, stdin, stdout and stderr travel with the request), so the terminal
+shows exactly what the cold command prints, live view included, and the client only waits
+for the exit code. After ``started`` there is no way back (the service may have begun
+recording evidence): a connection lost then is ``Lost``, reported as a failure.
 
 ``CHOIR_SERVE`` chooses: ``auto`` (the default: use a service when one answers), ``off``
 (never ask), ``require`` (exit 2 when none answers, saying why: for scripts and benchmarks
@@ -23,7 +26,6 @@ import os
 import socket
 import struct
 import sys
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,10 +37,8 @@ from choir.serve import place, stale
 
 ENV = "CHOIR_SERVE"
 MODES = ("auto", "off", "require")
-MAX_ANSWER = 256 << 20
+MAX_ANSWER = 64 << 10  # the service says only short things: queued, started, exit, why not
 _CREDS = struct.Struct("3i")
-
-OnEvent = Callable[[str, dict[str, Any]], None]
 
 
 class Lost(Exception):
@@ -103,15 +103,17 @@ def _message(sock: socket.socket) -> dict[str, Any] | None:
 
 @dataclass
 class Call:
-    """One request a worker took: its events, then its answer."""
+    """One request a worker took; it answers with the command's exit code."""
 
     sock: socket.socket
     pid: int
 
     @classmethod
-    def start(cls, home: Path, request: dict[str, Any]) -> tuple[Call | None, str]:
-        """Send ``request`` (``choir.serve.wire``'s fields) and wait until a worker takes it;
-        None and why when no service does (the caller runs cold)."""
+    def start(cls, home: Path, request: dict[str, Any],
+              stdio: tuple[int, int, int] = (0, 1, 2)) -> tuple[Call | None, str]:
+        """Send ``request`` (``choir.serve.wire``'s fields) with this process's working
+        directory, root and ``stdio`` (what the command reads and prints on), and wait until
+        a worker takes it; None and why when no service does (the caller runs cold)."""
         sock, why = connect(home)
         if sock is None:
             return None, why
@@ -120,7 +122,7 @@ class Call:
             cwd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
-                frames.send(sock, envelope, (cwd, root))
+                frames.send(sock, envelope, (cwd, root, *stdio))
             finally:
                 os.close(cwd)
                 os.close(root)
@@ -142,33 +144,16 @@ class Call:
                     return None, f"the service is {key}: {str(message[key])[:2000]}"
             return None, "the service answered something this client does not understand"
 
-    def messages(self) -> Iterator[dict[str, Any]]:
-        """The frames after ``started``, through ``done`` or ``error``.
+    def wait(self) -> int:
+        """The command's exit code, once the worker has run it.
 
         Raises:
-            Lost: the connection ended before the answer.
+            Lost: the connection ended first.
         """
-        while True:
-            message = _message(self.sock)
-            if message is None:
-                raise Lost(f"the service's worker (pid {self.pid}) ended without an answer")
-            yield message
-            if "done" in message or "error" in message:
-                return
-
-    def finish(self, on_event: OnEvent) -> dict[str, Any]:
-        """Feed events to ``on_event``; return the last frame (``done`` or ``error``).
-
-        Raises:
-            Lost: the connection ended before the answer.
-        """
-        for message in self.messages():
-            if "event" in message:
-                kind, data = message["event"]
-                on_event(str(kind), data if isinstance(data, dict) else {})
-            elif "done" in message or "error" in message:
-                return message
-        raise Lost(f"the service's worker (pid {self.pid}) ended without an answer")
+        message = _message(self.sock)
+        if message is None or not isinstance(message.get("exit"), int):
+            raise Lost(f"the service's worker (pid {self.pid}) ended without an answer")
+        return int(message["exit"])
 
     def stop(self) -> None:
         """Ask the worker to stop the sandboxes and conclude on what they did."""

@@ -6,9 +6,9 @@ the same files of the ``choir`` package and its packaged policies and prompts (p
 modification time of each, the way ``make`` and git's index tell a changed file), the same
 interpreter, the same installed packages (the plugins that entry points find: the folders on
 ``sys.path`` and their modification times, which an install changes), and the same variables
-that act before any code runs (``PYTHON*``, ``LD_*``). Anything else in the environment is
-the request's own: the worker runs with the client's environment, never the service's. A
-client that differs in any of these is told the service is stale and runs cold.
+that act before any code runs (``PYTHON*``, ``LD_*``, the locale's). Anything else in the
+environment is the request's own: the worker runs with the client's environment, never the
+service's. A client that differs in any of these is told the service is stale and runs cold.
 
 Standard library only, and cheap (a few hundred ``stat`` calls): the client computes it on
 every ``choir verify``.
@@ -25,7 +25,9 @@ from pathlib import Path
 from choir._version import __version__
 
 START_PREFIXES = ("PYTHON", "LD_")
-"""Variables read by the interpreter or the dynamic loader before Choir runs."""
+START_NAMES = ("LANG", "LC_ALL", "LC_CTYPE")
+"""Variables read by the interpreter or the dynamic loader before Choir runs (the locale
+ones choose the encoding of the standard streams and of file names)."""
 
 
 def _package_files(root: Path) -> list[str]:
@@ -74,7 +76,8 @@ def code() -> str:
 
 def start_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The variables of ``environ`` that act before any code runs."""
-    return {k: v for k, v in environ.items() if k.startswith(START_PREFIXES)}
+    return {k: v for k, v in environ.items()
+            if k.startswith(START_PREFIXES) or k in START_NAMES}
 
 
 def differences(mine: Mapping[str, str], theirs: Mapping[str, str]) -> list[str]:
@@ -82,4 +85,4 @@ def differences(mine: Mapping[str, str], theirs: Mapping[str, str]) -> list[str]
     return sorted(k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k))
 
 
-__all__ = ["START_PREFIXES", "code", "differences", "start_env"]
+__all__ = ["START_NAMES", "START_PREFIXES", "code", "differences", "start_env"]

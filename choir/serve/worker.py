@@ -13,11 +13,14 @@ service is not stale for this client (``choir.serve.stale``), and where the clie
 its root must be the service's own (a client in another mount namespace or a chroot means
 other files by the same names), and the working directory is the descriptor it sent, which
 the path it sent must name. Then it takes the client's environment whole (and nothing of the
-service's), its umask and that directory, and runs the same function the cold command runs,
-streaming its progress events. A client that goes away is treated the way the command treats
-an interruption: ``verify`` has its sandboxes killed until it concludes on what they did
-(like ``choir mcp``, so every run it sealed is attested and ``choir audit`` stays clean), a
-``run`` is interrupted like Ctrl-C (its checkpoints let ``choir run --resume`` finish it).
+service's), its umask, that directory and its stdin, stdout and stderr, and runs the same
+function the cold command runs: what the client's terminal shows, the live view included, is
+what the command prints cold, because it is the same code printing on the same descriptors.
+The client gets the exit code. A client that goes away is treated the way the command treats
+an interruption, and nothing more is written to its terminal: ``verify`` has its sandboxes
+killed until it concludes on what they did (like ``choir mcp``, so every run it sealed is
+attested and ``choir audit`` stays clean), a ``run`` is interrupted like Ctrl-C (its
+checkpoints let ``choir run --resume`` finish it).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import atexit
 import json
 import os
 import socket
+import sys
 import threading
 import traceback
 from collections.abc import Callable, Mapping
@@ -38,7 +42,6 @@ from pydantic import ValidationError
 
 from choir._core import frames
 from choir._core.paths import choir_home
-from choir.exceptions import UserError
 from choir.sandbox.stop import stop_steps
 from choir.serve import stale
 from choir.serve.wire import MAX_REQUEST, Context, Envelope, Request
@@ -47,17 +50,18 @@ REQUEST_WAIT_S = 10.0  # a client that connects and says nothing frees its worke
 STOP_EVERY_S = 0.2
 PREARM = 2  # launchers armed while idle: a round's first verifiers start without a wait
 REASON_MAX = 2000
-
-Emit = Callable[[str, dict[str, Any]], None]
+DESCRIPTORS = 5  # the client's working directory, root, stdin, stdout, stderr
 
 
 @dataclass(frozen=True)
 class Command:
-    """How the service answers one command: ``answer(request, emit)`` returns the JSON the
-    client renders; ``interrupt`` says what a client that goes away means (Ctrl-C, or the
-    ``choir mcp`` way: stop the sandboxes and conclude)."""
+    """How the service runs one command: ``run(request)`` returns its exit code (the
+    function the cold command runs, printing on the client's descriptors, its usage errors
+    said and turned into exit 2 as the CLI's entry point does); ``interrupt``
+    says what a client that goes away means (Ctrl-C, or ``choir mcp``'s way: stop the
+    sandboxes and conclude)."""
 
-    answer: Callable[[Any, Emit], dict[str, Any]]
+    run: Callable[[Any], int]
     interrupt: bool = False
 
 
@@ -80,24 +84,21 @@ class _Link:
     conn: socket.socket
     lock: threading.Lock = field(default_factory=threading.Lock)
     gone: bool = False
-    stop: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
 
     def send(self, message: dict[str, Any]) -> None:
-        data = json.dumps(message, default=str).encode()
         with self.lock:
             if self.gone:
                 return
             try:
-                frames.send(self.conn, data)
+                frames.send(self.conn, json.dumps(message).encode())
             except OSError:
                 self.gone = True
-                self.stop.set()
 
 
 def warm_idle() -> None:
     """What an idle worker readies before its request: launchers in cgroup pairs, and the
-    bwrap probe every sandbox choice asks for (the answers a cold process finds the same way)."""
+    bwrap probe every sandbox choice asks for (answers a cold process finds the same way)."""
     from choir.sandbox import _cgroups
     from choir.sandbox.bwrap import BwrapSandbox
 
@@ -131,41 +132,47 @@ def answer(service: Service, conn: socket.socket) -> None:
     """Read, check and answer the request on ``conn``."""
     conn.settimeout(REQUEST_WAIT_S)
     try:
-        data, fds = frames.recv_with_fds(conn, MAX_REQUEST, 2)
+        data, fds = frames.recv_with_fds(conn, MAX_REQUEST, DESCRIPTORS)
     except (OSError, ValueError):
         return
     link = _Link(conn)
     try:
-        if data is None:
-            link.send({"refused": f"no request, or one over {MAX_REQUEST} bytes"})
+        why, envelope = _check(service, data, fds)
+        if envelope is None:
+            link.send(why)
             return
-        try:
-            envelope = Envelope.model_validate_json(data)
-        except ValidationError as exc:
-            link.send({"refused": _refusal(exc)})
-            return
-        if len(fds) != 2:
-            link.send({"refused": "a request carries two descriptors: the client's working "
-                                  "directory and its root"})
-            return
-        why = _stale(service, envelope.context)
-        if why:
-            link.send({"stale": why})
-            return
-        why = _standing(service, envelope.context, fds[0], fds[1])
-        if why:
-            link.send({"refused": why})
-            return
-        _stand(envelope.context, fds[0])
+        _stand(envelope.context, fds[0], fds[2:])
         if choir_home().resolve() != service.home:
-            link.send({"stale": f"the service is for CHOIR_HOME={service.home}; this client's "
-                                f"is {choir_home()}"})
+            _silence()
+            link.send({"stale": f"the service is for CHOIR_HOME={service.home}; this "
+                                f"client's is {choir_home()}"})
             return
     finally:
         for fd in fds:
             os.close(fd)
     conn.settimeout(None)
     _run(service.commands[envelope.request.command], envelope.request, link)
+
+
+def _check(service: Service, data: bytes | None,
+           fds: list[int]) -> tuple[dict[str, str], Envelope | None]:
+    """The request, or the answer that refuses it."""
+    if data is None:
+        return {"refused": f"no request, or one over {MAX_REQUEST} bytes"}, None
+    try:
+        envelope = Envelope.model_validate_json(data)
+    except ValidationError as exc:
+        return {"refused": _refusal(exc)}, None
+    if len(fds) != DESCRIPTORS:
+        return {"refused": "a request carries five descriptors: the client's working "
+                           "directory, its root, stdin, stdout and stderr"}, None
+    why = _stale(service, envelope.context)
+    if why:
+        return {"stale": why}, None
+    why = _standing(service, envelope.context, fds[0], fds[1])
+    if why:
+        return {"refused": why}, None
+    return {}, envelope
 
 
 def _stale(service: Service, context: Context) -> str:
@@ -202,12 +209,30 @@ def _standing(service: Service, context: Context, cwd_fd: int, root_fd: int) -> 
     return ""
 
 
-def _stand(context: Context, cwd_fd: int) -> None:
-    """Take the client's directory, environment (all of it, none of the service's) and umask."""
+def _stand(context: Context, cwd_fd: int, stdio: list[int]) -> None:
+    """Take the client's directory, environment (all of it, none of the service's), umask
+    and standard streams, as its own cold process would have had them."""
     os.fchdir(cwd_fd)
     os.environ.clear()
     os.environ.update(context.environ)
     os.umask(context.umask)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    for target, fd in enumerate(stdio):
+        os.dup2(fd, target)
+    # the interpreter buffers stdout by line on a terminal only; stderr always by line
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=os.isatty(1))
+
+
+def _silence() -> None:
+    """Nothing more for the client's terminal: its streams become /dev/null."""
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for target in (0, 1, 2):
+            os.dup2(null, target)
+    finally:
+        os.close(null)
 
 
 def _run(command: Command, request: Request, link: _Link) -> None:
@@ -215,17 +240,20 @@ def _run(command: Command, request: Request, link: _Link) -> None:
     threading.Thread(target=_watch, args=(link, command.interrupt), name="choir-serve-watch",
                      daemon=True).start()
     try:
-        result = command.answer(request, lambda kind, data: link.send({"event": [kind, data]}))
-    except UserError as exc:
-        link.send({"error": {"message": str(exc), "code": 2}})
+        code = command.run(request)
     except KeyboardInterrupt:
-        pass  # the client went away and this was a run: interrupted as Ctrl-C would
-    except Exception:  # noqa: BLE001 - the command crashed: the client shows what a cold one would
-        link.send({"error": {"message": traceback.format_exc(), "code": 1, "crash": True}})
-    else:
-        link.send({"done": result})
+        code = 130  # the client went away and this was a run: interrupted as Ctrl-C would
+    except Exception:  # noqa: BLE001 - the command crashed: shown as a cold crash is
+        traceback.print_exc()
+        code = 1
     finally:
         link.done.set()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:
+            pass
+    link.send({"exit": code})
 
 
 def _watch(link: _Link, interrupt: bool) -> None:
@@ -245,6 +273,7 @@ def _watch(link: _Link, interrupt: bool) -> None:
                 message = None
             if message is None:
                 link.gone = True
+                _silence()
             elif not (isinstance(message, dict) and message.get("op") == "stop"):
                 continue  # nothing else is understood; the command goes on
             if interrupt and link.gone:
