@@ -69,6 +69,15 @@ def make_repo(path: Path, calc: str = CALC_OK, config: str = UNIT) -> Path:
     return path
 
 
+def command_item(tmp_path: Path, item_id: str, script: str) -> Path:
+    """A work item over ``tmp_path/repo`` whose executor runs the Python ``script`` there."""
+    (tmp_path / f"{item_id}.py").write_text(script)
+    item = tmp_path / f"{item_id}.yaml"
+    item.write_text(f"id: {item_id}\ngoal: {item_id}\nrepo: ./repo\nexecutor:\n"
+                    f"  kind: command\n  command: {PY} {tmp_path / f'{item_id}.py'}\n")
+    return item
+
+
 def choir(*args: str, serve: str | None = None, cwd: Path | None = None,
           extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``choir ARGS`` as a user runs it (``CHOIR_SERVE`` as given)."""
@@ -129,8 +138,8 @@ RAW = textwrap.dedent("""\
     s.connect(f"/proc/self/fd/{folder}/" + os.path.basename(args["sock"]))
     data = json.dumps(args["envelope"]).encode()
     null = os.open(os.devnull, os.O_RDWR)
-    fds = [os.open(args["cwd"], os.O_PATH), os.open(args["root"], os.O_PATH), null, null,
-           null] if args["fds"] else []
+    fds = [os.open(args["cwd"], os.O_PATH), os.open(args["root"], os.O_PATH)] \\
+        if args["fds"] else []
     frame = struct.pack(">I", len(data)) + data
     try:
         if fds:
@@ -147,7 +156,10 @@ RAW = textwrap.dedent("""\
             print("{}"); break
         body = s.recv(struct.unpack(">I", head)[0], socket.MSG_WAITALL)
         message = json.loads(body)
-        if "queued" not in message:
+        if "ready" in message:  # taken: the streams follow (/dev/null here)
+            s.sendmsg([struct.pack(">I", 2) + b"{}"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                                       struct.pack("3i", null, null, null))])
+        elif "queued" not in message:
             print(json.dumps(message)); break
     """)
 

@@ -37,6 +37,7 @@ from choir.serve import place, stale
 
 ENV = "CHOIR_SERVE"
 MODES = ("auto", "off", "require")
+FIRST_REPLY_S = 10.0
 MAX_ANSWER = 64 << 10  # the service says only short things: queued, started, exit, why not
 _CREDS = struct.Struct("3i")
 
@@ -122,21 +123,31 @@ class Call:
             cwd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
-                frames.send(sock, envelope, (cwd, root, *stdio))
+                frames.send(sock, envelope, (cwd, root))
             finally:
                 os.close(cwd)
                 os.close(root)
         except OSError as exc:
             sock.close()
             return None, f"the service did not take the request ({exc.strerror or exc})"
+        sock.settimeout(FIRST_REPLY_S)  # a live service answers at once, if only `queued`
         while True:
             message = _message(sock)
             if message is None:
                 sock.close()
-                return None, "the service closed the connection before taking the request"
+                return None, ("the service did not take the request (it closed the "
+                              f"connection, or said nothing for {FIRST_REPLY_S:g} s)")
+            if "ready" in message:  # taken: now the streams, never before (worker.answer)
+                try:
+                    frames.send(sock, b"{}", stdio)
+                except OSError:
+                    pass  # then the next read finds the connection gone
+                continue
             if "started" in message:
+                sock.settimeout(None)
                 return cls(sock, int(message["started"].get("pid", 0))), ""
             if "queued" in message:
+                sock.settimeout(None)  # every worker is busy: its turn comes
                 continue
             sock.close()
             for key in ("stale", "refused"):

@@ -50,7 +50,8 @@ REQUEST_WAIT_S = 10.0  # a client that connects and says nothing frees its worke
 STOP_EVERY_S = 0.2
 PREARM = 2  # launchers armed while idle: a round's first verifiers start without a wait
 REASON_MAX = 2000
-DESCRIPTORS = 5  # the client's working directory, root, stdin, stdout, stderr
+PLACE_FDS = 2  # the client's working directory and root, with the request
+STDIO_FDS = 3  # its stdin, stdout and stderr, once the request is taken
 
 
 @dataclass(frozen=True)
@@ -129,10 +130,16 @@ def _refusal(exc: ValidationError) -> str:
 
 
 def answer(service: Service, conn: socket.socket) -> None:
-    """Read, check and answer the request on ``conn``."""
+    """Read, check and answer the request on ``conn``.
+
+    The client's standard streams come only once the request is taken (``ready``): had
+    they come with it, a service that never reads it (stopped, or stuck) would hold the
+    client's stdout open after the client gave up on it and ran cold, and a pipe reading
+    that stdout (``choir verify | tee``) would never end.
+    """
     conn.settimeout(REQUEST_WAIT_S)
     try:
-        data, fds = frames.recv_with_fds(conn, MAX_REQUEST, DESCRIPTORS)
+        data, fds = frames.recv_with_fds(conn, MAX_REQUEST, PLACE_FDS)
     except (OSError, ValueError):
         return
     link = _Link(conn)
@@ -141,14 +148,27 @@ def answer(service: Service, conn: socket.socket) -> None:
         if envelope is None:
             link.send(why)
             return
-        _stand(envelope.context, fds[0], fds[2:])
+        _stand(envelope.context, fds[0])
         if choir_home().resolve() != service.home:
-            _silence()
             link.send({"stale": f"the service is for CHOIR_HOME={service.home}; this "
                                 f"client's is {choir_home()}"})
             return
     finally:
         for fd in fds:
+            os.close(fd)
+    link.send({"ready": {}})
+    try:
+        data, stdio = frames.recv_with_fds(conn, 64, STDIO_FDS)
+    except (OSError, ValueError):
+        return
+    try:
+        if data is None or len(stdio) != STDIO_FDS:
+            link.send({"refused": "a request is followed by three descriptors: the client's "
+                                  "stdin, stdout and stderr"})
+            return
+        _take_streams(stdio)
+    finally:
+        for fd in stdio:
             os.close(fd)
     conn.settimeout(None)
     _run(service.commands[envelope.request.command], envelope.request, link)
@@ -163,9 +183,9 @@ def _check(service: Service, data: bytes | None,
         envelope = Envelope.model_validate_json(data)
     except ValidationError as exc:
         return {"refused": _refusal(exc)}, None
-    if len(fds) != DESCRIPTORS:
-        return {"refused": "a request carries five descriptors: the client's working "
-                           "directory, its root, stdin, stdout and stderr"}, None
+    if len(fds) != PLACE_FDS:
+        return {"refused": "a request carries two descriptors: the client's working "
+                           "directory and its root"}, None
     why = _stale(service, envelope.context)
     if why:
         return {"stale": why}, None
@@ -209,13 +229,17 @@ def _standing(service: Service, context: Context, cwd_fd: int, root_fd: int) -> 
     return ""
 
 
-def _stand(context: Context, cwd_fd: int, stdio: list[int]) -> None:
-    """Take the client's directory, environment (all of it, none of the service's), umask
-    and standard streams, as its own cold process would have had them."""
+def _stand(context: Context, cwd_fd: int) -> None:
+    """Take the client's directory, environment (all of it, none of the service's) and
+    umask, as its own cold process would have had them."""
     os.fchdir(cwd_fd)
     os.environ.clear()
     os.environ.update(context.environ)
     os.umask(context.umask)
+
+
+def _take_streams(stdio: list[int]) -> None:
+    """The client's stdin, stdout and stderr become this process's."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     for target, fd in enumerate(stdio):
