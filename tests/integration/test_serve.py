@@ -593,3 +593,31 @@ def test_a_frozen_service_is_waited_for_a_bounded_time(tmp_path: Path, service: 
         assert time.monotonic() - started < 60
     finally:
         os.kill(service, signal.SIGCONT)
+
+
+def test_the_warm_up_covers_what_a_verify_imports(tmp_path: Path) -> None:
+    """A worker pays no import on a request's path: after the service's warm-up, a verify
+    imports no module of Choir's (a new lazy import belongs in WARM_MODULES)."""
+    repo = make_repo(tmp_path / "repo", config=QUICK)
+    script = textwrap.dedent(f"""\
+        import contextlib, io, sys
+        from pathlib import Path
+        from choir.trusted import separate
+        separate()
+        from choir.cli.serve import _warm_up
+        from choir.serve.worker import warm_idle
+        _warm_up()
+        warm_idle()
+        before = set(sys.modules)
+        from choir.cli.verify import serve_verify
+        with contextlib.redirect_stdout(io.StringIO()):
+            code = serve_verify(Path({str(repo)!r}), mood=None, sandbox_name={sandbox_name()!r},
+                                as_json=True, claim=None, otel=False)
+        assert code == 0, code
+        print(" ".join(sorted(set(sys.modules) - before)))
+        """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    imported = proc.stdout.split()
+    assert not [m for m in imported if m.startswith("choir")], imported
