@@ -139,6 +139,7 @@ class Server:
         self.last_active = time.monotonic()
         self.stopping = False
         self.failures, self.failed_at = 0, 0.0
+        self.ready_fd: int | None = None
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.listener, selectors.EVENT_READ, "accept")
@@ -150,11 +151,13 @@ class Server:
         previous = {sig: signal.signal(sig, lambda *_: None)
                     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)}
         old_wakeup = signal.set_wakeup_fd(self._wake_w)
+        self.ready_fd = ready
         try:
             self._fill()
             if ready is not None:
                 os.write(ready, b"ready\n")
                 os.close(ready)
+                self.ready_fd = None
             while not self.stopping:
                 for key, _ in self.selector.select(TICK_S):
                     if key.data == "accept":
@@ -262,10 +265,16 @@ class Server:
                         self.stopping = True
 
     def _fill(self) -> None:
+        from choir.exceptions import IntegrityError
+
         if self.failures and time.monotonic() - self.failed_at < TICK_S:
             return  # a worker just failed to start: not in a tight loop
         while len(self.idle) + len(self.busy) < self.jobs and not self.stopping:
-            self.idle.append(self._fork())
+            try:
+                self.idle.append(self._fork())
+            except IntegrityError as exc:  # the broker is gone: no worker could sign
+                print(f"choir serve: stopping: {exc}", file=sys.stderr, flush=True)
+                self.stopping = True
 
     def _fork(self) -> _Worker:
         from choir.serve import worker
@@ -306,6 +315,8 @@ class Server:
         self._drop()
         os.close(self.folder_fd)
         os.close(self.lock_fd)  # the lock stays the service's: its copy here is gone
+        if self.ready_fd is not None:
+            os.close(self.ready_fd)
 
 
 def start(home: Path, commands: Mapping[str, Command], *, jobs: int, idle_timeout_s: float,
