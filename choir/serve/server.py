@@ -5,9 +5,10 @@
 process never reads a request itself: it accepts a connection, checks that the peer is this
 user (``SO_PEERCRED``; the socket is 0600 in a 0700 folder anyway, ``choir.serve.place``), and
 hands the connection to an idle worker (``choir.serve.worker``), which answers it and exits.
-A new idle worker is forked at once, off the next request's path, so at most ``jobs``
-workers exist and at most ``jobs`` requests run side by side; a connection that finds none
-idle waits in a bounded queue and is told so.
+At most ``jobs`` workers exist, busy or idle, so at most ``jobs`` requests run side by side;
+when one exits, a fresh idle one is forked, off any request's path (with ``jobs`` of 2, one
+client after another always finds a warm one). A connection that finds none idle waits in a
+bounded queue and is told so.
 
 The process stays single-threaded (a selector loop; signals arrive through a wakeup pipe),
 so each fork copies no lock held by another thread. A worker owns its connection and its
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import fcntl
 import gc
+import json
 import os
 import selectors
 import signal
@@ -231,15 +233,16 @@ class Server:
             assert worker.ctl is not None
             try:
                 frames.send(worker.ctl, b"conn", (conn.fileno(),))
-                self.busy[worker.pid] = worker
+                handed = True
             except OSError:
-                self.queue.appendleft(conn)  # that worker died idle; reaped on the next turn
-                conn = None  # type: ignore[assignment]
-            finally:
-                worker.ctl.close()
-                worker.ctl = None
-            if conn is not None:
-                conn.close()
+                handed = False  # that worker died idle; it is reaped on the next turn
+            worker.ctl.close()
+            worker.ctl = None
+            if handed:
+                self.busy[worker.pid] = worker
+                conn.close()  # the worker holds it now
+            else:
+                self.queue.appendleft(conn)
 
     def _reap(self) -> None:
         while True:
@@ -278,7 +281,7 @@ class Server:
 
     def _fork(self) -> _Worker:
         from choir.serve import worker
-        from choir.trusted import adopt, signer
+        from choir.trusted import close_all, signer
 
         broker_pid, broker = signer(self.service.home).channel()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -291,9 +294,9 @@ class Server:
             code = 0
             try:
                 self._become_worker(ours)
-                adopt(self.service.home, broker_pid, broker)
+                close_all()  # the service's channel: its broker serves the service alone
                 worker.warm_idle()
-                worker.run(self.service, theirs)
+                worker.run(self.service, theirs, (broker_pid, broker))
                 worker.finish()
             except BaseException:  # noqa: BLE001 - a worker never unwinds into the service
                 traceback.print_exc()  # to the service's output (its log when detached)
@@ -330,7 +333,7 @@ def start(home: Path, commands: Mapping[str, Command], *, jobs: int, idle_timeou
     from choir.exceptions import IntegrityError
     from choir.trusted import signer
 
-    home = home.resolve()
+    home = home.absolute()  # as `separate` started the broker (a link in it stays a link)
     fd = place.open_folder(home, create=True)
     assert fd is not None
     try:
@@ -352,8 +355,6 @@ def start(home: Path, commands: Mapping[str, Command], *, jobs: int, idle_timeou
 
 
 def _tell(conn: socket.socket, message: dict[str, object]) -> None:
-    import json
-
     try:
         conn.settimeout(1.0)
         frames.send(conn, json.dumps(message).encode())

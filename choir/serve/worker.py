@@ -45,6 +45,7 @@ from choir._core.paths import choir_home
 from choir.sandbox.stop import stop_steps
 from choir.serve import stale
 from choir.serve.wire import MAX_REQUEST, Context, Envelope, Request
+from choir.trusted import adopt
 
 REQUEST_WAIT_S = 10.0  # a client that connects and says nothing frees its worker
 STOP_EVERY_S = 0.2
@@ -107,11 +108,11 @@ def warm_idle() -> None:
     BwrapSandbox.available()
 
 
-def run(service: Service, ctl: socket.socket) -> None:
+def run(service: Service, ctl: socket.socket, broker: tuple[int, socket.socket]) -> None:
     """Wait for one connection from the service, answer it, return (the caller exits).
 
     The service hands the connection over ``ctl``; its end closing first means the service
-    stopped before this worker was needed.
+    stopped before this worker was needed. ``broker`` is this worker's own (pid, channel).
     """
     data, fds = frames.recv_with_fds(ctl, 64, 1)
     ctl.close()
@@ -120,7 +121,7 @@ def run(service: Service, ctl: socket.socket) -> None:
             os.close(fd)
         return
     with socket.socket(fileno=fds[0]) as conn:
-        answer(service, conn)
+        answer(service, conn, broker)
 
 
 def _refusal(exc: ValidationError) -> str:
@@ -129,7 +130,7 @@ def _refusal(exc: ValidationError) -> str:
     return ("not a request: " + "; ".join(parts))[:REASON_MAX]
 
 
-def answer(service: Service, conn: socket.socket) -> None:
+def answer(service: Service, conn: socket.socket, broker: tuple[int, socket.socket]) -> None:
     """Read, check and answer the request on ``conn``.
 
     The client's standard streams come only once the request is taken (``ready``): had
@@ -149,10 +150,12 @@ def answer(service: Service, conn: socket.socket) -> None:
             link.send(why)
             return
         _stand(envelope.context, fds[0])
-        if choir_home().resolve() != service.home:
+        if choir_home().resolve() != service.home.resolve():
             link.send({"stale": f"the service is for CHOIR_HOME={service.home}; this "
                                 f"client's is {choir_home()}"})
             return
+        # signing goes through this worker's broker, under the home as the client names it
+        adopt(choir_home().absolute(), *broker)
     finally:
         for fd in fds:
             os.close(fd)

@@ -135,6 +135,26 @@ def test_relative_paths_resolve_from_the_clients_directory(tmp_path: Path,
     assert json.loads(proc.stdout)["manifest"]["repo"] == str(repo.resolve())
 
 
+def test_a_home_named_through_a_link_is_the_same_home(tmp_path: Path,
+                                                      choir_home: Path) -> None:
+    """The service started through a link to the home, the client by its real path: the
+    same home, so the worker signs through its broker (it looked for one under the client's
+    name for the home, found none, and could not start one behind the mask)."""
+    link = tmp_path / "home-link"
+    link.symlink_to(choir_home)
+    pid = start_service(extra_env={"CHOIR_HOME": str(link)})
+    try:
+        repo = make_repo(tmp_path / "repo", config=QUICK)
+        proc = choir("verify", "--repo", str(repo), "--json", "--sandbox", sandbox_name(),
+                     serve="require")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert json.loads(proc.stdout)["attestations"]
+    finally:
+        subprocess.run([*CHOIR, "serve", "--stop"], env={**os.environ, "CHOIR_HOME": str(link)},
+                       capture_output=True, check=False)
+        wait_gone(pid)
+
+
 def test_each_request_gets_a_fresh_worker_with_the_clients_environment(
         tmp_path: Path, choir_home: Path) -> None:
     """Nothing of the service's environment, nor of an earlier request, reaches a request:
