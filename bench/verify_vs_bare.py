@@ -1,7 +1,7 @@
 """``choir verify --mood CALM`` against bare pytest on a real project's suite.
 
     python bench/verify_vs_bare.py [--runs 3] [--project toolz|networkx|generated] [--no-cold]
-                                   [--sandbox bwrap]
+                                   [--sandbox bwrap] [--warm]
                                    [--tests 200] [--work-ms 50] [--base-src DIR]
 
 Makes the project in a temp folder (git repo, its own ``.venv`` with pytest, a ``choir.yaml``
@@ -13,7 +13,17 @@ with ``unit: {uses: pytest}``), then runs, interleaved, one of each per round:
   what pytest costs on a read-only tree, which is what a sandboxed verifier sees;
 - ``choir``: ``choir verify --mood CALM`` (this checkout), exit 0 required;
 - ``choir-base``: the same with ``--base-src`` (an older checkout's source) first on
-  ``PYTHONPATH``, to measure a change before and after in one run.
+  ``PYTHONPATH``, to measure a change before and after in one run;
+- ``choir-warm`` (``--warm``): the same through a running ``choir serve`` (started with
+  ``--detach`` in the bench's home, ``CHOIR_SERVE=require`` so a cold run fails instead of
+  counting). Its CPU is the client's alone: the worker is the service's child.
+
+For the ``choir`` rows the ``fixed`` column is the wall time outside the sandboxed step
+(the session manifest's step durations subtracted): what Choir adds, less stretched by the
+suite's own variance on a loaded machine than the difference of two medians.
+Choir's own package is byte-compiled first (``compileall``), as an install does: on a
+machine that sets ``PYTHONDONTWRITEBYTECODE`` globally, an editable checkout would otherwise
+recompile the CLI's modules on every run, which no installed Choir does.
 
 Prints wall and CPU seconds (user+sys of the reaped process tree) of every run, the medians
 and the median ratios to ``bare``. For the ``choir`` rows the CPU is Choir's own (its
@@ -139,6 +149,17 @@ def timed(argv: list[str], cwd: Path, env: dict[str, str], ok: tuple[int, ...] =
     return wall, cpu
 
 
+def step_seconds(home: Path) -> float:
+    """The sandboxed steps' time in the newest ``choir verify`` session of ``home``."""
+    runs = home / "artifacts" / "runs"
+    newest = max((p for p in runs.glob("verify-*") if (p / "manifest.json").is_file()
+                  and p.name.count("-") == 2), key=lambda p: p.stat().st_mtime_ns)
+    import json
+
+    manifest = json.loads((newest / "manifest.json").read_text())
+    return sum(c["duration_ms"] for c in manifest["commands_executed"]) / 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
@@ -150,6 +171,8 @@ def main() -> None:
     parser.add_argument("--work-ms", type=float, default=50.0)
     parser.add_argument("--base-src", type=Path, default=None,
                         help="an older checkout's source root, run as 'choir-base'")
+    parser.add_argument("--warm", action="store_true",
+                        help="add 'choir-warm': the same through a running choir serve")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="choir-bench-verify-"))
     try:
@@ -159,8 +182,9 @@ def main() -> None:
         cold = cold_copy(repo, tmp)
         env = {k: v for k, v in os.environ.items()
                if k not in ("VIRTUAL_ENV", "PYTHONPATH", "CHOIR_ARTIFACT_DIR",
-                            "AGENT_ARTIFACT_DIR")}
+                            "AGENT_ARTIFACT_DIR", "CHOIR_SERVE")}
         env["CHOIR_HOME"] = str(tmp / "home")
+        home = tmp / "home"
         python = str(repo / ".venv/bin/python")
         pytest_argv = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
         choir_argv = [sys.executable, "-m", "choir", "verify", "--mood", "CALM", "--repo",
@@ -175,15 +199,28 @@ def main() -> None:
         if args.base_src is not None:
             configs["choir-base"] = (choir_argv, repo,
                                      {**env, "PYTHONPATH": str(args.base_src.resolve())})
+        if args.warm:
+            configs["choir"] = (choir_argv, repo, {**env, "CHOIR_SERVE": "off"})
+            configs["choir-warm"] = (choir_argv, repo, {**env, "CHOIR_SERVE": "require"})
+            subprocess.run([sys.executable, "-m", "choir", "serve", "--detach"], cwd=repo,
+                           env=env, check=True, stdout=subprocess.DEVNULL)
+        import choir
+
+        sh([sys.executable, "-m", "compileall", "-q", str(Path(choir.__file__).parent)], tmp)
         for argv, cwd, e in configs.values():
             timed(argv, cwd, e)  # warm-up: bytecode caches, the signing key, page cache
         samples: dict[str, list[tuple[float, float]]] = {name: [] for name in configs}
+        fixed: dict[str, list[float]] = {name: [] for name in configs if "choir" in name}
         for round_ in range(1, args.runs + 1):
             line = []
             for name, (argv, cwd, e) in configs.items():
                 wall, cpu = timed(argv, cwd, e)
                 samples[name].append((wall, cpu))
-                line.append(f"{name} {wall:.2f}s wall {cpu:.2f}s cpu")
+                extra = ""
+                if name in fixed:
+                    fixed[name].append(wall - step_seconds(home))
+                    extra = f" ({fixed[name][-1]:.3f}s fixed)"
+                line.append(f"{name} {wall:.2f}s wall {cpu:.2f}s cpu{extra}")
             print(f"run {round_}: " + " | ".join(line), flush=True)
         bare_wall = statistics.median(w for w, _ in samples["bare"])
         bare_cpu = statistics.median(c for _, c in samples["bare"])
@@ -195,7 +232,15 @@ def main() -> None:
             cpu = statistics.median(c for _, c in values)
             print(f"{name:11} {wall:7.2f} {cpu:7.2f} {wall / bare_wall:10.2f}x "
                   f"{cpu / bare_cpu:9.2f}x {wall - bare_wall:8.2f} {cpu - bare_cpu:7.2f}")
+        for name, values in fixed.items():
+            print(f"{name}: fixed (wall outside the sandboxed step) median "
+                  f"{statistics.median(values) * 1000:.0f} ms, "
+                  f"min {min(values) * 1000:.0f} ms, max {max(values) * 1000:.0f} ms")
     finally:
+        if args.warm:
+            subprocess.run([sys.executable, "-m", "choir", "serve", "--stop"],
+                           env={**os.environ, "CHOIR_HOME": str(tmp / "home")},
+                           stdout=subprocess.DEVNULL, check=False)
         for dirpath, _dirs, _names in os.walk(tmp):
             os.chmod(dirpath, 0o755)  # sealed snapshots and run folders are read-only
         shutil.rmtree(tmp, ignore_errors=True)

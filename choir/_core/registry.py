@@ -16,6 +16,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
+from choir._core import warm
 from choir._core.errors import UnknownNameError
 
 T = TypeVar("T")
@@ -66,6 +67,7 @@ class Registry(Generic[T]):
         self._registered.pop(name, None)
         self._loaded.pop(name, None)
 
+    @warm.cached
     def _plugins(self) -> dict[str, str]:
         from importlib.metadata import entry_points
 

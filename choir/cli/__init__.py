@@ -33,6 +33,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
                           "Trust the repo's interpreter as it is now (after pip install)."),
     "view": ("choir.cli.view", "view", "Browse runs, reports and attestations locally."),
     "mcp": ("choir.cli.mcp", "mcp", "Serve verify, reports and the gate to agents over MCP."),
+    "serve": ("choir.cli.serve", "serve", "Keep Choir warm for verify and run (a local service)."),
 }
 
 # Commands that sign or read what a step or an executor wrote: their process signs through
@@ -41,23 +42,77 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
 # DSSE exports), the folder is masked either way. `mcp` verifies and reads reports for an
 # agent: separated like `verify`.
 _SEPARATED = frozenset({"verify", "init", "run", "approve", "gate", "audit", "attest", "ahdb",
-                        "trace", "runs", "trust-interpreter", "mcp", "plan", "promote", "view"})
+                        "trace", "runs", "trust-interpreter", "mcp", "plan", "promote", "serve",
+                        "view"})
 _NO_NEW_KEY = frozenset({"view"})
+# Commands a running `choir serve` answers (choir.serve): at the process entry their
+# separation waits until the command knows it runs here, cold (`warm` below).
+_WARM = frozenset({"verify", "run"})
+# Flags that make a separated command only start or stop another process, reading nothing:
+# that process separates itself (a confined parent would hand it a masked key folder).
+_LAUNCHERS = {"serve": frozenset({"--detach", "--stop"})}
+_deferred = False
 
 
 def _separate(args: list[str]) -> None:
     """Start the signing broker, then hide the key from this process, before any work."""
+    global _deferred
     name = next((a for a in args if not a.startswith("-")), None)
-    if name not in _SEPARATED or {"-h", "--help"} & set(args):
+    if name not in _SEPARATED or {"-h", "--help", *_LAUNCHERS.get(name, ())} & set(args):
         return
+    if name in _WARM:
+        _deferred = True
+        return
+    _separate_now(make_key=name not in _NO_NEW_KEY)
+
+
+def _separate_now(*, make_key: bool = True) -> None:
     from choir.exceptions import ChoirError
     from choir.trusted import separate
 
     try:
-        separate(make_key=name not in _NO_NEW_KEY)
+        separate(make_key=make_key)
     except (ChoirError, OSError) as exc:
         click.echo(f"choir: error: {exc}", err=True)
         sys.exit(2)
+
+
+def warm(request: dict[str, Any]) -> int | None:
+    """The exit code of ``request`` answered by a running ``choir serve``, or None: then
+    this process separates, as every command that reads hostile bytes does, and the caller
+    runs cold. The service's worker runs the command on this process's own descriptors, so
+    what this terminal shows (the live view, the table, the JSON) is what the command
+    prints cold. Only at the process entry: a library or test caller of ``main`` runs
+    in-process, as before.
+
+    Raises:
+        UserError: ``CHOIR_SERVE=require`` and no service answered, or the worker was lost
+            after it took the request (nothing can safely run cold then).
+    """
+    global _deferred
+    if not _deferred:
+        return None
+    _deferred = False
+    from choir._core.paths import choir_home
+    from choir.exceptions import UserError
+    from choir.serve import client
+
+    mode = client.mode()
+    call, why = (None, "CHOIR_SERVE=off") if mode == "off" else \
+        client.Call.start(choir_home(), request)
+    if call is None:
+        if mode == "require":
+            raise UserError(f"CHOIR_SERVE=require: {why}")
+        client.note(why if mode == "auto" else "")
+        _separate_now()
+        return None
+    try:
+        return call.wait()
+    except client.Lost as exc:
+        raise UserError(f"{exc}; whatever it recorded is in the stores (`choir runs`), "
+                        "and the command can be run again") from None
+    finally:
+        call.close()
 
 
 class _LazyGroup(click.Group):

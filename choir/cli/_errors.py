@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import click
@@ -13,17 +14,23 @@ OTEL_HELP = ("Emit OpenTelemetry spans over OTLP/HTTP (also CHOIR_OTEL=1; the en
 
 
 def run_cli(cli: click.Group, argv: list[str]) -> NoReturn:
+    sys.exit(exit_code(lambda: cli.main(args=argv, prog_name="choir", standalone_mode=False)))
+
+
+def exit_code(command: Callable[[], Any]) -> int:
+    """Run a command and return its exit code, saying why on stderr when it is a usage
+    error: the CLI's entry point, and a worker of ``choir serve`` running a command."""
     from choir.exceptions import UserError
 
     try:
-        rv: Any = cli.main(args=argv, prog_name="choir", standalone_mode=False)
+        rv: Any = command()
     except UserError as exc:
         click.echo(f"choir: error: {exc}", err=True)
-        sys.exit(EXIT_USAGE)
+        return EXIT_USAGE
     except click.exceptions.Abort:
         click.echo("choir: aborted", err=True)
-        sys.exit(EXIT_FAIL)
+        return EXIT_FAIL
     except click.ClickException as exc:
         exc.show()
-        sys.exit(EXIT_USAGE)
-    sys.exit(rv if isinstance(rv, int) else EXIT_OK)
+        return EXIT_USAGE
+    return rv if isinstance(rv, int) else EXIT_OK

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from choir._core import warm
 from choir._core.canonical import hash_json
 from choir._core.resources import data_path
 from choir.config import RepoConfig
@@ -110,6 +111,7 @@ def _packaged_doc() -> YamlDoc:
     return load_yaml(path)
 
 
+@warm.cached
 def load_packaged_policy() -> _PackagedPolicy:
     """The packaged defaults. A broken packaged file is a ConfigError like any other."""
     doc = _packaged_doc()

@@ -10,6 +10,7 @@ here, out of every tool's arguments.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,8 +25,10 @@ from choir.executors.prompt import MAX_FEEDBACK_REPORTS
 from choir.mcp.args import GateArgs, ListRunsArgs, ShowArgs, VerifyArgs
 from choir.mcp.bound import clean, fit
 from choir.mcp.scope import Scope, Served
-from choir.mcp.stop import stop_steps
 from choir.models import Attestation, Mood, VerificationReport
+from choir.sandbox.stop import stop_steps
+from choir.serve import client as service
+from choir.serve.client import Call
 from choir.view.index import MAX_MANIFEST, RunIndex
 from choir.view.reads import Stores, attestation_view, load_report
 
@@ -33,6 +36,8 @@ VERIFY_TIMEOUT_S = 900.0
 FAILING_MAX = 20  # failing tests named in one answer (each with file:line and an excerpt)
 VIOLATIONS_MAX = 10
 STOP_EVERY_S = 0.2
+EXIT_USAGE = 2  # `choir verify`'s exit code for a configuration error
+SAID_MAX = 64 << 10  # what a worker's stderr may hold that an answer reads
 
 
 @dataclass
@@ -85,20 +90,31 @@ class Tools:
         waiting for them: they would run on, then seal run folders nothing attests (which
         ``choir audit`` rightly reports). So the verification itself is never cancelled;
         past the bound, or when the client cancels the call, its sandboxes are killed
-        (``choir.mcp.stop``) until it concludes on what they did, like a step that timed
+        (``choir.sandbox.stop``) until it concludes on what they did, like a step that timed
         out. A cancelled call still raises once the session is recorded.
+
+        A running ``choir serve`` verifies when there is one (``choir.serve.client``): the
+        same code in a warm worker, whose sandboxes it stops when asked.
         """
         from choir.app.verify import averify_tree
 
         found: dict[str, Any] = {}
         done = anyio.Event()
+        call, files = await anyio.to_thread.run_sync(_service_call, {
+            "command": "verify", "repo": str(served.root), "mood": args.mood,
+            "sandbox": self.sandbox, "as_json": True, "claim": args.claim})
+        stop: Callable[[], object] = call.stop if call is not None else stop_steps
 
         async def run() -> None:
             with anyio.CancelScope(shield=True):
                 try:
-                    found["outcome"] = await averify_tree(
-                        served.root, mood=Mood(args.mood), sandbox_name=self.sandbox,
-                        claim=args.claim)
+                    if call is not None:
+                        found["contract"] = await anyio.to_thread.run_sync(
+                            _service_answer, call, files)
+                    else:
+                        found["contract"] = (await averify_tree(
+                            served.root, mood=Mood(args.mood), sandbox_name=self.sandbox,
+                            claim=args.claim)).contract
                 except Exception as exc:  # handed to the caller below
                     found["error"] = exc
                 finally:
@@ -112,14 +128,14 @@ class Tools:
                     await done.wait()
             except anyio.get_cancelled_exc_class():
                 with anyio.CancelScope(shield=True):
-                    await _stop_until(done)
+                    await _stop_until(done, stop)
                 raise
             if not done.is_set():
                 stopped = True
-                await _stop_until(done)
+                await _stop_until(done, stop)
         if "error" in found:
             raise found["error"]
-        return found["outcome"].contract, stopped
+        return found["contract"], stopped
 
     def _session(self, served: Served, contract: dict[str, Any]) -> dict[str, Any]:
         stores = self._stores()
@@ -234,12 +250,67 @@ class Tools:
         return fit(clean({"runs": runs, "stored": len(rows)}), key="runs")
 
 
-async def _stop_until(done: anyio.Event) -> None:
+async def _stop_until(done: anyio.Event, stop: Callable[[], object]) -> None:
     """Kill the sandboxes, and every one a queued verifier starts next, until ``done``."""
     while not done.is_set():
-        await anyio.to_thread.run_sync(stop_steps)
+        await anyio.to_thread.run_sync(stop)
         with anyio.move_on_after(STOP_EVERY_S):
             await done.wait()
+
+
+def _service_call(request: dict[str, Any]) -> tuple[Call | None, Any]:
+    """A running service's worker for ``request`` and the files it prints on (its stdout
+    and stderr), or None (verify in this process).
+
+    Raises:
+        UserError: ``CHOIR_SERVE=require`` and no service took it.
+    """
+    import tempfile
+
+    mode = service.mode()
+    if mode == "off":
+        return None, None
+    # closed by _service_answer once the worker has printed, or below
+    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115
+    with open(os.devnull, "rb") as null:
+        call, why = service.Call.start(choir_home(), request,
+                                       (null.fileno(), out.fileno(), err.fileno()))
+    if call is None:
+        out.close()
+        err.close()
+        if mode == "require":
+            raise UserError(f"CHOIR_SERVE=require: {why}")
+    return call, (out, err)
+
+
+def _service_answer(call: Call, files: Any) -> dict[str, Any]:
+    """The contract the worker printed (``choir verify --json``).
+
+    Raises:
+        UserError: the verification's configuration error, or the worker was lost.
+        RuntimeError: the verification crashed in the worker (its traceback).
+    """
+    out, err = files
+    try:
+        try:
+            code = call.wait()
+        except service.Lost as exc:
+            raise UserError(str(exc)) from None
+        finally:
+            call.close()
+        out.seek(0)
+        err.seek(0)
+        printed, said = out.read(), err.read(SAID_MAX).decode(errors="replace")
+    finally:
+        out.close()
+        err.close()
+    if code == EXIT_USAGE:
+        raise UserError(said.strip().removeprefix("choir: error: "))
+    try:
+        contract: dict[str, Any] = json.loads(printed)
+    except ValueError:
+        raise RuntimeError(f"verify exited {code} without its JSON: {said[-2000:]}") from None
+    return contract
 
 
 def _capped(key: str, items: list[Any], most: int) -> dict[str, Any]:

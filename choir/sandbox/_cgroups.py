@@ -268,6 +268,18 @@ class _Pool:
             raise
         return slot
 
+    def prearm(self, count: int) -> None:
+        """Arm up to ``count`` pairs now, on the caller's thread, so this process's first
+        runs start in ready pairs (an idle worker of ``choir serve``, before its request).
+
+        Raises:
+            OSError: the groups cannot be made.
+        """
+        for _ in range(max(0, count - len(self.ready))):
+            with self.lock:
+                self.arming += 1
+            self._add_spare()
+
     def _add_spare(self) -> None:
         try:
             slot = self._new_slot()
@@ -348,6 +360,16 @@ def _pool() -> _Pool:
         if _POOL is None or _POOL.owner != os.getpid():  # a forked child starts its own
             _POOL = _Pool()
         return _POOL
+
+
+def prearm(count: int) -> bool:
+    """Arm ``count`` launchers in this process's pool now (``_Pool.prearm``); False where
+    cgroups cannot be used (the runs then go without them, as they would anyway)."""
+    try:
+        _pool().prearm(count)
+    except OSError:
+        return False
+    return True
 
 
 @atexit.register

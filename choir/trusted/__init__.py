@@ -11,13 +11,32 @@ broker (``choir.trusted.broker``) that signs only typed, bounded requests it rec
 from __future__ import annotations
 
 import atexit
+import importlib
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from choir._core.paths import choir_home
-from choir.trusted.client import BrokerSigner
-from choir.trusted.keyfile import KEY_FILE, Signer, key_id_of, keys_dir
+from choir.trusted.confine import keys_dir
+
+if TYPE_CHECKING:
+    import socket
+
+    from choir.trusted.client import BrokerSigner
+    from choir.trusted.keyfile import KEY_FILE, Signer, key_id_of
+
+# the names that need pydantic and cryptography, imported on first use: `choir verify`
+# confines itself through this package before it knows whether it needs either
+_LAZY = {"BrokerSigner": "choir.trusted.client", "KEY_FILE": "choir.trusted.keyfile",
+         "Signer": "choir.trusted.keyfile", "key_id_of": "choir.trusted.keyfile"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _MAX_BROKERS = 4
 _brokers: OrderedDict[Path, BrokerSigner] = OrderedDict()
@@ -48,6 +67,7 @@ def signer(home: Path | None = None) -> BrokerSigner:
 
 def _started(base: Path) -> BrokerSigner:
     from choir.trusted.broker import spawn
+    from choir.trusted.client import BrokerSigner
 
     with _lock:
         found = _brokers.get(base)
@@ -63,6 +83,18 @@ def _started(base: Path) -> BrokerSigner:
         return client
 
 
+def adopt(home: Path, pid: int, sock: socket.socket) -> None:
+    """Sign for ``home`` through the broker on ``sock`` (from ``BrokerSigner.channel``), in a
+    fork whose key folder is masked and which therefore cannot start one; the channels this
+    process inherited are closed here (their brokers serve the process that started them)."""
+    from choir.trusted.client import BrokerSigner
+
+    with _lock:
+        while _brokers:
+            _brokers.popitem()[1].close()
+        _brokers[home.absolute()] = BrokerSigner(home.absolute(), pid, sock)
+
+
 def separate(home: Path | None = None, *, make_key: bool = True) -> str:
     """Start the broker of ``home``, then hide its key folder from this process.
 
@@ -74,9 +106,13 @@ def separate(home: Path | None = None, *, make_key: bool = True) -> str:
     from choir.trusted.confine import confine
 
     base = (home or choir_home()).absolute()
-    present = (base / "keys" / KEY_FILE).is_file()
+    present = make_key
+    if not make_key:
+        from choir.trusted.keyfile import KEY_FILE
+
+        present = (base / "keys" / KEY_FILE).is_file()
     keys = keys_dir(base)  # the mount point must exist before the broker may create the key
-    if make_key or present:
+    if present:
         _started(base)  # the broker loads the key while this process hides it from itself
     return confine(keys)
 
@@ -87,5 +123,5 @@ def broker_started(home: Path | None = None) -> bool:
         return (home or choir_home()).absolute() in _brokers
 
 
-__all__ = ["KEY_FILE", "BrokerSigner", "Signer", "broker_started", "key_id_of", "separate",
-           "signer"]
+__all__ = ["KEY_FILE", "BrokerSigner", "Signer", "adopt", "broker_started", "key_id_of",
+           "separate", "signer"]

@@ -13,7 +13,9 @@ the key only after the fork, so the key never exists in the parent's memory. The
 - answers typed, bounded requests (``choir.trusted.protocol``) after the checks of
   ``choir.trusted.checks``, records each signature in ``keys/signed.log`` first, and exits
   when the parent's end closes (the parent died or closed it), so it never outlives the
-  process it serves.
+  process it serves;
+- on ``channel``, forks a copy of itself on a new socket pair and hands the client that
+  channel (``choir serve``'s workers: each request signs through a broker of its own).
 """
 
 from __future__ import annotations
@@ -125,9 +127,42 @@ def serve(sock: socket.socket, home: Path) -> None:
                 failure = str(err)
             key = (key_path, _identity(key_path))
         try:
-            send(sock, answer(raw, signer, failure, store, key))
+            if signer is not None and _asks_channel(raw):
+                sock = _channel(sock)
+            else:
+                send(sock, answer(raw, signer, failure, store, key))
         except OSError:
             return
+
+
+def _asks_channel(raw: dict[str, object]) -> bool:
+    try:
+        return Request.model_validate(raw).op == "channel"
+    except ValidationError:
+        return False
+
+
+def _channel(sock: socket.socket) -> socket.socket:
+    """Fork a broker of its own for a fork of the client, and hand the client its channel.
+
+    ``choir serve`` forks one worker per request from a process whose key folder is masked, so
+    a worker cannot start a broker the way a command does; it gets a copy of this one (the key
+    already in memory, the same checks and journal), on a socket pair nobody else holds. The
+    copy answers until its worker closes the channel, whether or not the service still runs,
+    so a request outlives a kill of the service. Returns the channel this process serves next.
+    """
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the copy; tests observe it through its channel)
+        sock.close()
+        theirs.close()
+        return ours
+    ours.close()
+    try:
+        send(sock, Reply(ok=True, kind="channel", pid=pid), fds=(theirs.fileno(),))
+    finally:
+        theirs.close()
+    return sock
 
 
 def _become_broker(keep: int) -> None:
@@ -136,6 +171,7 @@ def _become_broker(keep: int) -> None:
     _libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent; EOF stops us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the copies ``_channel`` forks reap themselves
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)

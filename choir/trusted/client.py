@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 from choir.exceptions import IntegrityError, SigningRefused
-from choir.trusted.protocol import Reply, Request, recv, send
+from choir.trusted.protocol import Reply, Request, recv, recv_with_fd, send
 
 
 class BrokerSigner:
@@ -81,6 +81,31 @@ class BrokerSigner:
         return self._ask(Request(op="sign", data=base64.b64encode(data).decode("ascii"))
                          ).signature
 
+    def channel(self) -> tuple[int, socket.socket]:
+        """A broker of its own for a fork of this process: its pid and channel (a copy of
+        this broker, ``choir.trusted.broker._channel``). The fork adopts it with
+        ``choir.trusted.adopt``; this process closes its copy of the socket after the fork.
+
+        Raises:
+            IntegrityError: the broker cannot load the key, or is gone.
+        """
+        with self._lock:
+            if self._sock is None:
+                raise IntegrityError("the signing broker was closed")
+            try:
+                send(self._sock, Request(op="channel"))
+                raw, fd = recv_with_fd(self._sock)
+            except (OSError, ValueError) as err:
+                raise IntegrityError(f"the signing broker (pid {self.pid}) is gone: {err}"
+                                     ) from err
+        reply = Reply.model_validate(raw) if raw is not None else None
+        if reply is None or not reply.ok or fd is None:
+            if fd is not None:
+                os.close(fd)
+            raise IntegrityError(reply.error if reply is not None else
+                                 f"the signing broker (pid {self.pid}) is gone")
+        return reply.pid, socket.socket(fileno=fd)
+
     def usable(self) -> bool:
         """True while the channel is open, this is the process that opened it, and the
         broker still holds the key the key file holds (it answers ``stale`` otherwise)."""
@@ -93,12 +118,15 @@ class BrokerSigner:
         return True
 
     def close(self) -> None:
-        """Close the channel; the broker exits and is reaped."""
+        """Close the channel; the broker exits and is reaped. In a fork, only the fork's copy
+        of the channel is closed (the broker serves the process that started it)."""
         with self._lock:
             sock, self._sock = self._sock, None
-        if sock is None or os.getpid() != self._owner:
+        if sock is None:
             return
         sock.close()
+        if os.getpid() != self._owner:
+            return
         try:
             os.waitpid(self.pid, 0)
         except ChildProcessError:

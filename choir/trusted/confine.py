@@ -87,6 +87,14 @@ def _single_threaded() -> bool:
     return len(os.listdir("/proc/self/task")) == 1
 
 
+def keys_dir(home: Path) -> Path:
+    """``home/keys``, created owner-only (the confinement masks exactly this folder)."""
+    keys = home / "keys"
+    keys.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(keys, 0o700)
+    return keys
+
+
 def confine(keys: Path) -> str:
     """Hide ``keys`` from this process and its children; returns the level reached."""
     where = str(keys.absolute())

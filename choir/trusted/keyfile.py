@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from choir._core.canonical import blake3_hex
 from choir.exceptions import IntegrityError
+from choir.trusted.confine import keys_dir
 
 KEY_FILE = "ed25519.key"
 PUB_FILE = "ed25519.pub"
@@ -104,14 +105,6 @@ def publish(directory: Path, name: str, data: bytes, mode: int) -> None:
         pass
     finally:
         tmp.unlink(missing_ok=True)
-
-
-def keys_dir(home: Path) -> Path:
-    """``home/keys``, created owner-only (the confinement masks exactly this folder)."""
-    keys = home / "keys"
-    keys.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(keys, 0o700)
-    return keys
 
 
 def _load_private(path: Path) -> Ed25519PrivateKey:

@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import json
 import socket
-import struct
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from choir._core import frames
 from choir._core.canonical import canonical_json
 
 MAX_SIGNED = 4 << 20
 """The largest byte string the broker signs (an attestation body is far smaller)."""
 MAX_FRAME = MAX_SIGNED * 4 // 3 + 4096
-_HEADER = struct.Struct(">I")
 
 
 class _Frozen(BaseModel):
@@ -29,9 +28,11 @@ class _Frozen(BaseModel):
 
 
 class Request(_Frozen):
-    """``hello`` asks for the public key; ``sign`` asks for a signature of ``data``."""
+    """``hello`` asks for the public key; ``sign`` asks for a signature of ``data``;
+    ``channel`` asks for a broker of its own for a fork of the client (``choir serve``'s
+    workers), which the reply carries as a descriptor."""
 
-    op: Literal["hello", "sign"]
+    op: Literal["hello", "sign", "channel"]
     data: str = Field(default="", max_length=MAX_FRAME)
     """base64 of the bytes to sign (``sign`` only)."""
 
@@ -46,23 +47,22 @@ class Reply(_Frozen):
     kind: str = Field(default="", max_length=32)
     """what the broker recognised the signed bytes as (``attestation``, ``head``, ...)."""
     error: str = Field(default="", max_length=2000)
+    pid: int = Field(default=0, ge=0)
+    """the new broker's process id (``channel``)."""
 
 
-def send(sock: socket.socket, message: BaseModel) -> None:
-    """Write one frame."""
-    data = canonical_json(message)
-    sock.sendall(_HEADER.pack(len(data)) + data)
+def send(sock: socket.socket, message: BaseModel, fds: tuple[int, ...] = ()) -> None:
+    """Write one frame (with ``fds``: a new channel handed to the client)."""
+    frames.send(sock, canonical_json(message), fds)
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes | None:
-    chunks: list[bytes] = []
-    while size:
-        chunk = sock.recv(min(size, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
+def _object(data: bytes | None) -> dict[str, object] | None:
+    if data is None:
+        return None
+    obj = json.loads(data)
+    if not isinstance(obj, dict):
+        raise ValueError("a frame holds one JSON object")
+    return obj
 
 
 def recv(sock: socket.socket) -> dict[str, object] | None:
@@ -71,16 +71,14 @@ def recv(sock: socket.socket) -> dict[str, object] | None:
     Raises:
         ValueError: the frame is not a JSON object.
     """
-    header = _recv_exact(sock, _HEADER.size)
-    if header is None:
-        return None
-    (size,) = _HEADER.unpack(header)
-    if size > MAX_FRAME:
-        return None
-    data = _recv_exact(sock, size)
-    if data is None:
-        return None
-    obj = json.loads(data)
-    if not isinstance(obj, dict):
-        raise ValueError("a frame holds one JSON object")
-    return obj
+    return _object(frames.recv(sock, MAX_FRAME))
+
+
+def recv_with_fd(sock: socket.socket) -> tuple[dict[str, object] | None, int | None]:
+    """A reply and the one descriptor that came with it (a ``channel``), if any.
+
+    Raises:
+        ValueError: the frame is not a JSON object, or more than one descriptor came.
+    """
+    data, fds = frames.recv_with_fds(sock, MAX_FRAME, 1)
+    return _object(data), (fds[0] if fds else None)

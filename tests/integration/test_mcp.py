@@ -21,10 +21,12 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from choir.mcp.bound import RESPONSE_MAX
+from tests.serving import sleeper, start_service, stop_service
 
 CHOIR = [sys.executable, "-m", "choir"]
 PY = os.path.realpath(sys.executable)
 SANDBOX = "bwrap" if shutil.which("bwrap") else "local"
+SLOW = sleeper(60)
 ERROR_MAX = 1200  # an error answer stays short, whatever the argument was
 
 CALC_BUG = "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n"
@@ -63,15 +65,6 @@ NOISY = textwrap.dedent(f"""\
     """) + "".join(f"  ok{i}:\n    kind: lint\n    steps:\n      - name: t\n        command: "
                    "\"true\"\n" for i in range(10)) + (
     "moods:\n  CALM: {verifiers: [noisy, " + ", ".join(f"ok{i}" for i in range(10)) + "]}\n")
-SLOW = textwrap.dedent("""\
-    verifiers:
-      slow:
-        kind: lint
-        steps:
-          - name: sleep
-            command: sleep 60
-        timeout_s: 120
-    """)
 
 
 def _git(repo: Path, *args: str) -> None:
@@ -277,6 +270,60 @@ async def test_a_long_verification_is_stopped_at_its_bound_and_other_calls_still
         assert not sleeping(), "a verification the client cancelled ran on"
     audit = cli("audit", "--json")  # every run the stopped steps sealed is attested
     assert audit.returncode == 0, audit.stdout[-2000:]
+
+
+async def test_through_a_running_service_the_answer_and_the_stop_are_the_same(
+        tmp_path: Path) -> None:
+    """With `choir serve` running, the tools verify through it (CHOIR_SERVE=require fails
+    the call otherwise): the same answer, and past the bound the worker's sandboxes are
+    stopped on request, the cut run attested."""
+    pid = start_service()
+    try:
+        repo = make_repo(tmp_path / "calc", {"calc.py": CALC_BUG, "test_calc.py": TESTS,
+                                             "choir.yaml": UNIT})
+        params = server("--repo", str(repo), cwd=repo)
+        params.env = {**(params.env or {}), "CHOIR_SERVE": "require"}
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            ok, answer = await call(session, "verify", {})
+            assert ok and answer["status"] == "FAIL", answer
+            assert answer["failing_tests"][0]["node_id"] == "test_calc.py::test_add"
+        slow = make_repo(tmp_path / "slow", {"choir.yaml": SLOW})
+        params = server("--repo", str(slow), "--timeout", "4", cwd=slow)
+        params.env = {**(params.env or {}), "CHOIR_SERVE": "require"}
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            done: dict[str, Any] = {}
+
+            async def verify() -> None:
+                done["ok"], done["answer"] = await call(session, "verify", {})
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(verify)
+                while "answer" not in done and "under" not in done:
+                    if any(pid in _ancestors(int(step)) for step in sleeping().split()):
+                        done["under"] = True  # the step runs under the service's worker
+                    await anyio.sleep(0.1)
+            assert done.get("under"), "the verification did not run in the service"
+            answer = done["answer"]
+            assert done["ok"] and "not done within 4 s" in answer["stopped"], answer
+            assert "exited -9" in answer["reports"][0]["summary"] and answer["attestations"]
+        assert not sleeping(), "the service's worker left the step running"
+        audit = cli("audit", "--json")
+        assert audit.returncode == 0, audit.stdout[-2000:]
+    finally:
+        stop_service(pid)
+
+
+def _ancestors(pid: int) -> set[int]:
+    found: set[int] = set()
+    while pid > 1:
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            break
+        found.add(pid)
+    return found
 
 
 async def test_http_refuses_without_the_token_and_serves_with_it(tmp_path: Path) -> None:

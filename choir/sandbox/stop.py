@@ -7,8 +7,8 @@ new session (``start_new_session``), the bwrap launchers too (``choir.sandbox._c
 while the signing broker is forked into this process's session. So the children of this
 process that lead their own session are exactly the sandboxes; their groups are killed (a
 killed idle launcher is replaced on the next run), and each step ends as killed, its run
-sealed and attested like any other (``choir.mcp.tools``). A Docker container is not a child:
-it stops at its own timeout."""
+sealed and attested like any other (``choir.mcp.tools``, ``choir.serve.worker``). A Docker
+container is not a child: it stops at its own timeout."""
 
 from __future__ import annotations
 

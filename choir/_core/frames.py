@@ -1,0 +1,82 @@
+"""Length-prefixed frames on a stream socket, optionally carrying file descriptors.
+
+The signing broker's channel (``choir.trusted.protocol``) and the warm service's socket
+(``choir.serve``) speak the same framing: a 4-byte big-endian length, then that many bytes.
+A frame longer than the reader's bound is never read (the reader returns None, and its caller
+hangs up), so a confused or hostile peer cannot make it buffer without bound. Descriptors
+travel as ``SCM_RIGHTS`` with a frame's first bytes. Standard library only: ``choir verify``
+imports this before it knows whether it needs anything heavier.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import socket
+import struct
+
+HEADER = struct.Struct(">I")
+
+
+def send(sock: socket.socket, data: bytes, fds: tuple[int, ...] = ()) -> None:
+    """Write one frame (and ``fds`` with it)."""
+    frame = HEADER.pack(len(data)) + data
+    if fds:
+        sent = sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                       array.array("i", fds).tobytes())])
+        frame = frame[sent:]
+    if frame:
+        sock.sendall(frame)
+
+
+def recv_exact(sock: socket.socket, size: int) -> bytes | None:
+    """Exactly ``size`` bytes, or None when the stream ends first."""
+    chunks: list[bytes] = []
+    while size:
+        chunk = sock.recv(min(size, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def recv(sock: socket.socket, most: int) -> bytes | None:
+    """One frame's bytes; None at the end of the stream or when it is longer than ``most``."""
+    header = recv_exact(sock, HEADER.size)
+    if header is None:
+        return None
+    (size,) = HEADER.unpack(header)
+    if size > most:
+        return None
+    return recv_exact(sock, size)
+
+
+def recv_with_fds(sock: socket.socket, most: int, max_fds: int) -> tuple[bytes | None, list[int]]:
+    """One frame and the descriptors sent with it (at most ``max_fds``; any beyond are
+    closed by the kernel's truncation). The caller owns every descriptor returned, also when
+    the frame is None."""
+    data, fds, flags, _ = socket.recv_fds(sock, HEADER.size, max_fds)
+    if flags & socket.MSG_CTRUNC:  # more descriptors than asked for: never trust the rest
+        _close(fds)
+        return None, []
+    if not data:
+        return None, fds
+    rest = recv_exact(sock, HEADER.size - len(data)) if len(data) < HEADER.size else b""
+    if rest is None:
+        return None, fds
+    (size,) = HEADER.unpack(data + rest)
+    if size > most:
+        return None, fds
+    return recv_exact(sock, size), fds
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+__all__ = ["HEADER", "recv", "recv_exact", "recv_with_fds", "send"]

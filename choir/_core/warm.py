@@ -1,0 +1,44 @@
+"""Process-lifetime caches that only a warm service turns on.
+
+A few answers cost a cold command tens of milliseconds each and cannot change while the code
+stays the same: the packaged mood policy (a YAML parse) and the plugins installed (an
+entry-point scan of every distribution, three times per ``choir verify``). A cold process
+computes them when asked, as before. ``choir serve`` turns caching on and computes them once,
+before it forks its workers; a change they depend on (an edit of the packaged files, a
+package installed) changes the code digest clients compare (``choir.serve.stale``), so a
+stale service is never asked. Cached values are immutable (frozen models) or only read.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_enabled = False
+
+
+def enable() -> None:
+    """Turn the caches on for the rest of this process (and its forks)."""
+    global _enabled
+    _enabled = True
+
+
+def cached(fn: F) -> F:
+    """``fn`` computed once per argument tuple while caching is on; every call otherwise."""
+    memo: dict[tuple[Any, ...], Any] = {}
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any) -> Any:
+        if not _enabled:
+            return fn(*args)
+        if args not in memo:
+            memo[args] = fn(*args)
+        return memo[args]
+
+    return wrapper  # type: ignore[return-value]
+
+
+__all__ = ["cached", "enable"]

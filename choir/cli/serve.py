@@ -1,0 +1,168 @@
+"""``choir serve``: keep Choir warm for ``choir verify``, ``choir run`` and ``choir mcp``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from choir.cli._errors import EXIT_FAIL, EXIT_OK
+
+if TYPE_CHECKING:
+    from choir.serve.worker import Command
+
+DETACH_WAIT_S = 60.0
+STOP_WAIT_S = 30.0
+
+
+def _commands() -> dict[str, Command]:
+    """The commands the service answers, each through the function its cold command runs
+    and the exit-code mapping of the CLI's entry point."""
+    from choir.cli._errors import exit_code
+    from choir.cli.run import serve_run
+    from choir.cli.verify import serve_verify
+    from choir.serve.worker import Command
+
+    def verify(r: Any) -> int:
+        return exit_code(lambda: serve_verify(
+            Path(r.repo), mood=r.mood, sandbox_name=r.sandbox, as_json=r.as_json,
+            claim=r.claim, otel=r.otel))
+
+    def run(r: Any) -> int:
+        return exit_code(lambda: serve_run(
+            Path(r.workitem) if r.workitem else None, mood=r.mood, run_id=r.run_id,
+            resume_id=r.resume, as_json=r.as_json, otel=r.otel))
+
+    return {"verify": Command(verify), "run": Command(run, interrupt=True)}
+
+
+# What a `choir verify` and a `choir run` import after their entry (measured: the modules in
+# sys.modules after one of each that were not before); optional ones are skipped when absent.
+WARM_MODULES = (
+    "choir.app.verify", "choir.attest.shared", "choir.cli._progress", "choir.cli._render",
+    "choir.cli.run", "choir.cli.runs", "choir.cli.verify", "choir.config.database",
+    "choir.config.store_url", "choir.distributed.fanout", "choir.graph.lease",
+    "choir.graph.runner", "choir.postconditions.context", "choir.postconditions.drift",
+    "choir.postconditions.spec", "choir.report.junit", "choir.sandbox.bwrap",
+    "choir.sandbox.docker", "choir.sandbox.local", "choir.trace.step", "aiosqlite",
+    "langchain_core.tracers.run_collector", "langchain_core.tracers.stdout",
+    "langgraph.checkpoint.sqlite.aio", "rich._emoji_codes", "xml.etree.ElementTree",
+    "docker",
+)
+
+
+def _warm_up() -> None:
+    """Import what a request runs and fill the caches a cold command fills on every run,
+    once, before the first worker is forked (``choir._core.warm``)."""
+    import importlib
+
+    from choir._core import registry, warm
+    from choir.config.policy import load_packaged_policy
+
+    for name in WARM_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue  # an optional extra that is not installed: the request pays, as cold
+    warm.enable()
+    load_packaged_policy()
+    for kind in (registry.SANDBOXES, registry.PARSERS, registry.REPORTERS, registry.EXECUTORS,
+                 registry.PRESETS, registry.POSTCONDITIONS):
+        kind.names()
+
+
+@click.command()
+@click.option("--detach", is_flag=True, help="Run in the background (output to "
+                                             "$CHOIR_HOME/serve/log); return once it listens.")
+@click.option("--stop", is_flag=True, help="Stop the service of this CHOIR_HOME (requests "
+                                           "it is answering finish first).")
+@click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True,
+              help="Requests answered side by side; more wait their turn.")
+@click.option("--idle-timeout", "idle_timeout_s", type=click.FloatRange(0, 7 * 86400),
+              default=1800, show_default=True,
+              help="Seconds without a request after which it exits (0: never).")
+@click.option("--ready-fd", type=int, default=None, hidden=True)
+def serve(detach: bool, stop: bool, jobs: int, idle_timeout_s: float,
+          ready_fd: int | None) -> int:
+    """Keep imports, sandbox launchers and stores warm behind an owner-only local socket.
+
+    `choir verify` and `choir run` use it when it runs and answer exactly as they would
+    without it (same output, exit code and attestations); when it is absent or stale (other
+    code, another CHOIR_HOME) they run as before. CHOIR_SERVE=off never asks it;
+    CHOIR_SERVE=require fails when it does not answer.
+    """
+    from choir._core.paths import choir_home
+
+    home = choir_home()
+    if stop:
+        return _stop(home)
+    if detach:
+        return _detach(home, jobs, idle_timeout_s)
+    from choir.serve.server import start
+
+    _warm_up()
+    if ready_fd is None:
+        click.echo(f"choir serve: listening for {home} (pid {os.getpid()}, {jobs} at a time); "
+                   "Ctrl-C or `choir serve --stop` ends it", err=True)
+    start(home, _commands(), jobs=jobs, idle_timeout_s=idle_timeout_s, ready=ready_fd)
+    return EXIT_OK
+
+
+def _stop(home: Path) -> int:
+    from choir.serve.server import running_pid
+
+    pid = running_pid(home)
+    if pid is None:
+        click.echo(f"choir serve: none runs for {home}")
+        return EXIT_FAIL
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_WAIT_S
+    while running_pid(home) == pid and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if running_pid(home) == pid:
+        click.echo(f"choir serve: pid {pid} did not stop within {STOP_WAIT_S:g} s")
+        return EXIT_FAIL
+    click.echo(f"choir serve: stopped (pid {pid})")
+    return EXIT_OK
+
+
+def _detach(home: Path, jobs: int, idle_timeout_s: float) -> int:
+    """Start ``choir serve`` in a session of its own and wait until it listens."""
+    from choir.exceptions import UserError
+    from choir.serve import place
+    from choir.serve.server import running_pid
+
+    fd = place.open_folder(home, create=True)
+    assert fd is not None
+    try:
+        log = os.open(place.LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                      | os.O_CLOEXEC, 0o600, dir_fd=fd)
+    finally:
+        os.close(fd)
+    read, write = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "choir", "serve", "--jobs", str(jobs), "--idle-timeout",
+             str(idle_timeout_s), "--ready-fd", str(write)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(write,),
+            start_new_session=True)
+    finally:
+        os.close(write)
+        os.close(log)
+    with os.fdopen(read, "rb") as ready:
+        import select
+
+        got = select.select([ready], [], [], DETACH_WAIT_S)[0] and ready.readline()
+    if got != b"ready\n":
+        code = proc.poll()
+        ended = f"exit {code}" if code is not None else "no answer"
+        raise UserError(f"choir serve did not start ({ended}); see "
+                        f"{place.folder(home) / place.LOG}")
+    click.echo(f"choir serve: listening for {home} (pid {running_pid(home) or proc.pid})")
+    return EXIT_OK

@@ -1,0 +1,88 @@
+"""Whether a running service answers exactly as this process would, cold.
+
+The service imported Choir once, at its start; a request is answered by that code in that
+interpreter. So it may answer only a client that would have run the same: the same version,
+the same files of the ``choir`` package and its packaged policies and prompts (path, size and
+modification time of each, the way ``make`` and git's index tell a changed file), the same
+interpreter, the same installed packages (the plugins that entry points find: the folders on
+``sys.path`` and their modification times, which an install changes), and the same variables
+that act before any code runs (``PYTHON*``, ``LD_*``, the locale's). Anything else in the
+environment is the request's own: the worker runs with the client's environment, never the
+service's. A client that differs in any of these is told the service is stale and runs cold.
+
+Standard library only, and cheap (a few hundred ``stat`` calls): the client computes it on
+every ``choir verify``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from choir._version import __version__
+
+START_PREFIXES = ("PYTHON", "LD_")
+START_NAMES = ("LANG", "LC_ALL", "LC_CTYPE")
+"""Variables read by the interpreter or the dynamic loader before Choir runs (the locale
+ones choose the encoding of the standard streams and of file names)."""
+
+
+def _package_files(root: Path) -> list[str]:
+    rows: list[str] = []
+    for dirpath, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            path = os.path.join(dirpath, name)
+            try:
+                info = os.stat(path)
+            except OSError:
+                continue
+            rows.append(f"{os.path.relpath(path, root)}\0{info.st_size}\0{info.st_mtime_ns}")
+    return rows
+
+
+def _data_roots(package: Path) -> list[Path]:
+    """Where the packaged policies and prompts are (``choir._core.resources``)."""
+    packaged = package / "_data"
+    if packaged.is_dir():
+        return []  # inside the package: already walked
+    return [package.parent / "policies", package.parent / "prompts"]
+
+
+def code() -> str:
+    """A digest of the code a request would run: package, data, interpreter, installs."""
+    import choir
+
+    package = Path(choir.__file__).resolve().parent
+    digest = hashlib.sha256()
+    for part in (__version__, str(package), os.path.realpath(sys.executable), sys.version,
+                 sys.prefix, *_package_files(package)):
+        digest.update(part.encode("utf-8", "surrogateescape") + b"\n")
+    for root in _data_roots(package):
+        digest.update(f"data {root}\n".encode())
+        for row in _package_files(root):
+            digest.update(row.encode("utf-8", "surrogateescape") + b"\n")
+    for entry in sys.path[1:]:  # the first is the script's folder or the current one
+        try:
+            mtime = os.stat(entry or ".").st_mtime_ns
+        except OSError:
+            mtime = -1
+        digest.update(f"path {entry}\0{mtime}\n".encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
+
+
+def start_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``environ`` that act before any code runs."""
+    return {k: v for k, v in environ.items()
+            if k.startswith(START_PREFIXES) or k in START_NAMES}
+
+
+def differences(mine: Mapping[str, str], theirs: Mapping[str, str]) -> list[str]:
+    """The names whose values differ between two start-up environments, sorted."""
+    return sorted(k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k))
+
+
+__all__ = ["START_NAMES", "START_PREFIXES", "code", "differences", "start_env"]

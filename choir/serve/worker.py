@@ -1,0 +1,327 @@
+"""One request, in a process of its own, standing where a cold command would.
+
+The service forks each worker before any request reaches it (``choir.serve.server``), so a
+request pays no fork and no import: the worker waits with Choir imported, its own signing
+broker (a copy of the service's, ``choir.trusted.adopt``) and launchers armed in its own
+cgroup pairs (``choir.sandbox._cgroups.prearm``). It then answers exactly one request and
+exits, so nothing one request did (a module-level cache, a thread, an open store, a change
+of directory or environment) is there for the next: each starts from the service's clean
+state, as each cold command starts from a clean interpreter.
+
+Before the command runs, the worker checks the request (``choir.serve.wire``), that the
+service is not stale for this client (``choir.serve.stale``), and where the client stands:
+its root must be the service's own (a client in another mount namespace or a chroot means
+other files by the same names), and the working directory is the descriptor it sent, which
+the path it sent must name. Then it takes the client's environment whole (and nothing of the
+service's), its umask, that directory and its stdin, stdout and stderr, and runs the same
+function the cold command runs: what the client's terminal shows, the live view included, is
+what the command prints cold, because it is the same code printing on the same descriptors.
+The client gets the exit code. A client that goes away is treated the way the command treats
+an interruption, and nothing more is written to its terminal: ``verify`` has its sandboxes
+killed until it concludes on what they did (like ``choir mcp``, so every run it sealed is
+attested and ``choir audit`` stays clean), a ``run`` is interrupted like Ctrl-C (its
+checkpoints let ``choir run --resume`` finish it).
+"""
+
+from __future__ import annotations
+
+import _thread
+import atexit
+import json
+import os
+import socket
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from choir._core import frames
+from choir._core.paths import choir_home
+from choir.sandbox.stop import stop_steps
+from choir.serve import stale
+from choir.serve.wire import MAX_REQUEST, Context, Envelope, Request
+from choir.trusted import adopt
+
+REQUEST_WAIT_S = 10.0  # a client that connects and says nothing frees its worker
+STOP_EVERY_S = 0.2
+PREARM = 2  # launchers armed while idle: a round's first verifiers start without a wait
+REASON_MAX = 2000
+PLACE_FDS = 2  # the client's working directory and root, with the request
+STDIO_FDS = 3  # its stdin, stdout and stderr, once the request is taken
+
+
+@dataclass(frozen=True)
+class Command:
+    """How the service runs one command: ``run(request)`` returns its exit code (the
+    function the cold command runs, printing on the client's descriptors, its usage errors
+    said and turned into exit 2 as the CLI's entry point does); ``interrupt``
+    says what a client that goes away means (Ctrl-C, or ``choir mcp``'s way: stop the
+    sandboxes and conclude)."""
+
+    run: Callable[[Any], int]
+    interrupt: bool = False
+
+
+@dataclass(frozen=True)
+class Service:
+    """What every worker is forked knowing: the service's own standing."""
+
+    home: Path
+    version: str
+    code: str
+    start_env: Mapping[str, str]
+    root: tuple[int, int]
+    commands: Mapping[str, Command]
+
+
+@dataclass
+class _Link:
+    """The connection to the client, shared by the command's thread and the watcher."""
+
+    conn: socket.socket
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    gone: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def send(self, message: dict[str, Any]) -> None:
+        with self.lock:
+            if self.gone:
+                return
+            try:
+                frames.send(self.conn, json.dumps(message).encode())
+            except OSError:
+                self.gone = True
+
+
+def warm_idle() -> None:
+    """What an idle worker readies before its request: launchers in cgroup pairs, and the
+    bwrap probe every sandbox choice asks for (answers a cold process finds the same way)."""
+    from choir.sandbox import _cgroups
+    from choir.sandbox.bwrap import BwrapSandbox
+
+    _cgroups.prearm(PREARM)
+    BwrapSandbox.available()
+
+
+def run(service: Service, ctl: socket.socket, broker: tuple[int, socket.socket]) -> None:
+    """Wait for one connection from the service, answer it, return (the caller exits).
+
+    The service hands the connection over ``ctl``; its end closing first means the service
+    stopped before this worker was needed. ``broker`` is this worker's own (pid, channel).
+    """
+    data, fds = frames.recv_with_fds(ctl, 64, 1)
+    ctl.close()
+    if data is None or len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        return
+    with socket.socket(fileno=fds[0]) as conn:
+        answer(service, conn, broker)
+
+
+def _refusal(exc: ValidationError) -> str:
+    """A bounded account of what was wrong, naming fields, never echoing their values."""
+    parts = [f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()]
+    return ("not a request: " + "; ".join(parts))[:REASON_MAX]
+
+
+def answer(service: Service, conn: socket.socket, broker: tuple[int, socket.socket]) -> None:
+    """Read, check and answer the request on ``conn``.
+
+    The client's standard streams come only once the request is taken (``ready``): had
+    they come with it, a service that never reads it (stopped, or stuck) would hold the
+    client's stdout open after the client gave up on it and ran cold, and a pipe reading
+    that stdout (``choir verify | tee``) would never end.
+    """
+    conn.settimeout(REQUEST_WAIT_S)
+    try:
+        data, fds = frames.recv_with_fds(conn, MAX_REQUEST, PLACE_FDS)
+    except (OSError, ValueError):
+        return
+    link = _Link(conn)
+    try:
+        why, envelope = _check(service, data, fds)
+        if envelope is None:
+            link.send(why)
+            return
+        _stand(envelope.context, fds[0])
+        if choir_home().resolve() != service.home.resolve():
+            link.send({"stale": f"the service is for CHOIR_HOME={service.home}; this "
+                                f"client's is {choir_home()}"})
+            return
+        # signing goes through this worker's broker, under the home as the client names it
+        adopt(choir_home().absolute(), *broker)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    link.send({"ready": {}})
+    try:
+        data, stdio = frames.recv_with_fds(conn, 64, STDIO_FDS)
+    except (OSError, ValueError):
+        return
+    try:
+        if data is None or len(stdio) != STDIO_FDS:
+            link.send({"refused": "a request is followed by three descriptors: the client's "
+                                  "stdin, stdout and stderr"})
+            return
+        _take_streams(stdio)
+    finally:
+        for fd in stdio:
+            os.close(fd)
+    conn.settimeout(None)
+    _run(service.commands[envelope.request.command], envelope.request, link)
+
+
+def _check(service: Service, data: bytes | None,
+           fds: list[int]) -> tuple[dict[str, str], Envelope | None]:
+    """The request, or the answer that refuses it."""
+    if data is None:
+        return {"refused": f"no request, or one over {MAX_REQUEST} bytes"}, None
+    try:
+        envelope = Envelope.model_validate_json(data)
+    except ValidationError as exc:
+        return {"refused": _refusal(exc)}, None
+    if len(fds) != PLACE_FDS:
+        return {"refused": "a request carries two descriptors: the client's working "
+                           "directory and its root"}, None
+    why = _stale(service, envelope.context)
+    if why:
+        return {"stale": why}, None
+    why = _standing(service, envelope.context, fds[0], fds[1])
+    if why:
+        return {"refused": why}, None
+    return {}, envelope
+
+
+def _stale(service: Service, context: Context) -> str:
+    if context.version != service.version:
+        return f"the service runs Choir {service.version}; this client is {context.version}"
+    if context.code != service.code:
+        return ("the service's code differs from this client's (Choir's files, the "
+                "interpreter or the installed packages changed since it started)")
+    names = stale.differences(service.start_env, stale.start_env(context.environ))
+    if names:
+        return ("the interpreter's start-up variables differ from the service's: "
+                + ", ".join(names)[:REASON_MAX])
+    return ""
+
+
+def _standing(service: Service, context: Context, cwd_fd: int, root_fd: int) -> str:
+    """Why the client cannot be served where it stands ('' when it can)."""
+    try:
+        root, here = os.fstat(root_fd), os.fstat(cwd_fd)
+    except OSError as exc:
+        return f"the descriptors sent are unusable: {exc.strerror}"
+    if (root.st_dev, root.st_ino) != service.root:
+        return ("the client's root is not the service's (another mount namespace, a "
+                "container or a chroot): the same paths would name other files")
+    if not os.path.isabs(context.cwd):
+        return "the working directory must be an absolute path"
+    try:
+        named = os.stat(context.cwd)
+    except OSError:
+        named = None
+    if named is None or (named.st_dev, named.st_ino) != (here.st_dev, here.st_ino):
+        return ("the working directory the client names is not the one it sent (a path "
+                "and a descriptor that disagree)")
+    return ""
+
+
+def _stand(context: Context, cwd_fd: int) -> None:
+    """Take the client's directory, environment (all of it, none of the service's) and
+    umask, as its own cold process would have had them."""
+    os.fchdir(cwd_fd)
+    os.environ.clear()
+    os.environ.update(context.environ)
+    os.umask(context.umask)
+
+
+def _take_streams(stdio: list[int]) -> None:
+    """The client's stdin, stdout and stderr become this process's."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    for target, fd in enumerate(stdio):
+        os.dup2(fd, target)
+    # the interpreter buffers stdout by line on a terminal only; stderr always by line
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=os.isatty(1))
+
+
+def _silence() -> None:
+    """Nothing more for the client's terminal: its streams become /dev/null."""
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for target in (0, 1, 2):
+            os.dup2(null, target)
+    finally:
+        os.close(null)
+
+
+def _run(command: Command, request: Request, link: _Link) -> None:
+    link.send({"started": {"pid": os.getpid()}})
+    threading.Thread(target=_watch, args=(link, command.interrupt), name="choir-serve-watch",
+                     daemon=True).start()
+    try:
+        code = command.run(request)
+    except KeyboardInterrupt:
+        code = 130  # the client went away and this was a run: interrupted as Ctrl-C would
+    except Exception:  # noqa: BLE001 - the command crashed: shown as a cold crash is
+        traceback.print_exc()
+        code = 1
+    finally:
+        link.done.set()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:
+            pass
+    link.send({"exit": code})
+
+
+def _watch(link: _Link, interrupt: bool) -> None:
+    """Read what the client sends while the command runs: ``stop``, or the end of the
+    connection. Either way the command's sandboxes are stopped until it concludes (a run
+    is interrupted instead, when the client is gone)."""
+    try:
+        reader = link.conn.dup()
+    except OSError:
+        return
+    with reader:
+        while not link.done.is_set():
+            try:
+                data = frames.recv(reader, 1024)
+                message = json.loads(data) if data is not None else None
+            except (OSError, ValueError):
+                message = None
+            if message is None:
+                link.gone = True
+                _silence()
+            elif not (isinstance(message, dict) and message.get("op") == "stop"):
+                continue  # nothing else is understood; the command goes on
+            if interrupt and link.gone:
+                _thread.interrupt_main()
+                return
+            _stop_until(link)
+            return
+
+
+def _stop_until(link: _Link) -> None:
+    while not link.done.is_set():
+        stop_steps()
+        link.done.wait(STOP_EVERY_S)
+
+
+def finish() -> None:
+    """What a cold process does at exit (close its broker, remove its cgroups, ...): the
+    handlers registered by the code the worker ran."""
+    run_exit = getattr(atexit, "_run_exitfuncs", None)
+    if run_exit is not None:
+        run_exit()
+
+
+__all__ = ["Command", "Service", "answer", "finish", "run", "warm_idle"]
