@@ -159,17 +159,18 @@ class Driver(Moves):
         return {"record": record}
 
     def _clean_up(self, record: PlanRecord) -> None:
-        """The plan's worktrees and scratch branches, once it ended. The items' worktrees
-        hold what members wrote: git removes them. The queue's and the whole checks' were made
-        from git's objects by the driver alone: removed as folders, then forgotten by one
-        ``worktree prune``; their branches go in one call. The items' branches stay."""
-        for path in [*(self.trees / "items").glob("*/tree"), self.trees / "integration"]:
-            if path.is_dir():  # integration: the worktree of an earlier Choir's driver
+        """The plan's worktrees and scratch branches, once it ended: removed as folders
+        (``shutil.rmtree`` follows no link, whatever a member planted), then forgotten by one
+        ``worktree prune``, not one git call each; what cannot be removed so is left to
+        ``git worktree remove --force``. The queue's branches go in one call; the items'
+        branches stay."""
+        for path in [*(self.trees / "items").glob("*/tree"), self.trees / "integration",
+                     *(self.trees / "queue").glob("*"), *(self.trees / "whole").glob("*")]:
+            if path.is_dir() and not path.is_symlink():  # integration: an earlier Choir's
+                shutil.rmtree(path, ignore_errors=True)
+            if path.exists():
                 self.git.write("worktree", "remove", "--force", str(path), check=False)
-        for folder in ("items", "queue", "whole"):  # items: the folders around the trees
-            for path in (self.trees / folder).glob("*"):
-                if path.is_dir() and not path.is_symlink():
-                    shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(self.trees / "items", ignore_errors=True)  # the folders around them
         self.git.write("worktree", "prune", check=False)
         scratch = [ref_name(self.plan.id, "queue", item_id) for item_id in record.items]
         scratch += [ref_name(self.plan.id, "whole", i) for i, r in record.items.items()
@@ -200,11 +201,15 @@ class Driver(Moves):
 
     async def _run(self, item_id: str, row: PlanRow) -> tuple[dict[str, Any], float]:
         from choir.team.subgraph import work_item_graph
+        from choir.trace.record import record_path
 
         clock = time.perf_counter()
+        # a run that started recorded its trace first: only then is there one to continue
+        started = record_path(row.run_id).exists()
         done = await work_item_graph().ainvoke({
             "work_item": str(self.item_file(item_id, row.attempt)), "run_id": row.run_id,
-            "resume": True, "hand_back_splits": not row.split_of, "part": bool(row.split_of)})
+            "resume": started, "hand_back_splits": not row.split_of,
+            "part": bool(row.split_of)})
         (outcome,) = done["outcomes"]
         return outcome, time.perf_counter() - clock
 
@@ -229,13 +234,11 @@ async def run_plan(plan: Plan, *, resume: bool = False, plan_file: Path | None =
         UserError: a second run of a plan that has a record, a resume of none, a base
             branch that does not exist, the lease held by another process.
     """
-    from choir.attest.keys import require_pinned_signer
     from choir.graph.checkpoints import open_checkpointer
     from choir.graph.lease import hold_lease
 
     home = choir_home()
     home.mkdir(parents=True, exist_ok=True)
-    require_pinned_signer()  # attestations by an unpinned key could never promote anything
     driver = Driver(plan, on_event, plan_file)
     thread = plan_thread(plan.id)
     with hold_lease(home, thread):

@@ -198,14 +198,13 @@ class Moves:
         work = self.git.worktree_at(self.item_tree(item_id))
         if work is None:
             raise RuntimeError(f"the worktree of {item_id} is gone")
+        message = f"{item_id}: {row.goal[:60]}"
         work.write("add", "-A")
-        head = work.rev("HEAD") or ""
-        if head == row.base or work.write("diff", "--cached", "--quiet",
-                                          check=False).returncode:
-            work.write("commit", "-q", "--allow-empty", "--no-verify", "-m",
-                       f"{item_id}: {row.goal[:60]}")
-            head = work.rev("HEAD") or ""
-        return head
+        # nothing to commit: the item changed nothing, or its commit was made before a crash
+        if work.write("commit", "-q", "--no-verify", "-m", message,
+                      check=False).returncode and work.rev("HEAD") == row.base:
+            work.write("commit", "-q", "--allow-empty", "--no-verify", "-m", message)
+        return work.rev("HEAD") or ""
 
     def _verified(self, record: PlanRecord, item_id: str, head: str,
                   verdict: Verdict) -> PlanRecord:

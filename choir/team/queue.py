@@ -170,8 +170,10 @@ class MergeQueue:
                 return f"merge not recorded: {exc}"
         failpoint("plan:integrated")
         branch = f"refs/heads/{integration_branch(self.plan_id)}"
-        if self.git.rev(branch) != entry.head:
-            self.git.write("update-ref", branch, entry.head, current)
+        moved = self.git.write("update-ref", branch, entry.head, current, check=False)
+        if moved.returncode and self.git.rev(branch) != entry.head:  # not moved before a crash
+            raise UserError(f"the integration branch is neither at {current[:12]} nor at "
+                            f"{entry.head[:12]}: {moved.stderr.strip()[-300:]}")
         failpoint("plan:landed")
         return None
 

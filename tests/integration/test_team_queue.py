@@ -122,9 +122,10 @@ def test_kill_9_in_each_window_of_a_merge_then_resume_finishes_the_plan_once(
     """Killed between a side effect (a commit, a built head, the integrate event, the branch
     moved) and the checkpoint that records it: the resume finishes the plan with no item run
     twice, one integrate event per item, each naming a tree its round verified, and nothing
-    left half merged."""
+    left half merged. (``two`` waits for ``one``, so no item's run is in flight when the
+    driver dies: a run killed mid-way is the timed kill tests' case.)"""
     repo = team_repo(tmp_path / "repo")
-    plan = write_plan(tmp_path, "kw", TWO)
+    plan = write_plan(tmp_path, "kw", TWO + "  depends_on: [one]\n")
     killed = choir("plan", "run", str(plan), "--json",
                    env={**os.environ, "CHOIR_FAILPOINT": window})
     assert killed.returncode == -9, killed.stdout + killed.stderr
