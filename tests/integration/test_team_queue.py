@@ -149,3 +149,54 @@ def test_kill_9_in_each_window_of_a_merge_then_resume_finishes_the_plan_once(
     assert git(repo, "status", "--porcelain") == ""
     audited = choir("audit", "--json")
     assert audited.returncode == 0, audited.stdout[:2000]
+
+
+def test_a_plan_on_a_postgres_store_checkpoints_there(
+        tmp_path: Path, choir_home: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``CHOIR_DATABASE_URL`` the plan's thread is in Postgres beside its items' runs
+    (nothing in the SQLite file), and it is never listed as a run."""
+    import psycopg
+
+    monkeypatch.setenv("CHOIR_DATABASE_URL", pg_url)
+    team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "pgp", TWO)
+    state = asyncio.run(run_plan(load_plan(plan), plan_file=plan))
+    assert state["status"] == "asserted", state
+    assert not (choir_home / "checkpoints.sqlite").exists()
+    with psycopg.connect(pg_url) as pg:
+        threads = {r[0] for r in pg.execute("SELECT DISTINCT thread_id FROM checkpoints")}
+    assert {"plan:pgp", "pgp.one.1", "pgp.two.1"} <= threads
+    listed = json.loads(choir("runs", "list", "--json").stdout)
+    assert sorted(r["run_id"] for r in listed if r["kind"] != "verify") == [
+        "pgp", "pgp.one.1", "pgp.two.1"]
+    again = choir("plan", "run", "--resume", "pgp", "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["status"] == "asserted"
+
+
+def test_a_plan_recorded_by_the_earlier_json_driver_is_continued(
+        tmp_path: Path, choir_home: Path) -> None:
+    """A plan killed under the driver that kept only ``state.json`` (no plan thread; rows in
+    its shape): ``--resume`` continues it from that record, no item run twice."""
+    repo = team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "old", TWO + "  depends_on: [one]\n")
+    killed = choir("plan", "run", str(plan), "--json",
+                   env={**os.environ, "CHOIR_FAILPOINT": "plan:built"})
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    with sqlite3.connect(choir_home / "checkpoints.sqlite") as conn:
+        for table in ("checkpoints", "writes"):
+            conn.execute(f"DELETE FROM {table} WHERE thread_id = 'plan:old'")
+    path = choir_home / "plans" / "old" / "state.json"
+    record = json.loads(path.read_text())
+    legacy = ("state", "attempt", "run_id", "member", "last", "feedback", "goal",
+              "depends_on", "base", "commit", "sent_back", "run_s", "integration_s")
+    record["items"] = {k: {f: v for f, v in row.items() if f in legacy}
+                       for k, row in record["items"].items()}
+    del record["queue"], record["schema_version"]
+    path.write_text(json.dumps(record))
+    assert record["items"]["one"]["state"] == "running"  # its outcome was not recorded yet
+    resumed = choir("plan", "run", "--resume", "old", "--json")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    rows = json.loads(resumed.stdout)["items"]
+    assert {k: (r["state"], r["attempt"]) for k, r in rows.items()} == {
+        "one": ("merged", 1), "two": ("merged", 1)}, rows
+    assert git(repo, "show", "choir/plan/old/integration:two.txt") == "2"
