@@ -146,7 +146,6 @@ class Profile:
     def __enter__(self) -> Profile:
         from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-        import choir.attest.keys as keys
         import choir.team.driver as driver
         import choir.team.moves as moves
         import choir.team.queue as queue
@@ -172,7 +171,6 @@ class Profile:
                 (driver.Driver, "__init__", "start: the driver (the repo located)"),
                 (driver.Driver, "initial", "start: the record, the integration branch"),
                 (driver.Driver, "graph", "start: the graph built"),
-                (keys, "require_pinned_signer", "start: the signer's pin checked"),
                 (AsyncSqliteSaver, "setup", "start: the checkpointer's tables"),
                 (driver, "run_plan", "the whole plan (runs and rounds included)")):
             self.wrap(owner, name, label)
