@@ -18,6 +18,7 @@ from typing import Any
 from choir._core.failpoints import failpoint
 from choir._core.ids import new_run_id
 from choir.evidence.git import GitRepo
+from choir.exceptions import UserError
 from choir.models.plan import PlanRecord, PlanRow, QueueEntry, Spend
 from choir.team import parts, schedule
 from choir.team.plan import Plan
@@ -184,7 +185,10 @@ class Moves:
         if outcome["status"] != "asserted":
             return record.with_row(item_id, state=FAILED,
                                    last=f"{outcome['status']}: {outcome['reason']}"[:300])
-        commit = self._commit(item_id, row)
+        try:
+            commit = self._commit(item_id, row)
+        except (UserError, RuntimeError) as exc:  # its worktree gone or unusable: not merged
+            return record.with_row(item_id, state=FAILED, last=f"commit: {exc}"[:300])
         failpoint("plan:committed")
         return record.with_row(item_id, state=ASSERTED, commit=commit,
                                last="ASSERTed; queued for merge").model_copy(update={
