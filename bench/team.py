@@ -1,21 +1,29 @@
 """Teams: what a plan costs against the same work in series, and what the driver adds.
 
-    python bench/team.py [--files 2000] [--runs 7] [--skip-plans]
+    python bench/team.py [--files 2000] [--runs 7] [--skip-plans] [--chain8] [--round-s S]
+                         [--profile]
 
 1. A worktree for a ``--files`` repo: the driver's ``add_worktree`` (through the hardened
    git helper) against bare ``git worktree add`` on the same repo, medians of ``--runs``.
 2. 8 independent items on 4 members (``max_parallel: 4``) against 2 items in series (a
    dependency chain, ``max_parallel: 1``), each item a real run: a scripted member in bwrap,
    a pytest verifier in bwrap, signed attestations, a gated merge and a verified
-   integration round. The target: at most 1.3x.
+   integration round. The target: at most 1.3x. ``--chain8``: the 8 one after another too,
+   to show what running them side by side buys on this machine; ``--round-s S``: every
+   verification round also waits S seconds (a suite bound by I/O rather than CPU).
 3. The driver's own cost per item: the series plan's wall time less the time spent inside
    the items' runs and integration rounds (recorded per item), divided by its items.
+   ``--profile``: where that cost goes (the driver's own calls, timed in the plan's process:
+   git processes, checkpoint writes, the gate, the published record), per item.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
+import functools
+import inspect
 import os
 import statistics
 import subprocess
@@ -62,6 +70,9 @@ def worktrees(files: int, runs: int) -> None:
               f"driver {o * 1000:.0f} ms ({o / b:.2f}x)")
 
 
+ROUND_S = 0.0  # --round-s: every round of the repo's verifier waits this long
+
+
 def _plan(root: Path, plan_id: str, n: int, chain: bool,
           parallel: int) -> dict:  # type: ignore[type-arg]
     import choir.graph.runner  # noqa: F401  (imported up front: a one-time cost, not per item)
@@ -70,7 +81,7 @@ def _plan(root: Path, plan_id: str, n: int, chain: bool,
     from choir.team.plan import load_plan
     from tests.team import team_repo
 
-    team_repo(root / "repo")
+    team_repo(root / "repo", slow_s=ROUND_S)
     # each member writes a file of its own name, so independent items never conflict
     members = "".join(f"  m{k}:\n    executor: {{kind: command, command: "
                       f"'echo {k} > $(mktemp -p . f{k}.XXXXXX.txt)'}}\n" for k in range(4))
@@ -88,9 +99,104 @@ def _plan(root: Path, plan_id: str, n: int, chain: bool,
     return state
 
 
-def plans() -> None:
+INSIDE: contextvars.ContextVar[bool] = contextvars.ContextVar("inside", default=False)
+
+
+class Profile:
+    """The driver's own calls, timed in the plan's process while the block runs: calls made
+    inside an item's run or an integration round (their tasks, and the threads they start)
+    are not the driver's, and are left out.
+    """
+
+    def __init__(self) -> None:
+        self.spent: dict[str, list[float]] = {}
+        self.undo: list[tuple[object, str, object]] = []
+
+    def wrap(self, owner: object, name: str, label: str | None) -> None:
+        """Time ``owner.name`` under ``label``; ``None``: mark what it runs as inside."""
+        original = getattr(owner, name)
+        spent = self.spent.setdefault(label, [0.0, 0]) if label else [0.0, 0]
+
+        if inspect.iscoroutinefunction(original):
+            @functools.wraps(original)
+            async def timed_async(*args: object, **kwargs: object) -> object:
+                if label is None:
+                    INSIDE.set(True)
+                t, mine = time.perf_counter(), not INSIDE.get()
+                try:
+                    return await original(*args, **kwargs)
+                finally:
+                    if mine:
+                        spent[0] += time.perf_counter() - t
+                        spent[1] += 1
+            setattr(owner, name, timed_async)
+        else:
+            @functools.wraps(original)
+            def timed(*args: object, **kwargs: object) -> object:
+                t, mine = time.perf_counter(), not INSIDE.get()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    if mine:
+                        spent[0] += time.perf_counter() - t
+                        spent[1] += 1
+            setattr(owner, name, timed)
+        self.undo.append((owner, name, original))
+
+    def __enter__(self) -> Profile:
+        from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+        import choir.team.driver as driver
+        import choir.team.moves as moves
+        import choir.team.queue as queue
+        from choir.evidence.git import GitRepo
+
+        for owner, name, label in (
+                (driver.Driver, "_run", None), (queue, "verify_tree", None),
+                (GitRepo, "write", "git writes (each: a config listing, then git)"),
+                (GitRepo, "run", "git reads"),
+                (GitRepo, "add_worktree", "  of which worktrees made"),
+                (queue, "commit_tree_hash", "  of which tree hashes of commits"),
+                (queue, "check_gate", "gate checks (an item's, when it lands)"),
+                (driver, "check_gate", "gate check (the plan's, at the end)"),
+                (moves.Moves, "_commit", "an item's commit"),
+                (queue.MergeQueue, "build", "queue: heads built (merge-tree, worktree)"),
+                (queue.MergeQueue, "land", "queue: landings (gate, event, ref)"),
+                (queue.MergeQueue, "drop", "queue: heads' worktrees removed"),
+                (moves.Moves, "advance", "moves made (all of the above but finish)"),
+                (moves.Moves, "apply", "results applied"),
+                (driver.Driver, "_publish", "the published record (state.json)"),
+                (AsyncSqliteSaver, "aput", "checkpoint writes"),
+                (driver.Driver, "finish", "finish (gate, worktrees removed)"),
+                (driver.Driver, "__init__", "start: the driver (the repo located)"),
+                (driver.Driver, "initial", "start: the record, the integration branch"),
+                (driver.Driver, "graph", "start: the graph built"),
+                (AsyncSqliteSaver, "setup", "start: the checkpointer's tables"),
+                (driver, "run_plan", "the whole plan (runs and rounds included)")):
+            self.wrap(owner, name, label)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, name, original in reversed(self.undo):
+            setattr(owner, name, original)
+
+    def show(self, items: int) -> None:
+        for label, (seconds, calls) in self.spent.items():
+            print(f"  {label:<52} {seconds * 1000 / items:8.1f} ms/item  ({calls} calls)")
+
+
+def plans(profile: bool = False, chain8: bool = False) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["CHOIR_HOME"] = str(Path(tmp) / "home")
+        if profile:
+            with Profile() as prof:
+                series = _plan(Path(tmp) / "series", "series", 2, chain=True, parallel=1)
+            inside = sum(r.get("run_s", 0) + r.get("integration_s", 0)
+                         for r in series["items"].values())
+            print(f"series plan of 2: {series['wall_s']:.1f} s, {inside:.1f} s inside runs "
+                  f"and rounds; the driver's calls per item:")
+            prof.show(len(series["items"]))
+            return
         series = _plan(Path(tmp) / "series", "series", 2, chain=True, parallel=1)
         wide = _plan(Path(tmp) / "wide", "wide", 8, chain=False, parallel=4)
         inside = sum(r.get("run_s", 0) + r.get("integration_s", 0)
@@ -101,7 +207,15 @@ def plans() -> None:
         print(f"2 items in series: {series['wall_s']:.1f} s; 8 independent on 4 members: "
               f"{wide['wall_s']:.1f} s ({wide['wall_s'] / series['wall_s']:.2f}x; target "
               f"1.3x); in the 8: item runs median {statistics.median(runs):.1f} s, "
-              f"integration rounds (serialised) {sum(integ):.1f} s in all")
+              f"integration rounds {sum(integ):.1f} s in all (side by side)")
+        if chain8:
+            # the same 8 one after another: what running them 4 wide bought on this machine
+            # (the 1.3x target needs 8 / 2 / 1.3 = 3.1x from running side by side)
+            eight = _plan(Path(tmp) / "eight", "eight", 8, chain=True, parallel=1)
+            print(f"the 8 in series: {eight['wall_s']:.1f} s "
+                  f"({eight['wall_s'] / series['wall_s']:.2f}x the 2); 4 wide made them "
+                  f"{eight['wall_s'] / wide['wall_s']:.2f}x faster on {os.cpu_count()} cores "
+                  "(the target needs 3.08x)")
         print(f"driver overhead per item (series plan, outside runs and integration "
               f"rounds): {overhead * 1000:.0f} ms (target 50 ms)")
 
@@ -111,10 +225,22 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=2000)
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--skip-plans", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="only the series plan, with the driver's calls timed")
+    ap.add_argument("--round-s", type=float, default=0.0,
+                    help="every verification round also waits this long (a suite bound by "
+                         "I/O or a service rather than by CPU)")
+    ap.add_argument("--chain8", action="store_true",
+                    help="also the 8 items one after another, for the speedup of 4 wide")
     args = ap.parse_args()
+    global ROUND_S
+    ROUND_S = args.round_s
+    if args.profile:
+        plans(profile=True)
+        return
     worktrees(args.files, args.runs)
     if not args.skip_plans:
-        plans()
+        plans(chain8=args.chain8)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,12 @@ from tests.workitems import UNIT_VERIFIER
 
 CHECK = textwrap.dedent("""\
     import pathlib
+    import time
 
     def test_tree():
         here = pathlib.Path('.')
+        if (here / 'slow.txt').exists():  # a round that takes a while (seconds in the file)
+            time.sleep(float((here / 'slow.txt').read_text()))
         for p in here.glob('*.txt'):
             assert 'BROKEN' not in p.read_text(), p
         if (here / 'b.txt').exists():
@@ -31,9 +34,12 @@ def git(repo: Path, *args: str) -> str:
                           text=True).stdout.strip()
 
 
-def team_repo(path: Path) -> Path:
+def team_repo(path: Path, *, slow_s: float = 0.0) -> Path:
+    """The repo; ``slow_s``: every round of its verifier takes at least that long."""
     path.mkdir(parents=True)
     (path / "test_tree.py").write_text(CHECK)
+    if slow_s:
+        (path / "slow.txt").write_text(f"{slow_s}\n")
     (path / "choir.yaml").write_text(UNIT_VERIFIER)
     (path / ".gitignore").write_text("__pycache__/\n")
     git(path, "init", "-q", "-b", "main")

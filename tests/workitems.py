@@ -15,6 +15,7 @@ PY = sys.executable
 STEP_PY = os.path.realpath(sys.executable)
 BUGGY = "def add(a, b):\n    return a - b\n"
 FIXED = "def add(a, b):\n    return a + b\n"
+PYTEST = f"{STEP_PY} -m pytest -q -p no:cacheprovider"
 # the one pytest verifier of the test repos' choir.yaml
 UNIT_VERIFIER = textwrap.dedent(f"""\
     verifiers:
@@ -25,6 +26,23 @@ UNIT_VERIFIER = textwrap.dedent(f"""\
             command: {STEP_PY} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml
         parser: junit
     """)
+
+
+def isolating_pytest(repo: Path, extra: str = "") -> None:
+    """A ``unit`` verifier that can run a subset of its tests (the isolated-subset lens);
+    ``extra``: more top-level keys of ``choir.yaml``."""
+    repo.mkdir(parents=True, exist_ok=True)
+    (repo / "choir.yaml").write_text(textwrap.dedent(f"""\
+        verifiers:
+          unit:
+            kind: unit_tests
+            steps:
+              - name: pytest
+                command: {PYTEST}
+            parser: pytest
+            lenses:
+              isolate: {PYTEST} {{tests}}
+        """) + textwrap.dedent(extra))
 
 
 def calc_repo(path: Path, *, canary: str, sandbox: str | None = None,

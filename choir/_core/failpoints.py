@@ -19,6 +19,10 @@ POINTS = (
     "attest:minted",        # attestations are stored; the node has not returned
     "adjudicate:written",   # the AHDB holds this round's atoms; the decision is not saved
     "trace:sealing",        # a node's trace events are written; their seal is not
+    "plan:committed",       # an item's run ended ASSERTed and is committed; not checkpointed
+    "plan:built",           # a queue head is merged and checked out; not checkpointed
+    "plan:integrated",      # a merge's integrate event is written; the branch has not moved
+    "plan:landed",          # the integration branch moved; the plan's step is not checkpointed
 )
 
 

@@ -423,6 +423,16 @@ class AHDB:
                                   "integration_assert": integration_assert,
                                   "integration_tree": integration_tree})
 
+    def integrated(self, plan: str, item: str, head: str) -> bool:
+        """Whether the log holds ``item``'s merge into ``plan`` at ``head`` already: a
+        driver killed after writing the event, before recording it, never writes it twice."""
+        rows = self._conn().execute("SELECT payload FROM events WHERE kind = 'integrate'")
+        for (payload,) in rows:
+            found = json.loads(payload)
+            if (found.get("plan"), found.get("item"), found.get("head")) == (plan, item, head):
+                return True
+        return False
+
     def release(self, plan: str, *, assert_id: str, tree_hash: str, commit: str, branch: str,
                 previous: str | None, items: dict[str, str]) -> None:
         """Record a plan's promotion: ``branch`` moved from ``previous`` to ``commit``, on

@@ -138,7 +138,7 @@ def _quiet(kind: str, data: dict[str, Any]) -> None:
 
 async def averify_tree(
     repo: Path, *, mood: Mood | None = None, sandbox_name: str | None = None,
-    on_event: OnEvent | None = None, claim: str | None = None,
+    on_event: OnEvent | None = None, claim: str | None = None, session: str | None = None,
 ) -> VerifyOutcome:
     """Verify ``repo``'s working tree now. See the module docstring.
 
@@ -148,6 +148,11 @@ async def averify_tree(
     ``claim``: record the verdict in the AHDB under this name, so ``choir gate NAME``
     answers for the tree (``choir.app.claim``).
 
+    ``session``: the session's run id (default: a new one). A caller that records it before
+    the session starts can run it again after a crash: the verifier runs that sealed are
+    reused, the ones cut short set aside (``choir.verification.pipeline``), and the claim's
+    writes are keyed by it; a session whose record is written cannot run again.
+
     Raises:
         UserError: bad configuration, a bad claim name, or a policy that refuses the sandbox
             available.
@@ -155,7 +160,7 @@ async def averify_tree(
 
     if claim is not None:
         check_claim_name(claim)
-    session = new_run_id("verify")
+    session = session or new_run_id("verify")
     with span("choir.verify", {"choir.run_id": session}, key=session) as root:
         outcome = await _verify(repo.expanduser().resolve(), session, mood=mood,
                                 sandbox_name=sandbox_name, on_event=on_event, claim=claim)

@@ -57,7 +57,10 @@ def checkpointed_runs(home: Path) -> set[str]:
         return set()
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        return {str(r[0]) for r in conn.execute("SELECT DISTINCT thread_id FROM checkpoints")}
+        from choir.graph.checkpoints import run_threads
+
+        return set(run_threads([str(r[0]) for r in conn.execute(
+            "SELECT DISTINCT thread_id FROM checkpoints")]))
     except sqlite3.Error:
         return set()  # no table yet: no run ever checkpointed
     finally:

@@ -44,9 +44,11 @@ def _with_table(loaded: Any, drive: Any) -> dict[str, Any]:
         return out
 
     with Live(table(), console=Console(), auto_refresh=False) as live:
-        def update(event: dict[str, Any]) -> None:
-            rows[event["item"]].update({k: event.get(k, rows[event["item"]][k])
-                                        for k in ("member", "state", "attempt", "last")})
+        def update(event: dict[str, Any]) -> None:  # a part split from an item: a new row
+            row = rows.setdefault(event["item"], {"member": "-", "state": "pending",
+                                                  "attempt": 0, "last": ""})
+            row.update({k: event.get(k, row[k]) for k in ("member", "state", "attempt",
+                                                          "last")})
             live.update(table(), refresh=True)
 
         return dict(drive(update))
@@ -69,6 +71,10 @@ def run(plan_file: Path | None, as_json: bool, resume_id: str | None) -> int:
         old = load_state(resume_id)
         if old is None or "plan_file" not in old:
             raise UserError(f"no plan {resume_id} to resume")
+        if not old["plan_file"]:
+            raise UserError(f"plan {resume_id} was run from Python without a plan file on "
+                            "record\n  fix: resume it from Python: run_plan(plan, "
+                            "resume=True)")
         plan_file = Path(old["plan_file"])
     if plan_file is None:
         raise UserError("give PLAN_FILE, or --resume ID")

@@ -54,7 +54,9 @@ def _loop_threads(home: Path) -> list[str]:
                                 "WHERE checkpoint_ns = ''").fetchall()
         except sqlite3.OperationalError:
             return []
-    return sorted(str(r[0]) for r in rows)
+    from choir.graph.checkpoints import run_threads
+
+    return run_threads(sorted(str(r[0]) for r in rows))
 
 
 def _loop_state(home: Path, run_id: str) -> tuple[dict[str, Any], str] | None:

@@ -461,8 +461,11 @@ def _decision_methods(doc: YamlDoc, names: set[str], verifiers: dict[str, Verifi
     return errors
 
 
-def load_work_item(path: Path) -> WorkItem:
+def load_work_item(path: Path, *, part: bool = False) -> WorkItem:
     """Load a work item file; ``repo`` is resolved relative to the file and must exist.
+
+    ``part``: the file is a part a team plan made of a split item (``choir.team.parts``),
+    whose id holds the ``~`` of parts; any other file's id may not.
 
     Raises:
         ConfigError: the file is invalid, the repo is missing, or the executor is incomplete.
@@ -486,7 +489,7 @@ def load_work_item(path: Path) -> WorkItem:
     if parsed is None:
         ConfigError.raise_all(errors)
     item: WorkItem = parsed
-    if "~" in item.id:
+    if "~" in item.id and not part:
         errors.append(ConfigError(f"work item id '{item.id}' holds '~', which marks the parts "
                                   "of a split work item", path=str(path),
                                   line=doc.line_of(("id",)),

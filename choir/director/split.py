@@ -90,9 +90,14 @@ def split_parts(item: WorkItem, runs: Sequence[VerifierRun], verdicts: Mapping[s
 
 def part_feedback(part: WorkItem, reports: Sequence[VerificationReport]) -> list[
         VerificationReport]:
-    """The reports that concern ``part``: its verifier's, narrowed to its focus tests."""
+    """The reports that concern ``part``: its verifier's, narrowed to its focus tests (and
+    to the next actions that name no other failing test: those are another part's)."""
     mine = [r for r in reports if r.verifier in part.required_verifiers]
     if not part.focus:
         return mine
-    return [r.model_copy(update={"failure_signatures": tuple(
-        s for s in r.failure_signatures if s.test_id in part.focus)}) for r in mine]
+    others = {s.test_id for r in mine for s in r.failure_signatures
+              if s.test_id and s.test_id not in part.focus}
+    return [r.model_copy(update={
+        "failure_signatures": tuple(s for s in r.failure_signatures if s.test_id in part.focus),
+        "next_actions": tuple(a for a in r.next_actions if not any(t in a for t in others))})
+        for r in mine]

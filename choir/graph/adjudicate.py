@@ -9,6 +9,7 @@ Every AHDB write is keyed by run, work item, round and kind, so a node replayed 
 - nested / broaden: more green threads on the same tree, no execution;
 - split: the work item becomes parts (``choir.director.split``), each run in turn; a part
   may split again down to the policy's ``split_depth``, all within the one attempt budget;
+  a plan item's run (``hand_back``) ends instead, status ``split``, its parts for the plan;
 - escalate: what would halt goes to the work item's ``escalate_to``: a stronger executor
   (for what is left of the budget) or a person (the approval interrupt, evidence attached);
 - halt: the run ends, with the reason; a part that halts halts the run.
@@ -363,6 +364,12 @@ async def adjudicate_node(state: RunState) -> Command[Goto]:
             "nested": state.get("nested", 0) + (decision.action == "nested")})
     history = [*state.get("history", []), signatures(runs)]
     reports = [r.report for r in runs]
+    if decision.action == "split" and state.get("hand_back") and frame is None:
+        return Command(goto="__end__", update={
+            **base, "parts": parts, "history": history, "feedback": reports,
+            "status": "split",
+            "events": [*base["events"], f"split {item.id} into {', '.join(p.id for p in parts)}"
+                       f", handed back to the plan (budget {spent}/{ceiling} spent)"]})
     if decision.action == "split":
         saved = ParentFrame(item=item, attempt=state["attempt"], mood=decision.mood,
                             history=tuple(tuple(h) for h in history), reports=tuple(reports),

@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 SETUP_LOCK = 0x43484F4952434B50  # "CHOIRCKP"
+# a team plan's driver checkpoints under this prefix (``choir.team.driver``): a ``:`` no run id
+# can hold, so a plan's thread is never listed, resumed or audited as a ``choir run``
+PLAN_THREAD = "plan:"
 _ready: set[str] = set()
+
+
+def run_threads(threads: list[str]) -> list[str]:
+    """The threads of ``choir run``s among a checkpoint store's threads."""
+    return [t for t in threads if not t.startswith(PLAN_THREAD)]
 
 
 @contextlib.asynccontextmanager
@@ -62,7 +70,7 @@ def pg_threads(url: str) -> list[str]:
                             "WHERE checkpoint_ns = ''").fetchall()
     finally:
         conn.close()
-    return sorted(str(r[0]) for r in rows)
+    return run_threads(sorted(str(r[0]) for r in rows))
 
 
 def pg_latest(url: str, run_id: str) -> tuple[dict[str, Any], str] | None:

@@ -22,12 +22,13 @@ from choir._core.paths import choir_home
 from choir.attest.keys import require_pinned_signer
 from choir.config import load_repo_config, load_work_item
 from choir.config.policy import load_packaged_policy, load_policy, with_run_checks
+from choir.director.split import part_feedback
 from choir.evidence.spec import pin_spec, remove_views
 from choir.evidence.tree import remove_snapshot, snapshot_root
 from choir.exceptions import UserError
 from choir.graph.checkpoints import open_checkpointer
 from choir.graph.orchestrator import build
-from choir.models import Mood, Usage
+from choir.models import Mood, Usage, VerificationReport, WorkItem
 from choir.telemetry import end_under, span
 from choir.trace.record import TraceRecorder
 from choir.verification import open_sandbox
@@ -49,6 +50,8 @@ class RunOutcome:
     usage: dict[str, dict[str, Any]] = field(default_factory=dict)
     waiting: bool = False
     question: dict[str, Any] = field(default_factory=dict)  # what the approval gate asks
+    # status "split" (a plan item's run): each part, with the reports about its piece
+    parts: list[tuple[WorkItem, list[VerificationReport]]] = field(default_factory=list)
 
     def exit_code(self) -> int:
         return {"asserted": 0, "awaiting_approval": 3}.get(self.status, 1)
@@ -122,7 +125,7 @@ async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> Run
                               *([f"insufficient evidence: {insufficient}"] if insufficient
                                 else [])],
                       usage=spend_by_role(values.get("usage", [])), waiting=bool(snap.next),
-                      question=_question(snap))
+                      question=_question(snap), parts=_handed_back(values))
 
 
 async def _stream(graph: Any, graph_input: Any, cfg: Any, trace: TraceRecorder,
@@ -150,6 +153,14 @@ async def _stream(graph: Any, graph_input: Any, cfg: Any, trace: TraceRecorder,
     return await graph.aget_state(cfg)
 
 
+def _handed_back(values: dict[str, Any]) -> list[tuple[WorkItem, list[VerificationReport]]]:
+    """A split a plan item's run handed back: each part with its piece's reports."""
+    if values.get("status") != "split":
+        return []
+    reports = list(values.get("feedback", []))
+    return [(part, part_feedback(part, reports)) for part in values.get("parts", [])]
+
+
 def _question(snap: Any) -> dict[str, Any]:
     """The pending approval interrupt's payload (a held spec change carries its diff)."""
     for task in getattr(snap, "tasks", ()):
@@ -160,15 +171,20 @@ def _question(snap: Any) -> dict[str, Any]:
 
 
 async def run_work_item(path: Path, *, mood: Mood | None = None, run_id: str | None = None,
-                        on_event: OnEvent | None = None) -> RunOutcome:
+                        on_event: OnEvent | None = None,
+                        hand_back_splits: bool = False, part: bool = False) -> RunOutcome:
     """Run a work item file until ASSERT, halt, budget end or an approval gate.
+
+    ``hand_back_splits``: a split ends the run (status ``split``) with its parts in the
+    outcome, for a plan to run as items of their own (``choir.team``); ``part``: the file is
+    such a part (its id holds ``~``).
 
     Raises:
         UserError: a bad work item or ``choir.yaml``, a sandbox the mood refuses, or a run id
             that is already taken.
     """
 
-    item = load_work_item(path)
+    item = load_work_item(path, part=part)
     packaged = load_packaged_policy()
     # PARANOID: a verified trace; configuration errors before anything runs
     config = with_run_checks(load_repo_config(Path(item.repo)), packaged)
@@ -184,7 +200,7 @@ async def run_work_item(path: Path, *, mood: Mood | None = None, run_id: str | N
     start = {"work_item": item, "config": config, "policy": policy, "run_id": run_id,
              "spec": spec, "base": base,
              "mood": start_mood.value, "attempt": 0, "round": 0, "history": [],
-             "status": "running"}
+             "status": "running", "hand_back": hand_back_splits}
     return await _drive(start, run_id, on_event)
 
 

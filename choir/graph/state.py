@@ -69,6 +69,9 @@ class RunState(TypedDict, total=False):
     events: Annotated[list[str], operator.add]
     usage: Annotated[list[tuple[str, Usage]], operator.add]  # (role, spend), appended per call
     parts: list[WorkItem]  # parts still to do after the current one
+    # a plan item's run: a split ends the run with its parts (status "split") for the plan
+    # driver to add as items of their own, instead of running them one after another here
+    hand_back: bool
     parent: ParentFrame | None
     split_done: bool
     status: str
@@ -127,7 +130,7 @@ def checkpoint_types() -> list[tuple[str, str]]:
              "VerificationReport", "FailureSignature", "Citation", "Counts", "Usage",
              "PlannedVerifier", "VerifierPlan", "VerifierSpec", "VerifierKind", "StepSpec",
              "Limits", "Lenses", "VerifierRun", "ParentFrame", "ExecutorOutput", "SpecChange",
-             "HeldOut"]
+             "HeldOut", "PlanRecord", "PlanRow", "QueueEntry", "PartSpec", "Spend"]
     found = [(getattr(models, n).__module__, n) for n in names]
     found += [(config.__name__, n) for n in ("RepoConfig", "ModelsConfig", "SandboxConfig",
                                              "MoodOverride")]

@@ -8,6 +8,7 @@ from choir.models.attestation import (
     SpecChange,
 )
 from choir.models.manifest import AppliedLimits, CommandRecord, Interpreter, Platform, RunManifest
+from choir.models.plan import PartSpec, PlanRecord, PlanRow, QueueEntry, Spend
 from choir.models.report import (
     Citation,
     Counts,
@@ -56,11 +57,16 @@ __all__ = [
     "Limits",
     "Mood",
     "ParentFrame",
+    "PartSpec",
+    "PlanRecord",
+    "PlanRow",
     "PlannedVerifier",
     "Platform",
+    "QueueEntry",
     "Result",
     "RunManifest",
     "SpecChange",
+    "Spend",
     "StepSpec",
     "Target",
     "Usage",

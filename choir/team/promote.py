@@ -17,8 +17,8 @@ from choir.app.gate import GateAnswer, check_gate
 from choir.evidence.git import locate
 from choir.evidence.tree import commit_tree_hash
 from choir.exceptions import PromotionError, UserError
-from choir.team.driver import integration_branch
 from choir.team.plan import item_key
+from choir.team.queue import integration_branch
 from choir.team.state import MERGED, load_state, save_state
 
 

@@ -1,28 +1,26 @@
-"""The plan driver's durable record: one JSON file per plan, replaced atomically (write,
-fsync, rename) after every transition.
+"""The plan's published record: ``plans/PLAN_ID/state.json`` under CHOIR_HOME.
 
-Each item's own run is checkpointed by LangGraph (``choir.graph.runner``) under its run id;
-the record holds what the driver adds: each item's state, attempt, run id and commit, the
-integration head, and the spend per member, saved together with the transition that caused
-them. After kill -9, ``--resume`` reads it: a merged item is skipped; an item recorded
-ASSERTed (its commit made, before the merge) is merged without running again; an item
-recorded running continues its own run id from the run's last checkpoint; the integration
-branch is reset to the recorded head, so a merge the record does not hold is redone, never
-kept twice. A run's spend is added once, when the run ends, in the save that records its
-outcome.
+The plan driver's durable state is its LangGraph checkpoint (``choir.team.driver``); this
+file is what everything else reads (``choir gate PLAN_ID``, ``choir promote``, ``choir runs``,
+``choir view``): the checkpointed ``PlanRecord`` as JSON, rewritten at the start of every
+driver step, so it never shows a transition the checkpoint does not hold. It is replaced
+atomically (write, rename) for readers; it is not fsynced, because a crash loses nothing
+the next ``--resume`` does not write again from the checkpoint.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from choir._core.paths import choir_home
+from choir.models.plan import PlanRecord
 
 PENDING, RUNNING, ASSERTED, MERGED = "pending", "running", "asserted", "merged"
-FAILED, BLOCKED = "failed", "blocked"
+FAILED, BLOCKED, SPLIT = "failed", "blocked", "split"
 
 
 def plan_dir(plan_id: str) -> Path:
@@ -38,18 +36,39 @@ def load_state(plan_id: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def save_state(plan_id: str, state: dict[str, Any]) -> None:
-    import datetime as dt
-
+def save_state(plan_id: str, state: dict[str, Any], *, sync: bool = True) -> None:
+    """Replace the record with ``state`` (``sync``: fsynced too, for a write nothing else
+    can redo, such as a promotion's)."""
     state["updated"] = dt.datetime.now(dt.UTC).isoformat()
     folder = plan_dir(plan_id)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / "state.json.tmp"
     with tmp.open("w") as fh:
         json.dump(state, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
+        if sync:
+            fh.flush()
+            os.fsync(fh.fileno())
     os.replace(tmp, folder / "state.json")
+
+
+def publish(record: PlanRecord) -> None:
+    """The checkpointed record, for its readers."""
+    save_state(record.plan, record.model_dump(mode="json"), sync=False)
+
+
+def seed_record(plan_id: str) -> PlanRecord | None:
+    """A record published by the driver before it was checkpointed (a plan started by an
+    earlier Choir), to continue it from; None when there is none or it does not parse."""
+    from pydantic import ValidationError
+
+    data = load_state(plan_id)
+    if data is None:
+        return None
+    known = set(PlanRecord.model_fields)
+    try:
+        return PlanRecord.model_validate({k: v for k, v in data.items() if k in known})
+    except ValidationError:
+        return None
 
 
 def list_plans() -> list[dict[str, Any]]:

@@ -29,12 +29,17 @@ class WorkItemIn(TypedDict, total=False):
     work_item: str  # a work item file (YAML or JSON), as ``choir run`` takes
     run_id: str  # default: a new one; with ``resume``, the run to continue
     resume: bool  # continue ``run_id`` from its last checkpoint when it has one
+    # a split ends the run with its parts (status "split"): a plan adds them as its own items
+    hand_back_splits: bool
+    part: bool  # the work item is such a part (its id holds the ``~`` of parts)
 
 
 class WorkItemOut(TypedDict):
     """What flows back to the parent: one outcome per run, appended (so a map-reduce over
     many ``Send``s collects them all; the parent declares ``outcomes`` with ``operator.add``).
-    Each outcome: status, reason, run_id, work_item, asserted, attempt, mood, usage."""
+    Each outcome: status, reason, run_id, work_item, asserted, attempt, mood, usage, and
+    (status ``split``) ``parts``: each part's work item and the bounded feedback on its
+    piece."""
 
     outcomes: Annotated[list[dict[str, Any]], operator.add]
 
@@ -46,6 +51,7 @@ class WorkItemState(WorkItemIn, total=False):
 async def verified_work_item(state: WorkItemState) -> dict[str, Any]:
     """The node: one work item through Choir's loop; ``{"outcomes": [its outcome]}``."""
     from choir.graph import runner
+    from choir.team.parts import feedback
 
     run_id = state.get("run_id")
     outcome = None
@@ -56,11 +62,15 @@ async def verified_work_item(state: WorkItemState) -> dict[str, Any]:
             if not str(exc).startswith("no run "):
                 raise
     if outcome is None:
-        outcome = await runner.run_work_item(Path(state["work_item"]), run_id=run_id)
+        outcome = await runner.run_work_item(
+            Path(state["work_item"]), run_id=run_id, part=state.get("part", False),
+            hand_back_splits=state.get("hand_back_splits", False))
+    parts = [{"work_item": part.model_dump(mode="json"), "feedback": feedback(reports)}
+             for part, reports in outcome.parts]
     return {"outcomes": [{"status": outcome.status, "reason": outcome.reason,
                           "run_id": outcome.run_id, "work_item": outcome.work_item,
                           "asserted": outcome.asserted, "attempt": outcome.attempt,
-                          "mood": outcome.mood, "usage": outcome.usage}]}
+                          "mood": outcome.mood, "usage": outcome.usage, "parts": parts}]}
 
 
 def work_item_graph() -> Any:

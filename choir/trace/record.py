@@ -120,6 +120,7 @@ class TraceRecorder:
         self.plans = 0
         self.executions = 0
         self.attested: set[str] = set()
+        self.called: set[str] = set()  # call ids recorded (a green thread's is its run id)
         self.last_round: list[str] = []  # results of the current plan's voting runs
         self.head = chain_start(run_id)
         self._signer = signer
@@ -165,6 +166,8 @@ class TraceRecorder:
             self.last_round = []
         elif kind == "tool_call" and rec.get("name") == "executor":
             self.executions += 1
+        if kind == "tool_call" and rec.get("call_id"):
+            self.called.add(str(rec["call_id"]))
         elif kind == "attestation":
             self.attested.add(str(rec.get("name")))
         elif kind == "tool_result" and "result" in data and not data.get("diagnostic"):
@@ -190,8 +193,10 @@ class TraceRecorder:
     def _commit(self, node: bool = False) -> None:
         """Write the batch's events in one ``write``, then their seal in the next.
 
-        ``node``: a node's events, written after the graph checkpointed the node; a crash
-        between the two writes (the ``trace:sealing`` failpoint) leaves them unsealed.
+        ``node``: a node's events, written when the graph streams the node's update (for a
+        Send task that can be before its write is saved: the resumed run runs it again and
+        ``node`` records it once); a crash between the two writes (the ``trace:sealing``
+        failpoint) leaves them unsealed.
         """
         if not self._batch:
             return
@@ -238,7 +243,10 @@ class TraceRecorder:
                 "lenses": [p.lens for p in plan.verifiers],
                 "dropped": list(plan.dropped), "reason": plan.reason[:1000]})
         elif node == "green":
-            for run in update.get("runs", []):
+            # a green thread recorded before a crash its checkpoint did not see (LangGraph
+            # streams a task's update before its write is saved) runs again and reuses its
+            # sealed run: the same call, recorded once
+            for run in [r for r in update.get("runs", []) if r.run_id not in self.called]:
                 self.emit("tool_call", name=run.verifier, call_id=run.run_id, data={
                     "plan": self.plans, "replica": run.replica, "lens": run.lens,
                     "diagnostic": run.diagnostic})

@@ -31,7 +31,7 @@ from choir.view.plans import plan_summary
 MAX_MANIFEST = 4 << 20
 _TAIL = 64 << 10  # the last records of a trace file: where its status is
 RECHECK_S = 10.0  # how often a trace that ended is looked at again (a resume appends to it)
-FINAL = frozenset({"asserted", "halted", "rejected"})
+FINAL = frozenset({"asserted", "halted", "rejected", "split"})
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ MAX_ITEMS = 400  # items drawn and listed; a record with more says so
 MAX_DEPS = 50  # dependencies per item drawn
 _PLAN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _PLAN_RUN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")  # a run id the run page takes
-STATES = ("merged", "asserted", "running", "pending", "failed", "blocked")
+STATES = ("merged", "asserted", "running", "pending", "split", "failed", "blocked")
 
 # the drawing's geometry (SVG user units)
 NODE_W, NODE_H, COL_W, ROW_H, PAD = 170, 46, 230, 64, 16
@@ -155,9 +155,11 @@ def _item(plan_id: str, item_id: str, row: Any) -> ItemView:
     row = row if isinstance(row, dict) else {}
     state = clean(row.get("state"), 40).lower()
     attempt = _int(row.get("attempt"))
-    prefix = f"{plan_id}.{item_id}"
-    runs = tuple(f"{prefix}.{n}" for n in range(1, min(attempt, 20) + 1)
-                 if _PLAN_RUN.match(f"{prefix}.{n}"))
+    # a part split from an item (``a~1``) runs as ``PLAN.a-part1.N.part`` (choir.team.schedule)
+    prefix, suffix = (f"{plan_id}.{item_id.replace('~', '-part')}", ".part") if "~" in item_id \
+        else (f"{plan_id}.{item_id}", "")
+    runs = tuple(f"{prefix}.{n}{suffix}" for n in range(1, min(attempt, 20) + 1)
+                 if _PLAN_RUN.match(f"{prefix}.{n}{suffix}"))
     deps = row.get("depends_on")
     return ItemView(id=clean(item_id, 100), state=state if state in STATES else "unknown",
                     member=clean(row.get("member"), 100), goal=clean(row.get("goal")),

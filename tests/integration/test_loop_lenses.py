@@ -15,13 +15,12 @@ from typing import Any
 
 import pytest
 
-from tests.workitems import PY, STEP_PY
+from tests.workitems import PY, PYTEST, isolating_pytest
 
 # every mood and lens through the whole loop, minutes of real rounds:
 # CI's slow stage runs it, so that the README's command stays under five minutes
 pytestmark = pytest.mark.slow
 
-PYTEST = f"{STEP_PY} -m pytest -q -p no:cacheprovider"
 
 
 def choir(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -33,24 +32,6 @@ def write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(textwrap.dedent(text))
     return path
-
-
-def isolating_pytest(repo: Path, extra: str = "") -> None:
-    """A ``unit`` verifier that can run a subset of its tests (the isolated-subset lens)."""
-    write(repo / "choir.yaml", f"""\
-        verifiers:
-          unit:
-            kind: unit_tests
-            steps:
-              - name: pytest
-                command: {PYTEST}
-            parser: pytest
-            lenses:
-              isolate: {PYTEST} {{tests}}
-        """)
-    if extra:
-        with (repo / "choir.yaml").open("a") as fh:
-            fh.write(textwrap.dedent(extra))
 
 
 def work_item(tmp_path: Path, executor: str, *, mood: str = "CALM",

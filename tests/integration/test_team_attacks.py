@@ -113,3 +113,29 @@ def test_a_worktree_whose_git_became_a_repo_of_its_own_runs_nothing_when_committ
     head = work.rev("HEAD")
     assert head is not None and git(repo, "show", f"{head}:a.txt") == "A"
     assert git(repo, "rev-parse", "choir/plan/t/item/evil") == head
+
+
+def test_a_member_sees_no_other_members_workspace(tmp_path: Path) -> None:
+    """Two members run side by side: one looks around its worktree (the folder a sandboxed
+    member may read beside its repo) for the other's, and copies what it finds. It must
+    find nothing: each worktree is alone in a folder of its own."""
+    team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "iso", """\
+        - id: spy
+          goal: look around
+          max_attempts: 1
+          executor: {kind: command, command: 'sleep 3; ls -a .. > seen.txt;
+            cat ../*/secret.txt ../../*/*/secret.txt > stolen.txt 2>/dev/null; true'}
+        - id: victim
+          goal: keep a secret
+          max_attempts: 1
+          executor: {kind: command, command: 'echo hunter2 > secret.txt'}
+        """)
+    state = asyncio.run(run_plan(load_plan(plan)))
+    assert {k: r["state"] for k, r in state["items"].items()} == {"spy": "merged",
+                                                                   "victim": "merged"}, state
+    repo = tmp_path / "repo"
+    commit = state["items"]["spy"]["commit"]
+    seen = git(repo, "show", f"{commit}:seen.txt").split()
+    assert "victim" not in seen, seen  # the other member's worktree is not in sight
+    assert git(repo, "show", f"{commit}:stolen.txt") == "", "a member read another's work"

@@ -193,6 +193,17 @@ def test_a_focused_parts_feedback_keeps_only_its_tests() -> None:
     assert [s.test_id for s in mine.failure_signatures] == ["t::b"]
 
 
+def test_a_focused_parts_feedback_suggests_nothing_about_the_other_parts_tests() -> None:
+    """A part runs on its own (in a plan, beside the others): the next actions that name
+    another part's failing test are not its to take."""
+    part = item("wi.2").model_copy(update={"split_of": "wi", "focus": ("t::b",)})
+    failing = report("unit", Result.FAIL, tests=("t::a", "t::b")).model_copy(update={
+        "next_actions": ("Fix t::a: assert 1 == 2", "Fix t::b: assert 3 == 4",
+                         "Run the suite")})
+    [mine] = part_feedback(part, [failing])
+    assert mine.next_actions == ("Fix t::b: assert 3 == 4", "Run the suite")
+
+
 def test_parts_never_get_more_than_what_is_left_of_the_budget(
         specs: dict[str, VerifierSpec]) -> None:
     """Old behaviour: each part got max(2, ceil(left / parts)): at 3 of 3, two parts got two

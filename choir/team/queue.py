@@ -1,0 +1,204 @@
+"""The merge queue: merges serialised, their verification not.
+
+Every ASSERTed item joins the queue. Its speculative integration head is its commit merged
+onto the head of the entry before it (or onto the integration head, for the first entry):
+A, then A+B, then A+B+C, each built with ``git merge-tree`` (objects only: no work tree is
+ever half merged) and ``commit-tree``, each in a worktree of its own, and each verified by an
+integration round (attested, as the claim named after the plan) side by side with the others.
+The queue lands in order: the first entry, once its round passed, moves the integration
+branch to exactly the head that round verified (``update-ref`` with the old value, after the
+``integrate`` event is written). When an entry's round fails, its item goes back for revision
+and every entry after it is rebuilt without it (A+B becomes B alone) and verified again: a
+head that holds a failed item is never landed, and no event names a tree no round verified.
+
+Recorded before it is verified: a head is in the checkpointed record before its round
+starts, so after kill -9 the round runs again on exactly that head (or the head's live
+ASSERT, from the round that finished before the kill, is reused: it is for exactly that
+tree). Landing is idempotent: an ``integrate`` event already written and a branch already
+moved are recognised, never repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from choir._core import fsopen
+from choir._core.failpoints import failpoint
+from choir._core.ids import new_run_id
+from choir.ahdb import open_ahdb
+from choir.app.gate import check_gate
+from choir.evidence.artifacts import ArtifactStore
+from choir.evidence.git import GitRepo
+from choir.evidence.tree import commit_tree_hash
+from choir.exceptions import PromotionError, UserError
+from choir.models import Mood
+from choir.models.plan import QueueEntry
+from choir.team.plan import item_key
+
+FEEDBACK_CHARS = 2000
+
+
+def integration_branch(plan_id: str) -> str:
+    return f"choir/plan/{plan_id}/integration"
+
+
+def ref_name(plan_id: str, kind: str, item_id: str) -> str:
+    """A branch of the plan's: ``item``, ``queue`` or ``whole``; a part's (its id holds a
+    ``~``, which git refuses) under ``KIND-part`` with ``~`` as ``-``, never a plan item's."""
+    if "~" in item_id:
+        return f"choir/plan/{plan_id}/{kind}-part/{item_id.replace('~', '-')}"
+    return f"choir/plan/{plan_id}/{kind}/{item_id}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """An integration round's outcome for one head (runtime only: the record keeps the
+    entry's status and bounded verdict)."""
+
+    passed: bool
+    verdict: str
+    seconds: float
+
+
+async def verify_tree(path: Path, claim: str, tree: str, what: str, session: str,
+                      mood: Mood | None = None) -> Verdict:
+    """A round on the worktree at ``path`` recorded as ``claim``, as session ``session``
+    (recorded before the round started); it must read exactly ``tree``.
+
+    After a crash the same session runs again: its sealed verifier runs are reused, the ones
+    cut short set aside, so no half-made run is left for ``choir audit`` to find. A live
+    ASSERT of ``claim`` for exactly that tree (a round that passed before the crash, or a
+    merge that changed nothing) is that round already; a session that recorded a FAIL is that
+    FAIL; one recorded complete without its claim is followed by a fresh session.
+    """
+    from choir.app.verify import averify_tree
+
+    clock = time.perf_counter()
+    if open_ahdb().is_asserted(claim, tree) is not None:
+        return Verdict(True, f"{what} PASS (this tree was verified before)", 0.0)
+    record = ArtifactStore().run_dir(session) / "manifest.json"
+    if record.exists():
+        if _recorded_status(record) == "FAIL":
+            return Verdict(False, f"{what} round FAIL (session {session})", 0.0)
+        session = new_run_id("verify")
+    outcome = await averify_tree(path, claim=claim, mood=mood, session=session)
+    seconds = time.perf_counter() - clock
+    seen = outcome.contract.get("manifest", {}).get("tree_hash")
+    if seen != tree:  # fail closed: the round must have read exactly that head
+        return Verdict(False, f"{what} round read tree {str(seen)[:12]}, not the head's "
+                       f"{tree[:12]}", seconds)
+    if outcome.passed:
+        return Verdict(True, f"{what} PASS", seconds)
+    failing = [f"{t['verifier']}: {t['result']}"
+               for t in outcome.contract.get("threads", []) if t["result"] != "PASS"]
+    return Verdict(False, f"{what} round {outcome.status}: " +
+                   ("; ".join(failing) or outcome.verdict), seconds)
+
+
+def _recorded_status(path: Path) -> str:
+    """A session record's status ("" when it cannot be read: then it decides nothing)."""
+    try:
+        data = json.loads(fsopen.read_bytes(path.parent, path.name, 4 << 20))
+    except (OSError, ValueError):
+        return ""
+    return str(data.get("status", "")) if isinstance(data, dict) else ""
+
+
+@dataclass(frozen=True)
+class MergeQueue:
+    plan_id: str
+    git: GitRepo  # the plan's repository: objects and refs only, its checkout untouched
+    trees: Path  # where the heads' worktrees go
+
+    def worktree(self, item_id: str) -> Path:
+        return self.trees / "queue" / item_id
+
+    def build(self, entry: QueueEntry, onto: str) -> QueueEntry | str:
+        """``entry`` merged onto ``onto``: the entry with its head, tree and worktree made,
+        or the conflict as bounded feedback (nothing written but unreferenced objects)."""
+        merged = self.git.write("merge-tree", "--write-tree", "--name-only", "--no-messages",
+                                onto, entry.commit, check=False)
+        lines = merged.stdout.split("\n")
+        if merged.returncode == 1:
+            files = [name for name in lines[1:] if name]
+            return ("merge conflict with the integration branch in: " +
+                    (", ".join(dict.fromkeys(files)) or "(unknown files)"))[:FEEDBACK_CHARS]
+        if merged.returncode != 0:
+            raise UserError(f"git merge-tree failed for {entry.item}: "
+                            f"{merged.stderr.strip()[-300:]}")
+        head = self.git.write("commit-tree", lines[0].strip(), "-p", onto, "-p",
+                              entry.commit, "-m", f"merge {entry.item}").stdout.strip()
+        self.git.add_worktree(self.worktree(entry.item),
+                              ref_name(self.plan_id, "queue", entry.item), head)
+        tree = commit_tree_hash(self.git.root, head)
+        if tree is None:
+            raise UserError(f"the merge of {entry.item} ({head[:12]}) cannot be read back")
+        failpoint("plan:built")
+        return entry.model_copy(update={"base": onto, "head": head, "tree": tree,
+                                        "session": new_run_id("verify"),
+                                        "status": "verifying", "verdict": ""})
+
+    async def verify(self, entry: QueueEntry) -> Verdict:
+        """The integration round of ``entry``'s head, as the claim named after the plan."""
+        return await verify_tree(self.worktree(entry.item), self.plan_id, entry.tree,
+                                 "integration", entry.session)
+
+    def land(self, entry: QueueEntry, current: str) -> str | None:
+        """Move the integration branch from ``current`` to ``entry``'s verified head, after
+        its ``integrate`` event; why not, when the gate or the ledger refuses it."""
+        key = item_key(self.plan_id, entry.item)
+        item_tree = commit_tree_hash(self.git.root, entry.commit)
+        gate = check_gate(key, tree=item_tree, commit=None) if item_tree else None
+        if gate is None or not gate.passed:
+            problems = gate.problems if gate else ["its commit cannot be read back"]
+            return "gate: " + "; ".join(problems)
+        db = open_ahdb()
+        item = db.is_asserted(key, item_tree)
+        whole = db.is_asserted(self.plan_id, entry.tree)
+        if item is None or whole is None or item_tree is None:
+            return "merge not recorded: no live ASSERT for the item's or the integration tree"
+        if not db.integrated(self.plan_id, key, entry.head):
+            try:
+                db.integrate(self.plan_id, key, assert_id=item.id, tree_hash=item_tree,
+                             commit=entry.commit, head=entry.head,
+                             integration_assert=whole.id, integration_tree=entry.tree)
+            except PromotionError as exc:
+                return f"merge not recorded: {exc}"
+        failpoint("plan:integrated")
+        branch = f"refs/heads/{integration_branch(self.plan_id)}"
+        moved = self.git.write("update-ref", branch, entry.head, current, check=False)
+        if moved.returncode and self.git.rev(branch) != entry.head:  # not moved before a crash
+            raise UserError(f"the integration branch is neither at {current[:12]} nor at "
+                            f"{entry.head[:12]}: {moved.stderr.strip()[-300:]}")
+        failpoint("plan:landed")
+        return None
+
+    def record_whole(self, item_id: str, head: str, tree: str) -> str | None:
+        """A split item, checked whole on the integration head its parts were merged into:
+        its ``integrate`` event names that head (already on the branch, nothing moves)."""
+        key = item_key(self.plan_id, item_id)
+        db = open_ahdb()
+        item = db.is_asserted(key, tree)
+        whole = db.is_asserted(self.plan_id, tree)
+        if item is None or whole is None:
+            return "not recorded: no live ASSERT for the item or the plan on that tree"
+        if not db.integrated(self.plan_id, key, head):
+            try:
+                db.integrate(self.plan_id, key, assert_id=item.id, tree_hash=tree,
+                             commit=head, head=head, integration_assert=whole.id,
+                             integration_tree=tree)
+            except PromotionError as exc:
+                return f"not recorded: {exc}"
+        return None
+
+    def drop(self, item_id: str) -> None:
+        """An entry's worktree, once it landed or was set aside: removed without a git
+        process (the driver made it from git's objects, and nothing else writes there); git
+        forgets it at the plan's end (``worktree prune``), with the queue's branches."""
+        path = self.worktree(item_id)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)

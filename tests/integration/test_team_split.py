@@ -1,0 +1,112 @@
+"""A split in a plan: an item whose failure keeps repeating and divides hands its parts back
+to the plan, where each runs, is verified and merged as an item of its own; the item is then
+verified whole on the integration head, and only then do its dependents start."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from choir.team.driver import run_plan
+from choir.team.plan import load_plan
+from tests.team import git
+from tests.workitems import PY, isolating_pytest
+
+pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap"),
+              pytest.mark.slow]
+
+# the member: the whole item writes two tested functions, both wrong, every time; a part
+# (its goal names its failing test) writes its own function and test, right
+MEMBER = textwrap.dedent("""\
+    import json, os, pathlib, re
+    goal = json.loads(pathlib.Path(os.environ["CHOIR_WORKITEM_FILE"]).read_text())["goal"]
+    part = re.search(r"\\[part \\d+/\\d+ of \\S+: make \\w+ test test_(\\w+)\\.py", goal)
+    ops = {"sub": ("a - b", "a + b"), "div": ("a // b", "a * b")}
+    for name, (right, wrong) in ops.items():
+        if part and part.group(1) != name:
+            continue
+        body = right if part else wrong
+        pathlib.Path(f"{name}.py").write_text(f"def {name}(a, b):\\n    return {body}\\n")
+        pathlib.Path(f"test_{name}.py").write_text(
+            f"from {name} import {name}\\n\\ndef test_{name}():\\n"
+            f"    assert {name}(6, 3) == {eval(right, {}, {'a': 6, 'b': 3})}\\n")
+    """)
+
+
+def test_a_split_item_becomes_parts_of_the_plan_merged_then_it_is_verified_whole(
+        tmp_path: Path, choir_home: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    isolating_pytest(repo)
+    (repo / "test_base.py").write_text("def test_base():\n    assert True\n")
+    (repo / ".gitignore").write_text("__pycache__/\n")
+    # the member's script is in the repo: a sandboxed member sees its worktree (and the
+    # folder around it), not the test's files
+    (repo / "member.py").write_text(MEMBER)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "base")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(textwrap.dedent(f"""\
+        id: sp
+        repo: ./repo
+        base: main
+        max_parallel: 2
+        members:
+          worker: {{executor: {{kind: command, command: "{PY} member.py"}}}}
+        items:
+          - id: calc
+            goal: sub and div, each with its test
+            member: worker
+            max_attempts: 6
+            may_change_spec: ["test_*.py"]
+          - id: after
+            goal: a note once calc is in
+            executor: {{kind: command, command: 'ls sub.py div.py > after.txt'}}
+            depends_on: [calc]
+        """))
+    state = asyncio.run(run_plan(load_plan(plan)))
+    rows = state["items"]
+    assert set(rows) == {"calc", "after", "calc~1", "calc~2"}, rows
+    assert {k: r["state"] for k, r in rows.items()} == dict.fromkeys(rows, "merged"), rows
+    assert state["status"] == "asserted"
+    parts = {k: rows[k] for k in ("calc~1", "calc~2")}
+    assert {r["split_of"] for r in parts.values()} == {"calc"}
+    assert rows["calc"]["parts"] == ["calc~1", "calc~2"]
+    # the split item's run spent 3 of its 6 attempts; its parts share the 3 left (2 + 1)
+    assert sorted(r["part"]["max_attempts"] for r in parts.values()) == [1, 2]
+    assert rows["calc"]["attempt"] == 1  # one run of its own, ended by the split
+    assert all(r["attempt"] == 1 and r["run_id"].endswith(".1.part") for r in parts.values())
+    # each part's goal names its own failing test, and it was told about that piece only
+    for name, other in (("div", "sub"), ("sub", "div")):
+        (part_id,) = [k for k, r in parts.items() if f"test_{name}" in r["part"]["goal"]]
+        told = json.loads((choir_home / "plans" / "sp" / "items" / f"{part_id}.1.json")
+                          .read_text())["goal"]
+        assert f"test_{name}.py::test_{name}" in told and f"test_{other}" not in told, told
+    # the whole item merged once its parts were in: its commit is the head it was checked on
+    log = git(repo, "log", "--format=%H %s", state["integration"]).splitlines()
+    merged = [line.split(" ", 1)[1] for line in log]
+    assert merged.index("merge after") < merged.index("merge calc~1")  # newest first
+    assert merged.index("merge after") < merged.index("merge calc~2")
+    assert git(repo, "show", f"{state['integration']}:after.txt").split() == ["div.py",
+                                                                              "sub.py"]
+    from choir.ahdb import open_ahdb
+
+    events = [e.payload for e in open_ahdb().events() if e.kind == "integrate"]
+    assert sorted(e["item"] for e in events) == ["sp.after", "sp.calc", "sp.calc~1",
+                                                 "sp.calc~2"]
+    whole = next(e for e in events if e["item"] == "sp.calc")
+    assert whole["head"] == rows["calc"]["commit"] and whole["tree_hash"] == \
+        whole["integration_tree"]
+    for args in (["gate", "sp"], ["audit", "--json"]):
+        done = subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, (args, done.stdout[:2000])
+    assert json.loads((choir_home / "plans" / "sp" / "state.json").read_text())["status"] \
+        == "asserted"
