@@ -26,7 +26,7 @@ from choir.team.state import SPLIT
 def feedback(reports: Sequence[VerificationReport]) -> str:
     """What a part is told about its piece: the split item's failing reports on it, each once
     (the item's last tree was verified by several rounds and lenses alike)."""
-    from choir.agent.executor import feedback_text
+    from choir.executors.prompt import feedback_text
 
     seen: dict[tuple[str, str, tuple[str | None, ...]], VerificationReport] = {}
     for report in reports:
