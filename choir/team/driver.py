@@ -178,10 +178,15 @@ class Driver(Moves):
         self.git.write("branch", "-D", *scratch, check=False)  # the missing ones: skipped
 
     # -- work in flight ----------------------------------------------------------------------
-    def _spawn(self, job: Job, work: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+    def _spawn(self, job: Job, work: Callable[[], Coroutine[Any, Any, Any]],
+               worktree: Path) -> None:
         """A task outside the graph's context: an item's own run is a graph of its own, never
-        a subgraph of the plan's (LangGraph reads a parent's config from the context)."""
+        a subgraph of the plan's (LangGraph reads a parent's config from the context).
+
+        Its ``worktree`` is looked up first: one made before a crash is an overlay mount that
+        died with the process that made it, and is mounted again (a no-op when mounted)."""
         if job not in self.tasks:
+            self.git.worktree_at(worktree)
             self.tasks[job] = asyncio.create_task(work(), context=contextvars.Context())
 
     def _start_tasks(self, record: PlanRecord) -> None:
@@ -190,14 +195,16 @@ class Driver(Moves):
         for item_id, row in record.items.items():
             if row.state == RUNNING:
                 self._spawn(("run", item_id, str(row.attempt)),
-                            functools.partial(self._run, item_id, row))
+                            functools.partial(self._run, item_id, row), self.item_tree(item_id))
             elif row.state == SPLIT and row.whole_head:
                 self._spawn(("whole", item_id, row.whole_head),
-                            functools.partial(self._whole, item_id, row.whole_head, record))
+                            functools.partial(self._whole, item_id, row.whole_head, record),
+                            self.trees / "whole" / item_id)
         for entry in record.queue:
             if entry.status == "verifying":
                 self._spawn(("verify", entry.item, entry.head),
-                            functools.partial(self.queue.verify, entry))
+                            functools.partial(self.queue.verify, entry),
+                            self.queue.worktree(entry.item))
 
     async def _run(self, item_id: str, row: PlanRow) -> tuple[dict[str, Any], float]:
         from choir.team.subgraph import work_item_graph
