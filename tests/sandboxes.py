@@ -1,5 +1,6 @@
 """Which sandboxes a test may use. Docker skips only when no engine answers and CI is unset;
-in CI an engine that does not answer fails the run."""
+in CI an engine that does not answer fails the run, except in the stage that runs the suite
+as on a new user's machine (``CHOIR_TESTS_DOCKER=absent``: no engine, on purpose)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def docker_or_skip() -> None:
         box.has_image()  # builds the default image on a new engine, as a first run would
         box.close()
         return
-    if os.environ.get("CI"):
+    if os.environ.get("CI") and os.environ.get("CHOIR_TESTS_DOCKER") != "absent":
         pytest.fail("CI is set but no Docker engine answers: .ci/run must start dockerd")
     pytest.skip("no Docker engine answers (set CI=1 to make this a failure)")
 

@@ -22,8 +22,9 @@ from tests.viewhome import flip_byte, make_home, run_plan, session_attestations,
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
 webdriver = pytest.importorskip("selenium.webdriver")
-pytestmark = pytest.mark.skipif(not (CHROMIUM and DRIVER),
-                                reason="needs chromium and chromium-driver (apt)")
+pytestmark = [pytest.mark.skipif(not (CHROMIUM and DRIVER),
+                                 reason="needs chromium and chromium-driver (apt)"),
+              pytest.mark.slow]  # CI's slow stage: the README's command stays under five minutes
 SHOTS = os.environ.get("CHOIR_VIEW_SCREENSHOTS")
 
 

@@ -22,7 +22,8 @@ from tests.agent_clis import API_KEY, ModelAPI, edits, install_standins
 from tests.workitems import FIXED, PY, calc_repo
 
 pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap"),
-              pytest.mark.bwrap]
+              pytest.mark.bwrap,
+              pytest.mark.slow]  # CI's slow stage: the README's command stays under five minutes
 
 CANARY = "CANARY-raw-verifier-output-agent-presets"
 # what Choir itself gives an executor: its inputs, its output folder, the way out

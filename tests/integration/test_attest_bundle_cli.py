@@ -14,8 +14,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from choir.evidence.artifacts import ArtifactStore
 from tests.integration.test_verify_cli import CALC_BUG, CALC_OK, make_repo, run, sandbox_name
+
+pytestmark = pytest.mark.slow  # CI's slow stage: the README's command stays under five minutes
 
 
 def verified(tmp_path: Path, source: str = CALC_OK, claim: str = "feature") -> dict[str, Any]:

@@ -30,6 +30,8 @@ from securesystemslib.signer import SSlibKey
 from tests import ghrunner
 from tests.integration.test_verify_cli import CALC_BUG, CALC_OK, make_repo, sandbox_name
 
+pytestmark = pytest.mark.slow  # CI's slow stage: the README's command stays under five minutes
+
 CI = [sys.executable, "-c", "from choir.ci import main; main()"]
 
 

@@ -20,6 +20,8 @@ import pytest
 from tests.integration.test_ci_github import committed, git
 from tests.integration.test_verify_cli import CALC_BUG, CALC_OK, make_repo, sandbox_name
 
+pytestmark = pytest.mark.slow  # CI's slow stage: the README's command stays under five minutes
+
 ROOT = Path(__file__).resolve().parents[2]
 PRE_COMMIT = [sys.executable, "-m", "pre_commit"]
 

@@ -19,6 +19,8 @@ import pytest
 from choir.testing import FakeModelServer, final_output, reply, text, tool_call
 from tests.workitems import PY, calc_repo
 
+pytestmark = pytest.mark.slow  # CI's slow stage: the README's command stays under five minutes
+
 CANARY = "CANARY-5b1e-llm-executor-must-never-see-raw-output"
 WRONG = "def add(a, b):\n    return a * b\n"
 RIGHT = "def add(a, b):\n    return a + b\n"

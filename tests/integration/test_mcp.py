@@ -23,6 +23,8 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from choir.mcp.bound import RESPONSE_MAX
 from tests.serving import sleeper, start_service, stop_service
 
+pytestmark = pytest.mark.slow  # CI's slow stage: the README's command stays under five minutes
+
 CHOIR = [sys.executable, "-m", "choir"]
 PY = os.path.realpath(sys.executable)
 SANDBOX = "bwrap" if shutil.which("bwrap") else "local"

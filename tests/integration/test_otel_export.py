@@ -18,6 +18,8 @@ import pytest
 from tests.otelspans import Receiver
 from tests.workitems import PY, STEP_PY
 
+pytestmark = pytest.mark.slow  # CI's slow stage: the README's command stays under five minutes
+
 pytest.importorskip("opentelemetry.sdk")
 
 CANARY = "CANARY-otel-3b71-output-must-stay-home"

@@ -15,6 +15,8 @@ from choir.testing import FakeModelServer, text
 from tests.otelspans import all_text, by_name, parent_of, recording
 from tests.workitems import STEP_PY, calc_repo, fixing_item
 
+pytestmark = pytest.mark.slow  # CI's slow stage: the README's command stays under five minutes
+
 pytest.importorskip("opentelemetry.sdk")
 
 OUT_CANARY = "CANARY-otel-9d2e-verifier-output-must-not-be-exported"

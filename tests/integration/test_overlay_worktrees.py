@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="overlays are mounted as root")
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="overlays are mounted as root"),
+              pytest.mark.slow]  # CI's slow stage: the README's command stays under five minutes
 
 
 def git(repo: Path, *args: str) -> str:

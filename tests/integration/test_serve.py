@@ -33,6 +33,8 @@ from tests.serving import (
     wait_gone,
 )
 
+pytestmark = pytest.mark.slow  # CI's slow stage: the README's command stays under five minutes
+
 CALC_BUG = "def add(a, b):\n    return a - b\n"
 VOLATILE = {"run_id", "artifact_paths", "attestations", "tail_log", "threads", "manifest",
             "reports", "summary"}

@@ -13,8 +13,9 @@ from choir.team.driver import run_plan
 from choir.team.plan import load_plan
 from tests.team import git, team_repo, write_plan
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("git") is None,
-                                reason="needs bubblewrap and git")
+pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("git") is None,
+                                 reason="needs bubblewrap and git"),
+              pytest.mark.slow]  # CI's slow stage: the README's command stays under five minutes
 
 
 def test_a_member_cannot_swap_the_worktree_git_dir_to_run_a_filter_on_the_host(

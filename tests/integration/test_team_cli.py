@@ -16,7 +16,8 @@ import pytest
 from tests.team import git, team_repo, write_plan
 from tests.workitems import PY
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap"),
+              pytest.mark.slow]  # CI's slow stage: the README's command stays under five minutes
 
 
 def choir(*args: str) -> subprocess.CompletedProcess[str]:

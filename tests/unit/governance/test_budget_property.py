@@ -49,6 +49,7 @@ def random_script(data: st.DataObject):
 @given(data=st.data(), max_attempts=st.integers(1, 9),
        mood=st.sampled_from([Mood.CALM, Mood.BOLD, Mood.CURIOUS, Mood.SKEPTICAL]),
        stronger=st.booleans())
+@pytest.mark.slow  # CI's slow stage: the README's command stays under five minutes
 def test_no_work_item_or_its_parts_exceed_max_attempts(
         tmp_path: Path, data: st.DataObject, max_attempts: int, mood: Mood,
         stronger: bool) -> None:

@@ -75,6 +75,7 @@ def test_model_words_the_report_and_usage_is_recorded(failing: Path) -> None:
     assert sent["max_tokens"] == 8000 // 4 + 64  # the output is bounded at the server too
 
 
+@pytest.mark.slow  # CI's slow stage: the README's command stays under five minutes
 @pytest.mark.parametrize("fault", ["429", "500", "timeout", "bad_json", "schema", "oversized"])
 def test_every_fault_falls_back_to_the_deterministic_report(failing: Path, fault: str) -> None:
     responses = {
@@ -114,6 +115,7 @@ INJECTIONS = [
 ]
 
 
+@pytest.mark.slow  # CI's slow stage: the README's command stays under five minutes
 @pytest.mark.parametrize("use_model", [False, True])
 def test_injection_corpus_flips_nothing_and_bounds_everything(tmp_path: Path,
                                                               use_model: bool) -> None:

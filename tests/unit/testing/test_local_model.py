@@ -48,8 +48,9 @@ def test_the_model_file_is_found_without_importing_its_package(
     assert gguf_path() == package / GGUF
 
 
-def test_the_server_env_points_litellm_at_it_with_its_schema_dialect() -> None:
-    server = LocalModelServer(port=18999)
+def test_the_server_env_points_litellm_at_it_with_its_schema_dialect(tmp_path: Path) -> None:
+    # a model file of its own: the realmodel extra (and its model) is not installed here
+    server = LocalModelServer(port=18999, model_path=tmp_path / GGUF)
     assert server.model == "openai/smollm2"
     env = server.env()
     assert env["OPENAI_API_BASE"] == "http://127.0.0.1:18999/v1"
@@ -59,3 +60,4 @@ def test_the_server_env_points_litellm_at_it_with_its_schema_dialect() -> None:
     command = server._command(18999)
     assert command[command.index("--host") + 1] == "127.0.0.1"
     assert command[command.index("--api_key") + 1] == env["OPENAI_API_KEY"]
+    assert command[command.index("--model") + 1] == str(tmp_path / GGUF)
