@@ -93,6 +93,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     Docker engine answers is appended to FILE: CI's engine stage runs exactly those."""
     path = os.environ.get("CHOIR_TESTS_ENGINE_SKIPS")
     if path and report.skipped and "Docker engine" in str(report.longrepr):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "a", encoding="utf-8") as f:
             f.write(report.nodeid + "\n")
 
