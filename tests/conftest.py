@@ -90,10 +90,11 @@ def _private_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """With ``CHOIR_TESTS_ENGINE_SKIPS=FILE``, the node id of every test skipped because no
-    Docker engine answers is appended to FILE: CI's engine stage runs exactly those."""
+    Docker engine answers is appended to FILE: CI's engine stage runs exactly those. Written
+    once, by the process that sees every report (not again by the xdist worker that ran it)."""
     path = os.environ.get("CHOIR_TESTS_ENGINE_SKIPS")
-    if path and report.skipped and "Docker engine" in str(report.longrepr):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if path and not worker and report.skipped and "Docker engine" in str(report.longrepr):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "a", encoding="utf-8") as f:
             f.write(report.nodeid + "\n")
-
