@@ -1,21 +1,23 @@
 """The ``choir`` command: argument parsing and rendering only.
 
 Subcommands live in their own modules and are imported only when invoked, so ``choir --help``
-never pays for pydantic models, langgraph, litellm or docker.
+never pays for pydantic models, langgraph, litellm or docker. This module imports no click
+either: a ``choir verify`` or ``choir run`` that a running ``choir serve`` answers sends its
+command line as typed before anything else is imported (``main``), and the service's worker
+parses it with the same click command the cold path would (``choir.cli._group``).
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
-from typing import Any
 
-import click
-
-from choir._version import __version__
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (2-8 ms on the warm
+# path of `choir verify`); mypy reads any TYPE_CHECKING as true
+if TYPE_CHECKING:
+    from typing import Any
 
 # command name -> (module, attribute, one-line help shown by --help without importing it)
-_COMMANDS: dict[str, tuple[str, str, str]] = {
+COMMANDS: dict[str, tuple[str, str, str]] = {
     "verify": ("choir.cli.verify", "verify", "Verify the working tree now."),
     "init": ("choir.cli.init", "init", "Write a choir.yaml that fits this repo; verify once."),
     "runs": ("choir.cli.runs", "runs", "List past runs, or show one: reports, verdicts, logs."),
@@ -46,7 +48,7 @@ _SEPARATED = frozenset({"verify", "init", "run", "approve", "gate", "audit", "at
                         "view"})
 _NO_NEW_KEY = frozenset({"view"})
 # Commands a running `choir serve` answers (choir.serve): at the process entry their
-# separation waits until the command knows it runs here, cold (`warm` below).
+# separation waits until the command knows it runs here, cold (`_warm` below).
 _WARM = frozenset({"verify", "run"})
 # Flags that make a separated command only start or stop another process, reading nothing:
 # that process separates itself (a confined parent would hand it a masked key folder).
@@ -73,79 +75,69 @@ def _separate_now(*, make_key: bool = True) -> None:
     try:
         separate(make_key=make_key)
     except (ChoirError, OSError) as exc:
-        click.echo(f"choir: error: {exc}", err=True)
-        sys.exit(2)
+        _fail(str(exc))
 
 
-def warm(request: dict[str, Any]) -> int | None:
-    """The exit code of ``request`` answered by a running ``choir serve``, or None: then
-    this process separates, as every command that reads hostile bytes does, and the caller
-    runs cold. The service's worker runs the command on this process's own descriptors, so
-    what this terminal shows (the live view, the table, the JSON) is what the command
-    prints cold. Only at the process entry: a library or test caller of ``main`` runs
-    in-process, as before.
+def _fail(message: str) -> None:
+    """Exit 2 saying why, as the CLI says a usage error (``choir.cli._errors``)."""
+    sys.stderr.write(f"choir: error: {message}\n")
+    sys.stderr.flush()
+    sys.exit(2)
 
-    Raises:
-        UserError: ``CHOIR_SERVE=require`` and no service answered, or the worker was lost
-            after it took the request (nothing can safely run cold then).
+
+def _warm(args: list[str]) -> int | None:
+    """The exit code of the command line ``args`` answered by a running ``choir serve``,
+    or None: then this process separates, as every command that reads hostile bytes does,
+    and the command runs cold. Asked at the process entry, before click or anything else is
+    imported (about 35 ms a warm command does not pay): the service's worker parses ``args``
+    with the same click command and runs it on this process's own descriptors, so what this
+    terminal shows (usage errors, the live view, the table, the JSON) is what the command
+    prints cold. ``CHOIR_SERVE=require`` with no service, or a worker lost after it took the
+    request (nothing can safely run cold then), exits 2 saying why.
     """
     global _deferred
     if not _deferred:
         return None
     _deferred = False
+    if args[0] not in _WARM:  # options before the command: not a line the service takes
+        _separate_now()
+        return None
+    from choir._core.errors import UserError
     from choir._core.paths import choir_home
-    from choir.exceptions import UserError
     from choir.serve import client
 
-    mode = client.mode()
+    try:
+        mode = client.mode()
+    except UserError as exc:
+        _fail(str(exc))
     call, why = (None, "CHOIR_SERVE=off") if mode == "off" else \
-        client.Call.start(choir_home(), request)
+        client.Call.start(choir_home(), {"argv": args})
     if call is None:
         if mode == "require":
-            raise UserError(f"CHOIR_SERVE=require: {why}")
+            _fail(f"CHOIR_SERVE=require: {why}")
         client.note(why if mode == "auto" else "")
         _separate_now()
         return None
     try:
         return call.wait()
     except client.Lost as exc:
-        raise UserError(f"{exc}; whatever it recorded is in the stores (`choir runs`), "
-                        "and the command can be run again") from None
+        _fail(f"{exc}; whatever it recorded is in the stores (`choir runs`), and the command "
+              "can be run again")
     finally:
         call.close()
+    return None
 
 
-class _LazyGroup(click.Group):
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(_COMMANDS)
+def __getattr__(name: str) -> Any:
+    if name == "cli":  # the click group, imported on first use
+        from choir.cli._group import cli
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in _COMMANDS:
-            return None
-        module, attr, _ = _COMMANDS[cmd_name]
-        command: click.Command = getattr(importlib.import_module(module), attr)
-        return command
-
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = [(name, _COMMANDS[name][2]) for name in self.list_commands(ctx)]
-        with formatter.section("Commands"):
-            formatter.write_dl(rows)
-
-
-@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="choir")
-def cli() -> None:
-    """Choir: agentic work that proves what it did.
-
-    Exit codes: 0 success/PASS, 1 FAIL or violations, 2 usage or configuration error,
-    3 waiting for human approval.
-    """
+        return cli
+    raise AttributeError(f"module 'choir.cli' has no attribute {name!r}")
 
 
 def main(argv: list[str] | None = None) -> Any:
     """Entry point: user and configuration errors exit 2 with the message, never a traceback."""
-    from choir.cli._errors import run_cli
-
     if argv is None:  # the process entry point: the process ends when the command does
         import atexit
         import gc
@@ -155,4 +147,10 @@ def main(argv: list[str] | None = None) -> Any:
         # skipped; the operating system frees the memory, and atexit handlers still run.
         atexit.register(gc.freeze)
         _separate(sys.argv[1:])
+        code = _warm(sys.argv[1:])
+        if code is not None:
+            sys.exit(code)
+    from choir.cli._errors import run_cli
+    from choir.cli._group import cli
+
     return run_cli(cli, argv if argv is not None else sys.argv[1:])

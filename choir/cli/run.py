@@ -68,13 +68,6 @@ def _finish(outcome: Any, as_json: bool) -> int:
 def run(workitem: Path | None, mood: str | None, run_id: str | None, resume_id: str | None,
         as_json: bool, otel: bool) -> int:
     """Run the loop until ASSERT, halt or budget end: 0 ASSERTed, 1 halted, 3 awaiting approval."""
-    from choir.cli import warm
-
-    code = warm({"command": "run", "workitem": str(workitem) if workitem else None,
-                 "mood": mood.upper() if mood else None, "run_id": run_id,
-                 "resume": resume_id, "as_json": as_json, "otel": otel})
-    if code is not None:  # a running `choir serve` answered
-        return code
     return serve_run(workitem, mood=mood, run_id=run_id, resume_id=resume_id,
                      as_json=as_json, otel=otel)
 

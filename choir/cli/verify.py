@@ -29,12 +29,6 @@ def verify(repo: Path, mood: str | None, sandbox_name: str | None, as_json: bool
            claim: str | None, otel: bool) -> int:
     """Verify the working tree now: exit 0 PASS, 1 FAIL, 2 configuration error,
     4 INCONCLUSIVE (nothing failed, but some verifier could not decide)."""
-    from choir.cli import warm
-
-    code = warm({"command": "verify", "repo": str(repo), "mood": mood.upper() if mood else None,
-                 "sandbox": sandbox_name, "as_json": as_json, "claim": claim, "otel": otel})
-    if code is not None:  # a running `choir serve` answered
-        return code
     return serve_verify(repo, mood=mood, sandbox_name=sandbox_name, as_json=as_json,
                         claim=claim, otel=otel)
 

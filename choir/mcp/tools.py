@@ -100,9 +100,11 @@ class Tools:
 
         found: dict[str, Any] = {}
         done = anyio.Event()
-        call, files = await anyio.to_thread.run_sync(_service_call, {
-            "command": "verify", "repo": str(served.root), "mood": args.mood,
-            "sandbox": self.sandbox, "as_json": True, "claim": args.claim})
+        line = ["verify", "--repo", str(served.root), "--json"]
+        for flag, value in (("--mood", args.mood), ("--sandbox", self.sandbox),
+                            ("--claim", args.claim)):
+            line += [flag, value] if value else []
+        call, files = await anyio.to_thread.run_sync(_service_call, {"argv": line})
         stop: Callable[[], object] = call.stop if call is not None else stop_steps
 
         async def run() -> None:

@@ -1,10 +1,11 @@
 """What a client may ask the service: closed, frozen, bounded models, never code.
 
-A request names a command (``verify`` or ``run``) and exactly the options its command line
-takes, nothing else: ``extra="forbid"`` refuses a ``network``, ``allowlist``, ``policy`` or
-``home`` field by name, so no request can do what the same user's command line could not.
-Values are bounded before anything reads them; their meaning is checked by the same code the
-cold path runs (a bad claim name or mood policy is the same exit-2 error either way).
+A request is a ``choir verify`` or ``choir run`` command line as the user typed it (after
+``choir``), and nothing else: the worker parses it with the same click command the cold
+path parses it with, so a request can ask for nothing the same user's command line could
+not (an option the command does not have is the same usage error, exit 2, either way), and
+``extra="forbid"`` refuses any field beside it by name (a ``network``, ``allowlist``,
+``policy`` or ``home``). Values are bounded before anything reads them.
 
 The context says where the request comes from, so the worker can stand where a cold process
 would: the client's version and code digest (``choir.serve.stale``), its environment
@@ -22,53 +23,43 @@ From the client after the request: ``{"op": "stop"}`` (stop the sandboxes, answe
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
-
-from choir.models import Mood
 
 PATH_MAX = 4096
 NAME_MAX = 1024
 ENV_MAX = 4096  # variables
 ENV_VALUE_MAX = 128 << 10
 MAX_REQUEST = 1 << 20  # bytes of one request frame, environment included
+ARGV_MAX = 256  # words of one command line
+COMMANDS = ("verify", "run")
 
-Text = Annotated[str, StringConstraints(max_length=NAME_MAX, pattern=r"^[^\x00]*$")]
 PathText = Annotated[str, StringConstraints(min_length=1, max_length=PATH_MAX,
                                             pattern=r"^[^\x00]*$")]
+Word = Annotated[str, StringConstraints(max_length=PATH_MAX, pattern=r"^[^\x00]*$")]
 
 
 class _Closed(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
 
-class VerifyRequest(_Closed):
-    """``choir verify [--repo DIR] [--mood MOOD] [--sandbox NAME] [--json] [--claim NAME]
-    [--otel]``."""
+class Request(_Closed):
+    """``choir verify [OPTIONS]`` or ``choir run [WORKITEM] [OPTIONS]``: ``argv`` is the
+    command line after ``choir``, its first word the command."""
 
-    command: Literal["verify"]
-    repo: PathText = "."
-    mood: Mood | None = None
-    sandbox: Text | None = None
-    as_json: bool = False
-    claim: Text | None = None
-    otel: bool = False
+    argv: tuple[Word, ...] = Field(min_length=1, max_length=ARGV_MAX)
 
+    @field_validator("argv")
+    @classmethod
+    def _served(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if value[0] not in COMMANDS:
+            raise ValueError(f"the service runs {' and '.join(COMMANDS)}, not {value[0][:64]!r}")
+        return value
 
-class RunRequest(_Closed):
-    """``choir run [WORKITEM] [--mood MOOD] [--run-id ID] [--resume ID] [--json] [--otel]``."""
-
-    command: Literal["run"]
-    workitem: PathText | None = None
-    mood: Mood | None = None
-    run_id: Text | None = None
-    resume: Text | None = None
-    as_json: bool = False
-    otel: bool = False
-
-
-Request = VerifyRequest | RunRequest
+    @property
+    def command(self) -> str:
+        return self.argv[0]
 
 
 class Context(_Closed):
@@ -95,7 +86,7 @@ class Envelope(_Closed):
     """One request frame."""
 
     context: Context
-    request: Request = Field(discriminator="command")
+    request: Request
 
 
-__all__ = ["MAX_REQUEST", "Context", "Envelope", "Request", "RunRequest", "VerifyRequest"]
+__all__ = ["COMMANDS", "MAX_REQUEST", "Context", "Envelope", "Request"]

@@ -268,7 +268,7 @@ def test_another_user_is_refused_even_when_the_socket_is_reachable(
     repo = make_repo(tmp_path / "repo")
     os.chmod(repo, 0o755)
     try:
-        answer = raw_request(folder / "sock", {"command": "verify", "repo": str(repo)},
+        answer = raw_request(folder / "sock", {"argv": ["verify", "--repo", str(repo)]},
                              cwd=repo, as_user=65534)
     finally:
         for path, mode in opened.items():
@@ -352,28 +352,42 @@ def test_a_socket_file_left_in_place_of_the_socket_is_refused(choir_home: Path) 
 
 def test_a_request_asking_for_more_than_the_command_line_is_refused(
         tmp_path: Path, shared: tuple[Path, int]) -> None:
-    """Each field a request might try (network on, a wider allowlist, another policy or
-    home) is refused by name, before anything runs."""
+    """Each field a request might try beside its command line (network on, a wider
+    allowlist, another policy or home) is refused by name, before anything runs."""
     repo = make_repo(tmp_path / "repo")
+    line = {"argv": ["verify", "--repo", str(repo)]}
     for extra in ({"network": True}, {"allowlist": ["anything"]}, {"policy": {"CALM": []}},
                   {"home": "/tmp/other"}):
-        answer = ask(shared, {"command": "verify", "repo": str(repo), **extra}, cwd=repo)
+        answer = ask(shared, {**line, **extra}, cwd=repo)
         name = next(iter(extra))
-        assert f"request.verify.{name}: Extra inputs are not permitted" in \
+        assert f"request.{name}: Extra inputs are not permitted" in \
             answer.get("refused", ""), answer
-    answer = ask(shared, {"command": "verify", "repo": str(repo)}, cwd=repo,
-                 context={"network": True})
+    answer = ask(shared, line, cwd=repo, context={"network": True})
     assert "context.network: Extra inputs are not permitted" in answer.get("refused", "")
+
+
+def test_an_option_the_command_has_not_is_the_cold_usage_error(
+        tmp_path: Path, service: int, choir_home: Path) -> None:
+    """The worker parses the line with the command's own click parser: an option ``choir
+    verify`` does not take fails as it does cold (exit 2, click's message), nothing runs."""
+    repo = make_repo(tmp_path / "repo")
+    warm = choir("verify", "--network", "--repo", str(repo), cwd=repo, serve="require")
+    cold = choir("verify", "--network", "--repo", str(repo), cwd=repo, serve="off")
+    assert warm.returncode == cold.returncode == 2
+    assert "No such option '--network'" in warm.stderr
+    assert warm.stderr == cold.stderr and warm.stdout == cold.stdout == ""
+    assert not list((choir_home / "artifacts").glob("runs/verify-*"))
 
 
 def test_oversized_or_malformed_requests_are_refused_without_echo(
         tmp_path: Path, shared: tuple[Path, int]) -> None:
     long_repo = "A" * 200_000
-    answer = ask(shared, {"command": "verify", "repo": long_repo}, cwd=tmp_path)
+    answer = ask(shared, {"argv": ["verify", "--repo", long_repo]}, cwd=tmp_path)
     assert "refused" in answer and long_repo[:100] not in answer["refused"]
-    assert "refused" in ask(shared, {"command": "rm -rf /"}, cwd=tmp_path)
-    assert "refused" in ask(shared, {"command": "verify", "repo": "a\x00b"}, cwd=tmp_path)
-    answer = ask(shared, {"command": "verify"}, cwd=tmp_path, fds=False)
+    assert "refused" in ask(shared, {"argv": ["rm", "-rf", "/"]}, cwd=tmp_path)
+    assert "refused" in ask(shared, {"command": "verify", "repo": "."}, cwd=tmp_path)
+    assert "refused" in ask(shared, {"argv": ["verify", "--repo", "a\x00b"]}, cwd=tmp_path)
+    answer = ask(shared, {"argv": ["verify"]}, cwd=tmp_path, fds=False)
     assert "two descriptors" in answer.get("refused", ""), answer
 
 
@@ -384,18 +398,18 @@ def test_a_client_that_lies_about_its_directory_is_refused(
     repo = make_repo(tmp_path / "repo")
     other = tmp_path / "other"
     other.mkdir()
-    answer = ask(shared, {"command": "verify"}, cwd=other, claimed_cwd=str(repo))
+    answer = ask(shared, {"argv": ["verify"]}, cwd=other, claimed_cwd=str(repo))
     assert "disagree" in answer.get("refused", ""), answer
-    answer = ask(shared, {"command": "verify"}, cwd=repo, root=tmp_path)
+    answer = ask(shared, {"argv": ["verify"]}, cwd=repo, root=tmp_path)
     assert "root is not the service's" in answer.get("refused", ""), answer
 
 
 def test_a_stale_context_is_told_so(tmp_path: Path, shared: tuple[Path, int]) -> None:
-    answer = ask(shared, {"command": "verify"}, cwd=tmp_path, context={"code": "0" * 64})
+    answer = ask(shared, {"argv": ["verify"]}, cwd=tmp_path, context={"code": "0" * 64})
     assert "code differs" in answer.get("stale", ""), answer
-    answer = ask(shared, {"command": "verify"}, cwd=tmp_path, context={"version": "0.0.0"})
+    answer = ask(shared, {"argv": ["verify"]}, cwd=tmp_path, context={"version": "0.0.0"})
     assert "this client is 0.0.0" in answer.get("stale", ""), answer
-    answer = ask(shared, {"command": "verify"}, cwd=tmp_path,
+    answer = ask(shared, {"argv": ["verify"]}, cwd=tmp_path,
                  env={"CHOIR_HOME": str(tmp_path / "another-home")})
     assert "CHOIR_HOME" in answer.get("stale", ""), answer
 
