@@ -1,7 +1,7 @@
 """Teams: what a plan costs against the same work in series, and what the driver adds.
 
     python bench/team.py [--files 2000] [--runs 7] [--skip-plans] [--chain8] [--round-s S]
-                         [--profile]
+                         [--member-s S] [--profile]
 
 1. A worktree for a ``--files`` repo: the driver's ``add_worktree`` (through the hardened
    git helper) against bare ``git worktree add`` on the same repo, medians of ``--runs``.
@@ -10,7 +10,9 @@
    a pytest verifier in bwrap, signed attestations, a gated merge and a verified
    integration round. The target: at most 1.3x. ``--chain8``: the 8 one after another too,
    to show what running them side by side buys on this machine; ``--round-s S``: every
-   verification round also waits S seconds (a suite bound by I/O rather than CPU).
+   verification round also waits S seconds (a suite bound by I/O rather than CPU);
+   ``--member-s S``: every member waits S seconds before its change (the model's reply an
+   agent's item spends most of its time on; the scripted members otherwise take none).
 3. The driver's own cost per item: the series plan's wall time less the time spent inside
    the items' runs and integration rounds (recorded per item), divided by its items.
    ``--profile``: where that cost goes (the driver's own calls, timed in the plan's process:
@@ -71,6 +73,7 @@ def worktrees(files: int, runs: int) -> None:
 
 
 ROUND_S = 0.0  # --round-s: every round of the repo's verifier waits this long
+MEMBER_S = 0.0  # --member-s: every member's run waits this long first (a model's reply)
 
 
 def _plan(root: Path, plan_id: str, n: int, chain: bool,
@@ -83,8 +86,10 @@ def _plan(root: Path, plan_id: str, n: int, chain: bool,
 
     team_repo(root / "repo", slow_s=ROUND_S)
     # each member writes a file of its own name, so independent items never conflict
+    wait = f"sleep {MEMBER_S:g} && " if MEMBER_S else ""
     members = "".join(f"  m{k}:\n    executor: {{kind: command, command: "
-                      f"'echo {k} > $(mktemp -p . f{k}.XXXXXX.txt)'}}\n" for k in range(4))
+                      f"'{wait}echo {k} > $(mktemp -p . f{k}.XXXXXX.txt)'}}\n"
+                      for k in range(4))
     items = "".join(f"  - id: i{k}\n    goal: file {k}\n    member: m{k % 4}\n"
                     f"    max_attempts: 1\n" + (f"    depends_on: [i{k - 1}]\n"
                                                  if chain and k else "")
@@ -212,6 +217,10 @@ def plans(profile: bool = False, chain8: bool = False) -> None:
             # the same 8 one after another: what running them 4 wide bought on this machine
             # (the 1.3x target needs 8 / 2 / 1.3 = 3.1x from running side by side)
             eight = _plan(Path(tmp) / "eight", "eight", 8, chain=True, parallel=1)
+            inside8 = sum(r.get("run_s", 0) + r.get("integration_s", 0)
+                          for r in eight["items"].values())
+            print(f"driver overhead per item, the 8 in series (the plan's start and end "
+                  f"shared by 8): {(eight['wall_s'] - inside8) / 8 * 1000:.0f} ms")
             print(f"the 8 in series: {eight['wall_s']:.1f} s "
                   f"({eight['wall_s'] / series['wall_s']:.2f}x the 2); 4 wide made them "
                   f"{eight['wall_s'] / wide['wall_s']:.2f}x faster on {os.cpu_count()} cores "
@@ -230,11 +239,14 @@ def main() -> None:
     ap.add_argument("--round-s", type=float, default=0.0,
                     help="every verification round also waits this long (a suite bound by "
                          "I/O or a service rather than by CPU)")
+    ap.add_argument("--member-s", type=float, default=0.0,
+                    help="every member's run first waits this long (its model's reply: what "
+                         "an agent's item spends most of its time on)")
     ap.add_argument("--chain8", action="store_true",
                     help="also the 8 items one after another, for the speedup of 4 wide")
     args = ap.parse_args()
-    global ROUND_S
-    ROUND_S = args.round_s
+    global ROUND_S, MEMBER_S
+    ROUND_S, MEMBER_S = args.round_s, args.member_s
     if args.profile:
         plans(profile=True)
         return

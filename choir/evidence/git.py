@@ -32,6 +32,7 @@ import os
 import shutil
 import stat
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,9 @@ _IDENTITY = {"GIT_AUTHOR_NAME": "choir", "GIT_AUTHOR_EMAIL": "choir@localhost",
              "GIT_EDITOR": ":", "GIT_PAGER": "cat"}
 _MODES = {"100644": "f", "100755": "x", "120000": "l"}
 _MAX_POINTER = 4096
+_PINS: dict[tuple[str, ...], tuple[str, ...]] = {}  # config files' bytes -> write pins
+_PINS_MAX = 64
+_PINS_LOCK = threading.Lock()
 _CHUNK = 1 << 20
 
 
@@ -139,7 +143,46 @@ class GitRepo:
     def _program_pins(self) -> list[str]:
         """``-c`` pins that empty every filter and merge driver the config defines: their
         names are arbitrary, so each one found is overridden (a filter that is empty runs
-        nothing; a merge driver that is empty fails the merge, which is refused, not run)."""
+        nothing; a merge driver that is empty fails the merge, which is refused, not run).
+
+        git is asked for the names (``git config``), once per content of the config files
+        it reads here (``env``: no system or global config; the repository's ``config`` and
+        ``config.worktree``), and asked again whenever any byte of them differs. A config
+        that includes other files is asked on every call: what it includes may change
+        without the config changing."""
+        key = self._config_bytes()
+        with _PINS_LOCK:
+            cached = _PINS.get(key) if key is not None else None
+        if cached is not None:
+            return list(cached)
+        pins = self._list_program_pins()
+        if key is not None:
+            with _PINS_LOCK:
+                _PINS[key] = tuple(pins)
+                while len(_PINS) > _PINS_MAX:
+                    del _PINS[next(iter(_PINS))]
+        return pins
+
+    def _config_bytes(self) -> tuple[str, ...] | None:
+        """The key of the config git reads for this repository: the paths and bytes of its
+        config files (None for an absent one), or None when one cannot be read or includes
+        another file."""
+        key: list[str] = [str(self.common_dir), str(self.git_dir)]
+        for path in dict.fromkeys((self.common_dir / "config", self.common_dir /
+                                   "config.worktree", self.git_dir / "config.worktree")):
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                key.append("")
+                continue
+            except OSError:
+                return None
+            if b"include" in data.lower():
+                return None
+            key.append(data.decode("utf-8", "surrogateescape") + "\0")
+        return tuple(key)
+
+    def _list_program_pins(self) -> list[str]:
         out = self.run("config", "-z", "--name-only", "--get-regexp", r"^(filter|merge)\.")
         pins: list[str] = []
         for key in sorted(set((out or b"").decode("utf-8", "surrogateescape").split("\0"))):

@@ -246,3 +246,49 @@ def test_the_hypothesis_reads_changed_files_without_running_the_repos_git_config
     marker.unlink()
     assert changed_files(repo, None) == ["a.py", "b.py"]
     assert not marker.exists()
+
+
+def _write_through_filter(repo: Path, name: str) -> None:
+    """A driver write that checks files out (``read-tree -u``), so a smudge filter
+    the config names would run on them."""
+    from choir.evidence.git import locate
+
+    found = locate(repo)
+    assert found is not None
+    (repo / f"{name}.txt").write_text(name)
+    found.write("add", "-A")
+    found.write("commit", "-qm", name)
+    (repo / f"{name}.txt").unlink()
+    found.write("checkout", "--", f"{name}.txt")
+
+
+@pytest.mark.parametrize("through_include", [False, True])
+def test_a_filter_planted_after_a_cached_write_is_still_pinned(
+        tmp_path: Path, through_include: bool) -> None:
+    """The driver asks git for the config's filters once per content of the config files
+    (``GitRepo._program_pins``). A filter planted after that, in the config itself or in a
+    file the config includes (whose change leaves the config's bytes alone), must be pinned
+    off on the next write all the same."""
+    repo, _, _ = buggy_repo(tmp_path / "repo")
+    marker = tmp_path / "ran"
+    (repo / ".gitattributes").write_text("*.txt filter=evil\n")
+    extra = tmp_path / "extra.cfg"
+    extra.write_text("")
+    if through_include:
+        git(repo, "config", "include.path", str(extra))
+    _write_through_filter(repo, "first")  # the listing is taken (and kept, without include)
+    planted = f'[filter "evil"]\n\tsmudge = "sh -c \'touch {marker}; cat\'"\n' \
+              f'\tclean = "sh -c \'touch {marker}; cat\'"\n\trequired = true\n'
+    with (extra if through_include else repo / ".git" / "config").open("a") as fh:
+        fh.write(planted)
+    # the control: plain git runs the planted filter
+    probe = tmp_path / "probe"
+    shutil.copytree(repo, probe)
+    if through_include:
+        git(probe, "config", "include.path", str(extra))
+    (probe / "first.txt").unlink()
+    git(probe, "checkout", "--", "first.txt")
+    assert marker.exists(), "the control: the planted filter runs under plain git"
+    marker.unlink()
+    _write_through_filter(repo, "second")
+    assert not marker.exists(), "a write ran a filter planted after its listing was cached"
