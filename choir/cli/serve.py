@@ -61,6 +61,7 @@ def _warm_up() -> None:
     from choir.config.policy import load_packaged_policy
     from choir.config.presets import load_presets
     from choir.exceptions import ConfigError
+    from choir.sandbox._interpreter import preload as preload_interpreters
 
     for name in WARM_MODULES:
         try:
@@ -69,6 +70,7 @@ def _warm_up() -> None:
             continue  # an optional extra that is not installed: the request pays, as cold
     warm.enable()
     load_packaged_policy()
+    preload_interpreters()  # each vouch's stat cache (choir.sandbox._interpreter)
     try:  # the verifier and executor presets (YAML parses: 4-12 ms a request, measured)
         load_presets()
         executor_presets()

@@ -212,6 +212,7 @@ class _Pool:
         self.closed = False
         self.jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self.worker: threading.Thread | None = None
+        self.rearm = True  # pairs given back are armed again (single_use turns it off)
         _sweep_dead_owners()
 
     def take(self) -> _Slot:
@@ -246,8 +247,11 @@ class _Pool:
         return slot
 
     def give_back(self, slot: _Slot) -> None:
-        """Return an empty pair; it is re-armed off the caller's path."""
+        """Return an empty pair; it is re-armed off the caller's path (unless
+        ``single_use``: then it stays empty, its groups removed at exit)."""
         with self.lock:
+            if not self.rearm:
+                return
             self.arming += 1
         self._background(lambda: self._arm(slot))
 
@@ -362,11 +366,19 @@ def _pool() -> _Pool:
         return _POOL
 
 
-def prearm(count: int) -> bool:
+def prearm(count: int, *, single_use: bool = False) -> bool:
     """Arm ``count`` launchers in this process's pool now (``_Pool.prearm``); False where
-    cgroups cannot be used (the runs then go without them, as they would anyway)."""
+    cgroups cannot be used (the runs then go without them, as they would anyway).
+
+    ``single_use``: the pairs runs give back are not armed again. For a process that
+    answers one request and exits (a worker of ``choir serve``): re-arming a pair (two
+    mounts, folders and a bwrap probe, about ten processes) would only compete for the CPU
+    with the request's own sealing and attestation after its steps. A run that finds no
+    armed pair arms one on its own path, as a cold process does."""
+    pool = _pool()
+    pool.rearm = not single_use
     try:
-        _pool().prearm(count)
+        pool.prearm(count)
     except OSError:
         return False
     return True

@@ -104,7 +104,7 @@ def warm_idle() -> None:
     from choir.sandbox import _cgroups
     from choir.sandbox.bwrap import BwrapSandbox
 
-    _cgroups.prearm(PREARM)
+    _cgroups.prearm(PREARM, single_use=True)
     BwrapSandbox.available()
 
 

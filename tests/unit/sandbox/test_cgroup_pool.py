@@ -235,3 +235,39 @@ def test_a_long_run_from_a_background_armed_launcher_is_not_killed(tmp_path: Pat
     time.sleep(0.5)  # every idle pair is now armed by the background thread
     result, out = run("sleep 6; echo done")
     assert out == b"done\n" and result.exit_code == 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("single_use", [False, True])
+def test_a_single_use_pool_does_not_rearm_pairs_given_back(tmp_path: Path,
+                                                            single_use: bool) -> None:
+    """A worker of ``choir serve`` answers one request and exits: a pair its run gives back
+    is not armed again (that would only compete with the request's sealing for the CPU);
+    every run still gets an armed pair. A pool for many runs re-arms it."""
+    code = textwrap.dedent(f"""
+        import collections, json, sys, time
+        from choir.models import Limits
+        from choir.sandbox import _cgroups
+        launches = collections.Counter()
+        real = _cgroups._launch
+        def counted(slot):
+            launches[slot.pids.name] += 1
+            return real(slot)
+        _cgroups._launch = counted
+        assert _cgroups.prearm(2, single_use={single_use})
+        codes = []
+        for _ in range(3):
+            cg = _cgroups.CgroupLimits(Limits())
+            proc = cg.spawn(["true"])
+            codes.append(proc.wait(timeout=20))
+            cg.close()
+            time.sleep(0.3)  # a re-arm, if any, happens meanwhile
+        print(json.dumps({{"codes": codes, "launches": sorted(launches.values())}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    found = __import__("json").loads(out.stdout.splitlines()[-1])
+    assert found["codes"] == [0, 0, 0]
+    if single_use:
+        assert max(found["launches"]) == 1, found  # no pair armed twice
+    else:
+        assert max(found["launches"]) > 1, found  # pairs given back were re-armed
