@@ -14,11 +14,11 @@ working directory. The directory travels twice: as a path, and as a descriptor (
 the client's root) passed over the socket; the worker uses the descriptor and refuses a path
 that names another folder, so a client cannot make the service stand somewhere it is not.
 
-Frames from the service to the client are JSON objects with one key:
-``queued`` (every worker is busy), ``stale`` or ``refused`` (the client runs cold),
-``started`` (a worker took the request), ``event`` (a progress event for the client's live
-view), ``done`` (the command's answer), ``error`` (``message`` and exit ``code``).
-From the client after the request: ``{"op": "stop"}`` (stop the sandboxes, answer anyway).
+Frames from the service to the client are JSON objects with one key: ``queued`` (every
+worker is busy), ``stale`` or ``refused`` (the client runs cold), ``ready`` (a worker took
+the request: the client's stdin, stdout and stderr follow), ``started`` (the command runs,
+printing on those), ``exit`` (its exit code). From the client after the request:
+``{"op": "stop"}`` (stop the sandboxes, answer anyway).
 """
 
 from __future__ import annotations
