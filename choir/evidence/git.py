@@ -18,7 +18,8 @@ itself:
   file of a linked worktree whose admin folder points back at it; a ``commondir`` in a
   plain ``.git``, a ``.git`` symlink, a ``.git`` file pointing anywhere else, and alternates
   outside the repository are refused (``UserError``), and git is told exactly where the
-  repository and work tree are (``GIT_DIR``, ``GIT_WORK_TREE``), so ``core.worktree`` cannot
+  repository, its common folder and the work tree are (``GIT_DIR``, ``GIT_COMMON_DIR``,
+  ``GIT_WORK_TREE``), so neither ``core.worktree`` nor a ``commondir`` written since can
   move them;
 * objects are hashed again as they are read (``cat-file`` does not check a loose object's
   bytes against its name), and a commit is bound to a tree by recomputing the tree's id from
@@ -60,8 +61,9 @@ _IDENTITY = {"GIT_AUTHOR_NAME": "choir", "GIT_AUTHOR_EMAIL": "choir@localhost",
              "GIT_EDITOR": ":", "GIT_PAGER": "cat"}
 _MODES = {"100644": "f", "100755": "x", "120000": "l"}
 _MAX_POINTER = 4096
-_PINS: dict[tuple[str, ...], tuple[str, ...]] = {}  # config files' bytes -> write pins
+_PINS: dict[str, tuple[str, ...]] = {}  # digest of the config files -> write pins
 _PINS_MAX = 64
+_CONFIG_MAX = 1 << 20
 _PINS_LOCK = threading.Lock()
 _CHUNK = 1 << 20
 
@@ -71,6 +73,23 @@ def _git_binary() -> str:
     if found is None:
         raise FileNotFoundError("git")
     return found
+
+
+def _write_pins(names: list[str]) -> list[str]:
+    """``-c`` arguments: the pins of every write, and an empty program for each filter and
+    merge driver ``names`` (config keys) define."""
+    pins: list[str] = []
+    for key in names:
+        section, _, rest = key.partition(".")
+        name = rest.rpartition(".")[0]
+        if not name:
+            continue
+        if section == "filter":
+            pins += [f"filter.{name}.{var}=" for var in ("clean", "smudge", "process")]
+            pins.append(f"filter.{name}.required=false")
+        elif section == "merge":
+            pins.append(f"merge.{name}.driver=")
+    return [arg for kv in (*_WRITE_PINS, *dict.fromkeys(pins)) for arg in ("-c", kv)]
 
 
 @dataclass(frozen=True)
@@ -91,6 +110,7 @@ class GitRepo:
             "GIT_NO_REPLACE_OBJECTS": "1", "GIT_GRAFT_FILE": os.devnull,
             "GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0",
             "GIT_DIR": str(self.git_dir), "GIT_WORK_TREE": str(self.root),
+            "GIT_COMMON_DIR": str(self.common_dir),
         }
 
     def argv(self, *args: str) -> list[str]:
@@ -145,57 +165,77 @@ class GitRepo:
         names are arbitrary, so each one found is overridden (a filter that is empty runs
         nothing; a merge driver that is empty fails the merge, which is refused, not run).
 
-        git is asked for the names (``git config``), once per content of the config files
-        it reads here (``env``: no system or global config; the repository's ``config`` and
-        ``config.worktree``), and asked again whenever any byte of them differs. A config
-        that includes other files is asked on every call: what it includes may change
-        without the config changing."""
-        key = self._config_bytes()
+        git reads only the repository's ``config`` and ``config.worktree`` here (``env``: no
+        system or global config, and the common folder pinned by ``GIT_COMMON_DIR``, so a
+        ``commondir`` planted since cannot send it to another config). Their bytes are read
+        once (plain files, no link followed, at most a MiB each), git lists the names in
+        exactly those bytes (``git config --file -``: a listing cannot be of other bytes
+        than the ones it is kept under, whatever changes the files meanwhile), and the
+        listing is kept per digest of them: the next write whose config reads the same
+        bytes spawns no listing. A config that includes other files (what it includes may
+        change while its own bytes do not), or one that cannot be read so, is listed by
+        git from the repository on every write, as before.
+
+        Raises:
+            UserError: git could not list them (a timeout, a config it cannot parse): no
+                write is made without them pinned.
+        """
+        files = self._config_files()
+        if files is None:
+            return _write_pins(self._list_names(None))
+        key = hashlib.sha256(b"\0".join(b"%d:%s" % (len(f), f) for f in files)).hexdigest()
         with _PINS_LOCK:
-            cached = _PINS.get(key) if key is not None else None
+            cached = _PINS.get(key)
         if cached is not None:
             return list(cached)
-        pins = self._list_program_pins()
-        if key is not None:
-            with _PINS_LOCK:
-                _PINS[key] = tuple(pins)
-                while len(_PINS) > _PINS_MAX:
-                    del _PINS[next(iter(_PINS))]
+        pins = _write_pins(self._list_names(b"\n".join(files) + b"\n"))
+        with _PINS_LOCK:
+            _PINS[key] = tuple(pins)
+            while len(_PINS) > _PINS_MAX:
+                del _PINS[next(iter(_PINS))]
         return pins
 
-    def _config_bytes(self) -> tuple[str, ...] | None:
-        """The key of the config git reads for this repository: the paths and bytes of its
-        config files (None for an absent one), or None when one cannot be read or includes
-        another file."""
-        key: list[str] = [str(self.common_dir), str(self.git_dir)]
-        for path in dict.fromkeys((self.common_dir / "config", self.common_dir /
-                                   "config.worktree", self.git_dir / "config.worktree")):
+    def _config_files(self) -> list[bytes] | None:
+        """The bytes of the config files git reads for this repository (absent ones left
+        out), or None when one cannot be kept so: not a plain file, over a MiB, or one that
+        includes others."""
+        found: list[bytes] = []
+        for folder, name in dict.fromkeys(((self.common_dir, "config"),
+                                           (self.common_dir, "config.worktree"),
+                                           (self.git_dir, "config.worktree"))):
             try:
-                data = path.read_bytes()
+                data = fsopen.read_bytes(folder, name, _CONFIG_MAX + 1)
             except FileNotFoundError:
-                key.append("")
                 continue
-            except OSError:
+            except OSError:  # a link, a FIFO, a folder
                 return None
-            if b"include" in data.lower():
+            if len(data) > _CONFIG_MAX or b"include" in data.lower():
                 return None
-            key.append(data.decode("utf-8", "surrogateescape") + "\0")
-        return tuple(key)
+            found.append(data)
+        return found
 
-    def _list_program_pins(self) -> list[str]:
-        out = self.run("config", "-z", "--name-only", "--get-regexp", r"^(filter|merge)\.")
-        pins: list[str] = []
-        for key in sorted(set((out or b"").decode("utf-8", "surrogateescape").split("\0"))):
-            section, _, rest = key.partition(".")
-            name = rest.rpartition(".")[0]
-            if not name:
-                continue
-            if section == "filter":
-                pins += [f"filter.{name}.{var}=" for var in ("clean", "smudge", "process")]
-                pins.append(f"filter.{name}.required=false")
-            elif section == "merge":
-                pins.append(f"merge.{name}.driver=")
-        return [arg for kv in (*_WRITE_PINS, *pins) for arg in ("-c", kv)]
+    def _list_names(self, config: bytes | None) -> list[str]:
+        """The names of the filter and merge keys in ``config`` (given to git on its stdin),
+        or, when None, in the repository's config as git reads it."""
+        query = ("config", "-z", "--name-only", "--get-regexp", r"^(filter|merge)\.")
+        argv = self.argv(*query[:1], "--file", "-", *query[1:]) if config is not None \
+            else self.argv(*query)
+        why = ""
+        try:
+            proc = subprocess.run(argv, cwd=self.root, env=self.env(), capture_output=True,
+                                  timeout=60, check=False, input=config,
+                                  stdin=subprocess.DEVNULL if config is None else None)
+        except (OSError, subprocess.SubprocessError) as exc:
+            why = str(exc)
+        else:
+            if proc.returncode not in (0, 1):  # 1: no filter or merge driver at all
+                why = (f"exit {proc.returncode}: "
+                       f"{proc.stderr.decode('utf-8', 'replace').strip()[-300:]}")
+        if why:
+            raise UserError(f"git config could not list the filters and merge drivers of "
+                            f"{self.root} ({why}); no write is made without them pinned")
+        out = proc.stdout if proc.returncode == 0 else b""
+        return sorted(set(out.decode("utf-8", "surrogateescape").split("\0")) - {""})
 
     def write(self, *args: str, check: bool = True, timeout: float = 120,
               filters: bool = True) -> subprocess.CompletedProcess[str]:

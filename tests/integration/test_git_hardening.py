@@ -292,3 +292,119 @@ def test_a_filter_planted_after_a_cached_write_is_still_pinned(
     marker.unlink()
     _write_through_filter(repo, "second")
     assert not marker.exists(), "a write ran a filter planted after its listing was cached"
+
+
+def _filter_config(marker: Path) -> str:
+    return (f'[filter "evil"]\n\tsmudge = "sh -c \'touch {marker}; cat\'"\n'
+            f'\tclean = "sh -c \'touch {marker}; cat\'"\n\trequired = true\n')
+
+
+def test_a_commondir_planted_in_a_worktrees_admin_folder_cannot_bring_a_config(
+        tmp_path: Path) -> None:
+    """A linked worktree's admin folder names the common folder in ``commondir``, which git
+    follows. Rewritten after the worktree was made (and after a write cached the config's
+    listing) to point at a copy whose config names a filter, it must change nothing: git is
+    told the common folder Choir located."""
+    from choir.evidence.git import locate
+
+    repo, _, _ = buggy_repo(tmp_path / "repo")
+    (repo / ".gitattributes").write_text("*.txt filter=evil\n")
+    (repo / "a.txt").write_text("a\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "attrs")
+    main = locate(repo)
+    assert main is not None
+    work = main.add_worktree(tmp_path / "wt", "wt", "HEAD")
+    work.write("status")  # a write: the listing is taken and kept
+    marker = tmp_path / "ran"
+    evil = tmp_path / "evil.git"
+    shutil.copytree(repo / ".git", evil)
+    with (evil / "config").open("a") as fh:
+        fh.write(_filter_config(marker))
+    (work.git_dir / "commondir").write_text(f"{evil}\n")
+    # the control: git following the admin folder's commondir runs the filter
+    (tmp_path / "wt" / "a.txt").unlink()
+    subprocess.run(["git", "checkout", "--", "a.txt"], cwd=tmp_path / "wt", check=True,
+                   env={**os.environ, "GIT_DIR": str(work.git_dir)}, capture_output=True)
+    assert marker.exists(), "the control: the planted commondir's filter runs under git"
+    marker.unlink()
+    (tmp_path / "wt" / "a.txt").unlink()
+    work.write("checkout", "--", "a.txt")
+    assert not marker.exists(), "a write followed a commondir planted after the worktree"
+
+
+def test_a_config_changed_while_git_lists_it_cannot_poison_the_kept_listing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race a kept listing opens: the config names a filter; between Choir's read of it
+    and git's listing the filter is taken out, then put back. Had git listed the live file,
+    its listing (no filter) would be kept under the bytes that name one, and every later
+    write of the restored config would leave the filter unpinned. git lists the bytes Choir
+    read instead (``git config --file -``)."""
+    from choir.evidence import git as gitmod
+    from choir.evidence.git import GitRepo, locate
+
+    repo, _, _ = buggy_repo(tmp_path / "repo")
+    config = repo / ".git" / "config"
+    config.write_text(config.read_text() + _filter_config(tmp_path / "ran"))
+    found = locate(repo)
+    assert found is not None
+    real = GitRepo._list_names
+
+    def racing(self: GitRepo, bytes_read: bytes | None) -> list[str]:
+        hostile = config.read_text()
+        config.write_text(hostile.split('[filter "evil"]')[0])  # out while git lists ...
+        try:
+            return real(self, bytes_read)
+        finally:
+            config.write_text(hostile)  # ... and back
+
+    monkeypatch.setattr(GitRepo, "_list_names", racing)
+    gitmod._PINS.clear()
+    assert "filter.evil.smudge=" in found._program_pins()
+    monkeypatch.setattr(GitRepo, "_list_names", real)
+    assert "filter.evil.smudge=" in found._program_pins()
+
+
+def test_a_listing_git_cannot_make_refuses_the_write_and_is_not_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listing that times out (or a config git cannot parse) would leave every filter
+    unpinned: the write is refused, and nothing is kept for the next one."""
+    from choir.evidence import git as gitmod
+    from choir.evidence.git import locate
+
+    repo, _, _ = buggy_repo(tmp_path / "repo")
+    found = locate(repo)
+    assert found is not None
+    gitmod._PINS.clear()
+    real = subprocess.run
+
+    def slow_listing(argv: list[str], *args: object, **kwargs: object) -> object:
+        if "--get-regexp" in argv:
+            raise subprocess.TimeoutExpired(argv, 60)
+        return real(argv, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(gitmod.subprocess, "run", slow_listing)
+    with pytest.raises(UserError, match="no write is made without them pinned"):
+        found.write("status")
+    assert not gitmod._PINS
+    monkeypatch.setattr(gitmod.subprocess, "run", real)
+    with (repo / ".git" / "config").open("a") as fh:
+        fh.write("[broken\n")
+    with pytest.raises(UserError, match="no write is made without them pinned"):
+        found.write("status")
+
+
+def test_a_config_that_is_a_fifo_does_not_hang_the_listing(tmp_path: Path) -> None:
+    """``config.worktree`` made a FIFO (which a plain read would block on forever): the
+    key is not taken, git is asked (and refuses it, or reads nothing), nothing hangs."""
+    from choir.evidence import git as gitmod
+    from choir.evidence.git import locate
+
+    repo, _, _ = buggy_repo(tmp_path / "repo")
+    found = locate(repo)
+    assert found is not None
+    os.mkfifo(repo / ".git" / "config.worktree")
+    assert found._config_files() is None
+    gitmod._PINS.clear()
+    found._program_pins()  # git does not read config.worktree unless the extension says so
+    assert not gitmod._PINS
