@@ -14,7 +14,9 @@ import sys
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (2-8 ms on the warm
 # path of `choir verify`); mypy reads any TYPE_CHECKING as true
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, NoReturn
+
+    from choir.cli._group import cli as cli
 
 # command name -> (module, attribute, one-line help shown by --help without importing it)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -60,12 +62,47 @@ def _separate(args: list[str]) -> None:
     """Start the signing broker, then hide the key from this process, before any work."""
     global _deferred
     name = next((a for a in args if not a.startswith("-")), None)
-    if name not in _SEPARATED or {"-h", "--help", *_LAUNCHERS.get(name, ())} & set(args):
+    if name not in _SEPARATED or _LAUNCHERS.get(name, frozenset()) & set(args) or \
+            _shows_help(args):
         return
     if name in _WARM:
         _deferred = True
         return
     _separate_now(make_key=name not in _NO_NEW_KEY)
+
+
+def _shows_help(args: list[str]) -> bool:
+    """Whether click shows help for ``args`` rather than run a command: a ``-h`` or
+    ``--help`` that is an option there, not an option's value (``--claim -h`` runs the
+    command, with the key in reach had it not separated) nor a word after ``--``. Help runs
+    nothing and needs no broker; click is imported only when such a word is there."""
+    if not {"-h", "--help"} & set(args):
+        return False
+    import click
+
+    from choir.cli._group import cli as cli
+
+    command: click.Command = cli
+    ctx = click.Context(cli)
+    takes: dict[str, int] = {}
+    words = iter(args)
+    for word in words:
+        if word == "--":
+            return False
+        if word in ("-h", "--help"):
+            return True
+        if word.startswith("-"):
+            for _ in range(takes.get(word, 0)):
+                next(words, None)  # the option's value, whatever it looks like
+        elif isinstance(command, click.Group):
+            found = command.get_command(ctx, word)
+            if found is None:
+                return False  # click refuses it: a usage error, no command runs
+            command = found
+            takes = {name: max(param.nargs, 1) for param in command.params
+                     if isinstance(param, click.Option) and not param.is_flag
+                     and not param.count for name in (*param.opts, *param.secondary_opts)}
+    return False
 
 
 def _separate_now(*, make_key: bool = True) -> None:
@@ -78,7 +115,7 @@ def _separate_now(*, make_key: bool = True) -> None:
         _fail(str(exc))
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     """Exit 2 saying why, as the CLI says a usage error (``choir.cli._errors``)."""
     sys.stderr.write(f"choir: error: {message}\n")
     sys.stderr.flush()
@@ -110,8 +147,11 @@ def _warm(args: list[str]) -> int | None:
         mode = client.mode()
     except UserError as exc:
         _fail(str(exc))
-    call, why = (None, "CHOIR_SERVE=off") if mode == "off" else \
-        client.Call.start(choir_home(), {"argv": args})
+    try:
+        call, why = (None, "CHOIR_SERVE=off") if mode == "off" else \
+            client.Call.start(choir_home(), {"argv": args})
+    except KeyboardInterrupt:  # queued behind busy workers, and the user gave up
+        return _aborted()
     if call is None:
         if mode == "require":
             _fail(f"CHOIR_SERVE=require: {why}")
@@ -120,12 +160,20 @@ def _warm(args: list[str]) -> int | None:
         return None
     try:
         return call.wait()
+    except KeyboardInterrupt:  # the worker sees the connection end: it stops, as cold would
+        return _aborted()
     except client.Lost as exc:
         _fail(f"{exc}; whatever it recorded is in the stores (`choir runs`), and the command "
               "can be run again")
     finally:
         call.close()
-    return None
+
+
+def _aborted() -> int:
+    """Ctrl-C while a service answers: what click says and exits with for it, cold."""
+    sys.stderr.write("\nchoir: aborted\n")
+    sys.stderr.flush()
+    return 1
 
 
 def __getattr__(name: str) -> Any:
@@ -151,6 +199,6 @@ def main(argv: list[str] | None = None) -> Any:
         if code is not None:
             sys.exit(code)
     from choir.cli._errors import run_cli
-    from choir.cli._group import cli
+    from choir.cli._group import cli as cli
 
     return run_cli(cli, argv if argv is not None else sys.argv[1:])

@@ -30,8 +30,12 @@ def _commands() -> dict[str, Command]:
     from choir.serve.worker import Command
 
     def line(r: Any) -> int:
-        return exit_code(lambda: cli.main(args=list(r.argv), prog_name="choir",
-                                          standalone_mode=False))
+        def parsed_and_run() -> Any:
+            try:
+                return cli.main(args=list(r.argv), prog_name="choir", standalone_mode=False)
+            except SystemExit as exc:  # click's own exits (shell completion): their code
+                return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        return exit_code(parsed_and_run)
 
     return {"verify": Command(line), "run": Command(line, interrupt=True)}
 

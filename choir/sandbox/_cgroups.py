@@ -370,11 +370,12 @@ def prearm(count: int, *, single_use: bool = False) -> bool:
     """Arm ``count`` launchers in this process's pool now (``_Pool.prearm``); False where
     cgroups cannot be used (the runs then go without them, as they would anyway).
 
-    ``single_use``: the pairs runs give back are not armed again. For a process that
-    answers one request and exits (a worker of ``choir serve``): re-arming a pair (two
-    mounts, folders and a bwrap probe, about ten processes) would only compete for the CPU
-    with the request's own sealing and attestation after its steps. A run that finds no
-    armed pair arms one on its own path, as a cold process does."""
+    ``single_use``: the pairs runs give back are not armed again (they stay empty until
+    exit). For a process that answers one request and exits (a worker of ``choir serve``):
+    re-arming a pair (two mounts, folders and a bwrap probe, about ten processes) would only
+    compete for the CPU with the request's own sealing and attestation after its steps. A
+    run that finds no armed pair arms one on its own path, as a cold process does, and a
+    pool run down to none still arms one spare in the background (``take``)."""
     pool = _pool()
     pool.rearm = not single_use
     try:

@@ -39,6 +39,7 @@ from choir.sandbox.base import walk
 STARTUP = ("sitecustomize.py", "usercustomize.py")
 _MEMO: dict[str, dict[str, list[int | str]]] = {}  # cache file -> entries, this process
 _DIRTY: set[int] = set()  # caches with entries not yet saved (by id)
+_MEMO_STAT: dict[str, tuple[int, ...]] = {}  # cache file -> its stat when read
 
 
 def python_of(tools: Toolchain) -> str:
@@ -111,15 +112,28 @@ def _cache_file(key: str) -> Path:
     return choir_home() / "cache" / "interpreters" / f"{blake3_hex(key.encode())[:32]}.json"
 
 
+def _stat_key(path: Path) -> tuple[int, ...]:
+    try:
+        st = path.stat()
+    except OSError:
+        return ()
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def _load_cache(path: Path) -> dict[str, list[int | str]]:
+    """The per-file cache at ``path``: this process's memo of it while the file is the one
+    the memo was read from (its stat), else the file read again (another process saved
+    more since: a service's memo would otherwise re-hash what it lacks on every request)."""
+    seen = _stat_key(path)
     memo = _MEMO.get(str(path))
-    if memo is not None:
+    if memo is not None and _MEMO_STAT.get(str(path), seen) == seen:
         return memo
     try:
         loaded = json.loads(path.read_text())
     except (OSError, ValueError):
         loaded = {}
     _MEMO[str(path)] = loaded if isinstance(loaded, dict) else {}
+    _MEMO_STAT[str(path)] = seen
     return _MEMO[str(path)]
 
 
@@ -180,7 +194,9 @@ def measure(tools: Toolchain, repo: Path, *, full: bool = False) -> Interpreter:
         rows.append(_row(binary, binary, cache, full))  # what the venv's link resolves to
     if not full and id(cache) in _DIRTY:
         _DIRTY.discard(id(cache))
-        _save(_cache_file(cache_key), cache)
+        saved = _cache_file(cache_key)
+        _save(saved, cache)
+        _MEMO_STAT[str(saved)] = _stat_key(saved)  # the memo is what the file holds now
     return Interpreter(python=python, venv=tools.venv, digest=blake3_hex("\n".join(rows).encode()),
                        files=len(rows), scope="tree" if roots else "startup",
                        in_repo=bool(roots), trust="first-use" if roots else "outside-repo")
