@@ -356,8 +356,9 @@ def test_a_request_asking_for_more_than_the_command_line_is_refused(
     allowlist, another policy or home) is refused by name, before anything runs."""
     repo = make_repo(tmp_path / "repo")
     line = {"argv": ["verify", "--repo", str(repo)]}
-    for extra in ({"network": True}, {"allowlist": ["anything"]}, {"policy": {"CALM": []}},
-                  {"home": "/tmp/other"}):
+    extras: list[dict[str, Any]] = [{"network": True}, {"allowlist": ["anything"]},
+                                     {"policy": {"CALM": []}}, {"home": "/tmp/other"}]
+    for extra in extras:
         answer = ask(shared, {**line, **extra}, cwd=repo)
         name = next(iter(extra))
         assert f"request.{name}: Extra inputs are not permitted" in \
@@ -473,6 +474,43 @@ def test_a_client_that_disconnects_gets_its_sandboxes_stopped(tmp_path: Path, se
     assert sessions[0]["status"] == "FAIL" and sessions[0]["attestations"]
     audit = choir("audit")
     assert audit.returncode == 0, audit.stdout + audit.stderr
+
+
+def test_ctrl_c_on_a_warm_client_is_aborted_as_cold_and_stops_its_sandboxes(
+        tmp_path: Path, service: int, choir_home: Path) -> None:
+    """Ctrl-C while the service runs the command: the client says what click says cold
+    ("choir: aborted", exit 1), never a traceback, and the worker stops the sandboxes and
+    concludes (the client's end of the connection is gone)."""
+    repo = make_repo(tmp_path / "repo", config=SLEEPER)
+    client = subprocess.Popen([*CHOIR, "verify", "--repo", str(repo), "--sandbox",
+                               sandbox_name()],
+                              env={**os.environ, "CHOIR_SERVE": "require"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not _steps(service) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _steps(service), "the step never started"
+    client.send_signal(signal.SIGINT)
+    _out, err = client.communicate(timeout=60)
+    assert client.returncode == 1, err
+    assert err.endswith("choir: aborted\n") and "Traceback" not in err, err
+    started = time.monotonic()
+    while _steps(service) and time.monotonic() - started < 20:
+        time.sleep(0.1)
+    assert not _steps(service), "the sandbox outlived its client"
+
+
+def test_clicks_own_exit_in_the_worker_is_its_exit_code_not_a_lost_worker(
+        tmp_path: Path, service: int) -> None:
+    """Shell completion (``_CHOIR_COMPLETE`` in the client's environment) makes click exit
+    inside the worker's parse: the client gets that exit code and click's output, as cold,
+    not "the worker ended without an answer"."""
+    completion = {"_CHOIR_COMPLETE": "bash_complete", "COMP_WORDS": "choir verify --mo",
+                  "COMP_CWORD": "2"}
+    warm = choir("verify", cwd=tmp_path, serve="require", extra_env=completion)
+    cold = choir("verify", cwd=tmp_path, serve="off", extra_env=completion)
+    assert warm.returncode == cold.returncode == 0, warm.stderr
+    assert "--mood" in warm.stdout and warm.stdout == cold.stdout, (warm, cold)
 
 
 def test_kill_9_of_the_service_mid_request_still_answers_the_client(
