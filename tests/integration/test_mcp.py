@@ -29,6 +29,7 @@ CHOIR = [sys.executable, "-m", "choir"]
 PY = os.path.realpath(sys.executable)
 SANDBOX = "bwrap" if shutil.which("bwrap") else "local"
 SLOW = sleeper(60)
+SLOW_SERVED = sleeper(61)  # its own duration: sleeping() must not see the other test's step
 ERROR_MAX = 1200  # an error answer stays short, whatever the argument was
 
 CALC_BUG = "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n"
@@ -225,8 +226,11 @@ async def test_stdio_verify_audit_gate_and_every_hostile_argument(tmp_path: Path
         assert not ok and "changed since `choir mcp` started" in text
 
 
-def sleeping() -> str:
-    return subprocess.run(["pgrep", "-f", "sleep 60"], capture_output=True, text=True).stdout
+def sleeping(seconds: int = 60) -> str:
+    """The pids of this module's sleeping steps of ``seconds`` (each test sleeps its own
+    number: xdist runs them side by side)."""
+    return subprocess.run(["pgrep", "-f", f"sleep {seconds}"], capture_output=True,
+                          text=True).stdout
 
 
 async def test_a_long_verification_is_stopped_at_its_bound_and_other_calls_still_answer(
@@ -290,7 +294,7 @@ async def test_through_a_running_service_the_answer_and_the_stop_are_the_same(
             ok, answer = await call(session, "verify", {})
             assert ok and answer["status"] == "FAIL", answer
             assert answer["failing_tests"][0]["node_id"] == "test_calc.py::test_add"
-        slow = make_repo(tmp_path / "slow", {"choir.yaml": SLOW})
+        slow = make_repo(tmp_path / "slow", {"choir.yaml": SLOW_SERVED})
         params = server("--repo", str(slow), "--timeout", "4", cwd=slow)
         params.env = {**(params.env or {}), "CHOIR_SERVE": "require"}
         async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
@@ -303,14 +307,14 @@ async def test_through_a_running_service_the_answer_and_the_stop_are_the_same(
             async with anyio.create_task_group() as tg:
                 tg.start_soon(verify)
                 while "answer" not in done and "under" not in done:
-                    if any(pid in _ancestors(int(step)) for step in sleeping().split()):
+                    if any(pid in _ancestors(int(step)) for step in sleeping(61).split()):
                         done["under"] = True  # the step runs under the service's worker
                     await anyio.sleep(0.1)
             assert done.get("under"), "the verification did not run in the service"
             answer = done["answer"]
             assert done["ok"] and "not done within 4 s" in answer["stopped"], answer
             assert "exited -9" in answer["reports"][0]["summary"] and answer["attestations"]
-        assert not sleeping(), "the service's worker left the step running"
+        assert not sleeping(61), "the service's worker left the step running"
         audit = cli("audit", "--json")
         assert audit.returncode == 0, audit.stdout[-2000:]
     finally:
