@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import sys
 
+from choir.serve import SERVED
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (2-8 ms on the warm
 # path of `choir verify`); mypy reads any TYPE_CHECKING as true
 if TYPE_CHECKING:
@@ -49,9 +51,8 @@ _SEPARATED = frozenset({"verify", "init", "run", "approve", "gate", "audit", "at
                         "trace", "runs", "trust-interpreter", "mcp", "plan", "promote", "serve",
                         "view"})
 _NO_NEW_KEY = frozenset({"view"})
-# Commands a running `choir serve` answers (choir.serve): at the process entry their
-# separation waits until the command knows it runs here, cold (`_warm` below).
-_WARM = frozenset({"verify", "run"})
+# Commands a running `choir serve` answers (SERVED): at the process entry their separation
+# waits until the command knows it runs here, cold (`_warm` below).
 # Flags that make a separated command only start or stop another process, reading nothing:
 # that process separates itself (a confined parent would hand it a masked key folder).
 _LAUNCHERS = {"serve": frozenset({"--detach", "--stop"})}
@@ -65,7 +66,7 @@ def _separate(args: list[str]) -> None:
     if name not in _SEPARATED or _LAUNCHERS.get(name, frozenset()) & set(args) or \
             _shows_help(args):
         return
-    if name in _WARM:
+    if name in SERVED:
         _deferred = True
         return
     _separate_now(make_key=name not in _NO_NEW_KEY)
@@ -80,7 +81,7 @@ def _shows_help(args: list[str]) -> bool:
         return False
     import click
 
-    from choir.cli._group import cli as cli
+    from choir.cli._group import cli
 
     command: click.Command = cli
     ctx = click.Context(cli)
@@ -136,7 +137,7 @@ def _warm(args: list[str]) -> int | None:
     if not _deferred:
         return None
     _deferred = False
-    if args[0] not in _WARM:  # options before the command: not a line the service takes
+    if args[0] not in SERVED:  # options before the command: not a line the service takes
         _separate_now()
         return None
     from choir._core.errors import UserError

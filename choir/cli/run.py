@@ -68,13 +68,6 @@ def _finish(outcome: Any, as_json: bool) -> int:
 def run(workitem: Path | None, mood: str | None, run_id: str | None, resume_id: str | None,
         as_json: bool, otel: bool) -> int:
     """Run the loop until ASSERT, halt or budget end: 0 ASSERTed, 1 halted, 3 awaiting approval."""
-    return serve_run(workitem, mood=mood, run_id=run_id, resume_id=resume_id,
-                     as_json=as_json, otel=otel)
-
-
-def serve_run(workitem: Path | None, *, mood: str | None, run_id: str | None,
-              resume_id: str | None, as_json: bool, otel: bool) -> int:
-    """What ``choir run`` runs, here or in a worker of ``choir serve``."""
     from choir.exceptions import UserError
     from choir.graph import runner
     from choir.models import Mood

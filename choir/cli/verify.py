@@ -29,13 +29,6 @@ def verify(repo: Path, mood: str | None, sandbox_name: str | None, as_json: bool
            claim: str | None, otel: bool) -> int:
     """Verify the working tree now: exit 0 PASS, 1 FAIL, 2 configuration error,
     4 INCONCLUSIVE (nothing failed, but some verifier could not decide)."""
-    return serve_verify(repo, mood=mood, sandbox_name=sandbox_name, as_json=as_json,
-                        claim=claim, otel=otel)
-
-
-def serve_verify(repo: Path, *, mood: str | None, sandbox_name: str | None, as_json: bool,
-                 claim: str | None, otel: bool) -> int:
-    """What ``choir verify`` runs, here or in a worker of ``choir serve``."""
     from choir.telemetry import session
 
     with session(otel):

@@ -7,3 +7,7 @@ end (``client``), the service's loop (``server``) and the process that answers o
 (``worker``). This package's ``__init__`` imports nothing: the client runs on every
 ``choir verify`` before it knows whether it needs more than the standard library.
 """
+
+SERVED = ("verify", "run")
+"""The commands a service answers: a request is one of their command lines (``wire``), and
+the CLI's entry asks the service only for these (``choir.cli``)."""

@@ -27,13 +27,14 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
+from choir.serve import SERVED
+
 PATH_MAX = 4096
 NAME_MAX = 1024
 ENV_MAX = 4096  # variables
 ENV_VALUE_MAX = 128 << 10
 MAX_REQUEST = 1 << 20  # bytes of one request frame, environment included
 ARGV_MAX = 256  # words of one command line
-COMMANDS = ("verify", "run")
 
 PathText = Annotated[str, StringConstraints(min_length=1, max_length=PATH_MAX,
                                             pattern=r"^[^\x00]*$")]
@@ -53,8 +54,8 @@ class Request(_Closed):
     @field_validator("argv")
     @classmethod
     def _served(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if value[0] not in COMMANDS:
-            raise ValueError(f"the service runs {' and '.join(COMMANDS)}, not {value[0][:64]!r}")
+        if value[0] not in SERVED:
+            raise ValueError(f"the service runs {' and '.join(SERVED)}, not {value[0][:64]!r}")
         return value
 
     @property
@@ -89,4 +90,4 @@ class Envelope(_Closed):
     request: Request
 
 
-__all__ = ["COMMANDS", "MAX_REQUEST", "Context", "Envelope", "Request"]
+__all__ = ["MAX_REQUEST", "Context", "Envelope", "Request"]

@@ -445,23 +445,37 @@ def _steps(service: int) -> dict[int, int]:
     return found
 
 
-def test_a_client_that_disconnects_gets_its_sandboxes_stopped(tmp_path: Path, service: int,
-                                                             choir_home: Path) -> None:
+def _sleeping_client(tmp_path: Path, service: int, serve: str = "require",
+                     *flags: str) -> tuple[subprocess.Popen[str], dict[int, int]]:
+    """A ``choir verify`` of a repo whose one step sleeps (``SLEEPER``), answered by
+    ``service``, once its step runs: the client, and the steps with their workers."""
     repo = make_repo(tmp_path / "repo", config=SLEEPER)
-    client = subprocess.Popen([*CHOIR, "verify", "--repo", str(repo), "--json", "--sandbox",
+    client = subprocess.Popen([*CHOIR, "verify", "--repo", str(repo), *flags, "--sandbox",
                                sandbox_name()],
-                              env={**os.environ, "CHOIR_SERVE": "require"},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                              env={**os.environ, "CHOIR_SERVE": serve},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while not _steps(service) and time.monotonic() < deadline:
+    steps: dict[int, int] = {}
+    while not steps and time.monotonic() < deadline:
+        steps = _steps(service)
         time.sleep(0.1)
-    assert _steps(service), "the step never started"
-    client.kill()
-    client.communicate()
+    assert steps, "the step never started"
+    return client, steps
+
+
+def _assert_steps_stop(service: int) -> None:
     started = time.monotonic()
     while _steps(service) and time.monotonic() - started < 20:
         time.sleep(0.1)
     assert not _steps(service), "the sandbox outlived its client"
+
+
+def test_a_client_that_disconnects_gets_its_sandboxes_stopped(tmp_path: Path, service: int,
+                                                             choir_home: Path) -> None:
+    client, _ = _sleeping_client(tmp_path, service, "require", "--json")
+    client.kill()
+    client.communicate()
+    _assert_steps_stop(service)
     # the worker concluded on what it had: the session is recorded, attested, audit clean
     deadline = time.monotonic() + 30
     sessions: list[dict[str, Any]] = []
@@ -481,23 +495,12 @@ def test_ctrl_c_on_a_warm_client_is_aborted_as_cold_and_stops_its_sandboxes(
     """Ctrl-C while the service runs the command: the client says what click says cold
     ("choir: aborted", exit 1), never a traceback, and the worker stops the sandboxes and
     concludes (the client's end of the connection is gone)."""
-    repo = make_repo(tmp_path / "repo", config=SLEEPER)
-    client = subprocess.Popen([*CHOIR, "verify", "--repo", str(repo), "--sandbox",
-                               sandbox_name()],
-                              env={**os.environ, "CHOIR_SERVE": "require"},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not _steps(service) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _steps(service), "the step never started"
+    client, _ = _sleeping_client(tmp_path, service)
     client.send_signal(signal.SIGINT)
     _out, err = client.communicate(timeout=60)
     assert client.returncode == 1, err
     assert err.endswith("choir: aborted\n") and "Traceback" not in err, err
-    started = time.monotonic()
-    while _steps(service) and time.monotonic() - started < 20:
-        time.sleep(0.1)
-    assert not _steps(service), "the sandbox outlived its client"
+    _assert_steps_stop(service)
 
 
 def test_clicks_own_exit_in_the_worker_is_its_exit_code_not_a_lost_worker(
@@ -544,17 +547,7 @@ def test_kill_9_of_the_service_mid_request_still_answers_the_client(
 @pytest.mark.slow
 def test_a_worker_killed_mid_request_fails_the_client_clearly(tmp_path: Path, service: int,
                                                              choir_home: Path) -> None:
-    repo = make_repo(tmp_path / "repo", config=SLEEPER)
-    client = subprocess.Popen([*CHOIR, "verify", "--repo", str(repo), "--sandbox",
-                               sandbox_name()],
-                              env={**os.environ, "CHOIR_SERVE": "auto"},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    steps: dict[int, int] = {}
-    while not steps and time.monotonic() < deadline:
-        steps = _steps(service)
-        time.sleep(0.1)
-    assert steps, "the step never started"
+    client, steps = _sleeping_client(tmp_path, service, "auto")
     os.kill(next(iter(steps.values())), signal.SIGKILL)
     _, err = client.communicate(timeout=60)
     assert client.returncode == 2
@@ -675,18 +668,19 @@ def test_the_warm_up_covers_what_a_verify_imports(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo", config=QUICK)
     script = textwrap.dedent(f"""\
         import contextlib, io, sys
-        from pathlib import Path
         from choir.trusted import separate
         separate()
-        from choir.cli.serve import _warm_up
+        from choir.cli.serve import _commands, _warm_up
+        from choir.serve.wire import Request
         from choir.serve.worker import warm_idle
         _warm_up()
+        commands = _commands()  # as the service has them before it forks a worker
         warm_idle()
+        line = Request(argv=("verify", "--repo", {str(repo)!r}, "--sandbox",
+                             {sandbox_name()!r}, "--json"))
         before = set(sys.modules)
-        from choir.cli.verify import serve_verify
         with contextlib.redirect_stdout(io.StringIO()):
-            code = serve_verify(Path({str(repo)!r}), mood=None, sandbox_name={sandbox_name()!r},
-                                as_json=True, claim=None, otel=False)
+            code = commands["verify"].run(line)  # what a worker runs for the request
         assert code == 0, code
         print(" ".join(sorted(set(sys.modules) - before)))
         """)
