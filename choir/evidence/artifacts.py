@@ -115,17 +115,19 @@ def _iter_line_pieces(fh: BinaryIO) -> Iterator[tuple[int, bytes]]:
             start = cut + 1
 
 
-def write_once(path: Path, data: bytes, conflict: str) -> None:
+def write_once(path: Path, data: bytes, conflict: str, tmp: Path | None = None) -> None:
     """Write ``data`` to ``path`` atomically and read-only, exactly once.
 
-    The bytes land in a temp file beside ``path`` (fsynced, mode 0444) and are linked into
-    place, which fails if the name exists, so two writers can never interleave. Writing the
-    same bytes again is a no-op.
+    The bytes land in a temp file (fsynced, mode 0444; ``tmp``, on the same filesystem, or
+    a dotted name beside ``path``) and are linked into place, which fails if the name
+    exists, so two writers can never interleave. Writing the same bytes again is a no-op.
+    A writer killed after the link leaves its temp behind: pass ``tmp`` where a stray file
+    beside ``path`` would be a finding (a run folder lists exactly its files).
 
     Raises:
         IntegrityError: ``path`` already holds other bytes (message: ``conflict``).
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(8)}")
+    tmp = tmp or path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(8)}")
     try:
         with open(tmp, "xb") as fh:
             fh.write(data)
@@ -509,7 +511,12 @@ class ArtifactStore:
             IntegrityError: a different manifest is already written for this run.
         """
         data = canonical_json(manifest)
-        base = self.run_dir(run_id)
-        base.mkdir(parents=True, exist_ok=True)
-        write_once(base / MANIFEST, data, f"run {run_id} already has a different manifest")
+        self.run_dir(run_id).mkdir(parents=True, exist_ok=True)
+        self.write_run_file(run_id, MANIFEST, data,
+                            f"run {run_id} already has a different manifest")
         return self.ingest_bytes(data)
+
+    def write_run_file(self, run_id: str, name: str, data: bytes, conflict: str) -> None:
+        """Write ``runs/{run_id}/{name}`` once (``write_once``), its temp in ``tmp/``: a
+        writer killed mid-write leaves nothing in the run folder (``gc_tmp`` clears it)."""
+        write_once(self.run_dir(run_id) / name, data, conflict, self._tmp_path("m"))

@@ -20,7 +20,7 @@ from pydantic import Field
 
 from choir._core.canonical import blake3_hex, canonical_json
 from choir.attest import AttestationStore
-from choir.evidence.artifacts import ArtifactStore, write_once
+from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError, NotFoundError
 from choir.models import Result
 from choir.models._base import Frozen
@@ -226,15 +226,17 @@ def missing_sessions(store: ArtifactStore,
     return found
 
 
-def _write_sealed(folder: Path, session: str, data: bytes, signer: SigningKey | None) -> None:
+def _write_sealed(store: ArtifactStore, session: str, data: bytes,
+                  signer: SigningKey | None) -> None:
     """The manifest, then its seal; each written once. Signing is deterministic (ed25519),
     so a replay writes the very same seal."""
     from choir.attest import load_signer
 
-    write_once(folder / "manifest.json", data, f"run {session}: manifest already written")
+    store.write_run_file(session, "manifest.json", data,
+                         f"run {session}: manifest already written")
     seal = make_seal(SESSION_KIND, session, 0, blake3_hex(data), signer or load_signer())
-    write_once(folder / SEAL, canonical_json(seal) + b"\n",
-               f"run {session}: seal already written")
+    store.write_run_file(session, SEAL, canonical_json(seal) + b"\n",
+                         f"run {session}: seal already written")
 
 
 def _manifest_bytes(manifest: dict[str, Any]) -> bytes:
@@ -247,7 +249,7 @@ def write_session(store: Any, session: str, manifest: dict[str, Any],
     read-only (``signer``: the home's by default)."""
     folder = store.run_dir(session)
     folder.mkdir(parents=True, exist_ok=False)
-    _write_sealed(folder, session, _manifest_bytes(manifest), signer)
+    _write_sealed(store, session, _manifest_bytes(manifest), signer)
 
 
 def seal_round(session: str, runs: Iterable[Any], minted: Mapping[str, str], *,
@@ -286,6 +288,6 @@ def seal_round(session: str, runs: Iterable[Any], minted: Mapping[str, str], *,
     try:
         write_session(store, session, record.model_dump(mode="json"))
     except FileExistsError:  # an earlier replay died between the folder and the seal
-        _write_sealed(store.run_dir(session), session,
+        _write_sealed(store, session,
                       _manifest_bytes(record.model_dump(mode="json")), None)
     return session

@@ -127,3 +127,37 @@ def test_ingest_memory_stays_flat_for_a_large_pipe(tmp_path: Path) -> None:
     digest, grown_mib = consumer.stdout.decode().split()
     assert digest == blake3.blake3(bytes(size)).hexdigest()
     assert int(grown_mib) < 16  # one 1 MiB buffer, whatever the size
+
+
+KILLED_AFTER_LINK = """
+import os, signal, sys
+from pathlib import Path
+import choir.evidence.artifacts as artifacts
+from choir.verification.session import write_session
+from tests.unit.artifacts.test_artifact_runs import manifest
+
+def die(_path):  # the manifest is linked into place; its temp is not yet removed
+    os.kill(os.getpid(), signal.SIGKILL)
+
+artifacts._fsync_dir = die
+store = artifacts.ArtifactStore(Path(sys.argv[1]))
+if sys.argv[2] == "run":
+    store.write_manifest("r1", manifest("r1", {}))
+else:
+    write_session(store, "verify-20260101T000000-abcdef", {"run_id": "x"})
+"""
+
+
+@pytest.mark.parametrize("kind", ["run", "session"])
+def test_sigkill_after_the_manifest_lands_leaves_nothing_in_the_run_folder(
+        tmp_path: Path, kind: str) -> None:
+    """``kill -9`` between a manifest's link and its temp's removal: the run folder holds
+    the manifest alone (an extra file there fails ``choir audit``); the temp is in ``tmp/``,
+    named for its dead writer, and ``gc_tmp`` removes it."""
+    root = tmp_path / "art"
+    child = subprocess.run([sys.executable, "-c", KILLED_AFTER_LINK, str(root), kind],
+                           cwd=Path(__file__).parents[3], capture_output=True, timeout=60)
+    assert child.returncode == -signal.SIGKILL, child.stderr.decode()
+    folder = next((root / "runs").iterdir())
+    assert [p.name for p in folder.iterdir()] == ["manifest.json"]
+    assert ArtifactStore(root).gc_tmp() == 1
