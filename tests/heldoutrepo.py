@@ -7,7 +7,7 @@ import os
 import textwrap
 from pathlib import Path
 
-from tests.workitems import STEP_PY
+from tests.workitems import NO_PLUGINS, STEP_PY
 
 # in the hidden test's text: found anywhere, it leaked (built here, so no source file the
 # executor can read holds it whole)
@@ -22,8 +22,8 @@ HIDDEN_TEST = textwrap.dedent(f"""\
             assert type(got) is int, type(got)
             assert got - (a + b) == 0
     """)
-HELDOUT_STEP = (f"PYTHONPATH=. {STEP_PY} -m pytest -q -p no:cacheprovider $CHOIR_HELDOUT "
-                "--junitxml=$CHOIR_OUT/junit.xml")
+HELDOUT_STEP = (f"{NO_PLUGINS} PYTHONPATH=. {STEP_PY} -m pytest -q -p no:cacheprovider "
+                "$CHOIR_HELDOUT --junitxml=$CHOIR_OUT/junit.xml")
 
 # cheats the pinned tests cannot tell from a fix (``assert add(2, 3) == 5`` passes)
 EQ_OVERLOAD = '''

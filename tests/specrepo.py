@@ -15,7 +15,7 @@ from pathlib import Path
 
 from choir.graph.runner import RunOutcome, run_work_item
 from choir.models import Mood
-from tests.workitems import BUGGY, PY, STEP_PY
+from tests.workitems import BUGGY, NO_PLUGINS, PY, STEP_PY
 
 GOAL = "add(a, b) must return the sum"
 TEST_CALC = textwrap.dedent("""\
@@ -30,7 +30,7 @@ CHECK_ADD = textwrap.dedent("""\
         from calc import add
         return {"outcome": "pass" if add(2, 3) == 5 else "fail", "detail": "add(2, 3)"}
     """)
-PYTEST = f"PYTHONPATH=. {STEP_PY} -m pytest -q -p no:cacheprovider"
+PYTEST = f"{NO_PLUGINS} PYTHONPATH=. {STEP_PY} -m pytest -q -p no:cacheprovider"
 UNIT = textwrap.dedent(f"""\
     unit:
       kind: unit_tests

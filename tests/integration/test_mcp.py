@@ -22,6 +22,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from choir.mcp.bound import RESPONSE_MAX
 from tests.serving import sleeper, start_service, stop_service
+from tests.workitems import JUNIT, NO_PLUGINS
 
 pytestmark = pytest.mark.slow  # CI's slow stage: the README's command stays under five minutes
 
@@ -49,7 +50,7 @@ UNIT = textwrap.dedent(f"""\
         kind: unit_tests
         steps:
           - name: pytest
-            command: {PY} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml
+            command: {NO_PLUGINS} {PY} -m pytest -q -p no:cacheprovider {JUNIT}
         parser: junit
         timeout_s: 120
     """)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.workitems import PYTEST
+
 CHOIR = [sys.executable, "-m", "choir"]
 
 CALC_OK = "def add(a, b):\n    return a + b\n"
@@ -34,7 +36,7 @@ CHOIR_YAML = textwrap.dedent(
         kind: unit_tests
         steps:
           - name: pytest
-            command: {python} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml
+            command: {pytest} --junitxml=$CHOIR_OUT/junit.xml
         parser: junit
         timeout_s: 120
       lint:
@@ -55,7 +57,8 @@ def make_repo(path: Path, calc: str) -> Path:
     (path / "calc.py").write_text(calc)
     (path / "test_calc.py").write_text(TEST_CALC)
     # the base interpreter: a sandboxed step never sees Choir's own venv (#16.7)
-    (path / "choir.yaml").write_text(CHOIR_YAML.format(python=os.path.realpath(sys.executable)))
+    (path / "choir.yaml").write_text(CHOIR_YAML.format(pytest=PYTEST,
+                                                     python=os.path.realpath(sys.executable)))
     return path
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_run_live import ANSI, run_on_a_terminal
+from tests.workitems import JUNIT, NO_PLUGINS
 
 PY = sys.executable
 
@@ -43,7 +44,7 @@ def repo_with_failures(path: Path) -> Path:
             uses: pytest
             steps:
               - name: pytest
-                command: {PY} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml
+                command: {NO_PLUGINS} {PY} -m pytest -q -p no:cacheprovider {JUNIT}
           slow:
             kind: smoke
             steps: [{{name: wait, command: "sleep 1.2"}}]

@@ -22,6 +22,7 @@ from choir.report.parsers import ParseInput, ParseResult
 from choir.sandbox import get_sandbox
 from choir.verification import attest_run, run_verifier_thread
 from tests.unit.report.test_report_pipeline import PY, PYTEST, project, verify
+from tests.workitems import NO_PLUGINS
 
 BIN = Path(PY).parent
 
@@ -57,7 +58,7 @@ def test_pytest_interrupted_is_inconclusive_not_fail(tmp_path: Path) -> None:
     (repo / "conftest.py").write_text(
         "def pytest_collection_finish(session):\n"
         "    raise KeyboardInterrupt\n")
-    report, _, _ = verify(repo, f"{PY} -m pytest -q -p no:cacheprovider", "pytest")
+    report, _, _ = verify(repo, f"{NO_PLUGINS} {PY} -m pytest -q -p no:cacheprovider", "pytest")
     _inconclusive(report, "pytest interrupted (exit 2)")
 
 
@@ -66,7 +67,7 @@ def test_a_collection_error_in_the_code_is_a_failure_not_a_crash(tmp_path: Path)
     the code, and the executor must hear about it (FAIL), not a halt for a human."""
     repo = project(tmp_path, "from calc import add\n\ndef test_a():\n    assert add(1, 2) == 3\n")
     (repo / "calc.py").write_text("def add(a, b)\n    return a + b\n")
-    text = f"{PY} -m pytest -q -p no:cacheprovider"
+    text = f"{NO_PLUGINS} {PY} -m pytest -q -p no:cacheprovider"
     for parser, command in (("junit", PYTEST), ("pytest", text)):
         report, _, _ = verify(repo, command, parser, run_id=f"r-{parser}")
         assert report.result is Result.FAIL, (parser, report.result, report.summary)
@@ -115,7 +116,7 @@ def test_mypy_type_errors_still_fail(tmp_path: Path) -> None:
 def test_a_promised_junit_file_that_is_missing_is_inconclusive(tmp_path: Path) -> None:
     repo = project(tmp_path, "def test_a(): assert False\n")
     # promised junit, but the command writes none and exits 1
-    report, _, _ = verify(repo, f"{PY} -m pytest -q -p no:cacheprovider", "junit")
+    report, _, _ = verify(repo, f"{NO_PLUGINS} {PY} -m pytest -q -p no:cacheprovider", "junit")
     _inconclusive(report, "no JUnit XML")
 
 
@@ -251,7 +252,7 @@ def test_junit_counts_subtests_skips_xfail_xpass_and_errors_as_pytest_does(
 
 def test_pytest_text_counts_match_the_junit_counts(tmp_path: Path) -> None:
     repo = project(tmp_path, EVERY_OUTCOME)
-    report, _, _ = verify(repo, f"{PY} -m pytest -q -rA -p no:cacheprovider", "pytest")
+    report, _, _ = verify(repo, f"{NO_PLUGINS} {PY} -m pytest -q -rA -p no:cacheprovider", "pytest")
     assert report.result is Result.FAIL
     assert _counts(report) == PYTEST_COUNTS
 

@@ -17,6 +17,7 @@ from choir.models import Result, StepSpec, Target, VerifierKind, VerifierSpec
 from choir.report import abuild_report, signature_id
 from choir.sandbox import get_sandbox
 from choir.verification.pipeline import run_verifier
+from tests.workitems import NO_PLUGINS
 
 PY = sys.executable
 
@@ -41,7 +42,7 @@ def project(tmp_path: Path, body: str) -> Path:
     return repo
 
 
-PYTEST = f"{PY} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml"
+PYTEST = f"{NO_PLUGINS} {PY} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml"
 
 
 def test_junit_from_real_pytest(tmp_path: Path) -> None:
@@ -95,7 +96,7 @@ def test_junit_ids_paste_into_pytest_and_cite_the_failing_line(tmp_path: Path,
 
 def test_pytest_text_fallback(tmp_path: Path) -> None:
     repo = project(tmp_path, "def test_a(): assert False\ndef test_b(): pass\n")
-    report, _, _ = verify(repo, f"{PY} -m pytest -q -rA -p no:cacheprovider", "pytest")
+    report, _, _ = verify(repo, f"{NO_PLUGINS} {PY} -m pytest -q -rA -p no:cacheprovider", "pytest")
     assert report.result is Result.FAIL and report.counts.failed == 1
     assert [s.test_id for s in report.failure_signatures] == ["test_x.py::test_a"]
 

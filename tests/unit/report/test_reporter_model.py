@@ -12,6 +12,7 @@ import respx
 
 from choir.models import Result
 from tests.unit.report.test_report_pipeline import project, verify
+from tests.workitems import NO_PLUGINS
 
 URL = "https://api.openai.com/v1/chat/completions"
 MODEL = "openai/gpt-4o-mini"
@@ -45,7 +46,7 @@ def failing(tmp_path: Path) -> Path:
     return project(tmp_path, "def test_add():\n    assert 2 - 3 == 5\n")
 
 
-PYTEST = "{py} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml"
+PYTEST = NO_PLUGINS + " {py} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml"
 
 
 def why(report) -> str:  # type: ignore[no-untyped-def]

@@ -19,9 +19,10 @@ from choir.models import Result, StepSpec, Target, VerificationReport, VerifierK
 from choir.report import abuild_report
 from choir.sandbox import get_sandbox
 from choir.verification.pipeline import run_verifier
+from tests.workitems import JUNIT, NO_PLUGINS
 
 SECRET = "TOKENabcdefghijklmnopqrstuvwxyz0123456789"
-PYTEST = f"{sys.executable} -m pytest -q -p no:cacheprovider --junitxml=$CHOIR_OUT/junit.xml"
+PYTEST = f"{NO_PLUGINS} {sys.executable} -m pytest -q -p no:cacheprovider {JUNIT}"
 
 
 def _run(tmp_path: Path, body: str, name: str | None, deadline_s: float = 30.0
