@@ -40,6 +40,9 @@ class AuditResult(Frozen):
     ok: bool
     violations: tuple[Violation, ...] = ()
     counts: dict[str, int] = Field(default_factory=dict)
+    # run folders no attestation names: a run still going, or one killed before it was
+    # sealed or attested. Not evidence (nothing promotes from them), so not violations
+    dangling: tuple[str, ...] = ()
 
 
 def _v(kind: str, obj: str, expected: str, found: str) -> Violation:
@@ -62,6 +65,8 @@ class _Audit:
         self.manifests: set[str] = set()
         self.stored_fails: list[Attestation] = []
         self.valid: dict[str, Attestation] = {}
+        self.named_runs: set[str] = set()  # the run of every readable attestation
+        self.dangling: list[str] = []
         self.store: ArtifactStore | None = None
         self.atts: AttestationStore | None = None
 
@@ -100,6 +105,7 @@ class _Audit:
         assert self.atts is not None and self.store is not None
         att = self.atts.get(att_id)
         self.manifests.add(att.body.manifest_hash)
+        self.named_runs.add(att.body.run_id)
         problems = verify_attestation(att, artifacts=self.store, trusted_keys=self.trusted,
                                       revoked_keys=self.revoked)
         self.found.extend(problems)
@@ -134,6 +140,13 @@ class _Audit:
         if is_session_folder(manifest_path):  # a `choir verify` session: checked by its owner
             self.found.extend(_v(kind, run_id, want, got) for kind, want, got in
                               check_session(run_dir, self.atts, self.trusted))
+            return
+        if run_id not in self.named_runs:
+            # Still going, or killed before its attestation (as git's fsck names a dangling
+            # object): listed, not evidence. An attested run whose attestation was removed
+            # is caught where it is named: its session record, the AHDB's outcomes.
+            self.dangling.append(run_id)
+            self.counts["dangling_runs"] += 1
             return
         try:
             manifest = RunManifest.model_validate_json(manifest_path.read_bytes())
@@ -266,4 +279,5 @@ def audit(*, home: Path | None = None, artifacts_root: Path | None = None,
     run.guarded("run_store_unreadable", "runs", run.runs)
     run.guarded("trace_unreadable", "traces", run.traces)
     run.guarded("ahdb_unreadable", "ahdb", lambda: run.ahdb(expect_head))
-    return AuditResult(ok=not run.found, violations=tuple(run.found), counts=dict(run.counts))
+    return AuditResult(ok=not run.found, violations=tuple(run.found), counts=dict(run.counts),
+                       dangling=tuple(run.dangling))

@@ -48,6 +48,12 @@ def audit(as_json: bool, expect_head: Path | None, export_head: Path | None) -> 
         checked = ", ".join(f"{n} {k}" for k, n in sorted(result.counts.items()))
         verdict = "clean" if result.ok else f"{len(result.violations)} violation(s)"
         click.echo(f"audit: {verdict} ({checked})")
+        if result.dangling:  # not evidence: listed so a crash's leftovers are seen
+            shown = ", ".join(result.dangling[:10]) + (" ..." if len(result.dangling) > 10
+                                                       else "")
+            click.echo(f"audit: {len(result.dangling)} dangling run folder(s), named by no "
+                       f"attestation (still running, or killed before attested; not "
+                       f"evidence): {shown}")
         signed = ", ".join(f"{k} ({n})" for k, n in sorted(keys["signers"].items())) or "none"
         click.echo(f"audit: signed by key {signed}")
         click.echo(f"audit: trusted keys ({keys['source']}): {', '.join(keys['trusted'])}")

@@ -1,0 +1,87 @@
+"""``choir verify`` killed -9 mid-session, then ``choir audit``: a run that no attestation
+names (still going, or killed before it sealed or was attested) is not evidence. The audit
+lists it as dangling and stays clean, as git's fsck does with a dangling object; a run an
+attestation names but whose record was changed or unlinked is still a violation."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from tests.integration.test_verify_cli import CALC_OK, CHOIR, make_repo, run, sandbox_name
+
+
+def _audit() -> dict:  # type: ignore[type-arg]
+    proc = run("audit", "--json")
+    out = json.loads(proc.stdout)
+    assert proc.returncode == (0 if out["ok"] else 1), proc.stderr
+    return out  # type: ignore[no-any-return]
+
+
+def _runs(home: Path) -> list[str]:
+    return sorted(p.name for p in (home / "artifacts" / "runs").iterdir())
+
+
+def test_a_verify_killed_after_its_run_sealed_leaves_a_dangling_run_not_a_violation(
+        tmp_path: Path, choir_home: Path) -> None:
+    repo = make_repo(tmp_path / "repo", CALC_OK)
+    env = {**os.environ, "CHOIR_FAILPOINT": "green:ran"}
+    killed = subprocess.run([*CHOIR, "verify", "--repo", str(repo), "--sandbox",
+                             sandbox_name(), "--mood", "CALM"],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    sealed = _runs(choir_home)
+    assert len(sealed) == 1 and (choir_home / "artifacts" / "runs" / sealed[0] /
+                                 "manifest.json").is_file()
+    out = _audit()
+    assert out["ok"], out["violations"]
+    assert out["dangling"] == sealed and out["counts"]["dangling_runs"] == 1
+    again = run("verify", "--repo", str(repo), "--sandbox", sandbox_name(), "--mood", "CALM")
+    assert again.returncode == 0, again.stderr
+    out = _audit()
+    assert out["ok"] and out["dangling"] == sealed, out
+
+
+def test_a_verify_killed_mid_step_leaves_a_dangling_unsealed_run(
+        tmp_path: Path, choir_home: Path) -> None:
+    repo = make_repo(tmp_path / "repo", CALC_OK)
+    (repo / "choir.yaml").write_text(
+        "verifiers:\n  unit:\n    kind: unit_tests\n    steps:\n"
+        "      - {name: wait, command: 'sleep 30'}\n")
+    proc = subprocess.Popen([*CHOIR, "verify", "--repo", str(repo), "--sandbox",
+                             sandbox_name(), "--mood", "CALM"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    runs = choir_home / "artifacts" / "runs"
+    deadline = time.monotonic() + 60
+    while not (runs.is_dir() and any((p / "logs").is_dir() for p in runs.iterdir())):
+        assert time.monotonic() < deadline, "the step never started"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the session and its sandbox, as a crash would
+    proc.wait()
+    (unsealed,) = _runs(choir_home)
+    assert not (runs / unsealed / "manifest.json").exists()
+    out = _audit()
+    assert out["ok"] and out["dangling"] == [unsealed], out
+
+
+def test_an_attested_run_cannot_pass_for_dangling(tmp_path: Path, choir_home: Path) -> None:
+    """Unlinking the attestation that names a run (to hide a FAIL, say) does not make the
+    run dangling and the audit clean: the session record and the AHDB still name it."""
+    repo = make_repo(tmp_path / "repo", CALC_OK)
+    done = run("verify", "--repo", str(repo), "--sandbox", sandbox_name(), "--mood", "CALM",
+               "--json")
+    assert done.returncode == 0, done.stderr
+    (att_id,) = json.loads(done.stdout)["attestations"]
+    (choir_home / "attestations" / f"{att_id}.json").unlink()
+    out = _audit()
+    assert not out["ok"], out
+    kinds = {v["kind"] for v in out["violations"]}
+    # the AHDB's replay finds an outcome with no attestation; the session, a run it lists
+    # with no attestation (named as the session folder it could not check)
+    assert {"ahdb_rule", "run_unreadable"} <= kinds, kinds
+    assert out["dangling"] == [r for r in _runs(choir_home) if r.endswith("-unit-0")], out
