@@ -110,8 +110,9 @@ def test_warm_verify_answers_exactly_what_cold_verify_does(tmp_path: Path, servi
         assert _stable(json.loads(warm.stdout)) == _stable(json.loads(cold.stdout))
         # the same text a person reads, too (ids, hashes and times aside): same code, same
         # descriptors
-        args = ("verify", "--repo", str(repo), "--sandbox", sandbox_name())
-        texts = [choir(*args, serve="require"), choir(*args, serve="off", extra_env=elsewhere)]
+        text_args = ("verify", "--repo", str(repo), "--sandbox", sandbox_name())
+        texts = [choir(*text_args, serve="require"),
+                 choir(*text_args, serve="off", extra_env=elsewhere)]
         assert [t.returncode for t in texts] == [code, code]
         homes = (os.environ["CHOIR_HOME"], elsewhere["CHOIR_HOME"])
         assert _masked(texts[0].stdout, *homes) == _masked(texts[1].stdout, *homes)
@@ -635,7 +636,8 @@ def test_a_run_whose_client_goes_away_is_interrupted_and_resumes(tmp_path: Path,
         if "is being driven" not in resumed.stderr:
             break
         time.sleep(0.5)
-    assert resumed is not None and resumed.returncode == 0, resumed.stderr[-2000:]
+    assert resumed is not None
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
     out = json.loads(resumed.stdout)
     assert out["status"] == "asserted" and out["attempt"] == 1, out
 
