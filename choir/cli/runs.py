@@ -91,13 +91,10 @@ def _loop_summary(run_id: str, values: dict[str, Any], ts: str) -> dict[str, Any
 
 
 def _session(store: Any, run_id: str) -> dict[str, Any] | None:
-    from choir.verification.session import is_session_manifest
+    from choir.verification.session import read_session
 
-    try:
-        data = json.loads((store.run_dir(run_id) / "manifest.json").read_bytes())
-    except (OSError, ValueError):
-        return None
-    return data if is_session_manifest(data) else None
+    read = read_session(store.run_dir(run_id))
+    return read[0] if read is not None else None
 
 
 def list_runs() -> list[dict[str, Any]]:
@@ -218,10 +215,14 @@ def show_run(run_id: str, with_output: bool = True) -> dict[str, Any]:
             "id", "kind", "status", "claim", "tree_hash", "attestations", "updated_at"})
             for atom in open_ahdb(home).atoms(work_item=item)] if item else []
         return out
-    session = _session(store, run_id)
-    if session is None:
+    from choir.attest import trusted_key_ids
+    from choir.verification.session import read_session
+
+    read = read_session(store.run_dir(run_id), trusted_key_ids(home))
+    if read is None:
         raise UserError(f"no run {run_id!r} under {home}\n  fix: `choir runs list` shows them")
-    return {"run_id": run_id, "kind": "verify", "status": session["status"],
+    session, seal = read
+    return {"run_id": run_id, "kind": "verify", "status": session["status"], "seal": seal,
             "repo": session.get("repo"), "mood": session.get("mood", ""),
             "updated": session.get("timestamp_end"),
             "manifest_path": str(store.run_dir(run_id) / "manifest.json"),
@@ -290,6 +291,9 @@ def show_command(run_id: str, as_json: bool) -> int:
         click.echo(f"reason: {plain_lines(str(data['reason']))}")
     if data.get("manifest_path"):
         click.echo(f"manifest: {data['manifest_path']}")
+    if data.get("seal", "valid") != "valid":  # a session's record nobody vouches for
+        click.echo(f"seal: {plain_lines(str(data['seal']))}: the status above is not "
+                   "vouched for (`choir audit` names what differs)")
     for att in data["attestations"]:
         report = att.get("report") or {}
         summary = shorten(plain_lines(str(report.get("summary", ""))), 120)

@@ -124,6 +124,23 @@ def _check_seal(run_dir: Path, data: bytes, trusted: Collection[str]) -> str | N
                         trusted=trusted)
 
 
+def read_session(run_dir: Path, trusted: Collection[str] | None = None
+                 ) -> tuple[dict[str, Any], str] | None:
+    """A verify session's manifest as a person is shown it, and (``trusted`` given) its
+    seal's verdict: ``valid``, or ``INVALID: why`` (the status it says is then vouched for by
+    nobody). None when the folder holds no session record read as ``check_session`` reads
+    one: never through a link or from a FIFO, size-capped."""
+    try:
+        data = _read_manifest(run_dir / "manifest.json")
+        parsed = json.loads(data)
+    except (OSError, ValueError, IntegrityError):
+        return None
+    if not is_session_manifest(parsed):
+        return None
+    problem = None if trusted is None else _check_seal(run_dir, data, trusted)
+    return parsed, "valid" if problem is None else f"INVALID: {problem}"
+
+
 def check_session(run_dir: Path, attestations: Any,
                   trusted: Collection[str]) -> list[tuple[str, str, str]]:
     """What ``choir audit`` finds wrong with a verify session's folder, as (kind, expected,

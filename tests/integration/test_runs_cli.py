@@ -84,6 +84,28 @@ def test_runs_show_a_verify_session_and_an_unknown_id(tmp_path: Path) -> None:
     assert run("runs", "show", "../etc").returncode == 2
 
 
+def test_runs_show_says_when_a_sessions_record_is_not_sealed(tmp_path: Path,
+                                                             choir_home: Path) -> None:
+    """A session rewritten FAIL -> PASS by whoever can write the store (an executor in trust
+    mode) is shown with its seal's verdict: the status printed is not vouched for. Before,
+    ``runs show`` printed the forged PASS as it printed any other."""
+    repo = calc_repo(tmp_path / "repo", canary="c", sandbox="local")
+    session = json.loads(run("verify", "--repo", str(repo), "--json").stdout)["run_id"]
+    assert json.loads(run("runs", "show", session, "--json").stdout)["seal"] == "valid"
+    manifest = choir_home / "artifacts" / "runs" / session / "manifest.json"
+    os.chmod(manifest, 0o644)
+    manifest.write_text(manifest.read_text().replace('"status": "FAIL"', '"status": "PASS"'))
+    shown = json.loads(run("runs", "show", session, "--json").stdout)
+    assert shown["status"] == "PASS" and shown["seal"].startswith("INVALID"), shown["seal"]
+    text = run("runs", "show", session).stdout
+    assert "seal: INVALID" in text and "not vouched for" in text, text
+    elsewhere = tmp_path / "elsewhere.json"  # the same forged record, through a link
+    elsewhere.write_bytes(manifest.read_bytes())
+    manifest.unlink()
+    os.symlink(elsewhere, manifest)
+    assert run("runs", "show", session).returncode == 2  # never followed
+
+
 def test_runs_name_their_repo_and_filter_by_it(tmp_path: Path) -> None:
     # one CHOIR_HOME, two repos: every run said `-` and could not be told apart
     first = calc_repo(tmp_path / "first", canary="c", sandbox="local")
