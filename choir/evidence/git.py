@@ -153,7 +153,7 @@ class GitRepo:
             return None
         out = self.run("rev-parse", "--verify", "-q", "--end-of-options", f"{rev}^{{commit}}")
         sha = out.decode("ascii", "replace").strip() if out else ""
-        return sha if _is_oid(sha) else None
+        return sha if is_oid(sha) else None
 
     def objects(self) -> ObjectReader:
         """A reader of this repository's objects that re-hashes every object it returns."""
@@ -304,7 +304,8 @@ class GitRepo:
         return None
 
 
-def _is_oid(text: str) -> bool:
+def is_oid(text: str) -> bool:
+    """A full object id: 40 (sha1) or 64 (sha256) lowercase hex digits."""
     return len(text) in (40, 64) and all(c in "0123456789abcdef" for c in text)
 
 
@@ -425,7 +426,7 @@ class ObjectReader:
             IntegrityError: the object is missing, of another type, or its bytes do not hash
                 to its name (a planted loose object).
         """
-        if not _is_oid(oid):
+        if not is_oid(oid):
             raise IntegrityError(f"not a git object id: {oid[:80]!r}")
         stdin, stdout = self._proc.stdin, self._proc.stdout
         assert stdin is not None and stdout is not None
@@ -460,7 +461,7 @@ class ObjectReader:
         """The tree commit ``sha`` records, read from its checked bytes."""
         first = self.read(sha, "commit").split(b"\n", 1)[0].decode("ascii", "replace")
         tree = first.removeprefix("tree ")
-        if not first.startswith("tree ") or not _is_oid(tree):
+        if not first.startswith("tree ") or not is_oid(tree):
             raise IntegrityError(f"git commit {sha} names no tree")
         return tree
 

@@ -36,7 +36,7 @@ import blake3
 
 from choir._core import fsopen
 from choir._core.paths import artifact_dir
-from choir.evidence.git import locate
+from choir.evidence.git import GitRepo, is_oid, locate
 from choir.evidence.scan import LIST, CopySink, Snapshot, scan
 from choir.evidence.sealer import Sealer
 from choir.evidence.statcache import repo_key
@@ -247,9 +247,17 @@ def commit_tree_hash(repo: Path, rev: str) -> str | None:
     is missing or planted.
     """
     git = locate(repo)
-    sha = git.rev(rev) if git is not None else None
-    if git is None or sha is None:
+    if git is None:
         return None
+    if is_oid(rev):  # a commit's full id (the driver's and the gate's): no rev-parse
+        found = _commit_tree_hash(git, rev)
+        if found is not None:
+            return found
+    sha = git.rev(rev)  # a name, or a full id that is not a commit's (an annotated tag's)
+    return _commit_tree_hash(git, sha) if sha is not None and sha != rev else None
+
+
+def _commit_tree_hash(git: GitRepo, sha: str) -> str | None:
     outer = blake3.blake3()
     try:
         with git.objects() as objects:

@@ -144,6 +144,26 @@ def test_commit_tree_hash_is_the_clean_checkouts_tree_hash(repo: Path) -> None:
     assert commit_tree_hash(repo, "0" * 40) is None
 
 
+def test_commit_tree_hash_reads_a_full_commit_id_with_no_rev_parse(
+        repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit's full id (what the plan driver and the gate pass) is read as a commit
+    directly; a name, or the full id of an annotated tag, still goes through rev-parse and
+    reads as before; the id of anything else is no commit."""
+    from choir.evidence.git import GitRepo
+
+    head, expected = git(repo, "rev-parse", "HEAD").strip(), tree_hash(repo)
+    git(repo, "tag", "-a", "-m", "t", "v1")
+    tag = git(repo, "rev-parse", "v1").strip()  # the tag object's own id
+    assert tag != head
+    assert commit_tree_hash(repo, "v1") == commit_tree_hash(repo, tag) == expected
+    assert commit_tree_hash(repo, git(repo, "rev-parse", "HEAD:pkg/mod.py").strip()) is None
+    asked: list[str] = []
+    rev = GitRepo.rev
+    monkeypatch.setattr(GitRepo, "rev", lambda self, r: asked.append(r) or rev(self, r))
+    assert commit_tree_hash(repo, head) == expected
+    assert asked == []
+
+
 def test_a_directory_planted_under_the_trees_name_is_never_verified(repo: Path,
                                                                    tmp_path: Path) -> None:
     """An executor can compute the buggy tree's hash and plant a fixed copy under it."""
