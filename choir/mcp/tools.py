@@ -29,7 +29,7 @@ from choir.models import Attestation, Mood, VerificationReport
 from choir.sandbox.stop import stop_steps
 from choir.serve import client as service
 from choir.serve.client import Call
-from choir.view.index import MAX_MANIFEST, RunIndex
+from choir.view.index import RunIndex
 from choir.view.reads import Stores, attestation_view, load_report
 
 VERIFY_TIMEOUT_S = 900.0
@@ -324,12 +324,10 @@ def _capped(key: str, items: list[Any], most: int) -> dict[str, Any]:
 
 
 def _repo_of(store: ArtifactStore, run_id: str) -> str | None:
-    try:
-        with open(store.run_dir(run_id) / "manifest.json", "rb") as fh:
-            data = json.loads(fh.read(MAX_MANIFEST))
-    except (OSError, ValueError):
-        return None
-    repo = data.get("repo") if isinstance(data, dict) else None
+    from choir.verification.session import read_session
+
+    read = read_session(store.run_dir(run_id))
+    repo = read[0].get("repo") if read is not None else None
     return repo if isinstance(repo, str) else None
 
 

@@ -125,11 +125,13 @@ def _check_seal(run_dir: Path, data: bytes, trusted: Collection[str]) -> str | N
 
 
 def read_session(run_dir: Path, trusted: Collection[str] | None = None
-                 ) -> tuple[dict[str, Any], str] | None:
-    """A verify session's manifest as a person is shown it, and (``trusted`` given) its
-    seal's verdict: ``valid``, or ``INVALID: why`` (the status it says is then vouched for by
-    nobody). None when the folder holds no session record read as ``check_session`` reads
-    one: never through a link or from a FIFO, size-capped."""
+                 ) -> tuple[dict[str, Any], str | None] | None:
+    """A verify session's manifest as a person is shown it, and its seal's verdict against
+    ``trusted``: ``valid``, or ``INVALID: why`` (the status it says is then vouched for by
+    nobody); None with no ``trusted`` (not checked). None when the folder holds no session
+    record read as ``check_session`` reads one: never through a link or from a FIFO (a
+    planted one would hang the reader), size-capped. Every reader of a session's record
+    outside the audit goes through here: ``runs list/show``, the viewer, ``choir mcp``."""
     try:
         data = _read_manifest(run_dir / "manifest.json")
         parsed = json.loads(data)
@@ -137,7 +139,9 @@ def read_session(run_dir: Path, trusted: Collection[str] | None = None
         return None
     if not is_session_manifest(parsed):
         return None
-    problem = None if trusted is None else _check_seal(run_dir, data, trusted)
+    if trusted is None:
+        return parsed, None
+    problem = _check_seal(run_dir, data, trusted)
     return parsed, "valid" if problem is None else f"INVALID: {problem}"
 
 

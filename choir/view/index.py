@@ -28,7 +28,6 @@ from typing import Any
 from choir.trace.record import MAX_RECORD_LINE, traces_dir
 from choir.view.plans import plan_summary
 
-MAX_MANIFEST = 4 << 20
 _TAIL = 64 << 10  # the last records of a trace file: where its status is
 RECHECK_S = 10.0  # how often a trace that ended is looked at again (a resume appends to it)
 FINAL = frozenset({"asserted", "halted", "rejected", "split"})
@@ -93,14 +92,14 @@ def _trace_row(path: Path, size: int) -> RunRow | None:
 
 
 def _session_row(run_id: str, manifest: Path) -> RunRow | None:
-    """A verify session's row; None for any other run folder (a verifier's own)."""
-    try:
-        with open(manifest, "rb") as fh:
-            data = json.loads(fh.read(MAX_MANIFEST))
-    except (OSError, ValueError):
+    """A verify session's row; None for any other run folder (a verifier's own), and for a
+    record that is a link or a FIFO (``read_session``)."""
+    from choir.verification.session import read_session
+
+    read = read_session(manifest.parent)
+    if read is None:
         return None
-    if not isinstance(data, dict) or data.get("kind") != "verify_session":
-        return None
+    data = read[0]
     return RunRow(run_id=run_id, kind="verify", status=str(data.get("status") or ""),
                   work_item="", mood=str(data.get("mood") or ""),
                   started=str(data.get("timestamp_start") or ""),
