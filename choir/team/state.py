@@ -28,10 +28,14 @@ def plan_dir(plan_id: str) -> Path:
 
 
 def load_state(plan_id: str) -> dict[str, Any] | None:
+    from choir.exceptions import IntegrityError
+    from choir.verification.seal import open_record
+
     path = plan_dir(plan_id) / "state.json"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    try:  # never through a link, never from a FIFO (a planted one would hang the reader)
+        with open_record(path) as fh:
+            data = json.loads(fh.read())
+    except (OSError, ValueError, IntegrityError):
         return None
     return data if isinstance(data, dict) else None
 

@@ -63,12 +63,15 @@ def _records(data: bytes) -> list[dict[str, Any]]:
 
 
 def _trace_row(path: Path, size: int) -> RunRow | None:
-    try:
-        with open(path, "rb") as fh:
+    from choir.exceptions import IntegrityError
+    from choir.verification.seal import open_record
+
+    try:  # a FIFO or link swapped in since the lstat: never read
+        with open_record(path) as fh:
             head = fh.read(min(size, MAX_RECORD_LINE))
             fh.seek(max(0, size - _TAIL))
             tail = fh.read(_TAIL)
-    except OSError:
+    except (OSError, IntegrityError):
         return None
     first = _records(head.split(b"\n", 1)[0])
     if not first or first[0].get("kind") != "run_started":

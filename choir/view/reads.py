@@ -25,6 +25,7 @@ from choir.config.store_url import database_url
 from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import ChoirError, IntegrityError, NotFoundError, UserError
 from choir.models import Atom, Attestation, RunManifest, VerificationReport, Violation
+from choir.verification.seal import open_record
 
 MAX_DOCUMENT = 4 << 20
 
@@ -184,11 +185,11 @@ def verifier_run(stores: Stores, run_id: str) -> tuple[RunManifest, str] | None:
 
     (``ArtifactStore.sealed`` also stores the manifest's bytes; a viewer only hashes them.)
     """
-    try:
-        with open(stores.artifacts.run_dir(run_id) / "manifest.json", "rb") as fh:
+    try:  # never through a link, never from a FIFO (a planted one would hang the page)
+        with open_record(stores.artifacts.run_dir(run_id) / "manifest.json") as fh:
             data = fh.read(MAX_DOCUMENT)
         return RunManifest.model_validate_json(data), blake3_hex(data)
-    except (OSError, ValidationError, ValueError):
+    except (OSError, ValidationError, ValueError, IntegrityError):
         return None
 
 

@@ -8,7 +8,6 @@ named by hash in its result, and its attestation from the record that links the 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +17,8 @@ from choir.exceptions import IntegrityError, UserError
 from choir.models import RunManifest
 from choir.trace.model import TraceEvent
 from choir.trace.record import read_trace, record_path
-from choir.view.reads import MAX_DOCUMENT, Stores, load_manifest
+from choir.verification.session import read_session
+from choir.view.reads import Stores, load_manifest
 
 
 @dataclass
@@ -128,13 +128,8 @@ def run_timeline(stores: Stores, run_id: str) -> Timeline:
 
 def session(stores: Stores, run_id: str) -> dict[str, Any] | None:
     """The session manifest of ``choir verify`` ``run_id`` (as stored), or None."""
-    try:
-        path = stores.artifacts.run_dir(run_id) / "manifest.json"
-        with open(path, "rb") as fh:
-            data = json.loads(fh.read(MAX_DOCUMENT))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and data.get("kind") == "verify_session" else None
+    read = read_session(stores.artifacts.run_dir(run_id))
+    return read[0] if read is not None else None
 
 
 def has_trace(stores: Stores, run_id: str) -> bool:

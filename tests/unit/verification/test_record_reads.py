@@ -1,7 +1,8 @@
-"""Every reader of a run folder's ``manifest.json`` reads it as ``choir audit`` does: never
-through a link, never from a FIFO (a planted one hung the viewer's run list and ``choir
-mcp``'s ``list_runs`` for good), size-capped. Whoever can write the store (an agent CLI on the
-host, an executor in trust mode) can plant either."""
+"""Every reader of a stored record (a run folder's ``manifest.json``, a trace, a plan's
+state) reads it as ``choir audit`` does: never through a link, never from a FIFO (a planted
+one hung the viewer's run list, its run pages and ``choir mcp``'s ``list_runs`` for good),
+size-capped. Whoever can write the store (an agent CLI on the host, an executor in trust
+mode) can plant either."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import json
 import os
 import threading
 from pathlib import Path
+
+import pytest
 
 from choir.evidence.artifacts import ArtifactStore
 from choir.mcp.tools import _repo_of
@@ -27,7 +30,7 @@ def _within(seconds: float, call):  # type: ignore[no-untyped-def]
     worker = threading.Thread(target=lambda: out.append(call()), daemon=True)
     worker.start()
     worker.join(seconds)
-    assert not worker.is_alive(), "hung on a planted manifest"
+    assert not worker.is_alive(), "hung on a planted FIFO"
     return out[0]
 
 
@@ -66,3 +69,27 @@ def test_read_session_is_the_one_reader(tmp_path: Path) -> None:
     read = read_session(store.run_dir(SESSION["run_id"]))
     assert read is not None and read[0]["status"] == "PASS" and read[1] is None  # unchecked
     assert read_session(store.run_dir(SESSION["run_id"]), set())[1] == "INVALID: absent"  # type: ignore[index]
+
+
+def test_the_viewers_pages_and_a_plans_record_read_no_fifo(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same for a verifier run's manifest (the run page), a session on its timeline, a
+    trace swapped for a FIFO after the index's ``lstat``, and a plan's ``state.json``."""
+    from choir.team.state import load_state
+    from choir.view.index import _trace_row
+    from choir.view.reads import Stores, verifier_run
+    from choir.view.timeline import session
+
+    home, store = _planted(tmp_path)
+    monkeypatch.setenv("CHOIR_HOME", str(home))
+    stores = Stores(home=home, artifacts=store)
+    fifo = "verify-20260101T000000-aaaaaa"
+    assert _within(10, lambda: verifier_run(stores, fifo)) is None
+    assert _within(10, lambda: session(stores, fifo)) is None
+    assert session(stores, "verify-20260101T000000-bbbbbb") is None  # the link
+    assert session(stores, SESSION["run_id"]) == SESSION
+    os.mkfifo(tmp_path / "trace.jsonl")
+    assert _within(10, lambda: _trace_row(tmp_path / "trace.jsonl", 100)) is None
+    (home / "plans" / "p1").mkdir(parents=True)
+    os.mkfifo(home / "plans" / "p1" / "state.json")
+    assert _within(10, lambda: load_state("p1")) is None
