@@ -134,8 +134,14 @@ def _atom_claims(b: _Builder, atoms: list[Any], attested: dict[str, tuple[int, s
 
 
 def export_run(run_id: str, *, home: Path | None = None,
-               store: ArtifactStore | None = None) -> Trace:
+               store: ArtifactStore | None = None, sealed_only: bool = False) -> Trace:
     """The trace of ``choir run`` ``run_id``, built from its records and the stores.
+
+    ``sealed_only``: the events up to the run's last seal, for a verifier reading the trace
+    from inside the run. Its other nodes keep writing: the recorder writes a node's events,
+    then (a signature later) their seal, so a tail may be unsealed only because its seal is
+    on its way. Every seal is kept, so one that names more events than the record holds
+    still fails ``seal_integrity``; the whole record is checked by the audit.
 
     Raises:
         UserError: no trace was recorded for ``run_id``.
@@ -149,6 +155,8 @@ def export_run(run_id: str, *, home: Path | None = None,
         raise UserError(f"no trace recorded for run {run_id!r} under {path.parent}; "
                         "`choir runs` lists the runs, and only `choir run` records traces")
     events, seals = read_trace(path)
+    if sealed_only:
+        events = events[:max((s.seq for s in seals if s.seq <= len(events)), default=0)]
     return build_run_trace(run_id, events, seals, home=base, store=store or ArtifactStore())
 
 

@@ -64,7 +64,8 @@ def run_trace_step(planned: PlannedVerifier, run_id: str, target: Target,
         started = datetime.now(UTC)
         clock = time.monotonic()
         sources = RecordSources.of_home(store=store)
-        trace = export_run(parent_run(run_id, planned.name), home=sources.home, store=store)
+        trace = export_run(parent_run(run_id, planned.name), home=sources.home, store=store,
+                           sealed_only=True)  # other threads of this round may be recording
         result = verify_trace(trace.model_dump(mode="json"), store, partial=True,
                               sources=sources)
         folder = store.run_dir(run_id)

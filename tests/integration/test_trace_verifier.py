@@ -127,3 +127,38 @@ def test_paranoid_demands_a_verified_trace_even_when_the_repo_declares_none(
     policy = load_policy(with_run_checks(load_repo_config(repo)))
     assert "trace" in policy.moods[Mood.PARANOID].verifiers
     assert "trace" not in policy.moods[Mood.CALM].verifiers
+
+
+def test_the_trace_verifier_reads_what_the_run_has_sealed_while_a_node_writes(
+        tmp_path: Path, choir_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Green threads end one by one: the recorder writes a finished thread's events, then (a
+    broker signature later) their seal, while the round's trace verifier may be reading the
+    run's trace in another thread. CI caught a PARANOID rerun of the trace verifier reading
+    "events 5..6 are not sealed" and FAILing a sound run. It verifies the part the run has
+    sealed; a seal that names more events than the record holds still fails it."""
+    from choir.evidence.artifacts import ArtifactStore
+    from choir.models import PlannedVerifier, Result, Target
+    from choir.trace.record import TraceRecorder, read_trace, record_path
+    from choir.trace.step import run_trace_step
+
+    monkeypatch.setenv("CHOIR_ARTIFACT_DIR", str(choir_home / "artifacts"))
+    code, out = _run(_with_trace_verifier(tmp_path), choir_home, "tv4")
+    assert code == 0 and out["status"] == "asserted", out
+    # a node's events written, its seal not yet: the window between _commit's two writes
+    recorder = TraceRecorder("tv4", choir_home)
+    recorder.emit("tool_call", name="unit", call_id="tv4-r9-unit-0", data={"verifier": "unit"})
+    recorder._append(b"".join(recorder._batch))
+    store, target = ArtifactStore(), Target(tree_hash="0" * 64)
+    run = run_trace_step(PlannedVerifier(name="trace"), "tv4-r9-trace-0", target, store)
+    assert run.report.result is Result.PASS, run.report.summary
+    # the record cut short of its last seal: not what the run sealed, so not a pass
+    path = record_path("tv4", choir_home)
+    lines = path.read_bytes().splitlines(keepends=True)
+    events, seals = read_trace(path)
+    last = b'"seq":%d,' % seals[-1].seq  # the last sealed event goes, its seal stays
+    cut = [line for line in lines if last not in line or b'"seal":' in line]
+    path.write_bytes(b"".join(cut))
+    assert len(read_trace(path)[0]) < len(events)
+    run = run_trace_step(PlannedVerifier(name="trace"), "tv4-r9-trace-1", target, store)
+    assert run.report.result is Result.FAIL and "seal_integrity" in run.report.summary, \
+        run.report.summary
