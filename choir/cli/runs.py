@@ -90,17 +90,11 @@ def _loop_summary(run_id: str, values: dict[str, Any], ts: str) -> dict[str, Any
             "reason": values.get("reason", ""), "updated": ts}
 
 
-def _session(store: Any, run_id: str) -> dict[str, Any] | None:
-    from choir.verification.session import read_session
-
-    read = read_session(store.run_dir(run_id))
-    return read[0] if read is not None else None
-
-
 def list_runs() -> list[dict[str, Any]]:
     """Every ``choir run`` and ``choir verify`` stored under this CHOIR_HOME, newest first."""
     from choir._core.paths import choir_home
     from choir.evidence.artifacts import ArtifactStore
+    from choir.verification.session import read_session
 
     home, store = choir_home(), ArtifactStore()
     rows = []
@@ -109,7 +103,7 @@ def list_runs() -> list[dict[str, Any]]:
         if state is not None:
             rows.append(_loop_summary(run_id, *state))
     for run_id in store.iter_runs():
-        session = _session(store, run_id)
+        session = read_session(store.run_dir(run_id))
         if session is not None:
             rows.append({"run_id": run_id, "kind": "verify", "status": session["status"],
                          "repo": session.get("repo"), "work_item": "",
@@ -216,9 +210,9 @@ def show_run(run_id: str, with_output: bool = True) -> dict[str, Any]:
             for atom in open_ahdb(home).atoms(work_item=item)] if item else []
         return out
     from choir.attest import trusted_key_ids
-    from choir.verification.session import read_session
+    from choir.verification.session import read_sealed_session
 
-    read = read_session(store.run_dir(run_id), trusted_key_ids(home))
+    read = read_sealed_session(store.run_dir(run_id), trusted_key_ids(home))
     if read is None:
         raise UserError(f"no run {run_id!r} under {home}\n  fix: `choir runs list` shows them")
     session, seal = read

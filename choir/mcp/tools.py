@@ -326,8 +326,7 @@ def _capped(key: str, items: list[Any], most: int) -> dict[str, Any]:
 def _repo_of(store: ArtifactStore, run_id: str) -> str | None:
     from choir.verification.session import read_session
 
-    read = read_session(store.run_dir(run_id))
-    repo = read[0].get("repo") if read is not None else None
+    repo = (read_session(store.run_dir(run_id)) or {}).get("repo")
     return repo if isinstance(repo, str) else None
 
 

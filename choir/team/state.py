@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from choir._core import fsopen
 from choir._core.paths import choir_home
 from choir.models.plan import PlanRecord
 
@@ -28,14 +29,9 @@ def plan_dir(plan_id: str) -> Path:
 
 
 def load_state(plan_id: str) -> dict[str, Any] | None:
-    from choir.exceptions import IntegrityError
-    from choir.verification.seal import open_record
-
-    path = plan_dir(plan_id) / "state.json"
     try:  # never through a link, never from a FIFO (a planted one would hang the reader)
-        with open_record(path) as fh:
-            data = json.loads(fh.read())
-    except (OSError, ValueError, IntegrityError):
+        data = json.loads(fsopen.read_bytes(plan_dir(plan_id), "state.json", None))
+    except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 

@@ -38,6 +38,11 @@ def chain_heads(run_id: str, events: Sequence[TraceEvent]) -> list[str]:
     return heads
 
 
+def sealed_count(events: Sequence[TraceEvent], seals: Sequence[Seal]) -> int:
+    """How many events, from the first, the last seal that fits the record covers."""
+    return max((seal.seq for seal in seals if seal.seq <= len(events)), default=0)
+
+
 def check_seals(run_id: str, events: Sequence[TraceEvent], seals: Sequence[Seal],
                 trusted: Collection[str]) -> list[tuple[str, str, str]]:
     """(check, where, detail) for the first seal that does not hold and for an unsealed tail.
@@ -72,7 +77,7 @@ def check_seals(run_id: str, events: Sequence[TraceEvent], seals: Sequence[Seal]
         if problem is None:
             break
         broken.append((where, problem))
-    covered = max((seal.seq for seal in seals if seal.seq <= len(events)), default=0)
+    covered = sealed_count(events, seals)
     # one change breaks every later seal of the chain: the first one names it
     found = [("seal_integrity", where, detail + (f"; {len(broken) - 1} more seals fail"
                                                  if len(broken) > 1 else ""))

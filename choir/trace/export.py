@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from choir._core.paths import choir_home
 from choir.exceptions import UserError
 from choir.models import AtomKind, RunManifest, VerificationReport
+from choir.trace.chain import sealed_count
 from choir.trace.model import (
     PLAN_SCHEMA_VERSION,
     TRACE_SCHEMA_VERSION,
@@ -156,7 +157,7 @@ def export_run(run_id: str, *, home: Path | None = None,
                         "`choir runs` lists the runs, and only `choir run` records traces")
     events, seals = read_trace(path)
     if sealed_only:
-        events = events[:max((s.seq for s in seals if s.seq <= len(events)), default=0)]
+        events = events[:sealed_count(events, seals)]
     return build_run_trace(run_id, events, seals, home=base, store=store or ArtifactStore())
 
 

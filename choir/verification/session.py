@@ -92,10 +92,7 @@ def is_session_manifest(data: object) -> bool:
 
 def is_session_folder(manifest_path: Path) -> bool:
     """True when ``manifest_path`` parses as JSON and says it is a verify session's."""
-    try:
-        return is_session_manifest(json.loads(_read_manifest(manifest_path)))
-    except (OSError, ValueError, IntegrityError):
-        return False
+    return _session_bytes(manifest_path.parent) is not None
 
 
 def _read_manifest(path: Path) -> bytes:
@@ -124,25 +121,35 @@ def _check_seal(run_dir: Path, data: bytes, trusted: Collection[str]) -> str | N
                         trusted=trusted)
 
 
-def read_session(run_dir: Path, trusted: Collection[str] | None = None
-                 ) -> tuple[dict[str, Any], str | None] | None:
-    """A verify session's manifest as a person is shown it, and its seal's verdict against
-    ``trusted``: ``valid``, or ``INVALID: why`` (the status it says is then vouched for by
-    nobody); None with no ``trusted`` (not checked). None when the folder holds no session
-    record read as ``check_session`` reads one: never through a link or from a FIFO (a
-    planted one would hang the reader), size-capped. Every reader of a session's record
-    outside the audit goes through here: ``runs list/show``, the viewer, ``choir mcp``."""
+def _session_bytes(run_dir: Path) -> tuple[bytes, dict[str, Any]] | None:
+    """A verify session's ``manifest.json``, its bytes and parsed, read as ``check_session``
+    reads it: never through a link or from a FIFO (a planted one would hang the reader),
+    size-capped. None when the folder holds no such record."""
     try:
         data = _read_manifest(run_dir / "manifest.json")
         parsed = json.loads(data)
     except (OSError, ValueError, IntegrityError):
         return None
-    if not is_session_manifest(parsed):
+    return (data, parsed) if is_session_manifest(parsed) else None
+
+
+def read_session(run_dir: Path) -> dict[str, Any] | None:
+    """A verify session's manifest as stored (its seal unchecked), or None. Every reader of
+    a session's record outside the audit goes through here or ``read_sealed_session``:
+    ``runs list/show``, the viewer, ``choir mcp``."""
+    read = _session_bytes(run_dir)
+    return read[1] if read is not None else None
+
+
+def read_sealed_session(run_dir: Path, trusted: Collection[str]
+                        ) -> tuple[dict[str, Any], str] | None:
+    """``read_session`` and its seal's verdict over the very bytes read: ``valid``, or
+    ``INVALID: why`` (the status it says is then vouched for by nobody)."""
+    read = _session_bytes(run_dir)
+    if read is None:
         return None
-    if trusted is None:
-        return parsed, None
-    problem = _check_seal(run_dir, data, trusted)
-    return parsed, "valid" if problem is None else f"INVALID: {problem}"
+    problem = _check_seal(run_dir, read[0], trusted)
+    return read[1], "valid" if problem is None else f"INVALID: {problem}"
 
 
 def check_session(run_dir: Path, attestations: Any,

@@ -99,10 +99,9 @@ def _session_row(run_id: str, manifest: Path) -> RunRow | None:
     record that is a link or a FIFO (``read_session``)."""
     from choir.verification.session import read_session
 
-    read = read_session(manifest.parent)
-    if read is None:
+    data = read_session(manifest.parent)
+    if data is None:
         return None
-    data = read[0]
     return RunRow(run_id=run_id, kind="verify", status=str(data.get("status") or ""),
                   work_item="", mood=str(data.get("mood") or ""),
                   started=str(data.get("timestamp_start") or ""),

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from choir._core import fsopen
 from choir._core.canonical import blake3_hex, is_hash
 from choir.ahdb import AHDB
 from choir.attest import AttestationStore, trust_root, verify_attestation
@@ -25,7 +26,6 @@ from choir.config.store_url import database_url
 from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import ChoirError, IntegrityError, NotFoundError, UserError
 from choir.models import Atom, Attestation, RunManifest, VerificationReport, Violation
-from choir.verification.seal import open_record
 
 MAX_DOCUMENT = 4 << 20
 
@@ -186,10 +186,10 @@ def verifier_run(stores: Stores, run_id: str) -> tuple[RunManifest, str] | None:
     (``ArtifactStore.sealed`` also stores the manifest's bytes; a viewer only hashes them.)
     """
     try:  # never through a link, never from a FIFO (a planted one would hang the page)
-        with open_record(stores.artifacts.run_dir(run_id) / "manifest.json") as fh:
-            data = fh.read(MAX_DOCUMENT)
+        data = fsopen.read_bytes(stores.artifacts.run_dir(run_id), "manifest.json",
+                                 MAX_DOCUMENT)
         return RunManifest.model_validate_json(data), blake3_hex(data)
-    except (OSError, ValidationError, ValueError, IntegrityError):
+    except (OSError, ValidationError, ValueError):
         return None
 
 

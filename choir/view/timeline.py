@@ -128,8 +128,7 @@ def run_timeline(stores: Stores, run_id: str) -> Timeline:
 
 def session(stores: Stores, run_id: str) -> dict[str, Any] | None:
     """The session manifest of ``choir verify`` ``run_id`` (as stored), or None."""
-    read = read_session(stores.artifacts.run_dir(run_id))
-    return read[0] if read is not None else None
+    return read_session(stores.artifacts.run_dir(run_id))
 
 
 def has_trace(stores: Stores, run_id: str) -> bool:

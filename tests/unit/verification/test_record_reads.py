@@ -15,7 +15,7 @@ import pytest
 
 from choir.evidence.artifacts import ArtifactStore
 from choir.mcp.tools import _repo_of
-from choir.verification.session import read_session
+from choir.verification.session import read_sealed_session, read_session
 from choir.view.index import RunIndex
 
 SESSION = {"kind": "verify_session", "run_id": "verify-20260101T000000-abcdef",
@@ -67,8 +67,10 @@ def test_read_session_is_the_one_reader(tmp_path: Path) -> None:
     assert read_session(store.run_dir("verify-20260101T000000-aaaaaa")) is None
     assert read_session(store.run_dir("verify-20260101T000000-bbbbbb")) is None
     read = read_session(store.run_dir(SESSION["run_id"]))
-    assert read is not None and read[0]["status"] == "PASS" and read[1] is None  # unchecked
-    assert read_session(store.run_dir(SESSION["run_id"]), set())[1] == "INVALID: absent"  # type: ignore[index]
+    assert read is not None and read["status"] == "PASS"  # its seal unchecked
+    assert read_sealed_session(store.run_dir("verify-20260101T000000-aaaaaa"), set()) is None
+    assert read_sealed_session(store.run_dir(SESSION["run_id"]), set()) == (SESSION,
+                                                                           "INVALID: absent")
 
 
 def test_the_viewers_pages_and_a_plans_record_read_no_fifo(
