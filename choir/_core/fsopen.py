@@ -21,10 +21,14 @@ import errno
 import os
 import stat
 import threading
+import time
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+
+_PROBE = 256  # lstat_many: calls timed before it decides to spread the rest
+_SLOW_S = 20e-6  # an lstat slower than this on average: read from disk, not cached
 
 DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -142,9 +146,13 @@ def lstat_many(root: str | Path, rels: Sequence[str],
     """The ``lstat`` of every path in ``rels`` (sorted, relative to ``root``), or the error
     reaching it raised, walked by descriptor as ``DirCursor`` does.
 
-    The calls are split among ``workers`` threads, as ``git status`` spreads its ``lstat``
-    calls: each waits in the kernel without the interpreter lock, so on a loaded machine
-    (11 us a call here) the stat of a 50,000-file tree no longer waits for them in turn.
+    Taken in the calling thread while the calls are quick: an ``lstat`` whose inode is
+    cached costs 2-3 us here, and spreading such calls over threads made them slower, not
+    faster (50,000 of them: 0.13 s in one thread, 0.25 s in four, quiet or with both cores
+    busy; docs/performance.md), as each call hands the interpreter lock over. Only when the
+    first ``_PROBE`` calls average over ``_SLOW_S`` (inodes read from disk: a tree nobody
+    has touched for a while) is the rest split among ``workers`` threads, as ``git status``
+    spreads its ``lstat`` calls, each waiting on the disk without the lock.
     """
     out: list[os.stat_result | OSError] = [OSError()] * len(rels)
 
@@ -158,14 +166,22 @@ def lstat_many(root: str | Path, rels: Sequence[str],
                 except OSError as exc:
                     out[i] = exc
 
-    chunk = max(2048, -(-len(rels) // max(1, workers)))
-    bounds = [(i, min(i + chunk, len(rels))) for i in range(0, len(rels), chunk)]
+    probe = min(len(rels), _PROBE)
+    began = time.perf_counter()
+    run(0, probe)
+    rest = len(rels) - probe
+    if not rest:
+        return out
+    if workers <= 1 or time.perf_counter() - began < _SLOW_S * probe:
+        run(probe, len(rels))
+        return out
+    chunk = max(2048, -(-rest // workers))
+    bounds = [(i, min(i + chunk, len(rels))) for i in range(probe, len(rels), chunk)]
     threads = [threading.Thread(target=run, args=b, daemon=True) for b in bounds[1:]]
     for thread in threads:
         thread.start()
     try:
-        if bounds:
-            run(*bounds[0])
+        run(*bounds[0])
     finally:
         for thread in threads:
             thread.join()

@@ -271,7 +271,7 @@ def scan(repo: Path, sink: _Sink | None, manifest: list[bytes] | None = None,
     oid_len = len(head) if head else 40
     cache = StatCache.of(store.root, repo, oid_len) if store is not None else None
     listed = _files(repo, git, everything=everything, listing=listing)
-    ahead = cache is not None and bool(cache)  # lstat a batch ahead, in threads
+    ahead = cache is not None and bool(cache)  # lstat a batch ahead (fsopen.lstat_many)
     stats: list[os.stat_result | OSError] = []
     seen: dict[str, tuple[str, bytes]] = {}
     outer, outer256 = blake3.blake3(), hashlib.sha256()

@@ -19,7 +19,7 @@ from typing import cast
 import blake3
 
 from choir._core import fsopen
-from choir.evidence import _table
+from choir.evidence import _table, stamps
 from choir.evidence.store import (
     CHUNK,
     DIR,
@@ -33,6 +33,11 @@ from choir.evidence.store import (
     stamp_of,
     started_at,
 )
+
+
+class StaleBase(Exception):
+    """A base entry the scan took as kept was written between rounds, and so was the store's
+    copy of its bytes: nothing already there holds them (``Sealer.reconcile``)."""
 
 
 @dataclass
@@ -49,11 +54,13 @@ class _Entry:
 class Sealer:
     """One sealed tree being built from the scan of a live tree (``tree.py``'s sink).
 
-    Made before the scan: it claims a base from the pool and (``check``) compares every
-    entry of it with its record while git lists the live tree. The scan then asks
-    ``known`` for every file it has a digest for: the base holds exactly those bytes at that
-    path (and its entry checked out), or the store has the object (its bytes checked); only
-    a file neither holds is read into a new object (``new_file``, ``added``). ``build``
+    Made before the scan: it claims a base from the pool and (``start_check``) compares
+    every entry of it with its record, while git lists the live tree (a big base: in a
+    child process, all through the scan). The scan then asks ``known`` for every file it
+    has a digest for: the base holds exactly those bytes at that path (and its entry checked
+    out), or the store has the object (its bytes checked); only a file neither holds is read
+    into a new object (``new_file``, ``added``). A check that ran beside the scan is taken
+    in by ``reconcile`` (what the scan took as kept, set right), before ``build``, which
     changes the base into the new tree: removals first, then folders, then links, then the
     changed folders sealed again; ``lend`` or ``park`` hands it on.
     """
@@ -84,6 +91,7 @@ class Sealer:
     _work_fd: int = field(init=False, default=-1)
     _objects: dict[str, int] = field(init=False, default_factory=dict)
     _cursor: fsopen.DirCursor | None = field(init=False, default=None)  # the base's, for _still
+    _beside: stamps.Beside | None = field(init=False, default=None)  # the check, if beside
 
     def __post_init__(self) -> None:
         self.store.sweep_work()
@@ -109,14 +117,54 @@ class Sealer:
         whole instead."""
         if self.base is None or self.full:
             return
-        rels = sorted(self.base_rows.keys())
-        bad = self._bad
-        for rel, st in zip(rels, fsopen.lstat_many(self.base[1], rels), strict=True):
+        self._bad = stamps.off_record(self.base[1], self.base_rows)
+
+    def start_check(self) -> None:
+        """``check``, or for a big base, the same check begun in a child process beside the
+        scan (``choir.evidence.stamps``): the scan then takes every base entry whose digest
+        matches as kept, and ``reconcile`` sets right those the check finds off their
+        record before anything is built."""
+        if self.base is None or self.full:
+            return
+        rows = len(self.base_rows)
+        if rows < stamps.SPAWN_ROWS or self._table is None:
+            self.check()
+            return
+        try:
+            self._beside = stamps.Beside(self.base[1], self._table.path, rows)
+        except OSError:
+            self.check()
+
+    def reconcile(self) -> None:
+        """The answer of a check begun beside the scan, taken in: each kept entry off its
+        record is kept only if its bytes (or link text) still match, else the store's
+        checked object of those bytes replaces it.
+
+        Raises:
+            StaleBase: an entry the scan took as kept matches neither (someone wrote it, and
+                the store's copy, between rounds): the snapshot is made again, checked first.
+        """
+        beside, self._beside = self._beside, None
+        if beside is None:
+            return
+        bad = beside.result()
+        if bad is None:  # no answer: the same check, here
+            self.check()
+            bad = self._bad
+        self._bad = bad
+        for rel in sorted(bad & self.kept):  # path order: the cursor opens each folder once
             row = self.base_rows[rel]
-            if isinstance(st, OSError) or st.st_ctime_ns != row[3] or st.st_ino != row[0] \
-                    or st.st_mtime_ns != row[2] or st.st_size != row[1] \
-                    or st.st_mode != row[4]:
-                bad.add(rel)
+            kind, digest = row[5].decode(), row[6]
+            if self._still(rel.split("/"), kind, digest):
+                self._restamp.add(rel)
+                continue
+            self.kept.discard(rel)
+            held = None if kind == "l" else \
+                self._made.get((kind, digest)) or self._held.get((kind, digest)) or \
+                self._hold(kind, digest)
+            if held is None:
+                raise StaleBase(rel)
+            self.entries[rel] = _Entry(kind, digest, "new", held)
 
     # -- the scan's questions ----------------------------------------------------------------
     def known(self, rel: str, parts: list[str], kind: str, digest: bytes, *,
@@ -422,6 +470,9 @@ class Sealer:
 
     def close(self) -> None:
         """Release the work folder; a base still held (the build failed) is dropped."""
+        if self._beside is not None:
+            self._beside.close()
+            self._beside = None
         self._drop_cursor()
         if self.base is not None:
             self.discard(None)

@@ -38,7 +38,7 @@ from choir._core import fsopen
 from choir._core.paths import artifact_dir
 from choir.evidence.git import GitRepo, is_oid, locate
 from choir.evidence.scan import LIST, CopySink, Snapshot, scan
-from choir.evidence.sealer import Sealer
+from choir.evidence.sealer import Sealer, StaleBase
 from choir.evidence.statcache import repo_key
 from choir.evidence.store import Store, rmtree
 from choir.exceptions import IntegrityError
@@ -141,15 +141,29 @@ def _placed(snap: Snapshot, path: Path) -> Snapshot:
 
 def _sealed(repo: Path, root: Path, store: Store, full: bool) -> Snapshot | None:
     """``snapshot`` through the store; None when the tree it built failed its check (it is
-    dropped, and the caller copies instead)."""
+    dropped, and the caller copies instead). A base found written between rounds, the
+    store's copy of the bytes too, after the scan took it as kept (its check ran beside the
+    scan) is dropped, and the snapshot made again with the check first."""
+    try:
+        return _seal_once(repo, root, store, full, beside=True)
+    except StaleBase:
+        return _seal_once(repo, root, store, full, beside=False)
+
+
+def _seal_once(repo: Path, root: Path, store: Store, full: bool, *,
+               beside: bool) -> Snapshot | None:
     real = repo.resolve()
     git = locate(real)
     listing = git.start(*LIST) if git is not None else None
     family = repo_key(git.common_dir) if git is not None else ""
     sealer = Sealer(store, repo_key(real), family, full=full)
     try:
-        sealer.check()  # while git lists the tree
+        if beside:  # while git lists the tree, and for a big base, all through the scan
+            sealer.start_check()
+        else:
+            sealer.check()
         snap = scan(real, sealer, store=None if full else store, listing=listing)
+        sealer.reconcile()
         try:
             tree = sealer.build()
         except OSError:  # a base someone altered past repair: never used

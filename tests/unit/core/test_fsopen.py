@@ -5,7 +5,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,15 +84,33 @@ def test_after_a_refused_folder_the_cursor_never_hands_out_a_stale_descriptor(
         assert "f" in os.listdir(cursor.dir(["a", "b"]))
 
 
-def test_lstat_many_walks_by_descriptor_in_threads(tmp_path: Path) -> None:
+@pytest.mark.parametrize("slow_s", [1.0, 0.0], ids=["quick calls: here", "slow: threads"])
+def test_lstat_many_walks_by_descriptor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        slow_s: float) -> None:
+    """The same answers whether the calls stay in this thread (quick: cached inodes) or are
+    spread over threads (slow: read from disk; every call counts as slow here)."""
+    monkeypatch.setattr(fsopen, "_SLOW_S", slow_s)
+    spread = []
+    real_thread = fsopen.threading.Thread
+
+    def thread(*args: Any, **kw: Any) -> threading.Thread:
+        spread.append(1)
+        return real_thread(*args, **kw)
+
+    monkeypatch.setattr(fsopen.threading, "Thread", thread)
     root, _ = _tree(tmp_path)
-    rels = ["a/b/f", "a/b/file-link", "a/lnk/secret", "a/missing",
-            *(f"a/b/n{i}" for i in range(5000))]
+    rels = [*(f"a/b/m{i}" for i in range(300)), "a/b/f", "a/b/file-link", "a/lnk/secret",
+            "a/missing", *(f"a/b/n{i}" for i in range(5000))]
     for i in range(5000):
         (root / "a" / "b" / f"n{i}").write_text("")
+        if i < 300:
+            (root / "a" / "b" / f"m{i}").write_text("m")
     found = fsopen.lstat_many(root, rels, workers=3)
-    assert not isinstance(found[0], OSError) and found[0].st_size == len("inside")
-    assert not isinstance(found[1], OSError) and stat.S_ISLNK(found[1].st_mode)
-    assert isinstance(found[2], OSError) and found[2].errno in (errno.ELOOP, errno.ENOTDIR)
-    assert isinstance(found[3], FileNotFoundError)
-    assert all(not isinstance(st, OSError) and st.st_size == 0 for st in found[4:])
+    assert bool(spread) == (slow_s == 0.0)
+    assert all(not isinstance(st, OSError) and st.st_size == 1 for st in found[:300])
+    at = found[300:]
+    assert not isinstance(at[0], OSError) and at[0].st_size == len("inside")
+    assert not isinstance(at[1], OSError) and stat.S_ISLNK(at[1].st_mode)
+    assert isinstance(at[2], OSError) and at[2].errno in (errno.ELOOP, errno.ENOTDIR)
+    assert isinstance(at[3], FileNotFoundError)
+    assert all(not isinstance(st, OSError) and st.st_size == 0 for st in at[4:])

@@ -2,7 +2,9 @@
 nothing done to a parked tree or to the store between rounds is used.
 
 Each attack has its control: the same attack with the defence turned off gets its bytes
-into the snapshot (the defence is what stops it, not luck).
+into the snapshot (the defence is what stops it, not luck). Every test runs twice: with the
+base checked in process before the scan (a small tree), and checked by a child process
+beside the scan, its answer reconciled after (a big tree: ``choir.evidence.stamps``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from choir.evidence import statcache
+from choir.evidence import stamps, statcache
 from choir.evidence import store as store_module
 from choir.evidence.sealer import Sealer
 from choir.evidence.store import Store
@@ -28,6 +30,18 @@ from tests.unit.evidence.conftest import BUGGY, FORGED
 @pytest.fixture(autouse=True)
 def _no_racy_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(statcache, "RACY_NS", 0)
+
+
+@pytest.fixture(autouse=True, params=["checked first", "checked beside the scan"])
+def check_where(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "checked beside the scan":
+        monkeypatch.setattr(stamps, "SPAWN_ROWS", 0)
+    return str(request.param)
+
+
+def checked_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A control that turns ``Sealer.check`` off: the check runs in process, before."""
+    monkeypatch.setattr(stamps, "SPAWN_ROWS", 10**9)
 
 
 @pytest.fixture
@@ -120,9 +134,54 @@ def test_control_without_the_check_the_written_object_is_used(
     root = tmp_path / "snaps"
     round_trip(repo, root)
     tamper(parked(store_dir) / "calc.py", FORGED)
+    checked_first(monkeypatch)
     monkeypatch.setattr(Sealer, "check", lambda self: None)
     _, files, _ = round_trip(repo, root)
     assert files["calc.py"] == FORGED
+
+
+def test_control_beside_the_scan_without_the_reconcile_the_written_object_is_used(
+        repo: Path, tmp_path: Path, store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scan takes every base entry whose digest matches as kept while the check runs
+    beside it: ``reconcile`` is what sets a written one right."""
+    root = tmp_path / "snaps"
+    round_trip(repo, root)
+    tamper(parked(store_dir) / "calc.py", FORGED)
+    monkeypatch.setattr(stamps, "SPAWN_ROWS", 0)
+    monkeypatch.setattr(Sealer, "reconcile", lambda self: None)
+    _, files, _ = round_trip(repo, root)
+    assert files["calc.py"] == FORGED
+
+
+def test_a_check_beside_the_scan_that_gives_no_answer_is_made_in_process(
+        repo: Path, tmp_path: Path, store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child that fails (here: it is not Python at all) decides nothing: the same check
+    runs in process, and the written object is still refused."""
+    root = tmp_path / "snaps"
+    first, _, _ = round_trip(repo, root)
+    tamper(parked(store_dir) / "calc.py", FORGED)
+    monkeypatch.setattr(stamps, "SPAWN_ROWS", 0)
+    monkeypatch.setattr(stamps.sys, "executable", "/bin/false")
+    second, files, _ = round_trip(repo, root)
+    assert files["calc.py"] == BUGGY and second == first
+
+
+def test_a_check_beside_the_scan_that_read_another_record_is_not_used(
+        repo: Path, tmp_path: Path, store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child prints how many rows it read: its answer about another record (here one
+    that is gone, so nothing is off it) is not taken, and the check runs in process."""
+    root = tmp_path / "snaps"
+    first, _, _ = round_trip(repo, root)
+    tamper(parked(store_dir) / "calc.py", FORGED)
+    monkeypatch.setattr(stamps, "SPAWN_ROWS", 0)
+    real = stamps.Beside.__init__
+
+    def elsewhere(self: stamps.Beside, root: Path, record: Path, rows: int) -> None:
+        real(self, root, record.with_name("gone"), rows)
+
+    monkeypatch.setattr(stamps.Beside, "__init__", elsewhere)
+    second, files, _ = round_trip(repo, root)
+    assert files["calc.py"] == BUGGY and second == first
 
 
 def test_a_file_planted_in_a_parked_tree_is_removed(repo: Path, tmp_path: Path,
@@ -145,6 +204,7 @@ def test_control_without_the_folder_check_the_planted_file_stays(
     os.chmod(folder, 0o755)
     (folder / "conftest.py").write_bytes(b"planted")
     os.chmod(folder, 0o555)
+    checked_first(monkeypatch)
     monkeypatch.setattr(Sealer, "_clean_dirs", lambda self, *a: None)
     _, files, _ = round_trip(repo, root)
     assert files["pkg/deep/conftest.py"] == b"planted"
@@ -225,7 +285,7 @@ def test_a_tree_lent_to_a_process_that_died_is_parked_by_the_next_claim(
     root = tmp_path / "snaps"
     code = textwrap.dedent(f"""\
         import os, pathlib
-        from choir.evidence import statcache
+        from choir.evidence import stamps, statcache
         from choir.evidence.tree import snapshot
         statcache.RACY_NS = 0
         snap = snapshot(pathlib.Path({str(repo)!r}), pathlib.Path({str(root)!r}))

@@ -1,0 +1,89 @@
+"""The check of a parked tree against its record, in this process or beside it.
+
+A claimed base (``choir.evidence.sealer``) is trusted entry by entry only where its
+``lstat`` is exactly the stamp recorded when it was sealed (inode, size, mtime, ctime,
+mode: ``choir.evidence.store``). At 50,000 files that comparison is about 0.15 s of one
+core, and the scan of the live tree, which does not need its answer until it ends, is
+another 0.45 s of the same core. So a big base is checked by a child process on another
+core (``Beside``) while the scan runs; the caller reconciles the answer with what the scan
+assumed before it builds anything (``Sealer.reconcile``). A small one is checked here: a
+child costs about 40 ms of interpreter start.
+
+The child is Choir's own code reading Choir's own store (``python -I -m
+choir.evidence.stamps ROOT RECORD``): it is given two paths, prints the number of rows it
+read and the paths off their record, and nothing it prints names a path the record does not
+hold. A child that fails, is killed, or read another number of rows than the caller holds
+gives no answer, and the caller checks in process instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+from pathlib import Path
+
+from choir._core import fsopen
+from choir.evidence import _table
+from choir.evidence.store import RECORD
+
+SPAWN_ROWS = 20_000  # a base with at least this many rows is checked beside the scan
+
+
+def off_record(root: Path, rows: _table.Rows) -> set[str]:
+    """The paths of ``rows`` whose entry under ``root`` is missing or off its stamp."""
+    rels = sorted(rows.keys())
+    bad: set[str] = set()
+    for rel, st in zip(rels, fsopen.lstat_many(root, rels), strict=True):
+        row = rows[rel]
+        if isinstance(st, OSError) or st.st_ctime_ns != row[3] or st.st_ino != row[0] \
+                or st.st_mtime_ns != row[2] or st.st_size != row[1] \
+                or st.st_mode != row[4]:
+            bad.add(rel)
+    return bad
+
+
+class Beside:
+    """``off_record`` of the tree at ``root`` against the record file ``record``, in a child
+    process started now; ``result`` waits for it."""
+
+    def __init__(self, root: Path, record: Path, rows: int) -> None:
+        self._rows = rows
+        self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+            [sys.executable, "-I", "-m", "choir.evidence.stamps", str(root), str(record)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            close_fds=True)
+
+    def result(self) -> set[str] | None:
+        """The paths off their record, or None when the child gave no usable answer."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return None
+        out, _ = proc.communicate()
+        if proc.returncode != 0:
+            return None
+        count, _, rest = out.partition(b"\0")
+        if count != str(self._rows).encode():
+            return None
+        return {p for p in rest.decode("utf-8", "surrogateescape").split("\0") if p}
+
+    def close(self) -> None:
+        """Stop a child whose answer is no longer wanted (the scan failed)."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                proc.kill()
+            proc.communicate()
+
+
+def main(argv: list[str]) -> int:
+    root, record = Path(argv[0]), Path(argv[1])
+    rows = _table.Table(record, RECORD).rows
+    bad = off_record(root, rows)
+    sys.stdout.buffer.write(f"{len(rows)}\0".encode() +
+                            "\0".join(sorted(bad)).encode("utf-8", "surrogateescape"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
