@@ -459,11 +459,20 @@ class ObjectReader:
 
     def commit_tree(self, sha: str) -> str:
         """The tree commit ``sha`` records, read from its checked bytes."""
-        first = self.read(sha, "commit").split(b"\n", 1)[0].decode("ascii", "replace")
-        tree = first.removeprefix("tree ")
-        if not first.startswith("tree ") or not is_oid(tree):
+        return self.commit(sha)[0]
+
+    def commit(self, sha: str) -> tuple[str, list[str]]:
+        """The tree and the parents commit ``sha`` records, read from its checked bytes."""
+        lines = self.read(sha, "commit").split(b"\n\n", 1)[0].decode("ascii", "replace")
+        head = lines.split("\n")
+        tree = head[0].removeprefix("tree ")
+        if not head[0].startswith("tree ") or not is_oid(tree):
             raise IntegrityError(f"git commit {sha} names no tree")
-        return tree
+        parents = [line.removeprefix("parent ") for line in head[1:]
+                   if line.startswith("parent ")]
+        if not all(is_oid(p) for p in parents):
+            raise IntegrityError(f"git commit {sha} names a parent that is no object id")
+        return tree, parents
 
     def files(self, tree: str, prefix: str = "") -> Iterator[tuple[str, str, str]]:
         """``(path, kind, blob id)`` of every file under ``tree``, from checked tree objects;

@@ -264,22 +264,31 @@ def commit_tree_hash(repo: Path, rev: str) -> str | None:
     if git is None:
         return None
     if is_oid(rev):  # a commit's full id (the driver's and the gate's): no rev-parse
-        found = _commit_tree_hash(git, rev)
+        found = _commit_record(git, rev)
         if found is not None:
-            return found
+            return found[0]
     sha = git.rev(rev)  # a name, or a full id that is not a commit's (an annotated tag's)
-    return _commit_tree_hash(git, sha) if sha is not None and sha != rev else None
+    found = _commit_record(git, sha) if sha is not None and sha != rev else None
+    return found[0] if found is not None else None
 
 
-def _commit_tree_hash(git: GitRepo, sha: str) -> str | None:
+def commit_record(repo: Path, sha: str) -> tuple[str, tuple[str, ...]] | None:
+    """(the tree hash, the parents) of the commit whose full id is ``sha``, read as
+    ``commit_tree_hash`` reads it (one reader for both); None as it gives None."""
+    git = locate(repo)
+    return _commit_record(git, sha) if git is not None else None
+
+
+def _commit_record(git: GitRepo, sha: str) -> tuple[str, tuple[str, ...]] | None:
     outer = blake3.blake3()
     try:
         with git.objects() as objects:
-            for path, kind, oid in sorted(objects.files(objects.commit_tree(sha))):
+            tree, parents = objects.commit(sha)
+            for path, kind, oid in sorted(objects.files(tree)):
                 inner = blake3.blake3(max_threads=1)
                 objects.stream(oid, "blob", inner.update)
                 outer.update(f"{kind} {path}\0".encode("utf-8", "surrogateescape"))
                 outer.update(inner.digest())
     except (IntegrityError, OSError, ValueError):
         return None
-    return outer.hexdigest()
+    return outer.hexdigest(), tuple(parents)

@@ -38,9 +38,7 @@ class Moves:
 
     # -- paths -------------------------------------------------------------------------------
     def item_tree(self, item_id: str) -> Path:
-        """An item's worktree, alone in a folder of its own: a sandboxed member may read the
-        folder around its repo (``../fix.py``), which must not hold another member's work."""
-        return self.trees / "items" / item_id / "tree"
+        return self.queue.item_tree(item_id)
 
     def item_file(self, item_id: str, attempt: int) -> Path:
         return self.dir / "items" / f"{item_id}.{attempt}.json"
@@ -98,7 +96,7 @@ class Moves:
             if n >= self.plan.max_parallel:
                 break
             onto = entries[n - 1].head if n else record.integration
-            built = self.queue.build(entry, onto)
+            built = self.queue.build(entry, onto, record.items[entry.item].base)
             if isinstance(built, str):
                 if n:
                     break

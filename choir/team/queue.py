@@ -33,7 +33,7 @@ from choir.ahdb import open_ahdb
 from choir.app.gate import check_gate
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.git import GitRepo
-from choir.evidence.tree import commit_tree_hash
+from choir.evidence.tree import commit_record, commit_tree_hash
 from choir.exceptions import PromotionError, UserError
 from choir.models import Mood
 from choir.models.plan import QueueEntry
@@ -117,9 +117,32 @@ class MergeQueue:
     def worktree(self, item_id: str) -> Path:
         return self.trees / "queue" / item_id
 
-    def build(self, entry: QueueEntry, onto: str) -> QueueEntry | str:
+    def item_tree(self, item_id: str) -> Path:
+        """An item's worktree, alone in a folder of its own: a sandboxed member may read the
+        folder around its repo (``../fix.py``), which must not hold another member's work."""
+        return self.trees / "items" / item_id / "tree"
+
+    def round_tree(self, entry: QueueEntry) -> Path:
+        """Where ``entry``'s integration round reads its head: the item's own worktree when
+        the head is the item's commit (a fast forward), else the head's worktree."""
+        if entry.head and entry.head == entry.commit:
+            return self.item_tree(entry.item)
+        return self.worktree(entry.item)
+
+    def build(self, entry: QueueEntry, onto: str, start: str = "") -> QueueEntry | str:
         """``entry`` merged onto ``onto``: the entry with its head, tree and worktree made,
-        or the conflict as bounded feedback (nothing written but unreferenced objects)."""
+        or the conflict as bounded feedback (nothing written but unreferenced objects).
+
+        When ``onto`` is ``start``, the commit the item's worktree was made from, and the
+        item's commit has exactly that one parent (the member made no commit of its own),
+        the merge is a fast forward: the head is the item's commit, and its round reads the
+        item's worktree, committed from exactly that tree (a round that reads anything else
+        fails: ``verify_tree``). No merge commit, no second worktree."""
+        if start and onto == start:
+            found = commit_record(self.git.root, entry.commit)
+            if found is not None and found[1] == (onto,):
+                failpoint("plan:built")
+                return self._built(entry, onto, entry.commit, found[0])
         merged = self.git.write("merge-tree", "--write-tree", "--name-only", "--no-messages",
                                 onto, entry.commit, check=False)
         lines = merged.stdout.split("\n")
@@ -138,13 +161,17 @@ class MergeQueue:
         if tree is None:
             raise UserError(f"the merge of {entry.item} ({head[:12]}) cannot be read back")
         failpoint("plan:built")
+        return self._built(entry, onto, head, tree)
+
+    @staticmethod
+    def _built(entry: QueueEntry, onto: str, head: str, tree: str) -> QueueEntry:
         return entry.model_copy(update={"base": onto, "head": head, "tree": tree,
                                         "session": new_run_id("verify"),
                                         "status": "verifying", "verdict": ""})
 
     async def verify(self, entry: QueueEntry) -> Verdict:
         """The integration round of ``entry``'s head, as the claim named after the plan."""
-        return await verify_tree(self.worktree(entry.item), self.plan_id, entry.tree,
+        return await verify_tree(self.round_tree(entry), self.plan_id, entry.tree,
                                  "integration", entry.session)
 
     def land(self, entry: QueueEntry, current: str) -> str | None:

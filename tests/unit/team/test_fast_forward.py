@@ -1,0 +1,90 @@
+"""The merge queue's fast forward, on real git: an item's commit lands as the integration
+head itself only when a three-way merge would give exactly its tree (the integration head is
+where the item started, and the item's commit has that one parent); anything else is merged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from choir.evidence.git import GitRepo, locate
+from choir.evidence.tree import commit_record, commit_tree_hash
+from choir.models.plan import QueueEntry
+from choir.team.queue import MergeQueue
+from tests.team import git
+
+IDENT = ["-c", "user.email=t@t", "-c", "user.name=t"]
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    path = tmp_path / "repo"
+    path.mkdir()
+    git(path, "init", "-q", "-b", "main")
+    (path / "base.txt").write_text("base\n")
+    git(path, "add", "-A")
+    git(path, *IDENT, "commit", "-qm", "base")
+    return path
+
+
+def commit(repo: Path, name: str, text: str) -> str:
+    (repo / name).write_text(text)
+    git(repo, "add", "-A")
+    git(repo, *IDENT, "commit", "-qm", name)
+    return git(repo, "rev-parse", "HEAD")
+
+
+def queue(repo: Path, tmp_path: Path) -> MergeQueue:
+    found = locate(repo)
+    assert isinstance(found, GitRepo)
+    return MergeQueue("p", found, tmp_path / "trees")
+
+
+def test_an_item_on_the_head_it_started_from_lands_as_a_fast_forward(
+        repo: Path, tmp_path: Path) -> None:
+    start = git(repo, "rev-parse", "HEAD")
+    item = commit(repo, "one.txt", "1\n")
+    q = queue(repo, tmp_path)
+    built = q.build(QueueEntry(item="one", commit=item), start, start)
+    assert isinstance(built, QueueEntry)
+    assert built.head == item and built.base == start and built.status == "verifying"
+    assert built.tree == commit_tree_hash(repo, item)
+    # its round reads the item's own worktree; no head worktree was made
+    assert q.round_tree(built) == q.item_tree("one")
+    assert not q.worktree("one").exists()
+
+
+def test_an_item_whose_commit_has_another_parent_is_merged_not_fast_forwarded(
+        repo: Path, tmp_path: Path) -> None:
+    """The member rewound its worktree past the integration head (``git reset``) and
+    committed there: landing its commit as the head would drop what the integration head
+    holds. A merge keeps it."""
+    older = git(repo, "rev-parse", "HEAD")
+    start = commit(repo, "merged-before.txt", "kept\n")  # the integration head it started on
+    git(repo, "reset", "-q", "--hard", older)  # the member's rewind
+    item = commit(repo, "two.txt", "2\n")
+    assert commit_record(repo, item) is not None
+    assert commit_record(repo, item)[1] == (older,)  # type: ignore[index]
+    q = queue(repo, tmp_path)
+    built = q.build(QueueEntry(item="two", commit=item), start, start)
+    assert isinstance(built, QueueEntry) and built.head != item
+    assert commit_record(repo, built.head)[1] == (start, item)  # type: ignore[index]
+    assert git(repo, "ls-tree", "--name-only", built.head).split() == [
+        "base.txt", "merged-before.txt", "two.txt"]
+    assert q.round_tree(built) == q.worktree("two") and q.worktree("two").is_dir()
+    # the control: what a fast forward would have landed lacks the merged file
+    assert "merged-before.txt" not in git(repo, "ls-tree", "--name-only", item).split()
+
+
+def test_an_item_whose_integration_head_moved_since_it_started_is_merged(
+        repo: Path, tmp_path: Path) -> None:
+    start = git(repo, "rev-parse", "HEAD")
+    item = commit(repo, "one.txt", "1\n")
+    git(repo, "reset", "-q", "--hard", start)
+    moved = commit(repo, "other.txt", "o\n")  # another item landed meanwhile
+    q = queue(repo, tmp_path)
+    built = q.build(QueueEntry(item="one", commit=item), moved, start)
+    assert isinstance(built, QueueEntry) and built.head not in (item, moved)
+    assert commit_record(repo, built.head)[1] == (moved, item)  # type: ignore[index]
