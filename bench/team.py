@@ -14,7 +14,10 @@
    ``--member-s S``: every member waits S seconds before its change (the model's reply an
    agent's item spends most of its time on; the scripted members otherwise take none).
 3. The driver's own cost per item: the series plan's wall time less the time spent inside
-   the items' runs and integration rounds (recorded per item), divided by its items.
+   the items' runs and integration rounds (recorded per item), divided by its items; with
+   ``--chain8`` also split into a cost per plan (its start and end) and one per item, from
+   the plans of 2 and of 8. The machine's busy CPU seconds (``/proc/stat``) over each plan
+   show whether the 8 could fit in 1.3x the 2 on this many cores at all.
    ``--profile``: where that cost goes (the driver's own calls, timed in the plan's process:
    git processes, checkpoint writes, the gate, the published record), per item.
 """
@@ -97,11 +100,22 @@ def _plan(root: Path, plan_id: str, n: int, chain: bool,
     (root / "plan.yaml").write_text(
         f"id: {plan_id}\nrepo: ./repo\nbase: main\nmax_parallel: {parallel}\n"
         f"members:\n{members}items:\n{items}")
-    t = time.perf_counter()
+    t, busy = time.perf_counter(), _busy_s()
     state = asyncio.run(run_plan(load_plan(root / "plan.yaml")))
     state["wall_s"] = time.perf_counter() - t
+    state["busy_s"] = _busy_s() - busy
     assert state["status"] == "asserted", state
     return state
+
+
+def _busy_s() -> float:
+    """CPU seconds every core of the machine has spent busy (``/proc/stat``): what the
+    plan's whole process tree used, sandboxed steps in their own pid namespaces included,
+    on a machine otherwise quiet."""
+    with open("/proc/stat") as fh:
+        fields = [int(v) for v in fh.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 INSIDE: contextvars.ContextVar[bool] = contextvars.ContextVar("inside", default=False)
@@ -213,14 +227,26 @@ def plans(profile: bool = False, chain8: bool = False) -> None:
               f"{wide['wall_s']:.1f} s ({wide['wall_s'] / series['wall_s']:.2f}x; target "
               f"1.3x); in the 8: item runs median {statistics.median(runs):.1f} s, "
               f"integration rounds {sum(integ):.1f} s in all (side by side)")
+        cores = os.cpu_count() or 1
+        floor = wide["busy_s"] / cores  # the 8's CPU spread perfectly over every core
+        print(f"CPU: the 2 in series kept {series['busy_s']:.1f} s of it busy "
+              f"({series['busy_s'] / series['wall_s'] / cores:.0%} of {cores} cores), "
+              f"the 8 on 4 members {wide['busy_s']:.1f} s "
+              f"({wide['busy_s'] / wide['wall_s'] / cores:.0%}): on {cores} cores the 8 "
+              f"cannot take less than {floor:.1f} s, {floor / series['wall_s']:.2f}x the 2")
         if chain8:
             # the same 8 one after another: what running them 4 wide bought on this machine
             # (the 1.3x target needs 8 / 2 / 1.3 = 3.1x from running side by side)
             eight = _plan(Path(tmp) / "eight", "eight", 8, chain=True, parallel=1)
             inside8 = sum(r.get("run_s", 0) + r.get("integration_s", 0)
                           for r in eight["items"].values())
+            over2 = series["wall_s"] - inside
+            over8 = eight["wall_s"] - inside8
             print(f"driver overhead per item, the 8 in series (the plan's start and end "
-                  f"shared by 8): {(eight['wall_s'] - inside8) / 8 * 1000:.0f} ms")
+                  f"shared by 8): {over8 / 8 * 1000:.0f} ms; split as a fixed cost per "
+                  f"plan and one per item (from the plans of 2 and 8): "
+                  f"{(over2 - 2 * (over8 - over2) / 6) * 1000:.0f} ms per plan, "
+                  f"{(over8 - over2) / 6 * 1000:.0f} ms per item")
             print(f"the 8 in series: {eight['wall_s']:.1f} s "
                   f"({eight['wall_s'] / series['wall_s']:.2f}x the 2); 4 wide made them "
                   f"{eight['wall_s'] / wide['wall_s']:.2f}x faster on {os.cpu_count()} cores "
