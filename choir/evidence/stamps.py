@@ -9,11 +9,11 @@ core (``Beside``) while the scan runs; the caller reconciles the answer with wha
 assumed before it builds anything (``Sealer.reconcile``). A small one is checked here: a
 child costs about 40 ms of interpreter start.
 
-The child is Choir's own code reading Choir's own store (``python -I -m
-choir.evidence.stamps ROOT RECORD``): it is given two paths, prints the number of rows it
-read and the paths off their record, and nothing it prints names a path the record does not
-hold. A child that fails, is killed, or read another number of rows than the caller holds
-gives no answer, and the caller checks in process instead.
+The child is Choir's own code, from the folder this module was imported from, reading
+Choir's own store (``python -I -c ... ROOT RECORD``): it is given two paths, prints the
+number of rows it read and the paths off their record, and nothing it prints names a path
+the record does not hold. A child that fails, is killed, or read another number of rows than
+the caller holds gives no answer, and the caller checks in process instead.
 """
 
 from __future__ import annotations
@@ -28,6 +28,12 @@ from choir.evidence import _table
 from choir.evidence.store import RECORD
 
 SPAWN_ROWS = 20_000  # a base with at least this many rows is checked beside the scan
+# the child runs this very code: the folder Choir was imported from comes first on its path
+# (``-I`` drops PYTHONPATH and the user's site; an installed Choir of another version, or
+# none, is never what answers)
+_CODE = str(Path(__file__).resolve().parents[2])
+_CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); "
+          "from choir.evidence.stamps import main; sys.exit(main(sys.argv[2:]))")
 
 
 def off_record(root: Path, rows: _table.Rows) -> set[str]:
@@ -50,7 +56,7 @@ class Beside:
     def __init__(self, root: Path, record: Path, rows: int) -> None:
         self._rows = rows
         self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-            [sys.executable, "-I", "-m", "choir.evidence.stamps", str(root), str(record)],
+            [sys.executable, "-I", "-c", _CHILD, _CODE, str(root), str(record)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             close_fds=True)
 
@@ -85,5 +91,3 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
