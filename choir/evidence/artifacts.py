@@ -25,7 +25,7 @@ import re
 import secrets
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
@@ -127,21 +127,40 @@ def write_once(path: Path, data: bytes, conflict: str, tmp: Path | None = None) 
     Raises:
         IntegrityError: ``path`` already holds other bytes (message: ``conflict``).
     """
-    tmp = tmp or path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(8)}")
+    write_all_once([(path, data, conflict, tmp)])
+
+
+def write_all_once(files: Sequence[tuple[Path, bytes, str, Path | None]]) -> None:
+    """``write_once`` of files that belong together (a session's manifest and its seal):
+    every temp written and fsynced first, then the links made back to back, in order, then
+    each folder fsynced once. A writer killed between two of them leaves the first without
+    the second only in the gap between two ``link`` calls, not across a write and an fsync.
+
+    Raises:
+        IntegrityError: a path already holds other bytes (its message; the paths after it
+            are not linked).
+    """
+    temps: list[Path] = []
     try:
-        with open(tmp, "xb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o444)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            if path.read_bytes() != data:
-                raise IntegrityError(conflict) from None
-        _fsync_dir(path.parent)
+        for path, data, _conflict, tmp in files:
+            temps.append(tmp or path.with_name(f".{path.name}.{os.getpid()}-"
+                                               f"{secrets.token_hex(8)}"))
+            with open(temps[-1], "xb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(temps[-1], 0o444)
+        for (path, data, conflict, _tmp), made in zip(files, temps, strict=True):
+            try:
+                os.link(made, path)
+            except FileExistsError:
+                if path.read_bytes() != data:
+                    raise IntegrityError(conflict) from None
+        for folder in dict.fromkeys(path.parent for path, *_rest in files):
+            _fsync_dir(folder)
     finally:
-        tmp.unlink(missing_ok=True)
+        for made in temps:
+            made.unlink(missing_ok=True)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -519,4 +538,11 @@ class ArtifactStore:
     def write_run_file(self, run_id: str, name: str, data: bytes, conflict: str) -> None:
         """Write ``runs/{run_id}/{name}`` once (``write_once``), its temp in ``tmp/``: a
         writer killed mid-write leaves nothing in the run folder (``gc_tmp`` clears it)."""
-        write_once(self.run_dir(run_id) / name, data, conflict, self._tmp_path("m"))
+        self.write_run_files(run_id, [(name, data, conflict)])
+
+    def write_run_files(self, run_id: str, files: Sequence[tuple[str, bytes, str]]) -> None:
+        """``write_run_file`` of files that belong together, linked back to back
+        (``write_all_once``): (name, bytes, conflict message) each."""
+        folder = self.run_dir(run_id)
+        write_all_once([(folder / name, data, conflict, self._tmp_path("m"))
+                        for name, data, conflict in files])

@@ -5,6 +5,8 @@ onto the head of the entry before it (or onto the integration head, for the firs
 A, then A+B, then A+B+C, each built with ``git merge-tree`` (objects only: no work tree is
 ever half merged) and ``commit-tree``, each in a worktree of its own, and each verified by an
 integration round (attested, as the claim named after the plan) side by side with the others.
+An item that lands on the very head it started from, its commit's one parent, is a fast
+forward instead: its head is its commit, verified in its own worktree (``build``).
 The queue lands in order: the first entry, once its round passed, moves the integration
 branch to exactly the head that round verified (``update-ref`` with the old value, after the
 ``integrate`` event is written). When an entry's round fails, its item goes back for revision

@@ -256,15 +256,17 @@ def missing_sessions(store: ArtifactStore,
 
 def _write_sealed(store: ArtifactStore, session: str, data: bytes,
                   signer: SigningKey | None) -> None:
-    """The manifest, then its seal; each written once. Signing is deterministic (ed25519),
-    so a replay writes the very same seal."""
+    """The manifest and its seal, each written once: the seal signed first, then both
+    written and linked back to back (``write_run_files``), so a ``choir verify`` killed
+    there leaves a manifest without its seal only in the gap between two ``link`` calls
+    (it was a signature, a write and two fsyncs). Signing is deterministic (ed25519), so a
+    replay writes the very same seal."""
     from choir.attest import load_signer
 
-    store.write_run_file(session, "manifest.json", data,
-                         f"run {session}: manifest already written")
     seal = make_seal(SESSION_KIND, session, 0, blake3_hex(data), signer or load_signer())
-    store.write_run_file(session, SEAL, canonical_json(seal) + b"\n",
-                         f"run {session}: seal already written")
+    store.write_run_files(session, [
+        ("manifest.json", data, f"run {session}: manifest already written"),
+        (SEAL, canonical_json(seal) + b"\n", f"run {session}: seal already written")])
 
 
 def _manifest_bytes(manifest: dict[str, Any]) -> bytes:

@@ -14,6 +14,7 @@ import pytest
 
 from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError
+from choir.verification.session import SEAL
 from tests.memory import PEAK_RSS
 
 INGEST = """
@@ -159,5 +160,49 @@ def test_sigkill_after_the_manifest_lands_leaves_nothing_in_the_run_folder(
                            cwd=Path(__file__).parents[3], capture_output=True, timeout=60)
     assert child.returncode == -signal.SIGKILL, child.stderr.decode()
     folder = next((root / "runs").iterdir())
-    assert [p.name for p in folder.iterdir()] == ["manifest.json"]
-    assert ArtifactStore(root).gc_tmp() == 1
+    # a session's seal is linked right behind its manifest, before the folder is synced
+    names = ["manifest.json"] if kind == "run" else ["manifest.json", SEAL]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(names)
+    assert ArtifactStore(root).gc_tmp() == len(names)
+
+
+KILLED_AT_FSYNC = """
+import os, signal, sys
+from pathlib import Path
+import choir.evidence.artifacts as artifacts
+from choir.verification.session import write_session
+
+from choir.attest import load_signer
+
+signer = load_signer()  # the key made and its broker started before anything is counted
+real, calls, me = os.fsync, [], os.getpid()
+
+def fsync(fd):  # the Nth fsync of this process's write never returns
+    if os.getpid() == me:
+        calls.append(fd)
+        if len(calls) == int(sys.argv[2]):
+            os.kill(me, signal.SIGKILL)
+    real(fd)
+
+os.fsync = fsync
+write_session(artifacts.ArtifactStore(Path(sys.argv[1])), "verify-20260101T000000-abcdef",
+              {"run_id": "x"}, signer)
+"""
+
+
+@pytest.mark.parametrize("nth", [1, 2, 3, 4])
+def test_a_session_killed_at_any_fsync_leaves_its_manifest_sealed_or_absent(
+        tmp_path: Path, nth: int) -> None:
+    """A ``choir verify`` killed while it writes its session record: the folder holds the
+    manifest with its seal, or neither. Before, the manifest was linked and synced, then the
+    seal signed, written and synced: a kill at the 2nd or 3rd fsync left a manifest
+    without a seal, which fails every later ``choir audit`` (``session_seal``)."""
+    root = tmp_path / "art"
+    child = subprocess.run([sys.executable, "-c", KILLED_AT_FSYNC, str(root), str(nth)],
+                           cwd=Path(__file__).parents[3], capture_output=True, timeout=60)
+    assert child.returncode in (0, -signal.SIGKILL), child.stderr.decode()
+    folder = root / "runs" / "verify-20260101T000000-abcdef"
+    names = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    assert names in ([], ["manifest.json", SEAL]), (nth, names)
+    if child.returncode == 0:
+        assert names == ["manifest.json", SEAL]
