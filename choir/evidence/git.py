@@ -155,6 +155,25 @@ class GitRepo:
         sha = out.decode("ascii", "replace").strip() if out else ""
         return sha if is_oid(sha) else None
 
+    def head_commit(self) -> str | None:
+        """``rev("HEAD")`` read from the files git has just written, with no process, when
+        they are the plain case: HEAD names a branch (``ref: refs/heads/...``) whose ref is
+        a loose file holding a full id (what a commit on a branch leaves). Anything else (a
+        detached or packed HEAD, the reftable format, a link, a name that leaves ``refs/``)
+        is asked of git. What it returns is a commit's id only as far as those files say:
+        callers that bind evidence read the commit's object (``tree.commit_tree_hash``)."""
+        try:
+            head = fsopen.read_bytes(self.git_dir, "HEAD", 512).decode("ascii").strip()
+            ref = head.removeprefix("ref: ")
+            parts = ref.split("/")
+            if ref == head or parts[:2] != ["refs", "heads"] or len(parts) < 3 or \
+                    any(p in ("", ".", "..") or p.startswith(".") for p in parts):
+                return self.rev("HEAD")
+            sha = fsopen.read_bytes(self.common_dir, ref, 128).decode("ascii").strip()
+        except (OSError, UnicodeDecodeError, ValueError):
+            return self.rev("HEAD")
+        return sha if is_oid(sha) else self.rev("HEAD")
+
     def objects(self) -> ObjectReader:
         """A reader of this repository's objects that re-hashes every object it returns."""
         return ObjectReader(self)

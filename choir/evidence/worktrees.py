@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING
 from choir._core import fsopen, mounts
 from choir.evidence import _table
 from choir.evidence.store import CHUNK, RECORD, Store, rmtree, stamp_of, store_root
+from choir.exceptions import IntegrityError
 
 if TYPE_CHECKING:
     from choir.evidence.git import GitRepo, ObjectReader
@@ -136,12 +137,18 @@ def overlay_worktree(git: GitRepo, path: Path, branch: str, start: str) -> GitRe
     made = git.worktree_at(path)
     if made is None:
         return None
-    commit = made.rev("HEAD")
-    if commit is None:
-        return None
-    with made.objects() as objects:
-        tree = objects.commit_tree(commit)
-        lower = _Lowers(store).get(made, objects, tree)
+    # ``-B branch start`` put HEAD at ``start``: a commit's full id (the plan driver's) is
+    # read as one directly, with no rev-parse; a name, or the id of a tag, is asked of HEAD
+    from choir.evidence.git import is_oid
+
+    found = _lower_of(made, store, start) if is_oid(start) else None
+    if found is None:
+        commit = made.rev("HEAD")
+        if commit is None:
+            return None
+        found = _lower_of(made, store, commit, strict=True)
+    assert found is not None  # strict: raised instead
+    commit, tree, lower = found
     layers = _Layers(made.git_dir)
     if not _usable(layers.folder):
         return None
@@ -160,6 +167,20 @@ def overlay_worktree(git: GitRepo, path: Path, branch: str, start: str) -> GitRe
         return None
     made.write("read-tree", commit, filters=False)
     return made
+
+
+def _lower_of(made: GitRepo, store: Store, commit: str, *,
+              strict: bool = False) -> tuple[str, str, Path] | None:
+    """(``commit``, its git tree, the store's checkout of that tree); None when ``commit``
+    is no commit (``strict``: raised)."""
+    try:
+        with made.objects() as objects:
+            tree = objects.commit_tree(commit)
+            return commit, tree, _Lowers(store).get(made, objects, tree)
+    except IntegrityError:
+        if strict:
+            raise
+        return None
 
 
 def remount(made: GitRepo) -> None:

@@ -206,7 +206,7 @@ class Moves:
         if work.write("commit", "-q", "--no-verify", "-m", message,
                       check=False).returncode and work.rev("HEAD") == row.base:
             work.write("commit", "-q", "--allow-empty", "--no-verify", "-m", message)
-        return work.rev("HEAD") or ""
+        return work.head_commit() or ""
 
     def _verified(self, record: PlanRecord, item_id: str, head: str,
                   verdict: Verdict) -> PlanRecord:
