@@ -34,6 +34,16 @@ def git(repo: Path, *args: str) -> str:
                           text=True).stdout.strip()
 
 
+def committed_repo(path: Path, name: str = "base.txt", text: str = "base\n") -> Path:
+    """A git repo at ``path`` on ``main``, with one commit of one file."""
+    path.mkdir(parents=True)
+    git(path, "init", "-q", "-b", "main")
+    (path / name).write_text(text)
+    git(path, "add", "-A")
+    git(path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", name)
+    return path
+
+
 def team_repo(path: Path, *, slow_s: float = 0.0) -> Path:
     """The repo; ``slow_s``: every round of its verifier takes at least that long."""
     path.mkdir(parents=True)

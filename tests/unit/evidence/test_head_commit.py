@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from choir.evidence.git import GitRepo, locate
+from tests.team import committed_repo
 
 
 def git(repo: Path, *args: str) -> str:
@@ -20,13 +21,7 @@ def git(repo: Path, *args: str) -> str:
 
 @pytest.fixture
 def repo(tmp_path: Path) -> GitRepo:
-    path = tmp_path / "repo"
-    path.mkdir()
-    git(path, "init", "-q", "-b", "main")
-    (path / "a.txt").write_text("a\n")
-    git(path, "add", "-A")
-    git(path, "commit", "-qm", "one")
-    found = locate(path)
+    found = locate(committed_repo(tmp_path / "repo"))
     assert found is not None
     return found
 

@@ -13,20 +13,14 @@ from choir.evidence.git import GitRepo, locate
 from choir.evidence.tree import commit_record, commit_tree_hash
 from choir.models.plan import QueueEntry
 from choir.team.queue import MergeQueue
-from tests.team import git
+from tests.team import committed_repo, git
 
 IDENT = ["-c", "user.email=t@t", "-c", "user.name=t"]
 
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    path = tmp_path / "repo"
-    path.mkdir()
-    git(path, "init", "-q", "-b", "main")
-    (path / "base.txt").write_text("base\n")
-    git(path, "add", "-A")
-    git(path, *IDENT, "commit", "-qm", "base")
-    return path
+    return committed_repo(tmp_path / "repo")
 
 
 def commit(repo: Path, name: str, text: str) -> str:
