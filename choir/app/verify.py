@@ -22,6 +22,7 @@ from choir._core import fsopen
 from choir._core.ids import new_run_id
 from choir._core.terminal import plain_lines, shorten
 from choir.app.claim import check_claim_name, record_claim
+from choir.attest.store import clear_stale_temps
 from choir.config import load_repo_config
 from choir.config.policy import full_rehash, load_policy
 from choir.director import outside_a_run
@@ -182,6 +183,7 @@ async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: 
     # and a configuration error still wins (the snapshot is then removed).
     full = full_rehash(mood or Mood.CALM)  # PARANOID reads every file: no stat cache
     taking = loop.run_in_executor(None, partial(snapshot_target, repo, snapshots, full=full))
+    clearing = loop.run_in_executor(None, clear_stale_temps)  # what killed writers left
     emit = on_event or _quiet
     backend: Backend | None = None
     try:
@@ -207,10 +209,12 @@ async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: 
         backend = Backend.open(config, policy, mood, name=sandbox_name,
                                on_event=lambda event: emit("progress", event))
         target, verified = await taking
+        await clearing
     except BaseException:
         if backend is not None:
             backend.close()
-        await asyncio.wait([taking])  # never remove a snapshot still being written
+        pending: list[asyncio.Future[Any]] = [taking, clearing]
+        await asyncio.wait(pending)  # never remove a snapshot still being written
         remove_snapshot(snapshots)
         raise
     rnd = Round(id=session, config=config, policy=policy, mood=mood, target=target,

@@ -1,13 +1,17 @@
 """Attestations on disk: ``$CHOIR_HOME/attestations/<id>.json``, atomic and write-once.
 
 Each file is the canonical JSON of the whole attestation, mode 0444. It is written to a temp
-file, fsynced and hard-linked into place; ``link`` never replaces an existing name, so two
-writers cannot clobber each other and a reader never sees half a file. The file name is the
-id, and ``get`` re-derives the id from the body, so a swapped or edited file is caught.
+file (in ``.tmp/``, named for its writer's pid), fsynced and hard-linked into place; ``link``
+never replaces an existing name, so two writers cannot clobber each other and a reader never
+sees half a file. The file name is the id, and ``get`` re-derives the id from the body, so a
+swapped or edited file is caught.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,14 +19,15 @@ from typing import Any
 from pydantic import ValidationError
 
 from choir._core.canonical import blake3_hex, canonical_json, is_hash
-from choir._core.paths import choir_home
+from choir._core.paths import artifact_dir, choir_home
 from choir.attest.keys import signer_counts, trust_root
 from choir.attest.mint import signed_bytes
-from choir.evidence.artifacts import write_once
+from choir.evidence.artifacts import STALE_GRACE_S, STALE_MAX_S, remove_stale, write_once
 from choir.exceptions import IntegrityError, NotFoundError, UserError
 from choir.models import Attestation
 
 MAX_FILE = 4 << 20
+TMP = ".tmp"  # a writer's temp, named for its pid: a killed one's is cleared (gc_tmp)
 
 
 class AttestationStore:
@@ -60,7 +65,10 @@ class AttestationStore:
             raise IntegrityError(f"attestation {att.id} does not match its body")
         data = canonical_json(att)
         path = self.path_of(att.id)
-        write_once(path, data, f"attestation {att.id} is already stored with other content")
+        tmp = self.root / TMP
+        tmp.mkdir(mode=0o700, exist_ok=True)
+        write_once(path, data, f"attestation {att.id} is already stored with other content",
+                   tmp / f"a-{os.getpid()}-{secrets.token_hex(8)}")
         if self.shared is not None:
             self.shared.put(att.id, data)
         return path
@@ -92,6 +100,10 @@ class AttestationStore:
         if att.id != att_id or blake3_hex(signed_bytes(att.body)) != att_id:
             raise IntegrityError(f"attestation file {att_id} does not hold attestation {att_id}")
         return att
+
+    def gc_tmp(self, max_age_s: float = STALE_MAX_S, grace_s: float = STALE_GRACE_S) -> int:
+        """Remove the temps of writers killed mid-``put`` (``remove_stale``); how many."""
+        return remove_stale(self.root / TMP, max_age_s=max_age_s, grace_s=grace_s)
 
     def ids(self) -> Iterator[str]:
         """Ids of the stored attestations (here and in the shared index), sorted."""
@@ -141,3 +153,15 @@ def key_summary(home: Path | None = None) -> dict[str, Any]:
     root = trust_root(home)
     return {"signers": signer_counts(loaded), "trusted": sorted(root.keys),
             "source": root.source}
+
+
+def clear_stale_temps() -> int:
+    """The temps writers killed mid-write left (``kill -9`` of an earlier command): in the
+    artifact store's ``tmp/`` and the attestations' ``.tmp/``, each removed once its writer
+    is gone and it is ten minutes old, or once it is a day old (``remove_stale``). Cleared
+    in passing by every ``choir verify`` round, beside its snapshot; never raises."""
+    removed = 0
+    for folder in (artifact_dir() / "tmp", choir_home() / "attestations" / TMP):
+        with contextlib.suppress(OSError):
+            removed += remove_stale(folder, max_age_s=STALE_MAX_S, grace_s=STALE_GRACE_S)
+    return removed

@@ -181,6 +181,41 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+STALE_GRACE_S = 600.0  # a dead writer's temp is left this long when cleared in passing
+STALE_MAX_S = 86400.0  # and any temp this old, whoever named it
+
+
+def remove_stale(folder: Path, *, max_age_s: float, grace_s: float = 0.0) -> int:
+    """Remove the temp files in ``folder`` that no live writer will link; how many.
+
+    A temp is named ``KIND-PID-HEX`` by its writer: it is stale when that pid is gone and it
+    is older than ``grace_s`` (a writer in another pid namespace, whose pid means nothing
+    here, is spared while it keeps writing), or when it is older than ``max_age_s``, or when
+    it is named otherwise and older than ``grace_s``. Only regular files are removed.
+    """
+    removed = 0
+    now = time.time()
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return 0
+    for entry in entries:
+        parts = entry.name.split("-")
+        pid = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        age = now - st.st_mtime
+        if age > max_age_s or (age > grace_s and (pid is None or not _pid_alive(pid))):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+            removed += 1
+    return removed
+
+
 class ArtifactWriter:
     """Streams bytes into the store; ``digest`` is set once the context exits cleanly.
 
@@ -335,25 +370,9 @@ class ArtifactStore:
         os.replace(tmp, target)
         _fsync_dir(target.parent)
 
-    def gc_tmp(self, max_age_s: float = 3600.0) -> int:
-        """Remove temp files left by crashed writers; returns how many were removed.
-
-        A temp file is stale when the process that named it is gone (its pid is in the name)
-        or when it is older than ``max_age_s`` (covers writers in other pid namespaces).
-        """
-        removed = 0
-        now = time.time()
-        for entry in (self.root / "tmp").iterdir():
-            parts = entry.name.split("-")
-            pid = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
-            try:
-                age = now - entry.lstat().st_mtime
-            except FileNotFoundError:
-                continue
-            if (pid is not None and not _pid_alive(pid)) or age > max_age_s or pid is None:
-                entry.unlink(missing_ok=True)
-                removed += 1
-        return removed
+    def gc_tmp(self, max_age_s: float = 3600.0, grace_s: float = 0.0) -> int:
+        """Remove temp files left by crashed writers (``remove_stale``); how many."""
+        return remove_stale(self.root / "tmp", max_age_s=max_age_s, grace_s=grace_s)
 
     # -- reading ---------------------------------------------------------------------------
     def path_of(self, digest: str) -> Path:

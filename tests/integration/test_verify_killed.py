@@ -85,3 +85,29 @@ def test_an_attested_run_cannot_pass_for_dangling(tmp_path: Path, choir_home: Pa
     # with no attestation (named as the session folder it could not check)
     assert {"ahdb_rule", "run_unreadable"} <= kinds, kinds
     assert out["dangling"] == [r for r in _runs(choir_home) if r.endswith("-unit-0")], out
+
+
+def test_the_next_verify_clears_the_temps_a_killed_one_left(
+        tmp_path: Path, choir_home: Path) -> None:
+    """A writer killed mid-write leaves its temp (an artifact streaming in, a run file, an
+    attestation): the next ``choir verify`` removes each whose writer is gone once it is
+    ten minutes old, and leaves a young one (its writer may live in another pid
+    namespace)."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    repo = make_repo(tmp_path / "repo", CALC_OK)
+    tmp = choir_home / "artifacts" / "tmp"
+    atts = choir_home / "attestations" / ".tmp"
+    for folder in (tmp, atts):
+        folder.mkdir(parents=True, exist_ok=True)
+    then = time.time() - 700
+    old = [tmp / f"w-{dead.pid}-1a", atts / f"a-{dead.pid}-2b"]
+    for path in old:
+        path.write_bytes(b"x" * 4096)
+        os.utime(path, (then, then))
+    young = tmp / f"w-{dead.pid}-3c"
+    young.write_bytes(b"x")
+    done = run("verify", "--repo", str(repo), "--sandbox", sandbox_name(), "--mood", "CALM")
+    assert done.returncode == 0, done.stderr
+    assert not any(p.exists() for p in old) and young.exists()
+    assert _audit()["ok"]

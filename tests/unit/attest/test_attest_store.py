@@ -25,7 +25,9 @@ def test_put_get_round_trip(evidence: Any, tmp_path: Path) -> None:
     assert list(store.ids()) == [att.id]
     assert list(store) == [att]
     assert att.id in store
-    assert [p.name for p in store.root.iterdir()] == [f"{att.id}.json"]
+    # nothing beside it: its temp was in .tmp/, and is gone
+    assert sorted(p.name for p in store.root.iterdir()) == [".tmp", f"{att.id}.json"]
+    assert list((store.root / ".tmp").iterdir()) == []
 
 
 def test_refuses_different_content_under_an_existing_id(evidence: Any) -> None:
