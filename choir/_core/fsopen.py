@@ -154,6 +154,8 @@ def lstat_many(root: str | Path, rels: Sequence[str],
     has touched for a while) is the rest split among ``workers`` threads, as ``git status``
     spreads its ``lstat`` calls, each waiting on the disk without the lock.
     """
+    if not rels:  # nothing to reach: the root is not opened (it may not exist)
+        return []
     out: list[os.stat_result | OSError] = [OSError()] * len(rels)
 
     def run(start: int, end: int) -> None:

@@ -138,7 +138,9 @@ class Rows:
         return {key: self[key] for key in self.keys()}
 
 
-def _read(path: Path, fmt: str) -> tuple[dict[str, Any], Rows] | None:
+def _read(path: Path, fmt: str) -> tuple[dict[str, Any], Rows, bytes] | None:
+    """(the meta, the rows, the file's own blake3 check) of the table file at ``path``, or
+    None when it is missing, cut, altered or of another format."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -167,7 +169,7 @@ def _read(path: Path, fmt: str) -> tuple[dict[str, Any], Rows] | None:
     names = body[end:].decode("utf-8", "surrogateescape").split("\0") if count else []
     if len(names) != count or len(set(names)) != count:
         return None
-    return meta, Rows(fmt, body[start:end], names)
+    return meta, Rows(fmt, body[start:end], names), check
 
 
 class Table:
@@ -184,13 +186,16 @@ class Table:
         self._delta: dict[str, tuple[Any, ...]] = {}
         self._gone: set[str] = set()
         self._gen = ""
+        self.loaded = ""  # what was read: the files' own checks (another reader compares)
         full = _read(path, fmt)
         if full is None or any(full[0].get(k) != v for k, v in self.meta.items()):
             return
         self._gen = str(full[0].get("gen", ""))
         self.rows = full[1]
+        self.loaded = full[2].hex()
         delta = _read(self._delta_path, fmt)
         if delta is not None and delta[0].get("base") == self._gen:
+            self.loaded += "+" + delta[2].hex()
             self._delta = delta[1].as_dict()
             self._gone = {str(p) for p in delta[0].get("gone", ())}
             self.rows.update(self._delta)

@@ -28,6 +28,7 @@ itself:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -40,7 +41,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import cast
 
-from choir._core import fsopen
+from choir._core import fsopen, procs
 from choir.evidence import worktrees
 from choir.exceptions import IntegrityError, UserError
 
@@ -137,15 +138,7 @@ class GitRepo:
         except OSError:
             return lambda: None
 
-        def result() -> bytes | None:
-            try:
-                out, _err = proc.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
-                return None
-            return out if proc.returncode == 0 else None
-        return result
+        return functools.partial(procs.output, proc, timeout)
 
     def rev(self, rev: str) -> str | None:
         """The full sha of commit ``rev``, or None (unknown, or no commit yet)."""
@@ -154,25 +147,6 @@ class GitRepo:
         out = self.run("rev-parse", "--verify", "-q", "--end-of-options", f"{rev}^{{commit}}")
         sha = out.decode("ascii", "replace").strip() if out else ""
         return sha if is_oid(sha) else None
-
-    def head_commit(self) -> str | None:
-        """``rev("HEAD")`` read from the files git has just written, with no process, when
-        they are the plain case: HEAD names a branch (``ref: refs/heads/...``) whose ref is
-        a loose file holding a full id (what a commit on a branch leaves). Anything else (a
-        detached or packed HEAD, the reftable format, a link, a name that leaves ``refs/``)
-        is asked of git. What it returns is a commit's id only as far as those files say:
-        callers that bind evidence read the commit's object (``tree.commit_tree_hash``)."""
-        try:
-            head = fsopen.read_bytes(self.git_dir, "HEAD", 512).decode("ascii").strip()
-            ref = head.removeprefix("ref: ")
-            parts = ref.split("/")
-            if ref == head or parts[:2] != ["refs", "heads"] or len(parts) < 3 or \
-                    any(p in ("", ".", "..") or p.startswith(".") for p in parts):
-                return self.rev("HEAD")
-            sha = fsopen.read_bytes(self.common_dir, ref, 128).decode("ascii").strip()
-        except (OSError, UnicodeDecodeError, ValueError):
-            return self.rev("HEAD")
-        return sha if is_oid(sha) else self.rev("HEAD")
 
     def objects(self) -> ObjectReader:
         """A reader of this repository's objects that re-hashes every object it returns."""
@@ -481,16 +455,27 @@ class ObjectReader:
         return self.commit(sha)[0]
 
     def commit(self, sha: str) -> tuple[str, list[str]]:
-        """The tree and the parents commit ``sha`` records, read from its checked bytes."""
-        lines = self.read(sha, "commit").split(b"\n\n", 1)[0].decode("ascii", "replace")
-        head = lines.split("\n")
-        tree = head[0].removeprefix("tree ")
-        if not head[0].startswith("tree ") or not is_oid(tree):
+        """The tree and the parents commit ``sha`` records, read from its checked bytes as
+        git reads them: the ``parent`` lines right after ``tree``, each a full id.
+
+        Raises:
+            IntegrityError: no tree first, a parent that is no object id, or a ``parent``
+                line anywhere later in the header (git would not count it: a commit crafted
+                so that Choir and git disagree on its history is refused).
+        """
+        header = self.read(sha, "commit").split(b"\n\n", 1)[0].decode("ascii", "replace")
+        lines = header.split("\n")
+        tree = lines[0].removeprefix("tree ")
+        if not lines[0].startswith("tree ") or not is_oid(tree):
             raise IntegrityError(f"git commit {sha} names no tree")
-        parents = [line.removeprefix("parent ") for line in head[1:]
-                   if line.startswith("parent ")]
-        if not all(is_oid(p) for p in parents):
-            raise IntegrityError(f"git commit {sha} names a parent that is no object id")
+        at = 1
+        while at < len(lines) and lines[at].startswith("parent "):
+            at += 1
+        parents = [line.removeprefix("parent ") for line in lines[1:at]]
+        if not all(is_oid(p) for p in parents) or \
+                any(line.startswith("parent ") for line in lines[at:]):
+            raise IntegrityError(f"git commit {sha} names its parents as git would not read "
+                                 "them")
         return tree, parents
 
     def files(self, tree: str, prefix: str = "") -> Iterator[tuple[str, str, str]]:

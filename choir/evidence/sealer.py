@@ -131,7 +131,8 @@ class Sealer:
             self.check()
             return
         try:
-            self._beside = stamps.Beside(self.base[1], self._table.path, rows)
+            self._beside = stamps.Beside(self.base[1], self._table.path, self._table.loaded,
+                                         rows)
         except OSError:
             self.check()
 

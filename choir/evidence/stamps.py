@@ -10,10 +10,11 @@ assumed before it builds anything (``Sealer.reconcile``). A small one is checked
 child costs about 40 ms of interpreter start.
 
 The child is Choir's own code, from the folder this module was imported from, reading
-Choir's own store (``python -I -c ... ROOT RECORD``): it is given two paths, prints the
-number of rows it read and the paths off their record, and nothing it prints names a path
-the record does not hold. A child that fails, is killed, or read another number of rows than
-the caller holds gives no answer, and the caller checks in process instead.
+Choir's own store (``python -I -c ... ROOT RECORD``): it is given two paths, prints which
+record it read (the files' own checks, ``Table.loaded``) and how many rows, then the paths
+off their record, then an end mark. A child that fails, is killed or stopped past
+``WAIT_S``, read another record than the caller did, or whose answer is cut short gives no
+answer, and the caller checks in process instead.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from choir._core import fsopen
+from choir._core import fsopen, procs
 from choir.evidence import _table
 from choir.evidence.store import RECORD
 
 SPAWN_ROWS = 20_000  # a base with at least this many rows is checked beside the scan
+WAIT_S = 120.0  # a child still not done then (stopped, say) is killed: checked in process
+_END = b"end"  # the answer's last field: one cut short is not taken
 # the child runs this very code: the folder Choir was imported from comes first on its path
 # (``-I`` drops PYTHONPATH and the user's site; an installed Choir of another version, or
 # none, is never what answers)
@@ -51,27 +54,30 @@ def off_record(root: Path, rows: _table.Rows) -> set[str]:
 
 class Beside:
     """``off_record`` of the tree at ``root`` against the record file ``record``, in a child
-    process started now; ``result`` waits for it."""
+    process started now; ``result`` waits for it. ``loaded`` and ``rows``: what the caller
+    read of that record (``Table.loaded``, its row count), which the child's answer must
+    be about."""
 
-    def __init__(self, root: Path, record: Path, rows: int) -> None:
-        self._rows = rows
+    def __init__(self, root: Path, record: Path, loaded: str, rows: int) -> None:
+        self._want = f"{loaded}\0{rows}".encode()
         self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
             [sys.executable, "-I", "-c", _CHILD, _CODE, str(root), str(record)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             close_fds=True)
 
     def result(self) -> set[str] | None:
-        """The paths off their record, or None when the child gave no usable answer."""
+        """The paths off their record, or None when the child gave no usable answer: it
+        failed, was stopped past ``WAIT_S``, read another record, or its answer is cut."""
         proc, self._proc = self._proc, None
         if proc is None:
             return None
-        out, _ = proc.communicate()
-        if proc.returncode != 0:
+        out = procs.output(proc, WAIT_S)
+        if out is None:
             return None
-        count, _, rest = out.partition(b"\0")
-        if count != str(self._rows).encode():
+        fields = out.split(b"\0")
+        if len(fields) < 3 or b"\0".join(fields[:2]) != self._want or fields[-1] != _END:
             return None
-        return {p for p in rest.decode("utf-8", "surrogateescape").split("\0") if p}
+        return {p.decode("utf-8", "surrogateescape") for p in fields[2:-1] if p}
 
     def close(self) -> None:
         """Stop a child whose answer is no longer wanted (the scan failed)."""
@@ -84,10 +90,9 @@ class Beside:
 
 def main(argv: list[str]) -> int:
     root, record = Path(argv[0]), Path(argv[1])
-    rows = _table.Table(record, RECORD).rows
-    bad = off_record(root, rows)
-    sys.stdout.buffer.write(f"{len(rows)}\0".encode() +
-                            "\0".join(sorted(bad)).encode("utf-8", "surrogateescape"))
+    table = _table.Table(record, RECORD)
+    bad = off_record(root, table.rows)
+    sys.stdout.buffer.write(b"\0".join([table.loaded.encode(), str(len(table.rows)).encode(),
+                                         *(p.encode("utf-8", "surrogateescape")
+                                           for p in sorted(bad)), _END]))
     return 0
-
-

@@ -204,7 +204,7 @@ class Driver(Moves):
             if entry.status == "verifying":
                 self._spawn(("verify", entry.item, entry.head),
                             functools.partial(self.queue.verify, entry),
-                            self.queue.round_tree(entry))
+                            self.queue.worktree(entry.item))
 
     async def _run(self, item_id: str, row: PlanRow) -> tuple[dict[str, Any], float]:
         from choir.team.subgraph import work_item_graph

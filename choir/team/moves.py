@@ -38,7 +38,9 @@ class Moves:
 
     # -- paths -------------------------------------------------------------------------------
     def item_tree(self, item_id: str) -> Path:
-        return self.queue.item_tree(item_id)
+        """An item's worktree, alone in a folder of its own: a sandboxed member may read the
+        folder around its repo (``../fix.py``), which must not hold another member's work."""
+        return self.trees / "items" / item_id / "tree"
 
     def item_file(self, item_id: str, attempt: int) -> Path:
         return self.dir / "items" / f"{item_id}.{attempt}.json"
@@ -206,7 +208,7 @@ class Moves:
         if work.write("commit", "-q", "--no-verify", "-m", message,
                       check=False).returncode and work.rev("HEAD") == row.base:
             work.write("commit", "-q", "--allow-empty", "--no-verify", "-m", message)
-        return work.head_commit() or ""
+        return work.rev("HEAD") or ""
 
     def _verified(self, record: PlanRecord, item_id: str, head: str,
                   verdict: Verdict) -> PlanRecord:

@@ -6,7 +6,7 @@ A, then A+B, then A+B+C, each built with ``git merge-tree`` (objects only: no wo
 ever half merged) and ``commit-tree``, each in a worktree of its own, and each verified by an
 integration round (attested, as the claim named after the plan) side by side with the others.
 An item that lands on the very head it started from, its commit's one parent, is a fast
-forward instead: its head is its commit, verified in its own worktree (``build``).
+forward instead: its head is its commit, no merge commit (``build``).
 The queue lands in order: the first entry, once its round passed, moves the integration
 branch to exactly the head that round verified (``update-ref`` with the old value, after the
 ``integrate`` event is written). When an entry's round fails, its item goes back for revision
@@ -119,30 +119,22 @@ class MergeQueue:
     def worktree(self, item_id: str) -> Path:
         return self.trees / "queue" / item_id
 
-    def item_tree(self, item_id: str) -> Path:
-        """An item's worktree, alone in a folder of its own: a sandboxed member may read the
-        folder around its repo (``../fix.py``), which must not hold another member's work."""
-        return self.trees / "items" / item_id / "tree"
-
-    def round_tree(self, entry: QueueEntry) -> Path:
-        """Where ``entry``'s integration round reads its head: the item's own worktree when
-        the head is the item's commit (a fast forward), else the head's worktree."""
-        if entry.head and entry.head == entry.commit:
-            return self.item_tree(entry.item)
-        return self.worktree(entry.item)
-
     def build(self, entry: QueueEntry, onto: str, start: str = "") -> QueueEntry | str:
         """``entry`` merged onto ``onto``: the entry with its head, tree and worktree made,
-        or the conflict as bounded feedback (nothing written but unreferenced objects).
+        or why not as bounded feedback (a conflict, or a merge git refuses: nothing written
+        but unreferenced objects).
 
         When ``onto`` is ``start``, the commit the item's worktree was made from, and the
         item's commit has exactly that one parent (the member made no commit of its own),
-        the merge is a fast forward: the head is the item's commit, and its round reads the
-        item's worktree, committed from exactly that tree (a round that reads anything else
-        fails: ``verify_tree``). No merge commit, no second worktree."""
+        the merge is a fast forward: the head is the item's commit, with no merge commit.
+        Its round still reads a worktree of its own made from the commit: never the item's,
+        where the member may have left files git ignores (a ``.venv`` the round would run,
+        a resource folder) that no tree hash covers."""
         if start and onto == start:
             found = commit_record(self.git.root, entry.commit)
             if found is not None and found[1] == (onto,):
+                self.git.add_worktree(self.worktree(entry.item),
+                                      ref_name(self.plan_id, "queue", entry.item), entry.commit)
                 failpoint("plan:built")
                 return self._built(entry, onto, entry.commit, found[0])
         merged = self.git.write("merge-tree", "--write-tree", "--name-only", "--no-messages",
@@ -152,9 +144,11 @@ class MergeQueue:
             files = [name for name in lines[1:] if name]
             return ("merge conflict with the integration branch in: " +
                     (", ".join(dict.fromkeys(files)) or "(unknown files)"))[:FEEDBACK_CHARS]
-        if merged.returncode != 0:
-            raise UserError(f"git merge-tree failed for {entry.item}: "
-                            f"{merged.stderr.strip()[-300:]}")
+        if merged.returncode != 0:  # unrelated histories, a commit git cannot read: the
+            # item's own doing (a member can write its branch), so the item goes back, and
+            # the rest of the plan goes on
+            return (f"git refused to merge it onto the integration branch: "
+                    f"{merged.stderr.strip()[-300:]}")[:FEEDBACK_CHARS]
         head = self.git.write("commit-tree", lines[0].strip(), "-p", onto, "-p",
                               entry.commit, "-m", f"merge {entry.item}").stdout.strip()
         self.git.add_worktree(self.worktree(entry.item),
@@ -173,7 +167,7 @@ class MergeQueue:
 
     async def verify(self, entry: QueueEntry) -> Verdict:
         """The integration round of ``entry``'s head, as the claim named after the plan."""
-        return await verify_tree(self.round_tree(entry), self.plan_id, entry.tree,
+        return await verify_tree(self.worktree(entry.item), self.plan_id, entry.tree,
                                  "integration", entry.session)
 
     def land(self, entry: QueueEntry, current: str) -> str | None:

@@ -187,22 +187,32 @@ def fsync(fd):  # the Nth fsync of this process's write never returns
 os.fsync = fsync
 write_session(artifacts.ArtifactStore(Path(sys.argv[1])), "verify-20260101T000000-abcdef",
               {"run_id": "x"}, signer)
+print(len(calls))
 """
 
 
-@pytest.mark.parametrize("nth", [1, 2, 3, 4])
+FSYNCS = 3  # the session's two temps, then its folder: a kill at each is tried
+
+
+def test_a_session_record_is_written_with_exactly_the_fsyncs_the_kills_try(
+        tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", KILLED_AT_FSYNC, str(tmp_path / "art"), "0"],
+                          cwd=Path(__file__).parents[3], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().split() == [str(FSYNCS)]
+
+
+@pytest.mark.parametrize("nth", range(1, FSYNCS + 1))
 def test_a_session_killed_at_any_fsync_leaves_its_manifest_sealed_or_absent(
         tmp_path: Path, nth: int) -> None:
     """A ``choir verify`` killed while it writes its session record: the folder holds the
     manifest with its seal, or neither. Before, the manifest was linked and synced, then the
-    seal signed, written and synced: a kill at the 2nd or 3rd fsync left a manifest
+    seal signed, written and synced (four fsyncs): a kill at the 2nd or 3rd left a manifest
     without a seal, which fails every later ``choir audit`` (``session_seal``)."""
     root = tmp_path / "art"
     child = subprocess.run([sys.executable, "-c", KILLED_AT_FSYNC, str(root), str(nth)],
                            cwd=Path(__file__).parents[3], capture_output=True, timeout=60)
-    assert child.returncode in (0, -signal.SIGKILL), child.stderr.decode()
+    assert child.returncode == -signal.SIGKILL, child.stderr.decode()
     folder = root / "runs" / "verify-20260101T000000-abcdef"
     names = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
     assert names in ([], ["manifest.json", SEAL]), (nth, names)
-    if child.returncode == 0:
-        assert names == ["manifest.json", SEAL]

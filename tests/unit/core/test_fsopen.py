@@ -114,3 +114,7 @@ def test_lstat_many_walks_by_descriptor(tmp_path: Path, monkeypatch: pytest.Monk
     assert isinstance(at[2], OSError) and at[2].errno in (errno.ELOOP, errno.ENOTDIR)
     assert isinstance(at[3], FileNotFoundError)
     assert all(not isinstance(st, OSError) and st.st_size == 0 for st in at[4:])
+
+
+def test_lstat_many_of_nothing_opens_nothing(tmp_path: Path) -> None:
+    assert fsopen.lstat_many(tmp_path / "missing", []) == []

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import pytest
 
 from choir.evidence import stamps, statcache
 from choir.evidence import store as store_module
+from choir.evidence._table import Table
 from choir.evidence.sealer import Sealer
 from choir.evidence.store import Store
 from choir.evidence.tree import inspect_tree, remove_snapshot, snapshot
@@ -166,22 +168,77 @@ def test_a_check_beside_the_scan_that_gives_no_answer_is_made_in_process(
     assert files["calc.py"] == BUGGY and second == first
 
 
+@pytest.mark.parametrize("other", ["gone", "same rows, restamped"])
 def test_a_check_beside_the_scan_that_read_another_record_is_not_used(
-        repo: Path, tmp_path: Path, store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The child prints how many rows it read: its answer about another record (here one
-    that is gone, so nothing is off it) is not taken, and the check runs in process."""
+        repo: Path, tmp_path: Path, store_dir: Path, monkeypatch: pytest.MonkeyPatch,
+        other: str) -> None:
+    """The child prints which record it read (the files' own checks) and how many rows:
+    its answer about another record is not taken, and the check runs in process. "gone":
+    nothing is off an empty record. "same rows, restamped": a record of as many rows, the
+    written file's stamp put in it, so nothing is off it either: only which record was read
+    tells the answers apart."""
+    root = tmp_path / "snaps"
+    first, _, _ = round_trip(repo, root)
+    tree = parked(store_dir)
+    tamper(tree / "calc.py", FORGED)
+    elsewhere = store_dir / "other-record"
+    if other != "gone":
+        rows = Store(store_dir).record(tree.name).rows.as_dict()
+        rows["calc.py"] = (*store_module.stamp_of(os.lstat(tree / "calc.py")),
+                           *rows["calc.py"][5:])
+        Table(elsewhere, store_module.RECORD).replace(rows)
+    monkeypatch.setattr(stamps, "SPAWN_ROWS", 0)
+    real = stamps.Beside.__init__
+
+    def redirected(self: stamps.Beside, root: Path, record: Path, loaded: str,
+                   rows: int) -> None:
+        real(self, root, elsewhere, loaded, rows)
+
+    monkeypatch.setattr(stamps.Beside, "__init__", redirected)
+    second, files, _ = round_trip(repo, root)
+    assert files["calc.py"] == BUGGY and second == first
+
+
+CUT = ("import sys, io; sys.path.insert(0, sys.argv[1]); "
+       "from choir.evidence import stamps; out = io.BytesIO(); "
+       "sys.stdout = io.TextIOWrapper(out); stamps.main(sys.argv[2:]); "
+       "sys.__stdout__.buffer.write(out.getvalue()[:-len(b'calc.py' + bytes(1) + b'end')])")
+
+
+@pytest.mark.parametrize("child", ["cut short", "stopped"])
+def test_a_check_beside_the_scan_whose_answer_is_cut_or_late_is_not_used(
+        repo: Path, tmp_path: Path, store_dir: Path, monkeypatch: pytest.MonkeyPatch,
+        child: str) -> None:
+    """An answer without its end mark (here the written file's path cut off it) is not
+    taken; nor is one still not given after ``WAIT_S`` (a child stopped): the child is
+    killed, and the check runs in process."""
     root = tmp_path / "snaps"
     first, _, _ = round_trip(repo, root)
     tamper(parked(store_dir) / "calc.py", FORGED)
     monkeypatch.setattr(stamps, "SPAWN_ROWS", 0)
-    real = stamps.Beside.__init__
-
-    def elsewhere(self: stamps.Beside, root: Path, record: Path, rows: int) -> None:
-        real(self, root, record.with_name("gone"), rows)
-
-    monkeypatch.setattr(stamps.Beside, "__init__", elsewhere)
+    if child == "cut short":
+        monkeypatch.setattr(stamps, "_CHILD", CUT)
+    else:
+        monkeypatch.setattr(stamps, "_CHILD", "import time; time.sleep(600)")
+        monkeypatch.setattr(stamps, "WAIT_S", 0.5)
+    began = time.monotonic()
     second, files, _ = round_trip(repo, root)
     assert files["calc.py"] == BUGGY and second == first
+    assert time.monotonic() - began < 60  # not the stopped child's ten minutes
+
+
+def test_the_check_beside_the_scan_answers_as_the_check_in_process(
+        repo: Path, tmp_path: Path, store_dir: Path) -> None:
+    """The child's answer is used, not only its fallback: the same paths as in process."""
+    round_trip(repo, tmp_path / "snaps")
+    tree = parked(store_dir)
+    tamper(tree / "calc.py", FORGED)
+    os.chmod(tree / "pkg", 0o755)  # a folder off its record too
+    os.chmod(tree / "pkg", 0o555)
+    table = Store(store_dir).record(tree.name)
+    here = stamps.off_record(tree, table.rows)
+    beside = stamps.Beside(tree, table.path, table.loaded, len(table.rows)).result()
+    assert beside == here and "calc.py" in here and "pkg" in here
 
 
 def test_a_file_planted_in_a_parked_tree_is_removed(repo: Path, tmp_path: Path,

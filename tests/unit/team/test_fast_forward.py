@@ -5,6 +5,7 @@ where the item started, and the item's commit has that one parent); anything els
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -38,16 +39,23 @@ def queue(repo: Path, tmp_path: Path) -> MergeQueue:
 
 def test_an_item_on_the_head_it_started_from_lands_as_a_fast_forward(
         repo: Path, tmp_path: Path) -> None:
-    start = git(repo, "rev-parse", "HEAD")
+    """No merge commit; its round still reads a worktree of its own, a checkout of the
+    commit: never the item's, where the member may have left files git ignores (a
+    ``.venv`` the round would take as the repo's interpreter) that no tree hash covers."""
+    (repo / ".gitignore").write_text(".venv/\n")
+    start = commit(repo, ".gitignore", ".venv/\n")
     item = commit(repo, "one.txt", "1\n")
+    (repo / ".venv" / "bin").mkdir(parents=True)  # the member's, in its own worktree
+    (repo / ".venv" / "bin" / "python").write_text("#!/bin/sh\nexit 0\n")
     q = queue(repo, tmp_path)
     built = q.build(QueueEntry(item="one", commit=item), start, start)
     assert isinstance(built, QueueEntry)
     assert built.head == item and built.base == start and built.status == "verifying"
     assert built.tree == commit_tree_hash(repo, item)
-    # its round reads the item's own worktree; no head worktree was made
-    assert q.round_tree(built) == q.item_tree("one")
-    assert not q.worktree("one").exists()
+    round_tree = q.worktree("one")
+    assert sorted(p.name for p in round_tree.iterdir() if p.name != ".git") == [
+        ".gitignore", "base.txt", "one.txt"]
+    assert git(round_tree, "rev-parse", "HEAD") == item
 
 
 def test_an_item_whose_commit_has_another_parent_is_merged_not_fast_forwarded(
@@ -67,7 +75,7 @@ def test_an_item_whose_commit_has_another_parent_is_merged_not_fast_forwarded(
     assert commit_record(repo, built.head)[1] == (start, item)  # type: ignore[index]
     assert git(repo, "ls-tree", "--name-only", built.head).split() == [
         "base.txt", "merged-before.txt", "two.txt"]
-    assert q.round_tree(built) == q.worktree("two") and q.worktree("two").is_dir()
+    assert q.worktree("two").is_dir()
     # the control: what a fast forward would have landed lacks the merged file
     assert "merged-before.txt" not in git(repo, "ls-tree", "--name-only", item).split()
 
@@ -82,3 +90,26 @@ def test_an_item_whose_integration_head_moved_since_it_started_is_merged(
     built = q.build(QueueEntry(item="one", commit=item), moved, start)
     assert isinstance(built, QueueEntry) and built.head not in (item, moved)
     assert commit_record(repo, built.head)[1] == (moved, item)  # type: ignore[index]
+
+
+def test_a_commit_whose_parent_line_git_would_not_read_is_neither_fast_forwarded_nor_fatal(
+        repo: Path, tmp_path: Path) -> None:
+    """A member can write its own commit object: one whose ``parent`` line comes after the
+    committer is a root commit to git, but read every line as Choir once did, it named the
+    integration head as its parent and was fast-forwarded onto the branch, history git says
+    is unrelated. Choir now reads parents as git does and refuses the object; the merge git
+    then refuses sends the item back, and the plan goes on (it raised, and aborted the
+    plan, on every resume)."""
+    start = git(repo, "rev-parse", "HEAD")
+    tree = git(repo, "rev-parse", "HEAD^{tree}")
+    body = (f"tree {tree}\nauthor t <t@t> 0 +0000\ncommitter t <t@t> 0 +0000\n"
+            f"parent {start}\n\ncrafted\n")
+    crafted = subprocess.run(["git", "-C", str(repo), "hash-object", "-t", "commit",
+                              "--literally", "-w", "--stdin"], input=body, text=True,
+                             capture_output=True, check=True).stdout.strip()
+    assert git(repo, "rev-list", "--parents", "-n", "1", crafted) == crafted  # git: a root
+    assert commit_record(repo, crafted) is None
+    q = queue(repo, tmp_path)
+    built = q.build(QueueEntry(item="x", commit=crafted), start, start)
+    assert isinstance(built, str) and "refused" in built, built
+    assert not q.worktree("x").exists()
