@@ -93,20 +93,23 @@ def _loop_summary(run_id: str, values: dict[str, Any], ts: str) -> dict[str, Any
 def list_runs() -> list[dict[str, Any]]:
     """Every ``choir run`` and ``choir verify`` stored under this CHOIR_HOME, newest first."""
     from choir._core.paths import choir_home
+    from choir.attest import trusted_key_ids
     from choir.evidence.artifacts import ArtifactStore
-    from choir.verification.session import read_session
+    from choir.verification.session import read_sealed_session
 
     home, store = choir_home(), ArtifactStore()
+    trusted = trusted_key_ids(home)
     rows = []
     for run_id in _loop_threads(home):
         state = _loop_state(home, run_id)
         if state is not None:
             rows.append(_loop_summary(run_id, *state))
     for run_id in store.iter_runs():
-        session = read_session(store.run_dir(run_id))
-        if session is not None:
+        read = read_sealed_session(store.run_dir(run_id), trusted)
+        if read is not None:  # its status is shown only with its seal's verdict
+            session, seal = read
             rows.append({"run_id": run_id, "kind": "verify", "status": session["status"],
-                         "repo": session.get("repo"), "work_item": "",
+                         "seal": seal, "repo": session.get("repo"), "work_item": "",
                          "mood": session.get("mood", ""), "attempt": 1,
                          "reason": "", "updated": session.get("timestamp_end") or ""})
     from choir.team.state import list_plans
@@ -248,7 +251,10 @@ def list_command(as_json: bool, repo: Path | None) -> int:
     if not rows:
         click.echo("no runs yet: `choir verify` or `choir run WORKITEM.yaml` makes one")
     for r in rows:
-        click.echo(f"{r['run_id']}  {r['kind']:6}  {str(r['status']).upper():17}  "
+        status = str(r["status"]).upper()
+        if r.get("seal", "valid") != "valid":  # a session record no trusted key vouches for
+            status = f"{status} (SEAL INVALID)"
+        click.echo(f"{r['run_id']}  {r['kind']:6}  {status:17}  "
                    f"{r['work_item'] or '-'}  mood {r['mood'] or '-'}  attempt {r['attempt']}  "
                    f"{str(r['updated'])[:19]}  {plain_lines(r.get('repo') or '-')}")
     return EXIT_OK

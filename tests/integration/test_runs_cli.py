@@ -92,6 +92,8 @@ def test_runs_show_says_when_a_sessions_record_is_not_sealed(tmp_path: Path,
     repo = calc_repo(tmp_path / "repo", canary="c", sandbox="local")
     session = json.loads(run("verify", "--repo", str(repo), "--json").stdout)["run_id"]
     assert json.loads(run("runs", "show", session, "--json").stdout)["seal"] == "valid"
+    assert [r["seal"] for r in json.loads(run("runs", "list", "--json").stdout)
+            if r["run_id"] == session] == ["valid"]
     manifest = choir_home / "artifacts" / "runs" / session / "manifest.json"
     os.chmod(manifest, 0o644)
     manifest.write_text(manifest.read_text().replace('"status": "FAIL"', '"status": "PASS"'))
@@ -99,6 +101,12 @@ def test_runs_show_says_when_a_sessions_record_is_not_sealed(tmp_path: Path,
     assert shown["status"] == "PASS" and shown["seal"].startswith("INVALID"), shown["seal"]
     text = run("runs", "show", session).stdout
     assert "seal: INVALID" in text and "not vouched for" in text, text
+    # the list says so too (it printed the forged PASS as it printed any other)
+    [listed] = [r for r in json.loads(run("runs", "list", "--json").stdout)
+                if r["run_id"] == session]
+    assert listed["status"] == "PASS" and listed["seal"].startswith("INVALID"), listed
+    [line] = [ln for ln in run("runs", "list").stdout.splitlines() if ln.startswith(session)]
+    assert "PASS (SEAL INVALID)" in line, line
     elsewhere = tmp_path / "elsewhere.json"  # the same forged record, through a link
     elsewhere.write_bytes(manifest.read_bytes())
     manifest.unlink()
