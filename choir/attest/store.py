@@ -19,15 +19,21 @@ from typing import Any
 from pydantic import ValidationError
 
 from choir._core.canonical import blake3_hex, canonical_json, is_hash
-from choir._core.paths import artifact_dir, choir_home
+from choir._core.paths import choir_home
 from choir.attest.keys import signer_counts, trust_root
 from choir.attest.mint import signed_bytes
-from choir.evidence.artifacts import STALE_GRACE_S, STALE_MAX_S, remove_stale, write_once
+from choir.evidence.artifacts import (
+    STALE_GRACE_S,
+    STALE_MAX_S,
+    ArtifactStore,
+    remove_stale,
+    write_once,
+)
 from choir.exceptions import IntegrityError, NotFoundError, UserError
 from choir.models import Attestation
 
 MAX_FILE = 4 << 20
-TMP = ".tmp"  # a writer's temp, named for its pid: a killed one's is cleared (gc_tmp)
+TMP = ".tmp"  # a writer's temp, named for its pid: a killed one's is cleared
 
 
 class AttestationStore:
@@ -101,10 +107,6 @@ class AttestationStore:
             raise IntegrityError(f"attestation file {att_id} does not hold attestation {att_id}")
         return att
 
-    def gc_tmp(self, max_age_s: float = STALE_MAX_S, grace_s: float = STALE_GRACE_S) -> int:
-        """Remove the temps of writers killed mid-``put`` (``remove_stale``); how many."""
-        return remove_stale(self.root / TMP, max_age_s=max_age_s, grace_s=grace_s)
-
     def ids(self) -> Iterator[str]:
         """Ids of the stored attestations (here and in the shared index), sorted."""
         local = {p.stem for p in self.root.glob("*.json") if is_hash(p.stem)}
@@ -161,7 +163,9 @@ def clear_stale_temps() -> int:
     is gone and it is ten minutes old, or once it is a day old (``remove_stale``). Cleared
     in passing by every ``choir verify`` round, beside its snapshot; never raises."""
     removed = 0
-    for folder in (artifact_dir() / "tmp", choir_home() / "attestations" / TMP):
-        with contextlib.suppress(OSError):
-            removed += remove_stale(folder, max_age_s=STALE_MAX_S, grace_s=STALE_GRACE_S)
+    with contextlib.suppress(OSError):
+        removed += ArtifactStore().gc_tmp(max_age_s=STALE_MAX_S, grace_s=STALE_GRACE_S)
+    with contextlib.suppress(OSError):  # not AttestationStore(): it may open a shared index
+        removed += remove_stale(choir_home() / "attestations" / TMP, max_age_s=STALE_MAX_S,
+                                grace_s=STALE_GRACE_S)
     return removed

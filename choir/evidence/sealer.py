@@ -151,9 +151,9 @@ class Sealer:
         bad = beside.result()
         if bad is None:  # no answer: the same check, here
             self.check()
-            bad = self._bad
-        self._bad = bad
-        for rel in sorted(bad & self.kept):  # path order: the cursor opens each folder once
+        else:
+            self._bad = bad
+        for rel in sorted(self._bad & self.kept):  # path order: the cursor opens each folder once
             row = self.base_rows[rel]
             kind, digest = row[5].decode(), row[6]
             if self._still(rel.split("/"), kind, digest):
