@@ -24,9 +24,6 @@ class FakeQueue:
         self.built: list[str] = []
         self.landed: list[str] = []
 
-    def item_tree(self, item_id: str) -> Path:
-        return Path("/trees/items") / item_id / "tree"
-
     def build(self, entry: QueueEntry, onto: str, start: str = "") -> QueueEntry | str:
         if (entry.item, onto) in self.conflicts:
             return f"merge conflict with the integration branch in: {entry.item}.txt"
