@@ -19,16 +19,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from choir._core.canonical import blake3_hex, canonical_json, is_hash
-from choir._core.paths import choir_home
+from choir._core.paths import artifact_dir, choir_home
 from choir.attest.keys import signer_counts, trust_root
 from choir.attest.mint import signed_bytes
-from choir.evidence.artifacts import (
-    STALE_GRACE_S,
-    STALE_MAX_S,
-    ArtifactStore,
-    remove_stale,
-    write_once,
-)
+from choir.evidence.artifacts import STALE_GRACE_S, STALE_MAX_S, remove_stale, write_once
 from choir.exceptions import IntegrityError, NotFoundError, UserError
 from choir.models import Attestation
 
@@ -163,9 +157,9 @@ def clear_stale_temps() -> int:
     is gone and it is ten minutes old, or once it is a day old (``remove_stale``). Cleared
     in passing by every ``choir verify`` round, beside its snapshot; never raises."""
     removed = 0
-    with contextlib.suppress(OSError):
-        removed += ArtifactStore().gc_tmp(max_age_s=STALE_MAX_S, grace_s=STALE_GRACE_S)
-    with contextlib.suppress(OSError):  # not AttestationStore(): it may open a shared index
-        removed += remove_stale(choir_home() / "attestations" / TMP, max_age_s=STALE_MAX_S,
-                                grace_s=STALE_GRACE_S)
+    # by path, not through the stores: they would make their folders (a verify refused for
+    # its configuration leaves none), and AttestationStore() may open a shared index
+    for folder in (artifact_dir() / "tmp", choir_home() / "attestations" / TMP):
+        with contextlib.suppress(OSError):
+            removed += remove_stale(folder, max_age_s=STALE_MAX_S, grace_s=STALE_GRACE_S)
     return removed

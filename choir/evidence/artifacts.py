@@ -370,9 +370,9 @@ class ArtifactStore:
         os.replace(tmp, target)
         _fsync_dir(target.parent)
 
-    def gc_tmp(self, max_age_s: float = 3600.0, grace_s: float = 0.0) -> int:
+    def gc_tmp(self, max_age_s: float = 3600.0) -> int:
         """Remove temp files left by crashed writers (``remove_stale``); how many."""
-        return remove_stale(self.root / "tmp", max_age_s=max_age_s, grace_s=grace_s)
+        return remove_stale(self.root / "tmp", max_age_s=max_age_s)
 
     # -- reading ---------------------------------------------------------------------------
     def path_of(self, digest: str) -> Path:
