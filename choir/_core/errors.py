@@ -22,8 +22,6 @@ result (FAIL / INCONCLUSIVE) or exit 1. Constructors only store what they are gi
 
 from __future__ import annotations
 
-from choir._core.terminal import strip_controls
-
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (2-8 ms on the warm
 # path of `choir verify`); mypy reads any TYPE_CHECKING as true
 if TYPE_CHECKING:
@@ -83,6 +81,8 @@ class ConfigError(UserError):
         super().__init__(self.__str__())
 
     def __str__(self) -> str:
+        from choir._core.terminal import strip_controls  # its `re` stays off the warm client
+
         where = ""
         if self.path:
             where = f"{self.path}:{self.line}: " if self.line else f"{self.path}: "

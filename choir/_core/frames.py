@@ -4,32 +4,36 @@ The signing broker's channel (``choir.trusted.protocol``) and the warm service's
 (``choir.serve``) speak the same framing: a 4-byte big-endian length, then that many bytes.
 A frame longer than the reader's bound is never read (the reader returns None, and its caller
 hangs up), so a confused or hostile peer cannot make it buffer without bound. Descriptors
-travel as ``SCM_RIGHTS`` with a frame's first bytes. Standard library only: ``choir verify``
-imports this before it knows whether it needs anything heavier.
+travel as ``SCM_RIGHTS`` with a frame's first bytes. Standard library only, and ``_socket``
+rather than ``socket`` (whose ``enum`` and ``selectors`` cost the warm client 3-4 ms):
+``choir verify`` imports this before it knows whether it needs anything heavier.
 """
 
 from __future__ import annotations
 
-import array
+import _socket
 import os
-import socket
 import struct
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from socket import socket as Socket
 
 HEADER = struct.Struct(">I")
 
 
-def send(sock: socket.socket, data: bytes, fds: tuple[int, ...] = ()) -> None:
+def send(sock: _socket.socket, data: bytes, fds: tuple[int, ...] = ()) -> None:
     """Write one frame (and ``fds`` with it)."""
     frame = HEADER.pack(len(data)) + data
     if fds:
-        sent = sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                       array.array("i", fds).tobytes())])
+        sent = sock.sendmsg([frame], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS,
+                                       struct.pack(f"{len(fds)}i", *fds))])
         frame = frame[sent:]
     if frame:
         sock.sendall(frame)
 
 
-def recv_exact(sock: socket.socket, size: int) -> bytes | None:
+def recv_exact(sock: _socket.socket, size: int) -> bytes | None:
     """Exactly ``size`` bytes, or None when the stream ends first."""
     chunks: list[bytes] = []
     while size:
@@ -41,7 +45,7 @@ def recv_exact(sock: socket.socket, size: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def recv(sock: socket.socket, most: int) -> bytes | None:
+def recv(sock: _socket.socket, most: int) -> bytes | None:
     """One frame's bytes; None at the end of the stream or when it is longer than ``most``."""
     header = recv_exact(sock, HEADER.size)
     if header is None:
@@ -52,10 +56,13 @@ def recv(sock: socket.socket, most: int) -> bytes | None:
     return recv_exact(sock, size)
 
 
-def recv_with_fds(sock: socket.socket, most: int, max_fds: int) -> tuple[bytes | None, list[int]]:
+def recv_with_fds(sock: Socket, most: int, max_fds: int) -> tuple[bytes | None, list[int]]:
     """One frame and the descriptors sent with it (at most ``max_fds``; any beyond are
     closed by the kernel's truncation). The caller owns every descriptor returned, also when
-    the frame is None."""
+    the frame is None. (The receiving ends, the service and the broker, import ``socket``
+    anyway.)"""
+    import socket
+
     data, fds, flags, _ = socket.recv_fds(sock, HEADER.size, max_fds)
     if flags & socket.MSG_CTRUNC:  # more descriptors than asked for: never trust the rest
         _close(fds)

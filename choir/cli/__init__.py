@@ -141,7 +141,7 @@ def _warm(args: list[str]) -> int | None:
         _separate_now()
         return None
     from choir._core.errors import UserError
-    from choir._core.paths import choir_home
+    from choir._core.paths import home_dir
     from choir.serve import client
 
     try:
@@ -150,7 +150,7 @@ def _warm(args: list[str]) -> int | None:
         _fail(str(exc))
     try:
         call, why = (None, "CHOIR_SERVE=off") if mode == "off" else \
-            client.Call.start(choir_home(), {"argv": args})
+            client.Call.start(home_dir(), {"argv": args})
     except KeyboardInterrupt:  # queued behind busy workers, and the user gave up
         return _aborted()
     if call is None:

@@ -18,20 +18,20 @@ recording evidence): a connection lost then is ``Lost``, reported as a failure.
 that must not measure the cold path by accident).
 
 Standard library only, and only its light modules (no ``dataclasses``, whose ``inspect``
-costs a warm command 12 ms), as it runs before the command knows whether it needs anything
-more.
+costs a warm command 12 ms; no ``json``, ``socket`` or ``pathlib``, which bring ``re``,
+``enum``, ``selectors``, ``urllib`` and ``ipaddress``: ``choir._core.wirejson``, ``_socket``
+and plain path strings instead), as it runs before the command knows whether it needs
+anything more.
 """
 
 from __future__ import annotations
 
-import json
+import _socket
 import os
-import socket
 import struct
 import sys
-from pathlib import Path
 
-from choir._core import frames
+from choir._core import frames, wirejson
 from choir._core.errors import UserError
 from choir._version import __version__
 from choir.serve import place, stale
@@ -39,6 +39,7 @@ from choir.serve import place, stale
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (2-8 ms on the warm
 # path of `choir verify`); mypy reads any TYPE_CHECKING as true
 if TYPE_CHECKING:
+    from os import PathLike
     from typing import Any
 
 ENV = "CHOIR_SERVE"
@@ -64,7 +65,7 @@ def mode() -> str:
     return value
 
 
-def connect(home: Path) -> tuple[socket.socket | None, str]:
+def connect(home: str | PathLike[str]) -> tuple[_socket.socket | None, str]:
     """A connection to ``home``'s service, or None and why not."""
     try:
         fd = place.open_folder(home, create=False)
@@ -73,7 +74,7 @@ def connect(home: Path) -> tuple[socket.socket | None, str]:
         try:
             if not place.check_socket(fd):
                 return None, "no service runs for this CHOIR_HOME (`choir serve` starts one)"
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
             try:
                 sock.connect(place.socket_address(fd))
             except OSError:
@@ -83,7 +84,7 @@ def connect(home: Path) -> tuple[socket.socket | None, str]:
             os.close(fd)
     except UserError as exc:
         return None, f"not using the service: {exc}"
-    _, uid, _ = _CREDS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+    _, uid, _ = _CREDS.unpack(sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED,
                                               _CREDS.size))
     if uid != os.geteuid():
         sock.close()
@@ -99,10 +100,10 @@ def context() -> dict[str, Any]:
             "environ": dict(os.environ)}
 
 
-def _message(sock: socket.socket) -> dict[str, Any] | None:
+def _message(sock: _socket.socket) -> dict[str, Any] | None:
     try:
         data = frames.recv(sock, MAX_ANSWER)
-        message = json.loads(data) if data is not None else None
+        message = wirejson.loads(data) if data is not None else None
     except (OSError, ValueError):
         return None
     return message if isinstance(message, dict) and len(message) == 1 else None
@@ -111,12 +112,12 @@ def _message(sock: socket.socket) -> dict[str, Any] | None:
 class Call:
     """One request a worker took; it answers with the command's exit code."""
 
-    def __init__(self, sock: socket.socket, pid: int) -> None:
+    def __init__(self, sock: _socket.socket, pid: int) -> None:
         self.sock = sock
         self.pid = pid
 
     @classmethod
-    def start(cls, home: Path, request: dict[str, Any],
+    def start(cls, home: str | PathLike[str], request: dict[str, Any],
               stdio: tuple[int, int, int] = (0, 1, 2)) -> tuple[Call | None, str]:
         """Send ``request`` (``choir.serve.wire``'s fields) with this process's working
         directory, root and ``stdio`` (what the command reads and prints on), and wait until
@@ -125,7 +126,7 @@ class Call:
         if sock is None:
             return None, why
         try:
-            envelope = json.dumps({"context": context(), "request": request}).encode()
+            envelope = wirejson.dumps({"context": context(), "request": request})
             cwd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             try:

@@ -8,16 +8,21 @@ is then reached from that descriptor (``dir_fd``, or ``/proc/self/fd/N/sock`` fo
 socket, which also keeps a long home under the 108-byte limit of a socket address). Another
 user who pre-creates the folder, swaps it for a link or opens it up is refused by both, and
 a folder renamed away after the check changes nothing: the descriptor still names the
-checked one. Standard library only: the client imports it on every ``choir verify``.
+checked one. Standard library only, and no ``pathlib``: the client imports it on every
+``choir verify``.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-from pathlib import Path
 
 from choir._core.errors import UserError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from os import PathLike
+    from pathlib import Path
 
 FOLDER = "serve"
 SOCKET = "sock"
@@ -25,20 +30,22 @@ LOCK = "lock"
 LOG = "log"
 
 
-def folder(home: Path) -> Path:
-    return home / FOLDER
+def folder(home: str | PathLike[str]) -> Path:
+    from pathlib import Path
+
+    return Path(home, FOLDER)
 
 
-def open_folder(home: Path, *, create: bool) -> int | None:
+def open_folder(home: str | PathLike[str], *, create: bool) -> int | None:
     """A descriptor of ``$CHOIR_HOME/serve`` once it is checked; None when it does not exist
     (and ``create`` is false).
 
     Raises:
         UserError: it is a link, not a folder, not this user's, or open to others.
     """
-    path = folder(home)
+    path = os.path.join(home, FOLDER)
     if create:
-        home.mkdir(parents=True, exist_ok=True)
+        os.makedirs(home, exist_ok=True)
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:

@@ -10,8 +10,8 @@ that act before any code runs (``PYTHON*``, ``LD_*``, the locale's). Anything el
 environment is the request's own: the worker runs with the client's environment, never the
 service's. A client that differs in any of these is told the service is stale and runs cold.
 
-Standard library only, and cheap (a few hundred ``stat`` calls): the client computes it on
-every ``choir verify``.
+Standard library only (no ``pathlib``), and cheap (a few hundred ``stat`` calls): the client
+computes it on every ``choir verify``.
 """
 
 from __future__ import annotations
@@ -19,13 +19,12 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Mapping
-from pathlib import Path
 
 from choir._version import __version__
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 
@@ -47,7 +46,7 @@ START_NAMES = ("LANG", "LC_ALL", "LC_CTYPE")
 ones choose the encoding of the standard streams and of file names)."""
 
 
-def _package_files(root: Path) -> list[str]:
+def _package_files(root: str) -> list[str]:
     rows: list[str] = []
     for dirpath, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
@@ -61,21 +60,20 @@ def _package_files(root: Path) -> list[str]:
     return rows
 
 
-def _data_roots(package: Path) -> list[Path]:
+def _data_roots(package: str) -> list[str]:
     """Where the packaged policies and prompts are (``choir._core.resources``)."""
-    packaged = package / "_data"
-    if packaged.is_dir():
+    if os.path.isdir(os.path.join(package, "_data")):
         return []  # inside the package: already walked
-    return [package.parent / "policies", package.parent / "prompts"]
+    return [os.path.join(os.path.dirname(package), name) for name in ("policies", "prompts")]
 
 
 def code() -> str:
     """A digest of the code a request would run: package, data, interpreter, installs."""
     import choir
 
-    package = Path(choir.__file__).resolve().parent
+    package = os.path.dirname(os.path.realpath(choir.__file__))
     digest = _sha256()
-    for part in (__version__, str(package), os.path.realpath(sys.executable), sys.version,
+    for part in (__version__, package, os.path.realpath(sys.executable), sys.version,
                  sys.prefix, *_package_files(package)):
         digest.update(part.encode("utf-8", "surrogateescape") + b"\n")
     for root in _data_roots(package):
