@@ -19,7 +19,9 @@
    the plans of 2 and of 8. The machine's busy CPU seconds (``/proc/stat``) over each plan
    show whether the 8 could fit in 1.3x the 2 on this many cores at all.
    ``--profile``: where that cost goes (the driver's own calls, timed in the plan's process:
-   git processes, checkpoint writes, the gate, the published record), per item.
+   git processes, checkpoint writes, the gate, the published record), per item, in the
+   series plan of 2 (of 8 with ``--chain8``), and what is left of it outside git processes:
+   the scheduling itself.
 """
 
 from __future__ import annotations
@@ -118,6 +120,8 @@ def _busy_s() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+GIT_WRITES = "git writes (each: a config listing, then git)"
+GIT_READS = "git reads"
 INSIDE: contextvars.ContextVar[bool] = contextvars.ContextVar("inside", default=False)
 
 
@@ -172,8 +176,8 @@ class Profile:
 
         for owner, name, label in (
                 (driver.Driver, "_run", None), (queue, "verify_tree", None),
-                (GitRepo, "write", "git writes (each: a config listing, then git)"),
-                (GitRepo, "run", "git reads"),
+                (GitRepo, "write", GIT_WRITES),
+                (GitRepo, "run", GIT_READS),
                 (GitRepo, "add_worktree", "  of which worktrees made"),
                 (queue, "commit_tree_hash", "  of which tree hashes of commits"),
                 (queue, "check_gate", "gate checks (an item's, when it lands)"),
@@ -211,14 +215,24 @@ def plans(profile: bool = False, chain8: bool = False) -> None:
         # checkpoint and AHDB tables made, the signing key, the store's folders) is not a
         # cost of every plan, and landed on whichever plan came first
         _plan(Path(tmp) / "first", "first", 1, chain=True, parallel=1)
-        if profile:
+        if profile:  # the series plan of 2 (of 8 with --chain8), its driver's calls timed
             with Profile() as prof:
-                series = _plan(Path(tmp) / "series", "series", 2, chain=True, parallel=1)
+                series = _plan(Path(tmp) / "series", "series", 8 if chain8 else 2, chain=True,
+                               parallel=1)
             inside = sum(r.get("run_s", 0) + r.get("integration_s", 0)
                          for r in series["items"].values())
-            print(f"series plan of 2: {series['wall_s']:.1f} s, {inside:.1f} s inside runs "
+            print(f"series plan of {len(series['items'])}: {series['wall_s']:.1f} s, "
+                  f"{inside:.1f} s inside runs "
                   f"and rounds; the driver's calls per item:")
             prof.show(len(series["items"]))
+            items = len(series["items"])
+            git = sum(prof.spent.get(k, [0.0])[0] for k in (GIT_WRITES, GIT_READS))
+            own = (series["wall_s"] - inside) / items
+            print(f"the driver's own cost per item: {own * 1000:.0f} ms, of which git "
+                  f"processes {git / items * 1000:.0f} ms (worktrees, the "
+                  f"commit, the merge, the landing) and the scheduling itself (the graph's "
+                  f"steps, checkpoints, the record) "
+                  f"{(series['wall_s'] - inside - git) / items * 1000:.0f} ms")
             return
         series = _plan(Path(tmp) / "series", "series", 2, chain=True, parallel=1)
         wide = _plan(Path(tmp) / "wide", "wide", 8, chain=False, parallel=4)
@@ -278,7 +292,7 @@ def main() -> None:
     global ROUND_S, MEMBER_S
     ROUND_S, MEMBER_S = args.round_s, args.member_s
     if args.profile:
-        plans(profile=True)
+        plans(profile=True, chain8=args.chain8)
         return
     worktrees(args.files, args.runs)
     if not args.skip_plans:
