@@ -45,6 +45,7 @@ class RunRow:
     started: str
     updated: str
     tree_hash: str = ""
+    seal: str = ""  # a verify session's: its seal's verdict, read when its page is shown
 
 
 def _records(data: bytes) -> list[dict[str, Any]]:

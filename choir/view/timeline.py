@@ -17,7 +17,7 @@ from choir.exceptions import IntegrityError, UserError
 from choir.models import RunManifest
 from choir.trace.model import TraceEvent
 from choir.trace.record import read_trace, record_path
-from choir.verification.session import read_session
+from choir.verification.session import read_sealed_session
 from choir.view.reads import Stores, load_manifest
 
 
@@ -126,9 +126,18 @@ def run_timeline(stores: Stores, run_id: str) -> Timeline:
     return out
 
 
-def session(stores: Stores, run_id: str) -> dict[str, Any] | None:
-    """The session manifest of ``choir verify`` ``run_id`` (as stored), or None."""
-    return read_session(stores.artifacts.run_dir(run_id))
+def session(stores: Stores, run_id: str) -> tuple[dict[str, Any], str] | None:
+    """The session manifest of ``choir verify`` ``run_id`` as stored, with its seal's verdict
+    over the very bytes read (``seal_verdict``), or None."""
+    keys, _ = stores.trusted_keys()
+    read = read_sealed_session(stores.artifacts.run_dir(run_id), keys or set())
+    return None if read is None else (read[0], seal_verdict(read[1], keys))
+
+
+def seal_verdict(verdict: str, keys: set[str] | None) -> str:
+    """``read_sealed_session``'s verdict as the viewer says it: ``valid``, ``INVALID: why``,
+    or ``UNCHECKED`` on a home where no key is pinned yet (nothing could vouch)."""
+    return "UNCHECKED: no key is pinned on this home yet" if keys is None else verdict
 
 
 def has_trace(stores: Stores, run_id: str) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from choir.attest import verify_dsse
+from choir.attest import trusted_key_ids, verify_dsse
 from choir.evidence.artifacts import ArtifactStore
 from choir.view.text import LINE_MAX
 from tests.viewhome import (
@@ -261,3 +261,27 @@ def test_the_viewer_process_cannot_read_the_key_yet_signs_a_dsse_export(
         answer = c.get(f"/attestation/{unit.id}/dsse.json")  # type: ignore[attr-defined]
         assert answer.status_code == 200, answer.text[-500:]
         assert verify_dsse(answer.json(), unit.public_key)  # type: ignore[attr-defined]
+
+
+def test_a_session_record_rewritten_without_the_key_is_shown_as_unsealed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run list and a session's page show the status a record says only with its seal's
+    verdict over the very bytes shown (``choir runs list`` does the same): a FAIL rewritten
+    to PASS by someone with the user's rights, but not the key, reads "SEAL INVALID"."""
+    home = tmp_path / "forged"
+    monkeypatch.setenv("CHOIR_HOME", str(home))  # sealed by this home's own key
+    synthetic_runs(home, home / "artifacts", 3, traced_every=0)  # 000000 is a FAIL
+    trusted_key_ids(home)  # its key pinned, as every command that signs pins it
+    forged = home / "artifacts" / "runs" / "verify-000000" / "manifest.json"
+    forged.chmod(0o644)
+    forged.write_text(forged.read_text().replace('"status": "FAIL"', '"status": "PASS"'))
+    with view_server(home) as s, httpx.Client(base_url=s.base, timeout=30) as c:
+        c.get(f"/?token={s.token}")
+        rows = {row.split('class="run-link"')[1].split(">")[1].split("<")[0]: row
+                for row in c.get("/?kind=verify").text.split("<tr>")[2:]}
+        assert set(rows) == {"verify-000000", "verify-000001", "verify-000002"}
+        assert "SEAL INVALID" in rows["verify-000000"] and "v-pass" in rows["verify-000000"]
+        assert not any("SEAL" in rows[r] for r in ("verify-000001", "verify-000002"))
+        page = c.get("/run/verify-000000").text
+        assert "SEAL INVALID" in page and "not the sealed" in page
+        assert "SEAL" not in c.get("/run/verify-000001").text
