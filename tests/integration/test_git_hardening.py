@@ -408,3 +408,55 @@ def test_a_config_that_is_a_fifo_does_not_hang_the_listing(tmp_path: Path) -> No
     gitmod._PINS.clear()
     found._program_pins()  # git does not read config.worktree unless the extension says so
     assert not gitmod._PINS
+
+
+def _worktrees(tmp_path: Path, n: int) -> tuple[Path, list[Path]]:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "a.txt").write_text("a\n")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "a")
+    trees = [tmp_path / "items" / f"i{k}" / "tree" for k in range(n)]  # one name, as a plan's
+    for tree in trees:
+        git(repo, "worktree", "add", "-q", "--detach", str(tree), "main")
+    return repo, trees
+
+
+def test_a_worktree_is_found_without_resolving_every_other_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan makes a worktree record per item and git forgets them at its end: resolving
+    every record's pointer on every lookup made a plan's lookups grow with the square of its
+    items. Only the record that names the worktree is resolved now, and it is kept."""
+    import choir.evidence.git as G
+
+    repo, trees = _worktrees(tmp_path, 30)
+    found = G.locate(repo)
+    assert found is not None
+    resolved: list[str] = []
+    real = os.path.realpath
+    monkeypatch.setattr(G.os.path, "realpath",
+                        lambda p, *a, **k: resolved.append(str(p)) or real(p, *a, **k))
+    for tree in (trees[0], trees[-1], trees[0]):
+        resolved.clear()
+        made = found.worktree_at(tree)
+        assert made is not None and made.root == tree.resolve()
+        assert len(resolved) <= 3, resolved  # the path, its record's pointer, the remount
+
+
+def test_a_kept_worktree_record_is_checked_again_before_it_is_used(tmp_path: Path) -> None:
+    """The record found last time is used only while it still names the worktree: one
+    rewritten to name another folder is not that worktree's (the others are read again)."""
+    from choir.evidence.git import locate
+
+    repo, trees = _worktrees(tmp_path, 3)
+    found = locate(repo)
+    assert found is not None
+    first = found.worktree_at(trees[1])
+    assert first is not None
+    pointer = first.git_dir / "gitdir"
+    pointer.write_text(f"{tmp_path / 'elsewhere' / '.git'}\n")
+    assert found.worktree_at(trees[1]) is None
+    pointer.write_text(f"{trees[1].resolve() / '.git'}\n")
+    again = found.worktree_at(trees[1])
+    assert again is not None and again.git_dir == first.git_dir
