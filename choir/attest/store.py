@@ -159,7 +159,7 @@ def clear_stale_temps() -> int:
     removed = 0
     # by path, not through the stores: they would make their folders (a verify refused for
     # its configuration leaves none), and AttestationStore() may open a shared index
-    for folder in (artifact_dir() / "tmp", choir_home() / "attestations" / TMP):
+    for root, rel in ((artifact_dir(), "tmp"), (choir_home(), f"attestations/{TMP}")):
         with contextlib.suppress(OSError):
-            removed += remove_stale(folder, max_age_s=STALE_MAX_S, grace_s=STALE_GRACE_S)
+            removed += remove_stale(root, rel, max_age_s=STALE_MAX_S, grace_s=STALE_GRACE_S)
     return removed

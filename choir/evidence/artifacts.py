@@ -185,35 +185,58 @@ STALE_GRACE_S = 600.0  # a dead writer's temp is left this long when cleared in 
 STALE_MAX_S = 86400.0  # and any temp this old, whoever named it
 
 
-def remove_stale(folder: Path, *, max_age_s: float, grace_s: float = 0.0) -> int:
-    """Remove the temp files in ``folder`` that no live writer will link; how many.
+def remove_stale(root: Path, rel: str, *, max_age_s: float, grace_s: float = 0.0) -> int:
+    """Remove the temp files in the folder ``rel`` under ``root`` that no live writer will
+    link; how many.
 
     A temp is named ``KIND-PID-HEX`` by its writer: it is stale when that pid is gone and it
     is older than ``grace_s`` (a writer in another pid namespace, whose pid means nothing
     here, is spared while it keeps writing), or when it is older than ``max_age_s``, or when
-    it is named otherwise and older than ``grace_s``. Only regular files are removed.
+    it is named otherwise (a pid part that is no pid included) and older than ``grace_s``.
+    Only regular files are removed.
+
+    The folder is reached from ``root`` one component at a time, no link followed
+    (``choir._core.fsopen``), and listed and cleared by descriptor: whoever can write the
+    home could otherwise swap the folder for a link to the user's own files, and each verify
+    would delete the ones ten minutes old. A folder that cannot be reached so is left alone.
     """
     removed = 0
     now = time.time()
     try:
-        entries = list(os.scandir(folder))
-    except FileNotFoundError:
+        with fsopen.DirCursor(os.path.realpath(root)) as cursor:
+            fd = os.dup(cursor.dir(fsopen.split(rel)))
+    except OSError:  # missing, or a link or not a folder on the way
         return 0
-    for entry in entries:
-        parts = entry.name.split("-")
-        pid = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            continue
-        age = now - st.st_mtime
-        if age > max_age_s or (age > grace_s and (pid is None or not _pid_alive(pid))):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(entry.path)
-            removed += 1
+    try:
+        with os.scandir(fd) as found:
+            entries = list(found)
+        for entry in entries:
+            pid = _writer_pid(entry.name)
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            age = now - st.st_mtime
+            if age > max_age_s or (age > grace_s and (pid is None or not _pid_alive(pid))):
+                with contextlib.suppress(OSError):  # gone, or swapped for a folder meanwhile
+                    os.unlink(entry.name, dir_fd=fd)
+                    removed += 1
+    finally:
+        os.close(fd)
     return removed
+
+
+def _writer_pid(name: str) -> int | None:
+    """The pid a temp's name gives its writer (``KIND-PID-HEX``), or None: named otherwise,
+    or its pid part no pid (not ASCII digits, 0, or past what ``kill`` takes)."""
+    parts = name.split("-")
+    if len(parts) != 3 or not parts[1].isascii() or not parts[1].isdigit() or \
+            len(parts[1]) > 10:
+        return None
+    pid = int(parts[1])
+    return pid if 0 < pid < 2 ** 31 else None
 
 
 class ArtifactWriter:
@@ -372,7 +395,7 @@ class ArtifactStore:
 
     def gc_tmp(self, max_age_s: float = 3600.0) -> int:
         """Remove temp files left by crashed writers (``remove_stale``); how many."""
-        return remove_stale(self.root / "tmp", max_age_s=max_age_s)
+        return remove_stale(self.root, "tmp", max_age_s=max_age_s)
 
     # -- reading ---------------------------------------------------------------------------
     def path_of(self, digest: str) -> Path:

@@ -87,3 +87,30 @@ def test_an_attestation_writer_killed_mid_put_leaves_its_temp_in_tmp_only(
     os.utime(left, (then, then))
     assert clear_stale_temps() == 1 and not left.exists()
     assert store.put(att).is_file()  # and the attestation is stored as if nothing happened
+
+
+def test_a_temp_folder_swapped_for_a_link_clears_nothing_through_it(
+        choir_home: Path, tmp_path: Path) -> None:
+    """Whoever can write the home can swap a temp folder for a link to the user's files:
+    clearing temps by path followed it, and every verify deleted the files there that were
+    ten minutes old. The folders are opened without following a link now."""
+    papers = tmp_path / "papers"
+    papers.mkdir()
+    mine = [aged(papers / "thesis.tex", 700), aged(papers / f"w-{dead_pid()}-a1", 700)]
+    for folder in (ArtifactStore().root / "tmp", choir_home / "attestations" / ".tmp"):
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.rmdir()
+        folder.symlink_to(papers)
+    assert clear_stale_temps() == 0
+    assert all(p.exists() for p in mine)
+
+
+def test_a_temp_named_to_trip_the_pid_parse_is_cleared_not_raised(choir_home: Path) -> None:
+    """Names whose pid part is no pid (a digit ``int`` refuses, one too large for ``kill``)
+    failed every verify after they were planted; they are named otherwise, so stale."""
+    tmp = ArtifactStore().root / "tmp"
+    odd = [aged(tmp / "w-\u00b2-ab", 700), aged(tmp / f"w-{2 ** 70}-ab", 700),
+           aged(tmp / "w-0-ab", 700)]
+    young = aged(tmp / f"w-{2 ** 70}-cd", 30)
+    assert clear_stale_temps() == len(odd)
+    assert not any(p.exists() for p in odd) and young.exists()
