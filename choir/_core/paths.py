@@ -11,9 +11,22 @@ if TYPE_CHECKING:
 
 def home_dir() -> str:
     """``choir_home()`` as a string: the warm client's (``choir.serve.client``), which
-    imports no ``pathlib`` (with its ``urllib`` and ``ipaddress``: 4-6 ms)."""
-    return os.path.expanduser(os.environ.get("CHOIR_HOME")
-                              or os.path.join(os.path.expanduser("~"), ".choir"))
+    imports no ``pathlib`` (with its ``urllib`` and ``ipaddress``: 4-6 ms).
+
+    Raises:
+        UserError: a ``~`` that cannot be expanded (no ``HOME`` and no passwd entry, or an
+            unknown ``~user``): it would name a folder ``~`` in whatever directory the
+            command runs in, the repo under verification included.
+    """
+    value = os.environ.get("CHOIR_HOME") or os.path.join("~", ".choir")
+    found = os.path.expanduser(value)
+    if found.startswith("~"):
+        from choir._core.errors import UserError
+
+        raise UserError(f"CHOIR_HOME {value!r}: no home folder is known to expand '~' (HOME "
+                        "is unset and this user has no passwd entry, or the user is "
+                        "unknown)\n  fix: set CHOIR_HOME to an absolute path")
+    return found
 
 
 def choir_home() -> Path:

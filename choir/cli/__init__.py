@@ -145,12 +145,12 @@ def _warm(args: list[str]) -> int | None:
     from choir.serve import client
 
     try:
-        mode = client.mode()
+        mode, home = client.mode(), home_dir()
     except UserError as exc:
         _fail(str(exc))
     try:
         call, why = (None, "CHOIR_SERVE=off") if mode == "off" else \
-            client.Call.start(home_dir(), {"argv": args})
+            client.Call.start(home, {"argv": args})
     except KeyboardInterrupt:  # queued behind busy workers, and the user gave up
         return _aborted()
     if call is None:
