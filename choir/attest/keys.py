@@ -176,6 +176,20 @@ def trust_root(home: Path | None = None) -> TrustRoot:
                      first_use, revoked)
 
 
+def pinned_trust_root(home: Path | None = None) -> TrustRoot | None:
+    """``trust_root`` when keys are pinned (``$CHOIR_TRUSTED_KEYS`` or the file), else None:
+    for the commands that only read (``choir runs``, ``choir view``), which must not pin,
+    since pinning on first use creates this home's signing key.
+
+    Raises:
+        ConfigError: what is pinned is malformed (``trust_root``).
+    """
+    env = os.environ.get(TRUST_ENV)
+    if (env is not None and env.strip()) or ((home or choir_home()) / PIN_FILE).exists():
+        return trust_root(home)
+    return None
+
+
 def revoked_key_ids(home: Path | None = None) -> frozenset[str]:
     """Key ids that never count again: ``$CHOIR_REVOKED_KEYS`` and ``$CHOIR_HOME/revoked_keys``.
 

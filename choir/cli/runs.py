@@ -90,15 +90,23 @@ def _loop_summary(run_id: str, values: dict[str, Any], ts: str) -> dict[str, Any
             "reason": values.get("reason", ""), "updated": ts}
 
 
+def _pinned(home: Path) -> set[str] | None:
+    """The key ids a session's seal is checked against, None when none is pinned yet: read
+    without pinning (listing runs must not create a signing key)."""
+    from choir.attest.keys import pinned_trust_root
+
+    root = pinned_trust_root(home)
+    return None if root is None else set(root.keys)
+
+
 def list_runs() -> list[dict[str, Any]]:
     """Every ``choir run`` and ``choir verify`` stored under this CHOIR_HOME, newest first."""
     from choir._core.paths import choir_home
-    from choir.attest import trusted_key_ids
     from choir.evidence.artifacts import ArtifactStore
     from choir.verification.session import read_sealed_session
 
     home, store = choir_home(), ArtifactStore()
-    trusted = trusted_key_ids(home)
+    trusted = _pinned(home)
     rows = []
     for run_id in _loop_threads(home):
         state = _loop_state(home, run_id)
@@ -212,10 +220,9 @@ def show_run(run_id: str, with_output: bool = True) -> dict[str, Any]:
             "id", "kind", "status", "claim", "tree_hash", "attestations", "updated_at"})
             for atom in open_ahdb(home).atoms(work_item=item)] if item else []
         return out
-    from choir.attest import trusted_key_ids
     from choir.verification.session import read_sealed_session
 
-    read = read_sealed_session(store.run_dir(run_id), trusted_key_ids(home))
+    read = read_sealed_session(store.run_dir(run_id), _pinned(home))
     if read is None:
         raise UserError(f"no run {run_id!r} under {home}\n  fix: `choir runs list` shows them")
     session, seal = read
@@ -253,7 +260,7 @@ def list_command(as_json: bool, repo: Path | None) -> int:
     for r in rows:
         status = str(r["status"]).upper()
         if r.get("seal", "valid") != "valid":  # a session record no trusted key vouches for
-            status = f"{status} (SEAL INVALID)"
+            status = f"{status} (SEAL {str(r['seal']).split(':')[0]})"
         click.echo(f"{r['run_id']}  {r['kind']:6}  {status:17}  "
                    f"{r['work_item'] or '-'}  mood {r['mood'] or '-'}  attempt {r['attempt']}  "
                    f"{str(r['updated'])[:19]}  {plain_lines(r.get('repo') or '-')}")

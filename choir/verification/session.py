@@ -141,13 +141,19 @@ def read_session(run_dir: Path) -> dict[str, Any] | None:
     return read[1] if read is not None else None
 
 
-def read_sealed_session(run_dir: Path, trusted: Collection[str]
+UNCHECKED = "UNCHECKED: no key is pinned on this home yet"
+
+
+def read_sealed_session(run_dir: Path, trusted: Collection[str] | None
                         ) -> tuple[dict[str, Any], str] | None:
     """``read_session`` and its seal's verdict over the very bytes read: ``valid``, or
-    ``INVALID: why`` (the status it says is then vouched for by nobody)."""
+    ``INVALID: why`` (the status it says is then vouched for by nobody), or ``UNCHECKED``
+    when ``trusted`` is None (a home where no key is pinned: nothing could vouch)."""
     read = _session_bytes(run_dir)
     if read is None:
         return None
+    if trusted is None:
+        return read[1], UNCHECKED
     problem = _check_seal(run_dir, read[0], trusted)
     return read[1], "valid" if problem is None else f"INVALID: {problem}"
 

@@ -9,7 +9,6 @@ same stores without those effects; an absent store reads as empty.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +19,8 @@ from pydantic import ValidationError
 from choir._core import fsopen
 from choir._core.canonical import blake3_hex, is_hash
 from choir.ahdb import AHDB
-from choir.attest import AttestationStore, trust_root, verify_attestation
-from choir.attest.keys import TRUST_ENV
+from choir.attest import AttestationStore, verify_attestation
+from choir.attest.keys import pinned_trust_root
 from choir.config.store_url import database_url
 from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import ChoirError, IntegrityError, NotFoundError, UserError
@@ -49,13 +48,11 @@ class Stores:
     def trusted_keys(self) -> tuple[set[str] | None, str]:
         """The pinned key ids and where they came from; ``None`` when nothing is pinned yet
         (pinning is a write, left to the commands that sign)."""
-        if os.environ.get(TRUST_ENV, "").strip() or (self.home / "trusted_keys").exists():
-            try:
-                root = trust_root(self.home)
-            except ChoirError as exc:
-                return set(), f"unreadable: {str(exc)[:200]}"
-            return set(root.keys), root.source
-        return None, "no key pinned yet"
+        try:
+            root = pinned_trust_root(self.home)
+        except ChoirError as exc:
+            return set(), f"unreadable: {str(exc)[:200]}"
+        return (None, "no key pinned yet") if root is None else (set(root.keys), root.source)
 
     def ahdb(self) -> AHDB | None:
         """The shared (Postgres) AHDB, opened without a signer; None without one (SQLite is

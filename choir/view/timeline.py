@@ -128,16 +128,8 @@ def run_timeline(stores: Stores, run_id: str) -> Timeline:
 
 def session(stores: Stores, run_id: str) -> tuple[dict[str, Any], str] | None:
     """The session manifest of ``choir verify`` ``run_id`` as stored, with its seal's verdict
-    over the very bytes read (``seal_verdict``), or None."""
-    keys, _ = stores.trusted_keys()
-    read = read_sealed_session(stores.artifacts.run_dir(run_id), keys or set())
-    return None if read is None else (read[0], seal_verdict(read[1], keys))
-
-
-def seal_verdict(verdict: str, keys: set[str] | None) -> str:
-    """``read_sealed_session``'s verdict as the viewer says it: ``valid``, ``INVALID: why``,
-    or ``UNCHECKED`` on a home where no key is pinned yet (nothing could vouch)."""
-    return "UNCHECKED: no key is pinned on this home yet" if keys is None else verdict
+    over the very bytes read (``read_sealed_session``), or None."""
+    return read_sealed_session(stores.artifacts.run_dir(run_id), stores.trusted_keys()[0])
 
 
 def has_trace(stores: Stores, run_id: str) -> bool:

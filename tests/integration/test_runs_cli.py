@@ -114,6 +114,16 @@ def test_runs_show_says_when_a_sessions_record_is_not_sealed(tmp_path: Path,
     assert run("runs", "show", session).returncode == 2  # never followed
 
 
+def test_listing_runs_makes_no_key_and_pins_none(choir_home: Path) -> None:
+    """Listing runs reads: it checks seals against the keys pinned, and on a home where none
+    is pinned says so (``SEAL UNCHECKED``) rather than pin this home's key on first use,
+    which created a signing key (a review found ``runs list`` doing it on an empty home)."""
+    assert run("runs", "list").returncode == 0
+    assert json.loads(run("runs", "list", "--json").stdout) == []
+    assert not (choir_home / "trusted_keys").exists()
+    assert not list((choir_home / "keys").glob("ed25519*"))
+
+
 def test_runs_name_their_repo_and_filter_by_it(tmp_path: Path) -> None:
     # one CHOIR_HOME, two repos: every run said `-` and could not be told apart
     first = calc_repo(tmp_path / "first", canary="c", sandbox="local")
