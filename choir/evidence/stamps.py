@@ -12,7 +12,7 @@ child costs about 40 ms of interpreter start.
 The child is Choir's own code, from the folder this module was imported from, reading
 Choir's own store (``python -I -c ... ROOT RECORD``): it is given two paths, prints which
 record it read (the files' own checks, ``Table.loaded``) and how many rows, then the paths
-off their record, then an end mark. A child that fails, is killed or stopped past
+off their record, how many they are, and an end mark. A child that fails, is killed or stopped past
 ``WAIT_S``, read another record than the caller did, or whose answer is cut short gives no
 answer, and the caller checks in process instead.
 """
@@ -75,9 +75,10 @@ class Beside:
         if out is None:
             return None
         fields = out.split(b"\0")
-        if len(fields) < 3 or b"\0".join(fields[:2]) != self._want or fields[-1] != _END:
-            return None
-        return {p.decode("utf-8", "surrogateescape") for p in fields[2:-1] if p}
+        if len(fields) < 4 or b"\0".join(fields[:2]) != self._want or fields[-1] != _END \
+                or fields[-2] != str(len(fields) - 4).encode():
+            return None  # the count before the end mark: a path named "end" ends nothing
+        return {p.decode("utf-8", "surrogateescape") for p in fields[2:-2] if p}
 
     def close(self) -> None:
         """Stop a child whose answer is no longer wanted (the scan failed)."""
@@ -94,5 +95,6 @@ def main(argv: list[str]) -> int:
     bad = off_record(root, table.rows)
     sys.stdout.buffer.write(b"\0".join([table.loaded.encode(), str(len(table.rows)).encode(),
                                          *(p.encode("utf-8", "surrogateescape")
-                                           for p in sorted(bad)), _END]))
+                                           for p in sorted(bad)), str(len(bad)).encode(),
+                                         _END]))
     return 0

@@ -205,7 +205,16 @@ CUT = ("import sys, io; sys.path.insert(0, sys.argv[1]); "
        "sys.__stdout__.buffer.write(out.getvalue()[:-len(b'calc.py' + bytes(1) + b'end')])")
 
 
-@pytest.mark.parametrize("child", ["cut short", "stopped"])
+# an answer for the very record read, naming nothing off it, and ending in a field "end":
+# what one cut short after a path named "end" looked like (the end mark alone took it)
+CUT_AT_END = ("import sys, io; sys.path.insert(0, sys.argv[1]); "
+              "from choir.evidence import stamps; out = io.BytesIO(); "
+              "sys.stdout = io.TextIOWrapper(out); stamps.main(sys.argv[2:]); "
+              "sys.__stdout__.buffer.write(bytes(1).join("
+              "out.getvalue().split(bytes(1))[:2] + [b'end']))")
+
+
+@pytest.mark.parametrize("child", ["cut short", "cut after a path named end", "stopped"])
 def test_a_check_beside_the_scan_whose_answer_is_cut_or_late_is_not_used(
         repo: Path, tmp_path: Path, store_dir: Path, monkeypatch: pytest.MonkeyPatch,
         child: str) -> None:
@@ -218,6 +227,8 @@ def test_a_check_beside_the_scan_whose_answer_is_cut_or_late_is_not_used(
     monkeypatch.setattr(stamps, "SPAWN_ROWS", 0)
     if child == "cut short":
         monkeypatch.setattr(stamps, "_CHILD", CUT)
+    elif child == "cut after a path named end":
+        monkeypatch.setattr(stamps, "_CHILD", CUT_AT_END)
     else:
         monkeypatch.setattr(stamps, "_CHILD", "import time; time.sleep(600)")
         monkeypatch.setattr(stamps, "WAIT_S", 0.5)
