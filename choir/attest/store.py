@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,9 @@ class AttestationStore:
         path = self.path_of(att.id)
         tmp = self.root / TMP
         tmp.mkdir(mode=0o700, exist_ok=True)
+        if not stat.S_ISDIR(os.lstat(tmp).st_mode):  # a link: the temp would land there
+            raise IntegrityError(f"{tmp} is not a folder of the store (a link, or a file)\n"
+                                 "  fix: remove it; the store makes its own")
         write_once(path, data, f"attestation {att.id} is already stored with other content",
                    tmp / f"a-{os.getpid()}-{secrets.token_hex(8)}")
         if self.shared is not None:

@@ -379,7 +379,17 @@ class ArtifactStore:
             tmp.unlink(missing_ok=True)
 
     def _tmp_path(self, kind: str) -> Path:
-        return self.root / "tmp" / f"{kind}-{os.getpid()}-{secrets.token_hex(8)}"
+        """A new temp's name in ``tmp/``, which must be the store's own folder: one swapped
+        for a link would have every artifact written through it, into someone's folder.
+
+        Raises:
+            IntegrityError: ``tmp/`` is a link, or not a folder.
+        """
+        folder = self.root / "tmp"
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+            raise IntegrityError(f"{folder} is not a folder of the store (a link, or a file)\n"
+                                 "  fix: remove it; the store makes its own")
+        return folder / f"{kind}-{os.getpid()}-{secrets.token_hex(8)}"
 
     def _commit(self, tmp: Path, digest: str) -> None:
         """Move a complete temp file into place, or drop it when the object exists."""

@@ -114,3 +114,37 @@ def test_a_temp_named_to_trip_the_pid_parse_is_cleared_not_raised(choir_home: Pa
     young = aged(tmp / f"w-{2 ** 70}-cd", 30)
     assert clear_stale_temps() == len(odd)
     assert not any(p.exists() for p in odd) and young.exists()
+
+
+def test_an_attestation_is_never_written_through_a_linked_temp_folder(
+        tmp_path: Path, evidence: Any) -> None:
+    """A temp folder swapped for a link would have the attestation's temp written there (a
+    file in the user's folder, linked into the store): minting refuses it, saying why."""
+    import pytest
+
+    from choir.exceptions import IntegrityError
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    store = AttestationStore()
+    (store.root / ".tmp").mkdir(exist_ok=True)
+    (store.root / ".tmp").rmdir()
+    (store.root / ".tmp").symlink_to(elsewhere)
+    with pytest.raises(IntegrityError, match="not a folder of the store"):
+        store.put(mint(evidence.body, evidence.signer))
+    assert list(elsewhere.iterdir()) == [] and list(store.ids()) == []
+
+
+def test_an_artifact_is_never_written_through_a_linked_temp_folder(tmp_path: Path) -> None:
+    import pytest
+
+    from choir.exceptions import IntegrityError
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    store = ArtifactStore(tmp_path / "store")
+    (store.root / "tmp").rmdir()
+    (store.root / "tmp").symlink_to(elsewhere)
+    with pytest.raises(IntegrityError, match="not a folder of the store"):
+        store.ingest_bytes(b"a log")
+    assert list(elsewhere.iterdir()) == []
