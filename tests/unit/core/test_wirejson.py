@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from choir._core import wirejson
@@ -19,6 +19,7 @@ VALUES = st.recursive(
     max_leaves=30)
 
 
+@settings(max_examples=100, deadline=None)  # no deadline: a loaded CI machine is slow
 @given(VALUES)
 def test_what_it_writes_json_reads_back_and_what_json_writes_it_reads(value: Any) -> None:
     written = wirejson.dumps(value)
