@@ -80,7 +80,7 @@ class Driver(Moves):
             raise UserError(f"plan {plan.id}: {self.repo} is not a git repository\n  fix: "
                             "`repo:` names the work tree of the repo the plan changes")
         self.git: GitRepo = found
-        self.queue = MergeQueue(plan.id, found, self.trees)
+        self.queue = MergeQueue(plan.id, found, self.trees, plan.integration_mood())
         self.tasks: dict[Job, asyncio.Task[Any]] = {}
         self.shown: dict[str, PlanRow] = {}
 

@@ -69,6 +69,14 @@ class Plan(Frozen):
     def item(self, item_id: str) -> PlanItem:
         return next(i for i in self.items if i.id == item_id)
 
+    def integration_mood(self) -> Mood:
+        """The mood of every integration round: the strictest any of the plan's items runs
+        in (``STRICTNESS``), so two verified changes are checked together by every verifier
+        that checked either. The rounds ran CALM, whatever the items' moods: two SKEPTICAL
+        items that each passed an integration test alone but broke it together merged."""
+        moods = {self.work_item(item.id, Path(self.repo)).mood for item in self.items}
+        return max(moods, key=STRICTNESS.index, default=Mood.CALM)
+
     def work_item(self, item_id: str, repo: Path) -> WorkItem:
         """The item as a plain work item over ``repo`` (its worktree), its executor resolved
         from its member, under a plan-qualified id so two plans never share an ASSERT."""
@@ -86,6 +94,11 @@ class Plan(Frozen):
             data["escalate_to"] = target
         return WorkItem(id=item_key(self.id, item.id), repo=str(repo),
                         executor=executor or ExecutorSpec(), **data)
+
+
+# the packaged moods by what they verify (policies/moods.yaml: CALM within CURIOUS within
+# SKEPTICAL within BOLD once it broadens, within PARANOID)
+STRICTNESS = (Mood.CALM, Mood.CURIOUS, Mood.SKEPTICAL, Mood.BOLD, Mood.PARANOID)
 
 
 def item_key(plan_id: str, item_id: str) -> str:

@@ -115,6 +115,7 @@ class MergeQueue:
     plan_id: str
     git: GitRepo  # the plan's repository: objects and refs only, its checkout untouched
     trees: Path  # where the heads' worktrees go
+    mood: Mood = Mood.CALM  # of every integration round (``Plan.integration_mood``)
 
     def worktree(self, item_id: str) -> Path:
         return self.trees / "queue" / item_id
@@ -166,9 +167,10 @@ class MergeQueue:
                                         "status": "verifying", "verdict": ""})
 
     async def verify(self, entry: QueueEntry) -> Verdict:
-        """The integration round of ``entry``'s head, as the claim named after the plan."""
+        """The integration round of ``entry``'s head, as the claim named after the plan, in
+        the plan's integration mood."""
         return await verify_tree(self.worktree(entry.item), self.plan_id, entry.tree,
-                                 "integration", entry.session)
+                                 "integration", entry.session, mood=self.mood)
 
     def land(self, entry: QueueEntry, current: str) -> str | None:
         """Move the integration branch from ``current`` to ``entry``'s verified head, after

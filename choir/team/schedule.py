@@ -62,13 +62,17 @@ def budget_spent(plan: Plan, record: PlanRecord) -> str | None:
 
 
 def startable(plan: Plan, record: PlanRecord, candidates: list[str]) -> list[str]:
-    """The candidates that may start now: within ``max_parallel`` and each member's
-    ``concurrency`` (an item with its own executor has no member limit)."""
+    """The candidates that may start now: within ``max_parallel``, each member's
+    ``concurrency`` (an item with its own executor has no member limit) and the item runs
+    the plan's ``attempts`` budget has left (each start is one: checking the budget once
+    before starting several let a budget of one start as many as ``max_parallel``)."""
     busy = [r.member for r in record.items.values() if r.state == RUNNING]
+    cap = plan.budget.attempts
+    left = None if cap is None else cap - sum(r.attempt for r in record.items.values())
     out: list[str] = []
     for item_id in candidates:
         member = record.items[item_id].member
-        if len(busy) >= plan.max_parallel:
+        if len(busy) >= plan.max_parallel or (left is not None and len(out) >= left):
             break
         if member and busy.count(member) >= plan.members[member].concurrency:
             continue

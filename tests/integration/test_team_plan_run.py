@@ -14,6 +14,7 @@ import pytest
 from choir.team.driver import run_plan
 from choir.team.plan import load_plan
 from tests.team import git, team_repo, write_plan
+from tests.workitems import JUNIT, PYTEST
 
 # whole runs (plans of several items; spec changes under every mood): CI's slow stage runs
 # them, so that the README's command stays under five minutes
@@ -188,3 +189,75 @@ def test_an_item_that_changes_nothing_merges_onto_a_tree_verified_before(
     assert rows["a"]["state"] == rows["z"]["state"] == "merged", rows
     merges = [e.payload["item"] for e in open_ahdb().events() if e.kind == "integrate"]
     assert merges == ["p.a", "p.z"]
+
+
+def test_the_integration_round_runs_in_the_strictest_mood_of_the_plans_items(
+        tmp_path: Path) -> None:
+    """Two SKEPTICAL items that each pass an integration-tests verifier alone but break it
+    together: the integration rounds ran CALM (unit tests only), so both merged and the
+    plan was ASSERTed (a review found it). They run in the strictest mood of the plan's
+    items now, and the second item's merge is caught."""
+    import json
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "test_unit.py").write_text("def test_ok():\n    assert True\n")
+    (repo / "test_integ.py").write_text(
+        "import pathlib\n\ndef test_together():\n    here = pathlib.Path('.')\n"
+        "    assert not ((here / 'x.flag').exists() and (here / 'y.flag').exists())\n")
+    (repo / "choir.yaml").write_text(
+        "verifiers:\n"
+        f"  unit: {{kind: unit_tests, steps: [{{name: t, command: '{PYTEST} test_unit.py "
+        f"{JUNIT}'}}], parser: junit}}\n"
+        f"  integ: {{kind: integration_tests, steps: [{{name: t, command: '{PYTEST} "
+        f"test_integ.py {JUNIT}'}}], parser: junit}}\n")
+    (repo / ".gitignore").write_text("__pycache__/\n")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
+    plan = write_plan(tmp_path, "strict", """\
+        - id: x
+          goal: flag x
+          mood: SKEPTICAL
+          max_attempts: 1
+          executor: {kind: command, command: 'touch x.flag'}
+        - id: y
+          goal: flag y
+          max_attempts: 1
+          executor: {kind: command, command: 'touch y.flag'}
+        """)
+    state = asyncio.run(run_plan(load_plan(plan)))
+    rows = state["items"]
+    assert sorted(r["state"] for r in rows.values()) == ["failed", "merged"], rows
+    assert next(r for r in rows.values() if r["state"] == "failed")["sent_back"] == 1
+    files = git(repo, "ls-tree", "--name-only", "choir/plan/strict/integration").split()
+    assert not ("x.flag" in files and "y.flag" in files)
+    runs = tmp_path / "choir-home" / "artifacts" / "runs"
+    moods = {json.loads((p / "manifest.json").read_text())["mood"]
+             for p in runs.glob("verify-*") if p.name.count("-") == 2}
+    assert moods == {"SKEPTICAL"}, moods  # every integration round
+
+
+def test_the_attempts_budget_holds_when_items_start_side_by_side(tmp_path: Path) -> None:
+    """With room for three at once, an attempts budget of one started three runs (checked
+    once before starting them all): one starts now, the rest are reported blocked."""
+    team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "bud3", """\
+        - id: first
+          goal: write a
+          executor: {kind: command, command: 'echo A > a.txt'}
+        - id: second
+          goal: write c
+          executor: {kind: command, command: 'echo C > c.txt'}
+        - id: third
+          goal: write d
+          executor: {kind: command, command: 'echo D > d.txt'}
+        """, max_parallel=3)
+    plan.write_text(plan.read_text().replace("max_parallel: 3\n",
+                                             "max_parallel: 3\nbudget: {attempts: 1}\n"))
+    state = asyncio.run(run_plan(load_plan(plan)))
+    rows = state["items"]
+    assert sum(r["attempt"] for r in rows.values()) == 1, rows
+    assert sorted(r["state"] for r in rows.values()) == ["blocked", "blocked", "merged"]
+    assert all("plan budget spent: attempts 1/1" in r["last"]
+               for r in rows.values() if r["state"] == "blocked")
