@@ -26,7 +26,9 @@ from typing import Any
 
 from choir.ci.summary import Outcome
 
-CHOIR = (sys.executable, "-m", "choir")
+# -P: ``-m`` would put the working directory (the repo under verification, in CI) first on
+# the import path, and a ``choir/`` planted there would run instead, with the key in reach
+CHOIR = (sys.executable, "-P", "-m", "choir")
 BUNDLE = "choir.intoto.jsonl"
 VSA = "vsa.json"
 KEY = "choir-key.json"

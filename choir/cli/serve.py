@@ -155,8 +155,10 @@ def _detach(home: Path, jobs: int, idle_timeout_s: float) -> int:
         os.close(fd)
     read, write = os.pipe()
     try:
+        # -P: not the working directory first on the import path (``-m`` puts it there): a
+        # service started in a repo would import what an executor planted in it
         proc = subprocess.Popen(
-            [sys.executable, "-m", "choir", "serve", "--jobs", str(jobs), "--idle-timeout",
+            [sys.executable, "-P", "-m", "choir", "serve", "--jobs", str(jobs), "--idle-timeout",
              str(idle_timeout_s), "--ready-fd", str(write)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(write,),
             start_new_session=True)

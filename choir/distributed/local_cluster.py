@@ -92,7 +92,7 @@ class LocalCluster:
         env = {**os.environ, "TMPDIR": str(self.root), **DASK_ENV}
         try:
             self._procs.append(subprocess.Popen(
-                [sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT,
+                [sys.executable, "-P", "-m", *args], stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, env=env, start_new_session=True))
         finally:
             log.close()

@@ -691,3 +691,35 @@ def test_the_warm_up_covers_what_a_verify_imports(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     imported = proc.stdout.split()
     assert not [m for m in imported if m.startswith("choir")], imported
+
+
+def test_a_service_started_in_a_repo_imports_nothing_planted_there(
+        tmp_path: Path, choir_home: Path) -> None:
+    """``choir serve --detach`` started its service with ``python -m choir``, which puts the
+    working directory first on the import path: a ``choir/__main__.py`` or a standard module
+    (``selectors.py``, git-ignored) an executor planted in the repo ran in the service,
+    before it separated, with the key readable (a review found it). The service, and
+    ``choir ci``'s own ``choir verify``, start with ``-P`` now."""
+    repo = tmp_path / "repo"
+    (repo / "choir").mkdir(parents=True)
+    marker = tmp_path / "planted-ran"
+    plant = f"import pathlib; pathlib.Path({str(marker)!r}).write_text(__name__)\n"
+    (repo / "choir" / "__main__.py").write_text(plant)
+    (repo / "choir" / "__init__.py").write_text(plant)
+    (repo / "selectors.py").write_text(plant)
+    # the console script as installed (its own folder first on the path, not the repo)
+    script = Path(sys.executable).parent / "choir"
+    started = subprocess.run([str(script), "serve", "--detach"], cwd=repo,
+                             capture_output=True, text=True, timeout=120)
+    try:
+        assert started.returncode == 0, started.stderr
+        assert not marker.exists(), marker.read_text()
+    finally:
+        found = re.search(r"\(pid (\d+)\)", started.stdout)
+        if found:
+            stop_service(int(found.group(1)))
+    from choir.ci.steps import CHOIR as CI_CHOIR
+
+    ran = subprocess.run([*CI_CHOIR, "--version"], cwd=repo, capture_output=True, text=True,
+                         timeout=120)
+    assert ran.returncode == 0 and not marker.exists(), ran.stderr
