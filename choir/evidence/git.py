@@ -61,6 +61,7 @@ _IDENTITY = {"GIT_AUTHOR_NAME": "choir", "GIT_AUTHOR_EMAIL": "choir@localhost",
              "GIT_COMMITTER_NAME": "choir", "GIT_COMMITTER_EMAIL": "choir@localhost",
              "GIT_EDITOR": ":", "GIT_PAGER": "cat"}
 _MODES = {"100644": "f", "100755": "x", "120000": "l"}
+_GITLINK = "160000"  # a submodule: another repository's commit
 _MAX_POINTER = 4096
 _PINS: dict[str, tuple[str, ...]] = {}  # digest of the config files -> write pins
 _PINS_MAX = 64
@@ -519,7 +520,19 @@ class ObjectReader:
 
     def files(self, tree: str, prefix: str = "") -> Iterator[tuple[str, str, str]]:
         """``(path, kind, blob id)`` of every file under ``tree``, from checked tree objects;
-        kind is ``f``, ``x`` or ``l``, and submodules are left out (they are not files)."""
+        kind is ``f``, ``x`` or ``l``, and submodules are left out (they are not files:
+        ``submodules`` lists them)."""
+        for path, mode, oid in self._entries(tree, prefix):
+            if mode in _MODES:
+                yield path, _MODES[mode], oid
+
+    def submodules(self, tree: str) -> dict[str, str]:
+        """``{path: commit id}`` of every submodule entry under ``tree``: commits of other
+        repositories, whose content is in no tree of this one."""
+        return {path: oid for path, mode, oid in self._entries(tree) if mode == _GITLINK}
+
+    def _entries(self, tree: str, prefix: str = "") -> Iterator[tuple[str, str, str]]:
+        """``(path, mode, id)`` of every entry under ``tree`` but folders, walked into."""
         data = self.read(tree, "tree")
         width = len(tree) // 2
         at = 0
@@ -531,9 +544,9 @@ class ObjectReader:
             oid = data[nul + 1:nul + 1 + width].hex()
             at = nul + 1 + width
             if mode == "40000":
-                yield from self.files(oid, f"{prefix}{name}/")
-            elif mode in _MODES:
-                yield f"{prefix}{name}", _MODES[mode], oid
+                yield from self._entries(oid, f"{prefix}{name}/")
+            else:
+                yield f"{prefix}{name}", mode, oid
 
 
 def tree_id(files: dict[str, tuple[str, bytes]], oid_len: int) -> str:

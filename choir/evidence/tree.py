@@ -272,6 +272,21 @@ def commit_tree_hash(repo: Path, rev: str) -> str | None:
     return found[0] if found is not None else None
 
 
+def commit_submodules(repo: Path, *shas: str) -> list[dict[str, str]] | None:
+    """``{path: commit id}`` of the submodule entries of each commit whose full id is in
+    ``shas`` (one reader for all), read from checked objects as ``commit_record`` reads them
+    (the tree hash leaves them out, as a checkout's scan does: their content is another
+    repository's); None when one cannot be read so."""
+    git = locate(repo)
+    if git is None:
+        return None
+    try:
+        with git.objects() as objects:
+            return [objects.submodules(objects.commit(sha)[0]) for sha in shas]
+    except (IntegrityError, OSError, ValueError):
+        return None
+
+
 def commit_record(repo: Path, sha: str) -> tuple[str, tuple[str, ...]] | None:
     """(the tree hash, the parents) of the commit whose full id is ``sha``, read as
     ``commit_tree_hash`` reads it (one reader for both); None as it gives None."""

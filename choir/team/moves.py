@@ -18,6 +18,7 @@ from typing import Any
 from choir._core.failpoints import failpoint
 from choir._core.ids import new_run_id
 from choir.evidence.git import GitRepo
+from choir.evidence.tree import commit_submodules
 from choir.exceptions import UserError
 from choir.models.plan import PlanRecord, PlanRow, QueueEntry, Spend
 from choir.team import parts, schedule
@@ -189,6 +190,9 @@ class Moves:
             commit = self._commit(item_id, row)
         except (UserError, RuntimeError) as exc:  # its worktree gone or unusable: not merged
             return record.with_row(item_id, state=FAILED, last=f"commit: {exc}"[:300])
+        unverified = self._new_submodules(commit, row.base)
+        if unverified:
+            return record.with_row(item_id, state=FAILED, last=unverified[:300])
         failpoint("plan:committed")
         return record.with_row(item_id, state=ASSERTED, commit=commit,
                                last="ASSERTed; queued for merge").model_copy(update={
@@ -209,6 +213,22 @@ class Moves:
                       check=False).returncode and work.rev("HEAD") == row.base:
             work.write("commit", "-q", "--allow-empty", "--no-verify", "-m", message)
         return work.rev("HEAD") or ""
+
+    def _new_submodules(self, commit: str, base: str) -> str:
+        """Why ``commit`` may not merge, if its submodule entries are not its base's: a
+        nested repository the member made in its worktree is no file of the tree its round
+        verified (a folder that is a repository of its own), yet ``git add -A`` commits it,
+        as another repository's commit nobody verified, outside the tree hash ('' when the
+        entries are the base's)."""
+        read = commit_submodules(self.git.root, commit, base)
+        if read is None:
+            return "commit: its submodule entries cannot be read back"
+        found, before = read
+        changed = sorted(p for p in {*found, *before} if found.get(p) != before.get(p))
+        if not changed:
+            return ""
+        return ("commit: submodule entries no round verified (a nested repository's commit, "
+                "outside the tree hash): " + ", ".join(changed))
 
     def _verified(self, record: PlanRecord, item_id: str, head: str,
                   verdict: Verdict) -> PlanRecord:

@@ -460,3 +460,22 @@ def test_a_kept_worktree_record_is_checked_again_before_it_is_used(tmp_path: Pat
     pointer.write_text(f"{trees[1].resolve() / '.git'}\n")
     again = found.worktree_at(trees[1])
     assert again is not None and again.git_dir == first.git_dir
+
+
+def test_submodule_entries_are_read_from_checked_objects(tmp_path: Path) -> None:
+    """What the driver compares before an item may merge: a base's submodule entries and
+    its commit's (the same entries merge as before; a new one does not)."""
+    from choir.evidence.tree import commit_submodules
+
+    repo, _b, _tree = buggy_repo(tmp_path / "repo")
+    other = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "update-index", "--add", "--cacheinfo", f"160000,{other},vendor")
+    git(repo, "commit", "-qm", "a submodule")
+    base = git(repo, "rev-parse", "HEAD").strip()
+    (repo / "more.py").write_text("X = 1\n")
+    git(repo, "add", "more.py")
+    git(repo, "commit", "-qm", "more")
+    head = git(repo, "rev-parse", "HEAD").strip()
+    assert commit_submodules(repo, head, base) == [{"vendor": other}, {"vendor": other}]
+    assert commit_submodules(repo, other) == [{}]
+    assert commit_submodules(repo, "0" * len(head)) is None

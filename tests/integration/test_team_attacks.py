@@ -140,3 +140,27 @@ def test_a_member_sees_no_other_members_workspace(tmp_path: Path) -> None:
     seen = git(repo, "show", f"{commit}:seen.txt").split()
     assert "victim" not in seen, seen  # the other member's worktree is not in sight
     assert git(repo, "show", f"{commit}:stolen.txt") == "", "a member read another's work"
+
+
+def test_a_nested_repository_a_member_commits_is_never_merged(tmp_path: Path) -> None:
+    """A member made a nested git repository in its worktree: the item's round does not see
+    it (a folder that is a repository of its own is no file of the tree), the driver's
+    ``git add -A`` committed it as a submodule entry, and the commit's tree hash left such
+    entries out, so the gate, the integration round and ``promote`` all passed a tree with a
+    commit in it nobody verified (a review found it). An item whose commit's submodule
+    entries differ from its base's now fails."""
+    repo = team_repo(tmp_path / "repo")
+    nested = ("echo A > a.txt && git init -q vendor && cd vendor && echo x > __init__.py && "
+              "git -c user.name=x -c user.email=x@x add -A && "
+              "git -c user.name=x -c user.email=x@x commit -qm x")
+    plan = write_plan(tmp_path, "gl", f"""\
+        - id: a
+          goal: write a
+          max_attempts: 1
+          executor: {{kind: command, command: '{nested}'}}
+        """)
+    state = asyncio.run(run_plan(load_plan(plan)))
+    row = state["items"]["a"]
+    assert row["state"] == "failed" and "vendor" in row["last"], row
+    assert state["status"] == "failed"
+    assert "vendor" not in git(repo, "ls-tree", "--name-only", "choir/plan/gl/integration")
