@@ -23,6 +23,7 @@ POINTS = (
     "plan:built",           # a queue head is merged and checked out; not checkpointed
     "plan:integrated",      # a merge's integrate event is written; the branch has not moved
     "plan:landed",          # the integration branch moved; the plan's step is not checkpointed
+    "plan:released",        # a promotion's release event is written; the branch has not moved
 )
 
 

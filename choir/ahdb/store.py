@@ -433,6 +433,18 @@ class AHDB:
                 return True
         return False
 
+    def released(self, plan: str, *, commit: str, branch: str, previous: str | None) -> bool:
+        """Whether the log holds ``plan``'s release of ``branch`` from ``previous`` to
+        ``commit`` already: a promotion killed after its event, before the branch moved,
+        never writes it twice when it runs again."""
+        rows = self._conn().execute("SELECT payload FROM events WHERE kind = 'release'")
+        for (payload,) in rows:
+            found = json.loads(payload)
+            if (found.get("plan"), found.get("commit"), found.get("branch"),
+                    found.get("from")) == (plan, commit, branch[:255], previous or ""):
+                return True
+        return False
+
     def release(self, plan: str, *, assert_id: str, tree_hash: str, commit: str, branch: str,
                 previous: str | None, items: dict[str, str]) -> None:
         """Record a plan's promotion: ``branch`` moved from ``previous`` to ``commit``, on

@@ -12,6 +12,7 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
+from choir._core.failpoints import failpoint
 from choir.ahdb import open_ahdb
 from choir.app.gate import GateAnswer, check_gate
 from choir.evidence.git import locate
@@ -85,15 +86,15 @@ def promote(plan_id: str, to: str, repo: Path | None = None) -> str:
         raise UserError(f"promote: refused: {to} is checked out in a work tree of {repo}; "
                         "switch it to another branch first (promotion never touches a "
                         "checkout)")
-    git.write("update-ref", f"refs/heads/{to}", head, old or "")
-    try:
-        _record(plan_id, state, head, tree, to, old)
-    except Exception:  # no global effect without its AHDB event: the branch goes back
-        if old is None:
-            git.write("update-ref", "-d", f"refs/heads/{to}", head, check=False)
-        else:
-            git.write("update-ref", f"refs/heads/{to}", old, head, check=False)
-        raise
+    # the event first, then the branch: a kill between them leaves an event whose branch has
+    # not moved (the next promote moves it, without a second event), never a branch moved
+    # with no event (no global effect without one)
+    _record(plan_id, state, head, tree, to, old)
+    failpoint("plan:released")
+    moved = git.write("update-ref", f"refs/heads/{to}", head, old or "", check=False)
+    if moved.returncode and git.rev(to) != head:
+        raise UserError(f"promote: {to} moved while it was promoted (from {str(old)[:12]}); "
+                        "its release is recorded: run promote again to move it")
     state.setdefault("promotions", []).append(
         {"to": to, "commit": head, "tree": tree, "from": old,
          "at": dt.datetime.now(dt.UTC).isoformat()})
@@ -120,5 +121,6 @@ def _record(plan_id: str, state: dict[str, Any], head: str, tree: str, to: str,
         if found is None:
             raise PromotionError(f"promote: item {item_id} has no live ASSERT")
         items[key] = found.id
-    db.release(plan_id, assert_id=plan_assert.id, tree_hash=tree, commit=head, branch=to,
-               previous=old, items=items)
+    if not db.released(plan_id, commit=head, branch=to, previous=old):
+        db.release(plan_id, assert_id=plan_assert.id, tree_hash=tree, commit=head, branch=to,
+                   previous=old, items=items)

@@ -78,8 +78,8 @@ def test_a_promotion_is_a_checked_event_and_a_forged_one_is_named_by_audit(
 
 def test_a_promotion_whose_event_cannot_be_written_moves_no_branch(
         tmp_path: Path, choir_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The ref moves first, then the event is written; when the write fails (injected
-    here: the store refusing after the gate held), the branch goes back where it was."""
+    """The event is written first, then the ref moves: when the write fails (injected
+    here: the store refusing after the gate held), no branch moves."""
     import choir.team.promote as module
     from choir.exceptions import PromotionError
 
@@ -103,3 +103,45 @@ def test_a_promotion_whose_event_cannot_be_written_moves_no_branch(
         after = git(repo, "branch", "--list", branch) and git(repo, "rev-parse", branch)
         assert after == before, branch
     assert not [e for e in open_ahdb().events() if e.kind == "release"]
+
+
+KILLED_PROMOTE = """
+import os, signal, sys
+import choir.team.promote as module
+if sys.argv[1] == "in-record":  # kill -9 where the event is being written
+    module._record = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+module.promote(sys.argv[2], sys.argv[3])
+"""
+
+
+def test_a_promotion_killed_at_any_point_moves_no_branch_without_its_event(
+        tmp_path: Path, choir_home: Path) -> None:
+    """The branch moved first and the event was written after: a kill -9 between them left
+    the branch moved with no release event, and audit clean (a review found it). The event
+    is written first now; a promotion killed after it moved nothing, and the next
+    ``promote`` moves the branch without writing the event twice."""
+    import os
+
+    repo = team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "kp", """\
+        - id: a
+          goal: write a
+          executor: {kind: command, command: 'echo A > a.txt'}
+        """)
+    assert asyncio.run(run_plan(load_plan(plan)))["status"] == "asserted"
+    base = git(repo, "rev-parse", "main")
+    git(repo, "branch", "release", base)
+    root = Path(__file__).parents[2]
+    for where, env in (("in-record", {}), ("after-event", {"CHOIR_FAILPOINT": "plan:released"})):
+        child = subprocess.run([sys.executable, "-c", KILLED_PROMOTE, where, "kp", "release"],
+                               cwd=root, capture_output=True, text=True, timeout=300,
+                               env={**os.environ, **env})
+        assert child.returncode == -9, (where, child.stderr[-2000:])
+        assert git(repo, "rev-parse", "release") == base, where  # nothing moved
+    assert len([e for e in open_ahdb().events() if e.kind == "release"]) == 1
+    head = promote("kp", "release")  # finishes what the killed one began
+    assert git(repo, "rev-parse", "release") == head != base
+    (event,) = [e for e in open_ahdb().events() if e.kind == "release"]
+    assert (event.payload["commit"], event.payload["from"]) == (head, base)
+    code, report = audit()
+    assert code == 0, report
