@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from choir._core import frames
+from choir._core.paths import artifact_dir
 from choir._version import __version__
 from choir.exceptions import UserError
 from choir.serve import place, stale
@@ -346,7 +347,8 @@ def start(home: Path, commands: Mapping[str, Command], *, jobs: int, idle_timeou
             root = os.stat("/")
             service = Service(home=home, version=__version__, code=stale.code(),
                               start_env=stale.start_env(os.environ),
-                              root=(root.st_dev, root.st_ino), commands=dict(commands))
+                              root=(root.st_dev, root.st_ino), commands=dict(commands),
+                              artifacts=artifact_dir().absolute())
             Server(service, fd, lock, jobs=jobs, idle_timeout_s=idle_timeout_s).run(ready)
         finally:
             os.close(lock)

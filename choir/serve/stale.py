@@ -40,10 +40,12 @@ def _sha256() -> Any:
 
     return hashlib.sha256()  # pragma: no cover
 
-START_PREFIXES = ("PYTHON", "LD_")
+START_PREFIXES = ("PYTHON", "LD_", "LANGSMITH_", "LANGCHAIN_")
 START_NAMES = ("LANG", "LC_ALL", "LC_CTYPE")
 """Variables read by the interpreter or the dynamic loader before Choir runs (the locale
-ones choose the encoding of the standard streams and of file names)."""
+ones choose the encoding of the standard streams and of file names), and those a library
+reads once and keeps while the service warms up (LangSmith's tracing switch: a worker
+would trace, or not, as the service's environment said)."""
 
 
 def _package_files(root: str) -> list[str]:
@@ -80,7 +82,8 @@ def code() -> str:
         digest.update(f"data {root}\n".encode())
         for row in _package_files(root):
             digest.update(row.encode("utf-8", "surrogateescape") + b"\n")
-    for entry in sys.path[1:]:  # the first is the script's folder or the current one
+    # the first is the script's folder or the current one, except under -P (the service)
+    for entry in sys.path if sys.flags.safe_path else sys.path[1:]:
         try:
             mtime = os.stat(entry or ".").st_mtime_ns
         except OSError:

@@ -29,6 +29,7 @@ import _thread
 import atexit
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -41,7 +42,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from choir._core import frames
-from choir._core.paths import choir_home
+from choir._core.paths import artifact_dir, choir_home
 from choir.sandbox.stop import stop_steps
 from choir.serve import stale
 from choir.serve.wire import MAX_REQUEST, Context, Envelope, Request
@@ -77,6 +78,7 @@ class Service:
     start_env: Mapping[str, str]
     root: tuple[int, int]
     commands: Mapping[str, Command]
+    artifacts: Path = Path()  # the artifact folder its brokers check (``artifact_dir()``)
 
 
 @dataclass
@@ -139,6 +141,9 @@ def answer(service: Service, conn: socket.socket, broker: tuple[int, socket.sock
     that stdout (``choir verify | tee``) would never end.
     """
     conn.settimeout(REQUEST_WAIT_S)
+    # the whole request, not each read: a client that trickles a byte at a time held the
+    # worker for as long as it liked (SIGALRM ends this worker, which has done nothing yet)
+    signal.alarm(int(REQUEST_WAIT_S))
     try:
         data, fds = frames.recv_with_fds(conn, MAX_REQUEST, PLACE_FDS)
     except (OSError, ValueError):
@@ -150,12 +155,15 @@ def answer(service: Service, conn: socket.socket, broker: tuple[int, socket.sock
             link.send(why)
             return
         _stand(envelope.context, fds[0])
-        if choir_home().resolve() != service.home.resolve():
-            link.send({"stale": f"the service is for CHOIR_HOME={service.home}; this "
-                                f"client's is {choir_home()}"})
+        why_not = _elsewhere(service)
+        if why_not:
+            link.send({"stale": why_not})
             return
         # signing goes through this worker's broker, under the home as the client names it
-        adopt(choir_home().absolute(), *broker)
+        if not adopt(choir_home().absolute(), *broker).usable():
+            link.send({"stale": "the signing key changed since the service started (`choir "
+                                "keys rotate`): `choir serve --stop`, then start it again"})
+            return
     finally:
         for fd in fds:
             os.close(fd)
@@ -173,8 +181,21 @@ def answer(service: Service, conn: socket.socket, broker: tuple[int, socket.sock
     finally:
         for fd in stdio:
             os.close(fd)
+    signal.alarm(0)
     conn.settimeout(None)
     _run(service.commands[envelope.request.command], envelope.request, link)
+
+
+def _elsewhere(service: Service) -> str:
+    """Why the stores this client names are not the service's ('' when they are): its
+    ``CHOIR_HOME``, or its artifact folder (the worker's broker checks the service's, and
+    refused to sign what the client's run stored elsewhere)."""
+    if choir_home().resolve() != service.home.resolve():
+        return f"the service is for CHOIR_HOME={service.home}; this client's is {choir_home()}"
+    if artifact_dir().resolve() != service.artifacts.resolve():
+        return (f"the service's artifact folder is {service.artifacts}; this client's is "
+                f"{artifact_dir()}")
+    return ""
 
 
 def _check(service: Service, data: bytes | None,

@@ -83,16 +83,18 @@ def _started(base: Path) -> BrokerSigner:
         return client
 
 
-def adopt(home: Path, pid: int, sock: socket.socket) -> None:
+def adopt(home: Path, pid: int, sock: socket.socket) -> BrokerSigner:
     """Sign for ``home`` through the broker on ``sock`` (from ``BrokerSigner.channel``), in a
     fork whose key folder is masked and which therefore cannot start one; the channels this
-    process inherited are closed here (their brokers serve the process that started them)."""
+    process inherited are closed here (their brokers serve the process that started them).
+    The signer is returned (``usable``: whether its broker still holds the key file's key)."""
     from choir.trusted.client import BrokerSigner
 
     with _lock:
         while _brokers:
             _brokers.popitem()[1].close()
-        _brokers[home.absolute()] = BrokerSigner(home.absolute(), pid, sock)
+        adopted = _brokers[home.absolute()] = BrokerSigner(home.absolute(), pid, sock)
+        return adopted
 
 
 def separate(home: Path | None = None, *, make_key: bool = True) -> str:

@@ -723,3 +723,56 @@ def test_a_service_started_in_a_repo_imports_nothing_planted_there(
     ran = subprocess.run([*CI_CHOIR, "--version"], cwd=repo, capture_output=True, text=True,
                          timeout=120)
     assert ran.returncode == 0 and not marker.exists(), ran.stderr
+
+
+def test_a_service_that_would_answer_otherwise_than_cold_is_stale(
+        tmp_path: Path, service: int, choir_home: Path) -> None:
+    """Three standings a worker cannot serve as the cold command would (a review found each
+    ending in a crash, or a traced run, where cold passed): another artifact folder (the
+    worker's broker checks the service's store, and refused to sign), a signing key rotated
+    since the service started (the verifiers ran, then signing failed: a run unattested),
+    and LangSmith's tracing switched otherwise (its setting is read once, when the service
+    warmed up). Each is stale now: the client runs cold, and the answer is cold's."""
+    repo = make_repo(tmp_path / "repo", config=QUICK)
+    args = ("verify", "--repo", str(repo), "--json", "--sandbox", sandbox_name())
+    other = {"CHOIR_ARTIFACT_DIR": str(tmp_path / "other-artifacts")}
+    required = choir(*args, serve="require", extra_env=other)
+    assert required.returncode == 2 and "artifact folder" in required.stderr, required.stderr
+    traced = {"LANGSMITH_TRACING": "false"}  # off either way: the value differs, not its effect
+    required = choir(*args, serve="require", extra_env=traced)
+    assert required.returncode == 2 and "LANGSMITH_TRACING" in required.stderr
+    assert choir(*args, extra_env=traced).returncode == 0
+    assert choir("keys", "rotate").returncode == 0
+    required = choir(*args, serve="require")
+    assert required.returncode == 2 and "key" in required.stderr, required.stderr
+    assert choir(*args).returncode == 0
+    audited = choir("audit")
+    assert audited.returncode == 0, audited.stdout + audited.stderr
+
+
+def test_a_client_that_trickles_its_request_frees_its_worker(
+        tmp_path: Path, service: int, choir_home: Path) -> None:
+    """``REQUEST_WAIT_S`` bounded each read, not the request: one byte every few seconds
+    held a worker for as long as the client liked. The whole request has that long now."""
+    import socket
+
+    from choir.serve.worker import REQUEST_WAIT_S
+
+    sock = socket.socket(socket.AF_UNIX)
+    sock.connect(str(choir_home / "serve" / "sock"))
+    began = time.monotonic()
+    sock.sendall((100_000).to_bytes(4, "big"))  # a frame of 100 kB announced
+    sock.settimeout(2.0)
+    closed = False
+    while time.monotonic() - began < REQUEST_WAIT_S + 15 and not closed:
+        try:
+            closed = sock.recv(1024) == b""
+        except TimeoutError:
+            try:
+                sock.sendall(b"{")  # one more byte, never the whole frame
+            except OSError:
+                closed = True
+        except OSError:
+            closed = True
+    sock.close()
+    assert closed and time.monotonic() - began < REQUEST_WAIT_S + 10
