@@ -37,8 +37,11 @@ def check_claim_name(name: str) -> str:
 
 def record_claim(name: str, *, session: str, mood: str, tree_hash: str,
                  commit_sha: str | None, runs: Sequence[Any],
-                 minted: Mapping[str, str]) -> str | None:
-    """Write the session's verdict on claim ``name`` into the AHDB; the ASSERT's id, if any."""
+                 minted: Mapping[str, str], required: Sequence[str] = ()) -> str | None:
+    """Write the session's verdict on claim ``name`` into the AHDB; the ASSERT's id, if any.
+
+    ``required``: verifiers the claim needs whatever ran (a plan item's, checked whole): no
+    ASSERT without a PASS of each, and each is required by the claim proposed."""
     attested = [r for r in runs if r.run_id in minted and not getattr(r, "diagnostic", False)]
     db = open_ahdb()
     failing = [minted[r.run_id] for r in attested if r.report.result is Result.FAIL]
@@ -48,13 +51,16 @@ def record_claim(name: str, *, session: str, mood: str, tree_hash: str,
     if not runs or len(attested) != len(runs) or any(
             r.report.result is not Result.PASS for r in attested):
         return None  # inconclusive, flaky or crashed: no evidence either way
+    if set(required) - {r.verifier for r in attested}:
+        return None  # a verifier the claim needs did not run: no verifier, no assert
     if (asserted := db.is_asserted(name, tree_hash)) is not None:
         return asserted.id
     if {r.verifier for r in attested} & db.failed_verifiers(name, tree_hash):
         return None  # an attested FAIL on this tree before: the evidence disagrees (FLAKY)
     claim = db.propose(claim=f"{name}: verified under {mood} by choir verify {session}",
                        work_item=name, tree_hash=tree_hash, commit_sha=commit_sha,
-                       required_verifiers=sorted({r.verifier for r in attested}),
+                       required_verifiers=sorted({r.verifier for r in attested} |
+                                                 set(required)),
                        key=f"{session}/claim")
     claim = db.promote(claim.id, [minted[r.run_id] for r in attested])
     return db.assert_work_item(name, tree_hash, references=[claim.id],

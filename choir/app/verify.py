@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -31,6 +31,7 @@ from choir.director.advisor import suggest
 from choir.director.rounds import Backend, Round, attest_round, run_round
 from choir.evidence.target import snapshot_target
 from choir.evidence.tree import remove_snapshot, snapshot_root
+from choir.exceptions import UserError
 from choir.models import Mood, PlannedVerifier, Result, WorkItem
 from choir.postconditions.episode import episode
 from choir.telemetry import span
@@ -140,6 +141,7 @@ def _quiet(kind: str, data: dict[str, Any]) -> None:
 async def averify_tree(
     repo: Path, *, mood: Mood | None = None, sandbox_name: str | None = None,
     on_event: OnEvent | None = None, claim: str | None = None, session: str | None = None,
+    required: tuple[str, ...] = (),
 ) -> VerifyOutcome:
     """Verify ``repo``'s working tree now. See the module docstring.
 
@@ -154,6 +156,9 @@ async def averify_tree(
     reused, the ones cut short set aside (``choir.verification.pipeline``), and the claim's
     writes are keyed by it; a session whose record is written cannot run again.
 
+    ``required``: verifiers that run whatever the mood plans, and without whose PASS the
+    claim is not ASSERTed (a plan item's, when it is checked whole on the integration head).
+
     Raises:
         UserError: bad configuration, a bad claim name, or a policy that refuses the sandbox
             available.
@@ -164,7 +169,8 @@ async def averify_tree(
     session = session or new_run_id("verify")
     with span("choir.verify", {"choir.run_id": session}, key=session) as root:
         outcome = await _verify(repo.expanduser().resolve(), session, mood=mood,
-                                sandbox_name=sandbox_name, on_event=on_event, claim=claim)
+                                sandbox_name=sandbox_name, on_event=on_event, claim=claim,
+                                required=required)
         root.set({"choir.status": outcome.status, "choir.verdict": outcome.verdict,
                   "choir.mood": outcome.contract["mood"],
                   "choir.tree_hash": outcome.contract["manifest"]["tree_hash"],
@@ -174,7 +180,8 @@ async def averify_tree(
 
 
 async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: str | None,
-                  on_event: OnEvent | None, claim: str | None) -> VerifyOutcome:
+                  on_event: OnEvent | None, claim: str | None,
+                  required: tuple[str, ...] = ()) -> VerifyOutcome:
     """``averify_tree``'s work, inside its session's span."""
     loop = asyncio.get_running_loop()
     snapshots = snapshot_root() / session  # this invocation's own: removed when it ends
@@ -200,7 +207,7 @@ async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: 
                 specs=config.verifiers, last=[])
             plan = director_plan(policy, mood, config.verifiers, suggestion=advice.names,
                                  reason=advice.reason)
-        plan = outside_a_run(plan, config.verifiers)
+        plan = with_required(outside_a_run(plan, config.verifiers), required, config.verifiers)
         emit("progress", {"kind": "plan", "mood": mood.value, "round_kind": "verify",
                           "verifiers": [f"{p.name}#{p.replica}" for p in plan.verifiers],
                           "dropped": list(plan.dropped), "reason": plan.reason})
@@ -241,16 +248,36 @@ async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: 
         # removed beside the attestations (a few hundred unlinks), and awaited before returning
         removing = loop.run_in_executor(None, remove_snapshot, snapshots)
         try:
-            outcome = _conclude(repo, rnd, backend, plan, planned, pairs, started, claim)
+            outcome = _conclude(repo, rnd, backend, plan, planned, pairs, started, claim,
+                                required)
         finally:
             await removing
         this_round.set({"choir.verdict": outcome.verdict, "choir.verifiers": len(planned)})
         return outcome
 
 
+def with_required(plan: Any, required: tuple[str, ...], specs: Mapping[str, Any]) -> Any:
+    """``plan`` with each ``required`` verifier it lacks added (one run each).
+
+    Raises:
+        UserError: a required verifier is not in the allowlist.
+    """
+    unknown = sorted(set(required) - set(specs))
+    if unknown:
+        raise UserError(f"required verifier(s) {', '.join(unknown)} are not in choir.yaml's "
+                        f"allowlist: {', '.join(sorted(specs))}")
+    have = {p.name for p in plan.verifiers}
+    extra = [PlannedVerifier(name=n) for n in dict.fromkeys(required) if n not in have]
+    if not extra:
+        return plan
+    return plan.model_copy(update={
+        "verifiers": (*plan.verifiers, *extra),
+        "reason": f"{plan.reason}; required: {', '.join(p.name for p in extra)}"[:500]})
+
+
 def _conclude(repo: Path, rnd: Round, backend: Backend, plan: Any,
               planned: list[PlannedVerifier], pairs: list[Any], started: float,
-              claim: str | None = None) -> VerifyOutcome:
+              claim: str | None = None, required: tuple[str, ...] = ()) -> VerifyOutcome:
     """Attest every sealed run, write the session folder and assemble the contract."""
 
     session, mood, target, store = rnd.id, rnd.mood, rnd.target, rnd.store
@@ -316,7 +343,7 @@ def _conclude(repo: Path, rnd: Round, backend: Backend, plan: Any,
         contract["claim"] = {"name": claim, "asserted": record_claim(
             claim, session=session, mood=mood.value, tree_hash=target.tree_hash,
             commit_sha=target.commit_sha, runs=runs,
-            minted={r: a.id for r, a in minted.items()})}
+            minted={r: a.id for r, a in minted.items()}, required=required)}
     return VerifyOutcome(status=status, contract=contract, verdict=verdict)
 
 

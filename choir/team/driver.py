@@ -226,8 +226,9 @@ class Driver(Moves):
         path = self.trees / "whole" / item_id
         item = schedule.work_item(self.plan, record, item_id, path)
         row = record.items[item_id]
+        # the item's own verifiers too, whatever its mood plans: its claim is ASSERTed here
         return await verify_tree(path, item.id, row.whole_tree, "whole", row.whole_session,
-                                 mood=item.mood)
+                                 mood=item.mood, required=tuple(item.required_verifiers))
 
 
 async def run_plan(plan: Plan, *, resume: bool = False, plan_file: Path | None = None,

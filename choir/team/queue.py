@@ -67,7 +67,7 @@ class Verdict:
 
 
 async def verify_tree(path: Path, claim: str, tree: str, what: str, session: str,
-                      mood: Mood | None = None) -> Verdict:
+                      mood: Mood | None = None, required: tuple[str, ...] = ()) -> Verdict:
     """A round on the worktree at ``path`` recorded as ``claim``, as session ``session``
     (recorded before the round started); it must read exactly ``tree``.
 
@@ -87,7 +87,8 @@ async def verify_tree(path: Path, claim: str, tree: str, what: str, session: str
         if _recorded_status(record) == "FAIL":
             return Verdict(False, f"{what} round FAIL (session {session})", 0.0)
         session = new_run_id("verify")
-    outcome = await averify_tree(path, claim=claim, mood=mood, session=session)
+    outcome = await averify_tree(path, claim=claim, mood=mood, session=session,
+                                 required=required)
     seconds = time.perf_counter() - clock
     seen = outcome.contract.get("manifest", {}).get("tree_hash")
     if seen != tree:  # fail closed: the round must have read exactly that head
