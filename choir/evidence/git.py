@@ -321,6 +321,19 @@ class GitRepo:
                 return self._linked(root, admin)
         return None
 
+    def checked_out(self, branch: str) -> list[Path]:
+        """The work trees of this repository whose HEAD is ``branch``, read from its own
+        records (no git process): moving such a branch moves a person's checkout under it."""
+        want = f"ref: refs/heads/{branch}"
+        found = [self.common_dir.parent] if _pointer(self.common_dir, "HEAD") == want else []
+        admins = self.common_dir / "worktrees"
+        if admins.is_dir():
+            for admin in sorted(admins.iterdir()):
+                if _pointer(admin, "HEAD") == want:
+                    back = _pointer(admin, "gitdir")
+                    found.append(Path(back).parent if back else admin)
+        return found
+
     def _linked(self, root: Path, admin: Path) -> GitRepo:
         if len(_RECORDS) >= _RECORDS_MAX:
             _RECORDS.clear()

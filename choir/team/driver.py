@@ -41,7 +41,13 @@ from choir.models.plan import PlanRecord, PlanRow
 from choir.team import schedule
 from choir.team.moves import Job, Moves
 from choir.team.plan import Plan
-from choir.team.queue import MergeQueue, Verdict, integration_branch, ref_name
+from choir.team.queue import (
+    MergeQueue,
+    Verdict,
+    integration_branch,
+    ref_name,
+    refuse_checked_out,
+)
 from choir.team.state import MERGED, RUNNING, SPLIT, plan_dir, publish, seed_record
 
 OnPlanEvent = Callable[[dict[str, Any]], None]
@@ -107,6 +113,7 @@ class Driver(Moves):
         at = self.git.rev(branch)
         landing = record.queue[0].head if record.queue else ""
         if at not in (record.integration, landing or None):
+            refuse_checked_out(self.git, self.plan.id)
             self.git.write("update-ref", f"refs/heads/{branch}", record.integration)
         self.dir.mkdir(parents=True, exist_ok=True)
         return record

@@ -111,6 +111,21 @@ def _recorded_status(path: Path) -> str:
     return str(data.get("status", "")) if isinstance(data, dict) else ""
 
 
+def refuse_checked_out(git: GitRepo, plan_id: str) -> None:
+    """Refuse to move the integration branch while a person has it checked out: the plan
+    never touches a checkout before promotion, and moving the branch under one would.
+
+    Raises:
+        UserError: it is checked out (the plan stops; ``--resume`` once it is not).
+    """
+    branch = integration_branch(plan_id)
+    users = git.checked_out(branch)
+    if users:
+        raise UserError(f"{branch} is checked out in {users[0]}: the plan moves it as items "
+                        "land, and never moves a checkout\n  fix: switch that checkout to "
+                        f"another branch, then `choir plan run --resume` the plan")
+
+
 @dataclass(frozen=True)
 class MergeQueue:
     plan_id: str
@@ -176,6 +191,7 @@ class MergeQueue:
     def land(self, entry: QueueEntry, current: str) -> str | None:
         """Move the integration branch from ``current`` to ``entry``'s verified head, after
         its ``integrate`` event; why not, when the gate or the ledger refuses it."""
+        refuse_checked_out(self.git, self.plan_id)
         key = item_key(self.plan_id, entry.item)
         item_tree = commit_tree_hash(self.git.root, entry.commit)
         gate = check_gate(key, tree=item_tree, commit=None) if item_tree else None

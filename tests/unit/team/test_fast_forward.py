@@ -113,3 +113,29 @@ def test_a_commit_whose_parent_line_git_would_not_read_is_neither_fast_forwarded
     built = q.build(QueueEntry(item="x", commit=crafted), start, start)
     assert isinstance(built, str) and "refused" in built, built
     assert not q.worktree("x").exists()
+
+
+def test_the_integration_branch_checked_out_by_a_person_is_never_moved(
+        repo: Path, tmp_path: Path) -> None:
+    """Landing moved the integration branch with ``update-ref`` even while a person had it
+    checked out (to look at the plan's work): their checkout's HEAD moved under them, and
+    ``git status`` showed the merge reversed (a review's suspicion). The plan stops instead,
+    saying where and what to do; the branch stays."""
+    from choir.exceptions import UserError
+    from choir.team.queue import integration_branch
+
+    start = git(repo, "rev-parse", "HEAD")
+    branch = integration_branch("p")
+    git(repo, "branch", branch, start)
+    look = tmp_path / "look"
+    git(repo, "worktree", "add", "-q", str(look), branch)
+    item = commit(repo, "one.txt", "1\n")
+    q = queue(repo, tmp_path)
+    built = q.build(QueueEntry(item="one", commit=item), start, start)
+    assert isinstance(built, QueueEntry)
+    assert q.git.checked_out(branch) == [look.resolve()]
+    with pytest.raises(UserError, match=f"checked out in {look.resolve()}"):
+        q.land(built, start)
+    assert git(repo, "rev-parse", branch) == start
+    git(look, "switch", "-q", "--detach")
+    assert q.git.checked_out(branch) == []
