@@ -138,8 +138,8 @@ RAW = textwrap.dedent("""\
     s.connect(f"/proc/self/fd/{folder}/" + os.path.basename(args["sock"]))
     data = json.dumps(args["envelope"]).encode()
     null = os.open(os.devnull, os.O_RDWR)
-    fds = [os.open(args["cwd"], os.O_PATH), os.open(args["root"], os.O_PATH)] \\
-        if args["fds"] else []
+    fds = [os.open(args["cwd"], os.O_PATH), os.open(args["root"], os.O_PATH),
+           os.open("/proc/self/ns/mnt", os.O_RDONLY)] if args["fds"] else []
     frame = struct.pack(">I", len(data)) + data
     try:
         if fds:

@@ -29,6 +29,7 @@ from choir.models import Attestation, Mood, VerificationReport
 from choir.sandbox.stop import stop_steps
 from choir.serve import client as service
 from choir.serve.client import Call
+from choir.trusted.confine import origin_fd
 from choir.view.index import RunIndex
 from choir.view.reads import Stores, attestation_view, load_report
 
@@ -276,7 +277,8 @@ def _service_call(request: dict[str, Any]) -> tuple[Call | None, Any]:
     out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115
     with open(os.devnull, "rb") as null:
         call, why = service.Call.start(choir_home(), request,
-                                       (null.fileno(), out.fileno(), err.fileno()))
+                                       (null.fileno(), out.fileno(), err.fileno()),
+                                       mounts=origin_fd())  # confined: where it started
     if call is None:
         out.close()
         err.close()

@@ -8,7 +8,8 @@ socket another user planted is never spoken to), and it takes the request rather
 answering ``stale`` or ``refused``. Any of those failing, or no service at all, returns
 None with the reason, and the command runs cold, so the answer is the same either way.
 A worker that takes the request runs the command on this process's own descriptors (its
-working directory, root, stdin, stdout and stderr travel with the request), so the terminal
+working directory, root, mount namespace, stdin, stdout and stderr travel with the
+request), so the terminal
 shows exactly what the cold command prints, live view included, and the client only waits
 for the exit code. After ``started`` there is no way back (the service may have begun
 recording evidence): a connection lost then is ``Lost``, reported as a failure.
@@ -118,10 +119,13 @@ class Call:
 
     @classmethod
     def start(cls, home: str | PathLike[str], request: dict[str, Any],
-              stdio: tuple[int, int, int] = (0, 1, 2)) -> tuple[Call | None, str]:
+              stdio: tuple[int, int, int] = (0, 1, 2),
+              mounts: int | None = None) -> tuple[Call | None, str]:
         """Send ``request`` (``choir.serve.wire``'s fields) with this process's working
-        directory, root and ``stdio`` (what the command reads and prints on), and wait until
-        a worker takes it; None and why when no service does (the caller runs cold)."""
+        directory, root, mount namespace (``mounts``: a descriptor of another, the one a
+        confined caller started in) and ``stdio`` (what the command reads and prints on),
+        and wait until a worker takes it; None and why when no service does (the caller
+        runs cold)."""
         sock, why = connect(home)
         if sock is None:
             return None, why
@@ -129,11 +133,14 @@ class Call:
             envelope = wirejson.dumps({"context": context(), "request": request})
             cwd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            ns = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC) \
+                if mounts is None else os.dup(mounts)
             try:
-                frames.send(sock, envelope, (cwd, root))
+                frames.send(sock, envelope, (cwd, root, ns))
             finally:
                 os.close(cwd)
                 os.close(root)
+                os.close(ns)
         except OSError as exc:
             sock.close()
             return None, f"the service did not take the request ({exc.strerror or exc})"

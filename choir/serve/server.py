@@ -43,6 +43,7 @@ from choir._version import __version__
 from choir.exceptions import UserError
 from choir.serve import place, stale
 from choir.serve.worker import Command, Service
+from choir.trusted.confine import origin_namespace
 
 QUEUE_MAX = 64
 FAILURES_MAX = 5  # workers that die idle in a row before the service gives up
@@ -348,7 +349,8 @@ def start(home: Path, commands: Mapping[str, Command], *, jobs: int, idle_timeou
             service = Service(home=home, version=__version__, code=stale.code(),
                               start_env=stale.start_env(os.environ),
                               root=(root.st_dev, root.st_ino), commands=dict(commands),
-                              artifacts=artifact_dir().absolute())
+                              artifacts=artifact_dir().absolute(),
+                              mounts=origin_namespace())
             Server(service, fd, lock, jobs=jobs, idle_timeout_s=idle_timeout_s).run(ready)
         finally:
             os.close(lock)

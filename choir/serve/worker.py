@@ -52,7 +52,7 @@ REQUEST_WAIT_S = 10.0  # a client that connects and says nothing frees its worke
 STOP_EVERY_S = 0.2
 PREARM = 2  # launchers armed while idle: a round's first verifiers start without a wait
 REASON_MAX = 2000
-PLACE_FDS = 2  # the client's working directory and root, with the request
+PLACE_FDS = 3  # the client's working directory, root and mount namespace, with the request
 STDIO_FDS = 3  # its stdin, stdout and stderr, once the request is taken
 
 
@@ -79,6 +79,7 @@ class Service:
     root: tuple[int, int]
     commands: Mapping[str, Command]
     artifacts: Path = Path()  # the artifact folder its brokers check (``artifact_dir()``)
+    mounts: tuple[int, int] = (0, 0)  # the mount namespace it was started in
 
 
 @dataclass
@@ -208,12 +209,12 @@ def _check(service: Service, data: bytes | None,
     except ValidationError as exc:
         return {"refused": _refusal(exc)}, None
     if len(fds) != PLACE_FDS:
-        return {"refused": "a request carries two descriptors: the client's working "
-                           "directory and its root"}, None
+        return {"refused": "a request carries three descriptors: the client's working "
+                           "directory, its root and its mount namespace"}, None
     why = _stale(service, envelope.context)
     if why:
         return {"stale": why}, None
-    why = _standing(service, envelope.context, fds[0], fds[1])
+    why = _standing(service, envelope.context, *fds)
     if why:
         return {"refused": why}, None
     return {}, envelope
@@ -232,15 +233,20 @@ def _stale(service: Service, context: Context) -> str:
     return ""
 
 
-def _standing(service: Service, context: Context, cwd_fd: int, root_fd: int) -> str:
+def _standing(service: Service, context: Context, cwd_fd: int, root_fd: int,
+              mounts_fd: int) -> str:
     """Why the client cannot be served where it stands ('' when it can)."""
     try:
-        root, here = os.fstat(root_fd), os.fstat(cwd_fd)
+        root, here, mounts = os.fstat(root_fd), os.fstat(cwd_fd), os.fstat(mounts_fd)
     except OSError as exc:
         return f"the descriptors sent are unusable: {exc.strerror}"
     if (root.st_dev, root.st_ino) != service.root:
         return ("the client's root is not the service's (another mount namespace, a "
                 "container or a chroot): the same paths would name other files")
+    if (mounts.st_dev, mounts.st_ino) != service.mounts:
+        return ("the client is in another mount namespace than the one the service was "
+                "started in (`unshare -m`, a container sharing the root): the same paths may "
+                "name other files")
     if not os.path.isabs(context.cwd):
         return "the working directory must be an absolute path"
     try:

@@ -36,6 +36,21 @@ PR_CAPBSET_DROP = 24
 CAP_SYS_PTRACE = 19
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _confined: dict[str, str] = {}
+_origin: list[int] = []  # a descriptor of the mount namespace this process started in
+
+
+def origin_fd() -> int | None:
+    """A descriptor of the mount namespace this process was in before ``confine`` made it
+    one of its own (None when it never did): the one where its paths mean what the user's
+    do. ``choir serve`` compares a client's with its own; ``choir mcp``, confined, sends it."""
+    return _origin[0] if _origin else None
+
+
+def origin_namespace() -> tuple[int, int]:
+    """The identity (device, inode) of that namespace, or of the current one."""
+    fd = origin_fd()
+    found = os.fstat(fd) if fd is not None else os.stat("/proc/self/ns/mnt")
+    return found.st_dev, found.st_ino
 
 
 class _CapHeader(ctypes.Structure):
@@ -101,6 +116,8 @@ def confine(keys: Path) -> str:
     if where in _confined:
         return _confined[where]
     level = "process"
+    if not _origin:
+        _origin.append(os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC))
     if _single_threaded():
         libc = _libc()
         try:

@@ -390,7 +390,7 @@ def test_oversized_or_malformed_requests_are_refused_without_echo(
     assert "refused" in ask(shared, {"command": "verify", "repo": "."}, cwd=tmp_path)
     assert "refused" in ask(shared, {"argv": ["verify", "--repo", "a\x00b"]}, cwd=tmp_path)
     answer = ask(shared, {"argv": ["verify"]}, cwd=tmp_path, fds=False)
-    assert "two descriptors" in answer.get("refused", ""), answer
+    assert "three descriptors" in answer.get("refused", ""), answer
 
 
 def test_a_client_that_lies_about_its_directory_is_refused(
@@ -776,3 +776,30 @@ def test_a_client_that_trickles_its_request_frees_its_worker(
             closed = True
     sock.close()
     assert closed and time.monotonic() - began < REQUEST_WAIT_S + 10
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare(1) to make a mount namespace")
+def test_a_client_in_another_mount_namespace_is_not_answered_for_the_services_files(
+        tmp_path: Path, service: int) -> None:
+    """A client in a mount namespace of its own with the same root (``unshare -m``) saw a
+    buggy tree bind-mounted over its repo, and the service verified the files it sees
+    instead: PASS, exit 0, for a tree the client's checkout does not hold (a review found
+    it). The client sends its mount namespace; another one is refused, and the client runs
+    cold, on its own files."""
+    good = make_repo(tmp_path / "repo", config=QUICK)
+    bad = make_repo(tmp_path / "bad", calc=CALC_BUG, config=QUICK)
+    inner = (f"mount --bind {bad} {good} && cd {tmp_path} && "
+             f"{sys.executable} -m choir verify --repo {good} --json --sandbox "
+             f"{sandbox_name()}")
+    for serve, code in (("require", 2), ("auto", 1)):
+        proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", inner],
+                              env={**os.environ, "CHOIR_SERVE": serve}, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == code, (serve, proc.stdout[-1500:], proc.stderr[-1500:])
+        if serve == "require":
+            assert "another mount namespace" in proc.stderr
+        else:
+            assert json.loads(proc.stdout)["status"] == "FAIL"  # cold, on the buggy files
+    assert choir("verify", "--repo", str(good), "--sandbox", sandbox_name(),
+                 serve="require").returncode == 0  # the service still answers at home
