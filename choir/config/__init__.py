@@ -150,6 +150,32 @@ def _verifier_spec(doc: YamlDoc, name: str, raw: Any,
     return spec, errors
 
 
+def _loosened(doc: YamlDoc, mood: str, override: dict[str, Any]) -> list[ConfigError]:
+    """A mood's sandbox isolation or resource limits loosened by the repo: refused. The
+    repo's ``choir.yaml`` is a file an executor (or a pull request) can write; it may
+    tighten a mood, never loosen what the packaged policy requires."""
+    from choir.config.policy import load_packaged_policy
+
+    try:
+        base = load_packaged_policy().moods.get(Mood(mood))
+    except ValueError:
+        return []  # not a mood: said where the moods are validated
+    if base is None:
+        return []
+    found = []
+    for key, loosens in (("allow_unsafe_isolation", override.get("allow_unsafe_isolation") is True
+                          and not base.allow_unsafe_isolation),
+                         ("require_limits", override.get("require_limits") is False
+                          and base.require_limits)):
+        if loosens:
+            found.append(ConfigError(
+                f"mood {mood}: choir.yaml cannot loosen {key} (the mood policy requires "
+                f"{key}: {str(getattr(base, key)).lower()}): the repo is a file an executor "
+                "can write", path=str(doc.path), line=doc.line_of(("moods", mood, key)),
+                hint=f"remove {key} here, or use a mood that allows it (CALM, SKEPTICAL)"))
+    return found
+
+
 def _section(data: Any, key: str) -> dict[str, Any]:
     value = data.get(key) if isinstance(data, dict) else None
     return value if isinstance(value, dict) else {}
@@ -330,6 +356,7 @@ def load_repo_config(repo: Path) -> RepoConfig:
             ))
     for mood, override in _section(doc.data, "moods").items():
         override = override if isinstance(override, dict) else {}
+        errors += _loosened(doc, mood, override)
         if override.get("verifiers", None) == []:
             errors.append(ConfigError(
                 f"mood {mood} names no verifier: nothing could ever be asserted",

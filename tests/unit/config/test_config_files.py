@@ -197,3 +197,21 @@ def test_a_work_item_id_with_the_part_marker_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_work_item(item_file)
     assert info.value.line == 1 and "marks the parts of a split work item" in str(info.value)
+
+
+@pytest.mark.parametrize(("setting", "line"), [("allow_unsafe_isolation: true", 4),
+                                               ("require_limits: false", 4)])
+def test_choir_yaml_cannot_loosen_what_the_mood_policy_requires(
+        tmp_path: Path, setting: str, line: int) -> None:
+    """The repo's choir.yaml, which an executor (or a pull request) can write, switched off
+    PARANOID's isolation and its resource limits: PARANOID ran with no sandbox and ASSERTed
+    (a review found it). A mood may be tightened there, never loosened."""
+    write(tmp_path, "verifiers:\n  unit: {kind: unit_tests, steps: [{name: t, command: x}]}\n"
+                    f"moods:\n  PARANOID: {{{setting}}}\n")
+    with pytest.raises(ConfigError) as info:
+        load_repo_config(tmp_path)
+    assert info.value.line == line and "cannot loosen" in str(info.value), str(info.value)
+    # tightening is the repo's to do
+    write(tmp_path, "verifiers:\n  unit: {kind: unit_tests, steps: [{name: t, command: x}]}\n"
+                    "moods:\n  CALM: {allow_unsafe_isolation: false, require_limits: true}\n")
+    assert load_repo_config(tmp_path).moods[Mood.CALM].require_limits is True
