@@ -114,6 +114,18 @@ def _passed_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in own and not k.startswith("CHOIR_")}
 
 
+def _around(repo: Path) -> list[Path]:
+    """The folder around the repo, readable to the executor (a script beside the repo, as
+    ``../fix.py``), unless it holds the user's home: with the common layout ``~/proj`` it
+    was the home, and an executor read ``~/.ssh`` and other repos there (Choir's own stores
+    in it are masked either way: ``_hidden``). The repo itself is bound either way."""
+    parent = os.path.realpath(repo.parent)
+    home = os.path.realpath(os.path.expanduser("~"))
+    if home == parent or home.startswith(parent.rstrip("/") + "/"):
+        return []
+    return [repo.parent]
+
+
 def _hidden() -> list[Path]:
     """Choir's stores, every held-out folder and the host's password hashes: masked inside
     the sandbox.
@@ -227,7 +239,7 @@ def _run_user_code(item: WorkItem, attempt: int, feedback: Sequence[Verification
                       "hosts": spec.hosts}
             if isolation == "namespace":
                 binds = [Path(check_bind(b, origin="executor.binds")) for b in spec.binds]
-                readable = sorted({p for p in (repo.parent, inputs, _choir_root(), *binds)
+                readable = sorted({p for p in (*_around(repo), inputs, _choir_root(), *binds)
                                    if p != Path("/") and not str(p).startswith(_NEVER)})
                 result = BwrapSandbox().exec(argv(inputs), readable=readable,
                                              read_only=[*interpreter_in_repo(repo),

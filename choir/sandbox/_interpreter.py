@@ -233,6 +233,10 @@ def vouch(tools: Toolchain, repo: Path, *, refuse_in_repo: bool = False) -> Inte
     """
     found = measure(tools, repo)
     if not found.in_repo:
+        # no interpreter in the repo is a trusted state too: without a record, a `.venv` an
+        # executor made later was trusted on first use (a review ran it: a buggy tree PASSed)
+        if not os.path.lexists(_trust_file(repo)):
+            _record(found, repo)
         return found
     where = found.venv or found.python
     if refuse_in_repo:

@@ -366,3 +366,32 @@ def test_an_executor_cannot_rig_the_interpreter_the_verifiers_run(
         "the executor wrote the verifiers' interpreter"
     assert out["status"] != "asserted" and proc.returncode == 1, proc.stdout + proc.stderr
     assert choir("gate", "rig-venv", "--repo", str(repo)).returncode == 1
+
+
+def test_an_executor_of_a_repo_in_home_does_not_see_the_rest_of_home(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The folder around the repo is readable to the executor (a script beside the repo),
+    and with the common layout ``~/proj`` that folder was the whole home: a review's command
+    executor read ``~/.ssh/id_ed25519`` and another repo's secrets. A folder around the repo
+    that holds the home (or Choir's stores) is not bound; the repo itself still is."""
+    from choir.executors import run_command
+
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("SSH-KEY-CANARY\n")
+    monkeypatch.setenv("HOME", str(home))
+    repo = home / "proj"
+    repo.mkdir()
+    item = WorkItem(id="home", goal="g", repo=str(repo), executor={  # type: ignore[arg-type]
+        "kind": "command", "command": f"cat {home}/.ssh/id_ed25519; ls {repo} > seen.txt"})
+    out = run_command(item, 1, [])
+    assert b"SSH-KEY-CANARY" not in _log(out.artifact), _log(out.artifact)
+    assert (repo / "seen.txt").exists()  # the repo is there, writable
+    # a folder around the repo that holds nothing of the home stays readable
+    beside = tmp_path / "work"
+    (beside / "repo").mkdir(parents=True)
+    (beside / "fix.sh").write_text("echo BESIDE-OK\n")
+    item = WorkItem(id="beside", goal="g", repo=str(beside / "repo"),
+                    executor={"kind": "command",  # type: ignore[arg-type]
+                              "command": f"sh {beside}/fix.sh"})
+    assert b"BESIDE-OK" in _log(run_command(item, 1, []).artifact)

@@ -106,3 +106,17 @@ def test_a_change_trusted_explicitly_runs_and_every_attestation_names_the_interp
 def test_paranoid_refuses_an_interpreter_inside_the_repo(repo: Path) -> None:
     with pytest.raises(UserError, match="refuses the interpreter"):
         _verify(repo, Mood.PARANOID)
+
+
+def test_a_venv_planted_in_a_repo_that_had_none_is_refused_not_trusted(repo: Path) -> None:
+    """A repo whose verifiers ran the base Python had no trust record, so a ``.venv`` an
+    executor made between runs was trusted on first use, and the next verify ran it and
+    PASSed the buggy tree (a review found it, end to end through ``choir run`` too). The
+    first interpreter is recorded wherever it is: one that appears in the repo later is a
+    change, refused with the fix."""
+    shutil.rmtree(repo / ".venv")
+    assert _verify(repo)["status"] == "FAIL"  # the base Python: the bug is seen
+    _venv(repo / ".venv")
+    (_site(repo / ".venv") / "zz_choir_plant.pth").write_text(PLANT)
+    with pytest.raises(UserError, match="not the one trusted"):
+        _verify(repo)
