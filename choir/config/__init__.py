@@ -236,13 +236,15 @@ def _sandbox_section(section: SandboxConfig, repo: Path, doc: YamlDoc) -> Sandbo
     from choir.config.heldout import heldout_paths
 
     sealed = heldout_paths()
+    pinned = []
     for i, bind in enumerate(section.binds):
-        try:
-            check_bind(bind, origin=f"sandbox.binds[{i}]", sealed=sealed)
+        try:  # pinned to the real path now: a sandbox opening later binds it or refuses
+            pinned.append(check_bind(bind, origin=f"sandbox.binds[{i}]", sealed=sealed))
         except ConfigError as exc:
             raise ConfigError(exc.message, path=str(doc.path),
                               line=doc.line_of(("sandbox", "binds", i)),
                               hint="bind the exact folder the step needs") from None
+    section = section.model_copy(update={"binds": tuple(pinned)})
     # Resolved here, against the repo itself (verifiers run on a snapshot of the hashed
     # files, which never holds the untracked or ignored .venv), and through symlinks: an
     # executor may replace a symlink in the repo, never the folder a run pinned.
@@ -259,10 +261,20 @@ def _resource_binds(resources: dict[str, Any], repo: Path, doc: YamlDoc) -> list
     from choir.postconditions.spec import resource_binds
 
     sealed = heldout_paths()
+    inside = os.path.realpath(repo)
     out = []
     for name, folder in sorted(resource_binds(resources, repo).items()):
         try:
-            out.append(check_bind(folder, origin=f"resource '{name}'", sealed=sealed))
+            real = check_bind(folder, origin=f"resource '{name}'", sealed=sealed)
+            declared = os.path.abspath(folder)
+            given = os.path.abspath(repo)
+            if os.path.commonpath([declared, given]) == given and \
+                    os.path.commonpath([real, inside]) != inside:
+                # a folder of the repo that leads out of it: a link an executor may have
+                # planted (to ~/.config, another repo, a folder of sockets)
+                raise ConfigError(f"resource '{name}': its folder {folder} leads outside the "
+                                  f"repo ({real})")
+            out.append(real)
         except ConfigError as exc:
             raise ConfigError(exc.message, path=str(doc.path),
                               line=doc.line_of(("resources", name)),

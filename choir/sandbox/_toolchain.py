@@ -50,7 +50,8 @@ def _protected() -> list[tuple[Path, bool]]:
     return found
 
 
-def check_bind(path: str, *, origin: str, sealed: Sequence[Path] = ()) -> str:
+def check_bind(path: str, *, origin: str, sealed: Sequence[Path] = (),
+               pinned: bool = False) -> str:
     """``path`` resolved, or ConfigError when binding it would expose a secret or the host.
 
     A folder inside Choir's home or artifact store is refused as well as one containing
@@ -59,13 +60,22 @@ def check_bind(path: str, *, origin: str, sealed: Sequence[Path] = ()) -> str:
     outside the mount namespace that masks the key. ``sealed`` adds folders guarded the same
     way (the held-out checks named outside the home).
 
+    ``pinned``: ``path`` is the real path the configuration resolved when it was read (a
+    sandbox opening later, after an executor ran): one that leads elsewhere now is refused,
+    never resolved again.
+
     Raises:
         ConfigError: the path is relative, missing, a system pseudo-filesystem, contains
-            CHOIR_HOME, the artifact store or $HOME, or lies inside Choir's stores.
+            CHOIR_HOME, the artifact store or $HOME, or lies inside Choir's stores; or,
+            ``pinned``, it leads elsewhere than when it was read.
     """
     if not os.path.isabs(path):
         raise ConfigError(f"{origin}: bind '{path}' is relative; give an absolute path")
     real = os.path.realpath(path)
+    if pinned and real != os.path.normpath(path):
+        raise ConfigError(f"{origin}: bind '{path}' now leads to {real}: it changed since "
+                          "choir.yaml was read (a link planted in its place?), and is not "
+                          "bound")
     if not os.path.exists(real):
         raise ConfigError(f"{origin}: bind '{path}' does not exist")
     here = Path(real)
@@ -156,7 +166,7 @@ def choose(repo: Path, python: str | None = None,
             continue
         binds.append(check_bind(path, origin=origin))
     for bind in extra_binds:
-        binds.append(check_bind(bind, origin="choir.yaml sandbox.binds"))
+        binds.append(check_bind(bind, origin="choir.yaml sandbox.binds", pinned=True))
     kept: list[str] = []
     for path in sorted(set(binds)):
         if not any(path.startswith(k + "/") for k in kept):

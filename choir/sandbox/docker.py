@@ -119,8 +119,8 @@ class DockerSandbox(Sandbox):
         self.transfer = resolve_transfer(transfer)
         self.image = image or os.environ.get("CHOIR_DOCKER_IMAGE") or DEFAULT_IMAGE
         self._python = python
-        self._binds = tuple(_toolchain.check_bind(b, origin="choir.yaml sandbox.binds")
-                            for b in binds)
+        self._binds = tuple(_toolchain.check_bind(b, origin="choir.yaml sandbox.binds",
+                                                  pinned=True) for b in binds)
         # the locally built test image carries no toolchain: it borrows the host's /usr
         self.host_usr = host_usr if host_usr is not None else self.image == DEFAULT_IMAGE
         self._client: Any = None

@@ -87,3 +87,46 @@ def test_the_same_resource_as_a_real_folder_still_verifies(
                           timeout=300, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr[-800:]
     assert json.loads(proc.stdout)["status"] == "PASS"
+
+
+@pytest.mark.parametrize("backend", ISOLATED)
+def test_a_resource_folder_swapped_for_a_link_anywhere_out_of_the_repo_is_never_bound(
+        backend: str, tmp_path: Path, choir_home: Path) -> None:
+    """The same link to any other folder (the user's ``~/.config``, another repo, a folder
+    of sockets) was bound into every step: a review's step read a credentials file there,
+    and one with the network off spoke to a host socket. A resource declared in the repo
+    must be a folder of the repo."""
+    isolated_backend(backend)
+    target = tmp_path / "home" / ".config" / "cloud"
+    target.mkdir(parents=True)
+    (target / "secret.txt").write_text(CANARY + "\n")
+    repo = _repo(tmp_path, target)
+    proc = subprocess.run([sys.executable, "-m", "choir", "verify", "--repo", str(repo),
+                           "--sandbox", backend, "--json"], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ))
+    assert CANARY not in proc.stdout + proc.stderr, "a step read a folder out of the repo"
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-500:], proc.stderr[-500:])
+    assert "outside the repo" in proc.stderr
+
+
+def test_a_bind_swapped_for_a_link_after_the_config_was_read_is_refused(
+        tmp_path: Path, choir_home: Path) -> None:
+    """Within a ``choir run`` the configuration is read before the executor, and each
+    round's sandbox resolved the binds again after it: a swap made then was bound. A bind
+    is pinned to its real path when ``choir.yaml`` is read; one that leads elsewhere when a
+    sandbox opens is refused."""
+    from choir.config import load_repo_config
+    from choir.exceptions import ConfigError
+    from choir.sandbox import resolve_sandbox
+    from choir.verification import sandbox_options
+
+    repo = _repo(tmp_path, tmp_path / "elsewhere")
+    (repo / "db").unlink()
+    os.rename(tmp_path / "db-moved", repo / "db")  # a real folder when the config is read
+    config = load_repo_config(repo)
+    resolve_sandbox("bwrap", **sandbox_options(config)).close()  # as read: bound
+    os.rename(repo / "db", tmp_path / "db-again")  # the executor's swap, mid-run
+    (tmp_path / "elsewhere").mkdir()
+    (repo / "db").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ConfigError, match="changed since"):
+        resolve_sandbox("bwrap", **sandbox_options(config))
