@@ -56,6 +56,12 @@ verifiers:
     return repo
 
 
+def _verify(repo: Path, backend: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "choir", "verify", "--repo", str(repo),
+                           "--sandbox", backend, "--json"], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ))
+
+
 @pytest.mark.parametrize("backend", ISOLATED)
 @pytest.mark.parametrize("where", ["heldout", "artifacts"])
 def test_a_resource_folder_swapped_for_a_link_into_choir_home_is_never_bound(
@@ -65,9 +71,7 @@ def test_a_resource_folder_swapped_for_a_link_into_choir_home_is_never_bound(
     target.mkdir(exist_ok=True)
     (target / "secret.txt").write_text(CANARY + "\n")
     repo = _repo(tmp_path, target)
-    proc = subprocess.run([sys.executable, "-m", "choir", "verify", "--repo", str(repo),
-                           "--sandbox", backend, "--json"], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ))
+    proc = _verify(repo, backend)
     assert CANARY not in proc.stdout + proc.stderr, "a step read a folder of Choir's home"
     assert proc.returncode == 2, (proc.returncode, proc.stdout[-500:], proc.stderr[-500:])
     assert str(repo / "choir.yaml") in proc.stderr and "db" in proc.stderr
@@ -82,9 +86,7 @@ def test_the_same_resource_as_a_real_folder_still_verifies(
     repo = _repo(tmp_path, tmp_path / "elsewhere")
     (repo / "db").unlink()
     os.rename(tmp_path / "db-moved", repo / "db")
-    proc = subprocess.run([sys.executable, "-m", "choir", "verify", "--repo", str(repo),
-                           "--sandbox", backend, "--json"], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ))
+    proc = _verify(repo, backend)
     assert proc.returncode == 0, proc.stderr[-800:]
     assert json.loads(proc.stdout)["status"] == "PASS"
 
@@ -101,9 +103,7 @@ def test_a_resource_folder_swapped_for_a_link_anywhere_out_of_the_repo_is_never_
     target.mkdir(parents=True)
     (target / "secret.txt").write_text(CANARY + "\n")
     repo = _repo(tmp_path, target)
-    proc = subprocess.run([sys.executable, "-m", "choir", "verify", "--repo", str(repo),
-                           "--sandbox", backend, "--json"], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ))
+    proc = _verify(repo, backend)
     assert CANARY not in proc.stdout + proc.stderr, "a step read a folder out of the repo"
     assert proc.returncode == 2, (proc.returncode, proc.stdout[-500:], proc.stderr[-500:])
     assert "outside the repo" in proc.stderr
