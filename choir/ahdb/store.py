@@ -426,22 +426,21 @@ class AHDB:
     def integrated(self, plan: str, item: str, head: str) -> bool:
         """Whether the log holds ``item``'s merge into ``plan`` at ``head`` already: a
         driver killed after writing the event, before recording it, never writes it twice."""
-        rows = self._conn().execute("SELECT payload FROM events WHERE kind = 'integrate'")
-        for (payload,) in rows:
-            found = json.loads(payload)
-            if (found.get("plan"), found.get("item"), found.get("head")) == (plan, item, head):
-                return True
-        return False
+        return self._logged("integrate", plan=plan, item=item, head=head)
 
     def released(self, plan: str, *, commit: str, branch: str, previous: str | None) -> bool:
         """Whether the log holds ``plan``'s release of ``branch`` from ``previous`` to
         ``commit`` already: a promotion killed after its event, before the branch moved,
         never writes it twice when it runs again."""
-        rows = self._conn().execute("SELECT payload FROM events WHERE kind = 'release'")
+        return self._logged("release", plan=plan, commit=commit, branch=branch[:255],
+                            **{"from": previous or ""})
+
+    def _logged(self, kind: str, **fields: str) -> bool:
+        """Whether the log holds a ``kind`` event whose payload has exactly these values."""
+        rows = self._conn().execute("SELECT payload FROM events WHERE kind = ?", (kind,))
         for (payload,) in rows:
             found = json.loads(payload)
-            if (found.get("plan"), found.get("commit"), found.get("branch"),
-                    found.get("from")) == (plan, commit, branch[:255], previous or ""):
+            if all(found.get(key) == value for key, value in fields.items()):
                 return True
         return False
 

@@ -261,14 +261,12 @@ def _resource_binds(resources: dict[str, Any], repo: Path, doc: YamlDoc) -> list
     from choir.postconditions.spec import resource_binds
 
     sealed = heldout_paths()
-    inside = os.path.realpath(repo)
+    given, inside = os.path.abspath(repo), os.path.realpath(repo)
     out = []
     for name, folder in sorted(resource_binds(resources, repo).items()):
         try:
             real = check_bind(folder, origin=f"resource '{name}'", sealed=sealed)
-            declared = os.path.abspath(folder)
-            given = os.path.abspath(repo)
-            if os.path.commonpath([declared, given]) == given and \
+            if os.path.commonpath([os.path.abspath(folder), given]) == given and \
                     os.path.commonpath([real, inside]) != inside:
                 # a folder of the repo that leads out of it: a link an executor may have
                 # planted (to ~/.config, another repo, a folder of sockets)

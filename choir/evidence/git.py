@@ -302,7 +302,7 @@ class GitRepo:
         want = str(root / ".git")
         known = _RECORDS.get((str(admins), want))  # the record found last time, checked again
         if known is not None and known.parent == admins and _pointer(known, "gitdir") == want \
-                and os.path.realpath(known / want) == want:
+                and os.path.realpath(want) == want:
             return self._linked(root, known)
         with os.scandir(admins) as found:
             records = sorted(found, key=_mtime_ns, reverse=True)

@@ -9,10 +9,10 @@ answering ``stale`` or ``refused``. Any of those failing, or no service at all, 
 None with the reason, and the command runs cold, so the answer is the same either way.
 A worker that takes the request runs the command on this process's own descriptors (its
 working directory, root, mount namespace, stdin, stdout and stderr travel with the
-request), so the terminal
-shows exactly what the cold command prints, live view included, and the client only waits
-for the exit code. After ``started`` there is no way back (the service may have begun
-recording evidence): a connection lost then is ``Lost``, reported as a failure.
+request), so the terminal shows exactly what the cold command prints, live view included,
+and the client only waits for the exit code. After ``started`` there is no way back (the
+service may have begun recording evidence): a connection lost then is ``Lost``, reported
+as a failure.
 
 ``CHOIR_SERVE`` chooses: ``auto`` (the default: use a service when one answers), ``off``
 (never ask), ``require`` (exit 2 when none answers, saying why: for scripts and benchmarks
