@@ -31,6 +31,11 @@ def drive(tmp_path: Path, items: str, plan_id: str = "p") -> dict:
     return state
 
 
+def one_attempt(plan: Path) -> None:
+    """``plan`` with a plan-wide budget of one item run."""
+    plan.write_text(plan.read_text() + "budget: {attempts: 1}\n")
+
+
 def show(repo: Path, ref: str, name: str) -> str:
     return git(repo, "show", f"{ref}:{name}")
 
@@ -158,8 +163,7 @@ def test_the_plan_wide_budget_stops_new_items_and_reports_the_rest_blocked(
           member: worker
           depends_on: [second]
         """, max_parallel=1)
-    plan.write_text(plan.read_text().replace("max_parallel: 1\n",
-                                             "max_parallel: 1\nbudget: {attempts: 1}\n"))
+    one_attempt(plan)
     state = asyncio.run(run_plan(load_plan(plan)))
     rows = state["items"]
     assert rows["first"]["state"] == "merged", rows
@@ -253,8 +257,7 @@ def test_the_attempts_budget_holds_when_items_start_side_by_side(tmp_path: Path)
           goal: write d
           executor: {kind: command, command: 'echo D > d.txt'}
         """, max_parallel=3)
-    plan.write_text(plan.read_text().replace("max_parallel: 3\n",
-                                             "max_parallel: 3\nbudget: {attempts: 1}\n"))
+    one_attempt(plan)
     state = asyncio.run(run_plan(load_plan(plan)))
     rows = state["items"]
     assert sum(r["attempt"] for r in rows.values()) == 1, rows

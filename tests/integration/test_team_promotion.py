@@ -42,16 +42,22 @@ def _append(home: Path, kind: str, payload: dict) -> None:  # type: ignore[type-
     conn.close()
 
 
-def test_a_promotion_is_a_checked_event_and_a_forged_one_is_named_by_audit(
-        tmp_path: Path, choir_home: Path) -> None:
+def _asserted(tmp_path: Path, plan_id: str) -> tuple[Path, dict]:  # type: ignore[type-arg]
+    """A plan of one item that writes ``a.txt``, run to its ASSERT: (its repo, its record)."""
     repo = team_repo(tmp_path / "repo")
-    plan = write_plan(tmp_path, "pr", """\
+    plan = write_plan(tmp_path, plan_id, """\
         - id: a
           goal: write a
           executor: {kind: command, command: 'echo A > a.txt'}
         """)
     state = asyncio.run(run_plan(load_plan(plan)))
     assert state["status"] == "asserted", state
+    return repo, state
+
+
+def test_a_promotion_is_a_checked_event_and_a_forged_one_is_named_by_audit(
+        tmp_path: Path, choir_home: Path) -> None:
+    repo, state = _asserted(tmp_path, "pr")
     head = promote("pr", "release")
     assert git(repo, "rev-parse", "release") == head
     (event,) = [e for e in open_ahdb().events() if e.kind == "release"]
@@ -83,13 +89,7 @@ def test_a_promotion_whose_event_cannot_be_written_moves_no_branch(
     import choir.team.promote as module
     from choir.exceptions import PromotionError
 
-    repo = team_repo(tmp_path / "repo")
-    plan = write_plan(tmp_path, "rb", """\
-        - id: a
-          goal: write a
-          executor: {kind: command, command: 'echo A > a.txt'}
-        """)
-    assert asyncio.run(run_plan(load_plan(plan)))["status"] == "asserted"
+    repo = _asserted(tmp_path, "rb")[0]
     base = git(repo, "rev-parse", "main")
     git(repo, "branch", "old", base)
 
@@ -122,13 +122,7 @@ def test_a_promotion_killed_at_any_point_moves_no_branch_without_its_event(
     ``promote`` moves the branch without writing the event twice."""
     import os
 
-    repo = team_repo(tmp_path / "repo")
-    plan = write_plan(tmp_path, "kp", """\
-        - id: a
-          goal: write a
-          executor: {kind: command, command: 'echo A > a.txt'}
-        """)
-    assert asyncio.run(run_plan(load_plan(plan)))["status"] == "asserted"
+    repo = _asserted(tmp_path, "kp")[0]
     base = git(repo, "rev-parse", "main")
     git(repo, "branch", "release", base)
     root = Path(__file__).parents[2]
