@@ -47,6 +47,11 @@ class ExecResult:
     limits_applied: AppliedLimits | None = None
 
 
+# the private /tmp of every isolated step: outside $CHOIR_OUT, so the out cap does not watch
+# it, and a tmpfs is memory (without cgroups, as an unprivileged bwrap runs, the host's)
+TMP_MB = 256
+
+
 def step_env(out_dir: str, extra: Mapping[str, str]) -> dict[str, str]:
     """The environment inside a sandbox: temp, caches and home all under ``$CHOIR_OUT``."""
     tmp = f"{out_dir}/tmp"

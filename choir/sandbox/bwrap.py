@@ -34,6 +34,7 @@ from choir.sandbox._cgroups import (
     stage_mount,
 )
 from choir.sandbox.base import (
+    TMP_MB,
     ExecResult,
     OutWatch,
     Sandbox,
@@ -47,6 +48,7 @@ from choir.sandbox.base import (
 from choir.sandbox.egress import EgressProxy
 
 NOBODY = 65534
+MASK_BYTES = 4096  # a mask is an empty read-only tmpfs: nothing is ever written there
 
 
 def _traversable(path: str) -> bool:
@@ -146,7 +148,8 @@ class BwrapSandbox(Sandbox):
             elif path.is_dir():
                 args += ["--ro-bind", str(path), str(path)]
         args += ["--ro-bind", "/etc", "/etc", "--dev", "/dev", "--proc", "/proc",
-                 "--tmpfs", "/tmp"]  # before any bind under /tmp, or it would hide them
+                 "--size", str(TMP_MB << 20), "--tmpfs", "/tmp"]  # before any bind under /tmp,
+        # or it would hide them
         for tool in tools.binds:
             args += ["--ro-bind", staged.get(tool, tool), tool]
         for path in readable:
@@ -156,8 +159,10 @@ class BwrapSandbox(Sandbox):
         for path in read_only:  # after the repo, so they stay read-only inside a writable repo
             args += ["--ro-bind", str(path), str(path)]
         for path in hidden:
-            args += ["--tmpfs", str(path)] if path.is_dir() else \
+            args += ["--size", str(MASK_BYTES), "--tmpfs", str(path)] if path.is_dir() else \
                 ["--ro-bind", "/dev/null", str(path)]
+        for path in hidden:  # read-only once all are made: a mask may hold another's point
+            args += ["--remount-ro", str(path)] if path.is_dir() else []
         if proxy is not None:
             sockets = str(proxy.socket_dir)
             args += ["--ro-bind", staged.get(sockets, sockets), egress.MOUNT]

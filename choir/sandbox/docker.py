@@ -46,6 +46,7 @@ from choir.models import AppliedLimits, Limits
 from choir.sandbox import _toolchain, egress
 from choir.sandbox._host_image import ensure_host_image
 from choir.sandbox.base import (
+    TMP_MB,
     ExecResult,
     OutWatch,
     Sandbox,
@@ -275,7 +276,7 @@ class DockerSandbox(Sandbox):
                 # copy mode: an anonymous volume, removed with the container
                 mounts=[Mount(COPY_ROOT, None, type="volume")] if copy else None,
                 network_disabled=proxy is not None or not network, read_only=True,
-                tmpfs={"/tmp": "rw,nosuid,size=256m"},
+                tmpfs={"/tmp": f"rw,nosuid,size={TMP_MB}m"},
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], user=f"{NOBODY}:{NOBODY}",
                 mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
                 pids_limit=limits.pids, nano_cpus=int(limits.cpus * 1e9),

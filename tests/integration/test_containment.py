@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -125,6 +126,38 @@ def test_memory_hog_is_killed_and_reported_oom(sandbox: Sandbox, repo: Path,
                             limits=Limits(memory_mb=200))
     assert code != 0 and b"ALLOCATED" not in out
     assert result.oom_killed  # type: ignore[attr-defined]
+
+
+def test_the_private_tmp_is_bounded_whatever_the_memory_limit(sandbox: Sandbox, repo: Path,
+                                                              tmp_path: Path) -> None:
+    """/tmp is the one writable place outside $CHOIR_OUT, which the out cap watches: a step
+    filling it (many files, each under the per-file cap) must hit a size, not the host's
+    memory. The attack wrote 300 MiB there under the default 2 GiB memory limit (and
+    without cgroups, as a user without root runs bwrap, nothing at all bounded it)."""
+    code, out, _ = run(sandbox, repo, tmp_path / "out",
+                       "for i in 1 2 3; do dd if=/dev/zero of=/tmp/fill$i bs=1M count=100 "
+                       "2>/dev/null || exit 7; done; echo FILLED", timeout_s=60)
+    assert b"FILLED" not in out and code == 7
+
+
+@pytest.mark.skipif(not shutil.which("bwrap"), reason="needs bubblewrap")
+def test_a_masked_folder_takes_no_write(repo: Path, tmp_path: Path) -> None:
+    """An executor's masks (Choir's home beside its repo) are empty tmpfs mounts: writable,
+    they were a second unbounded /tmp. Now they are read-only."""
+    from choir.sandbox.bwrap import BwrapSandbox
+
+    masked = tmp_path / "home"
+    masked.mkdir()
+    chunks: list[bytes] = []
+    result = BwrapSandbox().exec(
+        f"dd if=/dev/zero of={masked}/fill bs=1M count=8 2>&1; test -e {masked}/fill && "
+        "echo PRESENT; echo DONE",
+        repo=repo, out_dir=tmp_path / "out", env={}, timeout_s=20, limits=Limits(),
+        network=False, sink=chunks.append, repo_writable=True, readable=[tmp_path],
+        hidden=[masked])
+    out = b"".join(chunks)
+    assert b"DONE" in out and b"Read-only file system" in out and b"PRESENT" not in out, out
+    assert result.exit_code == 0 and list(masked.iterdir()) == []
 
 
 def test_sleep_forever_times_out_and_leaves_nothing(sandbox: Sandbox, repo: Path,
