@@ -38,7 +38,7 @@ from choir.executors.pinned import current_gate
 from choir.models import Limits, VerificationReport, WorkItem
 from choir.models.run import ExecutorIsolation, ExecutorOutput
 from choir.models.workitem import ExecutorSpec
-from choir.sandbox._toolchain import check_bind, choose
+from choir.sandbox._toolchain import SHARED_ROOTS, check_bind, choose
 from choir.sandbox.bwrap import BwrapSandbox
 from choir.sandbox.local import LocalSandbox
 
@@ -118,11 +118,12 @@ def _around(repo: Path) -> list[Path]:
     """The folder around the repo, readable to the executor (a script beside the repo, as
     ``../fix.py``), unless it holds the user's home: with the common layout ``~/proj`` it
     was the home, and an executor read ``~/.ssh`` and other repos there (Choir's own stores
-    in it are masked either way: ``_hidden``). The repo itself is bound either way."""
+    in it are masked either way: ``_hidden``), or is a shared temp root. The repo itself is
+    bound either way."""
     parent = os.path.realpath(repo.parent)
     home = os.path.realpath(os.path.expanduser("~"))
-    if home == parent or home.startswith(parent.rstrip("/") + "/"):
-        return []
+    if home == parent or home.startswith(parent.rstrip("/") + "/") or parent in SHARED_ROOTS:
+        return []  # the home; or /tmp, whose host sockets connect through a read-only bind
     return [repo.parent]
 
 

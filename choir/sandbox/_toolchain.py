@@ -26,6 +26,9 @@ from choir.exceptions import ConfigError
 
 SYSTEM = ("/usr", "/etc", "/bin", "/lib", "/lib64", "/sbin")
 FORBIDDEN = ("/proc", "/sys", "/dev", "/run", "/var/run", "/boot")
+# every user's and process's scratch: the host's Unix sockets (tmux, X11, agents, other
+# steps' egress proxies) live there, and a socket connects through a read-only bind
+SHARED_ROOTS = ("/tmp", "/var/tmp")
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,10 @@ def check_bind(path: str, *, origin: str, sealed: Sequence[Path] = (),
     if real == "/" or any(real == f or real.startswith(f + "/") for f in FORBIDDEN):
         raise ConfigError(f"{origin}: bind '{path}' exposes the host ({real}); bind a "
                           "narrower folder")
+    if real in SHARED_ROOTS:
+        raise ConfigError(f"{origin}: bind '{path}' is the host's shared temp folder "
+                          f"({real}): its Unix sockets (tmux, X11, agents) would connect "
+                          "from the sandbox; bind the folder of your own the step needs")
     for secret, whole in [*_protected(), *((Path(p), True) for p in sealed)]:
         if secret == here or here in secret.parents:
             raise ConfigError(

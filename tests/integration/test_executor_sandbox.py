@@ -395,3 +395,56 @@ def test_an_executor_of_a_repo_in_home_does_not_see_the_rest_of_home(
                     executor={"kind": "command",  # type: ignore[arg-type]
                               "command": f"sh {beside}/fix.sh"})
     assert b"BESIDE-OK" in _log(run_command(item, 1, []).artifact)
+
+
+def test_an_executor_of_a_repo_in_tmp_reaches_no_host_socket_there(tmp_path: Path) -> None:
+    """A repo straight under /tmp (a clone for a quick try, a CI job's scratch) made /tmp the
+    folder around it, bound for the executor: read-only, yet a Unix socket on a read-only
+    bind still connects, and /tmp holds the host's sockets (tmux, X11, an agent's, another
+    step's egress proxy). The attack: a no-network executor talked to a host service there.
+    A shared temp root is never the folder around a repo, nor a bind (``check_bind``)."""
+    import socket
+    import threading
+    import uuid
+
+    from choir.exceptions import ConfigError
+    from choir.executors import run_command
+    from choir.sandbox._toolchain import check_bind
+
+    name = f"choir-test-{uuid.uuid4().hex[:12]}"
+    repo, sock_path = Path("/tmp") / name, Path("/tmp") / f"{name}.sock"
+    repo.mkdir()
+    heard: list[bytes] = []
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(sock_path))
+    os.chmod(sock_path, 0o777)
+    server.listen(1)
+    server.settimeout(15)
+
+    def serve() -> None:
+        try:
+            conn, _ = server.accept()
+            heard.append(conn.recv(64))
+            conn.close()
+        except OSError:
+            pass
+
+    listener = threading.Thread(target=serve, daemon=True)
+    listener.start()
+    try:
+        item = WorkItem(id="tmp", goal="g", repo=str(repo), executor={  # type: ignore[arg-type]
+            "kind": "command", "command": f"{PY} -c \"import socket; s = socket.socket("
+            f"socket.AF_UNIX); s.connect('{sock_path}'); s.sendall(b'ESCAPED')\"; "
+            "echo done > seen.txt"})
+        out = run_command(item, 1, [])
+        server.close()
+        listener.join(5)
+        assert heard == [], f"the executor reached a host socket in /tmp: {heard}"
+        assert (repo / "seen.txt").exists(), _log(out.artifact)
+        for shared in ("/tmp", "/var/tmp"):
+            with pytest.raises(ConfigError, match="shared"):
+                check_bind(shared, origin="sandbox.binds")
+    finally:
+        server.close()
+        sock_path.unlink(missing_ok=True)
+        shutil.rmtree(repo, ignore_errors=True)
