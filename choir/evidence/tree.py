@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import blake3
 
@@ -42,6 +43,16 @@ from choir.evidence.sealer import Sealer, StaleBase
 from choir.evidence.statcache import repo_key
 from choir.evidence.store import Store, rmtree
 from choir.exceptions import IntegrityError
+
+if TYPE_CHECKING:
+    from choir.evidence.git import ObjectReader
+
+# (common folder, commit id) -> (tree hash, parents): a commit's id names its bytes, and
+# every object is re-hashed as it is read, so what was read once for an id holds for good
+# (the plan driver asks for each item's commit three times: its submodules, its head, its
+# landing)
+_RECORDS: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
+_RECORDS_MAX = 4096
 
 
 def resolve_commit(repo: Path, rev: str) -> str | None:
@@ -282,6 +293,8 @@ def commit_submodules(repo: Path, *shas: str) -> list[dict[str, str]] | None:
         return None
     try:
         with git.objects() as objects:
+            if shas:  # the first is a new commit, whose record is asked for next: read now
+                _read_record(git, objects, shas[0])
             return [objects.submodules(objects.commit(sha)[0]) for sha in shas]
     except (IntegrityError, OSError, ValueError):
         return None
@@ -295,15 +308,37 @@ def commit_record(repo: Path, sha: str) -> tuple[str, tuple[str, ...]] | None:
 
 
 def _commit_record(git: GitRepo, sha: str) -> tuple[str, tuple[str, ...]] | None:
-    outer = blake3.blake3()
+    known = _RECORDS.get((str(git.common_dir), sha))
+    if known is not None:
+        return known
     try:
         with git.objects() as objects:
-            tree, parents = objects.commit(sha)
-            for path, kind, oid in sorted(objects.files(tree)):
-                inner = blake3.blake3(max_threads=1)
-                objects.stream(oid, "blob", inner.update)
-                outer.update(f"{kind} {path}\0".encode("utf-8", "surrogateescape"))
-                outer.update(inner.digest())
+            return _read_record(git, objects, sha)
     except (IntegrityError, OSError, ValueError):
         return None
-    return outer.hexdigest(), tuple(parents)
+
+
+def _read_record(git: GitRepo, objects: ObjectReader,
+                 sha: str) -> tuple[str, tuple[str, ...]]:
+    """The record of commit ``sha`` read with ``objects``, and kept.
+
+    Raises:
+        IntegrityError, OSError, ValueError: an object is missing, planted or unreadable.
+    """
+    key = (str(git.common_dir), sha)
+    known = _RECORDS.get(key)
+    if known is not None:
+        return known
+    outer = blake3.blake3()
+    tree, parents = objects.commit(sha)
+    for path, kind, oid in sorted(objects.files(tree)):
+        inner = blake3.blake3(max_threads=1)
+        objects.stream(oid, "blob", inner.update)
+        outer.update(f"{kind} {path}\0".encode("utf-8", "surrogateescape"))
+        outer.update(inner.digest())
+    if not is_oid(sha):  # only a full id names the bytes for good
+        return outer.hexdigest(), tuple(parents)
+    if len(_RECORDS) >= _RECORDS_MAX:
+        _RECORDS.clear()
+    _RECORDS[key] = found = (outer.hexdigest(), tuple(parents))
+    return found
