@@ -164,6 +164,28 @@ def test_commit_tree_hash_reads_a_full_commit_id_with_no_rev_parse(
     assert asked == []
 
 
+def test_a_commits_record_is_read_once_and_only_for_its_own_repository(
+        repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record of a full commit id is kept (the driver asks for it three times an item),
+    and only for the repository it was read in: a clone that lacks the commit, or holds other
+    bytes under a name, is read afresh."""
+    from choir.evidence.git import ObjectReader
+    from choir.evidence.tree import commit_record, commit_submodules
+
+    head, expected = git(repo, "rev-parse", "HEAD").strip(), tree_hash(repo)
+    readers: list[object] = []
+    made = ObjectReader.__init__
+    monkeypatch.setattr(ObjectReader, "__init__",
+                        lambda self, r: readers.append(r) or made(self, r))
+    assert commit_submodules(repo, head) == [{}]  # reads the commit, and keeps its record
+    assert commit_record(repo, head) == (expected, ())
+    assert commit_tree_hash(repo, head) == expected and len(readers) == 1
+    other = tmp_path / "other"
+    other.mkdir()
+    git(other, "init", "-q")
+    assert commit_tree_hash(other, head) is None and len(readers) == 2
+
+
 def test_a_directory_planted_under_the_trees_name_is_never_verified(repo: Path,
                                                                    tmp_path: Path) -> None:
     """An executor can compute the buggy tree's hash and plant a fixed copy under it."""
