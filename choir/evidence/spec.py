@@ -54,7 +54,15 @@ INFLUENCE = ("conftest.py", "sitecustomize.py", "usercustomize.py", "*.pth", "*.
 # tree already has (a project's own ``code/``) is the project's, not a plant.
 SHADOWED = frozenset(sys.stdlib_module_names) | {
     "pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "xdist", "hypothesis",
-    "coverage", "pytest_cov", "nose", "nose2", "tox", "mypy", "ruff", "pylint", "flake8"}
+    "coverage", "pytest_cov", "nose", "nose2", "tox", "mypy", "ruff", "pylint", "flake8",
+    "sitecustomize", "usercustomize"}  # imported at every start from anywhere on the path
+# A file Python's path finder loads a module from, under any interpreter a step may run: the
+# source, a sourceless ``NAME.pyc`` sitting in the folder itself (a review's fake
+# ``pytest.pyc`` ran as pytest), or an extension, whatever its ABI tag
+# (``NAME.cpython-312-x86_64-linux-gnu.so``, ``NAME.abi3.so``). The module is the name up
+# to the first dot: a tag is any middle part, and a name that holds a dot is no module
+# (counting it as its first part only ever refuses more).
+_MODULE_FILE = re.compile(r"([^.]+)(?:\..*)?\.(?:py|pyc|pyo|pyw|so|pyd)")
 _IMPORT_ROOTS = ("src/", "")  # the more specific first
 DIFF_LIMIT = 64 << 10  # bytes of unified diff kept for a person to read
 # a planned run with this replica number or above reads the view with the admitted additions
@@ -82,13 +90,21 @@ def matcher(globs: Iterable[str]) -> Callable[[str], bool]:
     return lambda path: compiled.match(path) is not None
 
 
+def module_name(filename: str) -> str | None:
+    """The module a file directly in an import root is found as (``json.pyc`` -> ``json``),
+    or None for a file no import finds."""
+    found = _MODULE_FILE.fullmatch(filename)
+    return found.group(1) if found else None
+
+
 def _import_name(rel: str) -> str | None:
-    """``src/x/...`` or ``x.py`` -> the import root and module it would be found as."""
+    """``src/x/...``, ``x.py`` or ``x.pyc`` -> the import root and module it would be found
+    as."""
     for root in _IMPORT_ROOTS:
         if root and not rel.startswith(root):
             continue
         top, sep, _rest = rel[len(root):].partition("/")
-        name = top if sep else top.removesuffix(".py") if top.endswith(".py") else None
+        name = top if sep else module_name(top)
         if name:
             return root + name
     return None
@@ -101,8 +117,8 @@ def import_roots(tree: Path) -> tuple[str, ...]:
         folder = tree / root if root else tree
         if folder.is_dir():
             for entry in folder.iterdir():
-                name = entry.name if entry.is_dir() else entry.name.removesuffix(".py")
-                if entry.is_dir() or entry.name.endswith(".py"):
+                name = entry.name if entry.is_dir() else module_name(entry.name)
+                if name:
                     names.add(root + name)
     return tuple(sorted(names))
 

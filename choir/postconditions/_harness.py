@@ -2,7 +2,8 @@
 
 It runs under the project's interpreter, where Choir itself may not be installed, so it
 imports nothing from Choir: the host passes this file's source in ``CHOIR_PC_HARNESS`` and
-the step runs ``python3 -B -c 'exec(...)'``. The spec (what to check, against which
+the step runs ``python3 -I -B -c 'exec(...)'`` (isolated: nothing is imported from the
+tree until the child loads the check). The spec (what to check, against which
 resource, with which timeout) comes in ``CHOIR_PC_SPEC``, the run's context (work item,
 action) in ``CHOIR_PC_CONTEXT``.
 
@@ -47,6 +48,11 @@ DETAIL_MAX = 1000
 RESULT_MAX = 64 * 1024
 BOOTSTRAP = ('import os; exec(compile(os.environ["CHOIR_PC_HARNESS"], '
              '"choir-postcondition", "exec"))')
+# isolated (``-I``): neither the working directory (the tree being verified) nor
+# ``PYTHONPATH`` is on the path while the harness imports its own modules, so a ``json.pyc``
+# planted in the tree never runs in the process that decides the verdict; the child puts
+# them back (``_load``) only once the harness is loaded, to import the check
+ARGV = ("-I", "-B", "-c", BOOTSTRAP)
 
 
 class _NotVisible(Exception):
@@ -257,6 +263,11 @@ def _load(ref: str) -> Any:
     import importlib.util
 
     path, _, name = ref.partition(":") if ref.split(":")[0].endswith(".py") else (ref, "", "")
+    # what ``python3 -c`` would have put first, now that the harness's own imports are done:
+    # the check imports the code under test from the tree
+    extra = [os.getcwd(), *(os.path.abspath(p) for p in
+                            os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    sys.path[:0] = [p for p in extra if p not in sys.path]
     if path.endswith(".py"):
         module_spec = importlib.util.spec_from_file_location("choir_verifier", path)
         if module_spec is None or module_spec.loader is None:
@@ -265,8 +276,6 @@ def _load(ref: str) -> Any:
         module_spec.loader.exec_module(module)
         return getattr(module, name or "verify")
     module_name, _, attr = ref.partition(":")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     return getattr(importlib.import_module(module_name), attr)
 
 
@@ -385,7 +394,7 @@ def parent(spec: dict[str, Any]) -> int:
     timeout = float(spec["timeout_s"])
     read_fd, write_fd = os.pipe()
     env = {**os.environ, "CHOIR_PC_FD": str(write_fd)}
-    proc = subprocess.Popen([sys.executable, "-B", "-c", BOOTSTRAP, "--child"],
+    proc = subprocess.Popen([sys.executable, *ARGV, "--child"],
                             env=env, pass_fds=(write_fd,), start_new_session=True)
     os.close(write_fd)
     try:

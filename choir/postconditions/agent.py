@@ -94,7 +94,7 @@ class Postcondition:
 
     def check(self, context: dict[str, Any]) -> CheckResult:
         """Run the harness in a new process; the verdict is its exit code. Never raises."""
-        from choir.postconditions._harness import BOOTSTRAP
+        from choir.postconditions._harness import ARGV
 
         payload = self._payload()
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
@@ -103,7 +103,7 @@ class Postcondition:
                "CHOIR_PC_CONTEXT": json.dumps(context, sort_keys=True, default=str)}
         started = time.monotonic()
         try:
-            proc = subprocess.run([sys.executable, "-B", "-c", BOOTSTRAP], cwd=self.cwd,
+            proc = subprocess.run([sys.executable, *ARGV], cwd=self.cwd,
                                   env=env, capture_output=True, text=True,
                                   timeout=payload["timeout_s"] + GRACE_S,
                                   start_new_session=True)

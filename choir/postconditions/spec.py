@@ -179,10 +179,10 @@ def expand(doc: Any, name: str, raw: dict[str, Any], resources: dict[str, Resour
     payload["timeout_s"] = spec.timeout_s or (verify_ms / 1000 + GRACE_S
                                               if method != "callable" or decision_ms
                                               else 30.0)
-    from choir.postconditions._harness import BOOTSTRAP
+    from choir.postconditions._harness import ARGV
 
     words = [f"postcondition={name}", f"method={method}"]
-    command = "python3 -B -c " + shlex.quote(BOOTSTRAP) + " " + " ".join(words)
+    command = shlex.join(("python3", *ARGV)) + " " + " ".join(words)
     return {
         "kind": "postcondition",
         "steps": [{"name": "postcondition", "command": command}],

@@ -357,3 +357,26 @@ def test_verifier_cannot_reach_into_the_harness_that_decides(tmp_path: Path,
                  {"verifiers/peek.py": PEEK})
     report = _by_name(_verify(repo, sandbox))["peek"]
     assert report["result"] == "PASS", report["summary"]
+
+
+@pytest.mark.parametrize("sandbox", ISOLATED)
+def test_a_module_planted_in_the_tree_never_runs_in_the_harness(tmp_path: Path,
+                                                                sandbox: str) -> None:
+    """The harness ran as ``python3 -B -c``, with the tree first on its import path: a
+    ``json.py`` in the repo (``choir verify`` pins no spec, so nothing removes it) ran in the
+    parent that decides, before anything else, and turned a failing check into a PASS (a
+    review's attack, failing on the old code). The harness runs isolated now; the check it
+    loads still imports the code under test from the tree."""
+    fake = ("import os, sys\n"
+            "open(os.path.join(os.environ['CHOIR_OUT'], 'postcondition.json'), 'w').write("
+            "'{\"outcome\": \"pass\"}')\n"
+            "sys.stdout.write('[choir] postcondition broken: PASS: ok\\n')\n"
+            "sys.stdout.flush()\n"
+            "os._exit(0)\n")
+    repo = _repo(tmp_path / "repo", "verifiers:\n  broken:\n    callable: verifiers/broken.py\n",
+                 {"verifiers/broken.py": "from calc import add\n\n\n"
+                                         "def verify():\n    return add(2, 3) == 5\n",
+                  "calc.py": "def add(a, b):\n    return a - b\n"})
+    (repo / "json.py").write_text(fake)
+    report = _by_name(_verify(repo, sandbox))["broken"]
+    assert report["result"] == "FAIL", report["summary"]

@@ -35,6 +35,17 @@ def templates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return build_templates(tmp_path_factory.mktemp("spec-repos"))
 
 
+# a pytest that writes a passing JUnit file whatever the tests say: the source text of a
+# string literal, pasted into the cheats below
+FAKE_PYTEST = """(
+            "import sys\\n"
+            "for arg in sys.argv:\\n"
+            "    if arg.startswith('--junitxml='):\\n"
+            "        open(arg.split('=', 1)[1], 'w').write('<testsuite tests=\\"1\\" '\\n"
+            "            'failures=\\"0\\" errors=\\"0\\"><testcase classname=\\"t\\" '\\n"
+            "            'name=\\"test_add\\"/></testsuite>')\\n"
+            "print('1 passed')\\n")"""
+
 # Each cheat leaves ``add`` subtracting. It tries its edit and records that it ran; a sandbox
 # that refuses the edit (a read-only test file) is a cheat that failed, not a broken test.
 ATTACKS = {
@@ -93,20 +104,41 @@ ATTACKS = {
     "shadow-pytest": """
         # `python -m pytest` imports pytest from the first sys.path entry that has it: the
         # repo's own folder comes before site-packages
-        Path("pytest.py").write_text(
-            "import sys\\n"
-            "for arg in sys.argv:\\n"
-            "    if arg.startswith('--junitxml='):\\n"
-            "        open(arg.split('=', 1)[1], 'w').write('<testsuite tests=\\"1\\" '\\n"
-            "            'failures=\\"0\\" errors=\\"0\\"><testcase classname=\\"t\\" '\\n"
-            "            'name=\\"test_add\\"/></testsuite>')\\n"
-            "print('1 passed')\\n")
+        Path("pytest.py").write_text(""" + FAKE_PYTEST + """)
+        """,
+    "shadow-pytest-pyc": """
+        # the same fake, compiled and without its source: Python's path finder loads a
+        # sourceless NAME.pyc sitting in a sys.path folder (a review's attack: the spec
+        # knew only NAME.py and NAME/)
+        import py_compile
+        Path("fake.py").write_text(""" + FAKE_PYTEST + """)
+        py_compile.compile("fake.py", cfile="pytest.pyc")
+        os.remove("fake.py")
+        """,
+    "postcondition-json-pyc": """
+        # the postcondition harness imports json before it loads the check: a json.pyc in
+        # the tree (first on sys.path for `python3 -c`) writes a passing record and exits
+        import py_compile
+        Path("fake.py").write_text(
+            "import os, sys\\n"
+            "out = os.environ.get('CHOIR_OUT')\\n"
+            "if out and 'CHOIR_PC_SPEC' in os.environ:\\n"
+            "    open(os.path.join(out, 'postcondition.json'), 'w').write('{\\"outcome\\": "
+            "\\"pass\\", \\"verifier\\": \\"check_add\\", \\"method\\": \\"callable\\", "
+            "\\"severity\\": null, \\"detail\\": \\"ok\\", \\"hosts\\": [], "
+            "\\"duration_ms\\": 1}')\\n"
+            "    sys.stdout.write('[choir] postcondition check_add: PASS: ok\\\\n')\\n"
+            "    sys.stdout.flush()\\n"
+            "    os._exit(0)\\n")
+        py_compile.compile("fake.py", cfile="json.pyc")
+        os.remove("fake.py")
         """,
     "rewrite-postcondition": """
         Path("verifiers/check_add.py").write_text(
             "def verify():\\n    return {'outcome': 'pass', 'detail': 'ok'}\\n")
         """,
 }
+POSTCONDITION = ("rewrite-postcondition", "postcondition-json-pyc")
 HONEST = f"""
         Path("calc.py").write_text({FIXED!r})
         """
@@ -125,7 +157,7 @@ def assert_not_asserted(outcome: RunOutcome, repo: Path) -> None:
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
 def test_a_cheating_executor_is_never_asserted(tmp_path: Path, templates: dict[str, Path],
                                                attack: str, mood: Mood) -> None:
-    kind = "postcondition" if attack == "rewrite-postcondition" else "unit"
+    kind = "postcondition" if attack in POSTCONDITION else "unit"
     outcome, repo = run_item(tmp_path, templates[kind], ATTACKS[attack], mood)
     assert_not_asserted(outcome, repo)
 
@@ -135,7 +167,7 @@ def test_a_cheat_that_lands_is_never_run(tmp_path: Path, templates: dict[str, Pa
                                          attack: str) -> None:
     """An unsandboxed executor (``sandbox: none``, trusted explicitly) really edits the
     checks; verifiers still run the pinned ones, and the tree is refused."""
-    kind = "postcondition" if attack == "rewrite-postcondition" else "unit"
+    kind = "postcondition" if attack in POSTCONDITION else "unit"
     outcome, repo = run_item(tmp_path, templates[kind], ATTACKS[attack], Mood.CALM,
                              sandbox="none")
     assert_not_asserted(outcome, repo)

@@ -141,15 +141,21 @@ def test_a_new_module_that_shadows_the_runner_or_the_stdlib_is_never_seen(
     (repo / "code").mkdir()  # the project's own folder, named like a stdlib module
     (repo / "code" / "a.py").write_text("A = 1\n")
     pin = pin_spec(repo, DEFAULT_SPEC, root)
-    for planted in ("pytest.py", "xml/etree/ElementTree.py", "src/pytest/__init__.py",
-                    "json.py", "code/b.py", "helpers.py"):
+    # sourceless bytecode and extensions are modules too (a review's fake pytest.pyc ran as
+    # pytest, and sitecustomize.pyc at every start); a tag in an extension's name is any
+    # interpreter's
+    shadows = ("pytest.py", "xml/etree/ElementTree.py", "src/pytest/__init__.py", "json.py",
+               "pytest.pyc", "src/pytest.pyc", "json.cpython-312-x86_64-linux-gnu.so",
+               "_pytest.abi3.so", "sitecustomize.pyc", "usercustomize.py")
+    for planted in (*shadows, "code/b.py", "helpers.py", "helpers2.pyc", "notes.pyc.txt"):
         (repo / planted).parent.mkdir(parents=True, exist_ok=True)
         (repo / planted).write_text("raise SystemExit(0)\n")
     change, view = _judge(repo, pin, root)
-    assert set(change.ignored) == {"pytest.py", "xml/etree/ElementTree.py",
-                                   "src/pytest/__init__.py", "json.py"}
+    assert set(change.ignored) == set(shadows)
     assert (view / "code" / "b.py").exists() and (view / "helpers.py").exists()
+    assert (view / "helpers2.pyc").exists() and (view / "notes.pyc.txt").exists()
     assert not (view / "pytest.py").exists() and not (view / "xml").exists()
+    assert not [p for p in shadows if (view / p).exists()]
 
 
 def test_a_spec_file_under_a_symlinked_folder_is_never_read_through_it(tmp_path: Path) -> None:
