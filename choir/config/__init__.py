@@ -150,11 +150,14 @@ def _verifier_spec(doc: YamlDoc, name: str, raw: Any,
     return spec, errors
 
 
-def _loosened(doc: YamlDoc, mood: str, override: dict[str, Any]) -> list[ConfigError]:
-    """A mood's sandbox isolation or resource limits loosened by the repo: refused. The
-    repo's ``choir.yaml`` is a file an executor (or a pull request) can write; it may
-    tighten a mood, never loosen what the packaged policy requires."""
-    from choir.config.policy import load_packaged_policy
+def _loosened(doc: YamlDoc, mood: str, override: dict[str, Any],
+              verifiers: dict[str, VerifierSpec]) -> list[ConfigError]:
+    """A mood's sandbox isolation, resource limits, reruns, or (in a guarded mood:
+    PARANOID) its verifiers loosened by the repo: refused. The repo's ``choir.yaml`` is a
+    file an executor (or a pull request) can write; it may tighten a mood, never loosen
+    what the packaged policy requires. A guarded mood runs every allowlisted verifier of its
+    kinds: its list may add to them, never leave one out (``choir.config.policy.guarded``)."""
+    from choir.config.policy import guarded, load_packaged_policy
 
     try:
         base = load_packaged_policy().moods.get(Mood(mood))
@@ -163,6 +166,25 @@ def _loosened(doc: YamlDoc, mood: str, override: dict[str, Any]) -> list[ConfigE
     if base is None:
         return []
     found = []
+    reruns = override.get("reruns")
+    if isinstance(reruns, int) and reruns < base.reruns:
+        found.append(ConfigError(
+            f"mood {mood}: choir.yaml cannot loosen reruns to {reruns} (the mood policy "
+            f"runs each verifier {base.reruns} times, independently): the repo is a file an "
+            "executor can write", path=str(doc.path),
+            line=doc.line_of(("moods", mood, "reruns")),
+            hint=f"remove reruns here, or set it to {base.reruns} or more"))
+    listed = override.get("verifiers")
+    if guarded(base) and isinstance(listed, list):
+        left = [n for n, spec in verifiers.items()
+                if spec.kind in base.kinds and n not in listed]
+        if left:
+            found.append(ConfigError(
+                f"mood {mood}: choir.yaml's list leaves out {', '.join(left)}: {mood} runs "
+                "every allowlisted verifier of its kinds, and the repo may add to them, "
+                "never remove one", path=str(doc.path),
+                line=doc.line_of(("moods", mood, "verifiers")),
+                hint=f"add {', '.join(left)} to the list, or drop the list"))
     for key, loosens in (("allow_unsafe_isolation", override.get("allow_unsafe_isolation") is True
                           and not base.allow_unsafe_isolation),
                          ("require_limits", override.get("require_limits") is False
@@ -366,7 +388,7 @@ def load_repo_config(repo: Path) -> RepoConfig:
             ))
     for mood, override in _section(doc.data, "moods").items():
         override = override if isinstance(override, dict) else {}
-        errors += _loosened(doc, mood, override)
+        errors += _loosened(doc, mood, override, verifiers)
         if override.get("verifiers", None) == []:
             errors.append(ConfigError(
                 f"mood {mood} names no verifier: nothing could ever be asserted",

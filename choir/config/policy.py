@@ -166,6 +166,13 @@ def with_mutation(config: RepoConfig, base: _PackagedPolicy) -> RepoConfig:
     return config.model_copy(update={"verifiers": {**config.verifiers, name: spec}})
 
 
+def guarded(mood: Any) -> bool:
+    """A mood whose checks a repo may add to but never narrow: one that refuses unsafe
+    isolation (PARANOID). The others' lists are the repo's to choose (``moods: {CALM:
+    {verifiers: [unit]}}``)."""
+    return not mood.allow_unsafe_isolation
+
+
 def _by_kind(config: RepoConfig, kinds: tuple[VerifierKind, ...]) -> tuple[str, ...]:
     wanted = set(kinds)
     return tuple(name for name, spec in config.verifiers.items() if spec.kind in wanted)
@@ -206,6 +213,10 @@ def load_policy(config: RepoConfig, packaged: _PackagedPolicy | None = None) -> 
             fields.update(
                 {k: v for k, v in override.model_dump().items() if v is not None}
             )
+            if guarded(default):  # added to, never narrowed: Choir's own checks (trace,
+                # mutants) are in no list a repo writes (``choir.config._loosened``)
+                fields["verifiers"] = tuple(dict.fromkeys([*fields["verifiers"], *core]))
+                fields["reruns"] = max(fields["reruns"], default.reruns)
         if fields["require_heldout"]:
             held = [n for n, spec in config.verifiers.items() if spec.heldout is not None]
             fields["verifiers"] = tuple(dict.fromkeys([*fields["verifiers"], *held]))

@@ -37,7 +37,7 @@ def _project(root: Path, uses: list[str], *, broken: bool) -> Path:
             assert add(2, 3) == 5
         """))
     lines = ["verifiers:"] + [f"  {name}: {{uses: {name}}}" for name in uses]
-    lines += ["moods:", f"  PARANOID: {{verifiers: [{', '.join(uses)}], reruns: 1}}",
+    lines += ["moods:", f"  PARANOID: {{verifiers: [{', '.join(uses)}]}}",
               f"sandbox: {{python: {sys.executable}}}"]
     (root / "choir.yaml").write_text("\n".join(lines) + "\n")
     return root

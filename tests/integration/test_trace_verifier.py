@@ -93,14 +93,14 @@ def test_choir_verify_drops_a_trace_verifier_it_has_no_run_for(tmp_path: Path) -
     from choir.app.verify import verify_tree
 
     repo = calc_repo(tmp_path / "repo", canary="x", verifiers=TRACE_VERIFIER,
-                     extra="moods:\n  PARANOID: {verifiers: [unit, trace], reruns: 1}\n")
+                     extra="moods:\n  PARANOID: {verifiers: [unit, trace]}\n")
     (repo / "calc.py").write_text("def add(a, b):\n    return a + b\n")
     events: list[dict[str, Any]] = []
     outcome = verify_tree(repo, mood=Mood.PARANOID, sandbox_name="bwrap",
                           on_event=lambda kind, data: events.append(data))
     assert outcome.contract["status"] == "PASS", outcome.contract["tail_log"][-800:]
     planned = next(e for e in events if e.get("kind") == "plan")
-    assert planned["verifiers"] == ["unit#0"] and planned["dropped"] == ["trace"]
+    assert planned["verifiers"] == ["unit#0", "unit#1"] and planned["dropped"] == ["trace"]
     assert "choir run only" in planned["reason"]
 
 

@@ -215,3 +215,33 @@ def test_choir_yaml_cannot_loosen_what_the_mood_policy_requires(
     write(tmp_path, "verifiers:\n  unit: {kind: unit_tests, steps: [{name: t, command: x}]}\n"
                     "moods:\n  CALM: {allow_unsafe_isolation: false, require_limits: true}\n")
     assert load_repo_config(tmp_path).moods[Mood.CALM].require_limits is True
+
+
+def test_choir_yaml_cannot_narrow_paranoid_or_cut_its_reruns(tmp_path: Path) -> None:
+    """``moods: {PARANOID: {verifiers: [unit], reruns: 1}}`` shrank PARANOID's plan from ten
+    runs to one (no rerun, lint or security scan, mutants or trace): a pull request checked
+    by ``choir verify --mood PARANOID`` chose its own checks (a review's finding, failing on
+    the old code). A guarded mood's verifiers may be added to, never removed, and no mood's
+    reruns lowered; Choir's own trace and mutation checks stay whatever the list says."""
+    from choir.config.policy import load_policy, with_run_checks
+
+    allow = ("verifiers:\n  unit: {kind: unit_tests, steps: [{name: t, command: x}]}\n"
+             "  lint: {kind: lint, steps: [{name: t, command: x}]}\n"
+             "  sec: {kind: security_scan, steps: [{name: t, command: x}]}\n")
+    write(tmp_path, allow + "moods:\n  PARANOID: {verifiers: [unit], reruns: 1}\n")
+    with pytest.raises(ConfigError) as info:
+        load_repo_config(tmp_path)
+    text = str(info.value)
+    assert "cannot loosen reruns" in text and "leaves out lint, sec" in text, text
+    assert {e.line for e in info.value.errors} == {6}, [e.line for e in info.value.errors]
+    # naming every verifier of its kinds (and more) is the repo's to do; Choir's own
+    # checks are added whatever the list says
+    write(tmp_path, allow + "  extra: {kind: smoke, steps: [{name: t, command: x}]}\n"
+                            "moods:\n  PARANOID: {verifiers: [unit, lint, sec, extra]}\n")
+    policy = load_policy(with_run_checks(load_repo_config(tmp_path)))
+    paranoid = policy.moods[Mood.PARANOID]
+    assert {"unit", "lint", "sec", "extra", "trace", "unit.mutants"} <= set(paranoid.verifiers)
+    assert paranoid.reruns == 2
+    # CALM's list is the repo's to choose (the documented override)
+    write(tmp_path, allow + "moods:\n  CALM: {verifiers: [lint]}\n")
+    assert load_policy(load_repo_config(tmp_path)).moods[Mood.CALM].verifiers == ("lint",)

@@ -76,10 +76,10 @@ def test_a_heldout_verifier_joins_the_allowlist_with_its_files_hash(
 
 def test_paranoid_plans_every_heldout_check_even_over_a_repo_override(
         tmp_path: Path, choir_home: Path) -> None:
-    repo = _repo(tmp_path, "moods:\n  PARANOID: {verifiers: [unit]}\n")
+    repo = _repo(tmp_path, "moods:\n  PARANOID: {verifiers: [unit, lint]}\n")
     _heldout(choir_home, repo)
     policy = load_policy(load_repo_config(repo))
-    assert policy.moods[Mood.PARANOID].verifiers == ("unit", "hidden")
+    assert policy.moods[Mood.PARANOID].verifiers == ("unit", "lint", "hidden")
     assert "hidden" not in policy.moods[Mood.CALM].verifiers  # by kind: integration_tests
     assert "hidden" in policy.moods[Mood.SKEPTICAL].verifiers
 
