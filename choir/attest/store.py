@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from choir._core import fsopen
 from choir._core.canonical import blake3_hex, canonical_json, is_hash
 from choir._core.paths import artifact_dir, choir_home
 from choir.attest.keys import signer_counts, trust_root
@@ -85,9 +86,8 @@ class AttestationStore:
             IntegrityError: the file is unreadable, malformed, or does not hash to ``att_id``.
         """
         path = self.path_of(att_id)
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read(MAX_FILE + 1)
+        try:  # no link followed, a FIFO refused, never waited on (``fsopen``)
+            data = fsopen.read_bytes(self.root, path.name, MAX_FILE + 1)
         except FileNotFoundError:
             shared = self.shared.get(att_id) if self.shared is not None else None
             if shared is None:

@@ -73,3 +73,41 @@ def test_flipped_byte_in_stored_json(evidence: Any) -> None:
     path.write_bytes(b"{not json")
     with pytest.raises(IntegrityError, match="malformed"):
         store.get(att.id)
+
+
+@pytest.mark.parametrize("plant", ["fifo", "link"])
+def test_a_fifo_or_link_in_place_of_an_attestation_is_refused_never_waited_on(
+        evidence: Any, tmp_path: Path, plant: str) -> None:
+    """``get`` opened the file with a plain ``open``: a FIFO planted under an attestation's
+    name (whoever can write the home) hung ``choir audit`` and ``choir gate`` for good, and
+    a link was followed (a review's finding; the FIFO case hung the old code). It is read
+    like every other record now: no link followed, a regular file or an IntegrityError."""
+    import threading
+
+    store = AttestationStore()
+    att = mint(evidence.body, evidence.signer)
+    path = store.put(att)
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_bytes(path.read_bytes())
+    path.chmod(0o644)
+    path.unlink()
+    if plant == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(elsewhere)
+    got: list[object] = []
+
+    def read() -> None:
+        try:
+            got.append(store.get(att.id))
+        except IntegrityError as exc:
+            got.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(5)
+    if reader.is_alive():  # unblock the old code's open() so the test process can end
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(5)
+        pytest.fail("reading the attestation waited on a FIFO")
+    assert len(got) == 1 and isinstance(got[0], IntegrityError), got
