@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from choir.models import Counts, FailureSignature
 from choir.report.parsers import (
@@ -19,7 +21,81 @@ from choir.report.parsers import (
 )
 from choir.report.signatures import signature_id
 
-_FORBIDDEN = (b"<!DOCTYPE", b"<!ENTITY")
+_CHUNK = 64 << 10
+_TEXT_MAX = 64 << 10  # of a failure's text kept to cite (a message is cut at 2,000 anyway)
+_PROBLEMS = ("failure", "error")
+
+
+class _Refused(ValueError):
+    """A DTD in the file, wherever it stands."""
+
+
+@dataclass
+class _Case:
+    """One ``<testcase>`` as the parser meets it: its attributes, how many of each problem
+    it holds, and the first problem's attributes and (bounded) text."""
+
+    attrib: dict[str, str]
+    counts: dict[str, int] = field(default_factory=dict)
+    problem: str = ""
+    problem_attrib: dict[str, str] = field(default_factory=dict)
+    text: list[str] = field(default_factory=list)
+    kept: int = 0
+
+
+class _Target:
+    """expat's callbacks, kept to what the report needs (``xml.etree``'s parser target
+    protocol): no tree is built, so the file's size costs no memory beyond a failure's
+    bounded text, and a DTD is refused by expat itself the moment it meets one (``doctype``,
+    before any declaration in it is read): looking for one in the file's first 4 KiB missed
+    it behind a longer comment, and expat expanded its entities in this process."""
+
+    def __init__(self, on_case: Callable[[_Case], None]) -> None:
+        self.on_case = on_case
+        self.stack: list[str] = []
+        self.suites: list[list[Any]] = []  # per open <testsuite>: [attrib, has a child suite]
+        self.declared = [0, 0, 0, 0]
+        self.case: _Case | None = None
+
+    def doctype(self, *_args: object) -> None:
+        raise _Refused
+
+    def start(self, tag: str, attrib: dict[str, str]) -> None:
+        parent = self.stack[-1] if self.stack else ""
+        self.stack.append(tag)
+        if tag == "testsuite":
+            if self.suites and parent == "testsuite":
+                self.suites[-1][1] = True
+            self.suites.append([attrib, False])
+        elif tag == "testcase":
+            self.case = _Case(dict(attrib))
+        elif self.case is not None and parent == "testcase":
+            self.case.counts[tag] = self.case.counts.get(tag, 0) + 1
+            if tag in _PROBLEMS and not self.case.problem:
+                self.case.problem, self.case.problem_attrib = tag, dict(attrib)
+
+    def data(self, text: str) -> None:
+        case = self.case
+        if case is not None and len(self.stack) > 1 and self.stack[-1] == case.problem \
+                and self.stack[-2] == "testcase" and case.kept < _TEXT_MAX \
+                and sum(case.counts.get(p, 0) for p in _PROBLEMS) == 1:
+            piece = text[:_TEXT_MAX - case.kept]
+            case.text.append(piece)
+            case.kept += len(piece)
+
+    def end(self, tag: str) -> None:
+        self.stack.pop()
+        if tag == "testsuite" and self.suites:
+            attrib, nested = self.suites.pop()
+            if not nested:  # leaves only
+                for i, key in enumerate(("tests", "failures", "errors", "skipped")):
+                    self.declared[i] += _int(attrib.get(key))
+        elif tag == "testcase" and self.case is not None:
+            case, self.case = self.case, None
+            self.on_case(case)
+
+    def close(self) -> None:
+        return None
 # pytest's crash line at the end of a failure's text: ``tests/test_m.py:3: AssertionError``
 _CRASH = re.compile(r"^([\w./-]+\.py):(\d+): ", re.MULTILINE)
 _HEADER = re.compile(r"^_{3,} (.*) _{3,}\s*$")
@@ -77,49 +153,43 @@ def parse_junit_files(inp: ParseInput, *, result: ParseResult,
         fallback = add_text(inp)
         fallback.error = "no JUnit XML in $CHOIR_OUT"
         return fallback
-    run = failed = errors = skipped = 0  # counted from <testcase> elements
     declared = [0, 0, 0, 0]  # the producer's own totals (<testsuite tests= failures= ...>)
+    tally = [0, 0, 0, 0]  # run, failed, errors, skipped: counted from <testcase> elements
+
+    def on_case(case: _Case) -> None:
+        tally[0] += 1
+        tally[3] += case.counts.get("skipped", 0) > 0
+        # pytest writes one <failure> per failed subtest into its test's element
+        tally[1] += case.counts.get("failure", 0)
+        tally[2] += case.counts.get("error", 0)
+        if not case.problem:
+            return
+        classname, name = case.attrib.get("classname", ""), case.attrib.get("name", "?")
+        text = "".join(case.text)
+        test_id, location = node_id(classname, name, case.attrib.get("file"), text)
+        message = case.problem_attrib.get("message") or text or case.problem
+        line = _failure_line(inp, name) if name != "?" else None
+        result.add(FailureSignature(
+            id=signature_id("junit", test_id, location, message[:2000]),
+            kind=f"test_{case.problem}", test_id=test_id[:256],
+            location=location[:256] or None, excerpt=_excerpt(message),
+            citation=(_cite(inp, COMBINED, line, line) if line
+                      else _cite(inp, rel, 1, 1))))
+
     for rel in files:
-        digest = inp.artifacts[rel]
-        head = inp.store.read_bytes(digest, limit=4096)
-        if any(marker in head for marker in _FORBIDDEN):
-            result.error = f"{rel}: DTDs and entities are refused"
-            continue
+        target = _Target(on_case)
+        parser = ET.XMLParser(target=target)
         try:
-            with inp.store.open(digest) as fh:
-                for _, elem in ET.iterparse(fh, events=("end",)):
-                    if elem.tag == "testsuite":
-                        if not any(child.tag == "testsuite" for child in elem):  # leaves only
-                            for i, key in enumerate(("tests", "failures", "errors", "skipped")):
-                                declared[i] += _int(elem.get(key))
-                        elem.clear()
-                        continue
-                    if elem.tag != "testcase":
-                        continue
-                    run += 1
-                    problems = [c for c in elem if c.tag in ("failure", "error")]
-                    if any(c.tag == "skipped" for c in elem):
-                        skipped += 1
-                    # pytest writes one <failure> per failed subtest into its test's element
-                    failed += sum(c.tag == "failure" for c in problems)
-                    errors += sum(c.tag == "error" for c in problems)
-                    problem = problems[0] if problems else None
-                    if problem is not None:
-                        classname = elem.get("classname", "")
-                        name = elem.get("name", "?")
-                        test_id, location = node_id(classname, name, elem.get("file"),
-                                                    problem.text or "")
-                        message = (problem.get("message") or problem.text or problem.tag)
-                        line = _failure_line(inp, name) if name != "?" else None
-                        result.add(FailureSignature(
-                            id=signature_id("junit", test_id, location, message[:2000]),
-                            kind=f"test_{problem.tag}", test_id=test_id[:256],
-                            location=location[:256] or None, excerpt=_excerpt(message),
-                            citation=(_cite(inp, COMBINED, line, line) if line
-                                      else _cite(inp, rel, 1, 1))))
-                    elem.clear()
+            with inp.store.open(inp.artifacts[rel]) as fh:
+                while chunk := fh.read(_CHUNK):
+                    parser.feed(chunk)
+                parser.close()
+        except _Refused:
+            result.error = f"{rel}: DTDs and entities are refused"
         except ET.ParseError as exc:
             result.error = f"{rel}: malformed XML ({exc})"
+        declared = [a + b for a, b in zip(declared, target.declared, strict=True)]
+    run, failed, errors, skipped = tally
     # The producer's totals are how pytest counts (every subtest is a test, an xfail is a
     # skip); what the elements show can only raise them, so a summary cannot hide a failure.
     run, failed, errors, skipped = (max(a, b) for a, b in
