@@ -34,7 +34,7 @@ from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.target import snapshot_target
 from choir.evidence.tree import remove_snapshot, snapshot_root
 from choir.exceptions import ConfigError, SandboxError, VerificationRejected
-from choir.executors import interpreter_in_repo
+from choir.executors import interpreter_in_repo, masked_paths
 from choir.executors.pinned import GateContext, current_gate
 from choir.executors.prompt import work_prompt
 from choir.models import (
@@ -125,7 +125,11 @@ def build_agent(item: WorkItem, run_id: str, *, model: str | Any,
     # and whatever else of the run's pinned interpreter lies in the repo, as for the
     # sandboxed executors (a sandbox.python inside it)
     pinned = tuple(p.relative_to(repo).as_posix() for p in interpreter_in_repo(repo))
-    files = RepoFiles(repo, protected=tuple(dict.fromkeys((*PROTECTED, *pinned))))
+    # Choir's stores in the repo, which a sandboxed executor has masked (masked_paths)
+    hidden = tuple(p.relative_to(repo).as_posix() for p in masked_paths()
+                   if p.is_relative_to(repo) and p != repo)
+    files = RepoFiles(repo, protected=tuple(dict.fromkeys((*PROTECTED, *pinned))),
+                      hidden=hidden)
     instructions = load_text("prompts", "executor_system.md")
     if item.executor.instructions:
         instructions += "\n\nThe work item's own instructions:\n" + item.executor.instructions

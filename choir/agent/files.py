@@ -78,6 +78,10 @@ class RepoFiles:
         protected: paths from the root (files, or folders with all they hold) that may be
             read but never written (Choir's llm executor protects ``choir.yaml`` and the
             repo's ``.venv``: what verifies its work is not its to edit).
+        hidden: paths from the root (their real location) that are neither listed, read,
+            searched nor written, through a link or otherwise: Choir's own stores when they
+            lie in the repo (its home, the artifact store, held-out checks), which a
+            sandboxed executor has masked.
     """
 
     def __init__(
@@ -88,6 +92,7 @@ class RepoFiles:
         max_write_bytes: int = 1_000_000,
         max_results: int = 200,
         protected: tuple[str, ...] = (),
+        hidden: tuple[str, ...] = (),
     ) -> None:
         real = os.path.realpath(root)
         if not os.path.isdir(real):
@@ -97,6 +102,7 @@ class RepoFiles:
         self.max_write_bytes = max_write_bytes
         self.max_results = max_results
         self.protected = frozenset(protected)
+        self.hidden = tuple(hidden)
         self._prefix = real.rstrip(os.sep) + os.sep
         self._changed: dict[str, None] = {}
 
@@ -336,7 +342,14 @@ class RepoFiles:
             raise ToolInputError(
                 f"{_clip(path)!r} leads outside the repository through a symlink; refused"
             )
-        return real[len(self._prefix) :].split(os.sep)
+        rel = real[len(self._prefix) :]
+        if self._is_hidden(rel.replace(os.sep, "/")):
+            raise ToolInputError(f"{_clip(path)!r} is Choir's own (its home, its artifact "
+                                 "store or a held-out check): not the executor's to see")
+        return rel.split(os.sep)
+
+    def _is_hidden(self, rel: str) -> bool:
+        return any(rel == h or rel.startswith(h + "/") for h in self.hidden)
 
     def _writable(self, path: str) -> list[str]:
         """The real components of a path that may be written (never in .git and the like)."""
@@ -437,6 +450,8 @@ class RepoFiles:
             entries = sorted(it, key=lambda e: e.name)
         for entry in entries:
             rel = prefix + entry.name
+            if self._is_hidden(rel):
+                continue
             if entry.is_dir(follow_symlinks=False):
                 if entry.name in VCS_DIRS:
                     continue

@@ -16,7 +16,7 @@ the run keeps only its hash, exit code and timed-out flag.
 Why the repo owner's uid: bwrap maps the sandbox user to the caller's uid, so a root
 Choir writes a root-owned repo with its files' owner unchanged, with every capability
 dropped. That makes masking, not permissions, what keeps the key out of reach: anything
-of Choir's that lies under a bound folder is hidden (``_hidden``).
+of Choir's that lies under a bound folder is hidden (``masked_paths``).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def _around(repo: Path) -> list[Path]:
     """The folder around the repo, readable to the executor (a script beside the repo, as
     ``../fix.py``), unless it holds the user's home: with the common layout ``~/proj`` it
     was the home, and an executor read ``~/.ssh`` and other repos there (Choir's own stores
-    in it are masked either way: ``_hidden``), or is a shared temp root. The repo itself is
+    in it are masked either way: ``masked_paths``), or is a shared temp root. The repo itself is
     bound either way."""
     parent = os.path.realpath(repo.parent)
     home = os.path.realpath(os.path.expanduser("~"))
@@ -127,7 +127,7 @@ def _around(repo: Path) -> list[Path]:
     return [repo.parent]
 
 
-def _hidden() -> list[Path]:
+def masked_paths() -> list[Path]:
     """Choir's stores, every held-out folder and the host's password hashes: masked inside
     the sandbox.
 
@@ -206,7 +206,7 @@ def _run_user_code(item: WorkItem, attempt: int, feedback: Sequence[Verification
     isolation = executor_isolation(item.executor)
     spec = item.executor
     repo = Path(item.repo).resolve()
-    if any(repo == h or repo.is_relative_to(h) for h in _hidden() if h.is_dir()):
+    if any(repo == h or repo.is_relative_to(h) for h in masked_paths() if h.is_dir()):
         raise UserError(f"the repo {repo} lies inside Choir's home or artifact store; move it "
                         "out (an executor may not see Choir's keys or stores)")
     with tempfile.TemporaryDirectory(prefix="choir-exec-") as tmp:
@@ -245,7 +245,7 @@ def _run_user_code(item: WorkItem, attempt: int, feedback: Sequence[Verification
                 result = BwrapSandbox().exec(argv(inputs), readable=readable,
                                              read_only=[*interpreter_in_repo(repo),
                                                         *spec_in_repo(repo)],
-                                             hidden=_hidden(), **common)  # type: ignore[arg-type]
+                                             hidden=masked_paths(), **common)  # type: ignore[arg-type]
             else:
                 result = LocalSandbox().exec(argv(inputs), **common)  # type: ignore[arg-type]
             if kept > LOG_LIMIT:

@@ -38,3 +38,38 @@ def test_a_rewritten_choir_yaml_does_not_weaken_the_agents_gate(
         "--junitxml=$CHOIR_OUT/junit.xml")
     result = audit()
     assert result.ok, result.violations
+
+
+def test_the_llm_executors_tools_never_reach_choirs_home_inside_the_repo(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With CHOIR_HOME inside the repo (ignored, as a .venv is), the command executor's
+    sandbox masks it; the llm executor's file tools listed, read and wrote it: a held-out
+    test reached the model, and ``trusted_keys`` was rewritten (a review's finding, failing
+    on the old code). Choir's home, its artifact store and every held-out folder are now
+    invisible to the tools, as they are to a sandboxed executor."""
+    from choir.agent.executor import build_agent
+    from choir.agent.files import ToolInputError
+
+    repo = calc_repo(tmp_path / "repo", canary="x")
+    home = repo / ".choir"
+    monkeypatch.setenv("CHOIR_HOME", str(home))
+    monkeypatch.delenv("CHOIR_ARTIFACT_DIR", raising=False)
+    (home / "heldout" / "calc").mkdir(parents=True)
+    (home / "heldout" / "calc" / "test_hidden.py").write_text("# SECRET-HELDOUT\n")
+    (home / "artifacts" / "objects").mkdir(parents=True)
+    (home / "artifacts" / "objects" / "rawlog").write_text("CANARY-RAW\n")
+    (home / "trusted_keys").write_text("ddc56ceb08fc20f3a03b1e1bc7ff6454\n")
+    (repo / "into-home").symlink_to(home)
+    item = WorkItem(id="fix-add", goal="g", repo=str(repo),
+                    executor={"kind": "llm", "model": "x"})  # type: ignore[arg-type]
+    _, files = build_agent(item, "run-exec1", model="openai/x")
+    listed = files.list_files(".")
+    assert ".choir/" not in listed and "test_hidden" not in files.search("SECRET"), listed
+    for path in (".choir/heldout/calc/test_hidden.py", ".choir/artifacts/objects/rawlog",
+                 "into-home/trusted_keys"):
+        with pytest.raises(ToolInputError, match="Choir's own"):
+            files.read_file(path)
+    with pytest.raises(ToolInputError, match="Choir's own"):
+        files.write_file(".choir/trusted_keys", "ffffffffffffffffffffffffffffffff\n")
+    assert (home / "trusted_keys").read_text() == "ddc56ceb08fc20f3a03b1e1bc7ff6454\n"
+    assert "def add" in files.read_file("calc.py")  # the repo itself, as before

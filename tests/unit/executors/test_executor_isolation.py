@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from choir._core.canonical import canonical_json
-from choir.executors import _hidden, _passed_env, executor_isolation
+from choir.executors import _passed_env, executor_isolation, masked_paths
 from choir.models import AttestationBody, Environment, Result, Target
 from choir.models.workitem import ExecutorSpec
 
@@ -51,5 +51,5 @@ def test_the_executor_gets_none_of_choirs_settings(monkeypatch: pytest.MonkeyPat
 
 def test_choirs_home_and_store_are_masked(choir_home: Path) -> None:
     (choir_home / "artifacts").mkdir()
-    hidden = _hidden()
+    hidden = masked_paths()
     assert choir_home.resolve() in hidden and (choir_home / "artifacts").resolve() in hidden
