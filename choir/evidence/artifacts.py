@@ -428,9 +428,11 @@ class ArtifactStore:
         Raises:
             IntegrityError: bad digest, or the object is missing or not a regular file.
         """
-        path = self.path_of(digest)
-        try:
-            return _open_regular(path, follow=False)
+        self.path_of(digest)  # the digest checked
+        try:  # from the store's root, no link followed on the way (the broker reads here)
+            with fsopen.DirCursor(self.root) as cursor:
+                fd, _st = fsopen.open_regular(digest[2:], cursor.dir(("objects", digest[:2])))
+            return os.fdopen(fd, "rb")
         except FileNotFoundError:
             raise IntegrityError(f"artifact {digest} is missing") from None
         except OSError as err:

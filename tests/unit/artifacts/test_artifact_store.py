@@ -239,3 +239,23 @@ def test_linked_object_is_taken_over_from_a_foreign_owner(store: ArtifactStore) 
     digest = store.ingest_file(src)
     st = store.path_of(digest).stat()
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o444)  # the sandbox cannot chmod it back
+
+
+def test_an_objects_folder_swapped_for_a_link_is_never_followed(store: ArtifactStore,
+                                                                 tmp_path: Path) -> None:
+    """Every folder on an object's path is opened without following a link: the broker,
+    which holds the key, checks an attestation's report and manifest through ``verify``,
+    and a home writer who swapped ``objects/xx`` for a link steered its open anywhere (a
+    review's note; it read through the link on the old code)."""
+    digest = store.ingest_bytes(b"evidence")
+    sub = store.root / "objects" / digest[:2]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / digest[2:]).write_bytes(b"evidence")
+    (sub / digest[2:]).chmod(0o644)
+    (sub / digest[2:]).unlink()
+    sub.rmdir()
+    sub.symlink_to(elsewhere)
+    assert not store.verify(digest)
+    with pytest.raises(IntegrityError):
+        store.read_bytes(digest)
