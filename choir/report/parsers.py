@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, BinaryIO
 
 from choir._core.registry import PARSERS
+from choir._core.terminal import strip_controls
 from choir.models import Citation, Counts, FailureSignature
 from choir.models.report import EXCERPT_MAX, MAX_SIGNATURES
 from choir.report.signatures import canonicalize, signature_id
@@ -78,7 +79,10 @@ def parser_names() -> list[str]:
 
 
 def _excerpt(text: str) -> str:
-    clean = canonicalize(text, limit=EXCERPT_MAX * 2)
+    """Text to quote from a failure: canonical, without any control sequence or character
+    (it reaches prompts, feedback files and CI summaries, where nothing strips them), and
+    cut with a mark."""
+    clean = strip_controls(canonicalize(text, limit=EXCERPT_MAX * 2))
     return clean[: EXCERPT_MAX - 1] + "…" if len(clean) > EXCERPT_MAX else clean
 
 

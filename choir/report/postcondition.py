@@ -12,8 +12,7 @@ import json
 from typing import TYPE_CHECKING
 
 from choir.models import Counts, FailureSignature, Result
-from choir.models.report import EXCERPT_MAX
-from choir.report.parsers import ParseInput, ParseResult, _cite, _find_line
+from choir.report.parsers import ParseInput, ParseResult, _cite, _excerpt, _find_line
 from choir.report.signatures import canonicalize, signature_id
 
 if TYPE_CHECKING:
@@ -51,13 +50,12 @@ def parse_postcondition(inp: ParseInput) -> ParseResult:
     detail = str(record.get("detail", ""))
     severity = str(record.get("severity") or "")
     line = _find_line(inp, f"[choir] postcondition {record.get('verifier')}: ")
-    excerpt = canonicalize(f"{outcome} ({severity}): {detail}", limit=EXCERPT_MAX * 2)
     result.add(FailureSignature(
         id=signature_id("postcondition", str(record.get("verifier")), None,
                         f"{outcome}:{record.get('method')}:{canonicalize(detail)}"),
         kind=f"postcondition_{outcome}",
         test_id=str(record.get("verifier"))[:256],
-        excerpt=excerpt[: EXCERPT_MAX - 1] + "…" if len(excerpt) > EXCERPT_MAX else excerpt,
+        excerpt=_excerpt(f"{outcome} ({severity}): {detail}"),
         citation=_cite(inp, "logs/combined.log", line, line) if line else None))
     return result
 

@@ -81,3 +81,17 @@ def test_config_errors_cannot_carry_escapes_to_the_terminal() -> None:
     for bad in ("\x1b", "\x9b", "\x07", "\r", "\u202e"):
         assert bad not in text
     assert text.startswith("/r/choir.yaml:3: unknown parser") and "fix:" in text
+
+
+def test_a_stored_excerpt_holds_no_control_sequence() -> None:
+    """Rendering strips them, but an excerpt also goes where nothing renders: the executor's
+    feedback file and prompt, the Director's and reporter's prompts, MCP answers, CI
+    summaries. Only CSI colour codes were dropped when the excerpt was made; an OSC 52 (the
+    clipboard), a DCS string, a bidi override reached them (a review's note, failing on the
+    old code). The excerpt keeps the text and loses every control."""
+    from choir.report.parsers import _excerpt
+
+    out = _excerpt("assert add(2, 3) == 5 " + HOSTILE + " tail")
+    for bad in ("\x1b", "\x07", "\x9b", "\r", "\x08", "\x7f", "\u202e"):
+        assert bad not in out, (bad, out)
+    assert out.startswith("assert add(2, 3) == 5") and "click me" in out
