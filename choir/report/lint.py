@@ -73,8 +73,12 @@ def parse_mypy_text(inp: ParseInput, result: ParseResult) -> ParseResult:
 
 def parse_sarif_files(inp: ParseInput, result: ParseResult) -> ParseResult:
     findings = 0
-    docs = json_objects(inp, ".sarif") + json_objects(inp, ".sarif.json")
-    if not docs:
+    unread: list[str] = []
+    docs = json_objects(inp, ".sarif", unread=unread) + \
+        json_objects(inp, ".sarif.json", unread=unread)
+    if unread:  # its findings unread: the files that were read cannot decide alone
+        result.error = "SARIF not read: " + "; ".join(unread)
+    elif not docs:
         result.error = "no SARIF file in $CHOIR_OUT"
     for _, doc in docs:
         runs = doc.get("runs", []) if isinstance(doc, dict) else []

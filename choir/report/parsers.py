@@ -193,14 +193,21 @@ def parse_pytest_text(inp: ParseInput) -> ParseResult:
 JSON_MAX = 8 << 20  # a JSON document larger than this is not read (the parser says so)
 
 
-def json_objects(inp: ParseInput, suffix: str, limit: int = JSON_MAX) -> list[tuple[str, object]]:
-    """Parse every ``out/*suffix`` artifact as JSON (bounded size); errors are skipped."""
+def json_objects(inp: ParseInput, suffix: str, limit: int = JSON_MAX,
+                 unread: list[str] | None = None) -> list[tuple[str, object]]:
+    """Parse every ``out/*suffix`` artifact as JSON (bounded size). One that is larger than
+    ``limit`` or not JSON is skipped, and named in ``unread`` when given (a caller whose
+    verdict rests on these files must not decide without one of them)."""
     found: list[tuple[str, object]] = []
     for rel, digest in sorted(inp.artifacts.items()):
         if rel.startswith("out/") and rel.endswith(suffix):
+            data = inp.store.read_bytes(digest, limit=limit + 1)
             try:
-                found.append((rel, json.loads(inp.store.read_bytes(digest, limit=limit))))
-            except ValueError:
-                continue
+                if len(data) > limit:
+                    raise ValueError(f"larger than {limit >> 20} MiB")
+                found.append((rel, json.loads(data)))
+            except ValueError as exc:
+                if unread is not None:
+                    unread.append(f"{rel} ({str(exc)[:120]})")
     return found
 

@@ -186,6 +186,25 @@ def test_different_messages_have_different_signatures() -> None:
         "test", "t", None, "KeyError: 'user'")
 
 
+@pytest.mark.parametrize("bad", ["too-large", "malformed"])
+def test_a_sarif_file_that_cannot_be_read_is_never_skipped(tmp_path: Path, bad: str) -> None:
+    """A SARIF file over the 8 MiB read bound (a scanner with many findings) or malformed
+    was skipped without a word, and a clean second file decided: the run PASSed with its
+    findings unread (a review's note, failing on the old code). Unread evidence makes the
+    run INCONCLUSIVE, naming the file."""
+    repo = project(tmp_path, "")
+    finding = {"ruleId": "B105", "message": {"text": "hardcoded password " + "x" * 200}}
+    results = [finding] * (45_000 if bad == "too-large" else 1)
+    text = json.dumps({"version": "2.1.0", "runs": [{"results": results}]})
+    (repo / "big.sarif").write_text(text if bad == "too-large" else text[:-10])
+    (repo / "clean.sarif").write_text(json.dumps({"version": "2.1.0",
+                                                  "runs": [{"results": []}]}))
+    report, _, _ = verify(repo, "cp big.sarif clean.sarif $CHOIR_OUT/", "sarif",
+                          kind=VerifierKind.STATIC_ANALYSIS)
+    assert report.result is Result.INCONCLUSIVE, report.summary
+    assert "big.sarif" in report.summary, report.summary
+
+
 def test_sarif_from_real_ruff(tmp_path: Path) -> None:
     repo = project(tmp_path, "import os\nx = 1\n")
     ruff = str(Path(PY).parent / "ruff")
