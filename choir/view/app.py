@@ -34,6 +34,7 @@ from choir.view.reads import (
     attestation_view,
     load_report,
     plan_events,
+    tables_behind,
     verifier_run,
 )
 from choir.view.text import PAGE_LINES, plain_page, window
@@ -194,6 +195,11 @@ class Viewer:
         if keys is None:
             return self.page("audit.html", title="audit", result=None, links={},
                              note="no key is pinned on this home yet: `choir audit` pins it")
+        if await asyncio.to_thread(tables_behind, self.stores):
+            return self.page("audit.html", title="audit", result=None, links={},
+                             note="this home's AHDB predates the current schema: run `choir "
+                                  "audit` once (it derives the tables again, a write the "
+                                  "viewer never makes)")
         from choir.audit import audit
 
         result = await asyncio.to_thread(audit, home=self.stores.home,

@@ -142,6 +142,23 @@ def _sqlite_rows(path: Path, work_item: str) -> tuple[list[Atom], list[dict[str,
     return atoms, demotions
 
 
+def tables_behind(stores: Stores) -> bool:
+    """True when the home's SQLite AHDB predates the tables' current schema: opening its
+    store (as the audit does) would derive them again, a write the viewer never makes."""
+    from choir.ahdb.backend import SCHEMA_VERSION
+
+    path = stores.home / "ahdb.sqlite"
+    if database_url(stores.home) is not None or not path.is_file():
+        return False
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return int(conn.execute("PRAGMA user_version").fetchone()[0]) < SCHEMA_VERSION
+    except sqlite3.DatabaseError:
+        return False  # the audit names a damaged file
+    finally:
+        conn.close()
+
+
 def atoms_and_demotions(stores: Stores, work_item: str = "") -> tuple[list[Atom],
                                                                       list[dict[str, Any]]]:
     """The AHDB's atoms (of ``work_item`` when given) and every demotion event, in order."""

@@ -183,6 +183,32 @@ def test_viewing_writes_nothing_not_even_a_key(tmp_path: Path, made: dict[str, s
     assert not (home / "trusted_keys").exists()
 
 
+def test_the_audit_page_never_derives_an_old_homes_tables(tmp_path: Path,
+                                                          made: dict[str, str]) -> None:
+    """``GET /audit`` ran the full audit, whose store derives the AHDB's tables again when
+    its schema is older: on a home with a pinned key, one page view rewrote the database
+    (``user_version`` 0 -> 2; a review's finding, failing on the old code). The page says
+    what to run instead, and the database is left as it was."""
+    import sqlite3
+
+    home = tmp_path / "home"
+    shutil.copytree(made["home"], home)
+    db = home / "ahdb.sqlite"
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA user_version = 0")
+    conn.commit()
+    conn.close()
+    before = db.read_bytes()
+    with view_server(home) as s, httpx.Client(base_url=s.base, timeout=30) as c:
+        c.get(f"/?token={s.token}")
+        page = c.get("/audit")
+        assert page.status_code == 200 and "choir audit" in page.text, page.text[-500:]
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 0
+    conn.close()
+    assert db.read_bytes() == before
+
+
 def test_an_attestation_reads_invalid_after_a_byte_flip_in_its_object(
         tmp_path: Path, made: dict[str, str]) -> None:
     home = tmp_path / "home"
