@@ -59,8 +59,12 @@ class TokenGuard:
     serves = "viewer"  # for the refusal of a foreign Host
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] == "lifespan":  # the server's own start and stop, no client
             await self.app(scope, receive, send)
+            return
+        if scope["type"] != "http":  # a websocket (no route takes one today) is refused
+            # outright, never passed on unchecked as it was
+            await send({"type": "websocket.close", "code": 1008})
             return
         if header(scope, b"host") not in self.hosts:
             await plain(send, 403, f"forbidden: this {self.serves} answers on its loopback "
