@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from choir.ci import github
-from choir.ci.steps import Options, run, upload_paths
+from choir.ci.steps import SUMMARY, Options, run, upload_paths, write_new
 from choir.ci.summary import Outcome, markdown, plain
 
 _MOODS = ["CALM", "SKEPTICAL", "PARANOID", "BOLD", "CURIOUS"]
@@ -49,7 +49,7 @@ def _options(fn: Any) -> Any:
 
 def _opts(repo: Path, mood: str | None, claim: str, sandbox: str | None, out: Path,
           resource_uri: str | None) -> Options:
-    return Options(repo=repo.resolve(), out=out.resolve(), claim=claim,
+    return Options(repo=repo.resolve(), out=Path(os.path.abspath(out)), claim=claim,
                    mood=mood.upper() if mood else None, sandbox=sandbox or None,
                    resource_uri=resource_uri or None)
 
@@ -91,7 +91,7 @@ def _report_github(outcome: Outcome, opts: Options) -> None:
     for line in error_annotations(outcome, opts):
         out.write(line + "\n")
     text = markdown(outcome, claim=opts.claim)
-    (opts.out / "summary.md").write_text(text, encoding="utf-8")
+    write_new(opts.out / SUMMARY, text.encode("utf-8"))
     if env.get("GITHUB_STEP_SUMMARY"):
         with open(env["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as fh:
             fh.write(text)

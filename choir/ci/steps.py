@@ -22,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from choir.ci.summary import Outcome
 
@@ -33,6 +33,7 @@ BUNDLE = "choir.intoto.jsonl"
 VSA = "vsa.json"
 KEY = "choir-key.json"
 CONTRACT = "verify.json"
+SUMMARY = "summary.md"
 
 Relay = Callable[[list[str]], None]
 """Where the progress lines of ``choir verify`` go (hostile: verifier names, summaries)."""
@@ -63,7 +64,7 @@ def _verify(opts: Options, relay: Relay) -> tuple[int, dict[str, Any] | None, st
     if opts.sandbox:
         args += ["--sandbox", opts.sandbox]
     contract_path = opts.out / CONTRACT
-    with open(contract_path, "wb") as stdout:
+    with create_new(contract_path) as stdout:
         proc = subprocess.Popen([*CHOIR, *args], stdout=stdout, stderr=subprocess.PIPE,
                                 stdin=subprocess.DEVNULL, text=True)
         assert proc.stderr is not None
@@ -88,6 +89,19 @@ def _verify(opts: Options, relay: Relay) -> tuple[int, dict[str, Any] | None, st
     return code, contract, "".join(err_lines[-40:])
 
 
+def create_new(path: Path) -> BinaryIO:
+    """The new file ``path``, open for writing: one left there (a link a checkout planted,
+    say) is removed first, and the file is created, never opened through a link."""
+    path.unlink(missing_ok=True)
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                             os.O_CLOEXEC, 0o644), "wb")
+
+
+def write_new(path: Path, data: bytes) -> None:
+    with create_new(path) as fh:
+        fh.write(data)
+
+
 def _key(shown_json: str, out: Path) -> str | None:
     """Write the public key ``choir keys show --json`` printed as securesystemslib reads it;
     its key id."""
@@ -98,16 +112,18 @@ def _key(shown_json: str, out: Path) -> str | None:
         return None
     key = {"keyid": shown["key_id"], "keytype": "ed25519", "scheme": "ed25519",
            "keyval": {"public": raw.hex()}}
-    (out / KEY).write_text(json.dumps(key, indent=2) + "\n", encoding="utf-8")
+    write_new(out / KEY, (json.dumps(key, indent=2) + "\n").encode())
     return str(shown["key_id"])
 
 
 def run(opts: Options, relay: Relay) -> Outcome:
     """Verify; then bundle, gate and show the key side by side; the outcome (see
     ``Outcome.status`` for what passes)."""
+    if opts.out.is_symlink():  # ./choir-ci in a checkout is the pull request's to plant:
+        opts.out.unlink()       # the step writes into a folder of its own, never through it
     opts.out.mkdir(parents=True, exist_ok=True)
-    for stale in (BUNDLE, VSA, KEY, CONTRACT):  # a file of an earlier run is never current
-        (opts.out / stale).unlink(missing_ok=True)
+    for stale in (BUNDLE, VSA, KEY, CONTRACT, SUMMARY):  # an earlier run's, or a planted
+        (opts.out / stale).unlink(missing_ok=True)       # link: never current, never followed
     code, contract, err = _verify(opts, relay)
     outcome = Outcome(verify_code=code, contract=contract, error=err)
     if contract is None:

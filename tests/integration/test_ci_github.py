@@ -257,3 +257,32 @@ def test_an_output_with_a_line_break_is_refused(tmp_path: Path, value: str) -> N
         write_outputs(tmp_path / "o", {"status": value})
     with pytest.raises(ValueError, match="line break"):
         write_outputs(tmp_path / "o", {"paths": ["ok", value]})
+
+
+@pytest.mark.parametrize("plant", ["file", "folder"])
+def test_an_out_folder_planted_in_the_checkout_is_never_written_through(
+        tmp_path: Path, plant: str) -> None:
+    """Without RUNNER_TEMP the out folder is ``./choir-ci`` in the checkout, which the pull
+    request under review wrote: a committed ``choir-ci/summary.md`` link made the step write
+    its summary (text the verifiers' output shapes) into the file it named, a shell's rc
+    file say; a ``choir-ci`` link, every file the step writes (a review's note; both wrote
+    through the link on the old code). Links there are removed or refused, never followed."""
+    repo = tmp_path / "ws" / "repo"
+    repo.mkdir(parents=True)
+    (repo / "choir.yaml").write_text("verifiers:\n  unit:\n    kind: unit_tests\n    stepz: []\n")
+    committed(repo)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "rc").write_text("KEEP\n")
+    out = tmp_path / "ws" / "choir-ci"
+    if plant == "file":
+        out.mkdir()
+        (out / "summary.md").symlink_to(victim / "rc")
+    else:
+        out.symlink_to(victim)
+    env = runner_env(tmp_path)
+    env.pop("RUNNER_TEMP")
+    proc = subprocess.run(CI + ["github"], capture_output=True, text=True, env=env,
+                          cwd=tmp_path / "ws", timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert (victim / "rc").read_text() == "KEEP\n" and sorted(victim.iterdir()) == [victim / "rc"]
