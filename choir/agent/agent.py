@@ -344,7 +344,8 @@ class Agent:
             feedback = rejection_feedback(
                 f"postcondition {check.name} {result.outcome} after {name}: {result.detail}",
                 f"postcondition_{result.outcome}",
-                {"tool": name, "severity": result.severity},
+                {"tool": name, "severity": result.severity,
+                 "before_final_output": f"call {name} again until its postconditions pass"},
                 attempts_used=state.attempts_used, max_attempts=self.verifier_max_attempts,
                 repeats=state.repeats)
             emit("verification_rejected", {"attempts_used": state.attempts_used})

@@ -40,6 +40,7 @@ def test_final_output_in_the_same_reply_as_a_failed_postcondition_is_not_conside
     assert len(model.requests) == 3
     seen = _tool_replies(model.requests[1])
     assert '<verification_rejected code="postcondition_fail">' in seen[0]
+    assert "- before_final_output: call set_flag again until its postconditions pass" in seen[0]
     assert seen[1].startswith("Not considered: a postcondition of an earlier call in this "
                               "reply failed (set_flag)")
     assert verified == ["beta is on"]  # the refused final_output never reached the verifier
