@@ -7,6 +7,13 @@ value is the output), rejects (one attempt, compact feedback, the model revises)
 the run (``FatalAgentError``). A model that resubmits the identical rejected candidate is stopped
 after a few tries (``no_progress``, then ``verification_exhausted``); a turn bound ends any
 other run whose model never converges.
+
+A tool postcondition that fails is a rejection counted like a rejected final output, and
+it also holds the run open: no ``final_output`` is considered (nor verified) until a later
+call of that tool passes its postconditions. One sent in the same reply as the failed call
+is answered "not considered" (the model had not seen the rejection yet: nothing counted);
+one sent on a later turn is an invalid response, so a model that ignores the rejection ends
+with ``invalid_responses`` rather than a completed run.
 """
 
 from __future__ import annotations
@@ -110,7 +117,8 @@ class Agent:
         retry: retries for system errors (model transport, verifier crashes).
         model_settings: passed to litellm (``api_base``, ``temperature``, ...).
         postconditions: per tool name, ``choir.postconditions.agent.Postcondition``s run
-            after each successful call; a fail or inconclusive is a rejection (one attempt).
+            after each successful call; a fail or inconclusive is a rejection (one attempt)
+            and holds the run open until a later call of that tool passes them.
     """
 
     def __init__(self, instructions: str = "", model: str | ModelClient | None = None,
@@ -328,13 +336,16 @@ class Agent:
             emit("drift", {"signal": "verify", "severity": result.severity,
                            "postcondition": check.name, "detail": one_line(result.detail)})
             state = Gate._count(ctx.verification, candidate_hash(action), ctx.turn)
+            state = state.model_copy(update={"unresolved": {**state.unresolved,
+                                                            name: ctx.turn}})
             ctx = ctx.model_copy(update={"verification": state,
                                          "attempt": state.attempts_used})
             stuck = state.repeats >= (self.gate.max_repeats if self.gate else 3)
             feedback = rejection_feedback(
                 f"postcondition {check.name} {result.outcome} after {name}: {result.detail}",
                 f"postcondition_{result.outcome}",
-                {"tool": name, "severity": result.severity},
+                {"tool": name, "severity": result.severity,
+                 "before_final_output": f"call {name} again until its postconditions pass"},
                 attempts_used=state.attempts_used, max_attempts=self.verifier_max_attempts,
                 repeats=state.repeats)
             emit("verification_rejected", {"attempts_used": state.attempts_used})
@@ -343,7 +354,29 @@ class Agent:
                 emit("verification_exhausted", {"attempts_used": state.attempts_used})
                 raise _Done(self._fail(ctx, "verification_exhausted"))
             return ctx
+        if name in ctx.verification.unresolved:  # this tool's effect checks out now
+            rest = {k: v for k, v in ctx.verification.unresolved.items() if k != name}
+            ctx = ctx.model_copy(update={
+                "verification": ctx.verification.model_copy(update={"unresolved": rest})})
         return self._tool_reply(ctx, call, content)
+
+    def _unresolved(self, ctx: AgentContext, call: dict[str, Any] | None,
+                    emit: Callable[[str, dict[str, Any] | None], None]) -> AgentContext | None:
+        """The answer to a final output sent while a tool's postcondition is unresolved
+        (None when every failed one has passed since). Not verified, never completing."""
+        open_ = ctx.verification.unresolved
+        if not open_:
+            return None
+        tools = ", ".join(sorted(open_))
+        emit("final_output_refused", {"unresolved": sorted(open_)})
+        if ctx.turn in open_.values():  # the model has not read the rejection yet
+            text = (f"Not considered: a postcondition of an earlier call in this reply "
+                    f"failed ({tools}); read its rejection and revise first.")
+            return (self._tool_reply(ctx, call, text) if call is not None
+                    else ctx.with_messages({"role": "user", "content": text}))
+        return self._invalid(ctx, call, f"Not considered: a postcondition of {tools} failed "
+                                        f"and has not passed since; call {tools} again until "
+                                        f"its postconditions pass, then call {FINAL}.", emit)
 
     def _invalid(self, ctx: AgentContext, call: dict[str, Any] | None, text: str,
                  emit: Callable[[str, dict[str, Any] | None], None]) -> AgentContext:
@@ -373,6 +406,9 @@ class Agent:
     async def _finish(self, ctx: AgentContext, candidate: Any, call: dict[str, Any] | None,
                       exec_ctx: ExecutionContext,
                       emit: Callable[[str, dict[str, Any] | None], None]) -> AgentContext:
+        refused = self._unresolved(ctx, call, emit)
+        if refused is not None:
+            return refused
         if self.gate is None:
             done = ctx if call is None else self._tool_reply(ctx, call, "accepted")
             raise _Done(done.model_copy(update={"output": candidate, "status": "completed"}))

@@ -29,6 +29,11 @@ class VerificationState(Frozen):
     ``checked_turn`` the model turn that submitted it last: the same candidate again at the
     same turn is a replay after a crash (counted nothing), at a later turn a resubmission
     (one more repeat; too many end the run with no progress).
+
+    ``unresolved`` maps each tool whose postcondition failed (or was inconclusive) to the
+    model turn of that failure, until a later call of the same tool passes every required
+    postcondition. While it is not empty no ``final_output`` is considered: a run completes
+    only after its actions' effects checked out (docs/postconditions.md).
     """
 
     attempts_used: int = Field(default=0, ge=0)
@@ -36,6 +41,7 @@ class VerificationState(Frozen):
     last_outcome: Outcome | None = None
     repeats: int = Field(default=0, ge=0)
     checked_turn: int | None = None
+    unresolved: dict[str, int] = Field(default_factory=dict)
 
 
 class AgentContext(Frozen):

@@ -105,9 +105,9 @@ class Gate:
             failed = state.model_copy(update={"last_outcome": "system_error"})
             return GateResult("system_error", failed,
                               error=one_line(f"{type(exc).__name__}: {exc}"))
-        passed = VerificationState(attempts_used=state.attempts_used,
-                                   last_candidate_hash=digest, last_outcome="passed",
-                                   checked_turn=agent_ctx.turn)
+        passed = state.model_copy(update={"last_candidate_hash": digest, "repeats": 0,
+                                          "last_outcome": "passed",
+                                          "checked_turn": agent_ctx.turn})
         return GateResult("passed", passed, output=value)
 
     @staticmethod
@@ -120,6 +120,6 @@ class Gate:
         if same:  # resubmitted unchanged: no new attempt, one more repeat
             return state.model_copy(update={"repeats": state.repeats + 1,
                                             "checked_turn": turn})
-        return VerificationState(attempts_used=state.attempts_used + 1,
-                                 last_candidate_hash=digest, last_outcome="rejected",
-                                 repeats=1, checked_turn=turn)
+        return state.model_copy(update={"attempts_used": state.attempts_used + 1,
+                                        "last_candidate_hash": digest, "repeats": 1,
+                                        "last_outcome": "rejected", "checked_turn": turn})

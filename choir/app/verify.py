@@ -141,7 +141,7 @@ def _quiet(kind: str, data: dict[str, Any]) -> None:
 async def averify_tree(
     repo: Path, *, mood: Mood | None = None, sandbox_name: str | None = None,
     on_event: OnEvent | None = None, claim: str | None = None, session: str | None = None,
-    required: tuple[str, ...] = (),
+    required: tuple[str, ...] = (), pinned: str | None = None,
 ) -> VerifyOutcome:
     """Verify ``repo``'s working tree now. See the module docstring.
 
@@ -159,6 +159,9 @@ async def averify_tree(
     ``required``: verifiers that run whatever the mood plans, and without whose PASS the
     claim is not ASSERTed (a plan item's, when it is checked whole on the integration head).
 
+    ``pinned``: the blake3 of the choir.yaml bytes the caller accepts (``choir mcp``'s pin):
+    other bytes are a ConfigError before anything runs or is recorded, the claim included.
+
     Raises:
         UserError: bad configuration, a bad claim name, or a policy that refuses the sandbox
             available.
@@ -170,7 +173,7 @@ async def averify_tree(
     with span("choir.verify", {"choir.run_id": session}, key=session) as root:
         outcome = await _verify(repo.expanduser().resolve(), session, mood=mood,
                                 sandbox_name=sandbox_name, on_event=on_event, claim=claim,
-                                required=required)
+                                required=required, pinned=pinned)
         root.set({"choir.status": outcome.status, "choir.verdict": outcome.verdict,
                   "choir.mood": outcome.contract["mood"],
                   "choir.tree_hash": outcome.contract["manifest"]["tree_hash"],
@@ -181,7 +184,7 @@ async def averify_tree(
 
 async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: str | None,
                   on_event: OnEvent | None, claim: str | None,
-                  required: tuple[str, ...] = ()) -> VerifyOutcome:
+                  required: tuple[str, ...] = (), pinned: str | None = None) -> VerifyOutcome:
     """``averify_tree``'s work, inside its session's span."""
     loop = asyncio.get_running_loop()
     snapshots = snapshot_root() / session  # this invocation's own: removed when it ends
@@ -194,7 +197,7 @@ async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: 
     emit = on_event or _quiet
     backend: Backend | None = None
     try:
-        config = load_repo_config(repo)
+        config = load_repo_config(repo, pinned=pinned)
         policy = load_policy(config)
         mood = mood or Mood.CALM
         plan = director_plan(policy, mood, config.verifiers)
@@ -361,8 +364,8 @@ def session_verdict(results: list[Result], *, crashed: int = 0) -> str:
 
 def verify_tree(
     repo: Path, *, mood: Mood | None = None, sandbox_name: str | None = None,
-    on_event: OnEvent | None = None, claim: str | None = None,
+    on_event: OnEvent | None = None, claim: str | None = None, pinned: str | None = None,
 ) -> VerifyOutcome:
     """Synchronous ``averify_tree``."""
     return asyncio.run(averify_tree(repo, mood=mood, sandbox_name=sandbox_name,
-                                    on_event=on_event, claim=claim))
+                                    on_event=on_event, claim=claim, pinned=pinned))

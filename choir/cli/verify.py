@@ -25,19 +25,22 @@ _MOODS = ["CALM", "SKEPTICAL", "PARANOID", "BOLD", "CURIOUS"]
               help="Record the verdict in the AHDB as claim NAME: `choir gate NAME` then "
                    "answers for this tree.")
 @click.option("--otel", is_flag=True, help=OTEL_HELP)
+@click.option("--pinned-config", "pinned", default=None, hidden=True, metavar="BLAKE3",
+              help="Refuse a choir.yaml whose bytes do not hash to this (`choir mcp`'s pin, "
+                   "passed to a `choir serve` worker).")
 def verify(repo: Path, mood: str | None, sandbox_name: str | None, as_json: bool,
-           claim: str | None, otel: bool) -> int:
+           claim: str | None, otel: bool, pinned: str | None) -> int:
     """Verify the working tree now: exit 0 PASS, 1 FAIL, 2 configuration error,
     4 INCONCLUSIVE (nothing failed, but some verifier could not decide)."""
     from choir.telemetry import session
 
     with session(otel):
         return run_verify(repo, mood=mood, sandbox_name=sandbox_name, as_json=as_json,
-                          claim=claim)
+                          claim=claim, pinned=pinned)
 
 
 def run_verify(repo: Path, *, mood: str | None, sandbox_name: str | None, as_json: bool,
-               claim: str | None = None) -> int:
+               claim: str | None = None, pinned: str | None = None) -> int:
     """The one path ``choir verify`` and ``choir init`` take: verify, render, exit code."""
     from choir.app.verify import verify_tree
     from choir.models import Mood
@@ -45,7 +48,8 @@ def run_verify(repo: Path, *, mood: str | None, sandbox_name: str | None, as_jso
     progress = _progress(as_json)
     try:
         outcome = verify_tree(repo, mood=Mood(mood.upper()) if mood else None,
-                              sandbox_name=sandbox_name, on_event=progress, claim=claim)
+                              sandbox_name=sandbox_name, on_event=progress, claim=claim,
+                              pinned=pinned)
     finally:
         progress.close()
     if as_json:

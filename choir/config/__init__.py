@@ -303,8 +303,11 @@ def _resource_binds(resources: dict[str, Any], repo: Path, doc: YamlDoc) -> list
     return sorted(set(out))
 
 
-def load_repo_config(repo: Path) -> RepoConfig:
+def load_repo_config(repo: Path, *, pinned: str | None = None) -> RepoConfig:
     """Load ``repo/choir.yaml``; every mistake in it is reported at once.
+
+    ``pinned``: the blake3 of the only bytes accepted (``choir mcp`` pins the file when it
+    starts; a verification it asks for refuses an edited one before anything runs).
 
     Raises:
         ConfigError: the repo does not exist, the file is missing or invalid, or it names no
@@ -319,7 +322,7 @@ def load_repo_config(repo: Path) -> RepoConfig:
     if not os.path.lexists(path):
         raise ConfigError("file not found", path=str(path),
                           hint="run 'choir init' in the repo to write one, or pass --repo DIR")
-    doc = load_yaml(path, root=repo)  # a file of the repo: no link followed, never a FIFO
+    doc = load_yaml(path, root=repo, pinned=pinned)  # no link followed, never a FIFO
     if doc.data is None:
         doc = YamlDoc(path=doc.path, data={}, _tree=None)
     if not isinstance(doc.data, dict):

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from choir._core.canonical import blake3_hex
 from choir.exceptions import ConfigError
 
 
@@ -78,8 +79,10 @@ def _open(path: Path, root: Path | None) -> int:
         raise
 
 
-def _read_capped(path: Path, root: Path | None = None) -> str:
-    """The file's text, refused before parsing when it is larger than the cap."""
+def _read_capped(path: Path, root: Path | None = None, pinned: str | None = None) -> str:
+    """The file's text, refused before parsing when it is larger than the cap, or (with
+    ``pinned``) when the blake3 of its bytes is not that one: the bytes parsed are the bytes
+    checked, so nothing can be swapped in between."""
     cap = max_bytes()
     try:
         with os.fdopen(_open(path, root), "rb") as fh:
@@ -102,6 +105,10 @@ def _read_capped(path: Path, root: Path | None = None) -> str:
         raise ConfigError(f"file is larger than {cap} bytes: refused before parsing",
                           path=str(path),
                           hint=f"shorten it (configuration is small), or raise {MAX_BYTES_ENV}")
+    if pinned is not None and blake3_hex(raw) != pinned:
+        raise ConfigError("changed since `choir mcp` started: it is not the one pinned then "
+                          "(the allowlist and the mood policy are the person's)", path=str(path),
+                          hint="restart `choir mcp` to accept the new configuration")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -124,13 +131,14 @@ def _count_aliases(yaml: Any, text: str, path: Path) -> None:
                     hint="write the values out, or use fewer anchors and aliases")
 
 
-def load_yaml(path: Path, *, root: Path | None = None) -> YamlDoc:
+def load_yaml(path: Path, *, root: Path | None = None, pinned: str | None = None) -> YamlDoc:
     """Parse ``path``; a syntax error becomes a ConfigError naming the line.
 
     Hostile files cannot hurt the host: only a regular file is read (a FIFO would block), the
     size is capped before parsing, the alias count while parsing, and the expanded size while
     converting to plain data. With ``root`` (the repo ``path`` lies in), the file is opened
-    from ``root`` one component at a time and no link on the way is followed.
+    from ``root`` one component at a time and no link on the way is followed. With
+    ``pinned`` (a blake3 hex digest), bytes that do not hash to it are refused.
 
     Raises:
         ConfigError: the file is missing, unreadable, too large, an alias bomb, or not
@@ -139,7 +147,7 @@ def load_yaml(path: Path, *, root: Path | None = None) -> YamlDoc:
     from ruamel.yaml import YAML
     from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
-    text = _read_capped(path, root)
+    text = _read_capped(path, root, pinned)
     yaml = YAML(typ="rt")
     try:
         _count_aliases(yaml, text, path)

@@ -13,10 +13,12 @@ import re
 from collections.abc import Sequence
 
 from choir._core.resources import load_text
-from choir.models import VerificationReport, WorkItem
+from choir.models import Result, VerificationReport, WorkItem
 
 MAX_VALUE = 200
-MAX_FEEDBACK_REPORTS = 8
+MAX_FEEDBACK_REPORTS = 8  # reports that did not pass, each with its details
+MAX_FEEDBACK_SIGNATURES = 5  # failing tests named per report
+MAX_PASSED_NAMES = 20  # passing verifiers named on one line
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
@@ -35,17 +37,38 @@ def one_line(text: str, limit: int = MAX_VALUE) -> str:
 
 
 def feedback_text(reports: Sequence[VerificationReport]) -> str:
-    """The previous round, as the model may see it: bounded fields of bounded reports."""
+    """The previous round, as the model may see it: bounded fields of bounded reports.
+
+    What did not pass comes first (in plan order), at most ``MAX_FEEDBACK_REPORTS`` of them
+    with their first failing tests; the passes are named on one line after. Every cut says
+    how much it left out: a failure the executor is not told of is one it cannot fix.
+    """
     if not reports:
         return ""
+    failed = [r for r in reports if r.result is not Result.PASS]
+    passed = [r.verifier for r in reports if r.result is Result.PASS]
     lines = ["The previous attempt was verified and did not pass:"]
-    for report in list(reports)[:MAX_FEEDBACK_REPORTS]:
+    if not failed:
+        lines.append("- (no report failed; the round as a whole was not accepted)")
+    for report in failed[:MAX_FEEDBACK_REPORTS]:
         lines.append(f"- {report.verifier}: {report.result.value}: {one_line(report.summary)}")
-        for sig in report.failure_signatures[:5]:
+        sigs = report.failure_signatures
+        for sig in sigs[:MAX_FEEDBACK_SIGNATURES]:
             lines.append(f"  - failing: {one_line(sig.test_id or sig.kind, 160)}"
                          f" ({one_line(sig.excerpt or '', 160)})")
+        hidden = max(0, len(sigs) - MAX_FEEDBACK_SIGNATURES) + report.signatures_truncated
+        if hidden:
+            lines.append(f"  - ({hidden} more failing not shown)")
         for action in report.next_actions[:3]:
             lines.append(f"  - next: {one_line(action, 200)}")
+    if len(failed) > MAX_FEEDBACK_REPORTS:
+        lines.append(f"- ({len(failed) - MAX_FEEDBACK_REPORTS} more reports that did not "
+                     "pass not shown)")
+    if passed:
+        names = ", ".join(one_line(n, 64) for n in passed[:MAX_PASSED_NAMES])
+        more = len(passed) - MAX_PASSED_NAMES
+        lines.append(f"Passed: {names}" + (f" ({more} more passed, not shown)"
+                                           if more > 0 else ""))
     return "\n".join(lines)
 
 

@@ -24,15 +24,49 @@ RESPONSE_MAX = MAX_FEEDBACK_REPORTS * REPORT_MAX_BYTES + 8 * 1024
 
 
 def clean(value: Any, limit: int = TEXT_MAX) -> Any:
-    """``value`` with every string stripped of controls and shortened, every list cut at
-    ``LIST_MAX``; keys too (a test id can be a key)."""
+    """``value`` with every string stripped of controls and shortened; keys too (a test id
+    can be a key). Every cut says how much it left out: a list under a key keeps
+    ``LIST_MAX`` items and its count goes in ``{key}_truncated`` beside it (added to one
+    already there), a dict keeps ``LIST_MAX`` keys and counts the rest in
+    ``_keys_truncated``, and any other list keeps ``LIST_MAX - 1`` items and ends with
+    ``"(N more not shown)"``. Cleaning a cleaned value changes nothing."""
     if isinstance(value, str):
         return shorten(strip_controls(value), limit)
     if isinstance(value, dict):
-        return {clean(k, 200): clean(v, limit) for k, v in list(value.items())[:LIST_MAX]}
+        return _clean_dict(value, limit)
     if isinstance(value, list | tuple):
-        return [clean(v, limit) for v in list(value)[:LIST_MAX]]
+        if len(value) <= LIST_MAX:
+            return [clean(v, limit) for v in value]
+        kept = [clean(v, limit) for v in list(value)[:LIST_MAX - 1]]
+        return [*kept, f"({len(value) - len(kept)} more not shown)"]
     return value
+
+
+def _is_count(key: Any, value: Any) -> bool:
+    return (isinstance(key, str) and key.endswith("_truncated") and isinstance(value, int)
+            and not isinstance(value, bool))
+
+
+def _clean_dict(value: dict[Any, Any], limit: int) -> dict[Any, Any]:
+    """``clean`` of a dict: counts of earlier cuts are kept apart from the ``LIST_MAX``
+    keys (at most ``LIST_MAX`` of them too), so they are never the ones cut."""
+    counts = [(k, v) for k, v in value.items() if _is_count(k, v)][:LIST_MAX]
+    entries = [(k, v) for k, v in value.items() if not _is_count(k, v)]
+    out: dict[Any, Any] = {}
+    cut: dict[str, int] = {}
+    for key, item in entries[:LIST_MAX]:
+        name = clean(key, 200)
+        if isinstance(item, list | tuple) and len(item) > LIST_MAX:
+            cut[f"{name}_truncated"] = len(item) - LIST_MAX
+            item = list(item)[:LIST_MAX]
+        out[name] = clean(item, limit)
+    for key, count in counts:
+        out[clean(key, 200)] = count
+    for key, count in cut.items():
+        out[key] = int(out.get(key) or 0) + count
+    if len(entries) > LIST_MAX:
+        out["_keys_truncated"] = int(out.get("_keys_truncated") or 0) + len(entries) - LIST_MAX
+    return out
 
 
 def size(value: Any) -> int:

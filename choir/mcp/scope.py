@@ -9,7 +9,9 @@ repo that leads out, a subfolder) is refused.
 Each repo's ``choir.yaml`` is read when the server starts and its bytes pinned: the agent edits
 the working tree, and the allowlist, the mood policy and the held-out checks are the person's
 choice, not something a tool call (or an edit between two calls) widens. A verification is
-refused when the file no longer matches, before it starts and again when it ends.
+refused when the file no longer matches: before it starts, when it parses the file (the
+bytes it parses are the bytes it checks, ``averify_tree(pinned=...)``, so nothing runs and no
+claim is recorded under an edited one) and again when it ends.
 """
 
 from __future__ import annotations

@@ -135,9 +135,9 @@ def serve_stdio(tools: Tools) -> None:
     server = build(tools)
 
     async def main() -> None:
-        from mcp.server.stdio import stdio_server
+        from choir.mcp.stdio import bounded_stdio
 
-        async with stdio_server() as (read, write):
+        async with bounded_stdio() as (read, write):  # a request line is bounded
             await server.run(read, write, server.create_initialization_options())
 
     anyio.run(main)

@@ -101,7 +101,10 @@ class Tools:
 
         found: dict[str, Any] = {}
         done = anyio.Event()
-        line = ["verify", "--repo", str(served.root), "--json"]
+        # the pinned bytes or nothing: the worker and this process alike refuse an edited
+        # choir.yaml before anything runs or a claim is recorded
+        line = ["verify", "--repo", str(served.root), "--json",
+                "--pinned-config", served.config_hash]
         for flag, value in (("--mood", args.mood), ("--sandbox", self.sandbox),
                             ("--claim", args.claim)):
             line += [flag, value] if value else []
@@ -117,7 +120,7 @@ class Tools:
                     else:
                         found["contract"] = (await averify_tree(
                             served.root, mood=Mood(args.mood), sandbox_name=self.sandbox,
-                            claim=args.claim)).contract
+                            claim=args.claim, pinned=served.config_hash)).contract
                 except Exception as exc:  # handed to the caller below
                     found["error"] = exc
                 finally:
