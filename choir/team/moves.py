@@ -23,7 +23,7 @@ from choir.exceptions import UserError
 from choir.models.plan import PlanRecord, PlanRow, QueueEntry, Spend
 from choir.team import parts, schedule
 from choir.team.plan import Plan
-from choir.team.queue import FEEDBACK_CHARS, MergeQueue, Verdict, ref_name
+from choir.team.queue import MergeQueue, Verdict, bounded, ref_name
 from choir.team.state import ASSERTED, BLOCKED, FAILED, MERGED, PENDING, RUNNING, SPLIT
 
 INTEGRATION_RETRIES = 1  # a conflict or integration FAIL sends an item back once
@@ -237,7 +237,7 @@ class Moves:
             if entry.item == item_id and entry.head == head and entry.status == "verifying":
                 entries[n] = entry.model_copy(update={
                     "status": "passed" if verdict.passed else "failed",
-                    "verdict": verdict.verdict[:FEEDBACK_CHARS]})
+                    "verdict": bounded(verdict.verdict)})
                 row = record.items[item_id]
                 return record.with_row(item_id, integration_s=round(
                     row.integration_s + verdict.seconds, 3)).model_copy(
@@ -263,9 +263,9 @@ def send_back(record: PlanRecord, item_id: str, feedback: str) -> PlanRecord:
     with the feedback (once), else it failed."""
     row = record.items[item_id]
     if row.sent_back >= INTEGRATION_RETRIES:
-        return record.with_row(item_id, state=FAILED, last=feedback[:FEEDBACK_CHARS])
+        return record.with_row(item_id, state=FAILED, last=bounded(feedback))
     return record.with_row(item_id, state=PENDING, sent_back=row.sent_back + 1,
-                           last=feedback[:300], feedback=feedback[:FEEDBACK_CHARS])
+                           last=feedback[:300], feedback=bounded(feedback))
 
 
 __all__ = ["INTEGRATION_RETRIES", "Job", "Moves", "send_back"]

@@ -19,7 +19,7 @@ from typing import Any
 
 from choir.models import Result, VerificationReport
 from choir.models.plan import PartSpec, PlanRecord
-from choir.team.queue import FEEDBACK_CHARS
+from choir.team.queue import bounded
 from choir.team.state import SPLIT
 
 
@@ -34,7 +34,7 @@ def feedback(reports: Sequence[VerificationReport]) -> str:
             key = (report.verifier, report.summary,
                    tuple(s.test_id for s in report.failure_signatures))
             seen.setdefault(key, report)
-    return feedback_text(list(seen.values()))[:FEEDBACK_CHARS]
+    return bounded(feedback_text(list(seen.values())))
 
 
 def shares(remaining: int, count: int) -> list[int]:
@@ -56,7 +56,7 @@ def add_parts(record: PlanRecord, plan_id: str, item_id: str,
         record = record.with_row(
             part_id, member=row.member, goal=str(item["goal"])[:300],
             depends_on=row.depends_on, split_of=item_id,
-            feedback=str(part.get("feedback", ""))[:FEEDBACK_CHARS],
+            feedback=bounded(str(part.get("feedback", ""))),
             part=PartSpec(goal=str(item["goal"]), scope=tuple(item.get("scope", ())),
                           required_verifiers=tuple(item.get("required_verifiers", ())),
                           max_attempts=max(1, share)))

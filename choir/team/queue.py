@@ -44,6 +44,15 @@ from choir.team.plan import item_key
 FEEDBACK_CHARS = 2000
 
 
+def bounded(text: str, limit: int = FEEDBACK_CHARS) -> str:
+    """``text`` in at most ``limit`` characters, saying how much was cut when it was: a
+    member told part of a conflict or a failing round must know there is more."""
+    if len(text) <= limit:
+        return text
+    mark = f" [... {len(text)} characters in all, the rest cut]"
+    return text[:max(0, limit - len(mark))] + mark
+
+
 def integration_branch(plan_id: str) -> str:
     return f"choir/plan/{plan_id}/integration"
 
@@ -159,13 +168,13 @@ class MergeQueue:
         lines = merged.stdout.split("\n")
         if merged.returncode == 1:
             files = [name for name in lines[1:] if name]
-            return ("merge conflict with the integration branch in: " +
-                    (", ".join(dict.fromkeys(files)) or "(unknown files)"))[:FEEDBACK_CHARS]
+            return bounded("merge conflict with the integration branch in: " +
+                           (", ".join(dict.fromkeys(files)) or "(unknown files)"))
         if merged.returncode != 0:  # unrelated histories, a commit git cannot read: the
             # item's own doing (a member can write its branch), so the item goes back, and
             # the rest of the plan goes on
-            return (f"git refused to merge it onto the integration branch: "
-                    f"{merged.stderr.strip()[-300:]}")[:FEEDBACK_CHARS]
+            return bounded(f"git refused to merge it onto the integration branch: "
+                           f"{merged.stderr.strip()[-300:]}")
         head = self.git.write("commit-tree", lines[0].strip(), "-p", onto, "-p",
                               entry.commit, "-m", f"merge {entry.item}").stdout.strip()
         self.git.add_worktree(self.worktree(entry.item),

@@ -157,3 +157,18 @@ def test_a_conflict_on_a_speculative_head_waits_one_on_the_integration_head_goes
     record = moves.advance(asserted("a"))
     assert record.items["a"].state == "running" and not record.queue
     assert record.items["a"].sent_back == 1 and "merge conflict" in record.items["a"].feedback
+
+
+def test_feedback_a_member_gets_says_when_it_was_cut() -> None:
+    """A conflict over many files or a long failing round was cut to 2,000 characters with
+    no mark, so the member read a partial list as the whole (failing on the old code)."""
+    from choir.team.moves import send_back
+    from choir.team.queue import FEEDBACK_CHARS, bounded
+
+    record = PlanRecord(plan="p", repo="r", base="0" * 40, integration="0" * 40,
+                        items={"a": PlanRow(member="m", goal="g", state="asserted")})
+    long = "merge conflict with the integration branch in: " + ", ".join(
+        f"src/module_{n}.py" for n in range(400))
+    sent = send_back(record, "a", long).items["a"].feedback
+    assert len(sent) <= FEEDBACK_CHARS and sent.endswith("the rest cut]"), sent[-80:]
+    assert str(len(long)) in sent and bounded("short") == "short"
