@@ -12,6 +12,7 @@ memory. The cost is one replay per decision; bench/gate_replay.py measures it.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -80,6 +81,20 @@ def _why_not(db: AHDB, trusted_keys: Collection[str]) -> str:
     return "written without the key"
 
 
+@dataclass
+class _Memo:
+    """A log this process has replayed up to a trusted signed head (``seq``, ``head``)."""
+
+    seq: int
+    head: str
+    state: Replay
+    lookup: Lookup
+
+
+_memos: dict[tuple[str, frozenset[str]], _Memo] = {}
+_memo_lock = threading.Lock()
+
+
 def read_signed(db: AHDB, trusted_keys: Collection[str]) -> SignedLog:
     """Replay ``db``'s log up to the latest head signed by one of ``trusted_keys``.
 
@@ -87,21 +102,61 @@ def read_signed(db: AHDB, trusted_keys: Collection[str]) -> SignedLog:
     and ``asserted`` then answers nothing. Events past the head are refused rather than
     ignored: an honest writer refuses to extend such a log, so the FAILs that would demote
     an ASSERT may be missing from it.
-    """
-    from choir.ahdb.store import check_chain
 
-    events = list(db.events())
-    broken = check_chain(events)
+    A process that asks again (the plan driver gates every landing) replays only what was
+    signed since: the events after the head it replayed last must link to that head's hash,
+    which must still be in the log; otherwise (a log cut back or rewritten) it starts over.
+    """
+    key = (db.identity(), frozenset(trusted_keys))
+    with _memo_lock:
+        memo = _memos.get(key)
+        if memo is not None and _hash_at(db, memo.seq) != memo.head:
+            memo = None
+        signed = _read(db, trusted_keys, memo)
+        if signed.memo is not None:  # replayed up to a trusted signed head
+            _memos[key] = signed.memo
+        return SignedLog(signed.head, signed.copy(), signed.problems)
+
+
+def _hash_at(db: AHDB, seq: int) -> str | None:
+    row = db._conn().execute("SELECT event_hash FROM events WHERE seq = ?", (seq,)).fetchone()
+    return str(row[0]) if row else None
+
+
+@dataclass
+class _Read:
+    head: tuple[int, str]
+    state: Replay
+    problems: list[str]
+    memo: _Memo | None = None
+
+    def copy(self) -> Replay:
+        """The state, apart from the memo's (which the next read goes on replaying into)."""
+        out = Replay()
+        out.atoms, out.fails = dict(self.state.atoms), set(self.state.fails)
+        out.outcomes = set(self.state.outcomes)
+        return out
+
+
+def _read(db: AHDB, trusted_keys: Collection[str], memo: _Memo | None) -> _Read:
+    from choir.ahdb.store import GENESIS, check_chain
+
+    after = (memo.seq, memo.head) if memo else (0, GENESIS)
+    events = list(db.events(since=after[0] + 1))
+    broken = check_chain(events, after)
     if broken:
         seq, what = broken[0][:2]
-        return SignedLog((0, ""), problems=[f"the AHDB log is broken at seq {seq} ({what}): "
-                                            "run `choir audit`"])
+        return _Read((0, ""), Replay(), [f"the AHDB log is broken at seq {seq} ({what}): "
+                                         "run `choir audit`"])
     head = db.signed_head(trusted_keys)
-    signed = SignedLog(head)
+    if memo is not None and head[0] < memo.seq:  # no longer trusted as far: start over
+        return _read(db, trusted_keys, None)
+    problems = []
     if events and events[-1].seq > head[0]:
-        signed.problems.append(
+        problems.append(
             f"AHDB events {head[0] + 1}..{events[-1].seq} are not covered by a trusted signed "
             f"head ({_why_not(db, trusted_keys)}): run `choir audit`")
-    replay([ev for ev in events if ev.seq <= head[0]], signed.state, cached(db.attestation),
-           lambda ev, exc: None)
-    return signed
+    state = memo.state if memo else Replay()
+    lookup = memo.lookup if memo else cached(db.attestation)
+    replay([ev for ev in events if ev.seq <= head[0]], state, lookup, lambda ev, exc: None)
+    return _Read(head, state, problems, _Memo(head[0], head[1], state, lookup))

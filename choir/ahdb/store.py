@@ -572,10 +572,12 @@ def open_ahdb(home: Path | None = None) -> AHDB:
                 signer=lambda: load_signer(base))
 
 
-def check_chain(events: Sequence[Event]) -> list[tuple[int, str, str, str]]:
-    """(seq, what, expected, found) for every broken link in ``events``."""
+def check_chain(events: Sequence[Event], after: tuple[int, str] = (0, GENESIS)
+                ) -> list[tuple[int, str, str, str]]:
+    """(seq, what, expected, found) for every broken link in ``events``, which follow the
+    event ``after`` (seq, hash): by default the whole log from its start."""
     broken: list[tuple[int, str, str, str]] = []
-    prev, expected_seq = GENESIS, 1
+    expected_seq, prev = after[0] + 1, after[1]
     for ev in events:
         if ev.seq != expected_seq:
             broken.append((ev.seq, "ahdb_seq", str(expected_seq), str(ev.seq)))

@@ -176,3 +176,34 @@ def test_a_writer_killed_after_its_commit_leaves_a_signed_event(tmp_path: Path, 
     assert _gate("wi", tree_hash(repo))[0]
     db.record_outcome(attest(other, "lint", "true", work_item=None).id)  # carries on
     assert not audit().violations
+
+
+def test_a_log_rewritten_behind_the_processs_replay_is_replayed_again(
+        tmp_path: Path, pinned: str, ahdb_backend: str) -> None:
+    """A process that gated once replays only what was signed since (the plan driver gates
+    every landing). Someone rewriting the log under it (every hash recomputed, so the chain
+    is whole) changes the hash at the head it replayed to: it starts over, finds no trusted
+    head that the rewritten log honours, and refuses."""
+    if ahdb_backend == "postgres":
+        pytest.skip("the rewrite drops SQLite's triggers; the memo's check is the same")
+    from choir._core.canonical import canonical_json
+    from choir.ahdb import event_hash
+
+    repo = make_repo(tmp_path / "repo")
+    db = open_ahdb()
+    _asserted(db, repo, "wi", "unit")
+    assert _gate("wi", tree_hash(repo))[0]  # replayed and kept by this process
+    conn = db._conn()
+    conn.execute("DROP TRIGGER events_no_update")
+    prev = "0" * 64
+    for seq, kind, payload, created in conn.execute(
+            "SELECT seq, kind, payload, created_at FROM events ORDER BY seq").fetchall():
+        body = json.loads(payload)
+        if seq == 1:
+            body["rewritten"] = True
+        ehash = event_hash(prev, seq, kind, body, created)
+        conn.execute("UPDATE events SET prev_hash = ?, event_hash = ?, payload = ? "
+                     "WHERE seq = ?", (prev, ehash, canonical_json(body).decode(), seq))
+        prev = ehash
+    passed, problems = _gate("wi", tree_hash(repo))
+    assert not passed and any("not covered by a trusted signed head" in p for p in problems)
