@@ -225,6 +225,27 @@ class AHDB:
                              chain, trusted_keys)
         return (best.seq, best.head) if best else (0, GENESIS)
 
+    def adopt(self, through: int) -> None:
+        """Sign a head over the log as it ends at ``through``: a person vouches for events no
+        trusted signed head covers (``choir ahdb adopt``, after reading them).
+
+        The one write that signs over events it did not make, and only on request: for a log
+        from a Choir before heads were stored with their events, killed between a commit and
+        its head. Never for events someone else wrote: restore those from a backup instead.
+
+        Raises:
+            IntegrityError: the log does not end at ``through`` (it moved, or the seq is
+                wrong), or there is no key to sign with.
+        """
+        if self.signer is None:
+            raise IntegrityError("no signing key: nothing can vouch for the events")
+        with self._tx():
+            seq, head = self.head()
+            if seq != through or not seq:
+                raise IntegrityError(f"the AHDB log ends at seq {seq}, not {through}: read "
+                                     "the events again (`choir audit`) and name its end")
+            self._local.appended = (seq, head)
+
     def _check_signed_tail(self, seq: int) -> None:
         """Refuse to extend a log whose last event (``seq``) no trusted signed head covers.
 
@@ -245,7 +266,7 @@ class AHDB:
                 f"the AHDB log at {self.where} ends at seq {seq}, but events {covered + 1}.."
                 f"{seq} are not covered by a trusted signed head (written without the key); "
                 "this writer signs no head over them. Run `choir audit`, and see "
-                "docs/security.md (\"Unsigned events\") for the recovery")
+                "docs/security.md (\"Events no trusted head covers\") for the recovery")
 
     @contextmanager
     def batch(self) -> Iterator[None]:

@@ -207,3 +207,32 @@ def test_a_log_rewritten_behind_the_processs_replay_is_replayed_again(
         prev = ehash
     passed, problems = _gate("wi", tree_hash(repo))
     assert not passed and any("not covered by a trusted signed head" in p for p in problems)
+
+
+def test_an_unsigned_event_a_person_vouches_for_is_adopted(tmp_path: Path, pinned: str
+                                                          ) -> None:
+    """The recovery for a log an older Choir left with its last event unsigned (killed
+    between the commit and the head, before heads were stored with their events): writers
+    refuse it until ``choir ahdb adopt SEQ`` lists the events and signs a head over them."""
+    repo = make_repo(tmp_path / "repo")
+    db = open_ahdb()
+    _asserted(db, repo, "wi", "unit")
+    AHDB(attestations=AttestationStore(), artifacts=ArtifactStore(), signer=None).propose(
+        claim="unit passes", work_item="wi2", tree_hash=tree_hash(repo),
+        required_verifiers=["unit"])  # what the old crash window left: written, never signed
+    tail = db.head()[0]
+    other = make_repo(tmp_path / "other", "y = 2\n")
+    with pytest.raises(IntegrityError):  # minted and stored, its outcome refused
+        attest(other, "unit", "true", work_item=None)
+    stored = next(a for a in AttestationStore() if a.body.target.tree_hash == tree_hash(other))
+    assert {"ahdb_unsigned_tail", "ahdb_outcome_missing"} <= set(_kinds(audit()))
+    wrong = subprocess.run([sys.executable, "-m", "choir", "ahdb", "adopt", str(tail - 1),
+                            "--yes"], capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 1 and f"ends at seq {tail}" in wrong.stderr, wrong.stderr
+    proc = subprocess.run([sys.executable, "-m", "choir", "ahdb", "adopt", str(tail), "--yes"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"seq {tail}  propose" in proc.stdout
+    db.record_outcome(stored.id)  # writers carry on
+    assert db.head()[0] == tail + 1
+    assert not audit().violations
