@@ -147,6 +147,16 @@ def test_an_honest_writer_never_signs_over_unsigned_events(tmp_path: Path, pinne
     assert db.head()[0] == head
     assert "ahdb_unsigned_tail" in _kinds(audit())
     assert not _gate("ship", tree_hash(repo))[0]
+    # and `choir verify` says so, exit 1, no traceback
+    from tests.workitems import calc_repo
+
+    calc = calc_repo(tmp_path / "calc", canary="c", sandbox="local")
+    proc = subprocess.run([sys.executable, "-m", "choir", "verify", "--repo", str(calc)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "choir: refused: " in proc.stderr and "not covered by a trusted signed head" in \
+        proc.stderr
+    assert db.head()[0] == head
 
 
 _KILLED_WRITER = """
