@@ -29,7 +29,15 @@ from choir._core.canonical import blake3_hex, canonical_json
 from choir._core.failpoints import failpoint
 from choir._core.paths import choir_home
 from choir.ahdb.backend import SCHEMA_VERSION, Backend, Conn, Session, SqliteBackend
-from choir.ahdb.heads import append_head, head_key_id, head_line, latest_signed, parse, read_heads
+from choir.ahdb.heads import (
+    Head,
+    append_head,
+    head_key_id,
+    head_line,
+    latest_signed,
+    parse,
+    read_heads,
+)
 from choir.ahdb.rules import Change, Lookup, State, apply, live_assert, replay
 from choir.attest import AttestationStore, load_signer, trusted_key_ids, verify_attestation
 from choir.evidence.artifacts import ArtifactStore
@@ -175,14 +183,9 @@ class AHDB:
             return
         self.backend.begin(conn)
         sess.depth, sess.appended = 1, None
-        try:
-            yield conn
-        except BaseException:
-            sess.depth = 0
-            conn.execute("ROLLBACK")
-            raise
         line = None
         try:
+            yield conn
             if sess.appended and self.signer is not None:
                 # signed and stored in the event's own transaction: no honest event is ever
                 # committed without its head (a kill loses both or neither)
@@ -216,8 +219,8 @@ class AHDB:
             return 0, GENESIS
         last = self.backend.last_head()
         found = parse(last) if last is not None else None
-        if not isinstance(found, str) and found is not None and \
-                (found.seq, found.head) == (seq, head) and head_key_id(found) in trusted_keys:
+        if isinstance(found, Head) and (found.seq, found.head) == (seq, head) and \
+                head_key_id(found) in trusted_keys:
             return seq, head
         chain = {int(r[0]): str(r[1]) for r in
                  self._conn().execute("SELECT seq, event_hash FROM events")}
