@@ -14,6 +14,8 @@ import signal
 
 ENV = "CHOIR_FAILPOINT"
 POINTS = (
+    "ahdb:committed",       # an AHDB write (event and its signed head) is committed; the
+                            # head's copy in the file beside the database is not written
     "execute:done",         # the executor changed the tree; the attempt is not checkpointed
     "green:ran",            # a verifier's run is sealed; its report is not made
     "attest:minted",        # attestations are stored; the node has not returned

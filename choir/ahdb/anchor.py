@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
-from choir.ahdb.heads import Head, head_key_id, read_heads
+from choir.ahdb.heads import Head, head_key_id, latest_signed, read_heads
 from choir.exceptions import ConfigError, IntegrityError
 from choir.models._base import Frozen
 
@@ -57,19 +57,15 @@ class PinnedHead(Frozen):
 def latest_head(db: AHDB, trusted_keys: Collection[str]) -> PinnedHead:
     """The latest signed head that the log honours, signed by a trusted key.
 
-    A crash between a commit and its head record leaves the last event unsigned; the head
-    before it still anchors everything up to it.
+    An event past it was written without the key (``choir audit`` names it): the pin never
+    covers one.
 
     Raises:
         IntegrityError: no signed head of a trusted key matches the log.
     """
     chain = {ev.seq: ev.event_hash for ev in db.events()}
-    best: Head | None = None
-    for head in read_heads(db.backend.heads, db.backend.shared_heads()):
-        if isinstance(head, str) or chain.get(head.seq) != head.head:
-            continue
-        if (best is None or head.seq > best.seq) and head_key_id(head) in trusted_keys:
-            best = head
+    best = latest_signed(read_heads(db.backend.heads, db.backend.shared_heads()), chain,
+                         trusted_keys)
     if best is None:
         raise IntegrityError(f"no signed head of a trusted key matches the AHDB at {db.where}"
                              " (is it empty? run `choir audit`)")

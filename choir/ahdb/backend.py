@@ -58,8 +58,12 @@ class Backend(Protocol):
     def ensure_schema(self) -> None: ...
     def version(self, conn: Conn) -> int: ...
     def set_version(self, conn: Conn, version: int) -> None: ...
-    def publish_head(self, record: bytes) -> None: ...
-    def shared_heads(self) -> list[bytes]: ...
+    def publish_head(self, record: bytes) -> None:
+        """Store a signed head record in the ``heads`` table, in the open transaction."""
+    def shared_heads(self) -> list[bytes]:
+        """Every signed head record the database holds, oldest first."""
+    def last_head(self) -> bytes | None:
+        """The signed head record stored last, if any (the one the latest write made)."""
     def damage(self) -> str | None: ...
 
 
@@ -82,6 +86,11 @@ CREATE TABLE IF NOT EXISTS fails (
   work_item TEXT NOT NULL, tree_hash TEXT NOT NULL, verifier TEXT NOT NULL,
   PRIMARY KEY (work_item, tree_hash, verifier));
 CREATE INDEX IF NOT EXISTS fails_on_tree ON fails (tree_hash);
+CREATE TABLE IF NOT EXISTS heads (n INTEGER PRIMARY KEY, record BLOB NOT NULL);
+CREATE TRIGGER IF NOT EXISTS heads_no_update BEFORE UPDATE ON heads
+  BEGIN SELECT RAISE(ABORT, 'the AHDB heads are append-only'); END;
+CREATE TRIGGER IF NOT EXISTS heads_no_delete BEFORE DELETE ON heads
+  BEGIN SELECT RAISE(ABORT, 'the AHDB heads are append-only'); END;
 """
 
 
@@ -120,10 +129,16 @@ class SqliteBackend:
         conn.execute(f"PRAGMA user_version = {int(version)}")
 
     def publish_head(self, record: bytes) -> None:
-        return None  # one machine: the file beside the database is the record
+        self.session().conn.execute("INSERT INTO heads (record) VALUES (?)", (record,))
 
     def shared_heads(self) -> list[bytes]:
-        return []
+        return [bytes(r[0]) for r in
+                self.session().conn.execute("SELECT record FROM heads ORDER BY n")]
+
+    def last_head(self) -> bytes | None:
+        row = self.session().conn.execute(
+            "SELECT record FROM heads ORDER BY n DESC LIMIT 1").fetchone()
+        return bytes(row[0]) if row else None
 
     def damage(self) -> str | None:
         """What SQLite's own structural check finds wrong with the file, or None.

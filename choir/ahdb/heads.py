@@ -1,21 +1,26 @@
-"""Signed chain heads: the AHDB's anchor against deleted, rewritten or truncated events.
+"""Signed chain heads: the AHDB's anchor against deleted, rewritten, truncated or added events.
 
 A hash chain alone proves nothing against someone who can write the database: delete an event,
-recompute every later hash, and the chain is whole again. So after every committed write the
-store signs ``(seq, head hash)`` with this home's ed25519 key and appends the record to a file
+recompute every later hash, and the chain is whole again. So every write signs ``(seq, head
+hash)`` with this home's ed25519 key and stores the record in the database's ``heads`` table
+in the event's own transaction (a kill can lose both, never one), then copies it to a file
 beside the database. Audit then requires that the chain reaches every signed head with
 exactly that hash: rewriting the past changes the hash at a signed seq, and cutting the tail
-leaves a signed head beyond it. Together with every attestation's outcome being in the log
-(``rules``, ``outcome``), an attacker must also delete the attestations, whose runs then show
-as unattested. Rolling back every store at once, consistently, is beyond what files on one
-machine can show: ``choir.ahdb.anchor`` pins a head outside the home for that.
+leaves a signed head beyond it. An event past the last trusted signed head was written
+without the key, and an honest Choir never writes one: audit names each
+(``ahdb_unsigned_tail``), the gate refuses to answer, and an honest writer refuses to sign a
+head over it (review 12, F1: it used to, "laundering" the forged events). Together with every
+attestation's outcome being in the log (``rules``, ``outcome``), an attacker must also delete
+the attestations, whose runs then show as unattested. Rolling back every store at once,
+consistently, is beyond what files on one machine can show: ``choir.ahdb.anchor`` pins a head
+outside the home for that.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -54,30 +59,37 @@ def head_line(seq: int, head: str, signer: SigningKey) -> bytes:
 
 
 def write_head(path: Path, seq: int, head: str, signer: SigningKey) -> bytes:
-    """Append one signed head; a single O_APPEND write, so concurrent writers never mix.
-
-    Written after the commit: a crash before it loses an anchor, never invents one.
-    Returns the record, for a shared copy (``Backend.publish_head``).
-    """
+    """Sign and append one head record to ``path``; returns the record."""
     line = head_line(seq, head, signer)
+    append_head(path, line)
+    return line
+
+
+def append_head(path: Path, line: bytes) -> None:
+    """Append one signed head record; a single O_APPEND write, so concurrent writers never mix.
+
+    The store keeps this file as a copy, written after the commit: the record that counts
+    is the one in the database, committed with its event (``Backend.publish_head``).
+    """
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)
     finally:
         os.close(fd)
-    return line
+
+
+def parse(raw: bytes, where: str = "the record") -> Head | str:
+    """One head record as a ``Head``, or why it is not one."""
+    try:
+        data = json.loads(raw)
+        return Head(int(data["seq"]), str(data["head"]), str(data["key_id"]),
+                    str(data["public_key"]), str(data["signature"]))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return f"{where} is not a head record"
 
 
 def read_heads(path: Path, shared: Iterable[bytes] = ()) -> Iterator[Head | str]:
     """Each record (the file's, then ``shared`` ones) as a ``Head``, or why it is not one."""
-    def parse(raw: bytes, where: str) -> Head | str:
-        try:
-            data = json.loads(raw)
-            return Head(int(data["seq"]), str(data["head"]), str(data["key_id"]),
-                        str(data["public_key"]), str(data["signature"]))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return f"{where} is not a head record"
-
     if path.exists() or path.is_symlink():
         try:
             with path.open("rb") as fh:
@@ -100,6 +112,20 @@ def head_key_id(head: Head) -> str | None:
     return key_id_of(decode_public_key(head.public_key).public_bytes_raw())
 
 
+def latest_signed(heads: Iterable[Head | str], chain: Mapping[int, str],
+                  trusted_keys: Collection[str]) -> Head | None:
+    """The latest head that the log honours (``chain``: seq -> event hash) and a trusted key
+    validly signed; None when there is none. Every event up to it is covered by it: the chain
+    links them, and an honest writer signs no head over a tail it cannot show was signed
+    (``AHDB._check_signed_tail``). Signatures are checked latest first, until one holds."""
+    candidates = {(h.seq, h.head, h.signature): h for h in heads
+                  if isinstance(h, Head) and chain.get(h.seq) == h.head}
+    for head in sorted(candidates.values(), key=lambda h: h.seq, reverse=True):
+        if head_key_id(head) in trusted_keys:
+            return head
+    return None
+
+
 def check_heads(path: Path, chain: dict[int, str], tail: int,
                 trusted_keys: Collection[str], shared: Iterable[bytes] = (),
                 revoked_keys: Collection[str] = ()) -> list[tuple[str, str, str, str]]:
@@ -110,12 +136,15 @@ def check_heads(path: Path, chain: dict[int, str], tail: int,
     machine's file still anchors its own writes if someone deletes those.
     """
     found: list[tuple[str, str, str, str]] = []
-    count = 0
+    count, seen = 0, set()
     for head in read_heads(path, shared):
         if isinstance(head, str):
             found.append(("ahdb_head_unreadable", str(path), "a signed head record", head))
             continue
         count += 1
+        if head in seen:  # the file's copy of a record the database holds: checked once
+            continue
+        seen.add(head)
         where = f"signed head at seq {head.seq}"
         key_id = head_key_id(head)
         if key_id is None:

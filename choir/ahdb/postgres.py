@@ -49,7 +49,8 @@ _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS fails (
       work_item TEXT NOT NULL, tree_hash TEXT NOT NULL, verifier TEXT NOT NULL,
       PRIMARY KEY (work_item, tree_hash, verifier))""",
-    # signed chain heads from every writing machine (each also keeps its own file)
+    # signed chain heads from every writing machine, each stored in its event's transaction
+    # (each machine also keeps a copy in its own file)
     "CREATE TABLE IF NOT EXISTS heads (n BIGSERIAL PRIMARY KEY, record BYTEA NOT NULL)",
     """CREATE OR REPLACE TRIGGER heads_no_change BEFORE UPDATE OR DELETE ON heads
       FOR EACH ROW EXECUTE FUNCTION choir_append_only()""",
@@ -118,6 +119,11 @@ class PostgresBackend:
     def shared_heads(self) -> list[bytes]:
         rows = self.session().conn.execute("SELECT record FROM heads ORDER BY n")
         return [bytes(r[0]) for r in rows]
+
+    def last_head(self) -> bytes | None:
+        row = self.session().conn.execute(
+            "SELECT record FROM heads ORDER BY n DESC LIMIT 1").fetchone()
+        return bytes(row[0]) if row else None
 
     def damage(self) -> str | None:
         return None  # the server keeps its own pages whole; the audit checks every row

@@ -150,6 +150,20 @@ def replay(events: Iterable[Logged], state: Recorder, lookup: Lookup,
         state.record(change, ev.seq)
 
 
+def live_assert(state: State, candidates: Iterable[Atom],
+                commit_sha: str | None = None) -> Atom | None:
+    """The first of ``candidates`` (PROMOTED ASSERTs, latest first) that is a live work-item
+    ASSERT (of ``commit_sha``, when given): every claim behind it still PROMOTED in
+    ``state``."""
+    for atom in candidates:
+        if not atom.references or (commit_sha and atom.commit_sha != commit_sha):
+            continue
+        claims = [state.get(r) for r in atom.references]
+        if all(c is not None and c.status is AtomStatus.PROMOTED for c in claims):
+            return atom
+    return None
+
+
 def _atts(lookup: Lookup, ids: tuple[str, ...] | list[str], atom: Atom,
           want: Result | None) -> list[Attestation]:
     found = []

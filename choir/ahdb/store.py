@@ -5,9 +5,11 @@ The rows live in SQLite (WAL; the embedded default) or Postgres (``CHOIR_DATABAS
 write goes through ``_append``, which checks the rules (``rules.apply``) against the
 materialised tables and, in the same exclusive write transaction, appends the event and
 updates those tables, so two processes (or machines) writing at once serialise, lose
-nothing, and keep the chain linear. Reads never replay the log: measured on 2026-11-23,
-replaying cost 8 ms a write at 500 events and 100 ms at 4,000. The tables are derived
-data: ``choir audit`` rebuilds them from the log and names any row that differs. UPDATE and
+nothing, and keep the chain linear. Writes and listings never replay the log: measured on
+2026-11-23, replaying cost 8 ms a write at 500 events and 100 ms at 4,000. The tables are
+derived data, a cache: ``choir audit`` rebuilds them from the log and names any row that
+differs, and what opens a gate or moves a branch is answered by a replay of the signed log
+(``choir.ahdb.signed``), never by them. UPDATE and
 DELETE on the log are refused by triggers; anything done behind the store's back is found
 by ``choir audit``.
 """
@@ -24,10 +26,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from choir._core.canonical import blake3_hex, canonical_json
+from choir._core.failpoints import failpoint
 from choir._core.paths import choir_home
 from choir.ahdb.backend import SCHEMA_VERSION, Backend, Conn, Session, SqliteBackend
-from choir.ahdb.heads import write_head
-from choir.ahdb.rules import Change, Lookup, apply, replay
+from choir.ahdb.heads import (
+    Head,
+    append_head,
+    head_key_id,
+    head_line,
+    latest_signed,
+    parse,
+    read_heads,
+)
+from choir.ahdb.rules import Change, Lookup, State, apply, live_assert, replay
 from choir.attest import AttestationStore, load_signer, trusted_key_ids, verify_attestation
 from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError, PromotionError
@@ -127,6 +138,7 @@ class AHDB:
         self.path: Path = getattr(self.backend, "path", self.backend.heads.with_suffix(""))
         self.where = self.backend.where
         self.signer = signer
+        self.trusted_keys = frozenset(trusted_keys or ())
         self._lookup = attestation_lookup(attestations, artifacts, trusted_keys)
         self.backend.ensure_schema()
         if self.backend.version(self._conn()) < SCHEMA_VERSION:
@@ -155,9 +167,7 @@ class AHDB:
             tables = _Tables(conn)
             replay(self.events(), tables, self._lookup, lambda ev, exc: None)
             self.backend.set_version(conn, SCHEMA_VERSION)
-            seq, head = self.head()
-            if seq:  # anchor the upgraded log as it now stands
-                self._local.appended = (seq, head)
+            # no head is signed here: an upgrade never vouches for events it did not write
 
     @contextmanager
     def _tx(self) -> Iterator[Conn]:
@@ -173,19 +183,93 @@ class AHDB:
             return
         self.backend.begin(conn)
         sess.depth, sess.appended = 1, None
+        line = None
         try:
             yield conn
+            if sess.appended and self.signer is not None:
+                # signed and stored in the event's own transaction: no honest event is ever
+                # committed without its head (a kill loses both or neither)
+                line = head_line(*sess.appended, self._signing_key())
+                self.backend.publish_head(line)
         except BaseException:
             sess.depth = 0
             conn.execute("ROLLBACK")
             raise
         sess.depth = 0
         conn.execute("COMMIT")
-        if sess.appended and self.signer is not None:
-            if callable(self.signer):  # loaded on the first write: reads never touch the key
-                self.signer = self.signer()
-            seq, head = sess.appended
-            self.backend.publish_head(write_head(self.backend.heads, seq, head, self.signer))
+        failpoint("ahdb:committed")
+        if line is not None:  # a copy outside the database; losing it loses no coverage
+            append_head(self.backend.heads, line)
+
+    def _signing_key(self) -> SigningKey:
+        if callable(self.signer):  # loaded on the first write: reads never touch the key
+            self.signer = self.signer()
+        assert self.signer is not None
+        return self.signer
+
+    def signed_head(self, trusted_keys: Collection[str]) -> tuple[int, str]:
+        """(seq, hash) of the latest head a trusted key signed that the log honours;
+        (0, GENESIS) when there is none. Every event after it was written without the key.
+
+        The head the last write stored is tried first (one signature), the others only when
+        it does not answer: after an upgrade from heads kept in the file alone, or damage.
+        """
+        seq, head = self.head()
+        if not seq:
+            return 0, GENESIS
+        last = self.backend.last_head()
+        found = parse(last) if last is not None else None
+        if isinstance(found, Head) and (found.seq, found.head) == (seq, head) and \
+                head_key_id(found) in trusted_keys:
+            return seq, head
+        chain = {int(r[0]): str(r[1]) for r in
+                 self._conn().execute("SELECT seq, event_hash FROM events")}
+        best = latest_signed(read_heads(self.backend.heads, self.backend.shared_heads()),
+                             chain, trusted_keys)
+        return (best.seq, best.head) if best else (0, GENESIS)
+
+    def adopt(self, through: int) -> None:
+        """Sign a head over the log as it ends at ``through``: a person vouches for events no
+        trusted signed head covers (``choir ahdb adopt``, after reading them).
+
+        The one write that signs over events it did not make, and only on request: for a log
+        from a Choir before heads were stored with their events, killed between a commit and
+        its head. Never for events someone else wrote: restore those from a backup instead.
+
+        Raises:
+            IntegrityError: the log does not end at ``through`` (it moved, or the seq is
+                wrong), or there is no key to sign with.
+        """
+        if self.signer is None:
+            raise IntegrityError("no signing key: nothing can vouch for the events")
+        with self._tx():
+            seq, head = self.head()
+            if seq != through or not seq:
+                raise IntegrityError(f"the AHDB log ends at seq {seq}, not {through}: read "
+                                     "the events again (`choir audit`) and name its end")
+            self._local.appended = (seq, head)
+
+    def _check_signed_tail(self, seq: int) -> None:
+        """Refuse to extend a log whose last event (``seq``) no trusted signed head covers.
+
+        Signing a head over it would vouch for events this writer cannot show were signed
+        (review 12, F1: a forged ASSERT appended without the key was "laundered" by the next
+        honest write). An honest Choir never leaves such an event, so one is an attack, or a
+        writer without the key: ``choir audit`` names each (``ahdb_unsigned_tail``).
+
+        Raises:
+            IntegrityError: the tail is not covered.
+        """
+        if not seq:
+            return
+        trusted = self.trusted_keys | {self._signing_key().key_id}
+        covered, _ = self.signed_head(trusted)
+        if covered < seq:
+            raise IntegrityError(
+                f"the AHDB log at {self.where} ends at seq {seq}, but events {covered + 1}.."
+                f"{seq} are not covered by a trusted signed head (written without the key); "
+                "this writer signs no head over them. Run `choir audit`, and see "
+                "docs/security.md (\"Events no trusted head covers\") for the recovery")
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -227,20 +311,17 @@ class AHDB:
 
     def is_asserted(self, work_item: str, tree_hash: str | None = None,
                     commit_sha: str | None = None) -> Atom | None:
-        """The live ASSERT for ``work_item`` (at that tree/commit), if every claim still holds."""
-        tables = _Tables(self._conn())
+        """The live ASSERT for ``work_item`` (at that tree/commit), if every claim still holds.
+
+        Answered by the tables, a cache: what the gate and promotion decide on is answered
+        by the signed log instead (``choir.ahdb.signed``)."""
         sql, args = "SELECT body FROM atoms WHERE work_item = ? AND kind = 'ASSERT' AND " \
                     "status = 'PROMOTED'", [work_item]
         if tree_hash:
             sql, args = sql + " AND tree_hash = ?", [*args, tree_hash]
-        for (body,) in self._conn().execute(sql + " ORDER BY created_seq DESC", args):
-            atom = Atom.model_validate_json(body)
-            if not atom.references or (commit_sha and atom.commit_sha != commit_sha):
-                continue
-            claims = [tables.get(r) for r in atom.references]
-            if all(c is not None and c.status is AtomStatus.PROMOTED for c in claims):
-                return atom
-        return None
+        rows = self._conn().execute(sql + " ORDER BY created_seq DESC", args)
+        return live_assert(_Tables(self._conn()),
+                           (Atom.model_validate_json(body) for (body,) in rows), commit_sha)
 
     def failed_verifiers(self, work_item: str | None, tree_hash: str) -> set[str]:
         """Verifiers with an attested FAIL on exactly this tree on record, for any work item
@@ -269,8 +350,12 @@ class AHDB:
             if att.body.result is Result.FAIL:  # every work item's claims on that tree
                 self.demote_failed(None, att.body.target.tree_hash, [attestation_id])
 
-    def _write(self, kind: str, payload: dict[str, Any]) -> Atom | None:
+    def _write(self, kind: str, payload: dict[str, Any],
+               against: State | None = None) -> Atom | None:
         """The one write path: check the rules against the current state, then append.
+
+        ``against``: a state derived from the signed log (``choir.ahdb.signed``) that the
+        event must pass too, for writes with a global effect (a release).
 
         A write that the log already holds (an atom with the same keyed id, a promotion with
         the same evidence) returns the existing atom and appends nothing: that is what a
@@ -282,8 +367,12 @@ class AHDB:
             if done is not None:
                 return done
             now = datetime.now(UTC)
+            if against is not None:
+                apply(against, kind, payload, now, self._lookup)
             change = apply(tables, kind, payload, now, self._lookup)
             prev_seq, prev = self.head()
+            if self._local.appended is None and self.signer is not None:
+                self._check_signed_tail(prev_seq)
             seq, created = prev_seq + 1, now.isoformat()
             ehash = event_hash(prev, seq, kind, payload, created)
             conn.execute(
@@ -445,13 +534,16 @@ class AHDB:
         return False
 
     def release(self, plan: str, *, assert_id: str, tree_hash: str, commit: str, branch: str,
-                previous: str | None, items: dict[str, str]) -> None:
+                previous: str | None, items: dict[str, str],
+                against: State | None = None) -> None:
         """Record a plan's promotion: ``branch`` moved from ``previous`` to ``commit``, on
         the plan's ASSERT and its items' (work item id -> ASSERT id); checked like every
-        write, and replayed by ``choir audit`` like every event."""
+        write (and against ``against``, the signed log's state), and replayed by
+        ``choir audit`` like every event."""
         self._write("release", {"plan": plan, "assert": assert_id, "tree_hash": tree_hash,
                                 "commit": commit, "branch": branch[:255],
-                                "from": previous or "", "items": dict(sorted(items.items()))})
+                                "from": previous or "", "items": dict(sorted(items.items()))},
+                    against)
 
     def hyperthesis(self, work_item: str | None, tree_hash: str, *, claim: str,
                     attestation_ids: Sequence[str], key: str | None = None) -> Atom:
@@ -504,10 +596,12 @@ def open_ahdb(home: Path | None = None) -> AHDB:
                 signer=lambda: load_signer(base))
 
 
-def check_chain(events: Sequence[Event]) -> list[tuple[int, str, str, str]]:
-    """(seq, what, expected, found) for every broken link in ``events``."""
+def check_chain(events: Sequence[Event], after: tuple[int, str] = (0, GENESIS)
+                ) -> list[tuple[int, str, str, str]]:
+    """(seq, what, expected, found) for every broken link in ``events``, which follow the
+    event ``after`` (seq, hash): by default the whole log from its start."""
     broken: list[tuple[int, str, str, str]] = []
-    prev, expected_seq = GENESIS, 1
+    expected_seq, prev = after[0] + 1, after[1]
     for ev in events:
         if ev.seq != expected_seq:
             broken.append((ev.seq, "ahdb_seq", str(expected_seq), str(ev.seq)))

@@ -8,10 +8,16 @@ With ``--commit``, the ASSERT must name that commit, which Choir records only wh
 verified tree was exactly that commit's tree, and, when the repo is at hand, be for
 the tree git holds for that commit.
 
+The ASSERT is looked up in the signed log, never in the store's tables (a cache anyone who
+writes the database can edit): the chain re-hashed, the events up to the latest head a
+pinned key signed replayed through the write rules (``choir.ahdb.signed``). Any event past
+that head (written without the key) closes the gate.
+
 Before any of that, the store must not have been rolled back behind a head this machine
 has seen (``choir.ahdb.anchor``): a high-water mark per store kept outside the home
 (``SeenHeads``), and a pinned head given with ``--expect-head``. A log that no longer reaches
-or no longer contains one is refused; otherwise the mark moves up to the log's head.
+or no longer contains one is refused; otherwise the mark moves up to the latest trusted
+signed head, never onto an event no trusted key signed.
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ from pathlib import Path
 from choir.ahdb import AHDB
 from choir.ahdb.anchor import Mark, PinnedHead, SeenHeads, follow
 from choir.ahdb.heads import head_key_id
+from choir.ahdb.signed import SignedLog, read_signed
 from choir.attest import AttestationStore, signer_counts, trust_root, verify_attestation
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.tree import commit_tree_hash, resolve_commit, tree_hash
-from choir.exceptions import IntegrityError, PromotionError, UserError
+from choir.exceptions import IntegrityError, UserError
 from choir.models import Result
 
 
@@ -86,9 +93,10 @@ def gate_target(repo: Path | None, commit: str | None,
 
 def check_anchors(ahdb: AHDB, trusted: set[str] | frozenset[str], *,
                   pin: PinnedHead | None = None, pin_source: str = "the pinned head",
-                  seen: SeenHeads | None = None) -> list[str]:
+                  seen: SeenHeads | None = None,
+                  upto: tuple[int, str] | None = None) -> list[str]:
     """Why the store's log is not at or beyond every head this machine has seen; when it
-    is, ``seen`` moves up to the log's head.
+    is, ``seen`` moves up to ``upto`` (the latest trusted signed head), else the log's head.
 
     Raises:
         ConfigError: the seen-heads file is malformed.
@@ -109,7 +117,7 @@ def check_anchors(ahdb: AHDB, trusted: set[str] | frozenset[str], *,
         if marks:
             problems.extend(follow(ahdb.events(since=min(m.seq for m in marks)), marks))
         if not problems and seen is not None:
-            seq, head = ahdb.head()
+            seq, head = upto or ahdb.head()
             if seq:
                 seen.advance(store, seq, head)
     except Exception as exc:  # fail closed: a log that cannot be read is refused
@@ -148,15 +156,17 @@ def check_gate(work_item: str, *, tree: str | None, commit: str | None,
     except Exception as exc:  # fail closed: a store that does not open vouches for nothing
         answer.problems.append(f"the AHDB cannot be opened: {type(exc).__name__}: {exc}"[:300])
         return answer
-    rolled_back = check_anchors(ahdb, root.keys, pin=pin, pin_source=pin_source, seen=seen)
-    if rolled_back:
-        answer.problems.extend(rolled_back)
-        return answer
     try:
-        atom = ahdb.is_asserted(work_item, tree_hash=tree, commit_sha=commit)
-    except PromotionError as err:
-        answer.problems.append(f"the AHDB does not replay: {err}")
+        signed = read_signed(ahdb, root.keys)
+    except Exception as exc:  # fail closed: a log that cannot be read vouches for nothing
+        signed = SignedLog((0, ""), problems=[
+            f"the AHDB log cannot be read: {type(exc).__name__}: {exc}"[:300]])
+    rolled_back = check_anchors(ahdb, root.keys, pin=pin, pin_source=pin_source, seen=seen,
+                                upto=signed.head)
+    if rolled_back or signed.problems:
+        answer.problems.extend([*rolled_back, *signed.problems])
         return answer
+    atom = signed.asserted(work_item, tree_hash=tree, commit_sha=commit)
     if atom is None or not atom.attestations:
         answer.problems.append(f"{work_item} is not ASSERTed" +
                                (" for that tree" if tree else "") +

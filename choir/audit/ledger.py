@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from choir.ahdb.rules import Logged, Lookup, Replay, disputed, fails_of, replay
-from choir.exceptions import PromotionError
+from choir.ahdb.signed import cached
 from choir.models import Atom, AtomKind, AtomStatus, Attestation, Violation
 
 if TYPE_CHECKING:
@@ -21,28 +21,6 @@ if TYPE_CHECKING:
 
 def _v(kind: str, obj: str, expected: str, found: str) -> Violation:
     return Violation(kind=kind, object=obj[:200], expected=expected[:300], found=found[:300])
-
-
-def cached(lookup: Lookup, verified: dict[str, Attestation] | None = None) -> Lookup:
-    """Verify each attestation once per audit: 100,000 events cite a few hundred of them.
-
-    ``verified``: attestations this audit has already checked in full (id, signature,
-    trusted key, every object), so the replay does not check them twice.
-    """
-    seen: dict[str, Attestation | PromotionError] = dict(verified or {})
-
-    def once(att_id: str) -> Attestation:
-        if att_id not in seen:
-            try:
-                seen[att_id] = lookup(att_id)
-            except PromotionError as exc:
-                seen[att_id] = exc
-        got = seen[att_id]
-        if isinstance(got, PromotionError):
-            raise got
-        return got
-
-    return once
 
 
 def replay_log(events: Sequence[Event], lookup: Lookup, found: list[Violation],

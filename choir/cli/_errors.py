@@ -20,13 +20,16 @@ def run_cli(cli: click.Group, argv: list[str]) -> NoReturn:
 def exit_code(command: Callable[[], Any]) -> int:
     """Run a command and return its exit code, saying why on stderr when it is a usage
     error: the CLI's entry point, and a worker of ``choir serve`` running a command."""
-    from choir.exceptions import UserError
+    from choir.exceptions import IntegrityError, UserError
 
     try:
         rv: Any = command()
     except UserError as exc:
         click.echo(f"choir: error: {exc}", err=True)
         return EXIT_USAGE
+    except IntegrityError as exc:  # the store refused (e.g. a log no trusted head covers)
+        click.echo(f"choir: refused: {exc}", err=True)
+        return EXIT_FAIL
     except click.exceptions.Abort:
         click.echo("choir: aborted", err=True)
         return EXIT_FAIL

@@ -197,3 +197,38 @@ def ahdb_head(out: Path | None) -> int:
         click.echo(f"choir: {exc}", err=True)
         return EXIT_FAIL
     return EXIT_OK
+
+
+@ahdb.command("adopt")
+@click.argument("through", type=int)
+@click.option("--yes", is_flag=True, help="Sign without asking (the events are listed anyway).")
+def ahdb_adopt(through: int, yes: bool) -> int:
+    """Sign a head over events no trusted signed head covers, up to THROUGH (the log's end).
+
+    Only for events you know this Choir wrote: a log from a version that signed heads after
+    the commit, killed in between. An honest Choir writes no other; anything else was written
+    without the key: restore the store from a backup instead. Lists the events first.
+    """
+    from choir.ahdb import open_ahdb
+    from choir.attest import trusted_key_ids
+    from choir.exceptions import IntegrityError
+
+    db = open_ahdb()
+    covered, _ = db.signed_head(trusted_key_ids())
+    events = [ev for ev in db.events(since=covered + 1)]
+    if not events:
+        click.echo(f"every event is covered by a trusted signed head (the log ends at seq "
+                   f"{covered})")
+        return EXIT_OK
+    for ev in events:
+        click.echo(f"  seq {ev.seq}  {ev.kind:<12} {ev.created_at}  "
+                   f"{json.dumps(ev.payload, sort_keys=True)[:160]}")
+    if not yes and not click.confirm(f"sign a head over these {len(events)} event(s)?"):
+        return EXIT_FAIL
+    try:
+        db.adopt(through)
+    except IntegrityError as exc:
+        click.echo(f"choir: {exc}", err=True)
+        return EXIT_FAIL
+    click.echo(f"signed a head at seq {through}")
+    return EXIT_OK

@@ -14,7 +14,9 @@ from typing import Any
 
 from choir._core.failpoints import failpoint
 from choir.ahdb import open_ahdb
+from choir.ahdb.signed import read_signed
 from choir.app.gate import GateAnswer, check_gate
+from choir.attest import trust_root
 from choir.evidence.git import locate
 from choir.evidence.tree import commit_tree_hash
 from choir.exceptions import PromotionError, UserError
@@ -106,21 +108,29 @@ def _record(plan_id: str, state: dict[str, Any], head: str, tree: str, to: str,
             old: str | None) -> None:
     """The promotion as an AHDB event, on the plan's and every item's live ASSERT.
 
+    The ASSERTs are found in the signed log (``choir.ahdb.signed``), not the store's
+    tables, and the event must pass the rules against that state too: an edited table
+    moves no branch.
+
     Raises:
-        PromotionError: the rules refuse it (an ASSERT gone or demoted since the gate).
+        PromotionError: the rules refuse it (an ASSERT gone or demoted since the gate), or
+            the log has events no trusted key signed.
     """
     db = open_ahdb()
-    plan_assert = db.is_asserted(plan_id, tree)
+    signed = read_signed(db, trust_root().keys)
+    if signed.problems:
+        raise PromotionError("promote: " + "; ".join(signed.problems))
+    plan_assert = signed.asserted(plan_id, tree)
     if plan_assert is None:
         raise PromotionError(f"promote: plan {plan_id} has no live ASSERT for {tree[:12]}")
     repo = Path(state["repo"])
     items: dict[str, str] = {}
     for item_id, row in state["items"].items():
         key = item_key(plan_id, item_id)
-        found = db.is_asserted(key, commit_tree_hash(repo, row["commit"]))
+        found = signed.asserted(key, commit_tree_hash(repo, row["commit"]))
         if found is None:
             raise PromotionError(f"promote: item {item_id} has no live ASSERT")
         items[key] = found.id
     if not db.released(plan_id, commit=head, branch=to, previous=old):
         db.release(plan_id, assert_id=plan_assert.id, tree_hash=tree, commit=head, branch=to,
-                   previous=old, items=items)
+                   previous=old, items=items, against=signed.state)

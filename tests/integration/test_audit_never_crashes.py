@@ -206,6 +206,11 @@ OTHER: dict[str, Mutation] = {
     "heads signature not base64": _head_field("signature", "!!!"),
     "heads public key garbage": _head_field("public_key", "%%%"),
     "heads public key a number": _head_field("public_key", 12),
+    # the database's own copy of each signed head (committed with its event), and the file's
+    "heads rows and file deleted": lambda home: (
+        _sql("DROP TRIGGER heads_no_delete", "DELETE FROM heads")(home),
+        (home / "ahdb.sqlite.heads").unlink()),
+    "heads row garbage": _sql("INSERT INTO heads (record) VALUES (x'00ff')"),
     "objects folder deleted": lambda home: shutil.rmtree(home / "artifacts" / "objects"),
     "attestations folder a file": lambda home: (shutil.rmtree(home / "attestations"),
                                                 (home / "attestations").write_text("x")),
@@ -249,7 +254,10 @@ def test_every_stored_file_broken_any_way_is_a_violation(
     picked = [paths[0], paths[-1]] if len(paths) > 1 else paths
     cases = [(f"{kind} {p.relative_to(pristine)} {how}",
               lambda home, p=p, m=mutate: m(home / p.relative_to(pristine)))
-             for p in picked for how, mutate in FILE_MUTATIONS.items()]
+             for p in picked for how, mutate in FILE_MUTATIONS.items()
+             # the heads file is a copy of the records the database holds with their events:
+             # without it nothing is lost (both gone: "heads rows and file deleted")
+             if (kind, how) != ("heads", "deleted")]
     _each(pristine, tmp_path, cases)
 
 

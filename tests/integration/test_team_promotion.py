@@ -139,3 +139,44 @@ def test_a_promotion_killed_at_any_point_moves_no_branch_without_its_event(
     assert (event.payload["commit"], event.payload["from"]) == (head, base)
     code, report = audit()
     assert code == 0, report
+
+
+def test_a_release_is_decided_by_the_signed_log_not_the_tables(
+        tmp_path: Path, choir_home: Path) -> None:
+    """Review 12 (F1/F2 on ``choir promote``): rows planted in the tables (the plan's ASSERT
+    copied onto a tree no round verified, with its claim) made ``_record`` find a live ASSERT
+    and write the release; and one event appended without the key was counted. Both are
+    refused now, and nothing is written (watched: the release was recorded before)."""
+    from choir.ahdb import AHDB
+    from choir.attest import AttestationStore
+    from choir.evidence.artifacts import ArtifactStore
+    from choir.exceptions import PromotionError
+    from choir.team.promote import _record
+    from choir.team.queue import integration_branch
+
+    repo, state = _asserted(tmp_path, "pt")
+    head = git(repo, "rev-parse", integration_branch("pt"))
+    forged_tree = "f" * 64
+    conn = sqlite3.connect(choir_home / "ahdb.sqlite")
+    for atom_id, seq, kind, status, work_item, body in conn.execute(
+            "SELECT id, created_seq, kind, status, work_item, body FROM atoms "
+            "WHERE work_item = 'pt' AND status = 'PROMOTED'").fetchall():
+        data = json.loads(body)
+        data["id"], data["tree_hash"] = atom_id[::-1], forged_tree  # ids of its own
+        data["references"] = [r[::-1] for r in data.get("references") or ()]
+        conn.execute("INSERT INTO atoms VALUES (?, ?, ?, ?, ?, ?, ?)",
+                     (atom_id[::-1], seq, kind, status, work_item, forged_tree,
+                      json.dumps(data)))
+    conn.commit()
+    conn.close()
+    assert open_ahdb().is_asserted("pt", forged_tree) is not None  # the tables say so
+    with pytest.raises(PromotionError, match="no live ASSERT"):
+        _record("pt", state, head, forged_tree, "release", None)
+    assert not [e for e in open_ahdb().events() if e.kind == "release"]
+
+    forger = AHDB(attestations=AttestationStore(), artifacts=ArtifactStore(), signer=None)
+    forger.propose(claim="anything", work_item="x", tree_hash="e" * 64,
+                   required_verifiers=["unit"])
+    with pytest.raises(PromotionError, match="not covered by a trusted signed head"):
+        _record("pt", state, head, state["integration_tree"], "release", None)
+    assert not [e for e in open_ahdb().events() if e.kind == "release"]

@@ -61,11 +61,15 @@ def test_rotation_keeps_old_evidence_and_revocation_refuses_it_by_name(
     revoked = choir("keys", "revoke", old)
     assert revoked.returncode == 0, revoked.stderr
     answer = choir(*gate)
-    assert answer.returncode == 1 and "attestation_key_revoked" in answer.stdout + answer.stderr
+    # the log's heads were signed by the revoked key, so none of its events counts any more
+    # (review 12, F1: the gate answers from events a trusted key signed, and from no other)
+    assert answer.returncode == 1 and f"signed by key {old}, which is not trusted" in \
+        answer.stdout + answer.stderr, answer.stdout
     code, kinds = audit_kinds()
     assert code == 1
     assert ("attestation_key_revoked", old) in kinds
     assert ("ahdb_head_key_revoked", old) in kinds
+    assert "ahdb_unsigned_tail" in {kind for kind, _ in kinds}
 
 
 def test_rotate_revoke_revokes_the_old_key_and_a_malformed_id_exits_2(

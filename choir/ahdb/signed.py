@@ -1,0 +1,162 @@
+"""What the signed log says: the state the gate and promotion answer from.
+
+The store's tables are a cache, and anyone who can write the database can edit them (review
+12, F2: one ``UPDATE atoms SET status='PROMOTED'`` reopened a gate that an attested FAIL had
+closed). Events appended without the key are no better (F1: a forged ``assert`` opened the
+gate). So a decision with an effect outside the store (``choir gate``, ``choir promote``)
+reads neither: it re-hashes the whole chain, finds the latest head a trusted key signed that
+the log honours (``heads.latest_signed``), refuses when any event lies past it, and replays
+the events up to it through the write rules (``rules.replay``, the function audit uses) into
+memory. The cost is one replay per decision; bench/gate_replay.py measures it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from choir.ahdb.heads import Head, head_key_id, parse
+from choir.ahdb.rules import Lookup, Replay, live_assert, replay
+from choir.exceptions import PromotionError
+from choir.models import Atom, AtomKind, AtomStatus, Attestation
+
+if TYPE_CHECKING:
+    from choir.ahdb.store import AHDB
+
+
+def cached(lookup: Lookup, verified: dict[str, Attestation] | None = None) -> Lookup:
+    """Verify each attestation once per replay: 100,000 events cite a few hundred of them.
+
+    ``verified``: attestations already checked in full (id, signature, trusted key, every
+    object), so the replay does not check them twice.
+    """
+    seen: dict[str, Attestation | PromotionError] = dict(verified or {})
+
+    def once(att_id: str) -> Attestation:
+        if att_id not in seen:
+            try:
+                seen[att_id] = lookup(att_id)
+            except PromotionError as exc:
+                seen[att_id] = exc
+        got = seen[att_id]
+        if isinstance(got, PromotionError):
+            raise got
+        return got
+
+    return once
+
+
+@dataclass
+class SignedLog:
+    """The state the log implies up to its latest trusted signed head, and why it is not
+    to be relied on (``problems``: a broken chain, events past that head)."""
+
+    head: tuple[int, str]
+    state: Replay = field(default_factory=Replay)
+    problems: list[str] = field(default_factory=list)
+
+    def asserted(self, work_item: str, tree_hash: str | None = None,
+                 commit_sha: str | None = None) -> Atom | None:
+        """``AHDB.is_asserted``, answered by the replay; None while there are problems."""
+        if self.problems:
+            return None
+        candidates = [a for a in self.state.atoms.values()
+                      if a.kind is AtomKind.ASSERT and a.status is AtomStatus.PROMOTED and
+                      a.work_item == work_item and (not tree_hash or a.tree_hash == tree_hash)]
+        return live_assert(self.state, reversed(candidates), commit_sha)
+
+
+def _why_not(db: AHDB, trusted_keys: Collection[str]) -> str:
+    """Whose key signed the last head, when one did but is not trusted (revoked, or not
+    pinned); else: nobody's."""
+    last = db.backend.last_head()
+    found = parse(last) if last is not None else None
+    if isinstance(found, Head):
+        key_id = head_key_id(found)
+        if key_id is not None and key_id not in trusted_keys:
+            return f"the last head, at seq {found.seq}, is signed by key {key_id}, which is " \
+                "not trusted: revoked, or not pinned"
+    return "written without the key"
+
+
+@dataclass
+class _Memo:
+    """A log this process has replayed up to a trusted signed head (``seq``, ``head``)."""
+
+    seq: int
+    head: str
+    state: Replay
+    lookup: Lookup
+
+
+_memos: dict[tuple[str, frozenset[str]], _Memo] = {}
+_memo_lock = threading.Lock()
+
+
+def read_signed(db: AHDB, trusted_keys: Collection[str]) -> SignedLog:
+    """Replay ``db``'s log up to the latest head signed by one of ``trusted_keys``.
+
+    Fails closed: a broken link, or an event no trusted signed head covers, is a problem,
+    and ``asserted`` then answers nothing. Events past the head are refused rather than
+    ignored: an honest writer refuses to extend such a log, so the FAILs that would demote
+    an ASSERT may be missing from it.
+
+    A process that asks again (the plan driver gates every landing) replays only what was
+    signed since: the events after the head it replayed last must link to that head's hash,
+    which must still be in the log; otherwise (a log cut back or rewritten) it starts over.
+    """
+    key = (db.identity(), frozenset(trusted_keys))
+    with _memo_lock:
+        memo = _memos.get(key)
+        if memo is not None and _hash_at(db, memo.seq) != memo.head:
+            memo = None
+        signed = _read(db, trusted_keys, memo)
+        if signed.memo is not None:  # replayed up to a trusted signed head
+            _memos[key] = signed.memo
+        return SignedLog(signed.head, signed.copy(), signed.problems)
+
+
+def _hash_at(db: AHDB, seq: int) -> str | None:
+    row = db._conn().execute("SELECT event_hash FROM events WHERE seq = ?", (seq,)).fetchone()
+    return str(row[0]) if row else None
+
+
+@dataclass
+class _Read:
+    head: tuple[int, str]
+    state: Replay
+    problems: list[str]
+    memo: _Memo | None = None
+
+    def copy(self) -> Replay:
+        """The state, apart from the memo's (which the next read goes on replaying into)."""
+        out = Replay()
+        out.atoms, out.fails = dict(self.state.atoms), set(self.state.fails)
+        out.outcomes = set(self.state.outcomes)
+        return out
+
+
+def _read(db: AHDB, trusted_keys: Collection[str], memo: _Memo | None) -> _Read:
+    from choir.ahdb.store import GENESIS, check_chain
+
+    after = (memo.seq, memo.head) if memo else (0, GENESIS)
+    events = list(db.events(since=after[0] + 1))
+    broken = check_chain(events, after)
+    if broken:
+        seq, what = broken[0][:2]
+        return _Read((0, ""), Replay(), [f"the AHDB log is broken at seq {seq} ({what}): "
+                                         "run `choir audit`"])
+    head = db.signed_head(trusted_keys)
+    if memo is not None and head[0] < memo.seq:  # no longer trusted as far: start over
+        return _read(db, trusted_keys, None)
+    problems = []
+    if events and events[-1].seq > head[0]:
+        problems.append(
+            f"AHDB events {head[0] + 1}..{events[-1].seq} are not covered by a trusted signed "
+            f"head ({_why_not(db, trusted_keys)}): run `choir audit`")
+    state = memo.state if memo else Replay()
+    lookup = memo.lookup if memo else cached(db.attestation)
+    replay([ev for ev in events if ev.seq <= head[0]], state, lookup, lambda ev, exc: None)
+    return _Read(head, state, problems, _Memo(head[0], head[1], state, lookup))
