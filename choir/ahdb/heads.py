@@ -58,13 +58,6 @@ def head_line(seq: int, head: str, signer: SigningKey) -> bytes:
                            "signature": signer.sign(signed_bytes(seq, head))}) + b"\n"
 
 
-def write_head(path: Path, seq: int, head: str, signer: SigningKey) -> bytes:
-    """Sign and append one head record to ``path``; returns the record."""
-    line = head_line(seq, head, signer)
-    append_head(path, line)
-    return line
-
-
 def append_head(path: Path, line: bytes) -> None:
     """Append one signed head record; a single O_APPEND write, so concurrent writers never mix.
 

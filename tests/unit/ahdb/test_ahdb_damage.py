@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 
 from choir.ahdb.backend import SqliteBackend
-from choir.ahdb.heads import read_heads, write_head
+from choir.ahdb.heads import append_head, head_line, read_heads
 from choir.trusted.keyfile import Signer
 
 
 def test_a_heads_record_cut_just_before_its_line_end_is_torn(tmp_path: Path) -> None:
     path, signer = tmp_path / "ahdb.sqlite.heads", Signer.generate()
-    write_head(path, 1, "a" * 64, signer)
-    write_head(path, 2, "b" * 64, signer)
+    append_head(path, head_line(1, "a" * 64, signer))
+    append_head(path, head_line(2, "b" * 64, signer))
     assert all(not isinstance(h, str) for h in read_heads(path))
     path.write_bytes(path.read_bytes()[:-1])  # the last record parses, but was cut
     found = list(read_heads(path))
