@@ -1,7 +1,7 @@
 """``choir verify --mood CALM`` against bare pytest on a real project's suite.
 
-    python bench/verify_vs_bare.py [--runs 3] [--project toolz|networkx|generated] [--no-cold]
-                                   [--sandbox bwrap] [--warm]
+    python bench/verify_vs_bare.py [--runs 3] [--project toolz|slugify|networkx|generated]
+                                   [--no-cold] [--sandbox bwrap] [--warm]
                                    [--tests 200] [--work-ms 50] [--base-src DIR]
 
 Makes the project in a temp folder (git repo, its own ``.venv`` with pytest, a ``choir.yaml``
@@ -30,8 +30,10 @@ and the median ratios to ``bare``. For the ``choir`` rows the CPU is Choir's own
 process, git, the launcher): the sandboxed pytest is reaped inside bwrap's pid namespace and
 is not counted, so ``cpu`` there is the fixed overhead in CPU seconds, which a loaded machine
 does not stretch the way it stretches wall time. ``--project toolz`` uses toolz 1.2.0's
-sdist from the pip cache (``pip download`` works offline from it); ``generated`` writes
-``--tests`` tests of about ``--work-ms`` of pure-Python work each, for a longer suite.
+sdist from the pip cache (``pip download`` works offline from it), ``slugify``
+python-slugify 9.2.0's (the other suite #24 names; its tests need ``text-unidecode``);
+``generated`` writes ``--tests`` tests of about ``--work-ms`` of pure-Python work each, for
+a longer suite.
 Nothing is left behind.
 """
 
@@ -77,19 +79,24 @@ def sh(argv: list[str], cwd: Path, **kw: object) -> None:
                    stderr=subprocess.DEVNULL, **kw)  # type: ignore[call-overload]
 
 
-SDISTS = {"toolz": "toolz==1.2.0", "networkx": "networkx==3.4.2"}
+# project: (requirement, the sdist's name prefix, what its tests import besides pytest)
+SDISTS = {"toolz": ("toolz==1.2.0", "toolz", ()),
+          "networkx": ("networkx==3.4.2", "networkx", ()),
+          "slugify": ("python-slugify==9.2.0", "python_slugify", ("text-unidecode",))}
 
 
 def make_sdist(tmp: Path, project: str) -> Path:
     """A real project from its PyPI sdist (its own tests, pure Python): toolz's suite takes
-    about 1 s here, networkx's (4,970 tests) about 55 s."""
+    about 1 s here, python-slugify's (140 tests, 152 subtests, 7 modules) about 0.9 s,
+    networkx's (4,970 tests) about 55 s."""
+    requirement, prefix, _deps = SDISTS[project]
     dl = tmp / "dl"
-    sh([sys.executable, "-m", "pip", "download", "-q", SDISTS[project], "--no-deps",
+    sh([sys.executable, "-m", "pip", "download", "-q", requirement, "--no-deps",
         "--no-binary", ":all:", "-d", str(dl)], tmp)
-    with tarfile.open(next(dl.glob(f"{project}-*.tar.gz"))) as tar:
+    with tarfile.open(next(dl.glob(f"{prefix}-*.tar.gz"))) as tar:
         tar.extractall(tmp, filter="data")
     repo = tmp / "repo"
-    next(tmp.glob(f"{project}-*")).rename(repo)
+    next(p for p in tmp.glob(f"{prefix}-*") if p.is_dir()).rename(repo)
     return repo
 
 
@@ -111,7 +118,7 @@ def make_generated(tmp: Path, tests: int, work_ms: float) -> Path:
     return repo
 
 
-def prepare(repo: Path, sandbox: str) -> None:
+def prepare(repo: Path, sandbox: str, deps: tuple[str, ...] = ()) -> None:
     for dirpath, dirs, files in os.walk(repo):  # an sdist's tar carries its maker's uid
         for name in (*dirs, *files):
             os.lchown(os.path.join(dirpath, name), os.getuid(), os.getgid())
@@ -119,7 +126,7 @@ def prepare(repo: Path, sandbox: str) -> None:
     (repo / ".gitignore").write_text(".venv/\n__pycache__/\n")
     (repo / "choir.yaml").write_text(CHOIR_YAML.format(sandbox=sandbox))
     sh([sys.executable, "-m", "venv", ".venv"], repo)
-    sh([str(repo / ".venv/bin/python"), "-m", "pip", "install", "-q", "pytest"], repo)
+    sh([str(repo / ".venv/bin/python"), "-m", "pip", "install", "-q", "pytest", *deps], repo)
     sh(["git", "init", "-q"], repo)
     sh(["git", "add", "-A"], repo)
     sh(["git", "-c", "user.email=bench@choir", "-c", "user.name=bench", "commit", "-qm",
@@ -178,7 +185,7 @@ def main() -> None:
     try:
         repo = (make_sdist(tmp, args.project) if args.project in SDISTS
                 else make_generated(tmp, args.tests, args.work_ms))
-        prepare(repo, args.sandbox)
+        prepare(repo, args.sandbox, SDISTS[args.project][2] if args.project in SDISTS else ())
         cold = cold_copy(repo, tmp)
         env = {k: v for k, v in os.environ.items()
                if k not in ("VIRTUAL_ENV", "PYTHONPATH", "CHOIR_ARTIFACT_DIR",

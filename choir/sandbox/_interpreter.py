@@ -19,6 +19,19 @@ Hashing reads every file once; after that a file is re-read only when its stat c
 (device, inode, size, mtime and ctime: ctime cannot be set back by an unprivileged process).
 The per-file cache lives under ``CHOIR_HOME`` (out of an executor's reach; one that can
 write there can read the signing key anyway); ``full=True`` ignores it.
+
+A venv of a few thousand files still costs a ``stat`` and a row of Python per file on every
+run, on the interpreter lock the snapshot's thread needs at the same time. So the whole
+tree's stat is also taken by one ``find`` process (kind, mode, device, inode, size, mtime
+and ctime of every path, and each link's target: what the rows are made of, and the stat
+the per-file cache already trusts), on another core; when its output is byte for byte the
+one recorded with the last digest, the digest is that one. Any difference (a file added,
+removed, renamed, written or touched; even a folder listed in another order) takes the
+row-by-row path, and a digest is recorded with a listing only when the listing taken after
+its rows is the one taken before them (nothing changed while they were made) and no path
+changed in the ``RACY_S`` before (git's racy-timestamp rule: a second write within the
+clock tick of the first keeps its ctime, so a listing taken just after a change does not
+prove the bytes are the ones hashed).
 """
 
 from __future__ import annotations
@@ -26,8 +39,12 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import time
 from datetime import UTC, datetime
 from pathlib import Path
+
+import blake3
 
 from choir._core.canonical import blake3_hex
 from choir._core.paths import choir_home
@@ -37,6 +54,10 @@ from choir.sandbox._toolchain import Toolchain
 from choir.sandbox.base import walk
 
 STARTUP = ("sitecustomize.py", "usercustomize.py")
+FIND = "/usr/bin/find"
+LISTING = "%y %m %D %i %s %T@ %C@ %P\\0%l\\0"  # what a row is made of, per path
+LISTED = "\0listing"  # the cache's entry for the whole tree: no path holds a NUL
+RACY_S = 2.0  # a tree with a path changed this recently is not recorded with its listing
 _MEMO: dict[str, dict[str, list[int | str]]] = {}  # cache file -> entries, this process
 _DIRTY: set[int] = set()  # caches with entries not yet saved (by id)
 _MEMO_STAT: dict[str, tuple[int, ...]] = {}  # cache file -> its stat when read
@@ -95,6 +116,52 @@ def _tree_rows(root: str, cache: dict[str, list[int | str]], full: bool) -> list
     skip = len(root) + 1
     return [_row(path, path[skip:], cache, full, st) if st else f"-\0{path[skip:]}"
             for path, st in walk(root, ordered=True)]
+
+
+def _listing(roots: list[str], outside: list[str]) -> str | None:
+    """The stat of every path under ``roots`` and of each of ``outside`` as one digest, taken
+    by ``find`` in a process of its own (None: no ``find`` here, or it failed: the rows are
+    made instead)."""
+    hasher = blake3.blake3()
+    for root in roots:
+        try:
+            out = subprocess.run([FIND, root, "-printf", LISTING], stdin=subprocess.DEVNULL,
+                                 capture_output=True, env={"LC_ALL": "C"}, check=False)
+        except OSError:
+            return None
+        if out.returncode != 0 or out.stderr:
+            return None
+        hasher.update(b"R\0%b\0%d\0" % (root.encode("utf-8", "surrogateescape"),
+                                         len(out.stdout)))
+        hasher.update(out.stdout)
+    for path in outside:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            hasher.update(b"-\0%b\0" % path.encode("utf-8", "surrogateescape"))
+            continue
+        hasher.update(b"P\0%b\0%d %d %d %d %d %d %d\0" % (
+            path.encode("utf-8", "surrogateescape"), st.st_mode, st.st_dev, st.st_ino,
+            st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink))
+    return hasher.hexdigest()
+
+
+def _settled(roots: list[str], outside: list[str], since: float) -> bool:
+    """Whether no path under ``roots``, nor any of ``outside``, changed (ctime) after
+    ``since`` (epoch seconds)."""
+    for root in roots:
+        try:
+            out = subprocess.run([FIND, root, "-newerct", f"@{since:.6f}", "-print", "-quit"],
+                                 stdin=subprocess.DEVNULL, capture_output=True,
+                                 env={"LC_ALL": "C"}, check=False)
+        except OSError:
+            return False
+        if out.returncode != 0 or out.stdout or out.stderr:
+            return False
+    try:
+        return all(os.lstat(path).st_ctime < since for path in outside)
+    except OSError:
+        return False
 
 
 def _startup_files(venv: str | None, base: str) -> list[str]:
@@ -184,21 +251,34 @@ def measure(tools: Toolchain, repo: Path, *, full: bool = False) -> Interpreter:
     roots = _reached_from(repo, tools, base)
     cache_key = os.path.realpath(tools.venv) if tools.venv else binary
     cache = {} if full else _load_cache(_cache_file(cache_key))
-    rows: list[str] = []
-    for root in roots:
-        rows.append(f"R\0{root}")
-        rows += _tree_rows(root, cache, full)
-    if not roots:
-        rows += [_row(path, path, cache, full) for path in _startup_files(tools.venv, base)]
+    outside = [] if roots else _startup_files(tools.venv, base)
     if not any(_inside(binary, Path(r)) for r in roots):
-        rows.append(_row(binary, binary, cache, full))  # what the venv's link resolves to
+        outside.append(binary)  # what the venv's link resolves to
+    listed = None if full or not roots else _listing(roots, outside)
+    known = cache.get(LISTED)
+    if listed is not None and isinstance(known, list) and len(known) == 3 and \
+            known[0] == listed:
+        digest, files = str(known[1]), int(known[2])
+    else:
+        rows: list[str] = []
+        for root in roots:
+            rows.append(f"R\0{root}")
+            rows += _tree_rows(root, cache, full)
+        rows += [_row(path, path, cache, full) for path in outside if not roots]
+        if roots and outside:
+            rows.append(_row(binary, binary, cache, full))
+        digest, files = blake3_hex("\n".join(rows).encode()), len(rows)
+        if listed is not None and _listing(roots, outside) == listed and \
+                _settled(roots, outside, time.time() - RACY_S):
+            cache[LISTED] = [listed, digest, files]  # nothing changed while the rows were made
+            _DIRTY.add(id(cache))
     if not full and id(cache) in _DIRTY:
         _DIRTY.discard(id(cache))
         saved = _cache_file(cache_key)
         _save(saved, cache)
         _MEMO_STAT[str(saved)] = _stat_key(saved)  # the memo is what the file holds now
-    return Interpreter(python=python, venv=tools.venv, digest=blake3_hex("\n".join(rows).encode()),
-                       files=len(rows), scope="tree" if roots else "startup",
+    return Interpreter(python=python, venv=tools.venv, digest=digest,
+                       files=files, scope="tree" if roots else "startup",
                        in_repo=bool(roots), trust="first-use" if roots else "outside-repo")
 
 

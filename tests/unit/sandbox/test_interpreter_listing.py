@@ -1,0 +1,117 @@
+"""The vouch for a venv in the repo takes its digest from one ``find`` listing when nothing
+changed: the listing must catch every change the rows would (the attack: a file rewritten
+to the same size, its mtime set back), never be recorded for a tree that changed within
+the clock's tick (git's racy rule), and give the digest the rows give."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from choir.sandbox import _interpreter
+from choir.sandbox._toolchain import Toolchain
+
+
+@pytest.fixture
+def venv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Toolchain]:
+    monkeypatch.setenv("CHOIR_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(_interpreter, "_MEMO", {})
+    monkeypatch.setattr(_interpreter, "_MEMO_STAT", {})
+    repo = tmp_path / "repo"
+    site = repo / ".venv" / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (repo / ".venv" / "bin").mkdir()
+    python = repo / ".venv" / "bin" / "python3"
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    (repo / ".venv" / "bin" / "python").symlink_to("python3")
+    (site / "pkg.py").write_text("VALUE = 1\n")
+    (site / "pkg.pth").write_text("import os\n")
+    (repo / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    venv = str(repo / ".venv")
+    return repo, Toolchain(binds=(), path_head=(f"{venv}/bin",), venv=venv)
+
+
+def _settle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The files are older than the racy window (they were made just now: no wait of 2 s)."""
+    time.sleep(0.05)
+    monkeypatch.setattr(_interpreter, "RACY_S", 0.0)
+
+
+def _rows_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_a: object, **_k: object) -> list[str]:
+        raise AssertionError("the rows were made again")
+
+    monkeypatch.setattr(_interpreter, "_tree_rows", refuse)
+
+
+def test_an_unchanged_venv_is_vouched_from_its_listing_with_the_rows_digest(
+        venv: tuple[Path, Toolchain], monkeypatch: pytest.MonkeyPatch) -> None:
+    repo, tools = venv
+    _settle(monkeypatch)
+    first = _interpreter.measure(tools, repo)
+    assert first.in_repo and first.files > 5
+    assert _interpreter.measure(tools, repo, full=True).digest == first.digest
+    _rows_refused(monkeypatch)
+    again = _interpreter.measure(tools, repo)
+    assert (again.digest, again.files) == (first.digest, first.files)
+
+
+@pytest.mark.parametrize("change", ["same-size-mtime-back", "planted-pth", "mode", "relinked",
+                                    "removed"])
+def test_any_change_to_the_venv_misses_the_listing(venv: tuple[Path, Toolchain],
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  change: str) -> None:
+    repo, tools = venv
+    _settle(monkeypatch)
+    first = _interpreter.measure(tools, repo)
+    site = repo / ".venv" / "lib" / "python3.11" / "site-packages"
+    time.sleep(0.02)  # past the clock tick of the files' making
+    if change == "same-size-mtime-back":  # what an executor can do: mtime yes, ctime no
+        before = os.stat(site / "pkg.py")
+        (site / "pkg.py").write_text("VALUE = 2\n")
+        os.utime(site / "pkg.py", ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert os.stat(site / "pkg.py").st_size == before.st_size
+    elif change == "planted-pth":
+        (site / "zz.pth").write_text("import evil\n")
+    elif change == "mode":
+        (site / "pkg.py").chmod(0o777)
+    elif change == "relinked":
+        (repo / ".venv" / "bin" / "python").unlink()
+        (repo / ".venv" / "bin" / "python").symlink_to("/bin/sh")
+    else:
+        (site / "pkg.pth").unlink()
+    after = _interpreter.measure(tools, repo)
+    assert after.digest != first.digest
+    assert after.digest == _interpreter.measure(tools, repo, full=True).digest
+
+
+def test_a_tree_changed_within_the_racy_window_is_not_recorded_with_its_listing(
+        venv: tuple[Path, Toolchain], monkeypatch: pytest.MonkeyPatch) -> None:
+    repo, tools = venv  # its files were made just now: inside the default 2 s
+    first = _interpreter.measure(tools, repo)
+    cache = _interpreter._load_cache(_interpreter._cache_file(os.path.realpath(tools.venv or "")))
+    assert _interpreter.LISTED not in cache
+    made: list[str] = []
+    rows = _interpreter._tree_rows
+    monkeypatch.setattr(_interpreter, "_tree_rows",
+                        lambda *a, **k: made.append("rows") or rows(*a, **k))
+    assert _interpreter.measure(tools, repo).digest == first.digest
+    assert made == ["rows"]
+
+
+def test_without_find_the_rows_decide(venv: tuple[Path, Toolchain],
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    repo, tools = venv
+    _settle(monkeypatch)
+    with_find = _interpreter.measure(tools, repo).digest
+    monkeypatch.setattr(_interpreter, "_MEMO", {})
+    monkeypatch.setattr(_interpreter, "FIND", str(repo / "no-find-here"))
+    home = Path(os.environ["CHOIR_HOME"])
+    for cached in (home / "cache" / "interpreters").glob("*.json"):
+        cached.unlink()
+    assert _interpreter._listing([str(repo / ".venv")], []) is None
+    assert _interpreter.measure(tools, repo).digest == with_find
