@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from choir.config._yaml import YamlDoc, load_yaml, validation_errors
 from choir.config.agents import expand_keys, expand_plan
@@ -65,6 +65,18 @@ class Plan(Frozen):
     budget: Budget = Field(default_factory=Budget)
     items: tuple[PlanItem, ...] = ()
     items_from: str | None = None  # a folder of work item files (*.yaml), relative to the plan
+
+    @field_validator("id")
+    @classmethod
+    def _no_dot(cls, value: str) -> str:
+        """An item's claim is ``PLAN.ITEM`` (``item_key``): a plan ``p.x`` would share its
+        claim, its gate and its ASSERTs with plan ``p``'s item ``x``."""
+        if "." in value:
+            raise ValueError(f"a plan id may not contain '.' (an item's claim is named "
+                             f"PLAN.ITEM, so plan '{value}' would answer for the item "
+                             f"'{value.split('.', 1)[1]}' of plan '{value.split('.', 1)[0]}'); "
+                             f"name it e.g. '{value.replace('.', '-')}'")
+        return value
 
     def item(self, item_id: str) -> PlanItem:
         return next(i for i in self.items if i.id == item_id)

@@ -123,3 +123,29 @@ def test_items_come_from_a_folder_of_work_item_files_each_checked_with_its_own_l
     plan.write_text("id: f\nrepo: ./repo\nitems_from: nowhere\n")
     with pytest.raises(ConfigError, match="items_from 'nowhere' is not a folder"):
         load_plan(plan)
+
+
+def test_a_plan_id_with_a_dot_is_refused_its_claim_would_be_another_plans_item(
+        tmp_path: Path) -> None:
+    """Item claims are ``PLAN.ITEM``: a plan ``p.x`` would read, and write, plan ``p``'s
+    item ``x``'s claim (its gate, its ASSERTs for an equal tree)."""
+    from choir.team.plan import item_key
+
+    team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "p.x", """\
+        - id: a
+          goal: a
+          member: worker
+        """)
+    with pytest.raises(ConfigError) as err:
+        load_plan(plan)
+    text = str(err.value)
+    assert f"{plan}:1:" in text and "may not contain '.'" in text and "p-x" in text
+    assert item_key("p", "x") == "p.x"  # the claim such a plan would have shared
+    # an id without a dot still loads, and items may keep theirs
+    dotted = load_plan(write_plan(tmp_path, "p", """\
+        - id: x.y
+          goal: a
+          member: worker
+        """))
+    assert dotted.id == "p" and item_key(dotted.id, "x.y") == "p.x.y"
