@@ -45,6 +45,7 @@ from choir.models import (
     VerifierRun,
     WorkItem,
 )
+from choir.sandbox.stop import stop_runs
 
 
 class ChangeSummary(BaseModel):
@@ -105,7 +106,18 @@ def green_verifier(item: WorkItem, run_id: str) -> Any:
                         full=policy.moods[mood].rehash == "full"))
             rnd = Round(id=check, config=config, policy=policy, mood=mood, target=target,
                         tree=tree, work_item=item)
-            runs = [run for run, _ in await run_round(rnd, planned)]
+            rounding = asyncio.ensure_future(run_round(rnd, planned))
+            try:
+                runs = [run for run, _ in await asyncio.shield(rounding)]
+            except asyncio.CancelledError:
+                # the executor's time is up (or its run was cancelled): a step's thread
+                # would run on to its own timeout, on a snapshot removed under it, and seal
+                # a run nothing attests. Its steps alone are killed (not other rounds' of
+                # this process), the round ends on what they did, and is attested.
+                stop_runs(check)
+                runs = [run for run, _ in await rounding]
+                await asyncio.to_thread(attest_round, rnd, runs)
+                raise
             await asyncio.to_thread(attest_round, rnd, runs)
         finally:
             await asyncio.to_thread(remove_snapshot, snapshots)

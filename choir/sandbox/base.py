@@ -217,6 +217,17 @@ def stream_process(proc: subprocess.Popen[bytes], *, start: float, timeout_s: fl
     reaches every descendant; ``start`` is the ``time.monotonic()`` the run began at, so a
     caller that spent time before the spawn (joining cgroups) is charged for it.
     """
+    from choir.sandbox import stop
+
+    stop.started(proc.pid)
+    try:
+        return _stream(proc, start=start, timeout_s=timeout_s, sink=sink, watch=watch)
+    finally:
+        stop.ended(proc.pid)
+
+
+def _stream(proc: subprocess.Popen[bytes], *, start: float, timeout_s: float,
+            sink: Sink, watch: OutWatch | None) -> ExecResult:
     assert proc.stdout is not None
     if watch is not None:
         watch.start(lambda: _kill_group(proc))

@@ -8,13 +8,62 @@ while the signing broker is forked into this process's session. So the children 
 process that lead their own session are exactly the sandboxes; their groups are killed (a
 killed idle launcher is replaced on the next run), and each step ends as killed, its run
 sealed and attested like any other (``choir.mcp.tools``, ``choir.serve.worker``). A Docker
-container is not a child: it stops at its own timeout."""
+container is not a child: it stops at its own timeout.
+
+``stop_runs`` is the narrow form, for a process that runs other verifications beside the
+one it stops (an ``llm`` executor's gate inside a plan): every step is registered, while it
+streams, under the run id its thread is running (``running``), and only the groups of the
+runs named are killed."""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+_RUN = threading.local()  # the run id this thread's steps belong to
+_LIVE: dict[int, str] = {}  # a streaming step's session leader -> its run id
+_LOCK = threading.Lock()
+
+
+@contextmanager
+def running(run_id: str) -> Iterator[None]:
+    """Steps started by this thread inside the block belong to run ``run_id``."""
+    before = getattr(_RUN, "run_id", "")
+    _RUN.run_id = run_id
+    try:
+        yield
+    finally:
+        _RUN.run_id = before
+
+
+def started(pid: int) -> None:
+    """A step's session leader began streaming (``choir.sandbox.base.stream_process``)."""
+    with _LOCK:
+        _LIVE[pid] = getattr(_RUN, "run_id", "")
+
+
+def ended(pid: int) -> None:
+    with _LOCK:
+        _LIVE.pop(pid, None)
+
+
+def stop_runs(prefix: str) -> int:
+    """Kill the group of every step of a run whose id starts with ``prefix`` (a round's
+    id: its runs' ids start with it); returns how many."""
+    with _LOCK:
+        pids = [pid for pid, run in _LIVE.items() if prefix and run.startswith(prefix)]
+    killed = 0
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+            killed += 1
+        except (ProcessLookupError, PermissionError):
+            continue
+    return killed
 
 
 def _children() -> list[int]:
@@ -45,4 +94,4 @@ def stop_steps() -> int:
     return killed
 
 
-__all__ = ["stop_steps"]
+__all__ = ["ended", "running", "started", "stop_runs", "stop_steps"]

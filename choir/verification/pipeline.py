@@ -33,7 +33,7 @@ from choir.models import (
     Target,
     VerifierSpec,
 )
-from choir.sandbox import Sandbox
+from choir.sandbox import Sandbox, stop
 from choir.sandbox._interpreter import measure
 
 TAIL_LINES = 200
@@ -179,7 +179,8 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
     # Each byte is stored once: a one-step verifier's combined.log is its step log (one
     # inode, so one object); the command and any failure are in the manifest and the tail.
     single = len(spec.steps) == 1
-    with open(logs / "combined.log", "wb") as combined:
+    # its steps belong to this run: a cancelled gate stops them alone (``stop.stop_runs``)
+    with stop.running(run_id), open(logs / "combined.log", "wb") as combined:
         for number, step in enumerate(spec.steps, start=1):
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -4,6 +4,9 @@ and current mood, and every check it runs is attested (so ``choir audit`` accoun
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -73,3 +76,88 @@ def test_the_llm_executors_tools_never_reach_choirs_home_inside_the_repo(
         files.write_file(".choir/trusted_keys", "ffffffffffffffffffffffffffffffff\n")
     assert (home / "trusted_keys").read_text() == "ddc56ceb08fc20f3a03b1e1bc7ff6454\n"
     assert "def add" in files.read_file("calc.py")  # the repo itself, as before
+
+
+MARKER = "choir-gate-step-left-running-7f3a"
+SLOW_TEST = f"""\
+import subprocess, sys
+
+def test_slow():
+    subprocess.run([sys.executable, "-c", "import time; time.sleep(60)", "{MARKER}"])
+"""
+
+
+def _alive(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_the_executors_timeout_stops_its_gates_steps_and_the_check_is_attested(
+        tmp_path: Path, choir_home: Path) -> None:
+    """The ``llm`` executor's time ran out while its gate verified: the gate's step ran on
+    for its own timeout (600 s), on a snapshot removed under it, and its run was sealed with
+    no attestation. Its steps are now killed, and the check is attested on what they did."""
+    repo = calc_repo(tmp_path / "repo", canary="c", sandbox="local", test_body=SLOW_TEST)
+    item = WorkItem(id="wi", goal="g", repo=str(repo))
+    verify = green_verifier(item, "run1-exec1")
+
+    async def bounded() -> None:
+        await asyncio.wait_for(verify(ChangeSummary(summary="fixed")), timeout=3)
+
+    started = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError):
+            asyncio.run(bounded())
+        assert time.monotonic() - started < 30
+        time.sleep(0.2)
+        assert not _alive(MARKER), "the gate's step still runs after the executor's timeout"
+    finally:
+        for pid in _alive(MARKER):
+            os.kill(pid, 9)
+    store = AttestationStore()
+    (att,) = [store.get(i) for i in store.ids()]
+    assert att.body.lens == "executor_gate" and att.body.result.value != "PASS"
+    result = audit()
+    assert result.ok, result.violations
+
+
+def test_stopping_one_rounds_steps_leaves_another_rounds_running(tmp_path: Path) -> None:
+    """``stop_runs`` kills only the steps of the runs it names: a plan runs other items'
+    rounds in the same process."""
+    import threading
+
+    from choir.sandbox import stop
+    from choir.sandbox.base import run_process
+
+    results: dict[str, object] = {}
+
+    def step(run_id: str, marker: str) -> None:
+        with stop.running(run_id):
+            results[run_id] = run_process(
+                [sys.executable, "-c", "import time; time.sleep(20)", marker], env=None,
+                cwd=str(tmp_path), timeout_s=60, sink=lambda _chunk: None)
+
+    threads = [threading.Thread(target=step, args=(f"{name}-unit-0", f"{MARKER}-{name}"))
+               for name in ("roundA", "roundB")]
+    for thread in threads:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (_alive(f"{MARKER}-roundA")
+                                                   and _alive(f"{MARKER}-roundB")):
+            time.sleep(0.05)
+        assert stop.stop_runs("roundA") == 1
+        threads[0].join(timeout=10)
+        assert not threads[0].is_alive() and results["roundA-unit-0"].exit_code != 0
+        assert _alive(f"{MARKER}-roundB"), "another round's step was killed too"
+    finally:
+        for pid in _alive(MARKER):
+            os.kill(pid, 9)
+        for thread in threads:
+            thread.join(timeout=10)
