@@ -21,17 +21,18 @@ The per-file cache lives under ``CHOIR_HOME`` (out of an executor's reach; one t
 write there can read the signing key anyway); ``full=True`` ignores it.
 
 A venv of a few thousand files still costs a ``stat`` and a row of Python per file on every
-run, on the interpreter lock the snapshot's thread needs at the same time. So the whole
-tree's stat is also taken by one ``find`` process (kind, mode, device, inode, size, mtime
-and ctime of every path, and each link's target: what the rows are made of, and the stat
-the per-file cache already trusts), on another core; when its output is byte for byte the
-one recorded with the last digest, the digest is that one. Any difference (a file added,
-removed, renamed, written or touched; even a folder listed in another order) takes the
-row-by-row path, and a digest is recorded with a listing only when the listing taken after
-its rows is the one taken before them (nothing changed while they were made) and no path
-changed in the ``RACY_S`` before (git's racy-timestamp rule: a second write within the
-clock tick of the first keeps its ctime, so a listing taken just after a change does not
-prove the bytes are the ones hashed).
+run, on the interpreter lock the snapshot's thread needs at the same time. So each digest
+is recorded with the moment its rows began, less ``RACY_S``, and the next measure asks one
+``find -newerct`` process (on another core, printing nothing unless it finds one) whether
+any path under the folders changed since (ctime: a write, a chmod, a rename, a link made or
+removed, anything added to or removed from a folder changes it or its folder's, and no
+unprivileged process can set it back). None did, the folders are the same inodes and the
+files outside them older too: the digest is the recorded one. ``RACY_S`` is git's
+racy-timestamp rule: ctime moves by the kernel's clock tick, so a write in the tick of the
+rows' read keeps the ctime they saw; the margin puts every such write after the moment
+recorded. The per-file cache follows the same rule: a file whose ctime is that recent is
+hashed and not kept (a second write in the tick of the read, its mtime set back, would
+otherwise match the entry with other bytes).
 """
 
 from __future__ import annotations
@@ -43,8 +44,7 @@ import subprocess
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-
-import blake3
+from typing import Any
 
 from choir._core.canonical import blake3_hex
 from choir._core.paths import choir_home
@@ -55,9 +55,8 @@ from choir.sandbox.base import walk
 
 STARTUP = ("sitecustomize.py", "usercustomize.py")
 FIND = "/usr/bin/find"
-LISTING = "%y %m %D %i %s %T@ %C@ %P\\0%l\\0"  # what a row is made of, per path
-LISTED = "\0listing"  # the cache's entry for the whole tree: no path holds a NUL
-RACY_S = 2.0  # a tree with a path changed this recently is not recorded with its listing
+LISTED = "\0digest"  # the cache's entry for the whole measure: no path holds a NUL
+RACY_S = 2.0  # a change this close to a read may keep the ctime the read saw
 _MEMO: dict[str, dict[str, list[int | str]]] = {}  # cache file -> entries, this process
 _DIRTY: set[int] = set()  # caches with entries not yet saved (by id)
 _MEMO_STAT: dict[str, tuple[int, ...]] = {}  # cache file -> its stat when read
@@ -90,8 +89,9 @@ def _file_hash(path: str, st: os.stat_result, cache: dict[str, list[int | str]],
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             hasher.update(chunk)
     digest = hasher.hexdigest()
-    cache[path] = [*key, digest]
-    _DIRTY.add(id(cache))
+    if st.st_ctime < time.time() - RACY_S:  # settled: a later write moves its ctime
+        cache[path] = [*key, digest]
+        _DIRTY.add(id(cache))
     return digest
 
 
@@ -118,37 +118,22 @@ def _tree_rows(root: str, cache: dict[str, list[int | str]], full: bool) -> list
             for path, st in walk(root, ordered=True)]
 
 
-def _listing(roots: list[str], outside: list[str]) -> str | None:
-    """The stat of every path under ``roots`` and of each of ``outside`` as one digest, taken
-    by ``find`` in a process of its own (None: no ``find`` here, or it failed: the rows are
-    made instead)."""
-    hasher = blake3.blake3()
+def _folders(roots: list[str]) -> list[list[int | str]] | None:
+    """Each root with its device and inode (None: one is gone)."""
+    found: list[list[int | str]] = []
     for root in roots:
         try:
-            out = subprocess.run([FIND, root, "-printf", LISTING], stdin=subprocess.DEVNULL,
-                                 capture_output=True, env={"LC_ALL": "C"}, check=False)
+            st = os.stat(root)
         except OSError:
             return None
-        if out.returncode != 0 or out.stderr:
-            return None
-        hasher.update(b"R\0%b\0%d\0" % (root.encode("utf-8", "surrogateescape"),
-                                         len(out.stdout)))
-        hasher.update(out.stdout)
-    for path in outside:
-        try:
-            st = os.lstat(path)
-        except OSError:
-            hasher.update(b"-\0%b\0" % path.encode("utf-8", "surrogateescape"))
-            continue
-        hasher.update(b"P\0%b\0%d %d %d %d %d %d %d\0" % (
-            path.encode("utf-8", "surrogateescape"), st.st_mode, st.st_dev, st.st_ino,
-            st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink))
-    return hasher.hexdigest()
+        found.append([root, st.st_dev, st.st_ino])
+    return found
 
 
-def _settled(roots: list[str], outside: list[str], since: float) -> bool:
-    """Whether no path under ``roots``, nor any of ``outside``, changed (ctime) after
-    ``since`` (epoch seconds)."""
+def _unchanged(roots: list[str], outside: list[str], since: float) -> bool:
+    """Whether no path under ``roots`` (themselves included), nor any of ``outside``,
+    changed after ``since`` (epoch seconds), by ctime. False when it cannot be told (no
+    ``find`` here, or it failed)."""
     for root in roots:
         try:
             out = subprocess.run([FIND, root, "-newerct", f"@{since:.6f}", "-print", "-quit"],
@@ -254,12 +239,14 @@ def measure(tools: Toolchain, repo: Path, *, full: bool = False) -> Interpreter:
     outside = [] if roots else _startup_files(tools.venv, base)
     if not any(_inside(binary, Path(r)) for r in roots):
         outside.append(binary)  # what the venv's link resolves to
-    listed = None if full or not roots else _listing(roots, outside)
-    known = cache.get(LISTED)
-    if listed is not None and isinstance(known, list) and len(known) == 3 and \
-            known[0] == listed:
-        digest, files = str(known[1]), int(known[2])
+    folders = None if full or not roots else _folders(roots)
+    known: Any = cache.get(LISTED)
+    if folders is not None and isinstance(known, list) and len(known) == 5 and \
+            known[0] == folders and known[1] == outside and \
+            isinstance(known[2], (int, float)) and _unchanged(roots, outside, known[2]):
+        digest, files = str(known[3]), int(known[4])
     else:
+        since = time.time() - RACY_S  # before the first read of the rows
         rows: list[str] = []
         for root in roots:
             rows.append(f"R\0{root}")
@@ -268,9 +255,8 @@ def measure(tools: Toolchain, repo: Path, *, full: bool = False) -> Interpreter:
         if roots and outside:
             rows.append(_row(binary, binary, cache, full))
         digest, files = blake3_hex("\n".join(rows).encode()), len(rows)
-        if listed is not None and _listing(roots, outside) == listed and \
-                _settled(roots, outside, time.time() - RACY_S):
-            cache[LISTED] = [listed, digest, files]  # nothing changed while the rows were made
+        if folders is not None:
+            cache[LISTED] = [folders, outside, since, digest, files]  # type: ignore[list-item]
             _DIRTY.add(id(cache))
     if not full and id(cache) in _DIRTY:
         _DIRTY.discard(id(cache))

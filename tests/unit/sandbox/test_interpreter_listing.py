@@ -1,7 +1,8 @@
-"""The vouch for a venv in the repo takes its digest from one ``find`` listing when nothing
-changed: the listing must catch every change the rows would (the attack: a file rewritten
-to the same size, its mtime set back), never be recorded for a tree that changed within
-the clock's tick (git's racy rule), and give the digest the rows give."""
+"""The vouch for a venv in the repo reuses its last digest when one ``find -newerct`` finds
+no path changed since the rows were read: it must catch every change the rows would (the
+attack: a file rewritten to the same size, its mtime set back), never answer for a change
+within the clock's tick of the read (git's racy rule, here and in the per-file cache), and
+give the digest the rows give."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def venv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Toolcha
 def _settle(monkeypatch: pytest.MonkeyPatch) -> None:
     """The files are older than the racy window (they were made just now: no wait of 2 s)."""
     time.sleep(0.05)
-    monkeypatch.setattr(_interpreter, "RACY_S", 0.0)
+    monkeypatch.setattr(_interpreter, "RACY_S", 0.01)
 
 
 def _rows_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,12 +90,12 @@ def test_any_change_to_the_venv_misses_the_listing(venv: tuple[Path, Toolchain],
     assert after.digest == _interpreter.measure(tools, repo, full=True).digest
 
 
-def test_a_tree_changed_within_the_racy_window_is_not_recorded_with_its_listing(
+def test_a_tree_changed_within_the_racy_window_is_never_answered_from_the_record(
         venv: tuple[Path, Toolchain], monkeypatch: pytest.MonkeyPatch) -> None:
     repo, tools = venv  # its files were made just now: inside the default 2 s
     first = _interpreter.measure(tools, repo)
     cache = _interpreter._load_cache(_interpreter._cache_file(os.path.realpath(tools.venv or "")))
-    assert _interpreter.LISTED not in cache
+    assert not [p for p in cache if not p.startswith("\0")], "hashes of racy files were kept"
     made: list[str] = []
     rows = _interpreter._tree_rows
     monkeypatch.setattr(_interpreter, "_tree_rows",
@@ -113,5 +114,42 @@ def test_without_find_the_rows_decide(venv: tuple[Path, Toolchain],
     home = Path(os.environ["CHOIR_HOME"])
     for cached in (home / "cache" / "interpreters").glob("*.json"):
         cached.unlink()
-    assert _interpreter._listing([str(repo / ".venv")], []) is None
+    assert not _interpreter._unchanged([str(repo / ".venv")], [], 0.0)
     assert _interpreter.measure(tools, repo).digest == with_find
+
+
+def test_a_second_write_in_the_tick_of_the_read_is_never_served_from_the_per_file_cache(
+        tmp_path: Path) -> None:
+    """A file read and cached, then rewritten (same size, mtime set back) before the
+    kernel's clock ticks: its stat is the one cached, its bytes are not. The old cache
+    answered the first bytes' hash (a ``.pth`` swapped under a vouch ran unchecked).
+
+    This kernel stamps a change after a ``stat`` finely (multigrain timestamps, Linux 6.13),
+    so the race cannot be staged here; on a coarse clock (older kernels, other file systems)
+    the second ``lstat`` returns the first one's fields, which is what is passed below."""
+    path = tmp_path / "evil.pth"
+    path.write_text("import os  # A\n")
+    st = os.lstat(path)
+    cache: dict[str, list[int | str]] = {}
+    first = _interpreter._file_hash(str(path), st, cache, False)
+    path.write_text("import os  # B\n")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.lstat(path).st_size == st.st_size
+    assert _interpreter._file_hash(str(path), st, cache, False) != first
+    assert not cache  # nothing this recent is kept
+
+
+def test_a_settled_file_is_cached_and_any_later_write_misses_it(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    path = tmp_path / "ok.pth"
+    path.write_text("import os  # A\n")
+    time.sleep(0.05)
+    monkeypatch.setattr(_interpreter, "RACY_S", 0.01)
+    st = os.lstat(path)
+    cache: dict[str, list[int | str]] = {}
+    first = _interpreter._file_hash(str(path), st, cache, False)
+    assert list(cache) == [str(path)]
+    path.write_text("import os  # B\n")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert _interpreter._file_hash(str(path), os.lstat(path), cache, False) != first
