@@ -474,14 +474,42 @@ class ObjectReader:
         """
         if not is_oid(oid):
             raise IntegrityError(f"not a git object id: {oid[:80]!r}")
-        stdin, stdout = self._proc.stdin, self._proc.stdout
-        assert stdin is not None and stdout is not None
-        stdin.write(f"{oid}\n".encode())
-        stdin.flush()
-        header = stdout.readline(256).split()
+        header = self._ask(oid)
         if len(header) != 3 or header[1].decode() != want or not header[2].isdigit():
             raise IntegrityError(f"git object {oid} is missing or not a {want}")
-        size = int(header[2])
+        self._body(oid, want, int(header[2]), sink)
+
+    def _ask(self, name: str) -> list[bytes]:
+        stdin, stdout = self._proc.stdin, self._proc.stdout
+        assert stdin is not None and stdout is not None
+        stdin.write(f"{name}\n".encode())
+        stdin.flush()
+        return stdout.readline(256).split()
+
+    def head(self) -> tuple[str, str] | None:
+        """``(sha, tree)`` of the commit ``HEAD`` names, from its checked bytes; None when
+        there is none (no commit yet). One process for what ``rev("HEAD")`` and
+        ``commit_tree`` took two for (the snapshot asks it of every tree it scans).
+
+        Raises:
+            IntegrityError: what git answers is not a commit whose bytes hash to its name.
+        """
+        header = self._ask("HEAD^{commit}")
+        if len(header) == 2 and header[1] == b"missing":
+            return None
+        oid = header[0].decode("ascii", "replace") if header else ""
+        if len(header) != 3 or header[1] != b"commit" or not header[2].isdigit() or \
+                not is_oid(oid):
+            raise IntegrityError("git answered HEAD with no commit")
+        parts: list[bytes] = []
+        self._body(oid, "commit", int(header[2]), parts.append)
+        return oid, self._parsed(oid, b"".join(parts))[0]
+
+    def _body(self, oid: str, want: str, size: int, sink: Callable[[bytes], object]) -> None:
+        """Read the ``size`` bytes that follow an object's header into ``sink``, then check
+        that they hash to ``oid``."""
+        stdout = self._proc.stdout
+        assert stdout is not None
         hasher = hashlib.sha256() if len(oid) == 64 else hashlib.sha1()  # noqa: S324 - git's id
         hasher.update(f"{want} {size}\0".encode())
         left = size
@@ -516,7 +544,11 @@ class ObjectReader:
                 line anywhere later in the header (git would not count it: a commit crafted
                 so that Choir and git disagree on its history is refused).
         """
-        header = self.read(sha, "commit").split(b"\n\n", 1)[0].decode("ascii", "replace")
+        return self._parsed(sha, self.read(sha, "commit"))
+
+    @staticmethod
+    def _parsed(sha: str, data: bytes) -> tuple[str, list[str]]:
+        header = data.split(b"\n\n", 1)[0].decode("ascii", "replace")
         lines = header.split("\n")
         tree = lines[0].removeprefix("tree ")
         if not lines[0].startswith("tree ") or not is_oid(tree):

@@ -238,20 +238,27 @@ def _write(fd: int, st: os.stat_result, rel: str, sink: _Sink, oid_len: int) -> 
     return hashed
 
 
-def _clean_commit(git: GitRepo | None, head: str | None, seen: dict[str, tuple[str, bytes]],
-                  ours: str | None = None) -> tuple[str | None, str]:
-    """(``head`` when the tree its (re-hashed) commit object records is exactly the tree of
-    ``seen``'s blob ids, else None; that tree's id). Nothing git lists or caches is trusted
-    here; ``ours``: the tree id already known for these files."""
-    if git is None or head is None:
-        return None, ""
-    ours = ours or tree_id(seen, len(head))
+def _head(git: GitRepo) -> tuple[str | None, str | None]:
+    """``HEAD``'s commit and the tree its (re-hashed) commit object records, from one
+    ``git cat-file`` (None, None: no commit; (sha, None): its object could not be read
+    back)."""
     try:
         with git.objects() as objects:
-            recorded = objects.commit_tree(head)
+            found = objects.head()
     except (IntegrityError, OSError, ValueError):
-        return None, ours
-    return (head if ours == recorded else None), ours
+        return git.rev("HEAD"), None
+    return found if found is not None else (None, None)
+
+
+def _clean_commit(head: str | None, recorded: str | None, seen: dict[str, tuple[str, bytes]],
+                  ours: str | None = None) -> tuple[str | None, str]:
+    """(``head`` when ``recorded``, the tree its commit object records, is exactly the tree
+    of ``seen``'s blob ids, else None; that tree's id). Nothing git lists or caches is
+    trusted here; ``ours``: the tree id already known for these files."""
+    if head is None:
+        return None, ""
+    ours = ours or tree_id(seen, len(head))
+    return (head if recorded is not None and ours == recorded else None), ours
 
 
 def scan(repo: Path, sink: _Sink | None, manifest: list[bytes] | None = None,
@@ -267,7 +274,7 @@ def scan(repo: Path, sink: _Sink | None, manifest: list[bytes] | None = None,
     """
     repo = repo.resolve()
     git = None if everything else locate(repo)
-    head = git.rev("HEAD") if commit and git is not None else None
+    head, recorded = _head(git) if commit and git is not None else (None, None)
     oid_len = len(head) if head else 40
     cache = StatCache.of(store.root, repo, oid_len) if store is not None else None
     listed = _files(repo, git, everything=everything, listing=listing)
@@ -324,7 +331,7 @@ def scan(repo: Path, sink: _Sink | None, manifest: list[bytes] | None = None,
         cache.save()
     digest = outer.hexdigest()
     known = sink.cached_git_tree(digest, oid_len) if sink is not None else None
-    clean, ours = _clean_commit(git, head, seen, known)
+    clean, ours = _clean_commit(head, recorded, seen, known)
     if sink is not None:
         sink.git_tree = ours
     return Snapshot(tree_hash=digest, sha256=outer256.hexdigest(), commit_sha=clean,

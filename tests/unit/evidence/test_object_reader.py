@@ -1,0 +1,34 @@
+"""``ObjectReader.head``: HEAD's commit and tree from one ``git cat-file``, as ``rev-parse``
+reads them, and nothing for a repository with no commit yet (the snapshot's commit binding
+asks it of every tree it scans)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from choir.evidence.git import locate
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_head_is_what_rev_parse_reads_and_none_before_the_first_commit(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    found = locate(repo)
+    assert found is not None
+    with found.objects() as objects:
+        assert objects.head() is None
+    (repo / "a.txt").write_text("a\n")
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    with found.objects() as objects:
+        assert objects.head() == (_git(repo, "rev-parse", "HEAD"),
+                                  _git(repo, "rev-parse", "HEAD^{tree}"))
+        # the same process still answers other objects after it
+        assert objects.commit_tree(_git(repo, "rev-parse", "HEAD")) == \
+            _git(repo, "rev-parse", "HEAD^{tree}")
