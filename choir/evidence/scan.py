@@ -15,7 +15,7 @@ import errno
 import hashlib
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -65,11 +65,30 @@ def _files(repo: Path, git: GitRepo | None, *, everything: bool = False,
         return sorted({p for p in listed.decode("utf-8", "surrogateescape").split("\0") if p})
     skip = frozenset() if everything else _SKIP_DIRS
     try:
+        if everything:
+            return sorted(_every_entry(repo))
         return sorted(e.rel for e in fsopen.walk(repo, skip=skip, max_depth=_MAX_DEPTH)
                       if _is_file(e))
     except fsopen.TooDeep as exc:
         raise UserError(f"{repo}/{exc.filename} is nested deeper than {_MAX_DEPTH} folders: "
                         "fix: flatten it, or ignore it in git") from None
+
+
+class Stray(Exception):
+    """A snapshot folder holds what no tree can: a FIFO, a socket, a device (``_holds``)."""
+
+
+def _every_entry(root: Path) -> Iterator[str]:
+    """Every entry of a snapshot folder but its folders, links to folders included (the
+    tree hashes each link by its target text, whatever it leads to); a FIFO, socket or
+    device raises ``Stray``: a folder holding one is not the tree whose name it has."""
+    for entry in fsopen.walk(root, max_depth=_MAX_DEPTH):
+        mode = entry.st.st_mode
+        if stat.S_ISDIR(mode):
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            raise Stray(entry.rel)
+        yield entry.rel
 
 
 @dataclass(frozen=True)
@@ -104,14 +123,38 @@ def _outside_link(repo: Path, rel: str, link: str) -> str:
         return (f"{repo / rel} is a symlink to {link}, outside the repo: {top}/ is a virtualenv "
                 f"that git does not ignore, so it is part of the tree to verify; fix: add "
                 f"'{top}/' to .gitignore (Choir still runs the project's interpreter from it)")
+    if not os.path.isabs(link) and _climbs_after_a_name(link):
+        return (f"{repo / rel} is a symlink to {link}, which climbs with '..' after a name: "
+                "the name may itself be a link, so it can lead out of the tree a verifier "
+                "reads; fix: write the target with every '..' first (e.g. ../pkg/x.py), or "
+                "remove it")
     return (f"{repo / rel} is a symlink to {link}, outside the repo: a verifier could follow "
             "it out of the tree it verifies; fix: make it relative and inside the repo, or "
             "remove it")
 
 
+def _climbs_after_a_name(target: str) -> bool:
+    """Whether ``target`` has a ``..`` after a name (``d/../x``): the kernel resolves the
+    name first, and it may itself be a link (``d -> .`` one level up, or to the top of the
+    tree), so where ``..`` lands is not where the text says."""
+    named = False
+    for part in target.split("/"):
+        if part == "..":
+            if named:
+                return True
+        elif part not in ("", "."):
+            named = True
+    return False
+
+
 def _inside(root: Path, link: Path, target: str) -> bool:
-    """True when a symlink at ``link`` pointing to ``target`` stays under ``root``."""
-    if os.path.isabs(target):
+    """True when a symlink at ``link`` pointing to ``target`` stays under ``root``.
+
+    Only leading ``..`` may climb: those go up the link's own folders, which the scan
+    reached without following a link, so the text says where they land. The names after
+    them may be links, each checked so too: by induction every link of the tree resolves
+    inside it."""
+    if os.path.isabs(target) or _climbs_after_a_name(target):
         return False
     resolved = os.path.normpath(os.path.join(os.path.dirname(link), target))
     return resolved == str(root) or resolved.startswith(str(root) + os.sep)
@@ -309,6 +352,8 @@ def scan(repo: Path, sink: _Sink | None, manifest: list[bytes] | None = None,
                         link = os.readlink(parts[-1], dir_fd=folder)
                     elif stat.S_ISREG(st.st_mode):
                         hashed = _read(folder, parts, rel, sink, oid_len, cache)
+                    elif everything:
+                        raise Stray(rel)
                     else:
                         continue
             except OSError as exc:

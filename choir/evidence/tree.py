@@ -38,7 +38,7 @@ import blake3
 from choir._core import fsopen
 from choir._core.paths import artifact_dir
 from choir.evidence.git import GitRepo, is_oid, locate
-from choir.evidence.scan import LIST, CopySink, Snapshot, scan
+from choir.evidence.scan import LIST, CopySink, Snapshot, Stray, scan
 from choir.evidence.sealer import Sealer, StaleBase
 from choir.evidence.statcache import repo_key
 from choir.evidence.store import Store, rmtree
@@ -100,7 +100,10 @@ def _holds(path: Path, tree: str, *, full: bool = False) -> bool:
         store = Store.for_place(path, create=False)
         if store is not None and store.holds(path, tree):
             return True
-    return scan(path, None, commit=False, everything=True).tree_hash == tree
+    try:
+        return scan(path, None, commit=False, everything=True).tree_hash == tree
+    except Stray:  # a FIFO, socket or device: no tree holds one
+        return False
 
 
 def _seal(root: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -86,6 +87,46 @@ def test_a_symlink_out_of_the_tree_is_refused_and_nothing_is_left(repo: Path,
     (repo / "up").symlink_to("../../outside")
     with pytest.raises(UserError, match="outside the repo"):
         snapshot(repo, tmp_path / "snaps")
+
+
+def test_a_link_chain_out_of_the_tree_is_refused(repo: Path, tmp_path: Path) -> None:
+    """Review 14, F1: each link looked inside by its text (``d -> .``, ``x -> d/../s``
+    normalises to the tree's own ``s``), but the kernel resolves ``d`` before climbing, so
+    ``x`` read a file beside the snapshot, in no tree hash. A ``..`` after a name is refused
+    now; ``..`` first (up the link's real folders) still works."""
+    (repo / "d").symlink_to(".")
+    (repo / "x").symlink_to("d/../secret.txt")
+    with pytest.raises(UserError, match=r"x is a symlink to d/\.\./secret.txt, which climbs"):
+        snapshot(repo, tmp_path / "snaps")
+    assert list((tmp_path / "snaps").iterdir()) == []
+    (repo / "x").unlink()
+    (repo / "pkg" / "up").symlink_to("../run.sh")  # '..' first: stays inside
+    snap = snapshot(repo, tmp_path / "snaps")
+    assert snap.path is not None and os.readlink(snap.path / "pkg" / "up") == "../run.sh"
+
+
+def test_a_folder_whose_name_is_a_tree_but_holds_a_folder_link_more_is_not_that_tree(
+        repo: Path, tmp_path: Path) -> None:
+    """Review 14, F2: the whole re-hash of a snapshot folder skipped links to folders, so a
+    folder with the tree's files plus ``pkg2 -> elsewhere`` (a package Python imports first)
+    passed as the tree; and a PARANOID tree holding a folder link never passed its own
+    check. FIFOs are refused too."""
+    from choir.evidence.tree import _holds
+
+    (repo / "latest").symlink_to("pkg")  # a folder link the tree itself has
+    snap = snapshot(repo, tmp_path / "snaps", full=True)
+    assert snap.path is not None and (snap.path / "latest").is_symlink()
+    assert _holds(snap.path, snap.tree_hash, full=True)  # PARANOID's own check passes
+    planted = tmp_path / "planted"
+    shutil.copytree(snap.path, planted, symlinks=True)
+    assert _holds(planted, snap.tree_hash, full=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (planted / "pkg2").symlink_to(elsewhere)
+    assert not _holds(planted, snap.tree_hash, full=True)
+    (planted / "pkg2").unlink()
+    os.mkfifo(planted / "pipe")
+    assert not _holds(planted, snap.tree_hash, full=True)
 
 
 def test_commit_only_when_the_tree_is_exactly_head(repo: Path) -> None:
