@@ -16,7 +16,10 @@ with ``unit: {uses: pytest}``), then runs, interleaved, one of each per round:
   ``PYTHONPATH``, to measure a change before and after in one run;
 - ``choir-warm`` (``--warm``): the same through a running ``choir serve`` (started with
   ``--detach`` in the bench's home, ``CHOIR_SERVE=require`` so a cold run fails instead of
-  counting). Its CPU is the client's alone: the worker is the service's child.
+  counting). Its CPU is the client's alone: the worker is the service's child. With
+  ``--base-src`` too, ``choir-warm-base``: the older checkout's service, in a home of its
+  own, requests interleaved with the others (a change's effect on the warm path, side by
+  side on the same noisy machine).
 
 For the ``choir`` rows the ``fixed`` column is the wall time outside the sandboxed step
 (the session manifest's step durations subtracted): what Choir adds, less stretched by the
@@ -182,6 +185,7 @@ def main() -> None:
                         help="add 'choir-warm': the same through a running choir serve")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="choir-bench-verify-"))
+    homes = [tmp / "home"]
     try:
         repo = (make_sdist(tmp, args.project) if args.project in SDISTS
                 else make_generated(tmp, args.tests, args.work_ms))
@@ -191,7 +195,6 @@ def main() -> None:
                if k not in ("VIRTUAL_ENV", "PYTHONPATH", "CHOIR_ARTIFACT_DIR",
                             "AGENT_ARTIFACT_DIR", "CHOIR_SERVE")}
         env["CHOIR_HOME"] = str(tmp / "home")
-        home = tmp / "home"
         python = str(repo / ".venv/bin/python")
         pytest_argv = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
         choir_argv = [sys.executable, "-m", "choir", "verify", "--mood", "CALM", "--repo",
@@ -211,6 +214,14 @@ def main() -> None:
             configs["choir-warm"] = (choir_argv, repo, {**env, "CHOIR_SERVE": "require"})
             subprocess.run([sys.executable, "-m", "choir", "serve", "--detach"], cwd=repo,
                            env=env, check=True, stdout=subprocess.DEVNULL)
+            if args.base_src is not None:  # the older checkout's service, in a home of its own
+                based = {**env, "PYTHONPATH": str(args.base_src.resolve()),
+                         "CHOIR_HOME": str(tmp / "home-base")}
+                configs["choir-warm-base"] = (choir_argv, repo,
+                                              {**based, "CHOIR_SERVE": "require"})
+                homes.append(tmp / "home-base")
+                subprocess.run([sys.executable, "-m", "choir", "serve", "--detach"], cwd=repo,
+                               env=based, check=True, stdout=subprocess.DEVNULL)
         import choir
 
         sh([sys.executable, "-m", "compileall", "-q", str(Path(choir.__file__).parent)], tmp)
@@ -225,7 +236,7 @@ def main() -> None:
                 samples[name].append((wall, cpu))
                 extra = ""
                 if name in fixed:
-                    fixed[name].append(wall - step_seconds(home))
+                    fixed[name].append(wall - step_seconds(Path(e["CHOIR_HOME"])))
                     extra = f" ({fixed[name][-1]:.3f}s fixed)"
                 line.append(f"{name} {wall:.2f}s wall {cpu:.2f}s cpu{extra}")
             print(f"run {round_}: " + " | ".join(line), flush=True)
@@ -244,9 +255,9 @@ def main() -> None:
                   f"{statistics.median(values) * 1000:.0f} ms, "
                   f"min {min(values) * 1000:.0f} ms, max {max(values) * 1000:.0f} ms")
     finally:
-        if args.warm:
+        for served in homes if args.warm else []:
             subprocess.run([sys.executable, "-m", "choir", "serve", "--stop"],
-                           env={**os.environ, "CHOIR_HOME": str(tmp / "home")},
+                           env={**os.environ, "CHOIR_HOME": str(served)},
                            stdout=subprocess.DEVNULL, check=False)
         for dirpath, _dirs, _names in os.walk(tmp):
             os.chmod(dirpath, 0o755)  # sealed snapshots and run folders are read-only
