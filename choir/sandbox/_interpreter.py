@@ -113,9 +113,25 @@ def _row(path: str, rel: str, cache: dict[str, list[int | str]], full: bool,
 
 
 def _tree_rows(root: str, cache: dict[str, list[int | str]], full: bool) -> list[str]:
+    """Every path under ``root`` as a row.
+
+    Raises:
+        UserError: a folder there cannot be listed: what it holds could change unseen, and
+            Python still imports the names it knows from it.
+    """
+    try:
+        return _rows(root, cache, full)
+    except OSError as exc:
+        raise UserError(f"the interpreter's folder {exc.filename or root} cannot be listed "
+                        f"({exc.strerror}): Choir hashes every file the interpreter may run, "
+                        "and cannot see what this one holds; fix: chmod u+rx it (then 'choir "
+                        "trust-interpreter --repo REPO' if you changed it yourself)") from None
+
+
+def _rows(root: str, cache: dict[str, list[int | str]], full: bool) -> list[str]:
     skip = len(root) + 1
     return [_row(path, path[skip:], cache, full, st) if st else f"-\0{path[skip:]}"
-            for path, st in walk(root, ordered=True)]
+            for path, st in walk(root, ordered=True, strict=True)]
 
 
 def _folders(roots: list[str]) -> list[list[int | str]] | None:

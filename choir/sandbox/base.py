@@ -112,14 +112,24 @@ def prepare_out(out_dir: Path, owner: tuple[int, int] | None = None) -> None:
             os.chown(path, *owner, follow_symlinks=False)
 
 
-def walk(root: str, *, ordered: bool = False) -> Iterator[tuple[str, os.stat_result | None]]:
+def walk(root: str, *, ordered: bool = False,
+         strict: bool = False) -> Iterator[tuple[str, os.stat_result | None]]:
     """Every path under ``root`` with its ``lstat`` (None: it vanished meanwhile), links never
-    followed; ``ordered``: each folder's entries by name (a stable order to hash)."""
+    followed; ``ordered``: each folder's entries by name (a stable order to hash).
+
+    Raises:
+        OSError: ``strict`` and a folder that exists cannot be listed (its mode lets Python
+            open the names it knows in it, but nobody can see what they are).
+    """
     stack = [root]
     while stack:
         try:
             entries = list(os.scandir(stack.pop()))
+        except FileNotFoundError:
+            continue
         except OSError:
+            if strict:
+                raise
             continue
         if ordered:
             entries.sort(key=lambda e: e.name)

@@ -153,3 +153,27 @@ def test_a_settled_file_is_cached_and_any_later_write_misses_it(tmp_path: Path,
     path.write_text("import os  # B\n")
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert _interpreter._file_hash(str(path), os.lstat(path), cache, False) != first
+
+
+def test_a_folder_of_the_venv_that_cannot_be_listed_is_refused_not_skipped(
+        venv: tuple[Path, Toolchain], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder with mode 0311 (review 14's suspicion): Python still imports the names it
+    knows from it, but the walk could not list it and left what it holds out of the digest,
+    so a module in it could change unseen. Root reads any folder, so the denial is staged."""
+    from choir.exceptions import UserError
+    from choir.sandbox import base
+
+    repo, tools = venv
+    site = repo / ".venv" / "lib" / "python3.11" / "site-packages"
+    (site / "hidden").mkdir()
+    (site / "hidden" / "mod.py").write_text("X = 1\n")
+    real = os.scandir
+
+    def scandir(path: str) -> object:
+        if str(path).endswith("/hidden"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(base.os, "scandir", scandir)
+    with pytest.raises(UserError, match="hidden cannot be listed.*chmod u\\+rx"):
+        _interpreter.measure(tools, repo, full=True)
