@@ -51,11 +51,13 @@ def ended(pid: int) -> None:
         _LIVE.pop(pid, None)
 
 
-def stop_runs(prefix: str) -> int:
-    """Kill the group of every step of a run whose id starts with ``prefix`` (a round's
-    id: its runs' ids start with it); returns how many."""
+def stop_runs(round_id: str) -> int:
+    """Kill the group of every step of round ``round_id``'s runs (their ids are the round's
+    id, a ``-``, then the verifier and replica: ``choir._core.ids.thread_run_id``); returns
+    how many."""
     with _LOCK:
-        pids = [pid for pid, run in _LIVE.items() if prefix and run.startswith(prefix)]
+        pids = [pid for pid, run in _LIVE.items()
+                if round_id and (run == round_id or run.startswith(round_id + "-"))]
     killed = 0
     for pid in pids:
         try:

@@ -143,19 +143,20 @@ def test_stopping_one_rounds_steps_leaves_another_rounds_running(tmp_path: Path)
                 [sys.executable, "-c", "import time; time.sleep(20)", marker], env=None,
                 cwd=str(tmp_path), timeout_s=60, sink=lambda _chunk: None)
 
-    threads = [threading.Thread(target=step, args=(f"{name}-unit-0", f"{MARKER}-{name}"))
-               for name in ("roundA", "roundB")]
+    # roundA1 starts with roundA's id, yet is another round: its step runs on
+    threads = [threading.Thread(target=step, args=(f"{name}-unit-0", f"{MARKER}={name}="))
+               for name in ("roundA", "roundA1")]
     for thread in threads:
         thread.start()
     try:
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not (_alive(f"{MARKER}-roundA")
-                                                   and _alive(f"{MARKER}-roundB")):
+        while time.monotonic() < deadline and not (_alive(f"{MARKER}=roundA=")
+                                                   and _alive(f"{MARKER}=roundA1=")):
             time.sleep(0.05)
         assert stop.stop_runs("roundA") == 1
         threads[0].join(timeout=10)
         assert not threads[0].is_alive() and results["roundA-unit-0"].exit_code != 0
-        assert _alive(f"{MARKER}-roundB"), "another round's step was killed too"
+        assert _alive(f"{MARKER}=roundA1="), "another round's step was killed too"
     finally:
         for pid in _alive(MARKER):
             os.kill(pid, 9)
