@@ -45,7 +45,7 @@ from choir.models import (
     VerifierRun,
     WorkItem,
 )
-from choir.sandbox.stop import stop_runs
+from choir.sandbox.stop import forget, stop_runs
 
 
 class ChangeSummary(BaseModel):
@@ -113,10 +113,15 @@ def green_verifier(item: WorkItem, run_id: str) -> Any:
                 # the executor's time is up (or its run was cancelled): a step's thread
                 # would run on to its own timeout, on a snapshot removed under it, and seal
                 # a run nothing attests. Its steps alone are killed (not other rounds' of
-                # this process), the round ends on what they did, and is attested.
+                # this process; one still being prepared is killed as it starts), the round
+                # ends on what they did and is attested, whatever cancels this meanwhile.
                 stop_runs(check)
-                runs = [run for run, _ in await rounding]
-                await asyncio.to_thread(attest_round, rnd, runs)
+                try:
+                    runs = [run for run, _ in await _through(rounding)]
+                    await _through(asyncio.ensure_future(
+                        asyncio.to_thread(attest_round, rnd, runs)))
+                finally:
+                    forget(check)
                 raise
             await asyncio.to_thread(attest_round, rnd, runs)
         finally:
@@ -129,6 +134,17 @@ def green_verifier(item: WorkItem, run_id: str) -> Any:
                            + ", ".join(f"{r.verifier}={r.report.result.value}" for r in runs))
 
     return verify
+
+
+async def _through(future: asyncio.Future[Any]) -> Any:
+    """``future``'s result, awaited to its end however often the caller is cancelled
+    meanwhile (it is shielded; a ``future`` itself cancelled raises)."""
+    while True:
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if future.done():
+                return future.result()
 
 
 def build_agent(item: WorkItem, run_id: str, *, model: str | Any,

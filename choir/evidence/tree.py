@@ -42,7 +42,7 @@ from choir.evidence.scan import LIST, CopySink, Snapshot, Stray, scan
 from choir.evidence.sealer import Sealer, StaleBase
 from choir.evidence.statcache import repo_key
 from choir.evidence.store import Store, rmtree
-from choir.exceptions import IntegrityError
+from choir.exceptions import IntegrityError, UserError
 
 if TYPE_CHECKING:
     from choir.evidence.git import ObjectReader
@@ -102,7 +102,7 @@ def _holds(path: Path, tree: str, *, full: bool = False) -> bool:
             return True
     try:
         return scan(path, None, commit=False, everything=True).tree_hash == tree
-    except Stray:  # a FIFO, socket or device: no tree holds one
+    except (Stray, UserError):  # a FIFO, socket or device, or folders nested past the bound
         return False
 
 

@@ -27,7 +27,9 @@ is recorded with the moment its rows began, less ``RACY_S``, and the next measur
 any path under the folders changed since (ctime: a write, a chmod, a rename, a link made or
 removed, anything added to or removed from a folder changes it or its folder's, and no
 unprivileged process can set it back). None did, the folders are the same inodes and the
-files outside them older too: the digest is the recorded one. ``RACY_S`` is git's
+files outside them older too, and the wall clock has run as the boot clock did since (a
+clock set back would stamp a later change before the moment recorded): the digest is the
+recorded one. ``RACY_S`` is git's
 racy-timestamp rule: ctime moves by the kernel's clock tick, so a write in the tick of the
 rows' read keeps the ctime they saw; the margin puts every such write after the moment
 recorded. The per-file cache follows the same rule: a file whose ctime is that recent is
@@ -146,6 +148,28 @@ def _folders(roots: list[str]) -> list[list[int | str]] | None:
     return found
 
 
+def _clock() -> list[str | float]:
+    """This boot's id and the time since it began (``CLOCK_BOOTTIME``, which no one sets)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            boot = fh.read().strip()
+    except OSError:
+        boot = ""
+    return [boot, time.clock_gettime(time.CLOCK_BOOTTIME)]
+
+
+def _steady(recorded: object, since: float) -> bool:
+    """Whether the wall clock ran as the boot clock did since ``recorded`` (``_clock``, taken
+    at ``since + RACY_S``): a change's ctime is wall-clock time, so a clock set back after the
+    record would stamp a later change before ``since``, and ``find -newerct`` would miss it."""
+    if not isinstance(recorded, list) or len(recorded) != 2 or not recorded[0]:
+        return False
+    boot, at = _clock()
+    if boot != recorded[0] or not isinstance(recorded[1], (int, float)):
+        return False
+    return abs((time.time() - since - RACY_S) - (float(at) - recorded[1])) < 1.0
+
+
 def _unchanged(roots: list[str], outside: list[str], since: float) -> bool:
     """Whether no path under ``roots`` (themselves included), nor any of ``outside``,
     changed after ``since`` (epoch seconds), by ctime. False when it cannot be told (no
@@ -257,12 +281,14 @@ def measure(tools: Toolchain, repo: Path, *, full: bool = False) -> Interpreter:
         outside.append(binary)  # what the venv's link resolves to
     folders = None if full or not roots else _folders(roots)
     known: Any = cache.get(LISTED)
-    if folders is not None and isinstance(known, list) and len(known) == 5 and \
+    if folders is not None and isinstance(known, list) and len(known) == 6 and \
             known[0] == folders and known[1] == outside and \
-            isinstance(known[2], (int, float)) and _unchanged(roots, outside, known[2]):
+            isinstance(known[2], (int, float)) and _steady(known[5], known[2]) and \
+            _unchanged(roots, outside, known[2]):
         digest, files = str(known[3]), int(known[4])
     else:
         since = time.time() - RACY_S  # before the first read of the rows
+        clock = _clock()
         rows: list[str] = []
         for root in roots:
             rows.append(f"R\0{root}")
@@ -272,7 +298,8 @@ def measure(tools: Toolchain, repo: Path, *, full: bool = False) -> Interpreter:
             rows.append(_row(binary, binary, cache, full))
         digest, files = blake3_hex("\n".join(rows).encode()), len(rows)
         if folders is not None:
-            cache[LISTED] = [folders, outside, since, digest, files]  # type: ignore[list-item]
+            record: Any = [folders, outside, since, digest, files, clock]
+            cache[LISTED] = record
             _DIRTY.add(id(cache))
     if not full and id(cache) in _DIRTY:
         _DIRTY.discard(id(cache))

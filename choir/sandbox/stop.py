@@ -26,7 +26,14 @@ from pathlib import Path
 
 _RUN = threading.local()  # the run id this thread's steps belong to
 _LIVE: dict[int, str] = {}  # a streaming step's session leader -> its run id
+_STOPPED: set[str] = set()  # rounds stopped: a step of theirs that starts later is killed
 _LOCK = threading.Lock()
+
+
+def _of(run: str, round_id: str) -> bool:
+    """Whether run ``run`` is one of round ``round_id``'s (its id, a ``-``, the verifier and
+    replica: ``choir._core.ids.thread_run_id``)."""
+    return bool(round_id) and (run == round_id or run.startswith(round_id + "-"))
 
 
 @contextmanager
@@ -41,9 +48,23 @@ def running(run_id: str) -> Iterator[None]:
 
 
 def started(pid: int) -> None:
-    """A step's session leader began streaming (``choir.sandbox.base.stream_process``)."""
+    """A step's session leader began streaming (``choir.sandbox.base.stream_process``); one
+    of a round stopped already (it was still being prepared when ``stop_runs`` looked) is
+    killed at once."""
     with _LOCK:
-        _LIVE[pid] = getattr(_RUN, "run_id", "")
+        run = getattr(_RUN, "run_id", "")
+        _LIVE[pid] = run
+        doomed = any(_of(run, round_id) for round_id in _STOPPED)
+    if doomed:
+        _kill(pid)
+
+
+def _kill(pid: int) -> bool:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def ended(pid: int) -> None:
@@ -52,20 +73,18 @@ def ended(pid: int) -> None:
 
 
 def stop_runs(round_id: str) -> int:
-    """Kill the group of every step of round ``round_id``'s runs (their ids are the round's
-    id, a ``-``, then the verifier and replica: ``choir._core.ids.thread_run_id``); returns
-    how many."""
+    """Kill the group of every step of round ``round_id``'s runs, and every one that starts
+    from now on until ``forget``; returns how many were running."""
     with _LOCK:
-        pids = [pid for pid, run in _LIVE.items()
-                if round_id and (run == round_id or run.startswith(round_id + "-"))]
-    killed = 0
-    for pid in pids:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-            killed += 1
-        except (ProcessLookupError, PermissionError):
-            continue
-    return killed
+        _STOPPED.add(round_id)
+        pids = [pid for pid, run in _LIVE.items() if _of(run, round_id)]
+    return sum(_kill(pid) for pid in pids)
+
+
+def forget(round_id: str) -> None:
+    """Round ``round_id`` is over: its id stops nothing more."""
+    with _LOCK:
+        _STOPPED.discard(round_id)
 
 
 def _children() -> list[int]:
@@ -96,4 +115,4 @@ def stop_steps() -> int:
     return killed
 
 
-__all__ = ["ended", "running", "started", "stop_runs", "stop_steps"]
+__all__ = ["ended", "forget", "running", "started", "stop_runs", "stop_steps"]

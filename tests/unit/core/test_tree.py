@@ -127,6 +127,10 @@ def test_a_folder_whose_name_is_a_tree_but_holds_a_folder_link_more_is_not_that_
     (planted / "pkg2").unlink()
     os.mkfifo(planted / "pipe")
     assert not _holds(planted, snap.tree_hash, full=True)
+    (planted / "pipe").unlink()
+    deep = planted.joinpath(*["d"] * 300)  # past the scan's bound: not the tree, no error
+    deep.mkdir(parents=True)
+    assert not _holds(planted, snap.tree_hash, full=True)
 
 
 def test_commit_only_when_the_tree_is_exactly_head(repo: Path) -> None:

@@ -177,3 +177,22 @@ def test_a_folder_of_the_venv_that_cannot_be_listed_is_refused_not_skipped(
     monkeypatch.setattr(base.os, "scandir", scandir)
     with pytest.raises(UserError, match="hidden cannot be listed.*chmod u\\+rx"):
         _interpreter.measure(tools, repo, full=True)
+
+
+def test_a_clock_set_back_since_the_record_makes_the_rows_again(
+        venv: tuple[Path, Toolchain], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A change's ctime is wall-clock time: after the clock is set back (an NTP step, a
+    resumed VM), a later write could be stamped before the moment recorded and pass
+    ``find -newerct`` unseen (review 15's suspicion). The wall clock must have run as the
+    boot clock did since the record."""
+    repo, tools = venv
+    _settle(monkeypatch)
+    first = _interpreter.measure(tools, repo)
+    real = time.time
+    monkeypatch.setattr(_interpreter.time, "time", lambda: real() - 10)
+    made: list[str] = []
+    rows = _interpreter._tree_rows
+    monkeypatch.setattr(_interpreter, "_tree_rows",
+                        lambda *a, **k: made.append("rows") or rows(*a, **k))
+    assert _interpreter.measure(tools, repo).digest == first.digest
+    assert made == ["rows"]
