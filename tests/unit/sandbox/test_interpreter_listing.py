@@ -42,6 +42,17 @@ def _settle(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_interpreter, "RACY_S", 0.01)
 
 
+def _measured_by_rows(monkeypatch: pytest.MonkeyPatch, tools: Toolchain, repo: Path,
+                      digest: str) -> None:
+    """The next measure gives ``digest`` from the rows, not from the record."""
+    made: list[str] = []
+    rows = _interpreter._tree_rows
+    monkeypatch.setattr(_interpreter, "_tree_rows",
+                        lambda *a, **k: made.append("rows") or rows(*a, **k))
+    assert _interpreter.measure(tools, repo).digest == digest
+    assert made == ["rows"]
+
+
 def _rows_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_a: object, **_k: object) -> list[str]:
         raise AssertionError("the rows were made again")
@@ -96,12 +107,7 @@ def test_a_tree_changed_within_the_racy_window_is_never_answered_from_the_record
     first = _interpreter.measure(tools, repo)
     cache = _interpreter._load_cache(_interpreter._cache_file(os.path.realpath(tools.venv or "")))
     assert not [p for p in cache if not p.startswith("\0")], "hashes of racy files were kept"
-    made: list[str] = []
-    rows = _interpreter._tree_rows
-    monkeypatch.setattr(_interpreter, "_tree_rows",
-                        lambda *a, **k: made.append("rows") or rows(*a, **k))
-    assert _interpreter.measure(tools, repo).digest == first.digest
-    assert made == ["rows"]
+    _measured_by_rows(monkeypatch, tools, repo, first.digest)
 
 
 def test_without_find_the_rows_decide(venv: tuple[Path, Toolchain],
@@ -190,9 +196,4 @@ def test_a_clock_set_back_since_the_record_makes_the_rows_again(
     first = _interpreter.measure(tools, repo)
     real = time.time
     monkeypatch.setattr(_interpreter.time, "time", lambda: real() - 10)
-    made: list[str] = []
-    rows = _interpreter._tree_rows
-    monkeypatch.setattr(_interpreter, "_tree_rows",
-                        lambda *a, **k: made.append("rows") or rows(*a, **k))
-    assert _interpreter.measure(tools, repo).digest == first.digest
-    assert made == ["rows"]
+    _measured_by_rows(monkeypatch, tools, repo, first.digest)
