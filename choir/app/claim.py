@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from choir._core.paths import choir_home
 from choir.ahdb import open_ahdb
 from choir.exceptions import UserError
 from choir.models import Result
@@ -22,8 +23,13 @@ from choir.models import Result
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # a work item id, without parts' ~
 
 
-def check_claim_name(name: str) -> str:
-    """``name`` when it can be a work item id.
+def check_claim_name(name: str, *, plan_item: bool = False) -> str:
+    """``name`` when it can be a work item id; with a ``.`` only for a plan's own claims
+    (``plan_item``: an item's is ``PLAN.ITEM``, ``choir.team.plan.item_key``). A claim a
+    person or an agent names (``--claim``, ``choir mcp``'s verify, ``choir ci``) with a dot
+    would be that item's: it could ASSERT a tree for the plan under a weaker configuration,
+    and the plan would take it as its item's (the driver's round answers from an ASSERT
+    already there).
 
     Raises:
         UserError: it cannot (exit 2, with the rule).
@@ -32,6 +38,16 @@ def check_claim_name(name: str) -> str:
         raise UserError(f"--claim {name!r}: a claim is named like a work item id (letters, "
                         "digits, '.', '_', '-'; up to 128; starting with a letter or digit)\n"
                         "  fix: e.g. --claim my-repo-main")
+    if plan_item:
+        return name
+    if "." in name:
+        raise UserError(f"--claim {name!r}: a name with '.' is a plan item's claim "
+                        "(PLAN.ITEM), which only `choir plan run` records\n"
+                        f"  fix: name it without '.', e.g. --claim {name.replace('.', '-')}")
+    if (choir_home() / "plans" / name).exists():
+        raise UserError(f"--claim {name!r}: a plan of that name records its integration "
+                        "rounds under it, which only `choir plan run` does\n"
+                        "  fix: choose another claim name")
     return name
 
 

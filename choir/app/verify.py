@@ -141,7 +141,7 @@ def _quiet(kind: str, data: dict[str, Any]) -> None:
 async def averify_tree(
     repo: Path, *, mood: Mood | None = None, sandbox_name: str | None = None,
     on_event: OnEvent | None = None, claim: str | None = None, session: str | None = None,
-    required: tuple[str, ...] = (), pinned: str | None = None,
+    required: tuple[str, ...] = (), pinned: str | None = None, plan_item: bool = False,
 ) -> VerifyOutcome:
     """Verify ``repo``'s working tree now. See the module docstring.
 
@@ -159,6 +159,9 @@ async def averify_tree(
     ``required``: verifiers that run whatever the mood plans, and without whose PASS the
     claim is not ASSERTed (a plan item's, when it is checked whole on the integration head).
 
+    ``plan_item``: ``claim`` is a plan's own (``PLAN.ITEM``: the plan driver's rounds); no
+    other claim may hold a ``.`` (``choir.app.claim.check_claim_name``).
+
     ``pinned``: the blake3 of the choir.yaml bytes the caller accepts (``choir mcp``'s pin):
     other bytes are a ConfigError before anything runs or is recorded, the claim included.
 
@@ -168,7 +171,7 @@ async def averify_tree(
     """
 
     if claim is not None:
-        check_claim_name(claim)
+        check_claim_name(claim, plan_item=plan_item)
     session = session or new_run_id("verify")
     with span("choir.verify", {"choir.run_id": session}, key=session) as root:
         outcome = await _verify(repo.expanduser().resolve(), session, mood=mood,

@@ -238,6 +238,27 @@ class Driver(Moves):
                                  mood=item.mood, required=tuple(item.required_verifiers))
 
 
+def _claims_free(plan: Plan) -> None:
+    """Refuse a new plan whose claims exist already: the plan's integration rounds are its
+    id's claim, each item's is ``PLAN.ITEM``, and the driver takes an ASSERT of one on a
+    tree as that round done. One recorded by ``choir verify --claim`` or an agent over MCP,
+    in a weaker mood or configuration, would stand in for the plan's own round.
+
+    Raises:
+        UserError: the AHDB holds claims under the plan's names.
+    """
+    from choir.ahdb import open_ahdb
+    from choir.team.plan import item_key
+
+    db = open_ahdb()
+    taken = [name for name in (plan.id, *(item_key(plan.id, i.id) for i in plan.items))
+             if db.atoms(work_item=name)]
+    if taken:
+        raise UserError(f"plan {plan.id}: the AHDB holds claims under its names already "
+                        f"({', '.join(taken[:5])}), recorded outside this plan; a plan's "
+                        f"rounds must be its own. Fix: give the plan a new id")
+
+
 async def run_plan(plan: Plan, *, resume: bool = False, plan_file: Path | None = None,
                    on_event: OnPlanEvent | None = None) -> dict[str, Any]:
     """Drive ``plan`` to its end: every item merged or failed/blocked; the record returned.
@@ -267,6 +288,7 @@ async def run_plan(plan: Plan, *, resume: bool = False, plan_file: Path | None =
                     raise UserError(f"plan {plan.id} has a record already; `choir plan run "
                                     f"--resume {plan.id}` finishes it, or give the plan a "
                                     "new id")
+                _claims_free(plan)
                 start = {"record": driver.initial()}
             elif not snap.values:  # recorded by an earlier Choir, before plans checkpointed
                 seeded = seed_record(plan.id)

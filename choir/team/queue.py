@@ -97,7 +97,7 @@ async def verify_tree(path: Path, claim: str, tree: str, what: str, session: str
             return Verdict(False, f"{what} round FAIL (session {session})", 0.0)
         session = new_run_id("verify")
     outcome = await averify_tree(path, claim=claim, mood=mood, session=session,
-                                 required=required)
+                                 required=required, plan_item=True)
     seconds = time.perf_counter() - clock
     seen = outcome.contract.get("manifest", {}).get("tree_hash")
     if seen != tree:  # fail closed: the round must have read exactly that head

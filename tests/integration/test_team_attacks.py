@@ -164,3 +164,37 @@ def test_a_nested_repository_a_member_commits_is_never_merged(tmp_path: Path) ->
     assert row["state"] == "failed" and "vendor" in row["last"], row
     assert state["status"] == "failed"
     assert "vendor" not in git(repo, "ls-tree", "--name-only", "choir/plan/gl/integration")
+
+
+def test_a_claim_recorded_outside_the_plan_never_stands_in_for_its_rounds(
+        tmp_path: Path) -> None:
+    """Review 15's suspicion, made an attack: the driver takes an ASSERT of the plan's claim
+    on a tree as that integration round done ("verified before"), and of ``PLAN.ITEM`` as
+    the item's. ``choir verify --claim PLAN`` (or an agent's verify over MCP, in CALM) on
+    the tree the plan will reach stood in for the plan's own round, in its own mood. A plan
+    whose names hold claims already is refused; once a plan exists no one else records its
+    claims; and a claim with a '.' is a plan item's, never named by hand."""
+    from choir.app.verify import averify_tree
+    from choir.exceptions import UserError
+
+    team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "atk2", """\
+        - id: a
+          goal: changes nothing, so its integration tree is the base tree
+          member: worker
+        """)
+    pre = asyncio.run(averify_tree(tmp_path / "repo", claim="atk2"))  # the attacker's CALM round
+    assert pre.contract["claim"]["asserted"]
+    with pytest.raises(UserError, match="holds claims under its names already"):
+        asyncio.run(run_plan(load_plan(plan)))
+    with pytest.raises(UserError, match="a plan item's claim"):
+        asyncio.run(averify_tree(tmp_path / "repo", claim="atk3.a"))
+    fresh = write_plan(tmp_path, "atk3", """\
+        - id: a
+          goal: a
+          member: worker
+        """)
+    state = asyncio.run(run_plan(load_plan(fresh)))
+    assert state["items"]["a"]["state"] == "merged", state
+    with pytest.raises(UserError, match="a plan of that name"):
+        asyncio.run(averify_tree(tmp_path / "repo", claim="atk3"))
