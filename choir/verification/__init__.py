@@ -158,7 +158,12 @@ async def run_verifier_thread(
     sealed run here; the report and attestation below are the same either way.
     """
 
-    result = await asyncio.get_running_loop().run_in_executor(
+    loop = asyncio.get_running_loop()
+    # the verifier's record, read while its step runs (nothing of this run is in it either
+    # way: its attestation is minted after the report)
+    # (``verifier_history`` never raises)
+    history = loop.run_in_executor(None, verifier_history, spec.name)
+    result = await loop.run_in_executor(
         _POOL,
         functools.partial(runner or run_verifier, spec, repo=repo, sandbox=sandbox, store=store,
                           run_id=run_id, target=target, env=env),
@@ -166,7 +171,7 @@ async def run_verifier_thread(
     failpoint("green:ran")
     report = await abuild_report(result, spec=spec, store=store, target=target, reporter=reporter,
                                  reporter_name=reporter_name, lens=lens,
-                                 history=verifier_history(spec.name))
+                                 history=await history)
     report_hash = store.ingest_bytes(canonical_json(report))
     run = VerifierRun(
         verifier=spec.name,
