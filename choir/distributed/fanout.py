@@ -19,6 +19,7 @@ placed on is refused.
 from __future__ import annotations
 
 import io
+import math
 import os
 import tarfile
 import threading
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
 SCHEDULER_ENV = "CHOIR_SCHEDULER"
 TIMEOUT_ENV = "CHOIR_SCHEDULER_TIMEOUT_S"  # how long to try to reach it (default 30 s)
+ANSWER_MARGIN_S = 600  # a run's answer waits its verifier's timeout_s and this, then is lost
 
 
 def fanout_from_env(options: dict[str, Any] | None = None, *,
@@ -58,7 +60,7 @@ def fanout_from_env(options: dict[str, Any] | None = None, *,
     raw = os.environ.get(TIMEOUT_ENV, "30")
     try:
         timeout = float(raw)
-        if timeout <= 0:
+        if not math.isfinite(timeout) or timeout <= 0:  # nan and inf became a crashed run
             raise ValueError(raw)
     except ValueError:
         raise UserError(f"{TIMEOUT_ENV}={raw!r}: give a number of seconds above 0") from None
@@ -107,6 +109,7 @@ class DaskFanout:
                 self._client = Client(  # type: ignore[no-untyped-call]
                     self.address, timeout=self.timeout_s, set_as_default=False,
                     deserializers=["msgpack"], security=security)
+                _plain_data_only(self._client)
             except OSError as exc:
                 raise UserError(f"{SCHEDULER_ENV}={self.address}: no Dask scheduler answers "
                                 f"({exc}); start one or unset {SCHEDULER_ENV}") from exc
@@ -153,8 +156,10 @@ class DaskFanout:
         Raises:
             IntegrityError: what came back does not hash to what the worker sealed.
         """
+        from distributed import TimeoutError as DaskTimeoutError
+
         from choir.distributed.remote_run import RemoteRun, land, signed_bytes
-        from choir.exceptions import IntegrityError
+        from choir.exceptions import IntegrityError, SandboxError
         from choir.verification.pipeline import replay_sealed
 
         replayed = replay_sealed(store, run_id, spec, target)
@@ -169,9 +174,15 @@ class DaskFanout:
             sandbox.name, self.options, sandbox.require_limits, dict(env or {}), pure=False,
             key=f"choir-{run_id}", workers=placed and [placed[0]], allow_other_workers=False)
         try:
-            # a pinned run waits for its worker only so long: a lost one never comes back
-            answer = future.result(timeout=None if placed is None else spec.timeout_s + 600)
+            # a run waits for its worker only so long: a lost or silent one never answers
+            # (the worker enforces the step's timeout; the margin covers a queue for threads)
+            answer = future.result(timeout=spec.timeout_s + ANSWER_MARGIN_S)
             remote = RemoteRun.model_validate(answer, strict=True)
+        except DaskTimeoutError:
+            future.cancel()
+            raise SandboxError(f"run {run_id}: no answer from the cluster in "
+                               f"{spec.timeout_s + ANSWER_MARGIN_S:g} s (the verifier's "
+                               "timeout_s and a margin)") from None
         except (TypeError, ValueError) as exc:
             raise IntegrityError(f"run {run_id}: the worker's answer is not a run folder "
                                  f"({str(exc)[:300]})") from None
@@ -212,6 +223,39 @@ class DaskFanout:
                 self._client.close()
                 self._client = None
             self._snapshots.clear()
+
+
+def _plain_data_only(client: Any) -> None:
+    """Keep every byte a worker sends out of ``pickle`` here.
+
+    ``deserializers=["msgpack"]`` covers results only. A task's error travels as pickled
+    exception bytes that Dask loads in this process (``clean_exception``), a finished
+    task's result type as a pickled type (``key-in-memory``), and a worker's ``warn``
+    event as pickles too; a compromised worker that sent a payload there ran its code
+    here, where it could have a PASS signed for any tree (review 16, F1). The client's
+    handlers for those messages now take a fixed error and no type, and nothing a worker
+    prints or warns reaches this process (its terminal, or ``--json`` on stdout). What else
+    the scheduler sends is its own (its certificate is checked: ``_check_scheduler``)."""
+
+    def erred(key: Any = None, exception: Any = None, traceback: Any = None,
+              **_: Any) -> None:
+        state = client.futures.get(key)
+        if state is not None:
+            state.set_error(Exception("the task failed on its worker (what the worker sent "
+                                      "about it is not loaded)"), None)
+
+    def in_memory(key: Any = None, type: Any = None, workers: Any = None,  # noqa: A002
+                  **_: Any) -> None:
+        state = client.futures.get(key)
+        if state is not None:
+            state.finish(None)
+
+    client._stream_handlers["task-erred"] = erred
+    client._state_handlers["erred"] = erred
+    client._stream_handlers["key-in-memory"] = in_memory
+    client._state_handlers["memory"] = in_memory
+    for topic in ("print", "warn"):
+        client.unsubscribe_topic(topic)
 
 
 def _run_on_worker(*args: Any) -> dict[str, Any]:

@@ -50,6 +50,22 @@ def _clean(rel: str) -> PurePosixPath:
     return path
 
 
+def _within_limits(remote: RemoteRun, spec: VerifierSpec) -> None:
+    """Refuse a run larger than the verifier's limits let a step make: ``$CHOIR_OUT`` and
+    the logs are each capped at ``out_mb`` (a one-step run's log is stored twice, as its
+    step's and as the combined log), and ``out_files`` files besides the logs. A worker
+    that returned more is not the one that ran the step honestly (review 16, F3: 64 MiB
+    against ``out_mb: 1`` was stored and attested)."""
+    limits = spec.limits
+    most = (3 * limits.out_mb << 20) + (1 << 20)
+    size = sum(len(data) for data in remote.files.values())
+    if size > most or len(remote.files) > limits.out_files + len(spec.steps) + 2:
+        raise IntegrityError(f"run {remote.run_id}: the worker returned {len(remote.files)} "
+                             f"files of {size} bytes, more than limits.out_mb "
+                             f"({limits.out_mb} MiB) and limits.out_files ({limits.out_files})"
+                             " let a step make")
+
+
 def land(remote: RemoteRun, *, store: ArtifactStore, spec: VerifierSpec,
          target: Target, worker: Identity | None = None) -> PipelineResult:
     """Store ``remote`` under its run id, re-hash everything, and return the stored result.
@@ -84,6 +100,7 @@ def land(remote: RemoteRun, *, store: ArtifactStore, spec: VerifierSpec,
     if set(remote.files) != set(manifest.files):
         raise IntegrityError(f"run {remote.run_id}: the returned files are not those the "
                              "manifest lists")
+    _within_limits(remote, spec)
     for rel, data in remote.files.items():
         _clean(rel)
         if hash_bytes(data) != manifest.files[rel]:
