@@ -13,6 +13,7 @@ import configparser
 import json
 import os
 import re
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,27 +58,57 @@ def _mentions(names: list[str], tool: str) -> bool:
     return any(pattern.match(n) for n in names)
 
 
+DETECT_MAX = 1 << 20  # a project file larger than this is not read for detection
+
+
+def _text(repo: Path, name: str) -> str | None:
+    """A project file of ``repo`` as text, for detection only: opened from the repo without
+    following a link (a ``pyproject.toml`` linked outside the repo is not this repo's), at
+    most ``DETECT_MAX`` bytes; None when it is absent, a link, not a regular file, larger,
+    or not UTF-8 (detection then does without it)."""
+    from choir._core import fsopen
+
+    try:
+        data = fsopen.read_bytes(repo, name, DETECT_MAX + 1)
+    except OSError:
+        return None
+    if len(data) > DETECT_MAX:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _table(value: object) -> dict[str, object]:
+    return value if isinstance(value, dict) else {}
+
+
+def _items(value: object) -> list[object]:
+    return value if isinstance(value, list) else []
+
+
 def _pyproject(repo: Path, found: Detected) -> None:
     import tomllib
 
-    path = repo / "pyproject.toml"
-    if not path.is_file():
+    text = _text(repo, "pyproject.toml")
+    if text is None:
         return
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+        data = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError):
         return  # not ours to judge; other files may still tell
-    tool = data.get("tool", {}) if isinstance(data.get("tool"), dict) else {}
-    project = data.get("project", {}) if isinstance(data.get("project"), dict) else {}
-    deps: list[str] = [str(d) for d in project.get("dependencies", []) or []]
-    for group in (project.get("optional-dependencies") or {}).values():
-        deps += [str(d) for d in group or []]
-    for group in (data.get("dependency-groups") or {}).values():
-        deps += [str(d) for d in group or [] if isinstance(d, str)]
-    poetry = tool.get("poetry", {}) if isinstance(tool.get("poetry"), dict) else {}
-    deps += list((poetry.get("dev-dependencies") or {}).keys())
-    for group in (poetry.get("group") or {}).values():
-        deps += list((group.get("dependencies") or {}).keys()) if isinstance(group, dict) else []
+    # every value is checked for its type: a well-formed file may hold anything
+    tool, project = _table(data.get("tool")), _table(data.get("project"))
+    deps: list[str] = [str(d) for d in _items(project.get("dependencies"))]
+    for group in _table(project.get("optional-dependencies")).values():
+        deps += [str(d) for d in _items(group)]
+    for group in _table(data.get("dependency-groups")).values():
+        deps += [str(d) for d in _items(group) if isinstance(d, str)]
+    poetry = _table(tool.get("poetry"))
+    deps += [str(k) for k in _table(poetry.get("dev-dependencies"))]
+    for group in _table(poetry.get("group")).values():
+        deps += [str(k) for k in _table(_table(group).get("dependencies"))]
     mypy = tool.get("mypy")
     if isinstance(mypy, dict) and any(mypy.get(k) for k in _MYPY_TARGET_KEYS):
         found.mypy_targets = True
@@ -89,13 +120,13 @@ def _pyproject(repo: Path, found: Detected) -> None:
 
 
 def _ini(repo: Path, name: str, sections: dict[str, str], found: Detected) -> None:
-    path = repo / name
-    if not path.is_file():
+    text = _text(repo, name)
+    if text is None:
         return
     parser = configparser.ConfigParser(interpolation=None, strict=False)
     try:
-        parser.read_string(path.read_text(encoding="utf-8"))
-    except (configparser.Error, UnicodeDecodeError):
+        parser.read_string(text)
+    except configparser.Error:
         return
     for section, tool in sections.items():
         if parser.has_section(section):
@@ -112,16 +143,38 @@ def _ini(repo: Path, name: str, sections: dict[str, str], found: Detected) -> No
 
 
 def _package_json(repo: Path, found: Detected) -> None:
-    path = repo / "package.json"
-    if not path.is_file():
+    text = _text(repo, "package.json")
+    if text is None:
         return
     try:
-        scripts = json.loads(path.read_text(encoding="utf-8")).get("scripts") or {}
-    except (ValueError, AttributeError, UnicodeDecodeError):
+        scripts = _table(json.loads(text)).get("scripts") or {}
+    except (ValueError, RecursionError):
         return
     for script in ("lint", "typecheck", "build", "test"):
         if isinstance(scripts, dict) and isinstance(scripts.get(script), str):
             found.npm_scripts.append(script)
+
+
+def _has_tests(repo: Path) -> bool:
+    """A ``test_*.py`` at the top or under ``tests/``, found without following a link (a
+    ``tests`` linked to ``/`` walked the whole file system)."""
+    from choir._core import fsopen
+
+    try:
+        with os.scandir(repo) as top:
+            if any(e.name.startswith("test_") and e.name.endswith(".py") and
+                   e.is_file(follow_symlinks=False) for e in top):
+                return True
+        if not stat.S_ISDIR(os.lstat(repo / "tests").st_mode):
+            return False
+        for entry in fsopen.walk(repo / "tests", max_depth=64):
+            name = entry.rel.rsplit("/", 1)[-1]
+            if name.startswith("test_") and name.endswith(".py") and \
+                    stat.S_ISREG(entry.st.st_mode):
+                return True
+    except OSError:
+        return False
+    return False
 
 
 def detect(repo: Path) -> Detected:
@@ -134,8 +187,7 @@ def detect(repo: Path) -> Detected:
     _ini(repo, "mypy.ini", {"mypy": "mypy"}, found)
     _ini(repo, ".mypy.ini", {"mypy": "mypy"}, found)
     _package_json(repo, found)
-    if "pytest" not in found.presets and (
-            any(repo.glob("test_*.py")) or any(repo.glob("tests/**/test_*.py"))):
+    if "pytest" not in found.presets and _has_tests(repo):
         found.add("pytest", "test_*.py files found")
     found.presets.sort(key=_PY_TOOLS.index)
     return found
@@ -253,6 +305,9 @@ def write_config(repo: Path, text: str, *, force: bool) -> Path:
     if target.exists() and not force:
         raise ConfigError("already exists; choir init leaves it as it is", path=str(target),
                           hint="edit it, or run `choir init --force` to replace it")
+    if target.is_dir() and not target.is_symlink():  # --force replaces a file, not a folder
+        raise ConfigError("is a folder; choir init replaces only a file", path=str(target),
+                          hint="remove or rename the folder, then run `choir init` again")
     with tempfile.TemporaryDirectory(prefix="choir-init-") as scratch:
         (Path(scratch) / CONFIG_NAME).write_text(text, encoding="utf-8")
         load_repo_config(Path(scratch))  # a generated file that does not load is our bug

@@ -181,3 +181,46 @@ def test_a_venv_git_does_not_ignore_is_named_with_the_gitignore_fix(tmp_path: Pa
     (repo / "choir.yaml").unlink()
     assert run("init", "--repo", str(repo), "--no-verify", "--python",
                sys.executable).returncode == 0
+
+
+def test_detection_survives_any_well_formed_value_and_reads_nothing_outside_the_repo(
+        tmp_path: Path) -> None:
+    """Review 16, F5 and F6: values of another type (``dependencies = 5``, a string for a
+    table, a list for poetry's table) or 100,000 nested brackets crashed ``choir init`` with
+    a traceback and exit 1; a ``pyproject.toml`` linked outside the repo was read and acted
+    on, and a ``tests`` link out of the repo was walked (to ``/``, the whole file system)."""
+    from choir.cli.init import detect
+
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    for body in ('[project]\ndependencies = 5\n', '[project]\noptional-dependencies = "x"\n',
+                 '[tool.poetry]\ndev-dependencies = ["a"]\n', 'dependency-groups = 3\n',
+                 "x = " + "[" * 100_000 + "]" * 100_000 + "\n"):
+        (odd / "pyproject.toml").write_text(body)
+        assert detect(odd).presets == []
+    (odd / "pyproject.toml").unlink()
+    (odd / "package.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert detect(odd).npm_scripts == []
+    (odd / "package.json").write_text("5")
+    assert detect(odd).npm_scripts == []
+
+    outside = tmp_path / "outside"
+    (outside / "tests").mkdir(parents=True)
+    (outside / "pyproject.toml").write_text("[tool.mypy]\nfiles = ['x']\n")
+    (outside / "tests" / "test_x.py").write_text("def test_x(): pass\n")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "pyproject.toml").symlink_to(outside / "pyproject.toml")
+    (linked / "tests").symlink_to(outside / "tests")
+    found = detect(linked)
+    assert found.presets == [] and not found.mypy_targets
+
+
+def test_init_force_over_a_choir_yaml_folder_is_exit_2_naming_it(tmp_path: Path) -> None:
+    """Review 16, F7: a traceback and exit 1 (IsADirectoryError from the rename)."""
+    repo = project(tmp_path / "calc")
+    (repo / "choir.yaml").mkdir()
+    proc = run("init", "--repo", str(repo), "--force", "--no-verify", "--python", sys.executable)
+    assert proc.returncode == 2, proc.stderr
+    assert "choir.yaml" in proc.stderr and "is a folder" in proc.stderr and "fix:" in proc.stderr
+    assert (repo / "choir.yaml").is_dir() and not list(repo.glob(".choir.yaml.*"))
