@@ -16,6 +16,7 @@ project's code.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from choir.exceptions import ConfigError
 
 SYSTEM = ("/usr", "/etc", "/bin", "/lib", "/lib64", "/sbin")
 FORBIDDEN = ("/proc", "/sys", "/dev", "/run", "/var/run", "/boot")
+PYVENV_MAX = 64 << 10  # a pyvenv.cfg is a few lines
 # every user's and process's scratch: the host's Unix sockets (tmux, X11, agents, other
 # steps' egress proxies) live there, and a socket connects through a read-only bind
 SHARED_ROOTS = ("/tmp", "/var/tmp")
@@ -106,9 +108,19 @@ def check_bind(path: str, *, origin: str, sealed: Sequence[Path] = (),
 def _venv_base(venv: Path) -> str | None:
     """The base installation of a venv, from its ``pyvenv.cfg`` ``home = .../bin``."""
     try:
-        lines = (venv / "pyvenv.cfg").read_text().splitlines()
+        # a few lines; one that is not a regular file, or past 64 KiB, is no venv's (a link
+        # an executor planted to a huge file was read whole into Choir's memory; a FIFO
+        # blocks a plain open)
+        fd = os.open(venv / "pyvenv.cfg", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            data = fh.read(PYVENV_MAX + 1)
     except OSError:
         return None
+    if len(data) > PYVENV_MAX:
+        return None
+    lines = data.decode("utf-8", "replace").splitlines()
     for line in lines:
         key, _, value = line.partition("=")
         if key.strip() == "home" and value.strip():

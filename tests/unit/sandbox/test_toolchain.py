@@ -93,3 +93,23 @@ def test_a_bind_into_a_heldout_folder_outside_the_home_is_refused_with_file_and_
     with pytest.raises(ConfigError, match="store of Choir's") as caught:
         load_repo_config(repo)
     assert caught.value.line == 6 and str(repo / "choir.yaml") in str(caught.value)
+
+
+def test_a_huge_or_special_pyvenv_cfg_is_no_venv_and_is_never_read_whole(
+        tmp_path: Path) -> None:
+    """Review 16, F6: a repo's ``.venv/pyvenv.cfg`` linked to a 400 MB file was read whole
+    (864 MB of Choir's memory). At most 64 KiB of a regular file is read now."""
+    from choir.sandbox import _toolchain
+
+    venv = tmp_path / ".venv"
+    venv.mkdir()
+    with open(tmp_path / "huge", "wb") as fh:
+        fh.truncate(_toolchain.PYVENV_MAX + 2)  # sparse: costs no disk
+    (venv / "pyvenv.cfg").symlink_to(tmp_path / "huge")
+    assert _toolchain._venv_base(venv) is None
+    (venv / "pyvenv.cfg").unlink()
+    os.mkfifo(venv / "pyvenv.cfg")  # a FIFO would block a plain read forever
+    assert _toolchain._venv_base(venv) is None
+    (venv / "pyvenv.cfg").unlink()
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    assert _toolchain._venv_base(venv) == "/usr"
