@@ -101,8 +101,12 @@ def land(remote: RemoteRun, *, store: ArtifactStore, spec: VerifierSpec,
         raise IntegrityError(f"run {remote.run_id}: the returned files are not those the "
                              "manifest lists")
     _within_limits(remote, spec)
+    folders = {str(parent) for rel in remote.files for parent in _clean(rel).parents}
+    clash = sorted(set(remote.files) & folders)
+    if clash:  # a file and a folder of the same name: nothing is written half-way
+        raise IntegrityError(f"run {remote.run_id}: {clash[0]!r} is returned both as a file "
+                             "and as a folder")
     for rel, data in remote.files.items():
-        _clean(rel)
         if hash_bytes(data) != manifest.files[rel]:
             raise IntegrityError(f"run {remote.run_id}: {rel} does not hash to "
                                  f"{manifest.files[rel]} where it landed")

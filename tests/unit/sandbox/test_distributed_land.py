@@ -185,3 +185,22 @@ def test_the_pki_command_makes_the_files_or_exits_2(tmp_path: Path,
                                                 "coordinator.pem", "coordinator.key"]
     assert main(["issue", "worker", "../escape"]) == 2
     assert "the name letters" in capsys.readouterr().out
+
+
+def test_a_name_returned_as_both_file_and_folder_is_refused_before_anything_is_written(
+        worker_run: tuple[RemoteRun, Path], tmp_path: Path) -> None:
+    """Review 16's suspicion: ``out/result.txt`` and ``out/result.txt/x`` both listed (by a
+    manifest the worker made to match) raised NotADirectoryError half-way through the
+    writes, leaving an unsealed run folder behind."""
+    remote, repo = worker_run
+    manifest = RunManifest.model_validate_json(remote.manifest_json)
+    files = {**remote.files, "out/result.txt/x": b"y"}
+    manifest = manifest.model_copy(update={"files": {**manifest.files,
+                                                     "out/result.txt/x": blake3_hex(b"y")}})
+    manifest_json = canonical_json(manifest)
+    forged = remote.model_copy(update={"files": files, "manifest_json": manifest_json,
+                                       "manifest_hash": blake3_hex(manifest_json)})
+    store = ArtifactStore(tmp_path / "coordinator")
+    with pytest.raises(IntegrityError, match="both as a file and as a folder"):
+        land(forged, store=store, spec=SPEC, target=resolve_target(repo))
+    assert not store.run_dir("r-1").exists()
