@@ -50,36 +50,47 @@ from choir.telemetry import end
 Goto = Literal["execute", "direct", "approve", "__end__"]
 
 
+def assert_done(db: AHDB, state: RunState, required: list[str], key: str) -> str:
+    """Propose, promote and ASSERT the work item on the round's tree (keyed: written once
+    however often the node runs again); the ASSERT's id."""
+    item = state["work_item"]
+    minted = state.get("attestations", {})
+    tree = state["target"].tree_hash
+    commit = state["target"].commit_sha
+    voting = [r for r in state.get("runs", []) if not r.diagnostic
+              and r.report.result is Result.PASS and r.run_id in minted]
+    if db.is_asserted(item.id, tree) is None:
+        claim = db.propose(claim=f"{item.id}: {item.goal}"[:900], work_item=item.id,
+                           tree_hash=tree, commit_sha=commit,
+                           required_verifiers=required, key=f"{key}/claim")
+        claim = db.promote(claim.id, [minted[r.run_id] for r in voting])
+        db.assert_work_item(item.id, tree, references=[claim.id], claim=f"{item.id} done",
+                            commit_sha=commit, key=f"{key}/assert")
+    asserted = db.is_asserted(item.id, tree)
+    return asserted.id if asserted else ""
+
+
 def _record(db: AHDB, state: RunState, decision: Decision, results: dict[str, Result],
-            key: str) -> str:
-    """Write the round's atoms; returns the ASSERT id when the work item is done."""
+            key: str, *, held: bool = False) -> str:
+    """Write the round's atoms; returns the ASSERT id when the work item is done. ``held``:
+    it is done but a person must approve first (``approve`` writes its ASSERT then)."""
     item = state["work_item"]
     runs = state.get("runs", [])
     minted = state.get("attestations", {})
     tree = state["target"].tree_hash
-    commit = state["target"].commit_sha
     blind_spots, disclosed = _disclosures(state, results)
     if blind_spots:
         db.hyperthesis(item.id, tree, claim="; ".join(blind_spots)[:1000],
                        attestation_ids=disclosed, key=f"{key}/hyperthesis")
     if decision.action == "done":
-        voting = [r for r in runs if not r.diagnostic and r.report.result is Result.PASS
-                  and r.run_id in minted]
-        required = sorted({*item.required_verifiers, *results})
-        if db.is_asserted(item.id, tree) is None:
-            claim = db.propose(claim=f"{item.id}: {item.goal}"[:900], work_item=item.id,
-                               tree_hash=tree, commit_sha=commit,
-                               required_verifiers=required, key=f"{key}/claim")
-            claim = db.promote(claim.id, [minted[r.run_id] for r in voting])
-            db.assert_work_item(item.id, tree, references=[claim.id], claim=f"{item.id} done",
-                                commit_sha=commit, key=f"{key}/assert")
-        asserted = db.is_asserted(item.id, tree)
-        return asserted.id if asserted else ""
+        if held:
+            return ""
+        return assert_done(db, state, sorted({*item.required_verifiers, *results}), key)
     failing = [r for r in runs if r.report.result is Result.FAIL and r.run_id in minted
                and not r.diagnostic]
     if failing and decision.action in ("retry", "split", "halt", "escalate"):
         hypothesis = derive(item, runs, results, state["config"].verifiers,
-                            changed_files(Path(item.repo), commit))
+                            changed_files(Path(item.repo), state["target"].commit_sha))
         if hypothesis is not None:
             said = hypothesis.claim if decision.action != "escalate" else \
                 f"{decision.reason[:400]}; {hypothesis.claim}"
@@ -340,7 +351,12 @@ async def adjudicate_node(state: RunState) -> Command[Goto]:
     key = f"{state['run_id']}/{item.id}/{round_no}"
     record_drift(db, drift, work_item=item.id, tree_hash=state["target"].tree_hash, key=key)
     resolved = resolve_hypotheses(db, state)  # earlier rounds' hypotheses, before this one's
-    asserted = _record(db, state, decision, results, key)
+    # above the approval radius nothing is ASSERTed before a person approves: the gate and
+    # promotion read the log, so an ASSERT written before the question answered for the
+    # tree while it waited, and after a rejection (review 17, F1)
+    held = decision.action == "done" and item.split_of is None and \
+        policy.needs_approval(item.blast_radius)
+    asserted = _record(db, state, decision, results, key, held=held)
     failpoint("adjudicate:written")
     end(f"{state['run_id']}-r{state.get('round', 0)}", {
         "choir.action": decision.action, "choir.verifiers": len(results)})
@@ -355,8 +371,10 @@ async def adjudicate_node(state: RunState) -> Command[Goto]:
         if item.split_of is not None:
             return _next_part(state, base)
         update = {**base, "status": "asserted", "asserted": asserted}
-        if policy.needs_approval(item.blast_radius):
-            return Command(update={**update, "status": "awaiting_approval"}, goto="approve")
+        if held:
+            return Command(update={**update, "status": "awaiting_approval", "held": {
+                "key": key, "required": sorted({*item.required_verifiers, *results})}},
+                goto="approve")
         return Command(update=update, goto="__end__")
     if decision.action in ("nested", "broaden"):
         return Command(goto="direct", update={

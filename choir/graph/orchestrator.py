@@ -381,8 +381,18 @@ def approve(state: RunState) -> dict[str, Any]:
         return {"status": "escalated" if ok else "rejected",
                 "events": ["a person took the escalated work item" if ok else
                            "the escalation was rejected by a human"]}
-    return {"status": "asserted" if ok else "rejected",
-            "events": ["approved" if ok else "rejected by a human"]}
+    held = state.get("held")
+    if not ok or not isinstance(held, dict):
+        return {"status": "rejected", "held": None, "events": ["rejected by a human"]}
+    from choir.ahdb import open_ahdb
+    from choir.graph.adjudicate import assert_done
+
+    # the ASSERT the round earned, written now that a person approved (keyed: once)
+    required = held.get("required")
+    asserted = assert_done(open_ahdb(), state,
+                           [str(v) for v in required] if isinstance(required, list) else [],
+                           str(held["key"]))
+    return {"status": "asserted", "asserted": asserted, "held": None, "events": ["approved"]}
 
 
 def build() -> Any:

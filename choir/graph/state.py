@@ -77,6 +77,9 @@ class RunState(TypedDict, total=False):
     status: str
     reason: str
     asserted: str
+    # a done work item above the approval radius: what its ASSERT will be written with once
+    # a person approves (its round's key and the verifiers it requires), nothing before
+    held: dict[str, object] | None
 
 
 def budget_left(state: RunState) -> tuple[int, int]:

@@ -164,18 +164,27 @@ def test_attempt_budget_halts(tmp_path: Path) -> None:
 
 @pytest.mark.slow  # a whole run or two: CI's slow stage
 def test_large_blast_radius_waits_for_a_human(tmp_path: Path) -> None:
+    """The gate opens only once a person approved: the ASSERT was written before the
+    question, so ``choir gate`` answered 0 while the run waited (review 17, F1)."""
     item = make_item(tmp_path, executor=fix_cmd(tmp_path), blast="large")
     proc = choir("run", str(item), "--run-id", "big")
     assert proc.returncode == 3 and "choir approve big" in proc.stdout
+    gate = ("gate", "fix-add", "--repo", str(tmp_path / "repo"))
+    assert choir(*gate).returncode == 1, "the gate opened before a person approved"
     assert choir("approve", "big").returncode == 0
+    assert choir(*gate).returncode == 0
 
 
 @pytest.mark.slow  # a whole run or two: CI's slow stage
 def test_a_human_can_reject(tmp_path: Path) -> None:
+    """A rejection leaves nothing ASSERTed: the gate stayed open after ``--reject``, and
+    ``choir audit`` clean (review 17, F1)."""
     item = make_item(tmp_path, executor=fix_cmd(tmp_path), blast="large")
     assert choir("run", str(item), "--run-id", "big2").returncode == 3
     proc = choir("approve", "big2", "--reject")
     assert proc.returncode == 1 and "REJECTED" in proc.stdout
+    assert choir("gate", "fix-add", "--repo", str(tmp_path / "repo")).returncode == 1
+    assert choir("audit").returncode == 0
 
 
 def test_bad_work_item_exits_2_and_runs_nothing(tmp_path: Path) -> None:
