@@ -112,22 +112,38 @@ def verdicts(runs: Sequence[VerifierRun], need: int = 1) -> dict[str, Result]:
     but a verdict needs ``need`` conclusive runs (the mood's reruns), so an INCONCLUSIVE
     replica never lowers the bar. Conclusive runs that disagree (or a run that is itself
     FLAKY) make it FLAKY. Diagnostic runs (instrumented, a nested isolated subset) never vote.
+    A verifier also run beside admitted new checks (``ADDITIONS_REPLICA``) passes only when
+    its pinned checks pass alone and beside them, each by those rules.
     """
-    by_name: dict[str, list[Result]] = {}
+    from choir.evidence.spec import ADDITIONS_REPLICA
+
+    by_name: dict[str, list[tuple[int, Result]]] = {}
     for run in runs:
         if not run.diagnostic:
-            by_name.setdefault(run.verifier, []).append(run.report.result)
+            by_name.setdefault(run.verifier, []).append((run.replica, run.report.result))
     out: dict[str, Result] = {}
-    for name, results in by_name.items():
-        conclusive = [r for r in results if r is not Result.INCONCLUSIVE]
-        kinds = set(conclusive)
-        if len(kinds) > 1 or Result.FLAKY in kinds:
-            out[name] = Result.FLAKY
-        elif not conclusive or (len(conclusive) < need and kinds == {Result.PASS}):
+    for name, voted in by_name.items():
+        out[name] = _verdict([r for _, r in voted], need)
+        beside = [r for replica, r in voted if replica >= ADDITIONS_REPLICA]
+        alone = [r for replica, r in voted if replica < ADDITIONS_REPLICA]
+        # a verifier planned beside the work item's admitted new checks passes only if its
+        # pinned checks pass alone too: an INCONCLUSIVE alone (the code made to crash
+        # without the addition) let the PASS beside it decide (review 17, F5)
+        if beside and out[name] is Result.PASS and (
+                _verdict(alone, need) is not Result.PASS or
+                _verdict(beside, need) is not Result.PASS):
             out[name] = Result.INCONCLUSIVE
-        else:
-            out[name] = conclusive[0]
     return out
+
+
+def _verdict(results: Sequence[Result], need: int) -> Result:
+    conclusive = [r for r in results if r is not Result.INCONCLUSIVE]
+    kinds = set(conclusive)
+    if len(kinds) > 1 or Result.FLAKY in kinds:
+        return Result.FLAKY
+    if not conclusive or (len(conclusive) < need and kinds == {Result.PASS}):
+        return Result.INCONCLUSIVE
+    return conclusive[0]
 
 
 def conclusive_runs(runs: Sequence[VerifierRun], name: str) -> int:

@@ -134,6 +134,27 @@ def test_a_declared_addition_cannot_stand_in_for_a_pinned_check(
     assert not _gate_open(repo)
 
 
+@pytest.mark.parametrize("mood", [Mood.CALM, Mood.SKEPTICAL])
+def test_an_addition_cannot_stand_in_by_making_the_pinned_view_inconclusive(
+        tmp_path: Path, templates: dict[str, Path], mood: Mood) -> None:
+    """Review 17, F5: the code under test exits 127 when the addition is missing, so the
+    pinned checks alone are INCONCLUSIVE (a tool missing, evidence of nothing), and the
+    PASS beside the patching addition decided alone: the buggy tree was ASSERTed."""
+    patch = ("Path('tests/test_a_first.py').write_text('import calc\\n"
+             "calc.add = lambda a, b: a + b\\n\\ndef test_more():\\n    assert True\\n')\n"
+             "src = Path('calc.py').read_text()\n"
+             "Path('calc.py').write_text('import os\\n'\n"
+             "    'if not os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)),"
+             " \"tests\", \"test_a_first.py\")):\\n'\n"
+             "    '    os._exit(127)\\n' + src)\n")
+    outcome, repo = run_item(tmp_path, templates["unit"], patch, mood,
+                             extra="may_change_spec: [tests/test_a_first.py]\n")
+    assert "a - b" in (repo / "calc.py").read_text()
+    assert "os._exit(127)" in (repo / "calc.py").read_text()
+    assert outcome.status != "asserted", outcome.events
+    assert not _gate_open(repo)
+
+
 def test_the_cli_shows_the_held_diff_and_a_fresh_process_approves_it(
         tmp_path: Path, templates: dict[str, Path]) -> None:
     """Exit 3 with the diff on stdout; ``choir approve`` resumes the checkpoint (the held
