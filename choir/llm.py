@@ -7,6 +7,7 @@ explicit timeout (litellm's default is 6000 s) and reports tokens and cost.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -243,8 +244,11 @@ async def ask_json(model: str, messages: list[dict[str, Any]], schema: type[Repl
                 wait=lambda state: min(0.2 * 2 ** (state.attempt_number - 1), max(0.0, left())),
                 reraise=True):
             with attempt:
-                reply = await acomplete(model=model, messages=messages, timeout=left(),
-                                        **kwargs)
+                # the deadline holds for the whole call: litellm's timeout bounds each read,
+                # and a server that sends a byte a second kept a 3 s call for 20 (review 17)
+                reply = await asyncio.wait_for(
+                    acomplete(model=model, messages=messages, timeout=left(), **kwargs),
+                    timeout=max(0.1, left()))
                 spent = Usage(model=model,
                               prompt_tokens=spent.prompt_tokens + reply.prompt_tokens,
                               completion_tokens=spent.completion_tokens + reply.completion_tokens,
