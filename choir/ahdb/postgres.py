@@ -54,6 +54,9 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS heads (n BIGSERIAL PRIMARY KEY, record BYTEA NOT NULL)",
     """CREATE OR REPLACE TRIGGER heads_no_change BEFORE UPDATE OR DELETE ON heads
       FOR EACH ROW EXECUTE FUNCTION choir_append_only()""",
+    # a TRUNCATE fires no row trigger: one emptied every machine's shared heads (review 17)
+    """CREATE OR REPLACE TRIGGER heads_no_truncate BEFORE TRUNCATE ON heads
+      FOR EACH STATEMENT EXECUTE FUNCTION choir_append_only()""",
     "CREATE INDEX IF NOT EXISTS fails_on_tree ON fails (tree_hash)",
     # the tables' schema version (backend.SCHEMA_VERSION); created last, so its presence
     # means the whole schema is in place (an older database runs every statement once)

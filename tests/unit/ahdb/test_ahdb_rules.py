@@ -140,7 +140,7 @@ def test_log_is_append_only(repo: Path, ahdb_backend: str) -> None:
 
         with psycopg.connect(os.environ["CHOIR_DATABASE_URL"], autocommit=True) as pg:
             for sql in ("UPDATE events SET kind = 'assert'", "DELETE FROM events",
-                        "TRUNCATE events"):
+                        "TRUNCATE events", "DELETE FROM heads", "TRUNCATE heads"):
                 with pytest.raises(psycopg.Error, match="append-only"):
                     pg.execute(sql)
             assert pg.execute("SELECT count(*) FROM events").fetchone() == (1,)
