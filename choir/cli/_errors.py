@@ -20,13 +20,17 @@ def run_cli(cli: click.Group, argv: list[str]) -> NoReturn:
 def exit_code(command: Callable[[], Any]) -> int:
     """Run a command and return its exit code, saying why on stderr when it is a usage
     error: the CLI's entry point, and a worker of ``choir serve`` running a command."""
-    from choir.exceptions import IntegrityError, UserError
+    from choir.exceptions import IntegrityError, SandboxError, UserError
 
     try:
         rv: Any = command()
     except UserError as exc:
         click.echo(f"choir: error: {exc}", err=True)
         return EXIT_USAGE
+    except SandboxError as exc:  # infrastructure, not the work: nothing is decided on it
+        click.echo(f"choir: infrastructure: {exc}; the run can be resumed "
+                   "(`choir run --resume RUN_ID`) once it works", err=True)
+        return EXIT_INCONCLUSIVE
     except IntegrityError as exc:  # the store refused (e.g. a log no trusted head covers)
         click.echo(f"choir: refused: {exc}", err=True)
         return EXIT_FAIL

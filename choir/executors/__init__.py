@@ -33,7 +33,7 @@ from typing import Protocol
 from choir._core.paths import artifact_dir, choir_home
 from choir._core.registry import EXECUTORS
 from choir.evidence.artifacts import ArtifactStore
-from choir.exceptions import ConfigError, UserError
+from choir.exceptions import ConfigError, SandboxError, UserError
 from choir.executors.pinned import current_gate
 from choir.models import Limits, VerificationReport, WorkItem
 from choir.models.run import ExecutorIsolation, ExecutorOutput
@@ -248,11 +248,15 @@ def _run_user_code(item: WorkItem, attempt: int, feedback: Sequence[Verification
                                              hidden=masked_paths(), **common)  # type: ignore[arg-type]
             else:
                 result = LocalSandbox().exec(argv(inputs), **common)  # type: ignore[arg-type]
+            if result.infra_error:
+                # the infrastructure failed, not the executor: no attempt of its budget is
+                # spent on it (review 17, F2); the run stops before the attempt is recorded,
+                # and `choir run --resume` tries the same attempt again
+                raise SandboxError(f"the executor's sandbox failed ({result.infra_error}); "
+                                   "no attempt was charged for it")
             if kept > LOG_LIMIT:
                 sink_file.write(f"\n[choir] output cut at {LOG_LIMIT} of {kept} bytes\n".encode())
-            if result.infra_error:
-                sink_file.write(f"\n[choir] sandbox failed: {result.infra_error}\n".encode())
-            elif result.timed_out:
+            if result.timed_out:
                 sink_file.write(f"\n[choir] executor timed out after "
                                 f"{item.executor.timeout_s:g}s\n".encode())
             else:

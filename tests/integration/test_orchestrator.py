@@ -383,3 +383,40 @@ def test_an_invalid_run_id_is_a_usage_error(tmp_path: Path) -> None:
         proc = choir("run", str(item), "--run-id", bad)
         assert proc.returncode == 2 and "invalid run id" in proc.stderr
     assert not list(spy(tmp_path).glob("feedback-*"))
+
+
+@pytest.mark.slow  # a whole run or two: CI's slow stage
+def test_an_executor_sandbox_that_fails_to_start_charges_no_attempt(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, choir_home: Path) -> None:
+    """Review 17, F2: the executor's sandbox failing to start (bwrap could not prepare the
+    run: a full disk) was charged as one of its attempts; with ``max_attempts: 1`` the run
+    halted "budget spent" though the executor never ran. The run now stops before the
+    attempt is recorded, and ``resume`` tries the same attempt again."""
+    import asyncio
+
+    from choir.exceptions import SandboxError
+    from choir.graph.runner import resume, run_work_item
+    from choir.sandbox.base import ExecResult
+    from choir.sandbox.bwrap import BwrapSandbox
+
+    if shutil.which("bwrap") is None:
+        pytest.skip("the executor runs in bubblewrap")
+    item = make_item(tmp_path, executor="sed -i s/a\\ -\\ b/a\\ +\\ b/ calc.py",
+                     max_attempts=1)
+    real = BwrapSandbox.exec
+    starts = {"executor": 0}
+
+    def failing_once(self: BwrapSandbox, command: str, **kw: Any) -> ExecResult:
+        if kw.get("repo_writable"):  # the executor's sandbox (a verifier's repo is read-only)
+            starts["executor"] += 1
+            if starts["executor"] == 1:
+                return ExecResult(-1, 0, infra_error="bwrap could not prepare the run: "
+                                  "[Errno 28] No space left on device")
+        return real(self, command, **kw)
+
+    monkeypatch.setattr(BwrapSandbox, "exec", failing_once)
+    with pytest.raises(SandboxError, match="no attempt was charged"):
+        asyncio.run(run_work_item(item, run_id="infra"))
+    out = asyncio.run(resume("infra"))
+    assert out.status == "asserted" and out.attempt == 1, (out.status, out.reason)
+    assert starts["executor"] == 2
