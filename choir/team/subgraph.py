@@ -14,6 +14,7 @@ The plan driver runs every item through this same subgraph (``choir.team.driver`
 
 from __future__ import annotations
 
+import asyncio
 import operator
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
@@ -21,6 +22,9 @@ from typing import Annotated, Any, TypedDict
 from langgraph.graph import END, START, StateGraph
 
 from choir.exceptions import UserError
+
+INFRA_RETRIES = 2  # resumes of a run the infrastructure stopped, before its error is final
+INFRA_WAIT_S = 1.0  # before the first; twice that before the second
 
 
 class WorkItemIn(TypedDict, total=False):
@@ -49,28 +53,45 @@ class WorkItemState(WorkItemIn, total=False):
 
 
 async def verified_work_item(state: WorkItemState) -> dict[str, Any]:
-    """The node: one work item through Choir's loop; ``{"outcomes": [its outcome]}``."""
-    from choir.graph import runner
+    """The node: one work item through Choir's loop; ``{"outcomes": [its outcome]}``.
+
+    A run the infrastructure stopped (its executor's sandbox failed: no attempt charged,
+    ``SandboxError``) is resumed where it stopped, up to ``INFRA_RETRIES`` times, a little
+    later each time; then the error is the node's."""
+    from choir.exceptions import SandboxError
     from choir.team.parts import feedback
 
     run_id = state.get("run_id")
-    outcome = None
-    if state.get("resume") and run_id:
+    resume = bool(state.get("resume"))
+    for tries in range(INFRA_RETRIES + 1):
         try:
-            outcome = await runner.resume(run_id)
-        except UserError as exc:  # killed before its first checkpoint: start it afresh
-            if not str(exc).startswith("no run "):
+            outcome = await _once(state, run_id, resume=resume)
+            break
+        except SandboxError:
+            if tries == INFRA_RETRIES or not run_id:
                 raise
-    if outcome is None:
-        outcome = await runner.run_work_item(
-            Path(state["work_item"]), run_id=run_id, part=state.get("part", False),
-            hand_back_splits=state.get("hand_back_splits", False))
+            resume = True
+            await asyncio.sleep(INFRA_WAIT_S * (tries + 1))
     parts = [{"work_item": part.model_dump(mode="json"), "feedback": feedback(reports)}
              for part, reports in outcome.parts]
     return {"outcomes": [{"status": outcome.status, "reason": outcome.reason,
                           "run_id": outcome.run_id, "work_item": outcome.work_item,
                           "asserted": outcome.asserted, "attempt": outcome.attempt,
                           "mood": outcome.mood, "usage": outcome.usage, "parts": parts}]}
+
+
+async def _once(state: WorkItemState, run_id: str | None, *, resume: bool) -> Any:
+    from choir.graph import runner
+
+    if resume and run_id:
+        try:
+            return await runner.resume(run_id)
+        except UserError as exc:  # killed before its first checkpoint: start it afresh
+            if not str(exc).startswith("no run "):
+                raise
+    return await runner.run_work_item(
+        Path(state["work_item"]), run_id=run_id, part=state.get("part", False),
+        hand_back_splits=state.get("hand_back_splits", False))
 
 
 def work_item_graph() -> Any:

@@ -396,13 +396,25 @@ def test_an_executor_sandbox_that_fails_to_start_charges_no_attempt(
 
     from choir.exceptions import SandboxError
     from choir.graph.runner import resume, run_work_item
+
+    item = make_item(tmp_path, executor="sed -i s/a\\ -\\ b/a\\ +\\ b/ calc.py",
+                     max_attempts=1)
+    starts = _executor_fails_once(monkeypatch)
+    with pytest.raises(SandboxError, match="no attempt was charged"):
+        asyncio.run(run_work_item(item, run_id="infra"))
+    out = asyncio.run(resume("infra"))
+    assert out.status == "asserted" and out.attempt == 1, (out.status, out.reason)
+    assert starts["executor"] == 2
+
+
+def _executor_fails_once(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """The executor's first bwrap start fails as bwrap does on a full disk; how many
+    executor starts there were."""
     from choir.sandbox.base import ExecResult
     from choir.sandbox.bwrap import BwrapSandbox
 
     if shutil.which("bwrap") is None:
         pytest.skip("the executor runs in bubblewrap")
-    item = make_item(tmp_path, executor="sed -i s/a\\ -\\ b/a\\ +\\ b/ calc.py",
-                     max_attempts=1)
     real = BwrapSandbox.exec
     starts = {"executor": 0}
 
@@ -415,8 +427,24 @@ def test_an_executor_sandbox_that_fails_to_start_charges_no_attempt(
         return real(self, command, **kw)
 
     monkeypatch.setattr(BwrapSandbox, "exec", failing_once)
-    with pytest.raises(SandboxError, match="no attempt was charged"):
-        asyncio.run(run_work_item(item, run_id="infra"))
-    out = asyncio.run(resume("infra"))
-    assert out.status == "asserted" and out.attempt == 1, (out.status, out.reason)
+    return starts
+
+
+@pytest.mark.slow  # a whole run: CI's slow stage
+def test_the_verified_work_item_subgraph_resumes_a_run_the_infrastructure_stopped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, choir_home: Path) -> None:
+    """A plan item (or a user's graph node) whose executor sandbox failed to start: the
+    subgraph resumes the same run, the same attempt, instead of failing the item."""
+    import asyncio
+
+    from choir.team import subgraph
+
+    monkeypatch.setattr(subgraph, "INFRA_WAIT_S", 0.01)
+    item = make_item(tmp_path, executor="sed -i s/a\\ -\\ b/a\\ +\\ b/ calc.py",
+                     max_attempts=1)
+    starts = _executor_fails_once(monkeypatch)
+    done = asyncio.run(subgraph.work_item_graph().ainvoke(
+        {"work_item": str(item), "run_id": "infra-plan"}))
+    (outcome,) = done["outcomes"]
+    assert outcome["status"] == "asserted" and outcome["attempt"] == 1, outcome
     assert starts["executor"] == 2
