@@ -293,9 +293,7 @@ def measure(tools: Toolchain, repo: Path, *, full: bool = False) -> Interpreter:
         for root in roots:
             rows.append(f"R\0{root}")
             rows += _tree_rows(root, cache, full)
-        rows += [_row(path, path, cache, full) for path in outside if not roots]
-        if roots and outside:
-            rows.append(_row(binary, binary, cache, full))
+        rows += [_row(path, path, cache, full) for path in outside]
         digest, files = blake3_hex("\n".join(rows).encode()), len(rows)
         if folders is not None:
             record: Any = [folders, outside, since, digest, files, clock]
