@@ -71,10 +71,9 @@ def assert_done(db: AHDB, state: RunState, required: list[str], key: str) -> str
 
 
 def _record(db: AHDB, state: RunState, decision: Decision, results: dict[str, Result],
-            key: str, required: list[str], *, held: bool = False) -> str:
-    """Write the round's atoms; returns the ASSERT id when the work item is done (with
-    ``required``, the verifiers its claim needs). ``held``: it is done but a person must
-    approve first (``approve`` writes its ASSERT then)."""
+            key: str, *, held: bool = False) -> str:
+    """Write the round's atoms; returns the ASSERT id when the work item is done. ``held``:
+    it is done but a person must approve first (``approve`` writes its ASSERT then)."""
     item = state["work_item"]
     runs = state.get("runs", [])
     minted = state.get("attestations", {})
@@ -84,7 +83,9 @@ def _record(db: AHDB, state: RunState, decision: Decision, results: dict[str, Re
         db.hyperthesis(item.id, tree, claim="; ".join(blind_spots)[:1000],
                        attestation_ids=disclosed, key=f"{key}/hyperthesis")
     if decision.action == "done":
-        return "" if held else assert_done(db, state, required, key)
+        if held:
+            return ""
+        return assert_done(db, state, sorted({*item.required_verifiers, *results}), key)
     failing = [r for r in runs if r.report.result is Result.FAIL and r.run_id in minted
                and not r.diagnostic]
     if failing and decision.action in ("retry", "split", "halt", "escalate"):
@@ -355,8 +356,7 @@ async def adjudicate_node(state: RunState) -> Command[Goto]:
     # tree while it waited, and after a rejection (review 17, F1)
     held = decision.action == "done" and item.split_of is None and \
         policy.needs_approval(item.blast_radius)
-    required = sorted({*item.required_verifiers, *results})
-    asserted = _record(db, state, decision, results, key, required, held=held)
+    asserted = _record(db, state, decision, results, key, held=held)
     failpoint("adjudicate:written")
     end(f"{state['run_id']}-r{state.get('round', 0)}", {
         "choir.action": decision.action, "choir.verifiers": len(results)})
@@ -372,9 +372,9 @@ async def adjudicate_node(state: RunState) -> Command[Goto]:
             return _next_part(state, base)
         update = {**base, "status": "asserted", "asserted": asserted}
         if held:
-            return Command(update={**update, "status": "awaiting_approval",
-                                   "held": {"key": key, "required": required}},
-                           goto="approve")
+            return Command(update={**update, "status": "awaiting_approval", "held": {
+                "key": key, "required": sorted({*item.required_verifiers, *results})}},
+                goto="approve")
         return Command(update=update, goto="__end__")
     if decision.action in ("nested", "broaden"):
         return Command(goto="direct", update={

@@ -160,7 +160,8 @@ async def run_verifier_thread(
 
     loop = asyncio.get_running_loop()
     # the verifier's record, read while its step runs (nothing of this run is in it either
-    # way: its attestation is minted after the report; ``verifier_history`` never raises)
+    # way: its attestation is minted after the report)
+    # (``verifier_history`` never raises)
     history = loop.run_in_executor(None, verifier_history, spec.name)
     result = await loop.run_in_executor(
         _POOL,
