@@ -227,14 +227,16 @@ class Backend:
     def open(cls, config: RepoConfig, policy: Policy, mood: Mood, *, name: str | None = None,
              on_event: Event = _nobody) -> Backend:
         """Open the sandbox ``config`` (or ``name``) names, and the cluster client; ``close``
-        it after. Needs no tree: ``choir verify`` opens it while the snapshot is taken.
+        it after. Needs no tree: ``choir verify`` opens it while the snapshot is taken. The
+        interpreter's vouch runs beside the round (``open_sandbox(beside=True)``); a refusal
+        is a UserError from the round.
 
         Raises:
             UserError: the mood refuses the sandbox available, or its name is unknown.
         """
         from choir.distributed import fanout_from_env
 
-        sandbox = open_sandbox(config, policy, mood, name)
+        sandbox = open_sandbox(config, policy, mood, name, beside=True)
         try:
             on_event({"kind": "sandbox", "name": sandbox.name, "isolation": sandbox.isolation,
                       "why": sandbox.chosen_because})
@@ -300,8 +302,12 @@ async def run_round(rnd: Round, planned: Sequence[PlannedVerifier], *,
     assert use is not None
     try:
         runner = use.fanout.run_verifier if use.fanout is not None else None
-        return list(await asyncio.gather(*(
+        threads = list(await asyncio.gather(*(
             run_green(rnd, p, sandbox=use.sandbox, runner=runner) for p in planned)))
+        vouching = use.sandbox.vouching if use.sandbox is not None else None
+        if vouching is not None:  # it holds before any run is attested: the runs sealed
+            await asyncio.wrap_future(vouching)  # here waited for it, a cluster's did not
+        return threads
     finally:
         if share:
             _release(rnd)

@@ -330,6 +330,24 @@ def trust(tools: Toolchain, repo: Path) -> Interpreter:
     return found.model_copy(update={"trust": "trusted" if found.in_repo else "outside-repo"})
 
 
+def refuse_reached(tools: Toolchain, repo: Path) -> None:
+    """Refuse an interpreter the repo reaches (PARANOID), from its folders alone: nothing is
+    hashed, so ``open_sandbox`` says it before a step runs even when the vouch itself runs
+    beside the steps.
+
+    Raises:
+        UserError: the repo reaches the interpreter (it lies in the repo, or its ``.venv``
+            leads to it).
+    """
+    python = python_of(tools)
+    base = os.path.dirname(os.path.dirname(os.path.realpath(python)))
+    if _reached_from(repo, tools, base):
+        raise UserError(f"the mood refuses the interpreter {tools.venv or python}: the repo "
+                        "reaches it, it is outside the tree hash and an executor could have "
+                        "changed it; set sandbox.python in choir.yaml to an interpreter outside "
+                        "the repo")
+
+
 def vouch(tools: Toolchain, repo: Path, *, refuse_in_repo: bool = False) -> Interpreter:
     """The interpreter ``tools`` runs, checked against the one trusted for ``repo``.
 
@@ -338,6 +356,8 @@ def vouch(tools: Toolchain, repo: Path, *, refuse_in_repo: bool = False) -> Inte
             not the interpreter, or not the digest, trusted for the repo (it changed since:
             an executor may have planted code there).
     """
+    if refuse_in_repo:
+        refuse_reached(tools, repo)
     found = measure(tools, repo)
     if not found.in_repo:
         # no interpreter in the repo is a trusted state too: without a record, a `.venv` an
@@ -346,10 +366,6 @@ def vouch(tools: Toolchain, repo: Path, *, refuse_in_repo: bool = False) -> Inte
             _record(found, repo)
         return found
     where = found.venv or found.python
-    if refuse_in_repo:
-        raise UserError(f"the mood refuses the interpreter {where}: the repo reaches it, it "
-                        "is outside the tree hash and an executor could have changed it; set "
-                        "sandbox.python in choir.yaml to an interpreter outside the repo")
     try:
         trusted = json.loads(_trust_file(repo).read_text())
     except FileNotFoundError:

@@ -18,6 +18,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -303,8 +304,21 @@ class Sandbox(abc.ABC):
     # else "named in choir.yaml or --sandbox"
     chosen_because: str = "named in choir.yaml or --sandbox"
     # set by ``open_sandbox``: the interpreter the steps run, vouched for against the digest
-    # trusted for the repo (``_interpreter.vouch``); recorded in every run's manifest
+    # trusted for the repo (``_interpreter.vouch``); recorded in every run's manifest.
+    # ``vouching``: that vouch, while it runs beside the steps (``open_sandbox(beside=True)``)
     interpreter: Interpreter | None = None
+    vouching: Future[Interpreter] | None = None
+
+    def vouched(self) -> Interpreter | None:
+        """``interpreter``, once a vouch running beside the steps holds (waits for it).
+
+        Raises:
+            UserError: the vouch refused the interpreter; again on every call, so no run of
+                this sandbox is sealed after a refusal.
+        """
+        if self.vouching is not None:
+            self.interpreter = self.vouching.result()
+        return self.interpreter
 
     @classmethod
     def available(cls) -> bool:

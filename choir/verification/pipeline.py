@@ -23,7 +23,7 @@ from typing import BinaryIO, Literal
 
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.collect import OutBounds
-from choir.exceptions import ConfigError, IntegrityError
+from choir.exceptions import ConfigError, IntegrityError, UserError
 from choir.models import (
     AppliedLimits,
     CommandRecord,
@@ -180,6 +180,9 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
     # inode, so one object); the command and any failure are in the manifest and the tail.
     single = len(spec.steps) == 1
     # its steps belong to this run: a cancelled gate stops them alone (``stop.stop_runs``)
+    if sandbox.vouching is not None:  # a vouch beside the steps: its refusal stops them
+        sandbox.vouching.add_done_callback(
+            lambda vouch: vouch.exception() is not None and stop.stop_runs(run_id))
     with stop.running(run_id), open(logs / "combined.log", "wb") as combined:
         for number, step in enumerate(spec.steps, start=1):
             remaining = deadline - time.monotonic()
@@ -231,6 +234,13 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
                 tail.feed(note)
                 status = "FAIL"
                 break
+    try:  # nothing is sealed before the interpreter the steps ran is vouched for
+        interpreter = _interpreter(sandbox, repo)
+    except UserError:
+        store.set_aside(run_id)  # kept for a person to look at, never as evidence
+        raise
+    finally:
+        stop.forget(run_id)
     only = logs / f"step-01-{spec.steps[0].name}.log"
     if single and only.exists():
         (logs / "combined.log").unlink()
@@ -257,7 +267,7 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
                           sandbox=sandbox.name, isolation=sandbox.isolation,
                           transfer=described.get("transfer"),  # type: ignore[arg-type]
                           limits_applied=AppliedLimits.weakest(applied),
-                          interpreter=_interpreter(sandbox, repo)),
+                          interpreter=interpreter),
         infra_error=infra_error[:1000] if infra_error else None,
         files=files, bytes_logged=total,
     )
@@ -268,10 +278,16 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
 
 
 def _interpreter(sandbox: Sandbox, repo: Path) -> Interpreter | None:
-    """What the steps ran: as vouched for when the sandbox opened, else measured now (a
-    sandbox not opened by ``open_sandbox``: a cluster worker's, a test's)."""
-    if sandbox.interpreter is not None:
-        return sandbox.interpreter
+    """What the steps ran: as vouched for when the sandbox opened (waiting for a vouch
+    still running beside the steps), else measured now (a sandbox not opened by
+    ``open_sandbox``: a cluster worker's, a test's).
+
+    Raises:
+        UserError: the vouch refused the interpreter.
+    """
+    found = sandbox.vouched()
+    if found is not None:
+        return found
     try:
         tools = sandbox.toolchain(repo)
         return measure(tools, repo) if tools is not None else None

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,29 @@ def test_a_pth_planted_between_runs_is_refused_not_run(repo: Path) -> None:
     (_site(repo / ".venv") / "zz_choir_plant.pth").write_text(PLANT)
     with pytest.raises(UserError, match="not the one trusted"):
         _verify(repo)
+
+
+def test_a_planted_interpreter_vouched_beside_its_step_is_stopped_and_nothing_is_sealed(
+    repo: Path
+) -> None:
+    """The vouch runs beside the round's steps (``open_sandbox(beside=True)``), so a planted
+    interpreter may start in the sandbox: its refusal must stop the step at once, set its
+    run aside unsealed and attest nothing. The plant here holds every interpreter start for
+    a minute; before the refusal stopped the steps, the round waited for it."""
+    from choir.evidence.artifacts import ArtifactStore
+
+    assert _verify(repo)["status"] == "FAIL"
+    store, attested = ArtifactStore(), set(AttestationStore().ids())
+    runs = set(os.listdir(store.root / "runs"))
+    (_site(repo / ".venv") / "zz_choir_plant.pth").write_text("import time; time.sleep(60)\n")
+    started = time.monotonic()
+    with pytest.raises(UserError, match="not the one trusted"):
+        _verify(repo)
+    assert time.monotonic() - started < 30  # stopped, not waited for
+    assert set(AttestationStore().ids()) == attested
+    assert set(os.listdir(store.root / "runs")) == runs  # the refused run left no folder
+    aside = [p.name for p in (store.root / "aborted").iterdir()]
+    assert any(name.split(".")[0].endswith("-check-0") for name in aside), aside
 
 
 def test_a_venv_link_swapped_to_a_planted_venv_is_refused(repo: Path) -> None:
