@@ -40,11 +40,13 @@ class Conn(Protocol):
 
 @dataclass
 class Session:
-    """One thread's connection and how deep it is inside the store's write transaction."""
+    """One thread's connection, how deep it is inside the store's write transaction, and
+    the attestations that transaction has verified (``AHDB._verified``)."""
 
     conn: Conn
     depth: int = 0
     appended: tuple[int, str] | None = None
+    verified: dict[str, Any] = field(default_factory=dict)
 
 
 class Backend(Protocol):

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from choir._core.canonical import blake3_hex, canonical_json
 from choir._core.failpoints import failpoint
@@ -139,10 +139,22 @@ class AHDB:
         self.where = self.backend.where
         self.signer = signer
         self.trusted_keys = frozenset(trusted_keys or ())
-        self._lookup = attestation_lookup(attestations, artifacts, trusted_keys)
+        self._check = attestation_lookup(attestations, artifacts, trusted_keys)
         self.backend.ensure_schema()
         if self.backend.version(self._conn()) < SCHEMA_VERSION:
             self._materialise_once()
+
+    def _lookup(self, attestation_id: str) -> Attestation:
+        """The attestation, loaded and fully verified (``attestation_lookup``); inside a
+        write transaction, once: the rules and the outcome's own check read the same one two
+        or three times, each a signature check and a re-hash of its report and manifest."""
+        sess = self.backend.session()
+        if not sess.depth:
+            return self._check(attestation_id)
+        key = f"{id(self)}/{attestation_id}"  # this store's trusted keys decided it
+        if key not in sess.verified:
+            sess.verified[key] = self._check(attestation_id)
+        return cast(Attestation, sess.verified[key])
 
     @property
     def _local(self) -> Session:
@@ -183,6 +195,7 @@ class AHDB:
             return
         self.backend.begin(conn)
         sess.depth, sess.appended = 1, None
+        sess.verified.clear()  # checked again in every transaction: the store may change
         line = None
         try:
             yield conn
@@ -193,9 +206,11 @@ class AHDB:
                 self.backend.publish_head(line)
         except BaseException:
             sess.depth = 0
+            sess.verified.clear()
             conn.execute("ROLLBACK")
             raise
         sess.depth = 0
+        sess.verified.clear()
         conn.execute("COMMIT")
         failpoint("ahdb:committed")
         if line is not None:  # a copy outside the database; losing it loses no coverage

@@ -196,7 +196,6 @@ async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: 
     # and a configuration error still wins (the snapshot is then removed).
     full = full_rehash(mood or Mood.CALM)  # PARANOID reads every file: no stat cache
     taking = loop.run_in_executor(None, partial(snapshot_target, repo, snapshots, full=full))
-    clearing = loop.run_in_executor(None, clear_stale_temps)  # what killed writers left
     emit = on_event or _quiet
     backend: Backend | None = None
     try:
@@ -222,12 +221,10 @@ async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: 
         backend = Backend.open(config, policy, mood, name=sandbox_name,
                                on_event=lambda event: emit("progress", event))
         target, verified = await taking
-        await clearing
     except BaseException:
         if backend is not None:
             backend.close()
-        pending: list[asyncio.Future[Any]] = [taking, clearing]
-        await asyncio.wait(pending)  # never remove a snapshot still being written
+        await asyncio.wait([taking])  # never remove a snapshot still being written
         remove_snapshot(snapshots)
         raise
     rnd = Round(id=session, config=config, policy=policy, mood=mood, target=target,
@@ -251,13 +248,17 @@ async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: 
             remove_snapshot(snapshots)
             raise
         backend.close()
-        # removed beside the attestations (a few hundred unlinks), and awaited before returning
+        # removed beside the attestations (a few hundred unlinks), and awaited before
+        # returning; with what writers killed mid-write left (housekeeping: off the path to
+        # the first step, where its stats would compete with the snapshot and the launch)
         removing = loop.run_in_executor(None, remove_snapshot, snapshots)
+        clearing = loop.run_in_executor(None, clear_stale_temps)
         try:
             outcome = _conclude(repo, rnd, backend, plan, planned, pairs, started, claim,
                                 required)
         finally:
             await removing
+            await clearing  # never raises
         this_round.set({"choir.verdict": outcome.verdict, "choir.verifiers": len(planned)})
         return outcome
 

@@ -101,14 +101,27 @@ class _Link:
                 self.gone = True
 
 
-def warm_idle() -> None:
-    """What an idle worker readies before its request: launchers in cgroup pairs, and the
-    bwrap probe every sandbox choice asks for (answers a cold process finds the same way)."""
+def warm_idle(broker: socket.socket | None = None) -> None:
+    """What an idle worker readies before its request: launchers in cgroup pairs, the
+    bwrap probe every sandbox choice asks for (answers a cold process finds the same way),
+    and its broker (a fresh fork of the service's: a first question pays its first touches
+    of memory, which the request's own check of the key then does not). Nothing here
+    decides anything: the request asks the broker again (``answer``)."""
     from choir.sandbox import _cgroups
     from choir.sandbox.bwrap import BwrapSandbox
+    from choir.trusted.protocol import Request, recv, send
 
     _cgroups.prearm(PREARM, single_use=True)
     BwrapSandbox.available()
+    if broker is not None:
+        broker.settimeout(REQUEST_WAIT_S)
+        try:
+            send(broker, Request(op="hello"))
+            recv(broker)
+        except (OSError, ValueError):
+            pass  # a broker gone or stuck is found, and said, when the request asks
+        finally:
+            broker.settimeout(None)
 
 
 def run(service: Service, ctl: socket.socket, broker: tuple[int, socket.socket]) -> None:

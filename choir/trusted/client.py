@@ -112,7 +112,7 @@ class BrokerSigner:
         if self._sock is None or os.getpid() != self._owner:
             return False
         try:
-            self._ask(Request(op="hello"))
+            self._hello = self._ask(Request(op="hello"))  # the key it holds now
         except IntegrityError:
             return False
         return True
