@@ -23,7 +23,7 @@ from typing import Protocol
 import blake3
 
 from choir._core import fsopen
-from choir.evidence.git import GitRepo, locate, tree_id
+from choir.evidence.git import GitRepo, ObjectReader, locate, tree_id
 from choir.evidence.statcache import Hashed, StatCache
 from choir.evidence.store import MODES, Store
 from choir.exceptions import IntegrityError, UserError
@@ -281,13 +281,16 @@ def _write(fd: int, st: os.stat_result, rel: str, sink: _Sink, oid_len: int) -> 
     return hashed
 
 
-def _head(git: GitRepo) -> tuple[str | None, str | None]:
+def _head(git: GitRepo, objects: ObjectReader | None = None) -> tuple[str | None, str | None]:
     """``HEAD``'s commit and the tree its (re-hashed) commit object records, from one
-    ``git cat-file`` (None, None: no commit; (sha, None): its object could not be read
-    back)."""
+    ``git cat-file`` (``objects``: one the caller started early and closes; None, None: no
+    commit; (sha, None): its object could not be read back)."""
     try:
-        with git.objects() as objects:
+        if objects is not None:
             found = objects.head()
+        else:
+            with git.objects() as started:
+                found = started.head()
     except (IntegrityError, OSError, ValueError):
         return git.rev("HEAD"), None
     return found if found is not None else (None, None)
@@ -306,18 +309,20 @@ def _clean_commit(head: str | None, recorded: str | None, seen: dict[str, tuple[
 
 def scan(repo: Path, sink: _Sink | None, manifest: list[bytes] | None = None,
           *, commit: bool = True, everything: bool = False, store: Store | None = None,
-          listing: Callable[[], bytes | None] | None = None) -> Snapshot:
+          listing: Callable[[], bytes | None] | None = None,
+          objects: ObjectReader | None = None) -> Snapshot:
     """One pass over the tree: hash every listed file and, with ``sink``, put it there.
 
     Every file is reached through ``choir._core.fsopen`` (no link followed on the way); a
     listed path that can only be reached through a symlinked folder is skipped, as git
     itself treats it (deleted from the work tree). With ``store`` the stat cache kept there
     answers for files whose ``lstat`` did not change (``choir.evidence.statcache``), when
-    the sink still holds their bytes.
+    the sink still holds their bytes. ``listing`` and ``objects``: git's listing of the
+    tree and a reader of its objects, started by the caller while it prepared.
     """
     repo = repo.resolve()
     git = None if everything else locate(repo)
-    head, recorded = _head(git) if commit and git is not None else (None, None)
+    head, recorded = _head(git, objects) if commit and git is not None else (None, None)
     oid_len = len(head) if head else 40
     cache = StatCache.of(store.root, repo, oid_len) if store is not None else None
     listed = _files(repo, git, everything=everything, listing=listing)

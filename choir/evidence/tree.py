@@ -37,7 +37,7 @@ import blake3
 
 from choir._core import fsopen
 from choir._core.paths import artifact_dir
-from choir.evidence.git import GitRepo, is_oid, locate
+from choir.evidence.git import GitRepo, ObjectReader, is_oid, locate
 from choir.evidence.scan import LIST, CopySink, Snapshot, Stray, scan
 from choir.evidence.sealer import Sealer, StaleBase
 from choir.evidence.statcache import repo_key
@@ -168,15 +168,23 @@ def _seal_once(repo: Path, root: Path, store: Store, full: bool, *,
                beside: bool) -> Snapshot | None:
     real = repo.resolve()
     git = locate(real)
+    # git's two processes start now and run while the store readies the base
     listing = git.start(*LIST) if git is not None else None
+    objects = _reader(git) if git is not None else None
     family = repo_key(git.common_dir) if git is not None else ""
-    sealer = Sealer(store, repo_key(real), family, full=full)
+    try:
+        sealer = Sealer(store, repo_key(real), family, full=full)
+    except BaseException:
+        if objects is not None:
+            objects.close()
+        raise
     try:
         if beside:  # while git lists the tree, and for a big base, all through the scan
             sealer.start_check()
         else:
             sealer.check()
-        snap = scan(real, sealer, store=None if full else store, listing=listing)
+        snap = scan(real, sealer, store=None if full else store, listing=listing,
+                    objects=objects)
         sealer.reconcile()
         try:
             tree = sealer.build()
@@ -194,6 +202,17 @@ def _seal_once(repo: Path, root: Path, store: Store, full: bool, *,
         return _placed(snap, final)
     finally:
         sealer.close()
+        if objects is not None:
+            objects.close()
+
+
+def _reader(git: GitRepo) -> ObjectReader | None:
+    """A reader of ``git``'s objects, started now; None when git cannot start (the scan
+    then asks git for ``HEAD`` its own way)."""
+    try:
+        return git.objects()
+    except OSError:
+        return None
 
 
 def _into_place(made: Path, final: Path, tree: str, *, full: bool = False) -> bool:
