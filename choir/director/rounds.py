@@ -228,8 +228,9 @@ class Backend:
              on_event: Event = _nobody) -> Backend:
         """Open the sandbox ``config`` (or ``name``) names, and the cluster client; ``close``
         it after. Needs no tree: ``choir verify`` opens it while the snapshot is taken. The
-        interpreter's vouch runs beside the round (``open_sandbox(beside=True)``); a refusal
-        is a UserError from the round.
+        interpreter's vouch runs while the round gets ready (``open_sandbox(beside=True)``);
+        every run waits for it before it starts, and a refusal is a UserError from the
+        round.
 
         Raises:
             UserError: the mood refuses the sandbox available, or its name is unknown.
@@ -302,12 +303,8 @@ async def run_round(rnd: Round, planned: Sequence[PlannedVerifier], *,
     assert use is not None
     try:
         runner = use.fanout.run_verifier if use.fanout is not None else None
-        threads = list(await asyncio.gather(*(
+        return list(await asyncio.gather(*(
             run_green(rnd, p, sandbox=use.sandbox, runner=runner) for p in planned)))
-        vouching = use.sandbox.vouching if use.sandbox is not None else None
-        if vouching is not None:  # it holds before any run is attested: the runs sealed
-            await asyncio.wrap_future(vouching)  # here waited for it, a cluster's did not
-        return threads
     finally:
         if share:
             _release(rnd)

@@ -43,6 +43,7 @@ import json
 import os
 import stat
 import subprocess
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -62,6 +63,7 @@ RACY_S = 2.0  # a change this close to a read may keep the ctime the read saw
 _MEMO: dict[str, dict[str, list[int | str]]] = {}  # cache file -> entries, this process
 _DIRTY: set[int] = set()  # caches with entries not yet saved (by id)
 _MEMO_STAT: dict[str, tuple[int, ...]] = {}  # cache file -> its stat when read
+_LOCK = threading.RLock()  # the caches above, and the records, one measure at a time
 
 
 def python_of(tools: Toolchain) -> str:
@@ -269,7 +271,14 @@ def measure(tools: Toolchain, repo: Path, *, full: bool = False) -> Interpreter:
     """The interpreter ``tools`` runs, hashed (its whole folder when the repo reaches it).
 
     ``trust`` is ``outside-repo`` or, for one in the repo, ``first-use`` until ``vouch``.
+    One at a time in a process: vouches run in threads of their own
+    (``open_sandbox(beside=True)``) and share the per-file caches.
     """
+    with _LOCK:
+        return _measure(tools, repo, full=full)
+
+
+def _measure(tools: Toolchain, repo: Path, *, full: bool) -> Interpreter:
     python = python_of(tools)
     binary = os.path.realpath(python)
     base = os.path.dirname(os.path.dirname(binary))
@@ -324,8 +333,9 @@ def _record(found: Interpreter, repo: Path) -> None:
 
 def trust(tools: Toolchain, repo: Path) -> Interpreter:
     """Record the interpreter ``repo`` runs now, fully re-hashed, as the trusted one."""
-    _MEMO.clear()  # read the files, not what this process cached
-    found = measure(tools, repo, full=True)
+    with _LOCK:
+        _MEMO.clear()  # read the files, not what this process cached
+        found = measure(tools, repo, full=True)
     _record(found, repo)
     return found.model_copy(update={"trust": "trusted" if found.in_repo else "outside-repo"})
 
@@ -356,6 +366,11 @@ def vouch(tools: Toolchain, repo: Path, *, refuse_in_repo: bool = False) -> Inte
             not the interpreter, or not the digest, trusted for the repo (it changed since:
             an executor may have planted code there).
     """
+    with _LOCK:  # its trust record read and written under the caches' lock as well
+        return _vouch(tools, repo, refuse_in_repo=refuse_in_repo)
+
+
+def _vouch(tools: Toolchain, repo: Path, *, refuse_in_repo: bool) -> Interpreter:
     if refuse_in_repo:
         refuse_reached(tools, repo)
     found = measure(tools, repo)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import _thread
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -118,10 +119,13 @@ def warm_idle(broker: socket.socket | None = None) -> None:
         try:
             send(broker, Request(op="hello"))
             recv(broker)
-        except (OSError, ValueError):
-            pass  # a broker gone or stuck is found, and said, when the request asks
-        finally:
             broker.settimeout(None)
+        except (OSError, ValueError):
+            # a reply that came late, or half of one, would answer the request's question:
+            # the channel is ended instead, and the request finds the broker gone (refused,
+            # so the client runs cold and says why)
+            with contextlib.suppress(OSError):
+                broker.shutdown(socket.SHUT_RDWR)
 
 
 def run(service: Service, ctl: socket.socket, broker: tuple[int, socket.socket]) -> None:

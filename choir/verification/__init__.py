@@ -73,10 +73,11 @@ def open_sandbox(config: RepoConfig, policy: Policy, mood: Mood,
     The interpreter the steps will run is vouched for here (``_interpreter.vouch``): one
     the repo reaches must be the one trusted for it, digest included. ``beside``: the vouch
     (a ``stat`` of every file of a ``.venv``, 8 ms of a core for 2,700 files) runs in a
-    thread of its own while the round starts and its steps run, instead of before: no run is
-    sealed, so none attested, until it holds (``Sandbox.vouched``), and a refusal stops the
-    steps (``choir.verification.pipeline``). The mood's refusal of an interpreter the repo
-    reaches is said here either way, before anything runs.
+    thread of its own while the caller gets on (the snapshot, the round's set-up), and
+    every run waits for it before anything of it starts, locally or on a cluster
+    (``Sandbox.vouched``: ``run_verifier_thread``, ``pipeline.run_verifier``): no step ever
+    runs an interpreter the vouch has not passed. The mood's refusal of an interpreter the
+    repo reaches is said here either way.
 
     Raises:
         UserError: the mood refuses a sandbox without isolation or one that cannot apply
@@ -123,22 +124,19 @@ def open_sandbox(config: RepoConfig, policy: Policy, mood: Mood,
     return sandbox
 
 
-_VOUCHES = threading.Lock()  # one vouch at a time: they share the per-file caches
-
-
 def _beside(check: Callable[[], Interpreter]) -> Future[Interpreter]:
     """``check()`` in a thread of its own (not a pool's: a fork of a process whose pool had
-    threads would wait on threads the fork does not have); its answer or its error."""
+    threads would wait on threads the fork does not have); its answer or its error. A
+    daemon: a command that ends early (a configuration error) does not wait for it."""
     done: Future[Interpreter] = Future()
 
     def work() -> None:
         try:
-            with _VOUCHES:
-                done.set_result(check())
+            done.set_result(check())
         except BaseException as exc:  # noqa: BLE001 - handed to whoever waits for it
             done.set_exception(exc)
 
-    threading.Thread(target=work, name="choir-vouch").start()
+    threading.Thread(target=work, name="choir-vouch", daemon=True).start()
     return done
 
 
@@ -190,6 +188,8 @@ async def run_verifier_thread(
     """
 
     loop = asyncio.get_running_loop()
+    if sandbox.vouching is not None:  # nothing starts, here or on a cluster, before it holds
+        await asyncio.wrap_future(sandbox.vouching)
     running = loop.run_in_executor(
         _POOL,
         functools.partial(runner or run_verifier, spec, repo=repo, sandbox=sandbox, store=store,

@@ -23,7 +23,7 @@ from typing import BinaryIO, Literal
 
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.collect import OutBounds
-from choir.exceptions import ConfigError, IntegrityError, UserError
+from choir.exceptions import ConfigError, IntegrityError
 from choir.models import (
     AppliedLimits,
     CommandRecord,
@@ -158,6 +158,9 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
     Raises:
         IntegrityError: the run id already names a run of another verifier or tree.
     """
+    # the interpreter the steps will run, vouched for before anything runs or is reused (a
+    # vouch started when the sandbox opened is waited for here: ``Sandbox.vouched``)
+    interpreter = _interpreter(sandbox, repo)
     replayed = replay_sealed(store, run_id, spec, target)
     if replayed is not None:
         return replayed
@@ -180,9 +183,6 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
     # inode, so one object); the command and any failure are in the manifest and the tail.
     single = len(spec.steps) == 1
     # its steps belong to this run: a cancelled gate stops them alone (``stop.stop_runs``)
-    if sandbox.vouching is not None:  # a vouch beside the steps: its refusal stops them
-        sandbox.vouching.add_done_callback(
-            lambda vouch: vouch.exception() is not None and stop.stop_runs(run_id))
     with stop.running(run_id), open(logs / "combined.log", "wb") as combined:
         for number, step in enumerate(spec.steps, start=1):
             remaining = deadline - time.monotonic()
@@ -234,13 +234,6 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
                 tail.feed(note)
                 status = "FAIL"
                 break
-    try:  # nothing is sealed before the interpreter the steps ran is vouched for
-        interpreter = _interpreter(sandbox, repo)
-    except UserError:
-        store.set_aside(run_id)  # kept for a person to look at, never as evidence
-        raise
-    finally:
-        stop.forget(run_id)
     only = logs / f"step-01-{spec.steps[0].name}.log"
     if single and only.exists():
         (logs / "combined.log").unlink()
@@ -278,9 +271,9 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
 
 
 def _interpreter(sandbox: Sandbox, repo: Path) -> Interpreter | None:
-    """What the steps ran: as vouched for when the sandbox opened (waiting for a vouch
-    still running beside the steps), else measured now (a sandbox not opened by
-    ``open_sandbox``: a cluster worker's, a test's).
+    """What the steps will run: as vouched for when the sandbox opened (waiting for a vouch
+    still running), else measured now (a sandbox not opened by ``open_sandbox``: a cluster
+    worker's, a test's).
 
     Raises:
         UserError: the vouch refused the interpreter.
