@@ -13,6 +13,7 @@ result (FAIL / INCONCLUSIVE) or exit 1. Constructors only store what they are gi
     ├── NotFoundError                  a stored object (attestation, ...) is absent; a LookupError
     ├── PromotionError                 an AHDB write that the promotion rules forbid
     ├── SandboxError                   the sandbox could not start or run: INCONCLUSIVE
+    │   └── ModelUnavailableError      an executor's model did not answer: no attempt spent
     ├── ReporterError                  the cheap model failed; the deterministic report is used
     └── AgentError                     agent run-time failures
         ├── VerificationRejected       the verifier rejected a candidate: counts an attempt
@@ -36,6 +37,7 @@ __all__ = [
     "IntegrityError",
     "InvalidModelResponse",
     "MissingExtraError",
+    "ModelUnavailableError",
     "NotFoundError",
     "PromotionError",
     "ReporterError",
@@ -157,6 +159,12 @@ class PromotionError(ChoirError):
 
 class SandboxError(ChoirError):
     """The sandbox itself failed (could not start, engine gone): INCONCLUSIVE, never FAIL."""
+
+
+class ModelUnavailableError(SandboxError):
+    """An executor's model did not answer (after the agent's own bounded retries):
+    infrastructure, like a sandbox that could not start. No attempt of the work item's
+    budget is spent on it; ``choir run --resume`` asks again from the last turn."""
 
 
 class ReporterError(ChoirError):

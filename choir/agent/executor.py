@@ -24,6 +24,7 @@ from choir._core.ids import check_run_id
 from choir._core.paths import choir_home
 from choir._core.resources import load_text
 from choir.agent.agent import Agent, AgentResult
+from choir.agent.feedback import one_line
 from choir.agent.files import RepoFiles
 from choir.agent.store import SqliteContextStore
 from choir.config import CONFIG_NAME, load_repo_config
@@ -33,7 +34,12 @@ from choir.director.rounds import Round, attest_round, run_round
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.target import snapshot_target
 from choir.evidence.tree import remove_snapshot, snapshot_root
-from choir.exceptions import ConfigError, SandboxError, VerificationRejected
+from choir.exceptions import (
+    ConfigError,
+    ModelUnavailableError,
+    SandboxError,
+    VerificationRejected,
+)
 from choir.executors import interpreter_in_repo, masked_paths
 from choir.executors.pinned import GateContext, current_gate
 from choir.executors.prompt import work_prompt
@@ -201,6 +207,16 @@ def run_llm(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport]
         result: AgentResult | None = asyncio.run(go())
     except TimeoutError:
         result = None
+    if result is not None and result.status == "failed" and result.error == "model_error":
+        # the model did not answer, after the agent's retries: the infrastructure failed,
+        # not the work (a model server down, a key refused). The run is put back as it stood
+        # before that call, so a resume asks again from there, and the attempt is not
+        # recorded: none of the item's budget is spent on an outage
+        store.save(agent_run, result.context.model_copy(update={"status": "running",
+                                                                 "error": None}))
+        raise ModelUnavailableError(
+            f"the executor's model {model} did not answer ({one_line(result.message)[:300]});"
+            " no attempt was charged for it: `choir run --resume` asks again")
     record: dict[str, Any] = {"agent_run": agent_run, "changed_files": files.changed_files()}
     if result is None:
         record.update(status="failed", error="timeout")

@@ -100,3 +100,29 @@ def test_the_work_item_bounds_every_turn_of_the_llm_executor(tmp_path: Path) -> 
     assert proc.returncode == 1, proc.stderr  # no tool call ever: the evidence says FAIL
     assert json.loads(proc.stdout)["status"] == "halted"
     assert server.bodies and all(b["max_tokens"] == 256 for b in server.bodies)
+
+
+def test_a_model_outage_spends_no_attempt_and_resume_asks_again(tmp_path: Path) -> None:
+    """A model server down (503 on every try, the agent's own retries included) was a
+    failed attempt: with ``max_attempts: 1`` the run halted, its budget spent on an outage,
+    and a resume could only halt again (the agent's run was stored as failed). Now ``choir
+    run`` stops before recording the attempt (exit 4, the reason said), the agent's run is
+    put back as it stood before the call, and ``--resume`` with the model back finishes it
+    at attempt 1."""
+    with FakeModelServer([503], repeat_last=True) as down:
+        item = make_item(tmp_path, down.model)
+        item.write_text(item.read_text().replace("max_attempts: 2", "max_attempts: 1"))
+        env = dict(os.environ, OPENAI_API_BASE=down.api_base, OPENAI_API_KEY="sk-fake")
+        proc = choir("run", str(item), "--run-id", "outage", env=env)
+    assert proc.returncode == 4, proc.stderr + proc.stdout
+    assert "did not answer" in proc.stderr and "no attempt was charged" in proc.stderr
+    assert len(down.bodies) == 3  # the agent's own bounded retries, then the stop
+    script = [reply(tool_call("write_file", {"path": "calc.py", "content": RIGHT})),
+              final_output(summary="add returns a + b")]
+    with FakeModelServer(script) as back:
+        env = dict(env, OPENAI_API_BASE=back.api_base)
+        again = choir("run", "--resume", "outage", "--json", env=env)
+    assert again.returncode == 0, again.stderr + again.stdout
+    out = json.loads(again.stdout)
+    assert out["status"] == "asserted" and out["attempt"] == 1, out
+    assert back.bodies[0]["messages"] == down.bodies[0]["messages"]  # asked again, same turn
