@@ -29,14 +29,16 @@ machine that sets ``PYTHONDONTWRITEBYTECODE`` globally, an editable checkout wou
 recompile the CLI's modules on every run, which no installed Choir does.
 
 Prints wall and CPU seconds (user+sys of the reaped process tree) of every run, the medians
-and the median ratios to ``bare``. For the ``choir`` rows the CPU is Choir's own (its
-process, git, the launcher): the sandboxed pytest is reaped inside bwrap's pid namespace and
-is not counted, so ``cpu`` there is the fixed overhead in CPU seconds, which a loaded machine
-does not stretch the way it stretches wall time. ``--project toolz`` uses toolz 1.2.0's
-sdist from the pip cache (``pip download`` works offline from it), ``slugify``
-python-slugify 9.2.0's (the other suite #24 names; its tests need ``text-unidecode``);
-``generated`` writes ``--tests`` tests of about ``--work-ms`` of pure-Python work each, for
-a longer suite.
+and the median ratios to ``bare``, and ``paired +ms``: the median over rounds of a row's
+wall less the same round's ``bare`` (a machine that drifts during the run moves both, where
+the difference of the two medians takes in the drift of each). For the ``choir`` rows the
+CPU is Choir's own (its process, git, the launcher): the sandboxed pytest is reaped inside
+bwrap's pid namespace and is not counted, so ``cpu`` there is the fixed overhead in CPU
+seconds, which a loaded machine does not stretch the way it stretches wall time.
+``--project toolz`` uses toolz 1.2.0's sdist from the pip cache (``pip download`` works
+offline from it), ``slugify`` python-slugify 9.2.0's (the other suite #24 names; its tests
+need ``text-unidecode``); ``generated`` writes ``--tests`` tests of about ``--work-ms``
+of pure-Python work each, for a longer suite.
 Nothing is left behind.
 """
 
@@ -244,12 +246,15 @@ def main() -> None:
         bare_cpu = statistics.median(c for _, c in samples["bare"])
         print(f"project {args.project}, sandbox {args.sandbox}, {args.runs} interleaved runs")
         print(f"{'config':11} {'wall s':>7} {'cpu s':>7} {'wall ratio':>11} {'cpu ratio':>10}"
-              f" {'wall +s':>8} {'cpu +s':>7}")
+              f" {'wall +s':>8} {'cpu +s':>7} {'paired +ms':>11}")
         for name, values in samples.items():
             wall = statistics.median(w for w, _ in values)
             cpu = statistics.median(c for _, c in values)
+            paired = statistics.median(w - b for (w, _), (b, _) in zip(values, samples["bare"],
+                                                                        strict=True))
             print(f"{name:11} {wall:7.2f} {cpu:7.2f} {wall / bare_wall:10.2f}x "
-                  f"{cpu / bare_cpu:9.2f}x {wall - bare_wall:8.2f} {cpu - bare_cpu:7.2f}")
+                  f"{cpu / bare_cpu:9.2f}x {wall - bare_wall:8.2f} {cpu - bare_cpu:7.2f}"
+                  f" {paired * 1000:11.0f}")
         for name, values in fixed.items():
             print(f"{name}: fixed (wall outside the sandboxed step) median "
                   f"{statistics.median(values) * 1000:.0f} ms, "
