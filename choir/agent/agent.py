@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from choir.postconditions.agent import Postcondition
 
 FINAL = "final_output"
+TRANSIENT = "transient"  # a model_error's detail when the last fault was worth a retry
 _BLAST_RADIUS: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "choir_agent_blast_radius", default=None)
 MAX_ERROR_CHARS = 1_500
@@ -258,7 +259,11 @@ class Agent:
             except Exception as exc:  # noqa: BLE001 - transport faults are retried, bounded
                 emit("model_error", {"error": one_line(f"{type(exc).__name__}: {exc}")})
                 if retry >= self.retry.max_retries or not retryable(exc):
-                    raise _Done(self._fail(ctx, "model_error")) from exc
+                    # the detail says whether it was an outage (a retry might have worked)
+                    # or a refusal (a bad request, a key refused): the caller decides on it
+                    raise _Done(self._fail(ctx, "model_error", (
+                        TRANSIENT if retryable(exc) else "refused") + ": " + one_line(
+                            f"{type(exc).__name__}: {exc}"))) from exc
                 await asyncio.sleep(self.retry.delay(retry))
         raise AssertionError("unreachable")  # pragma: no cover
 

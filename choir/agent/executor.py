@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 from choir._core.ids import check_run_id
 from choir._core.paths import choir_home
 from choir._core.resources import load_text
-from choir.agent.agent import Agent, AgentResult
+from choir.agent.agent import TRANSIENT, Agent, AgentResult
 from choir.agent.feedback import one_line
 from choir.agent.files import RepoFiles
 from choir.agent.store import SqliteContextStore
@@ -207,11 +207,14 @@ def run_llm(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport]
         result: AgentResult | None = asyncio.run(go())
     except TimeoutError:
         result = None
-    if result is not None and result.status == "failed" and result.error == "model_error":
-        # the model did not answer, after the agent's retries: the infrastructure failed,
-        # not the work (a model server down, a key refused). The run is put back as it stood
-        # before that call, so a resume asks again from there, and the attempt is not
-        # recorded: none of the item's budget is spent on an outage
+    if result is not None and result.status == "failed" and result.error == "model_error" \
+            and result.message.startswith(f"model_error: {TRANSIENT}"):
+        # the model did not answer, after the agent's retries (a server down or overloaded,
+        # a timeout): the infrastructure failed, not the work. The run is put back as it
+        # stood before that call, so a resume asks again from there, and the attempt is not
+        # recorded: none of the item's budget is spent on an outage. A refusal (a bad
+        # request: a conversation past the model's context; a key refused) is the attempt's,
+        # as before: the next attempt starts a fresh agent run
         store.save(agent_run, result.context.model_copy(update={"status": "running",
                                                                  "error": None}))
         raise ModelUnavailableError(

@@ -286,6 +286,19 @@ async def test_client_errors_are_not_retried() -> None:
     assert (result.status, result.error, model.calls) == ("failed", "model_error", 1)
 
 
+async def test_a_model_error_says_whether_it_was_an_outage_or_a_refusal() -> None:
+    """An ``llm`` executor charges no attempt for an outage (a retry might have worked) and
+    does for a refusal (a bad request will be refused again): the detail tells them apart."""
+    class BadRequest(Exception):
+        status_code = 400
+
+    a, _ = agent([ConnectionError("reset")], repeat_last=True)
+    assert (await a.run("q")).message.startswith("model_error: transient: ConnectionError")
+    b, _ = agent([BadRequest("context length exceeded")])
+    refused = await b.run("q")
+    assert (refused.error, refused.message.split(": ")[1]) == ("model_error", "refused")
+
+
 class _Crash(BaseException):
     """A simulated kill: not an Exception, so nothing in the loop may swallow it."""
 
