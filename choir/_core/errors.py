@@ -163,8 +163,9 @@ class SandboxError(ChoirError):
 
 class ModelUnavailableError(SandboxError):
     """An executor's model did not answer (a server down or overloaded, a timeout, after
-    the agent's own bounded retries): infrastructure, like a sandbox that could not start. No attempt of the work item's
-    budget is spent on it; ``choir run --resume`` asks again from the last turn."""
+    the agent's own bounded retries): infrastructure, like a sandbox that could not start.
+    No attempt of the work item's budget is spent on it; ``choir run --resume`` asks again
+    from the last turn."""
 
 
 class ReporterError(ChoirError):
