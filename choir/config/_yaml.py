@@ -116,19 +116,28 @@ def _read_capped(path: Path, root: Path | None = None, pinned: str | None = None
                           path=str(path), hint="save the file as UTF-8") from None
 
 
-def _count_aliases(yaml: Any, text: str, path: Path) -> None:
-    """Refuse a file with more than ``MAX_ALIASES`` aliases, from parser events alone."""
+def _counting(path: Path) -> Any:
+    """A ruamel composer that refuses a file with more than ``MAX_ALIASES`` aliases as it
+    meets them, in the one pass that builds the tree (a first pass over the parser's events
+    only to count them cost half of every parse: 8-10 ms of a cold command's)."""
+    from ruamel.yaml.composer import Composer
     from ruamel.yaml.events import AliasEvent
 
-    count = 0
-    for event in yaml.parse(text):
-        if isinstance(event, AliasEvent):
-            count += 1
-            if count > MAX_ALIASES:
-                raise ConfigError(
-                    f"more than {MAX_ALIASES} YAML aliases (*name): refused as an alias bomb",
-                    path=str(path), line=event.start_mark.line + 1 if event.start_mark else None,
-                    hint="write the values out, or use fewer anchors and aliases")
+    class Counting(Composer):
+        aliases = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.parser.check_event(AliasEvent):
+                self.aliases += 1
+                if self.aliases > MAX_ALIASES:
+                    mark = self.parser.peek_event().start_mark
+                    raise ConfigError(
+                        f"more than {MAX_ALIASES} YAML aliases (*name): refused as an alias "
+                        "bomb", path=str(path), line=mark.line + 1 if mark else None,
+                        hint="write the values out, or use fewer anchors and aliases")
+            return super().compose_node(parent, index)
+
+    return Counting
 
 
 def load_yaml(path: Path, *, root: Path | None = None, pinned: str | None = None) -> YamlDoc:
@@ -149,8 +158,8 @@ def load_yaml(path: Path, *, root: Path | None = None, pinned: str | None = None
 
     text = _read_capped(path, root, pinned)
     yaml = YAML(typ="rt")
+    yaml.Composer = _counting(path)
     try:
-        _count_aliases(yaml, text, path)
         tree = yaml.load(text)
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
