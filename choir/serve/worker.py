@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import _thread
 import atexit
-import contextlib
 import json
 import os
 import signal
@@ -102,30 +101,14 @@ class _Link:
                 self.gone = True
 
 
-def warm_idle(broker: socket.socket | None = None) -> None:
-    """What an idle worker readies before its request: launchers in cgroup pairs, the
-    bwrap probe every sandbox choice asks for (answers a cold process finds the same way),
-    and its broker (a fresh fork of the service's: a first question pays its first touches
-    of memory, which the request's own check of the key then does not). Nothing here
-    decides anything: the request asks the broker again (``answer``)."""
+def warm_idle() -> None:
+    """What an idle worker readies before its request: launchers in cgroup pairs, and the
+    bwrap probe every sandbox choice asks for (answers a cold process finds the same way)."""
     from choir.sandbox import _cgroups
     from choir.sandbox.bwrap import BwrapSandbox
-    from choir.trusted.protocol import Request, recv, send
 
     _cgroups.prearm(PREARM, single_use=True)
     BwrapSandbox.available()
-    if broker is not None:
-        broker.settimeout(REQUEST_WAIT_S)
-        try:
-            send(broker, Request(op="hello"))
-            recv(broker)
-            broker.settimeout(None)
-        except (OSError, ValueError):
-            # a reply that came late, or half of one, would answer the request's question:
-            # the channel is ended instead, and the request finds the broker gone (refused,
-            # so the client runs cold and says why)
-            with contextlib.suppress(OSError):
-                broker.shutdown(socket.SHUT_RDWR)
 
 
 def run(service: Service, ctl: socket.socket, broker: tuple[int, socket.socket]) -> None:
