@@ -261,9 +261,9 @@ class Agent:
                 if retry >= self.retry.max_retries or not retryable(exc):
                     # the detail says whether it was an outage (a retry might have worked)
                     # or a refusal (a bad request, a key refused): the caller decides on it
-                    raise _Done(self._fail(ctx, "model_error", (
-                        TRANSIENT if retryable(exc) else "refused") + ": " + one_line(
-                            f"{type(exc).__name__}: {exc}"))) from exc
+                    kind = TRANSIENT if retryable(exc) else "refused"
+                    raise _Done(self._fail(ctx, "model_error", f"{kind}: " + one_line(
+                        f"{type(exc).__name__}: {exc}"))) from exc
                 await asyncio.sleep(self.retry.delay(retry))
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -41,7 +41,7 @@ class Conn(Protocol):
 @dataclass
 class Session:
     """One thread's connection, how deep it is inside the store's write transaction, and
-    the attestations that transaction has verified (``AHDB._verified``)."""
+    the attestations that transaction has verified (``AHDB._lookup``)."""
 
     conn: Conn
     depth: int = 0

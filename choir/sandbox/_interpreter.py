@@ -333,17 +333,17 @@ def _record(found: Interpreter, repo: Path) -> None:
 
 def trust(tools: Toolchain, repo: Path) -> Interpreter:
     """Record the interpreter ``repo`` runs now, fully re-hashed, as the trusted one."""
-    with _LOCK:
+    with _LOCK:  # the caches and the records, as in ``vouch``
         _MEMO.clear()  # read the files, not what this process cached
         found = measure(tools, repo, full=True)
-    _record(found, repo)
+        _record(found, repo)
     return found.model_copy(update={"trust": "trusted" if found.in_repo else "outside-repo"})
 
 
 def refuse_reached(tools: Toolchain, repo: Path) -> None:
     """Refuse an interpreter the repo reaches (PARANOID), from its folders alone: nothing is
-    hashed, so ``open_sandbox`` says it before a step runs even when the vouch itself runs
-    beside the steps.
+    hashed, so ``open_sandbox`` says it at once even when the vouch itself runs in a thread
+    of its own.
 
     Raises:
         UserError: the repo reaches the interpreter (it lies in the repo, or its ``.venv``

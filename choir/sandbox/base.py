@@ -305,16 +305,17 @@ class Sandbox(abc.ABC):
     chosen_because: str = "named in choir.yaml or --sandbox"
     # set by ``open_sandbox``: the interpreter the steps run, vouched for against the digest
     # trusted for the repo (``_interpreter.vouch``); recorded in every run's manifest.
-    # ``vouching``: that vouch, while it runs beside the steps (``open_sandbox(beside=True)``)
+    # ``vouching``: that vouch, while it runs in a thread of its own
+    # (``open_sandbox(beside=True)``); every run waits for it (``vouched``) before it starts
     interpreter: Interpreter | None = None
     vouching: Future[Interpreter] | None = None
 
     def vouched(self) -> Interpreter | None:
-        """``interpreter``, once a vouch running beside the steps holds (waits for it).
+        """``interpreter``, once a vouch still running holds (waits for it).
 
         Raises:
             UserError: the vouch refused the interpreter; again on every call, so no run of
-                this sandbox is sealed after a refusal.
+                this sandbox starts after a refusal.
         """
         if self.vouching is not None:
             self.interpreter = self.vouching.result()

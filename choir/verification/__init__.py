@@ -109,11 +109,10 @@ def open_sandbox(config: RepoConfig, policy: Policy, mood: Mood,
     try:
         tools = sandbox.toolchain(Path(config.path))
         if tools is not None:
-            check = functools.partial(
-                vouch, tools, Path(config.path),
-                refuse_in_repo=not policy.moods[mood].allow_unsafe_isolation)
+            refuse = not policy.moods[mood].allow_unsafe_isolation
+            check = functools.partial(vouch, tools, Path(config.path), refuse_in_repo=refuse)
             if beside:
-                if not policy.moods[mood].allow_unsafe_isolation:
+                if refuse:
                     refuse_reached(tools, Path(config.path))
                 sandbox.vouching = _beside(check)
             else:  # refused here, before a step runs, when it changed untrusted

@@ -172,6 +172,19 @@ def test_a_499_byte_alias_bomb_fails_fast_in_bounded_memory(tmp_path: Path) -> N
     assert peak < baseline[3] + 32 * 1024, (peak, baseline[3])
 
 
+def test_more_aliases_than_the_bound_are_refused_at_the_first_one_past_it(
+    tmp_path: Path
+) -> None:
+    """The alias count is kept while the tree is built (one pass, a3f6536): a file of
+    small aliases that expand to little is still refused past 256, naming that alias's
+    line."""
+    aliases = "  - *x\n" * 300
+    write(tmp_path, UNIT + "x: &x 1\nrefs:\n" + aliases)
+    err = load_error(tmp_path)
+    assert "more than 256 YAML aliases" in str(err) and err.hint
+    assert err.line == UNIT.count("\n") + 2 + 257, err.line  # the 257th alias
+
+
 def test_a_huge_choir_yaml_is_refused_before_parsing(tmp_path: Path) -> None:
     path = write(tmp_path, UNIT)
     with path.open("a") as fh:
