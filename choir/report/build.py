@@ -59,6 +59,8 @@ def tool_of(command: str) -> str | None:
         words = command.split()
     expect_module = False
     for word in words[:8]:
+        if word == "$CHOIR_PYTEST":  # python3 -c "$CHOIR_PYTEST": the pytest preset's step
+            return "pytest"
         if "=" in word and not word.startswith("-"):
             continue  # VAR=value before the command
         base = word.rsplit("/", 1)[-1]

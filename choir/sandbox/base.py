@@ -9,6 +9,7 @@ it), and kills the whole process tree on timeout. A sandbox that cannot start re
 from __future__ import annotations
 
 import abc
+import functools
 import inspect
 import os
 import selectors
@@ -20,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from importlib import resources
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -53,6 +55,12 @@ class ExecResult:
 TMP_MB = 256
 
 
+@functools.cache
+def pytest_source() -> str:
+    """The source of ``choir.sandbox.pytest_junit``, run inside a sandbox as ``$CHOIR_PYTEST``."""
+    return (resources.files("choir.sandbox") / "pytest_junit.py").read_text("utf-8")
+
+
 def step_env(out_dir: str, extra: Mapping[str, str]) -> dict[str, str]:
     """The environment inside a sandbox: temp, caches and home all under ``$CHOIR_OUT``."""
     tmp = f"{out_dir}/tmp"
@@ -78,6 +86,9 @@ def step_env(out_dir: str, extra: Mapping[str, str]) -> dict[str, str]:
         "PYTHONDONTWRITEBYTECODE": "1",
         "TEST_DB_PATH": f"{out_dir}/db",
         "SNAPSHOT_DIR": f"{out_dir}/snapshots",
+        # the pytest preset's step: `python3 -c "$CHOIR_PYTEST" ARGS` is pytest with ARGS
+        # and a light JUnit writer (choir/sandbox/pytest_junit.py, which says why)
+        "CHOIR_PYTEST": pytest_source(),
     }
     # the user's toolchain, so `python3 -m pytest` resolves as it does outside
     for var in ("VIRTUAL_ENV", "PYENV_ROOT", "PYENV_VERSION", "CONDA_PREFIX"):

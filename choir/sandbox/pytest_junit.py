@@ -1,0 +1,227 @@
+"""pytest with a light JUnit XML writer: the pytest preset's step, run inside the sandbox.
+
+This file imports nothing from Choir and runs in the sandbox's own interpreter: the host puts
+its source in ``$CHOIR_PYTEST`` (every step's environment, ``choir.sandbox.base.step_env``)
+and the preset's step is ``python3 -c "$CHOIR_PYTEST" -q``: pytest with every argument
+given after ``-c``, as ``python3 -m pytest`` would run it, and its results written to
+``$CHOIR_OUT/junit.xml`` in the layout of pytest's ``--junitxml`` with
+``junit_family=xunit1`` (what the ``junit`` parser reads).
+
+Why not pytest's own ``--junitxml``: it builds an element tree report by report (a node id
+parsed, every name escaped by a regular expression, each report's element made), and on a
+small suite that is most of what a step costs beyond pytest itself (slugify's 140 tests and
+152 subtests: 11-25 ms of about 1 s, paired runs; this writer 0-3 ms). Here a report that
+passed costs a dict lookup and an addition; names are escaped once per test, at the end.
+
+What it keeps of pytest's: one ``<testcase>`` per test (subtests folded into it, one
+``<failure>`` per failed subtest), ``classname``/``name``/``file``/``line``/``time``; a
+failed call is a ``<failure>``, a failed setup or teardown an ``<error>``, a collection
+failure an ``<error message="collection failure">``, a skip or an xfail a ``<skipped>``, an
+xfail that passed under ``strict`` a ``<failure>``; the suite's ``tests``/``failures``/
+``errors``/``skipped`` counted the way pytest counts them (every report, so every subtest,
+is a test). Text that XML 1.0 cannot hold is shown as ``#xNN``, as pytest does. What it
+leaves out: captured output and user properties (``record_property``), which the parser
+never reads. pytest's own writer stays loaded (its fixtures and options work) but writes
+nothing: ``--junitxml=`` is given last, so a ``--junitxml`` in the project's ``addopts``
+does not write into the read-only tree.
+
+The verdict never rests on this file alone: the step's exit code decides first
+(``choir.report.build``), and the parser counts failures from the elements as well as from
+the totals, so a test can only add failures here, never hide one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+
+# what pytest's ``bin_xml_escape`` replaces, as the small class it is: pytest writes it as
+# the complement of what XML allows, which takes 4-5 ms to compile
+_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff\ufffe\uffff]")
+_MESSAGE_MAX = 2000
+
+
+def _visible(text: object) -> str:
+    """``text`` with what XML 1.0 cannot hold shown as ``#xNN`` (pytest's ``bin_xml_escape``)."""
+    text = str(text)
+    if _ILLEGAL.search(text) is None:
+        return text
+    return _ILLEGAL.sub(lambda m: f"#x{ord(m.group()):02X}" if ord(m.group()) <= 0xFF
+                        else f"#x{ord(m.group()):04X}", text)
+
+
+def _text(text: object) -> str:
+    return _visible(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _attr(text: object) -> str:
+    return (_text(text).replace('"', "&quot;").replace("\n", "&#10;").replace("\r", "&#13;")
+            .replace("\t", "&#09;"))
+
+
+def _names(nodeid: str) -> tuple[str, str]:
+    """``classname`` and ``name`` of a node id, as pytest's ``mangle_test_address``."""
+    path, bracket, params = nodeid.partition("[")
+    names = path.split("::")
+    names[0] = names[0].replace("/", ".").removesuffix(".py")
+    return ".".join(names[:-1]), names[-1] + bracket + params
+
+
+def _crash(report: object) -> str:
+    longrepr = getattr(report, "longrepr", None)
+    crash = getattr(longrepr, "reprcrash", None)
+    message = getattr(crash, "message", None) if crash is not None else None
+    return str(message if message is not None else longrepr)
+
+
+def _short(message: str) -> str:
+    return message if len(message) <= _MESSAGE_MAX else message[:_MESSAGE_MAX] + "..."
+
+
+class _Case:
+    __slots__ = ("duration", "file", "line", "problems")
+
+    def __init__(self, file: str, line: int | None) -> None:
+        self.file, self.line = file, line
+        self.duration = 0.0
+        self.problems: list[tuple[str, str, str, str]] = []  # (tag, type, message, text)
+
+
+class JUnitWriter:
+    """A pytest plugin: the run's results, as JUnit XML at ``path`` when the session ends."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.cases: dict[str, _Case] = {}
+        self.stats = {"passed": 0, "failure": 0, "error": 0, "skipped": 0}
+        self.doubled = 0  # tests counted twice by pytest: a call that passed, a teardown error
+        self.failed_calls: set[str] = set()
+        self.seconds: dict[str, _Case] = {}  # a teardown's error after a failed call
+        self.start = time.time()
+
+    def _case(self, report: object) -> _Case:
+        nodeid = str(getattr(report, "nodeid", ""))
+        case = self.cases.get(nodeid)
+        if case is None:
+            location = getattr(report, "location", None) or (nodeid.split("::")[0], None)
+            case = self.cases[nodeid] = _Case(str(location[0]), location[1])
+        return case
+
+    def _add(self, case: _Case, tag: str, kind: str, message: str, text: str) -> None:
+        self.stats["skipped" if tag == "skipped" else tag] += 1
+        case.problems.append((tag, kind, message, text))
+
+    def pytest_runtest_logreport(self, report: object) -> None:
+        when = getattr(report, "when", "call")
+        nodeid = str(getattr(report, "nodeid", ""))
+        case = self._case(report)  # made at setup, as pytest's (its duration is the total)
+        if getattr(report, "passed", False):
+            if when == "call":
+                self.stats["passed"] += 1
+        elif getattr(report, "failed", False):
+            if when == "teardown" and nodeid not in self.failed_calls:
+                self.doubled += 1  # pytest's count: its test element was opened already
+            elif when == "teardown":  # pytest closes the element of a failed call and opens
+                # a second one for the teardown's error: each is a problem of its own
+                case = self.seconds.setdefault(nodeid, _Case(case.file, case.line))
+            if when == "call":
+                self.failed_calls.add(nodeid)
+                if hasattr(report, "wasxfail"):
+                    self._add(case, "skipped", "pytest.xfail",
+                              "xfail-marked test passes unexpectedly", "")
+                else:
+                    self._add(case, "failure", "", _short(_crash(report)),
+                              str(getattr(report, "longrepr", "")))
+            else:
+                self._add(case, "error", "",
+                          _short(f'failed on {"teardown" if when == "teardown" else "setup"} '
+                                 f'with "{_crash(report)}"'),
+                          str(getattr(report, "longrepr", "")))
+        else:  # skipped
+            reason = getattr(report, "wasxfail", None)
+            if reason is not None:
+                self._add(case, "skipped", "pytest.xfail", str(reason).removeprefix("reason: "),
+                          "")
+            else:
+                longrepr = getattr(report, "longrepr", None)
+                if isinstance(longrepr, tuple) and len(longrepr) == 3:
+                    file, line, why = longrepr
+                    why = str(why).removeprefix("Skipped: ")
+                    self._add(case, "skipped", "pytest.skip", why, f"{file}:{line}: {why}")
+                else:
+                    self._add(case, "skipped", "pytest.skip", str(longrepr), str(longrepr))
+        case.duration += float(getattr(report, "duration", 0.0) or 0.0)
+
+    def pytest_collectreport(self, report: object) -> None:
+        if getattr(report, "passed", True):
+            return
+        nodeid = str(getattr(report, "nodeid", ""))
+        case = self.cases.get(nodeid)
+        if case is None:
+            case = self.cases[nodeid] = _Case(nodeid.split("::")[0], None)
+        if getattr(report, "failed", False):
+            self._add(case, "error", "", "collection failure", str(getattr(report, "longrepr", "")))
+        else:
+            self._add(case, "skipped", "", "collection skipped",
+                      str(getattr(report, "longrepr", "")))
+
+    def pytest_internalerror(self, excrepr: object) -> None:
+        case = self.cases.setdefault("pytest::internal", _Case("", None))
+        self._add(case, "error", "", "internal error", str(excrepr))
+
+    @staticmethod
+    def _element(parts: list[str], nodeid: str, case: _Case) -> None:
+        classname, name = _names(nodeid)
+        head = (f'<testcase classname="{_attr(classname)}" name="{_attr(name)}" '
+                f'file="{_attr(case.file)}"'
+                + (f' line="{int(case.line)}"' if case.line is not None else "")
+                + f' time="{case.duration:.3f}"')
+        if not case.problems:
+            parts.append(head + " />")
+            return
+        body = []
+        for tag, kind, message, text in case.problems:
+            typed = f' type="{_attr(kind)}"' if kind else ""
+            inner = _text(text)
+            body.append(f'<{tag}{typed} message="{_attr(message)}">{inner}</{tag}>'
+                        if inner else f'<{tag}{typed} message="{_attr(message)}" />')
+        parts.append(head + ">" + "".join(body) + "</testcase>")
+
+    def pytest_sessionfinish(self) -> None:
+        parts: list[str] = []
+        for nodeid, case in self.cases.items():
+            self._element(parts, nodeid, case)
+            if nodeid in self.seconds:
+                self._element(parts, nodeid, self.seconds[nodeid])
+        stats = self.stats
+        tests = sum(stats.values()) - self.doubled
+        suite = (f'<testsuite name="pytest" errors="{stats["error"]}" '
+                 f'failures="{stats["failure"]}" skipped="{stats["skipped"]}" '
+                 f'tests="{tests}" time="{time.time() - self.start:.3f}">')
+        folder = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(folder, exist_ok=True)
+        with open(self.path, "w", encoding="utf-8") as fh:
+            fh.write('<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests">'
+                     + suite + "".join(parts) + "</testsuite></testsuites>")
+
+
+def main() -> int:
+    """pytest with ``sys.argv[1:]``, and the writer when ``$CHOIR_OUT`` is set."""
+    if sys.path and sys.path[0] == "":  # as ``python3 -m``: the folder it started in
+        sys.path[0] = os.getcwd()
+    try:
+        import pytest
+    except ImportError:
+        print(f"{sys.executable}: No module named pytest", file=sys.stderr)
+        return 1
+    out = os.environ.get("CHOIR_OUT")
+    plugins = [JUnitWriter(os.path.join(out, "junit.xml"))] if out else []
+    code = pytest.main([*sys.argv[1:], "--junitxml="], plugins=plugins)
+    sys.stdout.flush()
+    return int(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
