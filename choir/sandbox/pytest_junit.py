@@ -36,19 +36,23 @@ import os
 import re
 import sys
 import time
+from typing import Any
 
-# what pytest's ``bin_xml_escape`` replaces, as the small class it is: pytest writes it as
-# the complement of what XML allows, which takes 4-5 ms to compile
-_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff\ufffe\uffff]")
+# what pytest's ``bin_xml_escape`` replaces, as the small class it is (pytest writes it as
+# the complement of what XML allows, which takes 4-5 ms to compile); compiled on first need
+_ILLEGAL = "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff\ufffe\uffff]"
 _MESSAGE_MAX = 2000
 
 
 def _visible(text: object) -> str:
     """``text`` with what XML 1.0 cannot hold shown as ``#xNN`` (pytest's ``bin_xml_escape``)."""
     text = str(text)
-    if _ILLEGAL.search(text) is None:
+    if text.isascii() and text.isprintable():  # a test's name, mostly: nothing to replace
         return text
-    return _ILLEGAL.sub(lambda m: f"#x{ord(m.group()):02X}" if ord(m.group()) <= 0xFF
+    illegal = re.compile(_ILLEGAL)  # re's own cache keeps it
+    if illegal.search(text) is None:
+        return text
+    return illegal.sub(lambda m: f"#x{ord(m.group()):02X}" if ord(m.group()) <= 0xFF
                         else f"#x{ord(m.group()):04X}", text)
 
 
@@ -113,14 +117,15 @@ class JUnitWriter:
         self.stats["skipped" if tag == "skipped" else tag] += 1
         case.problems.append((tag, kind, message, text))
 
-    def pytest_runtest_logreport(self, report: object) -> None:
-        when = getattr(report, "when", "call")
-        nodeid = str(getattr(report, "nodeid", ""))
-        case = self._case(report)  # made at setup, as pytest's (its duration is the total)
-        if getattr(report, "passed", False):
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        when, nodeid = report.when, report.nodeid
+        case = self.cases.get(nodeid) or self._case(report)  # made at setup, as pytest's
+        if report.passed:  # the common case: an addition or two
+            case.duration += report.duration or 0.0
             if when == "call":
                 self.stats["passed"] += 1
-        elif getattr(report, "failed", False):
+            return
+        if report.failed:
             if when == "teardown" and nodeid not in self.failed_calls:
                 self.doubled += 1  # pytest's count: its test element was opened already
             elif when == "teardown":  # pytest closes the element of a failed call and opens
