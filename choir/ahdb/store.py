@@ -151,10 +151,12 @@ class AHDB:
         sess = self.backend.session()
         if not sess.depth:
             return self._check(attestation_id)
-        key = f"{id(self)}/{attestation_id}"  # this store's trusted keys decided it
+        # this store's trusted keys decided it; the store is kept with the answer, so its
+        # id is never another store's while the transaction remembers it
+        key = f"{id(self)}/{attestation_id}"
         if key not in sess.verified:
-            sess.verified[key] = self._check(attestation_id)
-        return cast(Attestation, sess.verified[key])
+            sess.verified[key] = (self, self._check(attestation_id))
+        return cast(Attestation, sess.verified[key][1])
 
     @property
     def _local(self) -> Session:

@@ -27,7 +27,7 @@ from choir.attest import AttestationStore, load_signer
 from choir.audit.integrity import audit
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.tree import tree_hash
-from choir.exceptions import IntegrityError
+from choir.exceptions import IntegrityError, PromotionError
 from tests.evidence import attest, make_repo
 
 
@@ -246,3 +246,28 @@ def test_an_unsigned_event_a_person_vouches_for_is_adopted(tmp_path: Path, pinne
     db.record_outcome(stored.id)  # writers carry on
     assert db.head()[0] == tail + 1
     assert not audit().violations
+
+
+def test_a_verification_is_remembered_only_inside_its_transaction(tmp_path: Path,
+                                                                 pinned: str) -> None:
+    """The AHDB checks an attestation once per write transaction (``AHDB._lookup``): what
+    it remembers is the object it verified, never the file. An attestation rewritten on disk
+    (a FAIL made a PASS) is not what the transaction reads after the swap, and the next
+    transaction checks the file again and refuses it."""
+    repo = make_repo(tmp_path / "repo")
+    att = attest(repo, "unit", "false", work_item=None)
+    assert att.body.result.value == "FAIL"
+    db = open_ahdb()
+    path = AttestationStore().path_of(att.id)
+    honest = path.read_bytes()
+    forged = honest.replace(b'"FAIL"', b'"PASS"')
+    assert forged != honest
+    with db._tx():
+        assert db._lookup(att.id).body.result.value == "FAIL"
+        os.chmod(path, 0o644)
+        path.write_bytes(forged)
+        assert db._lookup(att.id).body.result.value == "FAIL"  # the one it verified
+    with db._tx(), pytest.raises((PromotionError, IntegrityError)):
+        db._lookup(att.id)
+    with pytest.raises((PromotionError, IntegrityError)):
+        db._lookup(att.id)  # outside a transaction: checked every time
