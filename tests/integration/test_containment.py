@@ -375,3 +375,11 @@ def test_the_pytest_preset_runs_a_strict_config_project_unchanged(
                        timeout_s=60)
     assert code == 0, out.decode(errors="replace")[-2000:]
     assert b"1 passed" in out
+    # and the preset's own step: pytest with Choir's JUnit writer, its source in the
+    # environment every sandbox gives a step (a container's interpreter included)
+    code, out, _ = run(sandbox, repo, tmp_path / "out2",
+                       f'{PY} -c "$CHOIR_PYTEST" -q -p no:cacheprovider', timeout_s=60)
+    assert code == 0, out.decode(errors="replace")[-2000:]
+    assert b"1 passed" in out
+    junit = (tmp_path / "out2" / "junit.xml").read_text()
+    assert 'tests="1"' in junit and 'name="test_x"' in junit
