@@ -43,7 +43,7 @@ from typing import Any
 
 from choir.exceptions import ConfigError, MissingExtraError
 from choir.models import AppliedLimits, Limits
-from choir.sandbox import _toolchain, egress
+from choir.sandbox import _toolchain, egress, stop
 from choir.sandbox._host_image import ensure_host_image
 from choir.sandbox.base import (
     TMP_MB,
@@ -321,8 +321,9 @@ class DockerSandbox(Sandbox):
             reader = threading.Thread(target=pump, daemon=True)
             reader.start()
             timed_out = False
-            try:
-                status = container.wait(timeout=timeout_s)
+            try:  # stoppable as a child step is (``choir.sandbox.stop``)
+                with stop.container(lambda: _kill_quietly(container)):
+                    status = container.wait(timeout=timeout_s)
                 code = int(status.get("StatusCode", -1))
             except Exception:  # requests' "Read timed out", not a TimeoutError
                 timed_out = True

@@ -8,7 +8,8 @@ while the signing broker is forked into this process's session. So the children 
 process that lead their own session are exactly the sandboxes; their groups are killed (a
 killed idle launcher is replaced on the next run), and each step ends as killed, its run
 sealed and attested like any other (``choir.mcp.tools``, ``choir.serve.worker``). A Docker
-container is not a child: it stops at its own timeout.
+container is not a child: the Docker backend registers how to kill each one while it runs
+(``container``), and both stops kill those too (the engine's kill, as its timeout does).
 
 ``stop_runs`` is the narrow form, for a process that runs other verifications beside the
 one it stops (an ``llm`` executor's gate inside a plan): every step is registered, while it
@@ -20,7 +21,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,6 +29,7 @@ _RUN = threading.local()  # the run id this thread's steps belong to
 _LIVE: dict[int, str] = {}  # a streaming step's session leader -> its run id
 _STOPPED: set[str] = set()  # rounds stopped: a step of theirs that starts later is killed
 _LOCK = threading.Lock()
+_CONTAINERS: dict[int, tuple[str, Callable[[], object]]] = {}  # token -> run id, its kill
 
 
 def _of(run: str, round_id: str) -> bool:
@@ -72,13 +74,40 @@ def ended(pid: int) -> None:
         _LIVE.pop(pid, None)
 
 
+@contextmanager
+def container(kill: Callable[[], object]) -> Iterator[None]:
+    """A container of this thread's run is running inside the block: ``kill`` stops it
+    (``stop_runs`` of its round, ``stop_steps``; at once when its round was stopped
+    already)."""
+    with _LOCK:
+        run = getattr(_RUN, "run_id", "")
+        token = id(kill)
+        _CONTAINERS[token] = (run, kill)
+        doomed = any(_of(run, round_id) for round_id in _STOPPED)
+    try:
+        if doomed:
+            kill()
+        yield
+    finally:
+        with _LOCK:
+            _CONTAINERS.pop(token, None)
+
+
+def _kill_containers(which: Callable[[str], bool]) -> int:
+    with _LOCK:
+        kills = [kill for run, kill in _CONTAINERS.values() if which(run)]
+    for kill in kills:
+        kill()
+    return len(kills)
+
+
 def stop_runs(round_id: str) -> int:
     """Kill the group of every step of round ``round_id``'s runs, and every one that starts
-    from now on until ``forget``; returns how many were running."""
+    from now on until ``forget``, and their containers; returns how many were running."""
     with _LOCK:
         _STOPPED.add(round_id)
         pids = [pid for pid, run in _LIVE.items() if _of(run, round_id)]
-    return sum(_kill(pid) for pid in pids)
+    return sum(_kill(pid) for pid in pids) + _kill_containers(lambda run: _of(run, round_id))
 
 
 def forget(round_id: str) -> None:
@@ -102,8 +131,9 @@ def _children() -> list[int]:
 
 
 def stop_steps() -> int:
-    """Kill the process group of every child leading its own session; returns how many."""
-    killed = 0
+    """Kill the process group of every child leading its own session, and every container
+    a step of this process runs; returns how many."""
+    killed = _kill_containers(lambda run: True)
     for pid in _children():
         try:
             if os.getsid(pid) != pid:
@@ -115,4 +145,4 @@ def stop_steps() -> int:
     return killed
 
 
-__all__ = ["ended", "forget", "running", "started", "stop_runs", "stop_steps"]
+__all__ = ["container", "ended", "forget", "running", "started", "stop_runs", "stop_steps"]

@@ -11,12 +11,14 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from choir.evidence.tree import tree_hash
 from choir.models import Limits
 from choir.sandbox import Sandbox
+from choir.sandbox.base import ExecResult
 from tests.memory import PEAK_RSS
 from tests.sandboxes import ISOLATED, isolated_backend
 
@@ -383,3 +385,52 @@ def test_the_pytest_preset_runs_a_strict_config_project_unchanged(
     assert b"1 passed" in out
     junit = (tmp_path / "out2" / "junit.xml").read_text()
     assert 'tests="1"' in junit and 'name="test_x"' in junit
+
+
+@pytest.mark.parametrize("how", ["stop_runs", "stop_steps"])
+def test_a_stopped_round_ends_its_running_step_whatever_runs_it(
+        sandbox: Sandbox, repo: Path, tmp_path: Path, how: str) -> None:
+    """A verification cancelled or past its bound (an ``llm`` executor's gate, an MCP call, a
+    warm client gone) stops its steps at once. A container is no child of this process: it
+    ran on to its own timeout, holding its CPU and memory for nothing; now its kill is
+    registered while it runs, and both stops use it. Another round's step runs on."""
+    from choir.sandbox import stop
+
+    results: dict[str, ExecResult] = {}
+
+    def go(run_id: str, out: str) -> None:
+        with stop.running(run_id):
+            results[run_id] = cast(ExecResult, run(sandbox, repo, tmp_path / out, "sleep 60",
+                                                   timeout_s=90)[2])
+
+    doomed = threading.Thread(target=go, args=("round1-v-0", "out1"))
+    other = threading.Thread(target=go, args=("round2-v-0", "out2"))
+    doomed.start()
+    if how == "stop_runs":
+        other.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # both steps started
+        runs = {*stop._LIVE.values(), *(run for run, _ in stop._CONTAINERS.values())}
+        if "round1-v-0" in runs and (how == "stop_steps" or "round2-v-0" in runs):
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the steps never started")
+    time.sleep(0.5)
+    clock = time.monotonic()
+    try:
+        stopped = stop.stop_runs("round1") if how == "stop_runs" else stop.stop_steps()
+        doomed.join(timeout=30)
+        assert not doomed.is_alive(), "the stopped step ran on"
+        assert time.monotonic() - clock < 20
+        assert stopped >= 1
+        ended = results["round1-v-0"]
+        assert ended.exit_code != 0 and not ended.timed_out
+        if how == "stop_runs":
+            assert other.is_alive(), "a step of another round was stopped too"
+    finally:
+        stop.forget("round1")
+        stop.stop_runs("round2")
+        stop.forget("round2")
+        if other.ident is not None:
+            other.join(timeout=30)
