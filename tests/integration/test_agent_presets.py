@@ -28,7 +28,8 @@ pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bu
 CANARY = "CANARY-raw-verifier-output-agent-presets"
 # what Choir itself gives an executor: its inputs, its output folder, the way out
 CHOIR_GIVEN = {"CHOIR_ATTEMPT", "CHOIR_WORKITEM_FILE", "CHOIR_FEEDBACK_FILE", "CHOIR_PROMPT_FILE",
-               "CHOIR_RUN_ID", "CHOIR_OUT", "CHOIR_EGRESS_PROXY", "CHOIR_EGRESS_TUNNELS"}
+               "CHOIR_RUN_ID", "CHOIR_OUT", "CHOIR_EGRESS_PROXY", "CHOIR_EGRESS_TUNNELS",
+               "CHOIR_PYTEST"}  # every sandboxed step's: pytest with Choir's JUnit writer
 STILL_WRONG = "def add(a, b):\n    return a * b\n"
 # what each preset reads to find its model API, pointed at the stand-in model server
 BASE_URL = {
