@@ -17,9 +17,11 @@ What it keeps of pytest's: one ``<testcase>`` per test (subtests folded into it,
 ``<failure>`` per failed subtest), ``classname``/``name``/``file``/``line``/``time``; a
 failed call is a ``<failure>``, a failed setup or teardown an ``<error>``, a collection
 failure an ``<error message="collection failure">``, a skip or an xfail a ``<skipped>``, an
-xfail that passed under ``strict`` a ``<failure>``; the suite's ``tests``/``failures``/
-``errors``/``skipped`` counted the way pytest counts them (every report, so every subtest,
-is a test). Text that XML 1.0 cannot hold is shown as ``#xNN``, as pytest does. What it
+xfail that passed under ``strict`` a ``<failure>``; a failure's ``message`` shortened as
+pytest 9 shortens it, and ``--junitprefix`` put before the class names; the suite's
+``tests``/``failures``/``errors``/``skipped`` counted the way pytest counts them (every
+report, so every subtest, is a test). Text that XML 1.0 cannot hold is shown as ``#xNN``, as
+pytest does. What it
 leaves out: captured output and user properties (``record_property``), which the parser
 never reads. pytest's own writer stays loaded (its fixtures and options work) but writes
 nothing: ``--junitxml=`` is given last, so a ``--junitxml`` in the project's ``addopts``
@@ -41,7 +43,7 @@ from typing import Any
 # what pytest's ``bin_xml_escape`` replaces, as the small class it is (pytest writes it as
 # the complement of what XML allows, which takes 4-5 ms to compile); compiled on first need
 _ILLEGAL = "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff\ufffe\uffff]"
-_MESSAGE_MAX = 2000
+_MESSAGE_BUDGET = 500  # pytest's MESSAGE_ATTR_BUDGET
 
 
 def _visible(text: object) -> str:
@@ -80,8 +82,30 @@ def _crash(report: object) -> str:
     return str(message if message is not None else longrepr)
 
 
-def _short(message: str) -> str:
-    return message if len(message) <= _MESSAGE_MAX else message[:_MESSAGE_MAX] + "..."
+def _short(message: str, budget: int = _MESSAGE_BUDGET) -> str:
+    """``message`` shortened for a ``message`` attribute as pytest 9 shortens it (whole lines
+    while they fit ``budget``, a longer first line cut, a last line saying so): the parser's
+    failure signatures are made of it, so they stay those of pytest's own XML."""
+    lines = message.splitlines() or [""]
+    kept: list[str] = []
+    size = 0
+    for line in lines:
+        if kept and size + len(line) + 1 > budget:
+            break
+        kept.append(line)
+        size += len(line) + 1
+    shortened = "\n".join(kept)
+    first_line_cut = len(shortened) > budget
+    if first_line_cut:
+        shortened = shortened[:budget] + "..."
+    remaining = len(lines) - len(kept)
+    if remaining:
+        note = f"+{remaining} more line{'s' if remaining > 1 else ''}"
+    elif first_line_cut:
+        note = "truncated"
+    else:
+        return message
+    return f"{shortened}\n[{note}; full report in element text]"
 
 
 class _Case:
@@ -104,6 +128,7 @@ class JUnitWriter:
         self.failed_calls: set[str] = set()
         self.seconds: dict[str, _Case] = {}  # a teardown's error after a failed call
         self.start = time.time()
+        self.prefix = ""  # --junitprefix, put before every classname as pytest does
 
     def _case(self, report: object) -> _Case:
         nodeid = str(getattr(report, "nodeid", ""))
@@ -112,6 +137,9 @@ class JUnitWriter:
             location = getattr(report, "location", None) or (nodeid.split("::")[0], None)
             case = self.cases[nodeid] = _Case(str(location[0]), location[1])
         return case
+
+    def pytest_configure(self, config: Any) -> None:
+        self.prefix = getattr(config.option, "junitprefix", None) or ""
 
     def _add(self, case: _Case, tag: str, kind: str, message: str, text: str) -> None:
         self.stats["skipped" if tag == "skipped" else tag] += 1
@@ -176,9 +204,10 @@ class JUnitWriter:
         case = self.cases.setdefault("pytest::internal", _Case("", None))
         self._add(case, "error", "", "internal error", str(excrepr))
 
-    @staticmethod
-    def _element(parts: list[str], nodeid: str, case: _Case) -> None:
+    def _element(self, parts: list[str], nodeid: str, case: _Case) -> None:
         classname, name = _names(nodeid)
+        if self.prefix:
+            classname = f"{self.prefix}.{classname}" if classname else self.prefix
         head = (f'<testcase classname="{_attr(classname)}" name="{_attr(name)}" '
                 f'file="{_attr(case.file)}"'
                 + (f' line="{int(case.line)}"' if case.line is not None else "")

@@ -80,6 +80,16 @@ SUITE = {
         def test_params(text):
             assert "b" not in text
 
+        def test_long_lines():  # pytest shortens a message attribute to whole lines
+            raise ValueError("\\n".join(["y" * 100] * 10))
+
+        @pytest.fixture
+        def long_setup():
+            raise ValueError("z" * 800)
+
+        def test_long_line_in_setup(long_setup):
+            pass
+
         class TestGroup:
             def test_in_class(self):
                 print("captured\\x00 output")
@@ -161,11 +171,14 @@ def test_the_writer_reads_as_pytest_junitxml_does(tmp_path: Path) -> None:
     assert got[2] == want[2]
 
 
-def test_a_collection_error_reads_as_pytest_junitxml_does(tmp_path: Path) -> None:
+@pytest.mark.parametrize("prefix", [[], ["--junitprefix=pre"]])
+def test_a_collection_error_reads_as_pytest_junitxml_does(tmp_path: Path,
+                                                          prefix: list[str]) -> None:
     root = _suite(tmp_path / "proj")
     _run(root, ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
-                f"--junitxml={tmp_path / 'theirs.xml'}"], tmp_path / "unused")
-    _run(root, ["-c", pytest_source(), "-q", "-p", "no:cacheprovider"], tmp_path / "out")
+                *prefix, f"--junitxml={tmp_path / 'theirs.xml'}"], tmp_path / "unused")
+    _run(root, ["-c", pytest_source(), "-q", "-p", "no:cacheprovider", *prefix],
+         tmp_path / "out")
     assert _read(tmp_path / "out" / "junit.xml") == _read(tmp_path / "theirs.xml")
 
 
