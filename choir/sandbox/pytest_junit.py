@@ -17,8 +17,9 @@ What it keeps of pytest's: one ``<testcase>`` per test (subtests folded into it,
 ``<failure>`` per failed subtest), ``classname``/``name``/``file``/``line``/``time``; a
 failed call is a ``<failure>``, a failed setup or teardown an ``<error>``, a collection
 failure an ``<error message="collection failure">``, a skip or an xfail a ``<skipped>``, an
-xfail that passed under ``strict`` a ``<failure>``; a failure's ``message`` shortened as
-pytest 9 shortens it, and ``--junitprefix`` put before the class names; the suite's
+xfail that passed under ``strict`` a ``<failure>``; a failure's ``message`` shortened by
+the running pytest's own function (pytest 9's; pytest 8 kept it whole), and
+``--junitprefix`` put before the class names; the suite's
 ``tests``/``failures``/``errors``/``skipped`` counted the way pytest counts them (every
 report, so every subtest, is a test). Text that XML 1.0 cannot hold is shown as ``#xNN``, as
 pytest does. What it
@@ -43,7 +44,6 @@ from typing import Any
 # what pytest's ``bin_xml_escape`` replaces, as the small class it is (pytest writes it as
 # the complement of what XML allows, which takes 4-5 ms to compile); compiled on first need
 _ILLEGAL = "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff\ufffe\uffff]"
-_MESSAGE_BUDGET = 500  # pytest's MESSAGE_ATTR_BUDGET
 
 
 def _visible(text: object) -> str:
@@ -82,30 +82,16 @@ def _crash(report: object) -> str:
     return str(message if message is not None else longrepr)
 
 
-def _short(message: str, budget: int = _MESSAGE_BUDGET) -> str:
-    """``message`` shortened for a ``message`` attribute as pytest 9 shortens it (whole lines
-    while they fit ``budget``, a longer first line cut, a last line saying so): the parser's
-    failure signatures are made of it, so they stay those of pytest's own XML."""
-    lines = message.splitlines() or [""]
-    kept: list[str] = []
-    size = 0
-    for line in lines:
-        if kept and size + len(line) + 1 > budget:
-            break
-        kept.append(line)
-        size += len(line) + 1
-    shortened = "\n".join(kept)
-    first_line_cut = len(shortened) > budget
-    if first_line_cut:
-        shortened = shortened[:budget] + "..."
-    remaining = len(lines) - len(kept)
-    if remaining:
-        note = f"+{remaining} more line{'s' if remaining > 1 else ''}"
-    elif first_line_cut:
-        note = "truncated"
-    else:
+def _short(message: str) -> str:
+    """``message`` shortened for a ``message`` attribute as the pytest that runs shortens it
+    (pytest 9: whole lines within 500 characters and a line saying so; pytest 8: not at
+    all): the parser's failure signatures are made of it, so they stay those of pytest's own
+    XML."""
+    try:
+        from _pytest.junitxml import shorten_message  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:
         return message
-    return f"{shortened}\n[{note}; full report in element text]"
+    return str(shorten_message(message))
 
 
 class _Case:
