@@ -18,6 +18,7 @@ runs named are killed."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -26,10 +27,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 _RUN = threading.local()  # the run id this thread's steps belong to
-_LIVE: dict[int, str] = {}  # a streaming step's session leader -> its run id
+# a running step -> its run id and how to kill it: a streaming step's session leader (its
+# pid), or a container (a token of its own; no child of this process)
+_LIVE: dict[object, tuple[str, Callable[[], bool]]] = {}
 _STOPPED: set[str] = set()  # rounds stopped: a step of theirs that starts later is killed
 _LOCK = threading.Lock()
-_CONTAINERS: dict[int, tuple[str, Callable[[], object]]] = {}  # token -> run id, its kill
 
 
 def _of(run: str, round_id: str) -> bool:
@@ -49,16 +51,25 @@ def running(run_id: str) -> Iterator[None]:
         _RUN.run_id = before
 
 
-def started(pid: int) -> None:
-    """A step's session leader began streaming (``choir.sandbox.base.stream_process``); one
-    of a round stopped already (it was still being prepared when ``stop_runs`` looked) is
-    killed at once."""
+def _register(key: object, kill: Callable[[], bool]) -> None:
+    """A step of this thread's run started: killed at once when its round was stopped
+    already (it was still being prepared when ``stop_runs`` looked)."""
     with _LOCK:
         run = getattr(_RUN, "run_id", "")
-        _LIVE[pid] = run
+        _LIVE[key] = (run, kill)
         doomed = any(_of(run, round_id) for round_id in _STOPPED)
     if doomed:
-        _kill(pid)
+        kill()
+
+
+def _unregister(key: object) -> None:
+    with _LOCK:
+        _LIVE.pop(key, None)
+
+
+def started(pid: int) -> None:
+    """A step's session leader began streaming (``choir.sandbox.base.stream_process``)."""
+    _register(pid, functools.partial(_kill, pid))
 
 
 def _kill(pid: int) -> bool:
@@ -70,8 +81,7 @@ def _kill(pid: int) -> bool:
 
 
 def ended(pid: int) -> None:
-    with _LOCK:
-        _LIVE.pop(pid, None)
+    _unregister(pid)
 
 
 @contextmanager
@@ -79,35 +89,31 @@ def container(kill: Callable[[], object]) -> Iterator[None]:
     """A container of this thread's run is running inside the block: ``kill`` stops it
     (``stop_runs`` of its round, ``stop_steps``; at once when its round was stopped
     already)."""
-    with _LOCK:
-        run = getattr(_RUN, "run_id", "")
-        token = id(kill)
-        _CONTAINERS[token] = (run, kill)
-        doomed = any(_of(run, round_id) for round_id in _STOPPED)
+    token = object()
+
+    def killed() -> bool:
+        kill()
+        return True
+
+    _register(token, killed)
     try:
-        if doomed:
-            kill()
         yield
     finally:
-        with _LOCK:
-            _CONTAINERS.pop(token, None)
+        _unregister(token)
 
 
-def _kill_containers(which: Callable[[str], bool]) -> int:
+def _kill_all(which: Callable[[object, str], bool]) -> int:
     with _LOCK:
-        kills = [kill for run, kill in _CONTAINERS.values() if which(run)]
-    for kill in kills:
-        kill()
-    return len(kills)
+        kills = [kill for key, (run, kill) in _LIVE.items() if which(key, run)]
+    return sum(kill() for kill in kills)
 
 
 def stop_runs(round_id: str) -> int:
-    """Kill the group of every step of round ``round_id``'s runs, and every one that starts
-    from now on until ``forget``, and their containers; returns how many were running."""
+    """Kill every step of round ``round_id``'s runs (a step's group, a container), and every
+    one that starts from now on until ``forget``; returns how many were running."""
     with _LOCK:
         _STOPPED.add(round_id)
-        pids = [pid for pid, run in _LIVE.items() if _of(run, round_id)]
-    return sum(_kill(pid) for pid in pids) + _kill_containers(lambda run: _of(run, round_id))
+    return _kill_all(lambda key, run: _of(run, round_id))
 
 
 def forget(round_id: str) -> None:
@@ -133,7 +139,7 @@ def _children() -> list[int]:
 def stop_steps() -> int:
     """Kill the process group of every child leading its own session, and every container
     a step of this process runs; returns how many."""
-    killed = _kill_containers(lambda run: True)
+    killed = _kill_all(lambda key, run: not isinstance(key, int))  # the containers
     for pid in _children():
         try:
             if os.getsid(pid) != pid:
