@@ -22,11 +22,10 @@ the running pytest's own function (pytest 9's; pytest 8 kept it whole), and
 ``--junitprefix`` put before the class names; the suite's
 ``tests``/``failures``/``errors``/``skipped`` counted the way pytest counts them (every
 report, so every subtest, is a test). Text that XML 1.0 cannot hold is shown as ``#xNN``, as
-pytest does. What it
-leaves out: captured output and user properties (``record_property``), which the parser
-never reads. pytest's own writer stays loaded (its fixtures and options work) but writes
-nothing: ``--junitxml=`` is given last, so a ``--junitxml`` in the project's ``addopts``
-does not write into the read-only tree.
+pytest does. What it leaves out: captured output and user properties (``record_property``),
+which the parser never reads. pytest's own writer stays loaded (its fixtures and options
+work) but writes nothing: ``--junitxml=`` is given last, so a ``--junitxml`` in the
+project's ``addopts`` does not write into the read-only tree.
 
 The verdict never rests on this file alone: the step's exit code decides first
 (``choir.report.build``), and the parser counts failures from the elements as well as from
@@ -171,15 +170,12 @@ class JUnitWriter:
                     self._add(case, "skipped", "pytest.skip", why, f"{file}:{line}: {why}")
                 else:
                     self._add(case, "skipped", "pytest.skip", str(longrepr), str(longrepr))
-        case.duration += float(getattr(report, "duration", 0.0) or 0.0)
+        case.duration += report.duration or 0.0
 
     def pytest_collectreport(self, report: object) -> None:
         if getattr(report, "passed", True):
             return
-        nodeid = str(getattr(report, "nodeid", ""))
-        case = self.cases.get(nodeid)
-        if case is None:
-            case = self.cases[nodeid] = _Case(nodeid.split("::")[0], None)
+        case = self._case(report)  # its location is its file, as pytest writes it
         if getattr(report, "failed", False):
             self._add(case, "error", "", "collection failure", str(getattr(report, "longrepr", "")))
         else:
