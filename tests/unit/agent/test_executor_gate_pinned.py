@@ -78,7 +78,9 @@ def test_the_llm_executors_tools_never_reach_choirs_home_inside_the_repo(
     assert "def add" in files.read_file("calc.py")  # the repo itself, as before
 
 
-MARKER = "choir-gate-step-left-running-7f3a"
+# one per test process: tests run side by side (pytest -n) look for their steps in /proc by
+# it, and kill what they find; a shared one saw and killed each other's
+MARKER = f"choir-gate-step-left-running-7f3a-{os.getpid()}"
 SLOW_TEST = f"""\
 import subprocess, sys
 
