@@ -28,20 +28,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import contextvars
+import ctypes
 import functools
 import inspect
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from choir.evidence.git import locate  # noqa: E402
+from choir.evidence.worktrees import release  # noqa: E402
 
 
 def _repo(root: Path, files: int) -> Path:
@@ -72,6 +77,8 @@ def worktrees(files: int, runs: int) -> None:
             t = time.perf_counter()
             git.add_worktree(Path(tmp) / f"ours{n}", f"choir/bench/{n}", "main")
             ours.append(time.perf_counter() - t)
+        for n in range(runs):  # an overlay worktree's mount, released before the folder goes
+            release(Path(tmp) / f"ours{n}")
         b, o = statistics.median(bare), statistics.median(ours)
         print(f"worktree for {files} files: bare git {b * 1000:.0f} ms, "
               f"driver {o * 1000:.0f} ms ({o / b:.2f}x)")
@@ -210,7 +217,6 @@ class Profile:
 
 def plans(profile: bool = False, chain8: bool = False) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        os.environ["CHOIR_HOME"] = str(Path(tmp) / "home")
         # a plan of one first, not measured: what the first use of a home costs once (its
         # checkpoint and AHDB tables made, the signing key, the store's folders) is not a
         # cost of every plan, and landed on whichever plan came first
@@ -291,12 +297,33 @@ def main() -> None:
     args = ap.parse_args()
     global ROUND_S, MEMBER_S
     ROUND_S, MEMBER_S = args.round_s, args.member_s
-    if args.profile:
-        plans(profile=True, chain8=args.chain8)
-        return
-    worktrees(args.files, args.runs)
-    if not args.skip_plans:
-        plans(chain8=args.chain8)
+    with confined():
+        if args.profile:
+            plans(profile=True, chain8=args.chain8)
+            return
+        worktrees(args.files, args.runs)
+        if not args.skip_plans:
+            plans(chain8=args.chain8)
+
+
+@contextlib.contextmanager
+def confined() -> Iterator[None]:
+    """Everything measured as ``choir plan run`` runs: its signing key behind the broker, the
+    process in a mount namespace of its own (so its worktrees are overlays of the store's
+    checkouts), in a home of its own; the key folder's mask unmounted at the end, so the
+    home can be removed."""
+    from choir.trusted import keys_dir, separate
+
+    home = Path(tempfile.mkdtemp(prefix="choir-bench-team-"))
+    os.environ["CHOIR_HOME"] = str(home)
+    keys = keys_dir(home)
+    level = separate(home)
+    print(f"confined as choir plan run is: {level}")
+    try:
+        yield
+    finally:
+        ctypes.CDLL(None).umount2(os.fsencode(keys), 2)  # MNT_DETACH
+        shutil.rmtree(home, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ import errno
 import hashlib
 import os
 import secrets
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -56,6 +57,12 @@ _KINDS = {"f": "F", "x": "X"}
 _DIR = b"d"
 _MNT_DETACH = 2
 _RECORD_NAME = "choir-overlay"
+# (common git folder, commit id) -> the commit's git tree id, as read (and hashed again) once:
+# a commit's bytes are its id, so its tree never changes, and the next worktree of the same
+# commit (an item started where the last one landed, items started side by side) starts no
+# ``git cat-file`` to learn it again
+_GIT_TREES: dict[tuple[str, str], str] = {}
+_GIT_TREES_MAX = 4096
 
 
 def _libc() -> ctypes.CDLL:
@@ -91,6 +98,21 @@ def release(path: Path) -> None:
     """Unmount the overlay of a worktree Choir made at ``path`` (before git removes it)."""
     if _mounted(path):
         _libc().umount2(os.fsencode(os.path.realpath(path)), _MNT_DETACH)
+
+
+def drop_worktree(git: GitRepo, path: Path) -> None:
+    """A worktree of ``git`` at ``path`` removed without a git process: its overlay
+    unmounted first, so what is removed is the folder under the mount (its ``.git`` file),
+    not every file of the checkout through the overlay (each a whiteout written in its upper
+    layer); then git's record of it, as ``git worktree prune`` removes one whose folder is
+    gone (so the branch it had is free to move again). ``shutil.rmtree`` follows no link,
+    whatever a member planted; a link at ``path`` itself is left to git."""
+    made = git.worktree_at(path)  # its record, found while its folder is there
+    release(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    if made is not None and not path.exists():
+        rmtree(made.git_dir)
 
 
 @dataclass(frozen=True)
@@ -132,9 +154,11 @@ def overlay_worktree(git: GitRepo, path: Path, branch: str, start: str) -> GitRe
     store = Store.for_place(store_root(), create=True) if mounts.private() else None
     if store is None or not _usable(path, store.root):
         return None
-    git.write("worktree", "add", "--no-checkout", "-f", "-B", branch, str(path), start,
-              filters=False)
-    made = git.worktree_at(path)
+    made = _linked_worktree(git, path, branch, start)
+    if made is None:  # git's own, which also takes over a path a missing worktree still has
+        git.write("worktree", "add", "--no-checkout", "-f", "-B", branch, str(path), start,
+                  filters=False)
+        made = git.worktree_at(path)
     if made is None:
         return None
     # ``-B branch start`` put HEAD at ``start``: a commit's full id (the plan driver's) is
@@ -169,14 +193,65 @@ def overlay_worktree(git: GitRepo, path: Path, branch: str, start: str) -> GitRe
     return made
 
 
+def _linked_worktree(git: GitRepo, path: Path, branch: str, start: str) -> GitRepo | None:
+    """What ``git worktree add --no-checkout -f -B branch path start`` makes, with one git
+    process where git's own spawns two more (``git branch`` and ``git symbolic-ref``, 6-15 ms
+    together here, twice an item in a plan); None when it cannot be made so.
+
+    The branch is moved by ``git branch -f``, as ``worktree add -B`` does, so git's own
+    refusal to move a branch checked out elsewhere (a person's checkout) stands. The records
+    are those gitrepository-layout(5) documents and ``worktree add`` writes: a folder
+    ``worktrees/<name>`` in the common git folder holding ``gitdir`` (the worktree's ``.git``
+    by its real path), ``commondir`` and ``HEAD`` (the branch, symbolically), and the
+    worktree's ``.git`` file naming that folder; ``locked`` while they are written, as git
+    does, so a ``worktree prune`` run meanwhile (another plan on the repo) leaves them."""
+    if path.exists() or path.is_symlink():
+        return None  # the caller removed what was there: one there now is not ours to reuse
+    if git.write("branch", "-f", branch, start, check=False, filters=False).returncode:
+        return None  # checked out elsewhere (perhaps by a worktree whose folder is gone)
+    path.mkdir(parents=True, mode=0o755)
+    root = Path(os.path.realpath(path))
+    admins = git.common_dir / "worktrees"
+    admins.mkdir(mode=0o755, exist_ok=True)
+    name = "".join(c if c.isalnum() or c in "-_" else "-" for c in root.name) or "worktree"
+    admin = admins / name
+    while True:
+        try:
+            admin.mkdir(mode=0o755)
+            break
+        except FileExistsError:
+            admin = admins / f"{name}-{secrets.token_hex(4)}"
+    try:
+        (admin / "locked").write_text("initializing\n")
+        (admin / "gitdir").write_text(f"{root / '.git'}\n")
+        (admin / "commondir").write_text("../..\n")
+        (admin / "HEAD").write_text(f"ref: refs/heads/{branch}\n")
+        (root / ".git").write_text(f"gitdir: {os.path.realpath(admin)}\n")
+        (admin / "locked").unlink()
+    except OSError:
+        rmtree(admin)
+        rmtree(root)
+        return None
+    return git.worktree_at(root)
+
+
 def _lower_of(made: GitRepo, store: Store, commit: str, *,
               strict: bool = False) -> tuple[str, str, Path] | None:
     """(``commit``, its git tree, the store's checkout of that tree); None when ``commit``
     is no commit (``strict``: raised)."""
+    key = (str(made.common_dir), commit)
+    lowers = _Lowers(store)
+    tree = _GIT_TREES.get(key)
+    kept = lowers.kept(tree) if tree is not None else None
+    if tree is not None and kept is not None:
+        return commit, tree, kept
     try:
         with made.objects() as objects:
             tree = objects.commit_tree(commit)
-            return commit, tree, _Lowers(store).get(made, objects, tree)
+            if len(_GIT_TREES) >= _GIT_TREES_MAX:
+                _GIT_TREES.clear()
+            _GIT_TREES[key] = tree
+            return commit, tree, lowers.get(made, objects, tree)
     except IntegrityError:
         if strict:
             raise
@@ -209,25 +284,61 @@ class _Lowers:
     def _record(self, tree: str) -> _table.Table:
         return _table.Table(self.root / f"{tree}.record", RECORD)
 
-    def get(self, git: GitRepo, objects: ObjectReader, tree: str) -> Path:
-        """The checkout tree of git tree ``tree``: the one kept, when it still matches its
-        record, else one built now."""
+    def kept(self, tree: str) -> Path | None:
+        """The checkout tree of git tree ``tree`` kept, when it still matches its record."""
         path = self.root / tree
         if path.is_dir() and self._holds(path, tree):
             os.utime(self.root / f"{tree}.record")
             return path
+        return None
+
+    def get(self, git: GitRepo, objects: ObjectReader, tree: str) -> Path:
+        """The checkout tree of git tree ``tree``: the one kept, when it still matches its
+        record, else one built now."""
+        path = self.kept(tree)
+        if path is not None:
+            return path
+        path = self.root / tree
         if os.path.lexists(path):
+            if _held(path):  # written by someone (the ctime of a link alone holds): the
+                # worktrees standing on it would lose their files with it, so it stays
+                raise IntegrityError(f"the store's checkout {path} differs from its record "
+                                     "while worktrees use it: not used, not removed")
             self._evict(tree)
         return self._build(git, objects, tree)
 
     def _holds(self, path: Path, tree: str) -> bool:
-        rows = self._record(tree).rows
+        """True when every entry of the lower at ``path`` is what its record says.
+
+        A file's ctime alone may differ: its inode is shared, by hard links, with the
+        store's object and every other lower holding the same blob, and each new link to
+        it (a lower built later, a sealed tree) sets its ctime. Such a file is read again
+        and kept, its record brought up to date, only when its bytes still hash to its blob
+        id, as a sealed tree's entry is (``choir.evidence.store``); anything else that
+        differs fails the lower. (Failing it for a ctime alone rebuilt it, and removed it
+        under the overlays of the worktrees still using it: their files vanished.)"""
+        table = self._record(tree)
+        rows = table.rows
         if not rows:
             return False
         rels = sorted(rows.keys())
-        for rel, st in zip(rels, fsopen.lstat_many(path, rels), strict=True):
-            if isinstance(st, OSError) or stamp_of(st) != rows[rel][:5]:
-                return False
+        stale: dict[str, tuple[object, ...]] = {}
+        with fsopen.DirCursor(path) as cursor:
+            for rel, st in zip(rels, fsopen.lstat_many(path, rels), strict=True):
+                if isinstance(st, OSError):
+                    return False
+                row = rows[rel]
+                stamp = stamp_of(st)
+                if stamp == row[:5]:
+                    continue
+                kind = row[5].decode()
+                parts = rel.split("/")
+                if stamp[:3] != row[:3] or stamp[4] != row[4] or kind not in _KINDS or \
+                        not _blob_matches(cursor.dir(parts[:-1]), parts[-1],
+                                          _blob_id(row[6]), kind):
+                    return False
+                stale[rel] = (*stamp, *row[5:])
+        table.save(stale)
         return True
 
     def _evict(self, tree: str) -> None:
@@ -280,6 +391,27 @@ class _Lowers:
             tree = record.name.removesuffix(".record")
             if not _held(self.root / tree):
                 self._evict(tree)
+
+
+def _blob_id(packed: bytes) -> str:
+    """A record's blob id (20 bytes of sha1 padded to 32, or 32 of sha256) as git's hex."""
+    return (packed[:20] if packed[20:] == bytes(12) else packed).hex()
+
+
+def _blob_matches(parent: int, name: str, oid: str, kind: str) -> bool:
+    """True when the regular file ``name`` in ``parent`` hashes, as a git blob, to ``oid``
+    and has the mode git checks a ``kind`` file out with: an object named by blob id is used
+    only so."""
+    try:
+        fd, st = fsopen.open_regular(name, parent)
+    except OSError:
+        return False
+    hasher = hashlib.sha256() if len(oid) == 64 else hashlib.sha1()  # noqa: S324
+    hasher.update(f"blob {st.st_size}\0".encode())
+    with os.fdopen(fd, "rb") as fh:
+        for chunk in iter(lambda: fh.read(CHUNK), b""):
+            hasher.update(chunk)
+    return hasher.hexdigest() == oid and st.st_mode & 0o777 == _MODES[kind]
 
 
 def _held(lower: Path) -> bool:
@@ -369,23 +501,10 @@ class _Checkout:
         folder = objs[_KINDS[kind]]
         with contextlib.suppress(OSError):
             os.link(oid, name, src_dir_fd=folder, dst_dir_fd=parent, follow_symlinks=False)
-            if self._still(parent, name, oid, kind):
+            if _blob_matches(parent, name, oid, kind):
                 return
             os.unlink(name, dir_fd=parent)
         self._write(folder, parent, name, kind, oid)
-
-    def _still(self, parent: int, name: str, oid: str, kind: str) -> bool:
-        """An object named by blob id is used only when its bytes still hash to it."""
-        try:
-            fd, st = fsopen.open_regular(name, parent)
-        except OSError:
-            return False
-        hasher = hashlib.sha256() if len(oid) == 64 else hashlib.sha1()  # noqa: S324
-        hasher.update(f"blob {st.st_size}\0".encode())
-        with os.fdopen(fd, "rb") as fh:
-            for chunk in iter(lambda: fh.read(CHUNK), b""):
-                hasher.update(chunk)
-        return hasher.hexdigest() == oid and st.st_mode & 0o777 == _MODES[kind]
 
     def _write(self, folder: int, parent: int, name: str, kind: str, oid: str) -> None:
         """A new object from git's (re-hashed) blob, then linked in."""

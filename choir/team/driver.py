@@ -36,6 +36,7 @@ from typing import Any, TypedDict
 from choir._core.paths import choir_home
 from choir.app.gate import check_gate
 from choir.evidence.git import GitRepo, locate
+from choir.evidence.worktrees import drop_worktree
 from choir.exceptions import UserError
 from choir.models.plan import PlanRecord, PlanRow
 from choir.team import schedule
@@ -166,15 +167,13 @@ class Driver(Moves):
         return {"record": record}
 
     def _clean_up(self, record: PlanRecord) -> None:
-        """The plan's worktrees and scratch branches, once it ended: removed as folders
-        (``shutil.rmtree`` follows no link, whatever a member planted), then forgotten by one
-        ``worktree prune``, not one git call each; what cannot be removed so is left to
-        ``git worktree remove --force``. The queue's branches go in one call; the items'
-        branches stay."""
+        """The plan's worktrees and scratch branches, once it ended: each overlay unmounted
+        and its folder removed (``drop_worktree``), then forgotten by one ``worktree prune``,
+        not one git call each; what cannot be removed so is left to ``git worktree remove
+        --force``. The queue's branches go in one call; the items' branches stay."""
         for path in [*(self.trees / "items").glob("*/tree"), self.trees / "integration",
                      *(self.trees / "queue").glob("*"), *(self.trees / "whole").glob("*")]:
-            if path.is_dir() and not path.is_symlink():  # integration: an earlier Choir's
-                shutil.rmtree(path, ignore_errors=True)
+            drop_worktree(self.git, path)  # integration: an earlier Choir's plain worktree
             if path.exists():
                 self.git.write("worktree", "remove", "--force", str(path), check=False)
         shutil.rmtree(self.trees / "items", ignore_errors=True)  # the folders around them

@@ -23,7 +23,6 @@ moved are recognised, never repeated.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ from choir.app.gate import check_gate
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.git import GitRepo
 from choir.evidence.tree import commit_record, commit_tree_hash
+from choir.evidence.worktrees import drop_worktree
 from choir.exceptions import PromotionError, UserError
 from choir.models import Mood
 from choir.models.plan import QueueEntry
@@ -250,6 +250,4 @@ class MergeQueue:
         """An entry's worktree, once it landed or was set aside: removed without a git
         process (the driver made it from git's objects, and nothing else writes there); git
         forgets it at the plan's end (``worktree prune``), with the queue's branches."""
-        path = self.worktree(item_id)
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
+        drop_worktree(self.git, self.worktree(item_id))

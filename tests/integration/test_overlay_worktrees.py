@@ -52,6 +52,14 @@ def confined(code: str, *, private: bool = True) -> dict[str, object]:
     return found
 
 
+def landed(plan: Path, repo: Path, plan_id: str) -> set[str]:
+    """``choir plan run PLAN`` (it must succeed): the files on its integration branch."""
+    ran = subprocess.run([sys.executable, "-m", "choir", "plan", "run", str(plan), "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    return set(git(repo, "ls-tree", "--name-only", f"choir/plan/{plan_id}/integration").split())
+
+
 MAKE = """
 from choir.evidence.git import locate
 from choir.evidence import worktrees
@@ -67,6 +75,12 @@ def test_a_worktree_is_an_overlay_of_the_sealed_checkout(repo: Path, tmp_path: P
 a = make("a", "choir/a")
 b = make("b", "choir/b")
 out["mounted"] = [worktrees._mounted(a.root), worktrees._mounted(b.root)]
+subprocess.run(["git", "-C", str(repo), "worktree", "prune"], check=True)  # records it keeps
+listed = subprocess.run(["git", "-C", str(repo), "worktree", "list", "--porcelain"],
+                        capture_output=True, text=True).stdout
+head = git.rev("main")
+out["listed"] = [f"worktree {w.root}\\nHEAD {head}\\nbranch refs/heads/choir/{n}" in listed
+                 for n, w in (("a", a), ("b", b))]
 out["clean"] = subprocess.run(["git", "-C", str(a.root), "status", "--porcelain"],
                               capture_output=True, text=True).stdout
 out["files"] = sorted(str(p.relative_to(a.root)) for p in a.root.rglob("*")
@@ -88,7 +102,7 @@ out["objects_intact"] = all(
 git.write("worktree", "remove", "--force", str(a.root))
 out["removed"] = not a.root.exists() and not worktrees._mounted(a.root)
 """)
-    assert out["mounted"] == [True, True]
+    assert out["mounted"] == [True, True] and out["listed"] == [True, True]
     assert out["clean"] == ""
     assert len(out["files"]) == 202  # type: ignore[arg-type]  # 200 modules, run.sh, link
     assert out["mode"] == "0o755" and out["link"] == "pkg0/m0.py"
@@ -126,8 +140,10 @@ out["old"] = (a.root / "pkg1" / "m1.py").read_text()
 
 def test_a_lower_written_between_worktrees_is_built_again(repo: Path, tmp_path: Path) -> None:
     """A process with the caller's uid writes the sealed checkout (and covers it up): the
-    next worktree made from it sees the record's stamps differ and gets a new one."""
+    next worktree made from it sees the record's stamps differ and gets a new one; while a
+    worktree still stands on it, it is refused instead, and left under that worktree."""
     out = confined(MAKE.format(repo=str(repo), root=str(tmp_path / "trees")) + """
+from choir.exceptions import IntegrityError
 a = make("a", "choir/a")
 store = pathlib.Path(os.environ["CHOIR_ARTIFACT_DIR"]) / "trees"
 [lower] = [p for p in (store / "lowers").iterdir() if p.is_dir()]
@@ -135,10 +151,47 @@ target = lower / "pkg2" / "m2.py"
 before = target.stat()
 target.write_text("X = 9\\n")  # the same size
 os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+try:
+    make("held", "choir/held")
+    out["held"] = "made"
+except IntegrityError:
+    out["held"] = "refused"
+out["a"] = len(os.listdir(a.root / "pkg2"))
+git.write("worktree", "remove", "--force", str(a.root))
 b = make("b", "choir/b")
 out["b"] = (b.root / "pkg2" / "m2.py").read_text()
 """)
-    assert out == {"b": "X = 2\n"}
+    assert out == {"held": "refused", "a": 40, "b": "X = 2\n"}
+
+
+def test_a_lower_another_lower_links_to_stays_under_its_worktrees(repo: Path,
+                                                                  tmp_path: Path) -> None:
+    """A lower built for a new commit links the last one's files: every shared inode's ctime
+    moves. The last lower is still the one the worktrees made from it stand on: the next
+    worktree of its commit re-reads what moved and keeps it (the same folder), where it once
+    rebuilt it and removed the old one under the live overlays (their files vanished, and
+    their items committed nothing)."""
+    out = confined(MAKE.format(repo=str(repo), root=str(tmp_path / "trees")) + """
+store = pathlib.Path(os.environ["CHOIR_ARTIFACT_DIR"]) / "trees"
+def lowers():
+    return {p.name: p.stat().st_ino for p in (store / "lowers").iterdir() if p.is_dir()}
+a = make("a", "choir/a")
+(a.root / "pkg1" / "mine.py").write_text("mine = 1\\n")
+first = lowers()
+b = make("b", "choir/b")
+(b.root / "pkg3" / "m3.py").write_text("X = 33\\n")
+b.write("commit", "-qam", "item b")
+head = b.rev("HEAD")
+c = make("c", "choir/c", head)  # a second lower: links to the first one's files
+d = make("d", "choir/d")  # the first lower again
+out["first_kept"] = all(lowers().get(name) == ino for name, ino in first.items())
+out["a"] = len(os.listdir(a.root / "pkg1"))  # its 40 modules and its own
+out["mine"] = (a.root / "pkg1" / "mine.py").read_text()
+out["c"] = (c.root / "pkg3" / "m3.py").read_text()
+out["d"] = (d.root / "pkg3" / "m3.py").read_text()
+""")
+    assert out == {"first_kept": True, "a": 41,
+                   "mine": "mine = 1\n", "c": "X = 33\n", "d": "X = 3\n"}
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
@@ -160,12 +213,33 @@ def test_choir_plan_run_makes_its_worktrees_from_the_store(tmp_path: Path,
           executor: {kind: command, command: 'echo C > c.txt'}
           depends_on: [a]
         """)
-    ran = subprocess.run([sys.executable, "-m", "choir", "plan", "run", str(plan), "--json"],
-                         capture_output=True, text=True, timeout=600)
-    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert {"a.txt", "c.txt"} <= landed(plan, tmp_path / "repo", "ov")
     lowers = choir_home / "artifacts" / "trees" / "lowers"
     assert [p for p in lowers.iterdir() if p.is_dir()], "no worktree came from the store"
-    shown = git(tmp_path / "repo", "ls-tree", "--name-only", "choir/plan/ov/integration")
-    assert {"a.txt", "c.txt"} <= set(shown.split())
     # the plan's end removed its worktrees: no mount, no upper layer left behind
     assert not list((tmp_path / ".repo.choir-plans" / "ov").rglob("*.txt"))
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_items_side_by_side_keep_their_work_while_others_land(tmp_path: Path,
+                                                              choir_home: Path) -> None:
+    """``choir plan run`` with items side by side: ``a`` lands while ``s`` still runs, and
+    ``e`` starts on the base meanwhile. ``a``'s head got a lower linked from the base's,
+    and ``e``'s worktree once found the base's lower changed (its files' ctimes), rebuilt it
+    and removed the old one under ``s``'s overlay: ``s`` committed an empty tree and failed
+    at its gate. Every item must land with its own file."""
+    from tests.team import team_repo, write_plan
+
+    team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "side", """\
+        - id: a
+          goal: write a
+          executor: {kind: command, command: 'echo A > a.txt'}
+        - id: s
+          goal: write s, slowly
+          executor: {kind: command, command: 'sleep 3 && echo S > s.txt'}
+        - id: e
+          goal: write e
+          executor: {kind: command, command: 'echo E > e.txt'}
+        """)
+    assert {"a.txt", "s.txt", "e.txt"} <= landed(plan, tmp_path / "repo", "side")
