@@ -310,14 +310,16 @@ def main() -> None:
 def confined() -> Iterator[None]:
     """Everything measured as ``choir plan run`` runs: its signing key behind the broker, the
     process in a mount namespace of its own (so its worktrees are overlays of the store's
-    checkouts), in a home of its own; the key folder's mask unmounted at the end, so the
-    home can be removed."""
+    checkouts), its process-lifetime caches on, in a home of its own; the key folder's mask
+    unmounted at the end, so the home can be removed."""
+    from choir._core import warm
     from choir.trusted import keys_dir, separate
 
     home = Path(tempfile.mkdtemp(prefix="choir-bench-team-"))
     os.environ["CHOIR_HOME"] = str(home)
     keys = keys_dir(home)
     level = separate(home)
+    warm.enable()  # as choir plan run does: policies, presets and plugins read once
     print(f"confined as choir plan run is: {level}")
     try:
         yield

@@ -68,6 +68,11 @@ _PINS_MAX = 64
 _CONFIG_MAX = 1 << 20
 _PINS_LOCK = threading.Lock()
 _CHUNK = 1 << 20
+# (common git folder, commit id) -> (its tree, its parents), from bytes that hashed to the id:
+# a commit never changes, and a plan asks the same ones again (the worktree made from it, its
+# merge's record), each time once a process of its own to ask
+_COMMITS: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
+_COMMITS_MAX = 4096
 _RECORDS: dict[tuple[str, str], Path] = {}  # (worktrees folder, worktree's .git) -> its record
 _RECORDS_MAX = 4096
 
@@ -447,9 +452,18 @@ class ObjectReader:
     """``git cat-file --batch``, with every object's bytes hashed again against its name."""
 
     def __init__(self, repo: GitRepo) -> None:
-        self._proc = subprocess.Popen(repo.argv("cat-file", "--batch"), cwd=repo.root,
-                                      env=repo.env(), stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self._repo = repo
+        self._started: subprocess.Popen[bytes] | None = None  # on the first question
+
+    @property
+    def _proc(self) -> subprocess.Popen[bytes]:
+        if self._started is None:
+            repo = self._repo
+            self._started = subprocess.Popen(repo.argv("cat-file", "--batch"), cwd=repo.root,
+                                             env=repo.env(), stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE,
+                                             stderr=subprocess.DEVNULL)
+        return self._started
 
     def __enter__(self) -> ObjectReader:
         return self
@@ -459,15 +473,19 @@ class ObjectReader:
         self.close()
 
     def close(self) -> None:
-        """End the process (its pipes closed, then waited for; killed after 10 s)."""
-        for pipe in (self._proc.stdin, self._proc.stdout):
+        """End the process, if one was started (its pipes closed, then waited for; killed
+        after 10 s)."""
+        proc, self._started = self._started, None
+        if proc is None:
+            return
+        for pipe in (proc.stdin, proc.stdout):
             if pipe is not None:
                 pipe.close()
         try:
-            self._proc.wait(timeout=10)
+            proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+            proc.kill()
+            proc.wait()
 
     def stream(self, oid: str, want: str, sink: Callable[[bytes], object]) -> None:
         """Feed object ``oid`` (of type ``want``) to ``sink`` in chunks, then check its hash.
@@ -548,7 +566,14 @@ class ObjectReader:
                 line anywhere later in the header (git would not count it: a commit crafted
                 so that Choir and git disagree on its history is refused).
         """
-        return self._parsed(sha, self.read(sha, "commit"))
+        key = (str(self._repo.common_dir), sha)
+        known = _COMMITS.get(key)
+        if known is None:
+            tree, parents = self._parsed(sha, self.read(sha, "commit"))
+            if len(_COMMITS) >= _COMMITS_MAX:
+                _COMMITS.clear()
+            known = _COMMITS[key] = (tree, tuple(parents))
+        return known[0], list(known[1])
 
     @staticmethod
     def _parsed(sha: str, data: bytes) -> tuple[str, list[str]]:

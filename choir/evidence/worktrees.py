@@ -57,12 +57,6 @@ _KINDS = {"f": "F", "x": "X"}
 _DIR = b"d"
 _MNT_DETACH = 2
 _RECORD_NAME = "choir-overlay"
-# (common git folder, commit id) -> the commit's git tree id, as read (and hashed again) once:
-# a commit's bytes are its id, so its tree never changes, and the next worktree of the same
-# commit (an item started where the last one landed, items started side by side) starts no
-# ``git cat-file`` to learn it again
-_GIT_TREES: dict[tuple[str, str], str] = {}
-_GIT_TREES_MAX = 4096
 
 
 def _libc() -> ctypes.CDLL:
@@ -239,19 +233,10 @@ def _lower_of(made: GitRepo, store: Store, commit: str, *,
               strict: bool = False) -> tuple[str, str, Path] | None:
     """(``commit``, its git tree, the store's checkout of that tree); None when ``commit``
     is no commit (``strict``: raised)."""
-    key = (str(made.common_dir), commit)
-    lowers = _Lowers(store)
-    tree = _GIT_TREES.get(key)
-    kept = lowers.kept(tree) if tree is not None else None
-    if tree is not None and kept is not None:
-        return commit, tree, kept
-    try:
+    try:  # the reader starts git only when asked what it has not read before
         with made.objects() as objects:
             tree = objects.commit_tree(commit)
-            if len(_GIT_TREES) >= _GIT_TREES_MAX:
-                _GIT_TREES.clear()
-            _GIT_TREES[key] = tree
-            return commit, tree, lowers.get(made, objects, tree)
+            return commit, tree, _Lowers(store).get(made, objects, tree)
     except IntegrityError:
         if strict:
             raise
@@ -284,21 +269,13 @@ class _Lowers:
     def _record(self, tree: str) -> _table.Table:
         return _table.Table(self.root / f"{tree}.record", RECORD)
 
-    def kept(self, tree: str) -> Path | None:
-        """The checkout tree of git tree ``tree`` kept, when it still matches its record."""
+    def get(self, git: GitRepo, objects: ObjectReader, tree: str) -> Path:
+        """The checkout tree of git tree ``tree``: the one kept, when it still matches its
+        record, else one built now."""
         path = self.root / tree
         if path.is_dir() and self._holds(path, tree):
             os.utime(self.root / f"{tree}.record")
             return path
-        return None
-
-    def get(self, git: GitRepo, objects: ObjectReader, tree: str) -> Path:
-        """The checkout tree of git tree ``tree``: the one kept, when it still matches its
-        record, else one built now."""
-        path = self.kept(tree)
-        if path is not None:
-            return path
-        path = self.root / tree
         if os.path.lexists(path):
             if _held(path):  # written by someone (the ctime of a link alone holds): the
                 # worktrees standing on it would lose their files with it, so it stays
