@@ -465,6 +465,15 @@ class ObjectReader:
                                              stderr=subprocess.DEVNULL)
         return self._started
 
+    def start(self) -> ObjectReader:
+        """Start git now, not at the first question (a caller with other work to overlap).
+
+        Raises:
+            OSError: git cannot start.
+        """
+        self._proc  # noqa: B018 - started as a side effect
+        return self
+
     def __enter__(self) -> ObjectReader:
         return self
 

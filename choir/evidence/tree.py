@@ -210,7 +210,7 @@ def _reader(git: GitRepo) -> ObjectReader | None:
     """A reader of ``git``'s objects, started now; None when git cannot start (the scan
     then asks git for ``HEAD`` its own way)."""
     try:
-        return git.objects()
+        return git.objects().start()
     except OSError:
         return None
 

@@ -26,8 +26,11 @@ where the mount dies with the process (``choir plan run`` runs confined: as root
 own user namespace); anywhere else, and for paths an overlay cannot take, ``git worktree
 add`` as before. A lower is checked against its record (``lstat`` of every entry, as a
 sealed tree is: ``choir.evidence.store``) each time a worktree is made from it; one that
-differs is built again. What the lower holds is only where the item starts: every round
-verifies the worktree as the executor left it, whatever was below it.
+differs is built again, unless a worktree stands on it. Each mounted worktree holds a shared
+``flock`` on its lower (``_pin``) and a lower is removed only under the exclusive one, so no
+process removes a lower another process's worktrees stand on (two plans at once: their
+mounts are in different namespaces). What the lower holds is only where the item starts:
+every round verifies the worktree as the executor left it, whatever was below it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import hashlib
 import os
 import secrets
@@ -57,6 +61,7 @@ _KINDS = {"f": "F", "x": "X"}
 _DIR = b"d"
 _MNT_DETACH = 2
 _RECORD_NAME = "choir-overlay"
+_PINS: dict[str, int] = {}  # a mounted worktree's real path -> its lower's pin (``_pin``)
 
 
 def _libc() -> ctypes.CDLL:
@@ -89,9 +94,36 @@ def _mount(path: Path, lower: Path, upper: Path, work: Path) -> None:
 
 
 def release(path: Path) -> None:
-    """Unmount the overlay of a worktree Choir made at ``path`` (before git removes it)."""
+    """Unmount the overlay of a worktree Choir made at ``path`` (before git removes it), and
+    let go of its lower."""
     if _mounted(path):
         _libc().umount2(os.fsencode(os.path.realpath(path)), _MNT_DETACH)
+    pin = _PINS.pop(os.path.realpath(path), -1)
+    if pin >= 0:
+        os.close(pin)
+
+
+def _pin(lower: Path) -> int:
+    """A descriptor of the lower at ``lower`` holding a shared ``flock`` on it, or -1 when
+    there is none there (being removed, or removed since it was looked up).
+
+    A worktree's mount holds its lower's pin for as long as it is mounted in this process
+    (``_PINS``); removing a lower takes the exclusive lock without waiting and gives up
+    when any pin holds it. Mounts are each process's own (every ``choir`` command has a
+    mount namespace of its own), so the mount table says nothing of another process's
+    worktrees: the lock does, whatever process holds it, and dies with it."""
+    try:
+        fd = os.open(lower, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return -1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # a removal under way ends first
+        if os.fstat(fd).st_ino == os.lstat(lower).st_ino:
+            return fd
+    except OSError:
+        pass
+    os.close(fd)  # moved away to be removed while this waited
+    return -1
 
 
 def drop_worktree(git: GitRepo, path: Path) -> None:
@@ -166,23 +198,28 @@ def overlay_worktree(git: GitRepo, path: Path, branch: str, start: str) -> GitRe
             return None
         found = _lower_of(made, store, commit, strict=True)
     assert found is not None  # strict: raised instead
-    commit, tree, lower = found
+    commit, tree, lower, pin = found
     layers = _Layers(made.git_dir)
-    if not _usable(layers.folder):
-        return None
-    rmtree(layers.folder)
-    for folder in (layers.upper, layers.work):
-        folder.mkdir(parents=True, mode=0o755)
-    dotgit = fsopen.read_bytes(path, ".git", 4096)  # the worktree's .git file, kept above
-    (layers.upper / ".git").write_bytes(dotgit)
-    (layers.folder / "lower").write_text(tree + "\n")
     try:
-        _mount(path, lower, layers.upper, layers.work)
-    except OSError:  # overlays refused here (a file system, a kernel): a checkout instead
+        if not _usable(layers.folder):
+            return None
         rmtree(layers.folder)
-        git.write("worktree", "remove", "--force", str(path), check=False)
-        git.write("worktree", "prune", check=False)
-        return None
+        for folder in (layers.upper, layers.work):
+            folder.mkdir(parents=True, mode=0o755)
+        dotgit = fsopen.read_bytes(path, ".git", 4096)  # the worktree's .git file, kept above
+        (layers.upper / ".git").write_bytes(dotgit)
+        (layers.folder / "lower").write_text(tree + "\n")
+        try:
+            _mount(path, lower, layers.upper, layers.work)
+        except OSError:  # overlays refused here (a file system, a kernel): a checkout instead
+            rmtree(layers.folder)
+            git.write("worktree", "remove", "--force", str(path), check=False)
+            git.write("worktree", "prune", check=False)
+            return None
+        _PINS[os.path.realpath(path)], pin = pin, -1  # held while it is mounted
+    finally:
+        if pin >= 0:
+            os.close(pin)
     made.write("read-tree", commit, filters=False)
     return made
 
@@ -230,13 +267,13 @@ def _linked_worktree(git: GitRepo, path: Path, branch: str, start: str) -> GitRe
 
 
 def _lower_of(made: GitRepo, store: Store, commit: str, *,
-              strict: bool = False) -> tuple[str, str, Path] | None:
-    """(``commit``, its git tree, the store's checkout of that tree); None when ``commit``
-    is no commit (``strict``: raised)."""
+              strict: bool = False) -> tuple[str, str, Path, int] | None:
+    """(``commit``, its git tree, the store's checkout of that tree, its pin: the caller's
+    to keep or close); None when ``commit`` is no commit (``strict``: raised)."""
     try:  # the reader starts git only when asked what it has not read before
         with made.objects() as objects:
             tree = objects.commit_tree(commit)
-            return commit, tree, _Lowers(store).get(made, objects, tree)
+            return (commit, tree, *_Lowers(store).get(made, objects, tree))
     except IntegrityError:
         if strict:
             raise
@@ -254,8 +291,13 @@ def remount(made: GitRepo) -> None:
     if store is None:
         return
     with made.objects() as objects:
-        lower = _Lowers(store).get(made, objects, tree)
-    _mount(made.root, lower, layers.upper, layers.work)
+        lower, pin = _Lowers(store).get(made, objects, tree)
+    try:
+        _mount(made.root, lower, layers.upper, layers.work)
+    except BaseException:
+        os.close(pin)
+        raise
+    _PINS[os.path.realpath(made.root)] = pin
 
 
 class _Lowers:
@@ -269,20 +311,31 @@ class _Lowers:
     def _record(self, tree: str) -> _table.Table:
         return _table.Table(self.root / f"{tree}.record", RECORD)
 
-    def get(self, git: GitRepo, objects: ObjectReader, tree: str) -> Path:
-        """The checkout tree of git tree ``tree``: the one kept, when it still matches its
-        record, else one built now."""
+    def get(self, git: GitRepo, objects: ObjectReader, tree: str) -> tuple[Path, int]:
+        """The checkout tree of git tree ``tree`` with its pin (``_pin``): the one kept, when
+        it still matches its record, else one built now.
+
+        Raises:
+            IntegrityError: the one kept differs from its record while a worktree (of this
+                process or another) stands on it: it is neither used nor removed.
+        """
         path = self.root / tree
-        if path.is_dir() and self._holds(path, tree):
-            os.utime(self.root / f"{tree}.record")
-            return path
-        if os.path.lexists(path):
-            if _held(path):  # written by someone (the ctime of a link alone holds): the
-                # worktrees standing on it would lose their files with it, so it stays
+        built = False
+        for _ in range(3):  # removed by another process between the build and the pin
+            pin = _pin(path)
+            if pin >= 0:
+                if self._holds(path, tree):
+                    os.utime(self.root / f"{tree}.record")
+                    if built:
+                        self._trim()  # pinned first: never the one just made
+                    return path, pin
+                os.close(pin)  # written by someone (the ctime of a link alone holds)
+            if os.path.lexists(path) and not self._evict(tree):
                 raise IntegrityError(f"the store's checkout {path} differs from its record "
                                      "while worktrees use it: not used, not removed")
-            self._evict(tree)
-        return self._build(git, objects, tree)
+            self._build(git, objects, tree)
+            built = True
+        raise IntegrityError(f"the store's checkout {path} was removed as it was made")
 
     def _holds(self, path: Path, tree: str) -> bool:
         """True when every entry of the lower at ``path`` is what its record says.
@@ -318,13 +371,30 @@ class _Lowers:
         table.save(stale)
         return True
 
-    def _evict(self, tree: str) -> None:
-        doomed = self.store.root / "work" / f"evict-lower-{tree}-{secrets.token_hex(4)}"
-        with contextlib.suppress(OSError):
-            os.rename(self.root / tree, doomed)
-        (self.root / f"{tree}.record").unlink(missing_ok=True)
-        rmtree(doomed)
+    def _evict(self, tree: str) -> bool:
+        """Remove the lower of ``tree`` unless a worktree stands on it (any pin): True once
+        it is gone."""
+        path = self.root / tree
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            fd = -1  # not a folder (a planted file or link): nothing stands on it
+        try:
+            if fd >= 0:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return False
+            doomed = self.store.root / "work" / f"evict-lower-{tree}-{secrets.token_hex(4)}"
+            with contextlib.suppress(OSError):
+                os.rename(path, doomed)
+            (self.root / f"{tree}.record").unlink(missing_ok=True)
+            rmtree(doomed)
+        finally:
+            if fd >= 0:
+                os.close(fd)
         self.store.sweep_objects()
+        return True
 
     def _base(self) -> tuple[Path, dict[str, tuple[bytes, bytes]]] | None:
         """The most recently used lower, with what its files are: links from it cost less
@@ -355,19 +425,16 @@ class _Lowers:
                     raise
                 return final
             self._record(tree).replace(rows)
-            self._trim()
             return final
         finally:
             rmtree(work)
 
     def _trim(self) -> None:
-        """Keep the ``LOWER_MAX`` lowers used last; a lower a live overlay still holds stays
-        (its mount keeps it whole even when its name is gone, but a remount needs it)."""
+        """Keep the ``LOWER_MAX`` lowers used last; a lower a worktree still stands on stays
+        (``_evict``: its pin), whatever process mounted it."""
         records = sorted(self.root.glob("*.record"), key=lambda p: p.stat().st_mtime)
         for record in records[:max(0, len(records) - LOWER_MAX)]:
-            tree = record.name.removesuffix(".record")
-            if not _held(self.root / tree):
-                self._evict(tree)
+            self._evict(record.name.removesuffix(".record"))  # one a worktree uses stays
 
 
 def _blob_id(packed: bytes) -> str:
@@ -389,16 +456,6 @@ def _blob_matches(parent: int, name: str, oid: str, kind: str) -> bool:
         for chunk in iter(lambda: fh.read(CHUNK), b""):
             hasher.update(chunk)
     return hasher.hexdigest() == oid and st.st_mode & 0o777 == _MODES[kind]
-
-
-def _held(lower: Path) -> bool:
-    """True when an overlay mounted in this namespace has ``lower`` as its lower layer."""
-    needle = f"lowerdir={lower}".encode()
-    try:
-        with open("/proc/self/mountinfo", "rb") as fh:
-            return any(needle in line for line in fh)
-    except OSError:
-        return True
 
 
 class _Checkout:

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -243,3 +244,44 @@ def test_items_side_by_side_keep_their_work_while_others_land(tmp_path: Path,
           executor: {kind: command, command: 'echo E > e.txt'}
         """)
     assert {"a.txt", "s.txt", "e.txt"} <= landed(plan, tmp_path / "repo", "side")
+
+
+def test_another_process_never_removes_a_lower_a_worktree_stands_on(repo: Path,
+                                                                    tmp_path: Path) -> None:
+    """Two ``choir`` processes on one store (two plans at once): each mounts in a namespace
+    of its own, so the other's mounts are not in its mount table. The second one trims the
+    store's lowers (here: keeping none) after building one of its own; the first one's
+    worktree must keep its files, and its lower must stay."""
+    roots = str(tmp_path / "trees")
+    ready, done = tmp_path / "ready", tmp_path / "done"
+    git(repo, "checkout", "-qb", "other")
+    (repo / "pkg3" / "m3.py").write_text("X = 33\n")
+    git(repo, "commit", "-qam", "other")
+    git(repo, "checkout", "-q", "main")
+    first = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        from choir.trusted import separate
+        assert separate() == 'mount-namespace'
+        import json, os, pathlib, time
+        """) + MAKE.format(repo=str(repo), root=roots) + textwrap.dedent(f"""
+        a = make("a", "choir/a")
+        pathlib.Path({str(ready)!r}).write_text("")
+        while not pathlib.Path({str(done)!r}).exists():
+            time.sleep(0.05)
+        print(json.dumps(len(os.listdir(a.root / "pkg1"))))
+        """)], stdout=subprocess.PIPE, text=True, env=os.environ)
+    try:
+        for _ in range(600):
+            if ready.exists() or first.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert ready.exists(), "the first process made no worktree"
+        second = confined(MAKE.format(repo=str(repo), root=roots) + """
+worktrees.LOWER_MAX = 0  # keep no lower that is not in use
+c = make("c", "choir/c", "other")  # a lower of its own, then the trim
+out["c"] = (c.root / "pkg3" / "m3.py").read_text()
+""")
+        assert second == {"c": "X = 33\n"}
+    finally:
+        done.write_text("")
+        seen, _ = first.communicate(timeout=120)
+    assert json.loads(seen) == 40, "the first process's worktree lost its files"
