@@ -194,15 +194,16 @@ def overlay_worktree(git: GitRepo, path: Path, branch: str, start: str) -> GitRe
     found = _lower_of(made, store, start) if is_oid(start) else None
     if found is None:
         commit = made.rev("HEAD")
-        if commit is None:
-            return None
-        found = _lower_of(made, store, commit, strict=True)
-    assert found is not None  # strict: raised instead
-    commit, tree, lower, pin = found
+        try:
+            found = _lower_of(made, store, commit, strict=True) if commit else None
+        except IntegrityError:  # not a commit, or its lower altered while in use: git's own
+            found = None
     layers = _Layers(made.git_dir)
+    if found is None or not _usable(layers.folder):
+        _undone(git, path, found)
+        return None
+    commit, tree, lower, pin = found
     try:
-        if not _usable(layers.folder):
-            return None
         rmtree(layers.folder)
         for folder in (layers.upper, layers.work):
             folder.mkdir(parents=True, mode=0o755)
@@ -213,8 +214,7 @@ def overlay_worktree(git: GitRepo, path: Path, branch: str, start: str) -> GitRe
             _mount(path, lower, layers.upper, layers.work)
         except OSError:  # overlays refused here (a file system, a kernel): a checkout instead
             rmtree(layers.folder)
-            git.write("worktree", "remove", "--force", str(path), check=False)
-            git.write("worktree", "prune", check=False)
+            _undone(git, path, None)
             return None
         _PINS[os.path.realpath(path)], pin = pin, -1  # held while it is mounted
     finally:
@@ -222,6 +222,15 @@ def overlay_worktree(git: GitRepo, path: Path, branch: str, start: str) -> GitRe
             os.close(pin)
     made.write("read-tree", commit, filters=False)
     return made
+
+
+def _undone(git: GitRepo, path: Path, found: tuple[str, str, Path, int] | None) -> None:
+    """The worktree record just made at ``path`` removed (and ``found``'s pin let go), so
+    the caller's ``git worktree add`` makes a plain checkout there instead."""
+    if found is not None:
+        os.close(found[3])
+    git.write("worktree", "remove", "--force", str(path), check=False)
+    git.write("worktree", "prune", check=False)
 
 
 def _linked_worktree(git: GitRepo, path: Path, branch: str, start: str) -> GitRepo | None:
