@@ -133,7 +133,10 @@ def drop_worktree(git: GitRepo, path: Path) -> None:
     layer); then git's record of it, as ``git worktree prune`` removes one whose folder is
     gone (so the branch it had is free to move again). ``shutil.rmtree`` follows no link,
     whatever a member planted; a link at ``path`` itself is left to git."""
-    made = git.worktree_at(path)  # its record, found while its folder is there
+    try:  # its record, found while its folder is there (a lookup mounts one not mounted)
+        made = git.worktree_at(path)
+    except (IntegrityError, OSError):  # its lower cannot be mounted: left to the prune
+        made = None
     release(path)
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
