@@ -246,8 +246,12 @@ def _linked_worktree(git: GitRepo, path: Path, branch: str, start: str) -> GitRe
     are those gitrepository-layout(5) documents and ``worktree add`` writes: a folder
     ``worktrees/<name>`` in the common git folder holding ``gitdir`` (the worktree's ``.git``
     by its real path), ``commondir`` and ``HEAD`` (the branch, symbolically), and the
-    worktree's ``.git`` file naming that folder; ``locked`` while they are written, as git
-    does, so a ``worktree prune`` run meanwhile (another plan on the repo) leaves them."""
+    worktree's ``.git`` file naming that folder. ``gitdir`` is written last, after the file
+    it names: a record without it is one ``git worktree prune`` removes, so a process killed
+    while writing leaves nothing a prune keeps (git's own ``locked`` file, which it writes
+    meanwhile, would be left behind and keep the record, and its branch, forever); a prune
+    run meanwhile by another process (removing the folder before ``gitdir``) makes a write
+    fail, and git's own ``worktree add`` is used instead."""
     if path.exists() or path.is_symlink():
         return None  # the caller removed what was there: one there now is not ours to reuse
     if git.write("branch", "-f", branch, start, check=False, filters=False).returncode:
@@ -265,12 +269,10 @@ def _linked_worktree(git: GitRepo, path: Path, branch: str, start: str) -> GitRe
         except FileExistsError:
             admin = admins / f"{name}-{secrets.token_hex(4)}"
     try:
-        (admin / "locked").write_text("initializing\n")
-        (admin / "gitdir").write_text(f"{root / '.git'}\n")
         (admin / "commondir").write_text("../..\n")
         (admin / "HEAD").write_text(f"ref: refs/heads/{branch}\n")
         (root / ".git").write_text(f"gitdir: {os.path.realpath(admin)}\n")
-        (admin / "locked").unlink()
+        (admin / "gitdir").write_text(f"{root / '.git'}\n")  # last: the record is whole
     except OSError:
         rmtree(admin)
         rmtree(root)

@@ -282,3 +282,36 @@ out["c"] = (c.root / "pkg3" / "m3.py").read_text()
         done.write_text("")
         seen, _ = first.communicate(timeout=120)
     assert json.loads(seen) == 40, "the first process's worktree lost its files"
+
+
+@pytest.mark.parametrize("last", [".git", "gitdir"])
+def test_a_worktree_killed_while_its_record_was_written_is_made_again(
+        repo: Path, tmp_path: Path, last: str) -> None:
+    """The process making a worktree is killed as it writes one of the record's last files
+    (``last``): the half-written record is one ``git worktree prune`` removes, so the next
+    process makes the worktree there again, on its branch (a ``locked`` file left behind, as
+    git's own ``worktree add`` leaves one, kept the record and its branch forever)."""
+    roots = str(tmp_path / "trees")
+    make = MAKE.format(repo=str(repo), root=roots) + 'make("a", "choir/a")\n'
+    killed = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        from choir.trusted import separate
+        assert separate() == 'mount-namespace'
+        import json, os, pathlib
+        written = pathlib.Path.write_text
+        def dying(self, *args, **kwargs):
+            if self.name == LAST:
+                os._exit(9)
+            return written(self, *args, **kwargs)
+        pathlib.Path.write_text = dying
+        """).replace("LAST", repr(last)) + make],
+        capture_output=True, text=True, timeout=120, env=os.environ)
+    assert killed.returncode == 9, killed.stderr[-2000:]
+    out = confined(MAKE.format(repo=str(repo), root=roots) + """
+a = make("a", "choir/a")
+out["a"] = (a.root / "pkg1" / "m1.py").read_text()
+subprocess.run(["git", "-C", str(repo), "worktree", "prune"], check=True)
+listed = subprocess.run(["git", "-C", str(repo), "worktree", "list", "--porcelain"],
+                        capture_output=True, text=True).stdout
+out["records"] = listed.count("branch refs/heads/choir/a")
+""")
+    assert out == {"a": "X = 1\n", "records": 1}
