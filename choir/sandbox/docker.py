@@ -559,15 +559,19 @@ def is_leftover(labels: Mapping[str, str], *, now: float, host: str) -> bool:
 def cleanup_leftovers(client: Any | None = None) -> int:
     """Remove Choir's containers whose owner is gone or whose time is up; returns how many.
 
-    Safe with concurrent Choir processes: a live owner's container within its time stays.
+    Safe with concurrent Choir processes: a live owner's container within its time stays,
+    and one another process removes meanwhile is skipped. The listing is taken as the engine
+    gives it (``sparse``: labels included), never inspected container by container: a
+    container removed between the listing and its inspection made the whole sweep fail.
     """
     own = client is None
     client = client or _client()
     try:
         now, host = time.time(), host_identity()
         removed = 0
-        for container in client.containers.list(all=True, filters={"label": f"{LABEL}=1"}):
-            if is_leftover(container.labels, now=now, host=host):
+        for container in client.containers.list(all=True, filters={"label": f"{LABEL}=1"},
+                                                sparse=True):
+            if is_leftover(container.attrs.get("Labels") or {}, now=now, host=host):
                 try:
                     container.remove(force=True, v=True)
                     removed += 1

@@ -167,3 +167,29 @@ def test_live_owner_and_unlabelled_containers_survive_cleanup(engine: Engine) ->
         assert engine.exists(survivor.id)
         survivor.reload()
         assert survivor.status == "running"
+
+
+def test_a_container_removed_while_the_sweep_lists_them_is_skipped(engine: Engine) -> None:
+    """Two Choir processes sweep at once: a container the other one removes after the
+    engine listed it, before this one looked at it, once made this sweep raise (the
+    listing inspected each container: 404), so the rest stayed. Here the listing is the
+    engine's own, and a leftover in it is removed before it returns."""
+    now = time.time()
+    first = engine.sleeper({**run_labels(now, 600), OWNER_PID: str(dead_pid())})
+    second = engine.sleeper({**run_labels(now, 600), OWNER_PID: str(dead_pid())})
+    api = engine.client.api
+    listed = api.containers
+
+    def racing(*args: Any, **kwargs: Any) -> Any:
+        found = listed(*args, **kwargs)
+        if any(row["Id"] == first.id for row in found):
+            api.remove_container(first.id, force=True)  # the other process's sweep
+        return found
+
+    api.containers = racing
+    try:
+        cleanup_leftovers(engine.client)
+    finally:
+        del api.containers
+    assert engine.removed(first.id) and engine.removed(second.id)
+
