@@ -289,9 +289,11 @@ class GitRepo:
             raise UserError(f"git worktree add made no worktree record for {path}")
         return made
 
-    def worktree_at(self, path: Path) -> GitRepo | None:
+    def worktree_at(self, path: Path, *, mount: bool = True) -> GitRepo | None:
         """The linked worktree of this repository at ``path``, found from this repository's
-        own worktree records (never from ``path/.git``), or None.
+        own worktree records (never from ``path/.git``), or None. An overlay worktree made
+        by another process is mounted here, unless ``mount`` is False (a caller about to
+        remove it).
 
         The records are read newest first, and a record's pointer is resolved only when it
         names ``path`` as git writes it (the real path), before any other is: a plan makes a
@@ -308,7 +310,7 @@ class GitRepo:
         known = _RECORDS.get((str(admins), want))  # the record found last time, checked again
         if known is not None and known.parent == admins and _pointer(known, "gitdir") == want \
                 and os.path.realpath(want) == want:
-            return self._linked(root, known)
+            return self._linked(root, known, mount)
         with os.scandir(admins) as found:
             records = sorted(found, key=_mtime_ns, reverse=True)
         others: list[tuple[Path, str]] = []
@@ -320,10 +322,10 @@ class GitRepo:
             if back != want:
                 others.append((admin, back))
             elif os.path.realpath(admin / back) == want:
-                return self._linked(root, admin)
+                return self._linked(root, admin, mount)
         for admin, back in others:  # a pointer written some other way (by hand, an old git)
             if os.path.realpath(admin / back) == want:
-                return self._linked(root, admin)
+                return self._linked(root, admin, mount)
         return None
 
     def checked_out(self, branch: str) -> list[Path]:
@@ -339,12 +341,13 @@ class GitRepo:
                     found.append(Path(back).parent if back else admin)
         return found
 
-    def _linked(self, root: Path, admin: Path) -> GitRepo:
+    def _linked(self, root: Path, admin: Path, mount: bool) -> GitRepo:
         if len(_RECORDS) >= _RECORDS_MAX:
             _RECORDS.clear()
         _RECORDS[(str(admin.parent), str(root / ".git"))] = admin
         made = GitRepo(root=root, git_dir=admin, common_dir=self.common_dir)
-        worktrees.remount(made)  # an overlay made by another process: mounted here
+        if mount:
+            worktrees.remount(made)  # an overlay made by another process: mounted here
         return made
 
 

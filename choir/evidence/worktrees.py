@@ -113,7 +113,7 @@ def _pin(lower: Path) -> int:
     mount namespace of its own), so the mount table says nothing of another process's
     worktrees: the lock does, whatever process holds it, and dies with it."""
     try:
-        fd = os.open(lower, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = fsopen.open_dir(lower)
     except OSError:
         return -1
     try:
@@ -133,10 +133,7 @@ def drop_worktree(git: GitRepo, path: Path) -> None:
     layer); then git's record of it, as ``git worktree prune`` removes one whose folder is
     gone (so the branch it had is free to move again). ``shutil.rmtree`` follows no link,
     whatever a member planted; a link at ``path`` itself is left to git."""
-    try:  # its record, found while its folder is there (a lookup mounts one not mounted)
-        made = git.worktree_at(path)
-    except (IntegrityError, OSError):  # its lower cannot be mounted: left to the prune
-        made = None
+    made = git.worktree_at(path, mount=False)  # its record, found while its folder is there
     release(path)
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
@@ -194,16 +191,17 @@ def overlay_worktree(git: GitRepo, path: Path, branch: str, start: str) -> GitRe
     # read as one directly, with no rev-parse; a name, or the id of a tag, is asked of HEAD
     from choir.evidence.git import is_oid
 
-    found = _lower_of(made, store, start) if is_oid(start) else None
-    if found is None:
+    layers = _Layers(made.git_dir)
+    usable = _usable(layers.folder)  # its admin path can be named in the mount's options
+    found = _lower_of(made, store, start) if usable and is_oid(start) else None
+    if found is None and usable:
         commit = made.rev("HEAD")
         try:
             found = _lower_of(made, store, commit, strict=True) if commit else None
         except IntegrityError:  # not a commit, or its lower altered while in use: git's own
             found = None
-    layers = _Layers(made.git_dir)
-    if found is None or not _usable(layers.folder):
-        _undone(git, path, found)
+    if found is None:
+        _undone(git, path)
         return None
     commit, tree, lower, pin = found
     try:
@@ -217,7 +215,7 @@ def overlay_worktree(git: GitRepo, path: Path, branch: str, start: str) -> GitRe
             _mount(path, lower, layers.upper, layers.work)
         except OSError:  # overlays refused here (a file system, a kernel): a checkout instead
             rmtree(layers.folder)
-            _undone(git, path, None)
+            _undone(git, path)
             return None
         _PINS[os.path.realpath(path)], pin = pin, -1  # held while it is mounted
     finally:
@@ -227,11 +225,9 @@ def overlay_worktree(git: GitRepo, path: Path, branch: str, start: str) -> GitRe
     return made
 
 
-def _undone(git: GitRepo, path: Path, found: tuple[str, str, Path, int] | None) -> None:
-    """The worktree record just made at ``path`` removed (and ``found``'s pin let go), so
-    the caller's ``git worktree add`` makes a plain checkout there instead."""
-    if found is not None:
-        os.close(found[3])
+def _undone(git: GitRepo, path: Path) -> None:
+    """The worktree record just made at ``path`` removed, so the caller's ``git worktree
+    add`` makes a plain checkout there instead."""
     git.write("worktree", "remove", "--force", str(path), check=False)
     git.write("worktree", "prune", check=False)
 
@@ -390,7 +386,7 @@ class _Lowers:
         it is gone."""
         path = self.root / tree
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = fsopen.open_dir(path)
         except OSError:
             fd = -1  # not a folder (a planted file or link): nothing stands on it
         try:

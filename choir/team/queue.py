@@ -247,7 +247,7 @@ class MergeQueue:
         return None
 
     def drop(self, item_id: str) -> None:
-        """An entry's worktree, once it landed or was set aside: removed without a git
-        process (the driver made it from git's objects, and nothing else writes there); git
-        forgets it at the plan's end (``worktree prune``), with the queue's branches."""
+        """An entry's worktree, once it landed or was set aside: removed, with git's record
+        of it, without a git process (``drop_worktree``: the driver made it from git's
+        objects, and nothing else writes there); the queue's branches go at the plan's end."""
         drop_worktree(self.git, self.worktree(item_id))
