@@ -612,6 +612,16 @@ class ObjectReader:
             if mode in _MODES:
                 yield path, _MODES[mode], oid
 
+    def entries(self, tree: str) -> Iterator[tuple[str, str, str]]:
+        """``(path, kind, id)`` of every file and submodule under ``tree``, in one walk of
+        its checked tree objects: kind ``f``, ``x``, ``l``, or ``m`` for a submodule (the
+        commit of another repository, whose folder a checkout leaves empty)."""
+        for path, mode, oid in self._entries(tree):
+            if mode in _MODES:
+                yield path, _MODES[mode], oid
+            elif mode == _GITLINK:
+                yield path, "m", oid
+
     def submodules(self, tree: str) -> dict[str, str]:
         """``{path: commit id}`` of every submodule entry under ``tree``: commits of other
         repositories, whose content is in no tree of this one."""

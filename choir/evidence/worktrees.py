@@ -41,6 +41,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import re
 import secrets
 import shutil
 from dataclasses import dataclass
@@ -56,11 +57,16 @@ if TYPE_CHECKING:
     from choir.evidence.git import GitRepo, ObjectReader
 
 LOWER_MAX = 8
+_MAX_DEPTH = 256  # folders a worktree may nest, as a snapshot's scan allows
+# a lower's record: ``v2`` lowers hold a submodule's folder, empty, as git's checkout does; a
+# lower made before has no record of this name, so it is made again when next asked for
+_RECORD = ".v2.record"
 _MODES = {"f": 0o644, "x": 0o755}
 _KINDS = {"f": "F", "x": "X"}
 _DIR = b"d"
 _MNT_DETACH = 2
 _RECORD_NAME = "choir-overlay"
+_OCTAL = re.compile(rb"\\([0-7]{3})")
 _PINS: dict[str, int] = {}  # a mounted worktree's real path -> its lower's pin (``_pin``)
 
 
@@ -68,15 +74,21 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
+def _unescaped(field: bytes) -> bytes:
+    """A path as ``/proc/self/mountinfo`` writes it, read back: the kernel writes a space,
+    tab, newline and backslash as three octal digits after a backslash (``\\040``)."""
+    return _OCTAL.sub(lambda m: bytes([int(m.group(1), 8)]), field)
+
+
 def _mounted(path: Path) -> bool:
     """True when an overlay is mounted at exactly ``path`` in this namespace."""
-    target = os.path.realpath(path).encode("unicode_escape")
+    target = os.fsencode(os.path.realpath(path))
     try:
         with open("/proc/self/mountinfo", "rb") as fh:
             for line in fh:
                 fields = line.split(b" ")
                 sep = fields.index(b"-")
-                if fields[4] == target and fields[sep + 1] == b"overlay":
+                if fields[sep + 1] == b"overlay" and _unescaped(fields[4]) == target:
                     return True
     except (OSError, ValueError):
         return False
@@ -139,6 +151,34 @@ def drop_worktree(git: GitRepo, path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     if made is not None and not path.exists():
         rmtree(made.git_dir)
+
+
+def planted_repositories(made: GitRepo, limit: int = 5) -> list[str]:
+    """The first ``limit`` entries named ``.git`` (any case; a folder, or a file pointing
+    at one) below the root of the worktree ``made``: each makes its folder a repository of
+    its own, and git run in the worktree starts git in it, under that repository's config
+    (``git add -A`` asks a submodule's folder whether it is dirty, and its ``git status``
+    runs the filters that config names): a program of the member's, run by Choir's process
+    on the host. The root's own ``.git`` is not listed (Choir's git never reads it).
+
+    Read from an overlay worktree's upper layer, which holds everything written in it (its
+    lower, the store's checkout, holds no ``.git``: ``_Checkout.fill``), so the cost is the
+    change's, not the repository's; a plain worktree is walked whole. No link is followed;
+    a tree too deep to walk is listed as such."""
+    layers = _Layers(made.git_dir)
+    root = layers.upper if layers.lower_id() is not None else made.root
+    found: list[str] = []
+    try:
+        for entry in fsopen.walk(root, max_depth=_MAX_DEPTH):
+            if entry.name.lower() == ".git" and "/" in entry.rel:
+                found.append(entry.rel)
+                if len(found) >= limit:
+                    break
+    except fsopen.TooDeep as exc:
+        found.append(f"{exc.filename} (nested deeper than {_MAX_DEPTH} folders)")
+    except OSError as exc:  # its upper layer or root gone: nothing to commit there
+        found.append(f"(the worktree cannot be read: {exc})")
+    return found
 
 
 @dataclass(frozen=True)
@@ -319,7 +359,7 @@ class _Lowers:
         self.root.mkdir(mode=0o700, exist_ok=True)
 
     def _record(self, tree: str) -> _table.Table:
-        return _table.Table(self.root / f"{tree}.record", RECORD)
+        return _table.Table(self.root / f"{tree}{_RECORD}", RECORD)
 
     def get(self, git: GitRepo, objects: ObjectReader, tree: str) -> tuple[Path, int]:
         """The checkout tree of git tree ``tree`` with its pin (``_pin``): the one kept, when
@@ -335,7 +375,7 @@ class _Lowers:
             pin = _pin(path)
             if pin >= 0:
                 if self._holds(path, tree):
-                    os.utime(self.root / f"{tree}.record")
+                    os.utime(self.root / f"{tree}{_RECORD}")
                     if built:
                         self._trim()  # pinned first: never the one just made
                     return path, pin
@@ -398,7 +438,8 @@ class _Lowers:
             doomed = self.store.root / "work" / f"evict-lower-{tree}-{secrets.token_hex(4)}"
             with contextlib.suppress(OSError):
                 os.rename(path, doomed)
-            (self.root / f"{tree}.record").unlink(missing_ok=True)
+            for suffix in (_RECORD, ".record"):  # and the record of a lower before v2
+                (self.root / f"{tree}{suffix}").unlink(missing_ok=True)
             rmtree(doomed)
         finally:
             if fd >= 0:
@@ -409,10 +450,10 @@ class _Lowers:
     def _base(self) -> tuple[Path, dict[str, tuple[bytes, bytes]]] | None:
         """The most recently used lower, with what its files are: links from it cost less
         than writing its blobs again (a plan's next commit shares most of them)."""
-        records = sorted(self.root.glob("*.record"), key=lambda p: p.stat().st_mtime,
+        records = sorted(self.root.glob(f"*{_RECORD}"), key=lambda p: p.stat().st_mtime,
                          reverse=True)
         for record in records:
-            tree = record.name.removesuffix(".record")
+            tree = record.name.removesuffix(_RECORD)
             path = self.root / tree
             if path.is_dir() and self._holds(path, tree):
                 rows = self._record(tree).rows
@@ -442,9 +483,9 @@ class _Lowers:
     def _trim(self) -> None:
         """Keep the ``LOWER_MAX`` lowers used last; a lower a worktree still stands on stays
         (``_evict``: its pin), whatever process mounted it."""
-        records = sorted(self.root.glob("*.record"), key=lambda p: p.stat().st_mtime)
+        records = sorted(self.root.glob(f"*{_RECORD}"), key=lambda p: p.stat().st_mtime)
         for record in records[:max(0, len(records) - LOWER_MAX)]:
-            self._evict(record.name.removesuffix(".record"))  # one a worktree uses stays
+            self._evict(record.name.removesuffix(_RECORD))  # one a worktree uses stays
 
 
 def _blob_id(packed: bytes) -> str:
@@ -481,18 +522,23 @@ class _Checkout:
         self._base_fd = -1
 
     def fill(self, tree: str) -> dict[str, tuple[object, ...]]:
-        files = []
-        for rel, kind, oid in self.objects.files(tree):
+        """The checkout of ``tree`` made under ``root``: its records' rows. A submodule is
+        an empty folder, as git checks one out that was never cloned (without it, ``git
+        add -A`` in a worktree would record the submodule deleted)."""
+        files, dirs = [], set()
+        for rel, kind, oid in self.objects.entries(tree):
             try:
                 parts = fsopen.split(rel)
             except OSError:
                 continue  # a crafted tree entry ("..", "/"): git refuses to check it out too
             if any(p.lower() == ".git" for p in parts):
                 continue
-            files.append((rel, kind, oid))
+            if kind == "m":
+                dirs.add(rel)
+            else:
+                files.append((rel, kind, oid))
         files.sort()
-        dirs: set[str] = set()
-        for rel, _kind, _oid in files:
+        for rel in [*(rel for rel, _kind, _oid in files), *dirs]:
             up = rel.rpartition("/")[0]
             while up and up not in dirs:
                 dirs.add(up)

@@ -19,6 +19,7 @@ from choir._core.failpoints import failpoint
 from choir._core.ids import new_run_id
 from choir.evidence.git import GitRepo
 from choir.evidence.tree import commit_submodules
+from choir.evidence.worktrees import planted_repositories
 from choir.exceptions import UserError
 from choir.models.plan import PlanRecord, PlanRow, QueueEntry, Spend
 from choir.team import parts, schedule
@@ -206,6 +207,11 @@ class Moves:
         work = self.git.worktree_at(self.item_tree(item_id))
         if work is None:
             raise RuntimeError(f"the worktree of {item_id} is gone")
+        planted = planted_repositories(work)
+        if planted:  # before any git runs there: git would start git in each, as its config says
+            raise UserError("a repository inside the worktree (" + ", ".join(planted) +
+                            "): git would run in it under the member's own config, and no "
+                            "round verified its content; nothing was committed")
         message = f"{item_id}: {row.goal[:60]}"
         work.write("add", "-A")
         # nothing to commit: the item changed nothing, or its commit was made before a crash

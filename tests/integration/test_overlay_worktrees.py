@@ -315,3 +315,91 @@ listed = subprocess.run(["git", "-C", str(repo), "worktree", "list", "--porcelai
 out["records"] = listed.count("branch refs/heads/choir/a")
 """)
     assert out == {"a": "X = 1\n", "records": 1}
+
+
+def _with_submodule(repo: Path) -> None:
+    """``repo``'s next commit holds a submodule entry at ``sub`` (never cloned here)."""
+    git(repo, "update-index", "--add", "--cacheinfo", "160000," + "1" * 40 + ",sub")
+    (repo / ".gitmodules").write_text('[submodule "sub"]\n\tpath = sub\n'
+                                      '\turl = https://example.invalid/sub\n')
+    git(repo, "add", ".gitmodules")
+    git(repo, "commit", "-qm", "submodule")
+
+
+COMMIT = MAKE + """
+from types import SimpleNamespace
+from choir.team.moves import Moves
+moves = Moves()
+moves.git, moves.trees = git, pathlib.Path({root!r})
+work = git.add_worktree(moves.item_tree("x"), "choir/plan/p/item/x", "main")
+def commit():
+    try:
+        return moves._commit("x", SimpleNamespace(goal="g", base=git.rev("main")))
+    except Exception as exc:
+        return f"{{type(exc).__name__}}: {{exc}}"
+"""
+
+
+def test_a_repository_planted_in_an_overlay_worktree_runs_nothing_when_committed(
+        repo: Path, tmp_path: Path) -> None:
+    """The base's submodule folder made a repository with no commit, whose config names a
+    clean filter for a file whose stat alone changed: the driver's ``git add -A`` asked it
+    whether it was dirty, and its ``git status`` ran the filter as Choir (a review found it).
+    Found in the overlay's upper layer before any git runs: nothing runs, nothing is
+    committed."""
+    _with_submodule(repo)
+    marker = tmp_path / "pwned"
+    out = confined(COMMIT.format(repo=str(repo), root=str(tmp_path / "trees")) + f"""
+(work.root / "a.txt").write_text("legit\\n")
+sub = work.root / "sub"
+sub.mkdir(exist_ok=True)
+def nested(*args):
+    subprocess.run(["git", "-C", str(sub), *args], check=True, capture_output=True)
+nested("init", "-q")
+(sub / "f").write_text("abc\\n")
+nested("add", "f")
+nested("config", "filter.evil.clean", "sh -c 'touch {marker}; cat'")
+(sub / ".gitattributes").write_text("f filter=evil\\n")
+os.utime(sub / "f", (1, 1))
+out["commit"] = commit()
+out["branch"] = git.rev("choir/plan/p/item/x") == git.rev("main")
+""")
+    assert not marker.exists(), "a planted repository's filter ran as Choir"
+    assert out["commit"].startswith("UserError") and "sub/.git" in out["commit"], out
+    assert out["branch"] is True  # nothing committed
+
+
+def test_a_submodule_folder_is_in_an_overlay_worktree_as_in_a_checkout(
+        repo: Path, tmp_path: Path) -> None:
+    """A repo with a submodule: the checkout git makes holds its folder, empty; the store's
+    did not, so every item's ``git add -A`` recorded the submodule deleted and the item
+    failed at the submodule check, whatever it changed."""
+    _with_submodule(repo)
+    out = confined(COMMIT.format(repo=str(repo), root=str(tmp_path / "trees")) + """
+out["sub"] = sorted(os.listdir(work.root / "sub"))
+(work.root / "a.txt").write_text("legit\\n")
+made = commit()
+out["kept"] = moves._new_submodules(made, git.rev("main"))
+out["status"] = subprocess.run(["git", "-C", str(work.root), "status", "--porcelain"],
+                               capture_output=True, text=True).stdout
+""")
+    assert out == {"sub": [], "kept": "", "status": ""}
+
+
+def test_a_worktree_under_a_path_with_a_space_is_mounted_once_and_released(
+        repo: Path, tmp_path: Path) -> None:
+    """The mount table writes a space as ``\\040``: a worktree under a folder with a space
+    in its name was never found mounted, so every lookup mounted another overlay on it and
+    its release unmounted none (while letting go of its lower's pin)."""
+    out = confined(MAKE.format(repo=str(repo), root=str(tmp_path / "my trees")) + """
+a = make("a b", "choir/a")
+for _ in range(3):
+    git.worktree_at(a.root)
+def overlays():
+    with open("/proc/self/mountinfo") as fh:
+        return sum(1 for line in fh if " - overlay " in line and "my\\\\040trees" in line)
+out["mounted"] = [worktrees._mounted(a.root), overlays()]
+worktrees.release(a.root)
+out["released"] = [worktrees._mounted(a.root), overlays()]
+""")
+    assert out == {"mounted": [True, 1], "released": [False, 0]}

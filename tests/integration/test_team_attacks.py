@@ -21,21 +21,27 @@ pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("
 def test_a_member_cannot_swap_the_worktree_git_dir_to_run_a_filter_on_the_host(
         tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
-    team_repo(tmp_path / "repo")
+    repo = team_repo(tmp_path / "repo")
     command = ("git init -q --bare .evil && "
                f"git --git-dir=.evil config filter.x.clean \"sh -c 'touch {marker}; cat'\" && "
                "printf '* filter=x\\n' > .gitattributes && printf 'gitdir: .evil\\n' > .git")
-    script = tmp_path / "evil.sh"
-    script.write_text(command + "\n")
-    plan = write_plan(tmp_path, "atk", f"""\
+    # in the repo, where the sandboxed member can read it (a script beside the repo it could
+    # not: this test's member ran nothing until the thirteenth session, and passed)
+    (repo / "evil.sh").write_text(command + "\n")
+    git(repo, "add", "evil.sh")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "the script")
+    plan = write_plan(tmp_path, "atk", """\
         - id: evil
           goal: anything
           max_attempts: 1
-          executor: {{kind: command, command: 'sh {script}'}}
+          executor: {kind: command, command: 'sh evil.sh'}
         """)
     state = asyncio.run(run_plan(load_plan(plan)))
-    assert state["items"]["evil"]["state"] == "merged", state  # the attack got that far
     assert not marker.exists(), "the member's git config ran a command on the host"
+    # the round's snapshot refuses the swapped .git file (the commit, which never reads it,
+    # is the next test's), so nothing the member made is merged
+    row = state["items"]["evil"]
+    assert row["state"] == "failed" and "a .git file pointing at" in row["last"], row
 
 
 def _plant_programs(git_dir: Path, marker: Path) -> None:
@@ -164,6 +170,43 @@ def test_a_nested_repository_a_member_commits_is_never_merged(tmp_path: Path) ->
     assert row["state"] == "failed" and "vendor" in row["last"], row
     assert state["status"] == "failed"
     assert "vendor" not in git(repo, "ls-tree", "--name-only", "choir/plan/gl/integration")
+
+
+NESTED_FILTER = (
+    "git init -q {at} && cd {at} && echo x > f && git add f && "
+    "git config filter.evil.clean \"sh -c \\\"touch {marker}; cat\\\"\" && "
+    "printf \"f filter=evil\\\\n\" > .gitattributes && touch -d @1 f")
+
+
+@pytest.mark.parametrize("at", ["vendor", "sub"])
+def test_a_nested_repository_runs_none_of_its_programs_when_the_item_is_committed(
+        tmp_path: Path, at: str) -> None:
+    """``git add -A`` starts git in a nested repository it finds (to tell whether it is
+    dirty), under that repository's own config: a filter the member wrote there ran on the
+    host as Choir, before the submodule check could fail the item (a review found it).
+    ``sub``: the base's submodule, an empty folder in the checkout, made a repository with
+    no commit (git then asks it whether it is dirty); ``vendor``: a repository of the
+    member's own. The item now fails before any git runs in its worktree, naming the
+    ``.git`` it found."""
+    marker = tmp_path / "pwned"
+    repo = team_repo(tmp_path / "repo")
+    if at == "sub":
+        git(repo, "update-index", "--add", "--cacheinfo", "160000," + "1" * 40 + ",sub")
+        (repo / ".gitmodules").write_text('[submodule "sub"]\n\tpath = sub\n'
+                                          '\turl = https://example.invalid/sub\n')
+        git(repo, "add", ".gitmodules")
+        git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "submodule")
+    command = "echo A > a.txt && " + NESTED_FILTER.format(at=at, marker=marker)
+    plan = write_plan(tmp_path, "nf", f"""\
+        - id: a
+          goal: write a
+          max_attempts: 1
+          executor: {{kind: command, command: '{command}'}}
+        """)
+    state = asyncio.run(run_plan(load_plan(plan)))
+    assert not marker.exists(), "a nested repository's filter ran on the host"
+    row = state["items"]["a"]
+    assert row["state"] == "failed" and f"{at}/.git" in row["last"], row
 
 
 def test_a_claim_recorded_outside_the_plan_never_stands_in_for_its_rounds(
