@@ -127,7 +127,7 @@ def _busy_s() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-GIT_WRITES = "git writes (each: a config listing, then git)"
+GIT_WRITES = "git writes (the config listing kept per digest)"
 GIT_READS = "git reads"
 INSIDE: contextvars.ContextVar[bool] = contextvars.ContextVar("inside", default=False)
 

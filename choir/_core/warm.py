@@ -26,6 +26,12 @@ def enable() -> None:
     _enabled = True
 
 
+def enabled() -> bool:
+    """Whether the caches are on (process-lifetime resources, such as a git object reader
+    kept between calls, are kept only then)."""
+    return _enabled
+
+
 def cached(fn: F) -> F:
     """``fn`` computed once per argument tuple while caching is on; every call otherwise."""
     memo: dict[tuple[Any, ...], Any] = {}
@@ -41,4 +47,4 @@ def cached(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-__all__ = ["cached", "enable"]
+__all__ = ["cached", "enable", "enabled"]

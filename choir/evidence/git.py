@@ -28,6 +28,8 @@ itself:
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import hashlib
 import os
@@ -41,7 +43,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import cast
 
-from choir._core import fsopen, procs
+from choir._core import fsopen, procs, warm
 from choir.evidence import worktrees
 from choir.exceptions import IntegrityError, UserError
 
@@ -73,6 +75,17 @@ _CHUNK = 1 << 20
 # merge's record), each time once a process of its own to ask
 _COMMITS: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
 _COMMITS_MAX = 4096
+# (process, common git folder) -> a reader kept between calls while warm caches are on, and
+# the lock its user holds (``kept_objects``)
+_KEPT: dict[tuple[int, str], tuple[threading.Lock, ObjectReader]] = {}
+_KEPT_LOCK = threading.Lock()
+
+
+@atexit.register
+def _end_kept() -> None:
+    with _KEPT_LOCK:
+        while _KEPT:
+            _KEPT.popitem()[1][1].close()
 _RECORDS: dict[tuple[str, str], Path] = {}  # (worktrees folder, worktree's .git) -> its record
 _RECORDS_MAX = 4096
 
@@ -156,9 +169,60 @@ class GitRepo:
         sha = out.decode("ascii", "replace").strip() if out else ""
         return sha if is_oid(sha) else None
 
+    def head_commit(self) -> str | None:
+        """The commit ``HEAD`` names (``rev("HEAD")``), read from git's files when ``HEAD``
+        is a branch whose ref is a loose file holding a full id, as a commit leaves it: a git
+        process less for the plan driver after each item's commit. Anything else (a
+        detached or symbolic chain, a packed ref, a file that is no plain id) is asked of
+        git. Nothing is followed through a link; the caller reads the commit's bytes before
+        it trusts it (``commit_record``)."""
+        try:
+            head = fsopen.read_bytes(self.git_dir, "HEAD", 4096).decode("ascii").strip()
+            if head.startswith("ref: refs/heads/"):
+                sha = fsopen.read_bytes(self.common_dir, head[5:], 4096).decode("ascii")
+                if is_oid(sha.strip()) and sha.endswith("\n") and sha.count("\n") == 1:
+                    return sha.strip()
+        except (OSError, ValueError):  # not there as a plain file: git's own answer
+            pass
+        return self.rev("HEAD")
+
     def objects(self) -> ObjectReader:
         """A reader of this repository's objects that re-hashes every object it returns."""
         return ObjectReader(self)
+
+    @contextlib.contextmanager
+    def kept_objects(self) -> Iterator[ObjectReader]:
+        """A reader of this repository's objects, by id only (never ``head``), for one block.
+
+        While the process's warm caches are on (``choir plan run``, whose driver asks for
+        objects several times an item, a git process each), one reader per common folder is
+        kept between blocks: git's ``cat-file`` finds objects written after it started (it
+        looks a loose object up when asked, and scans for new packs on a miss). A block that
+        finds it in use (another thread's) gets one of its own; a reader whose block raised
+        is ended, since its pipe may still hold the rest of an object; a fork never uses its
+        parent's. Otherwise the block's reader ends with it, as ``objects`` does."""
+        if not warm.enabled():
+            with self.objects() as reader:
+                yield reader
+            return
+        key = (os.getpid(), str(self.common_dir))
+        with _KEPT_LOCK:
+            found = _KEPT.get(key)
+            if found is None:  # started in the common folder: no worktree's removal moves it
+                common = GitRepo(self.common_dir, self.common_dir, self.common_dir)
+                found = _KEPT[key] = (threading.Lock(), ObjectReader(common))
+        lock, reader = found
+        if not lock.acquire(blocking=False):
+            with self.objects() as own:
+                yield own
+            return
+        try:
+            yield reader
+        except BaseException:
+            reader.close()  # the next block's question starts git again
+            raise
+        finally:
+            lock.release()
 
     # -- writing: worktrees, merges, commits and branch moves (the plan driver) -----------
     def _program_pins(self) -> list[str]:
@@ -267,10 +331,12 @@ class GitRepo:
                             f"{(proc.stderr or proc.stdout).strip()[-500:]}")
         return proc
 
-    def add_worktree(self, path: Path, branch: str, start: str) -> GitRepo:
+    def add_worktree(self, path: Path, branch: str | None, start: str) -> GitRepo:
         """A fresh linked worktree at ``path`` on ``branch`` reset to ``start`` (a leftover
         one removed first), as a ``GitRepo`` whose git folder Choir located when it made it:
-        whatever is later written to the worktree's own ``.git`` is never read.
+        whatever is later written to the worktree's own ``.git`` is never read. With no
+        ``branch``, its ``HEAD`` is ``start`` itself, detached (a worktree that is only read,
+        such as a merge queue head's: no branch to move, nor to delete later).
 
         In Choir's own mount namespace it is an overlay of the store's checkout of
         ``start`` (no file written: ``choir.evidence.worktrees``); elsewhere a checkout.
@@ -283,7 +349,8 @@ class GitRepo:
         made = worktrees.overlay_worktree(self, path, branch, start)
         if made is not None:
             return made
-        self.write("worktree", "add", "-f", "-B", branch, str(path), start)
+        on = ("-B", branch) if branch is not None else ("--detach",)
+        self.write("worktree", "add", "-f", *on, str(path), start)
         made = self.worktree_at(path)
         if made is None:
             raise UserError(f"git worktree add made no worktree record for {path}")

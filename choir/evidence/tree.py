@@ -314,7 +314,7 @@ def commit_submodules(repo: Path, *shas: str) -> list[dict[str, str]] | None:
     if git is None:
         return None
     try:
-        with git.objects() as objects:
+        with git.kept_objects() as objects:
             if shas:  # the first is a new commit, whose record is asked for next: read now
                 _read_record(git, objects, shas[0])
             return [objects.submodules(objects.commit(sha)[0]) for sha in shas]
@@ -334,7 +334,7 @@ def _commit_record(git: GitRepo, sha: str) -> tuple[str, tuple[str, ...]] | None
     if known is not None:
         return known
     try:
-        with git.objects() as objects:
+        with git.kept_objects() as objects:
             return _read_record(git, objects, sha)
     except (IntegrityError, OSError, ValueError):
         return None

@@ -213,7 +213,8 @@ def _usable(*paths: Path) -> bool:
     return not any(ch in str(p) for p in paths for ch in ",:\\\n")
 
 
-def overlay_worktree(git: GitRepo, path: Path, branch: str, start: str) -> GitRepo | None:
+def overlay_worktree(git: GitRepo, path: Path, branch: str | None,
+                     start: str) -> GitRepo | None:
     """The worktree ``git worktree add -B branch path start`` would make, as an overlay of
     the store's checkout of ``start``; None when it cannot be one here (the caller makes a
     plain one)."""
@@ -222,7 +223,8 @@ def overlay_worktree(git: GitRepo, path: Path, branch: str, start: str) -> GitRe
         return None
     made = _linked_worktree(git, path, branch, start)
     if made is None:  # git's own, which also takes over a path a missing worktree still has
-        git.write("worktree", "add", "--no-checkout", "-f", "-B", branch, str(path), start,
+        on = ("-B", branch) if branch is not None else ("--detach",)
+        git.write("worktree", "add", "--no-checkout", "-f", *on, str(path), start,
                   filters=False)
         made = git.worktree_at(path)
     if made is None:
@@ -272,25 +274,33 @@ def _undone(git: GitRepo, path: Path) -> None:
     git.write("worktree", "prune", check=False)
 
 
-def _linked_worktree(git: GitRepo, path: Path, branch: str, start: str) -> GitRepo | None:
+def _linked_worktree(git: GitRepo, path: Path, branch: str | None,
+                     start: str) -> GitRepo | None:
     """What ``git worktree add --no-checkout -f -B branch path start`` makes, with one git
     process where git's own spawns two more (``git branch`` and ``git symbolic-ref``, 6-15 ms
-    together here, twice an item in a plan); None when it cannot be made so.
+    together here, twice an item in a plan), and with none for a detached one (no
+    ``branch``: ``--detach``, ``start`` a full commit id); None when it cannot be made so.
 
     The branch is moved by ``git branch -f``, as ``worktree add -B`` does, so git's own
     refusal to move a branch checked out elsewhere (a person's checkout) stands. The records
     are those gitrepository-layout(5) documents and ``worktree add`` writes: a folder
     ``worktrees/<name>`` in the common git folder holding ``gitdir`` (the worktree's ``.git``
-    by its real path), ``commondir`` and ``HEAD`` (the branch, symbolically), and the
+    by its real path), ``commondir`` and ``HEAD`` (the branch, symbolically, or the commit's
+    id), and the
     worktree's ``.git`` file naming that folder. ``gitdir`` is written last, after the file
     it names: a record without it is one ``git worktree prune`` removes, so a process killed
     while writing leaves nothing a prune keeps (git's own ``locked`` file, which it writes
     meanwhile, would be left behind and keep the record, and its branch, forever); a prune
     run meanwhile by another process (removing the folder before ``gitdir``) makes a write
     fail, and git's own ``worktree add`` is used instead."""
+    from choir.evidence.git import is_oid
+
     if path.exists() or path.is_symlink():
         return None  # the caller removed what was there: one there now is not ours to reuse
-    if git.write("branch", "-f", branch, start, check=False, filters=False).returncode:
+    if branch is None:  # detached: HEAD is the commit itself, named by its full id
+        if not is_oid(start):
+            return None
+    elif git.write("branch", "-f", branch, start, check=False, filters=False).returncode:
         return None  # checked out elsewhere (perhaps by a worktree whose folder is gone)
     path.mkdir(parents=True, mode=0o755)
     root = Path(os.path.realpath(path))
@@ -306,7 +316,8 @@ def _linked_worktree(git: GitRepo, path: Path, branch: str, start: str) -> GitRe
             admin = admins / f"{name}-{secrets.token_hex(4)}"
     try:
         (admin / "commondir").write_text("../..\n")
-        (admin / "HEAD").write_text(f"ref: refs/heads/{branch}\n")
+        (admin / "HEAD").write_text(f"ref: refs/heads/{branch}\n" if branch is not None
+                                    else f"{start}\n")
         (root / ".git").write_text(f"gitdir: {os.path.realpath(admin)}\n")
         (admin / "gitdir").write_text(f"{root / '.git'}\n")  # last: the record is whole
     except OSError:
@@ -321,7 +332,7 @@ def _lower_of(made: GitRepo, store: Store, commit: str, *,
     """(``commit``, its git tree, the store's checkout of that tree, its pin: the caller's
     to keep or close); None when ``commit`` is no commit (``strict``: raised)."""
     try:  # the reader starts git only when asked what it has not read before
-        with made.objects() as objects:
+        with made.kept_objects() as objects:
             tree = objects.commit_tree(commit)
             return (commit, tree, *_Lowers(store).get(made, objects, tree))
     except IntegrityError:
@@ -340,7 +351,7 @@ def remount(made: GitRepo) -> None:
     store = Store.for_place(store_root(), create=True)
     if store is None:
         return
-    with made.objects() as objects:
+    with made.kept_objects() as objects:
         lower, pin = _Lowers(store).get(made, objects, tree)
     try:
         _mount(made.root, lower, layers.upper, layers.work)

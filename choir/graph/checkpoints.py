@@ -40,6 +40,9 @@ async def open_checkpointer(home: Path) -> AsyncIterator[Any]:
 
         async with AsyncSqliteSaver.from_conn_string(str(home / "checkpoints.sqlite")) as saver:
             saver.serde = serde
+            # WAL (the saver's): a commit survives a killed process without an fsync of its
+            # own; a power cut may lose the last steps, which a resume runs again
+            await saver.conn.execute("PRAGMA synchronous=NORMAL")
             yield saver
         return
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver

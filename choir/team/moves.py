@@ -218,7 +218,7 @@ class Moves:
         if work.write("commit", "-q", "--no-verify", "-m", message,
                       check=False).returncode and work.rev("HEAD") == row.base:
             work.write("commit", "-q", "--allow-empty", "--no-verify", "-m", message)
-        return work.rev("HEAD") or ""
+        return work.head_commit() or ""
 
     def _new_submodules(self, commit: str, base: str) -> str:
         """Why ``commit`` may not merge, if its submodule entries are not its base's: a

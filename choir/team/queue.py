@@ -3,7 +3,8 @@
 Every ASSERTed item joins the queue. Its speculative integration head is its commit merged
 onto the head of the entry before it (or onto the integration head, for the first entry):
 A, then A+B, then A+B+C, each built with ``git merge-tree`` (objects only: no work tree is
-ever half merged) and ``commit-tree``, each in a worktree of its own, and each verified by an
+ever half merged) and ``commit-tree``, each in a worktree of its own (its ``HEAD`` the head
+itself, detached: no branch moved for it), and each verified by an
 integration round (attested, as the claim named after the plan) side by side with the others.
 An item that lands on the very head it started from, its commit's one parent, is a fast
 forward instead: its head is its commit, no merge commit (``build``).
@@ -159,8 +160,7 @@ class MergeQueue:
         if start and onto == start:
             found = commit_record(self.git.root, entry.commit)
             if found is not None and found[1] == (onto,):
-                self.git.add_worktree(self.worktree(entry.item),
-                                      ref_name(self.plan_id, "queue", entry.item), entry.commit)
+                self.git.add_worktree(self.worktree(entry.item), None, entry.commit)
                 failpoint("plan:built")
                 return self._built(entry, onto, entry.commit, found[0])
         merged = self.git.write("merge-tree", "--write-tree", "--name-only", "--no-messages",
@@ -177,8 +177,7 @@ class MergeQueue:
                            f"{merged.stderr.strip()[-300:]}")
         head = self.git.write("commit-tree", lines[0].strip(), "-p", onto, "-p",
                               entry.commit, "-m", f"merge {entry.item}").stdout.strip()
-        self.git.add_worktree(self.worktree(entry.item),
-                              ref_name(self.plan_id, "queue", entry.item), head)
+        self.git.add_worktree(self.worktree(entry.item), None, head)
         tree = commit_tree_hash(self.git.root, head)
         if tree is None:
             raise UserError(f"the merge of {entry.item} ({head[:12]}) cannot be read back")
