@@ -61,9 +61,19 @@ def recv_with_fds(sock: Socket, most: int, max_fds: int) -> tuple[bytes | None, 
     closed by the kernel's truncation). The caller owns every descriptor returned, also when
     the frame is None. (The receiving ends, the service and the broker, import ``socket``
     anyway.)"""
+    import array
     import socket
 
-    data, fds, flags, _ = socket.recv_fds(sock, HEADER.size, max_fds)
+    # close-on-exec as they arrive (``MSG_CMSG_CLOEXEC``, which ``socket.recv_fds`` drops
+    # before 3.12): a program started later never inherits a signing channel or a client's
+    # connection, whatever way it is started
+    got = array.array("i")
+    data, ancillary, flags, _ = sock.recvmsg(HEADER.size, socket.CMSG_LEN(max_fds * got.itemsize),
+                                             socket.MSG_CMSG_CLOEXEC)
+    for level, kind, body in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            got.frombytes(body[:len(body) - len(body) % got.itemsize])
+    fds = list(got)
     if flags & socket.MSG_CTRUNC:  # more descriptors than asked for: never trust the rest
         _close(fds)
         return None, []

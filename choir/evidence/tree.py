@@ -145,7 +145,7 @@ def snapshot(repo: Path, root: Path, *, full: bool = False) -> Snapshot:
         sealed = _sealed(repo, root, store, full)
         if sealed is not None:
             return sealed
-    return _copied(repo, root)
+    return _copied(repo, root, full)
 
 
 def _placed(snap: Snapshot, path: Path) -> Snapshot:
@@ -232,8 +232,9 @@ def _into_place(made: Path, final: Path, tree: str, *, full: bool = False) -> bo
     return True
 
 
-def _copied(repo: Path, root: Path) -> Snapshot:
-    """``snapshot`` by copying every file (the store unusable, or its tree refused)."""
+def _copied(repo: Path, root: Path, full: bool = False) -> Snapshot:
+    """``snapshot`` by copying every file (the store unusable, or its tree refused); a tree
+    of the same hash found in place is kept only after the check ``full`` asks for."""
     tmp = root / f".tmp-{os.getpid()}-{secrets.token_hex(6)}"
     tmp.mkdir(mode=0o700)
     try:
@@ -241,7 +242,7 @@ def _copied(repo: Path, root: Path) -> Snapshot:
             snap = scan(repo, CopySink(dest))
         _seal(tmp)
         final = root / snap.tree_hash
-        if not _into_place(tmp, final, snap.tree_hash):
+        if not _into_place(tmp, final, snap.tree_hash, full=full):
             remove_snapshot(tmp)
     except BaseException:
         remove_snapshot(tmp)

@@ -40,3 +40,24 @@ def test_an_oversized_frame_is_never_read() -> None:
         a.sendall(struct.pack(">I", 10) + b"short")
         a.close()
         assert frames.recv(b, 1024) is None  # the stream ended inside the frame
+
+
+def test_a_received_descriptor_is_never_inherited_by_a_program_started_later() -> None:
+    """The broker's channel and a client's connection arrive as descriptors: one that stayed
+    inheritable would reach any program started without ``close_fds`` (a plugin's, a
+    library's), which could then sign, or write a forged exit code to the client."""
+    import subprocess
+    import sys
+
+    a, b = socket.socketpair()
+    with a, b:
+        read, write = os.pipe()
+        frames.send(a, b"{}", (write,))
+        os.close(write)
+        _data, [fd] = frames.recv_with_fds(b, 64, 1)
+        assert os.get_inheritable(fd) is False
+        child = subprocess.run([sys.executable, "-c", f"import os; os.write({fd}, b'x')"],
+                               close_fds=False, capture_output=True)
+        assert child.returncode != 0 and b"Bad file descriptor" in child.stderr
+        os.close(fd)
+        os.close(read)
