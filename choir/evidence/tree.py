@@ -323,6 +323,47 @@ def commit_submodules(repo: Path, *shas: str) -> list[dict[str, str]] | None:
         return None
 
 
+# attributes that make git's checkout of a file differ from its blob (gitattributes(5)): a
+# round reads the blob's bytes, a person checking the commit out would get others
+CONVERSIONS = frozenset({"text", "eol", "crlf", "ident", "filter", "working-tree-encoding",
+                         "binary"})
+
+
+def conversion_lines(data: bytes) -> frozenset[str]:
+    """The lines of a ``.gitattributes`` file that set, unset or define (``[attr]`` macros)
+    anything a checkout converts a file by. A line is split on blanks: a quoted pattern
+    holding one only adds words to look at, so nothing is missed."""
+    found = set()
+    for raw in data.decode("utf-8", "surrogateescape").splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        words = line.split()
+        if words[0].startswith("[attr]") or any(
+                word.lstrip("-!").split("=", 1)[0] in CONVERSIONS for word in words[1:]):
+            found.add(line)
+    return frozenset(found)
+
+
+def commit_conversions(repo: Path, *shas: str) -> list[dict[str, frozenset[str]]] | None:
+    """For each commit whose full id is in ``shas``: ``{path: conversion_lines}`` of each of
+    its ``.gitattributes`` files, read from checked objects; None when one cannot be read."""
+    git = locate(repo)
+    if git is None:
+        return None
+    try:
+        with git.kept_objects() as objects:
+            found: list[dict[str, frozenset[str]]] = []
+            for sha in shas:
+                files = [(path, oid) for path, kind, oid in objects.entries(objects.commit(sha)[0])
+                         if kind in "fx" and path.rpartition("/")[2] == ".gitattributes"]
+                found.append({path: conversion_lines(objects.read(oid, "blob"))
+                              for path, oid in files})
+            return found
+    except (IntegrityError, OSError, ValueError):
+        return None
+
+
 def commit_record(repo: Path, sha: str) -> tuple[str, tuple[str, ...]] | None:
     """(the tree hash, the parents) of the commit whose full id is ``sha``, read as
     ``commit_tree_hash`` reads it (one reader for both); None as it gives None."""

@@ -18,7 +18,7 @@ from typing import Any
 from choir._core.failpoints import failpoint
 from choir._core.ids import new_run_id
 from choir.evidence.git import GitRepo
-from choir.evidence.tree import commit_submodules
+from choir.evidence.tree import commit_conversions, commit_submodules
 from choir.evidence.worktrees import planted_repositories
 from choir.exceptions import UserError
 from choir.models.plan import PlanRecord, PlanRow, QueueEntry, Spend
@@ -191,7 +191,8 @@ class Moves:
             commit = self._commit(item_id, row)
         except (UserError, RuntimeError) as exc:  # its worktree gone or unusable: not merged
             return record.with_row(item_id, state=FAILED, last=f"commit: {exc}"[:300])
-        unverified = self._new_submodules(commit, row.base)
+        unverified = self._new_submodules(commit, row.base) or \
+            self._new_conversions(commit, row.base)
         if unverified:
             return record.with_row(item_id, state=FAILED, last=unverified[:300])
         failpoint("plan:committed")
@@ -219,6 +220,23 @@ class Moves:
                       check=False).returncode and work.rev("HEAD") == row.base:
             work.write("commit", "-q", "--allow-empty", "--no-verify", "-m", message)
         return work.head_commit() or ""
+
+    def _new_conversions(self, commit: str, base: str) -> str:
+        """Why ``commit`` may not merge, if its ``.gitattributes`` files say otherwise than
+        its base's how a checkout converts files (``ident``, ``text``/``eol``, a filter, an
+        encoding): its rounds read the blobs' bytes, a person checking it out would get
+        others ('' when they say the same)."""
+        read = commit_conversions(self.git.root, commit, base)
+        if read is None:
+            return "commit: its .gitattributes files cannot be read back"
+        found, before = read
+        changed = sorted(p for p in {*found, *before}
+                         if found.get(p, frozenset()) != before.get(p, frozenset()))
+        if not changed:
+            return ""
+        return ("commit: .gitattributes changes how git converts files on checkout (ident, "
+                "text, eol, filter, encoding; a checkout would differ from the bytes its "
+                "rounds verified): " + ", ".join(changed))
 
     def _new_submodules(self, commit: str, base: str) -> str:
         """Why ``commit`` may not merge, if its submodule entries are not its base's: a

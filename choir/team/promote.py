@@ -17,7 +17,7 @@ from choir.ahdb import open_ahdb
 from choir.ahdb.signed import read_signed
 from choir.app.gate import GateAnswer, check_gate
 from choir.attest import trust_root
-from choir.evidence.git import locate
+from choir.evidence.git import GitRepo, locate
 from choir.evidence.tree import commit_tree_hash
 from choir.exceptions import PromotionError, UserError
 from choir.team.plan import item_key
@@ -69,9 +69,15 @@ def promote(plan_id: str, to: str, repo: Path | None = None) -> str:
     git = locate(repo)
     if git is None:
         raise UserError(f"promote: {repo} is not a git repository")
+    _check_target(git, to)
     head = git.rev(integration_branch(plan_id))
     if head is None:
         raise UserError(f"promote: {repo} has no branch {integration_branch(plan_id)}")
+    if head != state.get("integration"):  # the branch is a ref anyone with the repo moves
+        raise UserError(f"promote: refused: {integration_branch(plan_id)} is at {head[:12]}, "
+                        f"not at the commit the plan landed and verified "
+                        f"({str(state.get('integration'))[:12]}): a commit nobody verified "
+                        "may hold history or submodule entries no tree hash covers")
     tree = commit_tree_hash(repo, head)
     if tree is None:  # never the recorded tree in its place: that would gate another tree
         raise UserError(f"promote: refused: the tree of {head[:12]} cannot be read")
@@ -88,12 +94,16 @@ def promote(plan_id: str, to: str, repo: Path | None = None) -> str:
         raise UserError(f"promote: refused: {to} is checked out in a work tree of {repo}; "
                         "switch it to another branch first (promotion never touches a "
                         "checkout)")
+    if old == head and any(p.get("to") == to and p.get("commit") == head
+                           for p in state.get("promotions", [])):
+        return head  # promoted before (its event and its move both done): nothing to do
     # the event first, then the branch: a kill between them leaves an event whose branch has
     # not moved (the next promote moves it, without a second event), never a branch moved
     # with no event (no global effect without one)
     _record(plan_id, state, head, tree, to, old)
     failpoint("plan:released")
-    moved = git.write("update-ref", f"refs/heads/{to}", head, old or "", check=False)
+    moved = git.write("update-ref", "--no-deref", f"refs/heads/{to}", head, old or "",
+                      check=False)
     if moved.returncode and git.rev(to) != head:
         raise UserError(f"promote: {to} moved while it was promoted (from {str(old)[:12]}); "
                         "its release is recorded: run promote again to move it")
@@ -102,6 +112,26 @@ def promote(plan_id: str, to: str, repo: Path | None = None) -> str:
          "at": dt.datetime.now(dt.UTC).isoformat()})
     save_state(plan_id, state)
     return head
+
+
+def _check_target(git: GitRepo, to: str) -> None:
+    """Refuse a ``--to`` that is not a plain branch name Choir may move: git's own rules
+    (``check-ref-format``), never an option, ``HEAD``, a full ``refs/`` name or a plan's own
+    branch, and never a symbolic ref (``update-ref`` would move the branch it names, which
+    may be checked out, while the check above looked for this name).
+
+    Raises:
+        UserError: the name, and the fix.
+    """
+    fix = "\n  fix: give a branch name such as `release` or `main`"
+    if to.startswith("-") or to in ("HEAD", "@") or to.startswith(("refs/", "choir/plan/")) \
+            or git.run("check-ref-format", f"refs/heads/{to}") is None:
+        raise UserError(f"promote: refused: --to {to!r} is not a branch name Choir moves "
+                        f"(an option, HEAD, a full ref, a plan's own branch, or a name git "
+                        f"refuses){fix}")
+    if git.run("symbolic-ref", "-q", f"refs/heads/{to}") is not None:
+        raise UserError(f"promote: refused: {to} is a symbolic ref (moving it would move the "
+                        f"branch it names){fix}")
 
 
 def _record(plan_id: str, state: dict[str, Any], head: str, tree: str, to: str,

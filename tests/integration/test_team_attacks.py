@@ -66,23 +66,26 @@ def _plant_programs(git_dir: Path, marker: Path) -> None:
 
 def test_programs_planted_in_the_repo_config_run_nothing_during_merge_commit_promote(
         tmp_path: Path) -> None:
-    """Config the members' changes name (filters, a merge driver, fsmonitor, hooks) is
+    """Config the repo's attributes name (filters, a merge driver, fsmonitor, hooks) is
     planted in the integration repo's own config, as if a member had reached it: the
-    driver's worktrees, commits, merges and the promotion must run none of it."""
+    driver's worktrees, commits, merges and the promotion must run none of it. (The
+    attributes are the base's: an item that changes them fails, the next test.)"""
     from choir.team.promote import promote
 
     marker = tmp_path / "ran"
     marker.mkdir()
     repo = team_repo(tmp_path / "repo")
+    (repo / ".gitattributes").write_text("* filter=x merge=m\n")
+    git(repo, "add", ".gitattributes")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "attributes")
     _plant_programs(repo / ".git", marker)
-    attrs = "printf '* filter=x merge=m\\n' > .gitattributes"
-    plan = write_plan(tmp_path, "cfg", f"""\
+    plan = write_plan(tmp_path, "cfg", """\
         - id: one
           goal: a file through the filter
-          executor: {{kind: command, command: "{attrs} && echo A > a.txt"}}
+          executor: {kind: command, command: "echo A > a.txt"}
         - id: two
           goal: another, merged after one
-          executor: {{kind: command, command: "{attrs} && echo C > c.txt"}}
+          executor: {kind: command, command: "echo C > c.txt"}
           depends_on: [one]
         """)
     state = asyncio.run(run_plan(load_plan(plan)))
@@ -90,9 +93,31 @@ def test_programs_planted_in_the_repo_config_run_nothing_during_merge_commit_pro
     assert {k: r["state"] for k, r in state["items"].items()} == {"one": "merged",
                                                                    "two": "merged"}, state
     merged = git(tmp_path / "repo", "show", "choir/plan/cfg/integration:.gitattributes")
-    assert merged == "* filter=x merge=m"  # the members' files did name the planted drivers
+    assert merged == "* filter=x merge=m"  # the merged files did name the planted drivers
     promote("cfg", "released")
     assert sorted(p.name for p in marker.iterdir()) == [], "the repo config ran a program"
+
+
+@pytest.mark.parametrize("attributes", ["v.txt ident", "* text eol=crlf", "[attr]conv ident",
+                                        "v.txt filter=lfs"])
+def test_an_item_that_changes_how_git_checks_files_out_is_never_merged(
+        tmp_path: Path, attributes: str) -> None:
+    """A member's ``.gitattributes`` line that makes git convert a file on checkout: its
+    rounds read the blob (``$Id$``), a person's checkout of the promoted branch got
+    ``$Id: 055c87... $`` and failed the repo's own test (a review found it, on overlay
+    worktrees). The item fails, naming the file."""
+    repo = team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "conv", f"""\
+        - id: a
+          goal: write v
+          max_attempts: 1
+          executor: {{kind: command, command: "echo '$Id$' > v.txt &&
+            echo '{attributes}' > .gitattributes"}}
+        """)
+    state = asyncio.run(run_plan(load_plan(plan)))
+    row = state["items"]["a"]
+    assert row["state"] == "failed" and ".gitattributes changes how git" in row["last"], row
+    assert "v.txt" not in git(repo, "ls-tree", "--name-only", "choir/plan/conv/integration")
 
 
 def test_a_worktree_whose_git_became_a_repo_of_its_own_runs_nothing_when_committed(

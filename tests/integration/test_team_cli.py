@@ -50,7 +50,8 @@ def test_gate_and_promote_only_for_exactly_the_integration_tree(tmp_path: Path) 
     (wt / "a.txt").write_text("sneaked in\n")
     git(wt, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "sneak")
     refused = choir("promote", "rel", "--to", "release")
-    assert refused.returncode == 1 and "gate does not hold" in refused.stdout, refused.stdout
+    assert refused.returncode == 1 and "not at the commit the plan landed" in refused.stdout, \
+        refused.stdout
     assert git(repo, "branch", "--list", "release") == ""
     # back to the verified commit: promoted, as a fast forward, the checkout untouched
     git(wt, "reset", "-q", "--hard", state["integration"])

@@ -180,3 +180,49 @@ def test_a_release_is_decided_by_the_signed_log_not_the_tables(
     with pytest.raises(PromotionError, match="not covered by a trusted signed head"):
         _record("pt", state, head, state["integration_tree"], "release", None)
     assert not [e for e in open_ahdb().events() if e.kind == "release"]
+
+
+def test_promote_moves_nothing_but_the_landed_commit_to_a_plain_branch(tmp_path: Path) -> None:
+    """Found by a review, each watched passing before: the integration branch moved by
+    anyone with the repo (to the verified tree plus a submodule entry, or a merge bringing
+    in an unverified history) was promoted, its tree being all the gate read; ``--to`` a
+    symbolic ref moved the checked-out branch it names; ``--to`` an option, a plan's own
+    branch or a name git refuses was taken (some after their event was written); and a
+    promotion run again after it had moved its branch wrote a second event."""
+    from choir.exceptions import UserError
+
+    repo, state = _asserted(tmp_path, "pr")
+    landed = state["integration"]
+    branch = "choir/plan/pr/integration"
+    tree = git(repo, "rev-parse", f"{landed}^{{tree}}")
+    with_gitlink = subprocess.run(
+        ["git", "-C", str(repo), "mktree"], capture_output=True, text=True, check=True,
+        input=git(repo, "ls-tree", landed) + f"\n160000 commit {'1' * 40}\tvendor\n").stdout
+    forged = git(repo, "-c", "user.name=x", "-c", "user.email=x@x", "commit-tree",
+                 with_gitlink.strip(), "-p", landed, "-m", "vendor")
+    other = git(repo, "-c", "user.name=x", "-c", "user.email=x@x", "commit-tree", tree,
+                "-m", "unverified history")
+    merged = git(repo, "-c", "user.name=x", "-c", "user.email=x@x", "commit-tree", tree,
+                 "-p", landed, "-p", other, "-m", "merge")
+    for moved in (forged, merged):
+        git(repo, "update-ref", f"refs/heads/{branch}", moved)
+        with pytest.raises(UserError, match="not at the commit the plan landed"):
+            promote("pr", "release")
+        assert git(repo, "branch", "--list", "release") == ""
+    git(repo, "update-ref", f"refs/heads/{branch}", landed)
+
+    git(repo, "symbolic-ref", "refs/heads/alias", "refs/heads/main")  # main is checked out
+    events = len(list(open_ahdb().events()))
+    for bad, why in (("alias", "symbolic ref"), ("-x", "not a branch name"),
+                     ("HEAD", "not a branch name"), ("refs/heads/main", "not a branch name"),
+                     ("choir/plan/pr/item/a", "not a branch name"),
+                     ("main.lock", "not a branch name"), ("a..b", "not a branch name")):
+        with pytest.raises(UserError, match=why):
+            promote("pr", bad)
+    assert len(list(open_ahdb().events())) == events  # no event for any of them
+    assert git(repo, "status", "--porcelain") == ""  # main, checked out, never moved
+
+    assert promote("pr", "release") == landed
+    after = len(list(open_ahdb().events()))
+    assert promote("pr", "release") == landed  # again, as after a kill past its move
+    assert len(list(open_ahdb().events())) == after
