@@ -98,7 +98,15 @@ class Driver(Moves):
         if base is None:
             raise UserError(f"plan {self.plan.id}: base branch '{self.plan.base}' does not "
                             f"exist in {self.repo}")
-        self.git.write("branch", "-f", integration_branch(self.plan.id), base)
+        branch = integration_branch(self.plan.id)
+        there = self.git.rev(f"refs/heads/{branch}")
+        if there not in (None, base):  # another plan's: its landed work, its worktrees
+            raise UserError(f"plan {self.plan.id}: {self.repo} has a branch {branch} at "
+                            f"{there[:12]} already (a plan of this id run from another "
+                            "CHOIR_HOME, or one whose record is gone); a new plan would "
+                            "reset it\n  fix: give the plan a new id, or delete that branch "
+                            "if nothing needs it")
+        self.git.write("branch", "-f", branch, base)
         return PlanRecord(
             plan=self.plan.id, plan_file=str(self.plan_file or ""), repo=str(self.repo),
             base=base, integration=base, started=time.time(),
@@ -258,6 +266,30 @@ def _claims_free(plan: Plan) -> None:
                         f"rounds must be its own. Fix: give the plan a new id")
 
 
+def _same_items(plan: Plan, plan_file: Path | None, record: PlanRecord) -> None:
+    """Refuse to resume ``record`` with a plan whose items are not the ones it started with
+    (a split's parts aside): an item removed has no definition to run, one added would be
+    left out of a plan the gate then calls whole.
+
+    Raises:
+        UserError: the ids that differ, and the fix.
+    """
+    started = {item_id for item_id in record.items if "~" not in item_id}
+    named = {item.id for item in plan.items}
+    if started == named:
+        return
+    where = str(plan_file) if plan_file is not None else f"plan {plan.id}"
+    said = []
+    if named - started:
+        said.append("names items it did not start with: " + ", ".join(sorted(named - started)))
+    if started - named:
+        said.append("no longer names items it started with: " +
+                    ", ".join(sorted(started - named)))
+    raise UserError(f"{where}: cannot resume plan {plan.id}: the plan " + "; ".join(said) +
+                    "\n  fix: restore the plan's items as they were to finish it, or run the "
+                    "edited plan under a new id")
+
+
 async def run_plan(plan: Plan, *, resume: bool = False, plan_file: Path | None = None,
                    on_event: OnPlanEvent | None = None) -> dict[str, Any]:
     """Drive ``plan`` to its end: every item merged or failed/blocked; the record returned.
@@ -298,6 +330,8 @@ async def run_plan(plan: Plan, *, resume: bool = False, plan_file: Path | None =
                 return dict(snap.values["record"].model_dump(mode="json"))
             else:
                 driver.adopt(snap.values["record"])
+            if resume:
+                _same_items(plan, plan_file, (start or snap.values)["record"])
             await graph.ainvoke(start, cfg, durability="sync")
             record = (await graph.aget_state(cfg)).values["record"]
     return dict(record.model_dump(mode="json"))

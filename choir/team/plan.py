@@ -168,12 +168,43 @@ def _folder_items(path: Path, doc: YamlDoc, plan: Plan) -> tuple[list[PlanItem],
     return items, where, errors
 
 
+# an item's run ids are PLAN.ITEM.ATTEMPT (and a split part's longer), at most 100 characters
+_IDS_MAX = 80
+
+
+def _id_problem(plan_id: str, item_id: str) -> tuple[str, str] | None:
+    """What is wrong with a plan item's id beyond its pattern, and the fix: it names a git
+    branch (``choir/plan/PLAN/item/ITEM``), files and run ids, and ``~`` is a split part's."""
+    if "~" in item_id:
+        return ("holds '~', which only the parts of a split item carry (ITEM~1)",
+                f"use '-' instead, e.g. '{item_id.replace('~', '-')}'")
+    if ".." in item_id or item_id.endswith((".", ".lock")):
+        return ("cannot name a git branch (choir/plan/PLAN/item/ID): it holds '..' or ends "
+                "with '.' or '.lock'", "drop those dots")
+    if len(plan_id) + len(item_id) > _IDS_MAX:
+        return (f"is too long beside the plan id '{plan_id}' (their run ids hold both: "
+                f"{_IDS_MAX} characters together at most)", "shorten the item or the plan id")
+    return None
+
+
+def _base_ok(base: str) -> bool:
+    """A branch name git takes, in the subset a plan's base may use (check-ref-format)."""
+    parts = base.split("/")
+    return bool(re.match(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$", base)) and ".." not in base \
+        and all(p and not p.startswith(".") and not p.endswith(".lock") for p in parts) \
+        and not base.endswith(".")
+
+
 def _graph_errors(plan: Plan, where: list[Where]) -> list[ConfigError]:
     errors: list[ConfigError] = []
     ids = [i.id for i in plan.items]
     for n, item in enumerate(plan.items):
         doc, loc = where[n]
         path = str(doc.path)
+        problem = _id_problem(plan.id, item.id)
+        if problem:
+            errors.append(ConfigError(f"item id '{item.id}' {problem[0]}", path=path,
+                                      line=doc.line_of((*loc, "id")), hint=problem[1]))
         if ids.count(item.id) > 1 and ids.index(item.id) != n:
             errors.append(ConfigError(f"item id '{item.id}' is used twice", path=path,
                                       line=doc.line_of((*loc, "id")),
@@ -244,7 +275,7 @@ def load_plan(path: Path) -> Plan:
                                   f"(resolved to {repo})", path=str(path),
                                   line=doc.line_of(("repo",)),
                                   hint="repo is relative to the plan file"))
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$", plan.base) or ".." in plan.base:
+    if not _base_ok(plan.base):
         errors.append(ConfigError(f"base '{plan.base}' is not a branch name", path=str(path),
                                   line=doc.line_of(("base",)), hint="e.g. base: main"))
     ConfigError.raise_all(errors)

@@ -216,3 +216,59 @@ def test_a_terminal_gets_a_live_table_of_items(tmp_path: Path, choir_home: Path)
     for column in ("item", "member", "state", "attempt", "last verdict"):
         assert column in text, text[-2000:]
     assert "alpha" in text and "worker" in text and "running" in text and "merged" in text
+
+
+@pytest.mark.slow  # CI's slow stage: the README's command stays under 5 min
+def test_a_plan_file_whose_items_changed_since_the_kill_is_not_resumed(
+        tmp_path: Path, choir_home: Path) -> None:
+    """Found by a review: an item removed from the file between kill -9 and `--resume` ended
+    in a traceback (its definition gone), and one added was left out while the plan was
+    still ASSERTed whole. Both exit 2 naming the file and the ids; restored, it finishes."""
+    team_repo(tmp_path / "repo")
+    items = """\
+        - id: first
+          goal: quick
+          executor: {kind: command, command: 'echo 1 > one.txt'}
+        - id: second
+          goal: slow
+          executor: {kind: command, command: 'sleep 3; echo 2 > two.txt'}
+          depends_on: [first]
+        """
+    plan = write_plan(tmp_path, "edit", items, max_parallel=1)
+    kill_when(plan, choir_home / "plans" / "edit" / "state.json", "second", "running")
+    started = plan.read_text()
+    cut = started.split("  - id: second")[0] + (
+        "  - id: added\n    goal: new\n    executor: {kind: command, command: 'true'}\n")
+    plan.write_text(cut)
+    refused = choir("plan", "run", "--resume", "edit")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    said = refused.stdout + refused.stderr
+    assert str(plan) in said and "did not start with: added" in said, said
+    assert "no longer names items it started with: second" in said and "Traceback" not in said
+    plan.write_text(started)
+    resumed = choir("plan", "run", "--resume", "edit", "--json")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert {k: r["state"] for k, r in json.loads(resumed.stdout)["items"].items()} == {
+        "first": "merged", "second": "merged"}
+
+
+def test_a_new_plan_never_resets_an_integration_branch_another_plan_moved(
+        tmp_path: Path, choir_home: Path) -> None:
+    """The same plan id run from another ``CHOIR_HOME`` (or after its record was removed)
+    reset the integration branch the first plan had landed its work on (from reading the
+    code, in a review). Refused now, naming the branch; the branch stays."""
+    repo = team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "twice", """\
+        - id: a
+          goal: write a
+          executor: {kind: command, command: 'echo A > a.txt'}
+        """)
+    first = choir("plan", "run", str(plan), "--json")
+    assert first.returncode == 0, first.stdout + first.stderr
+    landed = git(repo, "rev-parse", "choir/plan/twice/integration")
+    other = subprocess.run([PY, "-m", "choir", "plan", "run", str(plan)], capture_output=True,
+                           text=True, timeout=300,
+                           env={**os.environ, "CHOIR_HOME": str(tmp_path / "b")})
+    assert other.returncode == 2, other.stdout + other.stderr
+    assert "has a branch choir/plan/twice/integration at" in other.stdout + other.stderr
+    assert git(repo, "rev-parse", "choir/plan/twice/integration") == landed

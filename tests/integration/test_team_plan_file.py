@@ -149,3 +149,40 @@ def test_a_plan_id_with_a_dot_is_refused_its_claim_would_be_another_plans_item(
           member: worker
         """))
     assert dotted.id == "p" and item_key(dotted.id, "x.y") == "p.x.y"
+
+
+def test_ids_and_a_base_git_or_the_run_ids_cannot_take_are_refused_at_load(
+        tmp_path: Path) -> None:
+    """Found by a review: these loaded, then failed once the plan had a record (a raw git
+    error or a validation traceback, and `--resume` repeated it): '~' is a split part's,
+    ``a..b``, ``a.`` and ``a.lock`` name no branch, and a long plan and item id together
+    make a run id over its limit; ``base: main.lock`` names no branch either."""
+    team_repo(tmp_path / "repo")
+    long_item = "i" * 40
+    plan = write_plan(tmp_path, "p" * 45, f"""\
+        - id: x~1
+          goal: a
+          member: worker
+        - id: a..b
+          goal: a
+          member: worker
+        - id: a.
+          goal: a
+          member: worker
+        - id: a.lock
+          goal: a
+          member: worker
+        - id: {long_item}
+          goal: a
+          member: worker
+        """)
+    plan.write_text(plan.read_text().replace("base: main", "base: main.lock"))
+    with pytest.raises(ConfigError) as err:
+        load_plan(plan)
+    text = str(err.value)
+    assert f"{plan}:9: item id 'x~1'" in text and "only the parts of a split item" in text
+    for line in (12, 15, 18):
+        assert f"{plan}:{line}:" in text
+    assert text.count("cannot name a git branch") == 3
+    assert f"{plan}:21:" in text and "too long beside the plan id" in text
+    assert "base 'main.lock' is not a branch name" in text
