@@ -111,26 +111,33 @@ def start_server(root: Path, *, durable: bool = False) -> PgServer:
             "-c", "max_connections=100", "-c", "shared_buffers=32MB"]
     if not durable:
         opts += ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
-    log = open(root / "server.log", "wb")  # noqa: SIM115 - the server's lifetime
-    proc = subprocess.Popen([str(bindir / "postgres"), "-D", str(data), *opts], env=env,
-                            stdout=log, stderr=subprocess.STDOUT, **kwargs)  # type: ignore[call-overload]
-    log.close()
-    server = PgServer(root, proc)
-    if os.geteuid() == 0:
-        _open_path_to(root)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
-        if (sock / ".s.PGSQL.5432").exists():
-            try:
-                import psycopg
+    for attempt in range(3):  # a base dir reset to 0700 meanwhile stops it at its start too
+        if os.geteuid() == 0:
+            _open_path_to(root)
+        log = open(root / "server.log", "wb")  # noqa: SIM115 - the server's lifetime
+        proc = subprocess.Popen([str(bindir / "postgres"), "-D", str(data), *opts], env=env,
+                                stdout=log, stderr=subprocess.STDOUT, **kwargs)  # type: ignore[call-overload]
+        log.close()
+        server = PgServer(root, proc)
+        if os.geteuid() == 0:
+            _open_path_to(root)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                break
+            if (sock / ".s.PGSQL.5432").exists():
+                try:
+                    import psycopg
 
-                psycopg.connect(server.url(), connect_timeout=2).close()
-                return server
-            except Exception:  # noqa: BLE001 - still starting
-                pass
-        time.sleep(0.05)
-    server.stop()
+                    psycopg.connect(server.url(), connect_timeout=2).close()
+                    return server
+                except Exception:  # noqa: BLE001 - still starting
+                    pass
+            time.sleep(0.05)
+        server.stop()
+        said = (root / "server.log").read_text(errors="replace")
+        if attempt == 2 or "Permission denied" not in said:
+            break
+        time.sleep(0.2)
     raise RuntimeError("postgres did not start: " +
                        (root / "server.log").read_text(errors="replace")[-2000:])
