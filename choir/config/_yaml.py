@@ -96,6 +96,10 @@ def _read_capped(path: Path, root: Path | None = None, pinned: str | None = None
                               "regular file of the repo (a link could lead outside the tree "
                               "it verifies)", path=str(path),
                               hint="replace the link with the file itself") from None
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link as the file's last part
+            raise ConfigError("is a symlink: Choir opens a configuration file without "
+                              "following a link", path=str(path),
+                              hint="replace the link with the file itself") from None
         if exc.errno == errno.EINVAL:
             raise ConfigError("not a regular file (a FIFO, a device or a folder)",
                               path=str(path), hint="make it a plain YAML file") from None

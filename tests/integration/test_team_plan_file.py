@@ -120,6 +120,11 @@ def test_items_come_from_a_folder_of_work_item_files_each_checked_with_its_own_l
     text = str(err.value)
     assert f"{folder / 'c.yaml'}:4:" in text and "unknown member 'nobody'" in text
     assert f"{folder / 'c.yaml'}:5:" in text and "missing item 'zzz'" in text
+    (folder / "c.yaml").unlink()
+    (folder / "d.yaml").symlink_to(folder / "a.yaml")  # said as a link, not as unreadable
+    with pytest.raises(ConfigError, match="d.yaml: is a symlink") as err:
+        load_plan(plan)
+    assert "replace the link with the file itself" in str(err.value)
     plan.write_text("id: f\nrepo: ./repo\nitems_from: nowhere\n")
     with pytest.raises(ConfigError, match="items_from 'nowhere' is not a folder"):
         load_plan(plan)
