@@ -123,6 +123,16 @@ class _Tables:
              atom.model_dump_json()))
 
 
+def done_text(work_item: str) -> str:
+    """The text of a ``choir run``'s ASSERT of ``work_item`` (``assert_done``)."""
+    return f"{work_item} done"
+
+
+def claim_text(name: str) -> str:
+    """The text of a claim's ASSERT (``choir verify --claim NAME``): never a run's."""
+    return f"{name} verified"
+
+
 class AHDB:
     """The control-state store. Only attestations can promote; see ``choir.ahdb.rules``."""
 
@@ -316,6 +326,18 @@ class AHDB:
         row = self._conn().execute(
             "SELECT seq, event_hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
         return (int(row[0]), str(row[1])) if row else (0, GENESIS)
+
+    def run_recorded(self, name: str) -> bool:
+        """Whether ``choir run`` wrote atoms for work item ``name``: a HYPOTHESIZE or a
+        HYPERTHESIS (only a run's rounds write them), or its ASSERT (``done_text``)."""
+        return any(atom.kind is not AtomKind.ASSERT or atom.claim == done_text(name)
+                   for atom in self.atoms(work_item=name))
+
+    def claim_recorded(self, name: str) -> bool:
+        """Whether ``choir verify --claim NAME`` ASSERTed a claim named ``name``
+        (``claim_text``)."""
+        return any(atom.kind is AtomKind.ASSERT and atom.claim == claim_text(name)
+                   for atom in self.atoms(work_item=name))
 
     def atoms(self, work_item: str | None = None, kind: AtomKind | None = None) -> list[Atom]:
         sql, args = "SELECT body FROM atoms WHERE 1=1", list[str]()

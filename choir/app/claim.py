@@ -17,6 +17,7 @@ from typing import Any
 
 from choir._core.paths import choir_home
 from choir.ahdb import open_ahdb
+from choir.ahdb.store import claim_text
 from choir.exceptions import UserError
 from choir.models import Result
 
@@ -48,6 +49,11 @@ def check_claim_name(name: str, *, plan_item: bool = False) -> str:
         raise UserError(f"--claim {name!r}: a plan of that name records its integration "
                         "rounds under it, which only `choir plan run` does\n"
                         "  fix: choose another claim name")
+    if open_ahdb().run_recorded(name):
+        raise UserError(f"--claim {name!r}: a `choir run` work item of that id has rounds "
+                        "in the AHDB; its gate answers for its runs (their mood, required "
+                        "verifiers and approval), which only `choir run` records\n"
+                        "  fix: choose another claim name")
     return name
 
 
@@ -60,6 +66,8 @@ def record_claim(name: str, *, session: str, mood: str, tree_hash: str,
     ASSERT without a PASS of each, and each is required by the claim proposed."""
     attested = [r for r in runs if r.run_id in minted and not getattr(r, "diagnostic", False)]
     db = open_ahdb()
+    if "." not in name and db.run_recorded(name):  # a run began since the name was checked
+        return None
     failing = [minted[r.run_id] for r in attested if r.report.result is Result.FAIL]
     if failing:
         db.demote_failed(name, tree_hash, failing)
@@ -80,5 +88,5 @@ def record_claim(name: str, *, session: str, mood: str, tree_hash: str,
                        key=f"{session}/claim")
     claim = db.promote(claim.id, [minted[r.run_id] for r in attested])
     return db.assert_work_item(name, tree_hash, references=[claim.id],
-                               claim=f"{name} verified", commit_sha=commit_sha,
+                               claim=claim_text(name), commit_sha=commit_sha,
                                key=f"{session}/assert").id

@@ -27,6 +27,7 @@ from langgraph.types import Command, Overwrite
 
 from choir._core.failpoints import failpoint
 from choir.ahdb import AHDB, open_ahdb
+from choir.ahdb.store import done_text
 from choir.director import Decision, adjudicate, signatures, verdicts
 from choir.director.hypothesis import derive
 from choir.director.split import part_feedback, split_parts
@@ -64,7 +65,7 @@ def assert_done(db: AHDB, state: RunState, required: list[str], key: str) -> str
                            tree_hash=tree, commit_sha=commit,
                            required_verifiers=required, key=f"{key}/claim")
         claim = db.promote(claim.id, [minted[r.run_id] for r in voting])
-        db.assert_work_item(item.id, tree, references=[claim.id], claim=f"{item.id} done",
+        db.assert_work_item(item.id, tree, references=[claim.id], claim=done_text(item.id),
                             commit_sha=commit, key=f"{key}/assert")
     asserted = db.is_asserted(item.id, tree)
     return asserted.id if asserted else ""

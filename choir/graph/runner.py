@@ -170,6 +170,25 @@ def _question(snap: Any) -> dict[str, Any]:
     return {}
 
 
+def _no_claim_under(item_id: str) -> None:
+    """Refuse a run of a work item whose id a claim holds (``choir verify --claim``, an
+    agent's verify over MCP): the gate for the id would answer for that claim, verified
+    in whatever mood and by whichever verifiers it ran, never the item's own, and without
+    its approval. (A plan's ids hold a ``.``, which no claim named by hand may: a plan keeps
+    its own, ``choir.team.driver._claims_free``.)
+
+    Raises:
+        UserError: the AHDB holds such a claim.
+    """
+    from choir.ahdb import open_ahdb
+
+    if "." not in item_id and open_ahdb().claim_recorded(item_id):
+        raise UserError(f"work item {item_id}: the AHDB holds a claim of that name, recorded "
+                        "by `choir verify --claim` or an agent's verify over MCP; `choir gate "
+                        f"{item_id}` would answer for it, not for this item's runs\n"
+                        "  fix: give the work item another id")
+
+
 async def run_work_item(path: Path, *, mood: Mood | None = None, run_id: str | None = None,
                         on_event: OnEvent | None = None,
                         hand_back_splits: bool = False, part: bool = False) -> RunOutcome:
@@ -185,6 +204,7 @@ async def run_work_item(path: Path, *, mood: Mood | None = None, run_id: str | N
     """
 
     item = load_work_item(path, part=part)
+    _no_claim_under(item.id)
     packaged = load_packaged_policy()
     # PARANOID: a verified trace; configuration errors before anything runs
     config = with_run_checks(load_repo_config(Path(item.repo)), packaged)

@@ -81,7 +81,8 @@ class TokenGuard:
                 await plain(send, 403, "forbidden: wrong token")
                 return
             rest = urlencode([(k, v) for k, v in query if k != "token"])
-            where = scope.get("path", "/") + (f"?{rest}" if rest else "")
+            # one leading slash: ``//host/x`` would send the browser to another site
+            where = "/" + str(scope.get("path", "/")).lstrip("/") + (f"?{rest}" if rest else "")
             cookie = (f"{self.cookie}={self.token}; Path=/; HttpOnly; SameSite=Strict")
             await plain(send, 303, "see other", [(b"location", where.encode("latin-1")),
                                                   (b"set-cookie", cookie.encode())])

@@ -315,3 +315,26 @@ def test_a_bad_claim_name_is_exit_2_before_anything_runs(tmp_path: Path) -> None
     repo = make_repo(tmp_path / "repo", CALC_OK)
     proc = run("verify", "--repo", str(repo), "--claim", "../x")
     assert proc.returncode == 2 and "--claim" in proc.stderr and "fix:" in proc.stderr
+
+
+def test_a_claim_and_a_run_never_share_a_work_item_id(tmp_path: Path) -> None:
+    """Found by a review: an agent's verify over MCP (or `choir verify --claim`) named its
+    claim after a `choir run` work item, `deploy`, in CALM with one verifier: `choir gate
+    deploy` then opened, though the item required a verifier that failed and a person's
+    approval. A run refuses an id a claim holds, and a claim refuses an id a run has
+    recorded; the gate answers for one of them only."""
+    repo = _git_repo(tmp_path / "repo", CALC_OK)
+    claimed = run("verify", "--repo", str(repo), "--sandbox", sandbox_name(), "--claim",
+                  "deploy", "--json")
+    assert claimed.returncode == 0 and json.loads(claimed.stdout)["claim"]["asserted"]
+    item = tmp_path / "item.yaml"
+    item.write_text("id: deploy\ngoal: ship it\nrepo: ./repo\nexecutor: {kind: command, "
+                    "command: 'true'}\n")
+    refused = run("run", str(item))
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "holds a claim of that name" in refused.stderr and "fix:" in refused.stderr
+    item.write_text(item.read_text().replace("id: deploy", "id: ship"))
+    ran = run("run", str(item))
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    again = run("verify", "--repo", str(repo), "--sandbox", sandbox_name(), "--claim", "ship")
+    assert again.returncode == 2 and "`choir run` work item of that id" in again.stderr

@@ -311,3 +311,21 @@ def test_a_session_record_rewritten_without_the_key_is_shown_as_unsealed(
         page = c.get("/run/verify-000000").text
         assert "SEAL INVALID" in page and "not the sealed" in page
         assert "SEAL" not in c.get("/run/verify-000001").text
+
+
+def test_the_token_redirect_never_leaves_the_viewer(server: object) -> None:
+    """``//evil.example/x?token=T`` answered ``303 Location: //evil.example/x``: a browser
+    takes that for another site (found by a review; it needed the launch's token)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(server.base)  # type: ignore[attr-defined]
+    with socket.create_connection((where.hostname, where.port), timeout=30) as conn:
+        conn.sendall(f"GET //evil.example/x?token={server.token} HTTP/1.1\r\n"  # type: ignore[attr-defined]
+                     f"Host: {where.netloc}\r\nConnection: close\r\n\r\n".encode())
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    head = answer.split(b"\r\n\r\n", 1)[0].decode("latin-1").lower()
+    assert head.startswith("http/1.1 303"), head
+    assert "\r\nlocation: /evil.example/x\r\n" in head + "\r\n", head
