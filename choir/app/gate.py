@@ -29,6 +29,7 @@ from choir.ahdb import AHDB
 from choir.ahdb.anchor import Mark, PinnedHead, SeenHeads, follow
 from choir.ahdb.heads import head_key_id
 from choir.ahdb.signed import SignedLog, read_signed
+from choir.ahdb.store import claim_text, done_text
 from choir.attest import AttestationStore, signer_counts, trust_root, verify_attestation
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.tree import commit_tree_hash, resolve_commit, tree_hash
@@ -50,6 +51,9 @@ class GateAnswer:
     problems: list[str] = field(default_factory=list)
     attestations: list[str] = field(default_factory=list)
     """The ids of the attestations behind the ASSERT that the gate loaded and judged."""
+    recorded_by: str = ""
+    """What wrote the ASSERT: ``choir run`` (a work item's run), ``a claim`` (``choir verify
+    --claim`` or an agent's verify over MCP, in the mood it chose), or ``choir plan run``."""
 
 
 def gate_target(repo: Path | None, commit: str | None,
@@ -175,6 +179,9 @@ def check_gate(work_item: str, *, tree: str | None, commit: str | None,
                                "passing on exactly this tree, or `choir run` of the work item "
                                f"{work_item} ending ASSERTed on it")
         return answer
+    answer.recorded_by = ("choir run" if atom.claim == done_text(work_item) else
+                          "a claim (choir verify --claim, or an agent's verify over MCP)"
+                          if atom.claim == claim_text(work_item) else "choir plan run")
     loaded = []
     for att_id in atom.attestations:
         try:

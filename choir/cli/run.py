@@ -137,6 +137,8 @@ def gate(work_item_id: str, commit: str | None, repo: Path | None, expect_head: 
         count = sum(answer.signers.values())
         click.echo(f"gate: {work_item_id} ASSERTed by {count} attestation(s); signed by key "
                    f"{signed}")
+        if answer.recorded_by:
+            click.echo(f"gate: recorded by {answer.recorded_by}")
     else:
         click.echo(f"gate: {work_item_id} refused" + (
             f"; signed by key {signed}" if answer.signers else ""))

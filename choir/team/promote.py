@@ -52,6 +52,7 @@ def check_plan_gate(plan_id: str, tree: str | None = None) -> GateAnswer:
         sub = check_gate(item_key(plan_id, item_id), tree=item_tree, commit=None)
         answer.problems.extend(f"item {item_id}: {p}" for p in sub.problems)
     answer.passed = answer.passed and not answer.problems
+    answer.recorded_by = "choir plan run"  # its integration rounds' claim, and its items' runs
     return answer
 
 

@@ -46,7 +46,8 @@ def test_gate_and_promote_only_for_exactly_the_integration_tree(tmp_path: Path) 
     assert "has a branch choir/plan/rel/integration at" in other.stdout + other.stderr
     assert git(repo, "rev-parse", "choir/plan/rel/integration") == state["integration"]
     gate = choir("gate", "rel")
-    assert gate.returncode == 0, gate.stdout
+    assert gate.returncode == 0 and "gate: recorded by choir plan run" in gate.stdout, \
+        gate.stdout
     listed = json.loads(choir("runs", "list", "--json").stdout)
     assert {"run_id": "rel", "kind": "plan", "status": "asserted"}.items() <= \
         next(r for r in listed if r["kind"] == "plan").items()

@@ -299,7 +299,9 @@ def test_a_verified_tree_can_be_gated_with_a_claim(tmp_path: Path) -> None:
                "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["claim"]["asserted"]
-    assert run("gate", "ci-main", "--repo", str(repo)).returncode == 0
+    opened = run("gate", "ci-main", "--repo", str(repo))
+    assert opened.returncode == 0 and "gate: recorded by a claim (choir verify --claim" in \
+        opened.stdout, opened.stdout
     assert run("gate", "ci-main", "--repo", str(repo), "--commit", "HEAD").returncode == 0
     # a different tree is not covered, and a FAIL of this claim's tree demotes it
     (repo / "calc.py").write_text(CALC_BUG)
@@ -336,5 +338,7 @@ def test_a_claim_and_a_run_never_share_a_work_item_id(tmp_path: Path) -> None:
     item.write_text(item.read_text().replace("id: deploy", "id: ship"))
     ran = run("run", str(item))
     assert ran.returncode == 0, ran.stdout + ran.stderr
+    gated = run("gate", "ship", "--repo", str(repo))
+    assert gated.returncode == 0 and "gate: recorded by choir run" in gated.stdout, gated.stdout
     again = run("verify", "--repo", str(repo), "--sandbox", sandbox_name(), "--claim", "ship")
     assert again.returncode == 2 and "`choir run` work item of that id" in again.stderr
