@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,8 @@ def github_action(repo: Path, mood: str | None, claim: str | None, sandbox: str 
         server = env.get("GITHUB_SERVER_URL") or "https://github.com"
         ref = f"@{env['GITHUB_REF']}" if env.get("GITHUB_REF") else ""
         resource_uri = f"git+{server}/{env['GITHUB_REPOSITORY']}{ref}"
-    opts = _opts(repo, mood, claim, sandbox, out, resource_uri)
+    # the checked-out tree is a pull request's: its choir.yaml never picks `local` here
+    opts = replace(_opts(repo, mood, claim, sandbox, out, resource_uri), isolated=True)
     print(github.defuse(f"choir: verifying {opts.repo} as claim {claim}"), flush=True)
     outcome = run(opts, lambda lines: github.relay(sys.stdout, lines))
     _report_github(outcome, opts)
@@ -99,7 +101,7 @@ def _report_github(outcome: Outcome, opts: Options) -> None:
         github.write_outputs(Path(env["GITHUB_OUTPUT"]), {
             "status": outcome.status,
             "run-id": _plain(contract.get("run_id")),
-            "gate": "open" if outcome.gate_code == 0 else "refused",
+            "gate": "open" if outcome.gate_code == 0 and not outcome.unisolated else "refused",
             "bundle": outcome.bundle or "",
             "key-id": outcome.key_id or "",
             "paths": upload_paths(outcome, opts.out),
@@ -133,7 +135,7 @@ def error_annotations(outcome: Outcome, opts: Options) -> list[str]:
         if result != "PASS" and name.rsplit("#", 1)[0] not in tested:
             found.append(github.annotation("error", one_line(summary),
                                            title=f"choir: {one_line(name, 64)} {result}"))
-    if outcome.gate_code not in (0, None) and not found:
+    if (outcome.gate_code not in (0, None) or outcome.unisolated) and not found:
         found.append(github.annotation("error", " ".join(outcome.gate_lines)[:1500],
                                        title=f"choir gate {opts.claim}: refused"))
     return found[:20]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from choir.ci.summary import Outcome
+from choir.ci.summary import Outcome, one_line
 
 # -P: ``-m`` would put the working directory (the repo under verification, in CI) first on
 # the import path, and a ``choir/`` planted there would run instead, with the key in reach
@@ -49,6 +49,9 @@ class Options:
     mood: str | None = None
     sandbox: str | None = None
     resource_uri: str | None = None
+    isolated: bool = False
+    """Refuse a run whose verifiers had no isolation unless ``sandbox`` is ``local`` (the
+    action's: the tree is a pull request's; the hook runs on the developer's own)."""
 
 
 def _choir(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -128,6 +131,16 @@ def run(opts: Options, relay: Relay) -> Outcome:
     outcome = Outcome(verify_code=code, contract=contract, error=err)
     if contract is None:
         return outcome
+    platform = (contract.get("manifest") or {}).get("platform") or {}
+    if opts.isolated and platform.get("isolation") == "none" and opts.sandbox != "local":
+        # the tree's choir.yaml (the pull request's, in CI) may name `local`, and `auto` falls
+        # back to it where nothing isolates: its steps ran as the job, beside the runner
+        outcome.unisolated = True
+        outcome.gate_lines.append(
+            "refused: the verifiers ran with no isolation (sandbox "
+            f"{one_line(platform.get('sandbox', '?'), 40)}), which the tree's choir.yaml or the "
+            "lack of an isolating sandbox chose, not the workflow; fix: install bubblewrap or "
+            "Docker on the runner, or set the action's sandbox input to local to allow it")
     bundle, vsa = opts.out / BUNDLE, opts.out / VSA
     gate_args = ["gate", opts.claim, "--repo", str(opts.repo), "--vsa", str(vsa)]
     if opts.resource_uri:

@@ -35,13 +35,17 @@ class Outcome:
     bundle: str | None = None
     envelopes: int = 0
     key_id: str | None = None
+    unisolated: bool = False
+    """The verifiers ran with no isolation though the workflow did not ask for ``local``."""
 
     @property
     def status(self) -> str:
-        """PASS only when verify passed and the gate opened; ERROR when nothing was verified."""
+        """PASS only when verify passed and the gate opened, isolated unless the workflow
+        asked otherwise; ERROR when nothing was verified."""
         if self.contract is None:
             return "ERROR"
-        return "PASS" if self.verify_code == 0 and self.gate_code == 0 else "FAIL"
+        return "PASS" if self.verify_code == 0 and self.gate_code == 0 and \
+            not self.unisolated else "FAIL"
 
     @property
     def exit_code(self) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -286,3 +287,24 @@ def test_an_out_folder_planted_in_the_checkout_is_never_written_through(
                           cwd=tmp_path / "ws", timeout=300)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert (victim / "rc").read_text() == "KEEP\n" and sorted(victim.iterdir()) == [victim / "rc"]
+
+
+def test_a_tree_whose_choir_yaml_picks_no_isolation_fails_the_check(tmp_path: Path) -> None:
+    """Found by a review: the pull request's own choir.yaml named `sandbox: {backend:
+    local}`, the action's sandbox input was left empty, and the check passed with every step
+    run as the job, beside the runner (it wrote outside the repo). Refused now unless the
+    workflow itself asks for `local`."""
+    repo = calc(tmp_path, CALC_OK)
+    (repo / "choir.yaml").write_text((repo / "choir.yaml").read_text() +
+                                     "sandbox: {backend: local}\n")
+    git(repo, "commit", "-qam", "no isolation")
+    proc = run_step(tmp_path, CHOIR_CI_SANDBOX="")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = ghrunner.outputs(tmp_path / "output")
+    assert out["status"] == "FAIL" and out["gate"] == "refused"
+    assert "ran with no isolation" in proc.stdout + proc.stderr
+    for name in ("output", "summary"):
+        (tmp_path / name).unlink()
+    shutil.rmtree(tmp_path / "runner-temp")
+    asked = run_step(tmp_path, CHOIR_CI_SANDBOX="local")  # the workflow's own choice
+    assert asked.returncode == 0, asked.stdout + asked.stderr
