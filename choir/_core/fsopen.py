@@ -215,6 +215,11 @@ class Entry:
     st: os.stat_result
 
 
+MAX_DEPTH = 256
+"""Folders a tree Choir reads may nest (a snapshot's scan, the look for a repository planted
+in a plan item's worktree): deeper is refused, as ``TooDeep``, not walked."""
+
+
 class TooDeep(OSError):
     """A folder lies deeper than the walk's bound (raised by ``walk``)."""
 

@@ -101,7 +101,7 @@ def _report_github(outcome: Outcome, opts: Options) -> None:
         github.write_outputs(Path(env["GITHUB_OUTPUT"]), {
             "status": outcome.status,
             "run-id": _plain(contract.get("run_id")),
-            "gate": "open" if outcome.gate_code == 0 and not outcome.unisolated else "refused",
+            "gate": "open" if outcome.gate_open else "refused",
             "bundle": outcome.bundle or "",
             "key-id": outcome.key_id or "",
             "paths": upload_paths(outcome, opts.out),
@@ -135,7 +135,7 @@ def error_annotations(outcome: Outcome, opts: Options) -> list[str]:
         if result != "PASS" and name.rsplit("#", 1)[0] not in tested:
             found.append(github.annotation("error", one_line(summary),
                                            title=f"choir: {one_line(name, 64)} {result}"))
-    if (outcome.gate_code not in (0, None) or outcome.unisolated) and not found:
+    if outcome.gate_code is not None and not outcome.gate_open and not found:
         found.append(github.annotation("error", " ".join(outcome.gate_lines)[:1500],
                                        title=f"choir gate {opts.claim}: refused"))
     return found[:20]

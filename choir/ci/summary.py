@@ -39,13 +39,17 @@ class Outcome:
     """The verifiers ran with no isolation though the workflow did not ask for ``local``."""
 
     @property
+    def gate_open(self) -> bool:
+        """The gate opened, for a run isolated unless the workflow asked otherwise."""
+        return self.gate_code == 0 and not self.unisolated
+
+    @property
     def status(self) -> str:
-        """PASS only when verify passed and the gate opened, isolated unless the workflow
-        asked otherwise; ERROR when nothing was verified."""
+        """PASS only when verify passed and the gate opened; ERROR when nothing was
+        verified."""
         if self.contract is None:
             return "ERROR"
-        return "PASS" if self.verify_code == 0 and self.gate_code == 0 and \
-            not self.unisolated else "FAIL"
+        return "PASS" if self.verify_code == 0 and self.gate_open else "FAIL"
 
     @property
     def exit_code(self) -> int:

@@ -79,15 +79,16 @@ _COMMITS_MAX = 4096
 # the lock its user holds (``kept_objects``)
 _KEPT: dict[tuple[int, str], tuple[threading.Lock, ObjectReader]] = {}
 _KEPT_LOCK = threading.Lock()
+_RECORDS: dict[tuple[str, str], Path] = {}  # (worktrees folder, worktree's .git) -> its record
+_RECORDS_MAX = 4096
 
 
 @atexit.register
 def _end_kept() -> None:
+    """The kept readers ended with the process (their git sees its input close)."""
     with _KEPT_LOCK:
         while _KEPT:
             _KEPT.popitem()[1][1].close()
-_RECORDS: dict[tuple[str, str], Path] = {}  # (worktrees folder, worktree's .git) -> its record
-_RECORDS_MAX = 4096
 
 
 def _git_binary() -> str:

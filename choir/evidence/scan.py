@@ -31,7 +31,6 @@ from choir.exceptions import IntegrityError, UserError
 _BATCH = 4096  # files whose lstat is taken ahead of the scan, at a time
 _SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".venv"}
 CHUNK = 1 << 20
-_MAX_DEPTH = 256
 # deleted, reachable only through a link, not a regular file any more, or a name no work
 # tree can hold (a crafted index listing ``../x``): not a file of this tree
 _GONE = {errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EINVAL}
@@ -67,10 +66,10 @@ def _files(repo: Path, git: GitRepo | None, *, everything: bool = False,
     try:
         if everything:
             return sorted(_every_entry(repo))
-        return sorted(e.rel for e in fsopen.walk(repo, skip=skip, max_depth=_MAX_DEPTH)
+        return sorted(e.rel for e in fsopen.walk(repo, skip=skip, max_depth=fsopen.MAX_DEPTH)
                       if _is_file(e))
     except fsopen.TooDeep as exc:
-        raise UserError(f"{repo}/{exc.filename} is nested deeper than {_MAX_DEPTH} folders: "
+        raise UserError(f"{repo}/{exc.filename} is nested deeper than {fsopen.MAX_DEPTH} folders: "
                         "fix: flatten it, or ignore it in git") from None
 
 
@@ -82,7 +81,7 @@ def _every_entry(root: Path) -> Iterator[str]:
     """Every entry of a snapshot folder but its folders, links to folders included (the
     tree hashes each link by its target text, whatever it leads to); a FIFO, socket or
     device raises ``Stray``: a folder holding one is not the tree whose name it has."""
-    for entry in fsopen.walk(root, max_depth=_MAX_DEPTH):
+    for entry in fsopen.walk(root, max_depth=fsopen.MAX_DEPTH):
         mode = entry.st.st_mode
         if stat.S_ISDIR(mode):
             continue

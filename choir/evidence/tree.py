@@ -308,19 +308,9 @@ def commit_tree_hash(repo: Path, rev: str) -> str | None:
 
 def commit_submodules(repo: Path, *shas: str) -> list[dict[str, str]] | None:
     """``{path: commit id}`` of the submodule entries of each commit whose full id is in
-    ``shas`` (one reader for all), read from checked objects as ``commit_record`` reads them
-    (the tree hash leaves them out, as a checkout's scan does: their content is another
-    repository's); None when one cannot be read so."""
-    git = locate(repo)
-    if git is None:
-        return None
-    try:
-        with git.kept_objects() as objects:
-            if shas:  # the first is a new commit, whose record is asked for next: read now
-                _read_record(git, objects, shas[0])
-            return [objects.submodules(objects.commit(sha)[0]) for sha in shas]
-    except (IntegrityError, OSError, ValueError):
-        return None
+    ``shas`` (``commit_outside``'s first half); None when one cannot be read."""
+    read = commit_outside(repo, *shas)
+    return None if read is None else [submodules for submodules, _ in read]
 
 
 # attributes that make git's checkout of a file differ from its blob (gitattributes(5)): a
@@ -345,20 +335,34 @@ def conversion_lines(data: bytes) -> frozenset[str]:
     return frozenset(found)
 
 
-def commit_conversions(repo: Path, *shas: str) -> list[dict[str, frozenset[str]]] | None:
-    """For each commit whose full id is in ``shas``: ``{path: conversion_lines}`` of each of
-    its ``.gitattributes`` files, read from checked objects; None when one cannot be read."""
+Outside = tuple[dict[str, str], dict[str, frozenset[str]]]
+"""What a commit's tree hash does not cover: its submodule entries (``{path: commit id}``:
+another repository's content, left out as a checkout's scan leaves it) and the conversion
+lines of each of its ``.gitattributes`` files (``{path: conversion_lines}``: how a checkout
+would change the bytes the tree hash is of)."""
+
+
+def commit_outside(repo: Path, *shas: str) -> list[Outside] | None:
+    """``Outside`` for each commit whose full id is in ``shas``, each tree walked once with
+    one reader, from checked objects as ``commit_record`` reads them; None when one cannot
+    be read so."""
     git = locate(repo)
     if git is None:
         return None
     try:
         with git.kept_objects() as objects:
-            found: list[dict[str, frozenset[str]]] = []
+            if shas:  # the first is a new commit, whose record is asked for next: read now
+                _read_record(git, objects, shas[0])
+            found: list[Outside] = []
             for sha in shas:
-                files = [(path, oid) for path, kind, oid in objects.entries(objects.commit(sha)[0])
-                         if kind in "fx" and path.rpartition("/")[2] == ".gitattributes"]
-                found.append({path: conversion_lines(objects.read(oid, "blob"))
-                              for path, oid in files})
+                submodules: dict[str, str] = {}
+                attributes: dict[str, frozenset[str]] = {}
+                for path, kind, oid in objects.entries(objects.commit(sha)[0]):
+                    if kind == "m":
+                        submodules[path] = oid
+                    elif kind in "fx" and path.rpartition("/")[2] == ".gitattributes":
+                        attributes[path] = conversion_lines(objects.read(oid, "blob"))
+                found.append((submodules, attributes))
             return found
     except (IntegrityError, OSError, ValueError):
         return None

@@ -57,7 +57,6 @@ if TYPE_CHECKING:
     from choir.evidence.git import GitRepo, ObjectReader
 
 LOWER_MAX = 8
-_MAX_DEPTH = 256  # folders a worktree may nest, as a snapshot's scan allows
 # a lower's record: ``v2`` lowers hold a submodule's folder, empty, as git's checkout does; a
 # lower made before has no record of this name, so it is made again when next asked for
 _RECORD = ".v2.record"
@@ -169,13 +168,13 @@ def planted_repositories(made: GitRepo, limit: int = 5) -> list[str]:
     root = layers.upper if layers.lower_id() is not None else made.root
     found: list[str] = []
     try:
-        for entry in fsopen.walk(root, max_depth=_MAX_DEPTH):
+        for entry in fsopen.walk(root, max_depth=fsopen.MAX_DEPTH):
             if entry.name.lower() == ".git" and "/" in entry.rel:
                 found.append(entry.rel)
                 if len(found) >= limit:
                     break
     except fsopen.TooDeep as exc:
-        found.append(f"{exc.filename} (nested deeper than {_MAX_DEPTH} folders)")
+        found.append(f"{exc.filename} (nested deeper than {fsopen.MAX_DEPTH} folders)")
     except OSError as exc:  # its upper layer or root gone: nothing to commit there
         found.append(f"(the worktree cannot be read: {exc})")
     return found

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from choir._core.failpoints import failpoint
 from choir._core.ids import new_run_id
 from choir.evidence.git import GitRepo
-from choir.evidence.tree import commit_conversions, commit_submodules
+from choir.evidence.tree import commit_outside
 from choir.evidence.worktrees import planted_repositories
 from choir.exceptions import UserError
 from choir.models.plan import PlanRecord, PlanRow, QueueEntry, Spend
@@ -191,8 +192,7 @@ class Moves:
             commit = self._commit(item_id, row)
         except (UserError, RuntimeError) as exc:  # its worktree gone or unusable: not merged
             return record.with_row(item_id, state=FAILED, last=f"commit: {exc}"[:300])
-        unverified = self._new_submodules(commit, row.base) or \
-            self._new_conversions(commit, row.base)
+        unverified = self._outside_tree(commit, row.base)
         if unverified:
             return record.with_row(item_id, state=FAILED, last=unverified[:300])
         failpoint("plan:committed")
@@ -221,38 +221,30 @@ class Moves:
             work.write("commit", "-q", "--allow-empty", "--no-verify", "-m", message)
         return work.head_commit() or ""
 
-    def _new_conversions(self, commit: str, base: str) -> str:
-        """Why ``commit`` may not merge, if its ``.gitattributes`` files say otherwise than
-        its base's how a checkout converts files (``ident``, ``text``/``eol``, a filter, an
-        encoding): its rounds read the blobs' bytes, a person checking it out would get
-        others ('' when they say the same)."""
-        read = commit_conversions(self.git.root, commit, base)
-        if read is None:
-            return "commit: its .gitattributes files cannot be read back"
-        found, before = read
-        changed = sorted(p for p in {*found, *before}
-                         if found.get(p, frozenset()) != before.get(p, frozenset()))
-        if not changed:
-            return ""
-        return ("commit: .gitattributes changes how git converts files on checkout (ident, "
-                "text, eol, filter, encoding; a checkout would differ from the bytes its "
-                "rounds verified): " + ", ".join(changed))
+    def _outside_tree(self, commit: str, base: str) -> str:
+        """Why ``commit`` may not merge, if what its tree hash leaves out is not its base's
+        ('' when it is):
 
-    def _new_submodules(self, commit: str, base: str) -> str:
-        """Why ``commit`` may not merge, if its submodule entries are not its base's: a
-        nested repository the member made in its worktree is no file of the tree its round
-        verified (a folder that is a repository of its own), yet ``git add -A`` commits it,
-        as another repository's commit nobody verified, outside the tree hash ('' when the
-        entries are the base's)."""
-        read = commit_submodules(self.git.root, commit, base)
+        - its submodule entries: a nested repository the member made in its worktree is no
+          file of the tree its round verified (a folder that is a repository of its own),
+          yet ``git add -A`` commits it, as another repository's commit nobody verified;
+        - how its ``.gitattributes`` files say a checkout converts files (``ident``,
+          ``text``/``eol``, a filter, an encoding): its rounds read the blobs' bytes, a
+          person checking it out would get others."""
+        read = commit_outside(self.git.root, commit, base)
         if read is None:
-            return "commit: its submodule entries cannot be read back"
-        found, before = read
-        changed = sorted(p for p in {*found, *before} if found.get(p) != before.get(p))
-        if not changed:
-            return ""
-        return ("commit: submodule entries no round verified (a nested repository's commit, "
-                "outside the tree hash): " + ", ".join(changed))
+            return "commit: its submodule entries and .gitattributes files cannot be read back"
+        (submodules, attributes), (submodules_before, attributes_before) = read
+        changed = _differing(submodules, submodules_before, None)
+        if changed:
+            return ("commit: submodule entries no round verified (a nested repository's "
+                    "commit, outside the tree hash): " + ", ".join(changed))
+        changed = _differing(attributes, attributes_before, frozenset())
+        if changed:
+            return ("commit: .gitattributes changes how git converts files on checkout (ident, "
+                    "text, eol, filter, encoding; a checkout would differ from the bytes its "
+                    "rounds verified): " + ", ".join(changed))
+        return ""
 
     def _verified(self, record: PlanRecord, item_id: str, head: str,
                   verdict: Verdict) -> PlanRecord:
@@ -293,3 +285,10 @@ def send_back(record: PlanRecord, item_id: str, feedback: str) -> PlanRecord:
 
 
 __all__ = ["INTEGRATION_RETRIES", "Job", "Moves", "send_back"]
+
+
+def _differing(found: Mapping[str, object], before: Mapping[str, object],
+               absent: object) -> list[str]:
+    """The paths whose value differs between ``found`` and ``before`` (``absent`` standing
+    for a path one of them lacks), sorted."""
+    return sorted(p for p in {*found, *before} if found.get(p, absent) != before.get(p, absent))

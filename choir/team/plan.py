@@ -178,7 +178,7 @@ def _id_problem(plan_id: str, item_id: str) -> tuple[str, str] | None:
     if "~" in item_id:
         return ("holds '~', which only the parts of a split item carry (ITEM~1)",
                 f"use '-' instead, e.g. '{item_id.replace('~', '-')}'")
-    if ".." in item_id or item_id.endswith((".", ".lock")):
+    if not _ref_ok(item_id):
         return ("cannot name a git branch (choir/plan/PLAN/item/ID): it holds '..' or ends "
                 "with '.' or '.lock'", "drop those dots")
     if len(plan_id) + len(item_id) > _IDS_MAX:
@@ -187,12 +187,17 @@ def _id_problem(plan_id: str, item_id: str) -> tuple[str, str] | None:
     return None
 
 
+def _ref_ok(name: str) -> bool:
+    """Whether git takes ``name`` in a ref (check-ref-format's rules for the characters a
+    plan's names may hold): no ``..``, no part empty, starting with ``.`` or ending with
+    ``.lock``, and no ``.`` at the end."""
+    return ".." not in name and not name.endswith(".") and all(
+        p and not p.startswith(".") and not p.endswith(".lock") for p in name.split("/"))
+
+
 def _base_ok(base: str) -> bool:
-    """A branch name git takes, in the subset a plan's base may use (check-ref-format)."""
-    parts = base.split("/")
-    return bool(re.match(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$", base)) and ".." not in base \
-        and all(p and not p.startswith(".") and not p.endswith(".lock") for p in parts) \
-        and not base.endswith(".")
+    """A branch name git takes, in the subset a plan's base may use."""
+    return bool(re.match(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$", base)) and _ref_ok(base)
 
 
 def _graph_errors(plan: Plan, where: list[Where]) -> list[ConfigError]:

@@ -379,7 +379,7 @@ def test_a_submodule_folder_is_in_an_overlay_worktree_as_in_a_checkout(
 out["sub"] = sorted(os.listdir(work.root / "sub"))
 (work.root / "a.txt").write_text("legit\\n")
 made = commit()
-out["kept"] = moves._new_submodules(made, git.rev("main"))
+out["kept"] = moves._outside_tree(made, git.rev("main"))
 out["status"] = subprocess.run(["git", "-C", str(work.root), "status", "--porcelain"],
                                capture_output=True, text=True).stdout
 """)

@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import textwrap
 import time
 from pathlib import Path
 
@@ -96,23 +97,28 @@ def kill_when(plan: Path, record: Path, item: str, state: str) -> Path:
     return record
 
 
+# a quick item, then one that takes 3 s: a driver killed while the second runs
+FIRST_THEN_SLOW = textwrap.dedent("""\
+    - id: first
+      goal: quick
+      executor: {kind: command, command: 'echo 1 > one.txt'}
+    - id: second
+      goal: slow
+      executor: {kind: command, command: 'sleep 3; echo 2 > two.txt'}
+      depends_on: [first]
+    """)
+
+
 @pytest.mark.slow  # CI's slow stage: the README's command stays under 5 min
 def test_kill_9_mid_plan_then_resume_runs_no_merged_item_again(
         tmp_path: Path, choir_home: Path) -> None:
     team_repo(tmp_path / "repo")
-    plan = write_plan(tmp_path, "dur", """\
-        - id: first
-          goal: quick
-          executor: {kind: command, command: 'echo 1 > one.txt'}
-        - id: second
-          goal: slow
-          executor: {kind: command, command: 'sleep 3; echo 2 > two.txt'}
-          depends_on: [first]
+    plan = write_plan(tmp_path, "dur", FIRST_THEN_SLOW + textwrap.dedent("""\
         - id: third
           goal: slow
           executor: {kind: command, command: 'echo 3 > three.txt'}
           depends_on: [second]
-        """, max_parallel=1)
+        """), max_parallel=1)
     record = kill_when(plan, choir_home / "plans" / "dur" / "state.json", "second", "running")
     before = json.loads(record.read_text())["items"]
     assert before["first"]["state"] == "merged" and before["third"]["state"] == "pending"
@@ -234,16 +240,7 @@ def test_a_plan_file_whose_items_changed_since_the_kill_is_not_resumed(
     in a traceback (its definition gone), and one added was left out while the plan was
     still ASSERTed whole. Both exit 2 naming the file and the ids; restored, it finishes."""
     team_repo(tmp_path / "repo")
-    items = """\
-        - id: first
-          goal: quick
-          executor: {kind: command, command: 'echo 1 > one.txt'}
-        - id: second
-          goal: slow
-          executor: {kind: command, command: 'sleep 3; echo 2 > two.txt'}
-          depends_on: [first]
-        """
-    plan = write_plan(tmp_path, "edit", items, max_parallel=1)
+    plan = write_plan(tmp_path, "edit", FIRST_THEN_SLOW, max_parallel=1)
     kill_when(plan, choir_home / "plans" / "edit" / "state.json", "second", "running")
     started = plan.read_text()
     cut = started.split("  - id: second")[0] + (
