@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -25,10 +25,12 @@ from choir.app.claim import check_claim_name, record_claim
 from choir.attest.store import clear_stale_temps
 from choir.config import load_repo_config
 from choir.config.policy import full_rehash, load_policy
-from choir.director import outside_a_run
+from choir.director import outside_a_run, with_additions
 from choir.director import plan as director_plan
 from choir.director.advisor import suggest
 from choir.director.rounds import Backend, Round, attest_round, run_round
+from choir.evidence.base import Base, Judged, judge_against, read_base
+from choir.evidence.spec import ADDITIONS_REPLICA
 from choir.evidence.target import snapshot_target
 from choir.evidence.tree import remove_snapshot, snapshot_root
 from choir.exceptions import UserError
@@ -142,6 +144,7 @@ async def averify_tree(
     repo: Path, *, mood: Mood | None = None, sandbox_name: str | None = None,
     on_event: OnEvent | None = None, claim: str | None = None, session: str | None = None,
     required: tuple[str, ...] = (), pinned: str | None = None, plan_item: bool = False,
+    base: str | None = None, approve_spec: bool = False,
 ) -> VerifyOutcome:
     """Verify ``repo``'s working tree now. See the module docstring.
 
@@ -165,6 +168,11 @@ async def averify_tree(
     ``pinned``: the blake3 of the choir.yaml bytes the caller accepts (``choir mcp``'s pin):
     other bytes are a ConfigError before anything runs or is recorded, the claim included.
 
+    ``base``: verify with the checks of this commit of the repo (``choir.evidence.base``):
+    its choir.yaml, and its spec files in place of the tree's. A tree that changes or deletes
+    one of them is held (never PASS, no ASSERT) unless ``approve_spec`` (a person approved
+    the change), and one that adds a file changing how every check runs is refused.
+
     Raises:
         UserError: bad configuration, a bad claim name, or a policy that refuses the sandbox
             available.
@@ -176,7 +184,8 @@ async def averify_tree(
     with span("choir.verify", {"choir.run_id": session}, key=session) as root:
         outcome = await _verify(repo.expanduser().resolve(), session, mood=mood,
                                 sandbox_name=sandbox_name, on_event=on_event, claim=claim,
-                                required=required, pinned=pinned)
+                                required=required, pinned=pinned, base=base,
+                                approve_spec=approve_spec)
         root.set({"choir.status": outcome.status, "choir.verdict": outcome.verdict,
                   "choir.mood": outcome.contract["mood"],
                   "choir.tree_hash": outcome.contract["manifest"]["tree_hash"],
@@ -187,7 +196,8 @@ async def averify_tree(
 
 async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: str | None,
                   on_event: OnEvent | None, claim: str | None,
-                  required: tuple[str, ...] = (), pinned: str | None = None) -> VerifyOutcome:
+                  required: tuple[str, ...] = (), pinned: str | None = None,
+                  base: str | None = None, approve_spec: bool = False) -> VerifyOutcome:
     """``averify_tree``'s work, inside its session's span."""
     loop = asyncio.get_running_loop()
     snapshots = snapshot_root() / session  # this invocation's own: removed when it ends
@@ -198,8 +208,13 @@ async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: 
     taking = loop.run_in_executor(None, partial(snapshot_target, repo, snapshots, full=full))
     emit = on_event or _quiet
     backend: Backend | None = None
+    against: Base | None = None
     try:
-        config = load_repo_config(repo, pinned=pinned)
+        if base is not None:
+            against = read_base(repo, base)
+            config = load_repo_config(repo, committed=(against.commit, against.config))
+        else:
+            config = load_repo_config(repo, pinned=pinned)
         policy = load_policy(config)
         mood = mood or Mood.CALM
         plan = director_plan(policy, mood, config.verifiers)
@@ -221,6 +236,9 @@ async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: 
         backend = Backend.open(config, policy, mood, name=sandbox_name,
                                on_event=lambda event: emit("progress", event))
         target, verified = await taking
+        judged = None if against is None else await loop.run_in_executor(None, partial(
+            judge_against, against, config.spec, verified, target.tree_hash, snapshots,
+            approve=approve_spec))
     except BaseException:
         if backend is not None:
             backend.close()
@@ -228,21 +246,40 @@ async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: 
         remove_snapshot(snapshots)
         raise
     rnd = Round(id=session, config=config, policy=policy, mood=mood, target=target,
-                tree=verified, on_event=lambda event: emit("progress", event),
-                sandbox_name=sandbox_name)
+                tree=judged.alone if judged else verified,
+                on_event=lambda event: emit("progress", event), sandbox_name=sandbox_name)
+    # the admitted new checks run beside the base's, as twins of every voting run: they may
+    # add evidence, never make a base check pass that fails alone
+    beside = replace(rnd, tree=judged.beside) if judged and judged.beside else None
+    if beside is not None:
+        plan = with_additions(plan, judged.change if judged else None)
+        emit("progress", {"kind": "plan", "mood": mood.value, "round_kind": "verify",
+                          "verifiers": [f"{p.name}#{p.replica}" for p in plan.verifiers],
+                          "dropped": list(plan.dropped), "reason": plan.reason})
     started = time.monotonic()
     planned = list(plan.verifiers)
+
+    async def run(chosen: list[PlannedVerifier]) -> list[Any]:
+        """``chosen``'s threads, the twins on the view with the new checks beside."""
+        twins = [p for p in chosen if p.replica >= ADDITIONS_REPLICA]
+        if beside is None or not twins:
+            return await run_round(rnd, chosen, backend=backend)
+        alone = [p for p in chosen if p.replica < ADDITIONS_REPLICA]
+        first, second = await asyncio.gather(run_round(rnd, alone, backend=backend),
+                                             run_round(beside, twins, backend=backend))
+        return first + second
+
     with span("choir.round", {"choir.round": session, "choir.round.kind": "verify",
                               "choir.mood": mood.value, "choir.tree_hash": target.tree_hash,
                               "choir.verifiers": len(planned)}) as this_round:
         try:
-            pairs = await run_round(rnd, planned, backend=backend)
+            pairs = await run(planned)
             core_green = all(run.report.result is Result.PASS for run, _ in pairs)
             if mood is Mood.BOLD and core_green:  # BOLD broadens once the core is green
                 wider = [PlannedVerifier(name=n) for n in policy.moods[mood].broaden
                          if n not in {pv.name for pv in planned}]
                 planned += wider
-                pairs += await run_round(rnd, wider, backend=backend)
+                pairs += await run(wider)
         except BaseException:
             backend.close()
             remove_snapshot(snapshots)
@@ -255,7 +292,7 @@ async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: 
         clearing = loop.run_in_executor(None, clear_stale_temps)
         try:
             outcome = _conclude(repo, rnd, backend, plan, planned, pairs, started, claim,
-                                required)
+                                required, judged)
         finally:
             await removing
             await clearing  # never raises
@@ -284,19 +321,24 @@ def with_required(plan: Any, required: tuple[str, ...], specs: Mapping[str, Any]
 
 def _conclude(repo: Path, rnd: Round, backend: Backend, plan: Any,
               planned: list[PlannedVerifier], pairs: list[Any], started: float,
-              claim: str | None = None, required: tuple[str, ...] = ()) -> VerifyOutcome:
+              claim: str | None = None, required: tuple[str, ...] = (),
+              judged: Judged | None = None) -> VerifyOutcome:
     """Attest every sealed run, write the session folder and assemble the contract."""
 
     session, mood, target, store = rnd.id, rnd.mood, rnd.target, rnd.store
-    minted = attest_round(rnd, [run for run, _ in pairs])
+    minted = attest_round(rnd, [run for run, _ in pairs],
+                          spec_hash=judged.pin if judged else None,
+                          spec_change=judged.change if judged else None)
     runs = [run for run, _ in pairs]
     sealed = [(run, result) for run, result in pairs if run.run_id in minted]
     results = [result for _, result in sealed]
     atts = [minted[run.run_id] for run, _ in sealed]
-    passed = bool(runs) and all(run.report.result is Result.PASS for run in runs)
+    blocked = judged.blocked if judged else None
+    passed = bool(runs) and all(run.report.result is Result.PASS for run in runs) \
+        and blocked is None
     status = "PASS" if passed else "FAIL"
-    verdict = session_verdict([run.report.result for run in runs],
-                              crashed=len(runs) - len(sealed))
+    verdict = "FAIL" if blocked else session_verdict([run.report.result for run in runs],
+                                                     crashed=len(runs) - len(sealed))
     manifests = [load_manifest(store, run.manifest_hash) for run, _ in sealed]
     commands = [
         SessionCommand(name=cmd.name, verifier=m.verifier, replica=run.replica, run_id=m.run_id,
@@ -346,12 +388,27 @@ def _conclude(repo: Path, rnd: Round, backend: Backend, plan: Any,
         "failing_tests": failing_tests(repo, runs),
         "attestations": [att.id for att in atts],
     }
-    if claim is not None:
+    if judged is not None:
+        contract["base"] = _base_section(judged)
+        if blocked:
+            contract["summary"] = f"spec {blocked}; " + contract["summary"]
+    if claim is not None and blocked:
+        contract["claim"] = {"name": claim, "asserted": None}
+    elif claim is not None:
         contract["claim"] = {"name": claim, "asserted": record_claim(
             claim, session=session, mood=mood.value, tree_hash=target.tree_hash,
             commit_sha=target.commit_sha, runs=runs,
             minted={r: a.id for r, a in minted.items()}, required=required)}
     return VerifyOutcome(status=status, contract=contract, verdict=verdict)
+
+
+def _base_section(judged: Judged) -> dict[str, Any]:
+    """The contract's ``base``: which checks ran, and how the tree changed them."""
+    change = judged.change
+    return {"ref": judged.base.ref, "commit": judged.base.commit, "spec_hash": judged.pin,
+            "blocked": judged.blocked, "approved": change.approved, "diff": change.diff,
+            **{name: list(getattr(change, name)) for name in (
+                "modified", "deleted", "added", "refused", "held")}}
 
 
 def session_verdict(results: list[Result], *, crashed: int = 0) -> str:
@@ -369,7 +426,9 @@ def session_verdict(results: list[Result], *, crashed: int = 0) -> str:
 def verify_tree(
     repo: Path, *, mood: Mood | None = None, sandbox_name: str | None = None,
     on_event: OnEvent | None = None, claim: str | None = None, pinned: str | None = None,
+    base: str | None = None, approve_spec: bool = False,
 ) -> VerifyOutcome:
     """Synchronous ``averify_tree``."""
     return asyncio.run(averify_tree(repo, mood=mood, sandbox_name=sandbox_name,
-                                    on_event=on_event, claim=claim, pinned=pinned))
+                                    on_event=on_event, claim=claim, pinned=pinned, base=base,
+                                    approve_spec=approve_spec))

@@ -43,16 +43,27 @@ def _options(fn: Any) -> Any:
         click.option("--resource-uri", "resource_uri", envvar="CHOIR_CI_RESOURCE_URI",
                      default=None, help="The VSA's resourceUri (in GitHub: the repository "
                      "and ref)."),
+        click.option("--base-ref", "base_ref", envvar="CHOIR_CI_BASE_REF", default=None,
+                     help="Verify with this commit's choir.yaml and checks, not the tree's "
+                     "(in GitHub: the pull request's base)."),
+        click.option("--approve-spec-change", "approve_spec", envvar="CHOIR_CI_APPROVE_SPEC_CHANGE",
+                     is_flag=True, default=False,
+                     help="A person approved the tree's changes to the base's checks."),
     ]):
         fn = option(fn)
     return fn
 
 
 def _opts(repo: Path, mood: str | None, claim: str, sandbox: str | None, out: Path,
-          resource_uri: str | None) -> Options:
+          resource_uri: str | None, base_ref: str | None = None,
+          approve_spec: bool = False) -> Options:
+    if approve_spec and not base_ref:
+        raise click.UsageError("--approve-spec-change approves a change to the base's "
+                               "checks; set --base-ref (CHOIR_CI_BASE_REF) too")
     return Options(repo=repo.resolve(), out=Path(os.path.abspath(out)), claim=claim,
                    mood=mood.upper() if mood else None, sandbox=sandbox or None,
-                   resource_uri=resource_uri or None)
+                   resource_uri=resource_uri or None, base=base_ref or None,
+                   approve_spec=approve_spec)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -64,7 +75,8 @@ def main() -> None:
 @main.command("github")
 @_options
 def github_action(repo: Path, mood: str | None, claim: str | None, sandbox: str | None,
-                  out: Path | None, resource_uri: str | None) -> None:
+                  out: Path | None, resource_uri: str | None, base_ref: str | None,
+                  approve_spec: bool) -> None:
     """The GitHub Action's step (reads the GITHUB_* variables the runner sets)."""
     env = os.environ
     claim = claim or "ci"
@@ -74,8 +86,15 @@ def github_action(repo: Path, mood: str | None, claim: str | None, sandbox: str 
         ref = f"@{env['GITHUB_REF']}" if env.get("GITHUB_REF") else ""
         resource_uri = f"git+{server}/{env['GITHUB_REPOSITORY']}{ref}"
     # the checked-out tree is a pull request's: its choir.yaml never picks `local` here
-    opts = replace(_opts(repo, mood, claim, sandbox, out, resource_uri), isolated=True)
+    opts = replace(_opts(repo, mood, claim, sandbox, out, resource_uri, base_ref, approve_spec),
+                   isolated=True)
     print(github.defuse(f"choir: verifying {opts.repo} as claim {claim}"), flush=True)
+    if opts.base is None:
+        print(github.annotation(
+            "warning", "no base-ref: the tree's own choir.yaml and tests decided this check, "
+            "and a pull request may edit both; set the action's base-ref input (the default "
+            "on pull_request events) to verify with the base branch's",
+            title="choir: the checks are the tree's own"), flush=True)
     outcome = run(opts, lambda lines: github.relay(sys.stdout, lines))
     _report_github(outcome, opts)
     sys.exit(outcome.exit_code)
@@ -124,6 +143,10 @@ def error_annotations(outcome: Outcome, opts: Options) -> list[str]:
         return [github.annotation("error", one_line(outcome.error, 1500),
                                   title="choir verify: configuration error")]
     found: list[str] = []
+    base = outcome.contract.get("base")
+    if isinstance(base, dict) and base.get("blocked"):
+        found.append(github.annotation("error", one_line(base["blocked"], 1500),
+                                       title="choir: the base's checks were changed"))
     tested: set[str] = set()
     for test in (outcome.contract.get("failing_tests") or [])[:10]:
         file, line = repo_location(test.get("location"), opts.repo)
@@ -164,13 +187,15 @@ def repo_location(location: object, repo: Path) -> tuple[str | None, int | None]
 @main.command("pre-commit")
 @_options
 def pre_commit(repo: Path, mood: str | None, claim: str | None, sandbox: str | None,
-               out: Path | None, resource_uri: str | None) -> None:
+               out: Path | None, resource_uri: str | None, base_ref: str | None,
+               approve_spec: bool) -> None:
     """The pre-commit hook: verify and gate the tree about to be committed."""
     from choir._core.paths import choir_home
     from choir.ci.summary import one_line
 
     claim = claim or "pre-commit"
-    opts = _opts(repo, mood, claim, sandbox, out or choir_home() / "ci" / claim, resource_uri)
+    opts = _opts(repo, mood, claim, sandbox, out or choir_home() / "ci" / claim, resource_uri,
+                 base_ref, approve_spec)
 
     def progress(lines: list[str]) -> None:
         for line in lines:

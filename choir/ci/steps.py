@@ -49,6 +49,10 @@ class Options:
     mood: str | None = None
     sandbox: str | None = None
     resource_uri: str | None = None
+    base: str | None = None
+    """The commit whose choir.yaml and checks verify the tree (``choir verify --base``)."""
+    approve_spec: bool = False
+    """A person approved the tree's changes to the base's checks."""
     isolated: bool = False
     """Refuse a run whose verifiers had no isolation unless ``sandbox`` is ``local`` (the
     action's: the tree is a pull request's; the hook runs on the developer's own)."""
@@ -66,6 +70,8 @@ def _verify(opts: Options, relay: Relay) -> tuple[int, dict[str, Any] | None, st
         args += ["--mood", opts.mood]
     if opts.sandbox:
         args += ["--sandbox", opts.sandbox]
+    if opts.base:
+        args += ["--base", opts.base] + (["--approve-spec-change"] if opts.approve_spec else [])
     contract_path = opts.out / CONTRACT
     with create_new(contract_path) as stdout:
         proc = subprocess.Popen([*CHOIR, *args], stdout=stdout, stderr=subprocess.PIPE,

@@ -24,23 +24,35 @@ _MOODS = ["CALM", "SKEPTICAL", "PARANOID", "BOLD", "CURIOUS"]
 @click.option("--claim", default=None, metavar="NAME",
               help="Record the verdict in the AHDB as claim NAME: `choir gate NAME` then "
                    "answers for this tree.")
+@click.option("--base", default=None, metavar="REF",
+              help="Verify with the checks of commit REF (a pull request's base): its "
+                   "choir.yaml, and its spec files (tests, conftest.py, ...) in place of the "
+                   "tree's. A tree that changes or deletes one is held: never PASS.")
+@click.option("--approve-spec-change", "approve_spec", is_flag=True,
+              help="With --base: a person approved the tree's changes to the base's checks; "
+                   "verify with the tree's versions (recorded as approved).")
 @click.option("--otel", is_flag=True, help=OTEL_HELP)
 @click.option("--pinned-config", "pinned", default=None, hidden=True, metavar="BLAKE3",
               help="Refuse a choir.yaml whose bytes do not hash to this (`choir mcp`'s pin, "
                    "passed to a `choir serve` worker).")
 def verify(repo: Path, mood: str | None, sandbox_name: str | None, as_json: bool,
-           claim: str | None, otel: bool, pinned: str | None) -> int:
+           claim: str | None, base: str | None, approve_spec: bool, otel: bool,
+           pinned: str | None) -> int:
     """Verify the working tree now: exit 0 PASS, 1 FAIL, 2 configuration error,
     4 INCONCLUSIVE (nothing failed, but some verifier could not decide)."""
     from choir.telemetry import session
 
+    if approve_spec and base is None:
+        raise click.UsageError("--approve-spec-change approves a change to --base's checks; "
+                               "pass --base REF too")
     with session(otel):
         return run_verify(repo, mood=mood, sandbox_name=sandbox_name, as_json=as_json,
-                          claim=claim, pinned=pinned)
+                          claim=claim, pinned=pinned, base=base, approve_spec=approve_spec)
 
 
 def run_verify(repo: Path, *, mood: str | None, sandbox_name: str | None, as_json: bool,
-               claim: str | None = None, pinned: str | None = None) -> int:
+               claim: str | None = None, pinned: str | None = None, base: str | None = None,
+               approve_spec: bool = False) -> int:
     """The one path ``choir verify`` and ``choir init`` take: verify, render, exit code."""
     from choir.app.verify import verify_tree
     from choir.models import Mood
@@ -49,7 +61,7 @@ def run_verify(repo: Path, *, mood: str | None, sandbox_name: str | None, as_jso
     try:
         outcome = verify_tree(repo, mood=Mood(mood.upper()) if mood else None,
                               sandbox_name=sandbox_name, on_event=progress, claim=claim,
-                              pinned=pinned)
+                              pinned=pinned, base=base, approve_spec=approve_spec)
     finally:
         progress.close()
     if as_json:

@@ -303,11 +303,14 @@ def _resource_binds(resources: dict[str, Any], repo: Path, doc: YamlDoc) -> list
     return sorted(set(out))
 
 
-def load_repo_config(repo: Path, *, pinned: str | None = None) -> RepoConfig:
+def load_repo_config(repo: Path, *, pinned: str | None = None,
+                     committed: tuple[str, bytes] | None = None) -> RepoConfig:
     """Load ``repo/choir.yaml``; every mistake in it is reported at once.
 
     ``pinned``: the blake3 of the only bytes accepted (``choir mcp`` pins the file when it
     starts; a verification it asks for refuses an edited one before anything runs).
+    ``committed``: ``(commit, bytes)``, choir.yaml as that commit holds it (``choir verify
+    --base``): the file in the tree is not read, and errors name ``choir.yaml@COMMIT``.
 
     Raises:
         ConfigError: the repo does not exist, the file is missing or invalid, or it names no
@@ -319,10 +322,14 @@ def load_repo_config(repo: Path, *, pinned: str | None = None) -> RepoConfig:
             "repo folder does not exist", path=str(repo), hint="pass --repo DIR with a real folder"
         )
     path = repo / CONFIG_NAME
-    if not os.path.lexists(path):
+    if committed is not None:
+        path = repo / f"{CONFIG_NAME}@{committed[0][:12]}"
+        doc = load_yaml(path, data=committed[1])
+    elif not os.path.lexists(path):
         raise ConfigError("file not found", path=str(path),
                           hint="run 'choir init' in the repo to write one, or pass --repo DIR")
-    doc = load_yaml(path, root=repo, pinned=pinned)  # no link followed, never a FIFO
+    else:
+        doc = load_yaml(path, root=repo, pinned=pinned)  # no link followed, never a FIFO
     if doc.data is None:
         doc = YamlDoc(path=doc.path, data={}, _tree=None)
     if not isinstance(doc.data, dict):

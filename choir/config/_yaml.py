@@ -79,14 +79,19 @@ def _open(path: Path, root: Path | None) -> int:
         raise
 
 
-def _read_capped(path: Path, root: Path | None = None, pinned: str | None = None) -> str:
+def _read_capped(path: Path, root: Path | None = None, pinned: str | None = None,
+                 data: bytes | None = None) -> str:
     """The file's text, refused before parsing when it is larger than the cap, or (with
     ``pinned``) when the blake3 of its bytes is not that one: the bytes parsed are the bytes
-    checked, so nothing can be swapped in between."""
+    checked, so nothing can be swapped in between. ``data``: the bytes, read elsewhere (a
+    commit's blob); the file is not opened."""
     cap = max_bytes()
     try:
-        with os.fdopen(_open(path, root), "rb") as fh:
-            raw = fh.read(cap + 1)
+        if data is not None:
+            raw = data[:cap + 1]
+        else:
+            with os.fdopen(_open(path, root), "rb") as fh:
+                raw = fh.read(cap + 1)
     except FileNotFoundError:
         raise ConfigError("file not found", path=str(path),
                           hint="check the path (it is relative to the current folder)") from None
@@ -144,14 +149,17 @@ def _counting(path: Path) -> Any:
     return Counting
 
 
-def load_yaml(path: Path, *, root: Path | None = None, pinned: str | None = None) -> YamlDoc:
+def load_yaml(path: Path, *, root: Path | None = None, pinned: str | None = None,
+              data: bytes | None = None) -> YamlDoc:
     """Parse ``path``; a syntax error becomes a ConfigError naming the line.
 
     Hostile files cannot hurt the host: only a regular file is read (a FIFO would block), the
     size is capped before parsing, the alias count while parsing, and the expanded size while
     converting to plain data. With ``root`` (the repo ``path`` lies in), the file is opened
     from ``root`` one component at a time and no link on the way is followed. With
-    ``pinned`` (a blake3 hex digest), bytes that do not hash to it are refused.
+    ``pinned`` (a blake3 hex digest), bytes that do not hash to it are refused. ``data``:
+    the file's bytes as read elsewhere (a commit's blob), under the same caps; ``path`` only
+    names it.
 
     Raises:
         ConfigError: the file is missing, unreadable, too large, an alias bomb, or not
@@ -160,7 +168,7 @@ def load_yaml(path: Path, *, root: Path | None = None, pinned: str | None = None
     from ruamel.yaml import YAML
     from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
-    text = _read_capped(path, root, pinned)
+    text = _read_capped(path, root, pinned, data)
     yaml = YAML(typ="rt")
     yaml.Composer = _counting(path)
     try:

@@ -26,7 +26,7 @@ from choir.models import (
 )
 
 if TYPE_CHECKING:
-    from choir.models import VerifierRun
+    from choir.models import SpecChange, VerifierRun
 
 Action = Literal["done", "retry", "nested", "broaden", "split", "halt", "escalate"]
 
@@ -85,6 +85,21 @@ def outside_a_run(chosen: VerifierPlan, specs: Mapping[str, VerifierSpec]) -> Ve
     why = f"{chosen.reason}; {', '.join(gone)}: a trace is checked in choir run only"
     return chosen.model_copy(update={"verifiers": keep, "dropped": (*chosen.dropped, *gone),
                                      "reason": why[:500]})
+
+
+def with_additions(chosen: VerifierPlan, change: SpecChange | None) -> VerifierPlan:
+    """Every voting run of ``chosen`` twice when the tree has admitted additions: once on the
+    pinned checks alone, once beside the additions (``ADDITIONS_REPLICA``), so an addition can
+    add evidence but never make a pinned check pass that fails alone."""
+    from choir.evidence.spec import ADDITIONS_REPLICA
+
+    if change is None or not change.added:
+        return chosen
+    twins = tuple(p.model_copy(update={"replica": p.replica + ADDITIONS_REPLICA})
+                  for p in chosen.verifiers if not p.diagnostic)
+    return chosen.model_copy(update={"verifiers": (*chosen.verifiers, *twins),
+                                     "reason": f"{chosen.reason}; each also beside the "
+                                               "admitted new checks"})
 
 
 def part_plan(item: WorkItem, policy: Policy, mood: Mood,

@@ -21,7 +21,7 @@ from langgraph.types import Command, Overwrite, Send, interrupt
 
 from choir._core.failpoints import failpoint
 from choir._core.ids import round_run_id, thread_run_id
-from choir.director import part_plan, plan, verdicts
+from choir.director import part_plan, plan, verdicts, with_additions
 from choir.director.advisor import suggest
 from choir.director.lenses import nested_plan
 from choir.director.rounds import Round, attest_round, crashed, run_round
@@ -149,19 +149,6 @@ def verified_tree(repo: Path, target: Target, spec: str | None = None,
         raise IntegrityError(f"no spec view was judged for tree {target.tree_hash[:12]}")
     return ensure_view(tree, spec, change, snapshot_root(), ArtifactStore(),
                        additions=additions)
-
-
-def with_additions(chosen: VerifierPlan, change: SpecChange | None) -> VerifierPlan:
-    """Every voting run of ``chosen`` twice when the tree has admitted additions: once on the
-    pinned checks alone, once beside the additions (``ADDITIONS_REPLICA``), so an addition can
-    add evidence but never make a pinned check pass that fails alone."""
-    if change is None or not change.added:
-        return chosen
-    twins = tuple(p.model_copy(update={"replica": p.replica + ADDITIONS_REPLICA})
-                  for p in chosen.verifiers if not p.diagnostic)
-    return chosen.model_copy(update={"verifiers": (*chosen.verifiers, *twins),
-                                     "reason": f"{chosen.reason}; each also beside the "
-                                               "admitted new checks"})
 
 
 def _green_graph() -> Any:

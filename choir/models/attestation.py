@@ -74,6 +74,12 @@ class SpecChange(Frozen):
     def changed(self) -> bool:
         return bool(self.added or self.modified or self.deleted or self.ignored)
 
+    @property
+    def blocks(self) -> bool:
+        """Whether this change keeps the tree from PASS whatever its verifiers said: a
+        refused change, or a held one no person approved."""
+        return bool(self.refused) or (bool(self.held) and not self.approved)
+
 
 def attested_artifacts(files: Mapping[str, str], first: Iterable[str] = ()) -> dict[str, str]:
     """The artifacts an attestation names: ``first`` (those its report lists), then the

@@ -208,8 +208,12 @@ def check_session(run_dir: Path, attestations: Any,
     for cmd in session.commands_executed:
         if cmd.run_id not in session.runs:
             problems.append(("session_command", "a run of this session", cmd.run_id))
+    # a tree verified against a base (``choir verify --base``) whose change to the base's
+    # checks was refused, or held with no approval, is no PASS: each attestation signs it
     passed = (bool(backed) and not session.crashed
-              and all(b.result is Result.PASS for b in backed.values()))
+              and all(b.result is Result.PASS for b in backed.values())
+              and not any(b.spec_change is not None and b.spec_change.blocks
+                          for b in backed.values()))
     if session.status != ("PASS" if passed else "FAIL"):
         problems.append(("session_status", "PASS" if passed else "FAIL", session.status))
     return problems

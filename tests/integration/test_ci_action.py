@@ -19,7 +19,7 @@ from ruamel.yaml import YAML
 
 from tests import ghrunner
 from tests.integration.test_ci_github import calc, runner_env
-from tests.integration.test_verify_cli import CALC_OK, sandbox_name
+from tests.integration.test_verify_cli import CALC_BUG, CALC_OK, sandbox_name
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPR = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
@@ -45,29 +45,33 @@ def test_no_expression_reaches_a_script() -> None:
         assert out["value"] == f"${{{{ steps.choir.outputs.{name} }}}}"
 
 
-def expand(value: str, inputs: dict[str, str], runner_temp: Path) -> str:
-    """A runner's expansion of the expressions the action uses (others are refused)."""
+def expand(value: str, inputs: dict[str, str], runner_temp: Path, base_sha: str = "") -> str:
+    """A runner's expansion of the expressions the action uses (others are refused);
+    ``base_sha``: the pull request's base in the event (empty: not a pull request)."""
 
     def one(match: re.Match[str]) -> str:
         expr = match.group(1)
         if expr.startswith("inputs."):
             return inputs[expr.removeprefix("inputs.")]
-        known = {"runner.temp": str(runner_temp), "github.action_path": str(ROOT)}
+        known = {"runner.temp": str(runner_temp), "github.action_path": str(ROOT),
+                 "github.event.pull_request.base.sha": base_sha}
         assert expr in known, f"an expression the test does not model: {expr}"
         return known[expr]
 
     return EXPR.sub(one, value)
 
 
-def run_action_step(name: str, tmp_path: Path,
-                    given: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def run_action_step(name: str, tmp_path: Path, given: dict[str, str],
+                    base_sha: str = "") -> subprocess.CompletedProcess[str]:
     spec = action()
-    inputs = {k: str(v.get("default", "")) for k, v in spec["inputs"].items()} | given
-    step = next(s for s in spec["runs"]["steps"] if s["name"] == name)
     env = runner_env(tmp_path)
     for var in [v for v in env if v.startswith("CHOIR_CI_")]:
         del env[var]  # only what the step's env: sets
     runner_temp = Path(env["RUNNER_TEMP"])
+    # an input's default is an expression too, evaluated in the event's context
+    inputs = {k: expand(str(v.get("default", "")), {}, runner_temp, base_sha)
+              for k, v in spec["inputs"].items()} | given
+    step = next(s for s in spec["runs"]["steps"] if s["name"] == name)
     env |= {k: expand(str(v), inputs, runner_temp) for k, v in step.get("env", {}).items()}
     return subprocess.run(["bash", "-e", "-c", step["run"]], env=env, cwd=tmp_path / "ws",
                           capture_output=True, text=True, timeout=900)
@@ -108,3 +112,36 @@ def test_the_install_step_installs_choir_from_the_action(tmp_path: Path) -> None
         "repo": "repo", "sandbox": sandbox_name()})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert ghrunner.outputs(tmp_path / "output")["status"] == "PASS"
+
+
+def test_on_a_pull_request_the_base_branchs_checks_decide(tmp_path: Path) -> None:
+    """Found by a review: the check trusted the pull request's own tests and choir.yaml. A
+    pull request that breaks ``add`` and weakens its test passes when the event names no
+    base (a push), and fails by default on a pull request: the base's test runs, and the
+    edited one is held for a person."""
+    repo = calc(tmp_path, CALC_OK)
+    base = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    (repo / "calc.py").write_text(CALC_BUG)
+    (repo / "test_calc.py").write_text("def test_add():\n    assert True\n")
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                    "commit", "-qam", "pr"], check=True)
+    venv = tmp_path / "runner-temp" / "choir-venv"
+    venv.parent.mkdir(exist_ok=True)
+    venv.symlink_to(sys.prefix)
+    given = {"repo": "repo", "sandbox": sandbox_name()}
+    pushed = run_action_step("Verify and gate", tmp_path, given)
+    assert pushed.returncode == 0, pushed.stdout + pushed.stderr  # the tree's own checks
+    warned = [c for c in ghrunner.commands(pushed.stdout) if c[0] == "warning"]
+    assert [c[1]["title"] for c in warned] == ["choir: the checks are the tree's own"]
+    for name in ("output", "summary"):
+        (tmp_path / name).write_text("")
+    proc = run_action_step("Verify and gate", tmp_path, given, base_sha=base)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = ghrunner.outputs(tmp_path / "output")
+    assert out["status"] == "FAIL" and out["gate"] == "refused"
+    errors = {c[1].get("title"): c[2] for c in ghrunner.commands(proc.stdout) if c[0] == "error"}
+    assert "held for a person" in errors["choir: the base's checks were changed"]
+    summary = (tmp_path / "summary").read_text()
+    assert "### Checks" in summary and f"= {base[:12]}" in summary
+    assert "modified: test_calc.py" in summary

@@ -1,0 +1,154 @@
+"""The base a change is verified against: its choir.yaml and its checks, read from a commit.
+
+A tree's own ``choir.yaml`` and tests are the author's to edit: a pull request that turns
+``unit``'s step into a ``printf`` of a passing JUnit file, skips the failing test or adds a
+``conftest.py`` hook passes any check that reads them from the tree. ``choir verify --base
+REF`` (the GitHub Action's ``base-ref``) reads them from the base commit instead, as ``choir
+run`` pins them from the tree it starts on: the allowlist and the mood overrides are the
+base's ``choir.yaml`` (the tree's is never parsed), and the spec files (``spec:`` globs, as the
+base's ``choir.yaml`` declares them) are pinned from the base commit's tree. The tree is then
+judged against that pin exactly as an executor's round is (``choir.evidence.spec.compare``):
+the verifiers read a view holding the base's checks, new checks run only beside them as extra
+evidence, a new file that changes how every check runs is refused, and a changed or deleted
+check is held for a person (``approve``: the workflow says one approved it).
+
+Everything is read from git's objects, each re-hashed against its id (``ObjectReader``),
+never from the tree's files, and no git program runs that the tree could configure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from choir.config import CONFIG_NAME
+from choir.evidence.artifacts import ArtifactStore
+from choir.evidence.git import locate
+from choir.evidence.spec import (
+    Manifest,
+    approve_change,
+    ensure_view,
+    judge_round,
+    matcher,
+    module_name,
+)
+from choir.exceptions import ConfigError, UserError
+from choir.models import SpecChange
+
+EVERYTHING = ("**",)
+"""What a change against a base may touch: any check (held for a person when it changes
+or deletes one; a new one is admitted as extra evidence unless it changes how every check
+runs, ``choir.evidence.spec.INFLUENCE``, which is refused)."""
+_FETCH_HINT = ("fetch the base into the checkout first: actions/checkout with 'fetch-depth: 0' "
+               "(or 'git fetch origin BASE'), or leave --base out to verify with the tree's "
+               "own checks")
+
+
+@dataclass(frozen=True)
+class Base:
+    """A base commit as read from git: every file's ``(path, kind, blob id)`` and
+    choir.yaml's bytes."""
+
+    ref: str
+    commit: str
+    repo: Path
+    files: tuple[tuple[str, str, str], ...]
+    config: bytes
+
+    def roots(self) -> tuple[str, ...]:
+        """The module names the base tree's import roots hold, as
+        ``choir.evidence.spec.import_roots`` reads them from a folder."""
+        names = set()
+        for path, _kind, _oid in self.files:
+            for root in ("src/", ""):
+                if root and not path.startswith(root):
+                    continue
+                top, sep, _rest = path[len(root):].partition("/")
+                name = top if sep else module_name(top)
+                if name:
+                    names.add(root + name)
+                break
+        return tuple(sorted(names))
+
+    def pin(self, globs: Sequence[str], store: ArtifactStore) -> str:
+        """Store every base file ``globs`` match and their manifest (as ``pin_spec`` would
+        from a checkout of the base); returns the manifest's hash."""
+        is_spec = matcher(globs)
+        files: dict[str, tuple[str, str]] = {}
+        git = locate(self.repo)
+        assert git is not None  # read_base found it
+        with git.objects() as objects:
+            for path, kind, oid in self.files:
+                if is_spec(path):
+                    files[path] = (kind, store.ingest_bytes(objects.read(oid, "blob")))
+        return store.ingest_bytes(Manifest(tuple(globs), files, self.roots()).encode())
+
+
+def read_base(repo: Path, ref: str) -> Base:
+    """Base commit ``ref`` of ``repo``: its files and its choir.yaml.
+
+    Raises:
+        UserError: ``repo`` is not a git work tree, or ``ref`` names no commit of it.
+        ConfigError: the commit holds no choir.yaml as a regular file.
+    """
+    git = locate(repo)
+    if git is None:
+        raise UserError(f"--base {ref}: {repo} is not a git work tree; a base is a commit of "
+                        "the repo")
+    commit = git.rev(ref)
+    if commit is None:
+        raise UserError(f"--base {ref}: no such commit in {repo}; {_FETCH_HINT}")
+    with git.objects() as objects:
+        files = tuple(objects.files(objects.commit_tree(commit)))
+        found = [(kind, oid) for path, kind, oid in files if path == CONFIG_NAME]
+        if not found or found[0][0] == "l":
+            raise ConfigError(f"the base commit {commit[:12]} ({ref}) holds no {CONFIG_NAME} "
+                              "as a regular file, so nothing pins the checks",
+                              path=str(repo / CONFIG_NAME),
+                              hint="commit choir.yaml on the base branch first (its first "
+                                   "pull request is verified without --base)")
+        config = objects.read(found[0][1], "blob")
+    return Base(ref=ref, commit=commit, repo=repo, files=files, config=config)
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A tree judged against a base: the pin, the change, and the views the verifiers read
+    (the base's checks alone; with the admitted new checks beside them, when there are any).
+    """
+
+    base: Base
+    pin: str
+    change: SpecChange
+    alone: Path
+    beside: Path | None
+
+    @property
+    def blocked(self) -> str | None:
+        """Why the tree cannot be ASSERTed whatever the verifiers say, or None."""
+        if not self.change.blocks:
+            return None
+        if self.change.refused:
+            return ("refused: " + ", ".join(self.change.refused[:8]) + " (a new file that "
+                    "changes how every check runs, or shadows a module, is never admitted; "
+                    "a person merges such a change by hand)")
+        return ("held for a person: the change edits or deletes the base's checks ("
+                + ", ".join(self.change.held[:8]) + "); the base's versions ran; "
+                "approve the change to verify with the tree's (--approve-spec-change)")
+
+
+def judge_against(base: Base, globs: Sequence[str], tree: Path, tree_hash: str, root: Path,
+                  *, approve: bool = False, store: ArtifactStore | None = None) -> Judged:
+    """Pin ``base``'s checks, judge the sealed snapshot ``tree`` against them and build the
+    views under ``root``. ``approve``: a person approved the held changes, so the tree's
+    versions of those checks are what run (recorded as approved)."""
+    store = store or ArtifactStore()
+    pin = base.pin(globs, store)
+    change = judge_round(tree, tree_hash, pin, EVERYTHING, "approve", root, store)
+    if approve and change.held:
+        pin, change = approve_change(tree, pin, change, root, store)
+    alone = ensure_view(tree, pin, change, root, store)
+    beside = ensure_view(tree, pin, change, root, store, additions=True) \
+        if change.added else None
+    return Judged(base=base, pin=pin, change=change, alone=alone, beside=beside)

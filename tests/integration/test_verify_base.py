@@ -1,0 +1,180 @@
+"""``choir verify --base REF``: a change is verified with its base's choir.yaml and checks.
+
+Each attack is a pull request's: it breaks ``add`` and then makes the check pass by editing
+what the check is made of (the test, choir.yaml, a planted conftest.py, a new test module
+that patches the code at import). Each is shown passing on the tree's own checks (a bare
+``choir verify``, which is what CI without a base runs), then failing against the base.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.test_verify_cli import CALC_BUG, CALC_OK, make_repo, run, sandbox_name
+
+ALWAYS_PASS = textwrap.dedent("""\
+    import pytest
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(item, call):
+        outcome = yield
+        report = outcome.get_result()
+        report.outcome = "passed"
+    """)
+PATCH_AT_IMPORT = textwrap.dedent("""\
+    import calc
+
+    calc.add = lambda a, b: a + b
+
+    def test_patched():
+        assert calc.add(1, 1) == 2
+    """)
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                           *args], check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A repo whose main holds the right ``add`` and its test, on branch ``pr``."""
+    repo = make_repo(tmp_path_factory.mktemp("base") / "repo", CALC_OK)
+    (repo / ".gitignore").write_text("__pycache__/\n")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "base")
+    git(repo, "checkout", "-q", "-b", "pr")
+    return repo
+
+
+@pytest.fixture
+def repo(template: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "repo"
+    shutil.copytree(template, copy, symlinks=True)
+    return copy
+
+
+def commit(repo: Path, files: dict[str, str], message: str = "pr") -> None:
+    for rel, text in files.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+
+
+def verify(repo: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+    proc = run("verify", "--repo", str(repo), "--json", "--sandbox", sandbox_name(), *extra)
+    assert proc.returncode in (0, 1, 4), proc.stdout + proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def results(contract: dict[str, Any]) -> dict[str, str]:
+    return {f"{t['verifier']}#{t['replica']}": t["result"] for t in contract["threads"]}
+
+
+def test_a_weakened_test_passes_on_the_trees_checks_and_is_held_against_the_base(
+        repo: Path) -> None:
+    commit(repo, {"calc.py": CALC_BUG, "test_calc.py": "def test_add():\n    assert True\n"})
+    code, own = verify(repo)
+    assert code == 0 and own["status"] == "PASS"  # the attack, on the tree's own checks
+    code, against = verify(repo, "--base", "main", "--claim", "ci")
+    assert code == 1 and against["status"] == against["verdict"] == "FAIL"
+    base = against["base"]
+    assert base["ref"] == "main" and base["commit"] == git(repo, "rev-parse", "main").strip()
+    assert base["modified"] == ["test_calc.py"] and base["held"] == ["test_calc.py"]
+    assert base["blocked"].startswith("held for a person") and not base["approved"]
+    assert results(against)["unit#0"] == "FAIL"  # the base's test ran on the change
+    assert against["claim"]["asserted"] is None
+    gate = run("gate", "ci", "--repo", str(repo))
+    assert gate.returncode == 1, gate.stdout + gate.stderr
+
+
+def test_a_choir_yaml_that_skips_the_tests_is_never_read_against_the_base(repo: Path) -> None:
+    noop = ("verifiers:\n  unit:\n    kind: unit_tests\n    steps:\n"
+            "      - {name: ok, command: 'true'}\n")
+    commit(repo, {"calc.py": CALC_BUG, "choir.yaml": noop})
+    code, own = verify(repo)
+    assert code == 0 and own["plan"] == ["unit"]
+    code, against = verify(repo, "--base", "main")
+    assert code == 1
+    assert results(against)["unit#0"] == "FAIL"
+    commands = [c["command"] for c in against["manifest"]["commands_executed"]]
+    assert len(commands) == 1 and "-m pytest" in commands[0]  # the base's step
+    assert against["base"]["modified"] == ["choir.yaml"]
+
+
+def test_a_planted_conftest_is_refused_and_no_check_sees_it(repo: Path) -> None:
+    commit(repo, {"calc.py": CALC_BUG, "conftest.py": ALWAYS_PASS})
+    code, own = verify(repo)
+    assert code == 0
+    code, against = verify(repo, "--base", "main", "--approve-spec-change")
+    assert code == 1
+    base = against["base"]
+    assert base["refused"] == ["conftest.py"] and base["added"] == []
+    assert base["blocked"].startswith("refused: conftest.py")  # approval does not cover it
+    assert results(against) == {"unit#0": "FAIL"}
+
+
+def test_a_new_test_adds_evidence_beside_the_base_checks(repo: Path) -> None:
+    commit(repo, {"calc.py": CALC_OK + "\n\ndef mul(a, b):\n    return a * b\n",
+                  "test_mul.py": "from calc import mul\n\ndef test_mul():\n"
+                                 "    assert mul(2, 3) == 6\n"})
+    code, against = verify(repo, "--base", "main", "--claim", "ci")
+    assert code == 0, against["summary"]
+    assert against["base"]["added"] == ["test_mul.py"] and against["base"]["blocked"] is None
+    assert results(against) == {"unit#0": "PASS", "unit#1000": "PASS"}
+    assert against["claim"]["asserted"]
+    assert run("gate", "ci", "--repo", str(repo)).returncode == 0
+
+
+def test_a_new_test_cannot_make_a_failing_base_check_pass(repo: Path) -> None:
+    commit(repo, {"calc.py": CALC_BUG, "test_0patch.py": PATCH_AT_IMPORT})
+    code, own = verify(repo)
+    assert code == 0  # the patch, imported before the base's test module, hides the bug
+    code, against = verify(repo, "--base", "main")
+    assert code == 1
+    assert against["base"]["added"] == ["test_0patch.py"]
+    found = results(against)
+    assert found["unit#0"] == "FAIL" and found["unit#1000"] == "PASS"
+
+
+def test_an_approved_change_to_a_check_is_verified_with_the_trees_version(repo: Path) -> None:
+    commit(repo, {"calc.py": "def add(a, b):\n    return a + b + 0\n",
+                  "test_calc.py": "from calc import add\n\ndef test_add():\n"
+                                  "    assert add(2, 2) == 4\n"})
+    code, held = verify(repo, "--base", "main")
+    assert code == 1 and held["base"]["held"] == ["test_calc.py"]
+    assert results(held)["unit#0"] == "PASS"  # the base's test passes too, but it is held
+    code, approved = verify(repo, "--base", "main", "--approve-spec-change", "--claim", "ci")
+    assert code == 0, approved["summary"]
+    assert approved["base"]["approved"] and approved["base"]["blocked"] is None
+    assert approved["base"]["spec_hash"] != held["base"]["spec_hash"]  # the tree's test, pinned
+    assert approved["claim"]["asserted"]
+    audit = run("audit")
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+
+
+def test_a_base_the_checkout_lacks_is_a_clear_exit_2(repo: Path) -> None:
+    proc = run("verify", "--repo", str(repo), "--base", "0" * 40)
+    assert proc.returncode == 2
+    assert "no such commit" in proc.stderr and "fetch-depth: 0" in proc.stderr
+    proc = run("verify", "--repo", str(repo), "--approve-spec-change")
+    assert proc.returncode == 2 and "--base" in proc.stderr
+
+
+def test_a_base_without_choir_yaml_pins_nothing_and_says_so(repo: Path) -> None:
+    git(repo, "checkout", "-q", "--orphan", "empty")
+    git(repo, "rm", "-q", "-r", "--cached", ".")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "nothing")
+    git(repo, "checkout", "-q", "-f", "pr")
+    proc = run("verify", "--repo", str(repo), "--base", "empty")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "holds no choir.yaml" in proc.stderr
