@@ -18,6 +18,10 @@ the machine is shared). Rows:
 - the cost curve: a round after one changed file at 1,000, 7,000 and 50,000 files, and
   after 1, 100 and 1,000 changed files at 50,000; plotted to ``--png`` when matplotlib
   imports, printed as a table always;
+- ``--base``: ``choir verify --base`` (the base commit's checks, read through a spec view)
+  against a plain verify of the same tree, paired, on Django's tree (the synthetic 7,000
+  files with ``--no-django``) after a one-file commit on top of its base: the first of a
+  fresh store and a second;
 - ``--worktrees``: a plan item's worktree of a 2,000-file repo, ``GitRepo.add_worktree`` in
   a process confined as ``choir plan run`` is (an overlay of the store's checkout) against
   bare ``git worktree add``: the first (its checkout built), the next ones of the same
@@ -133,10 +137,11 @@ class Runner:
             env["CHOIR_TREE_STORE"] = "off"
         return env
 
-    def verify(self, repo: Path, env: dict[str, str]) -> tuple[float, float, int]:
+    def verify(self, repo: Path, env: dict[str, str],
+               *extra: str) -> tuple[float, float, int]:
         """(wall s, cpu s, peak RSS KiB) of one ``choir verify``."""
         argv = [sys.executable, "-m", "choir", "verify", "--mood", "CALM", "--sandbox",
-                "bwrap", "--repo", str(repo)]
+                "bwrap", "--repo", str(repo), *extra]
         start = time.perf_counter()
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)
@@ -178,6 +183,21 @@ def rounds(run: Runner, repo: Path, runs: int, store: bool,
         out["second"].append(run.paired(repo, env, one_env))
         change(files, 1, n)
         out["change"].append(run.paired(repo, env, one_env))
+    return {k: med(v) for k, v in out.items()}
+
+
+def against_base(run: Runner, repo: Path, runs: int) -> dict[str, tuple[float, float, int]]:
+    """``--base HEAD~1`` over a plain verify of the same tree (run just before, same home):
+    the first of an empty store, and a second; medians of ``runs``."""
+    change(listed(repo), 1, 99)
+    sh([*GIT, "commit", "-qam", "one file"], repo)
+    out: dict[str, list[tuple[float, float, int]]] = {"first": [], "second": []}
+    for _ in range(runs):
+        env = run.home()
+        for name in ("first", "second"):
+            wall, cpu, _ = run.verify(repo, env)
+            b_wall, b_cpu, rss = run.verify(repo, env, "--base", "HEAD~1")
+            out[name].append((b_wall - wall, b_cpu - cpu, rss))
     return {k: med(v) for k, v in out.items()}
 
 
@@ -283,6 +303,7 @@ def main() -> None:
     parser.add_argument("--no-curve", action="store_true")
     parser.add_argument("--png", type=Path, default=None)
     parser.add_argument("--worktrees", action="store_true")
+    parser.add_argument("--base", action="store_true")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="choir-bench-snap-"))
     os.chmod(tmp, 0o755)
@@ -294,8 +315,13 @@ def main() -> None:
         print(f"load average at start: {os.getloadavg()}", flush=True)
         if args.worktrees:
             worktrees(run, tmp, 2000, max(7, args.runs))
-        if not args.no_django:
-            repo = django(tmp)
+        dj = None if args.no_django else django(tmp)
+        if args.base:
+            based = dj if dj is not None else synthetic(tmp, 7000)
+            for name, row in against_base(run, based, args.runs).items():
+                print(f"--base over plain, {based.name} {name:6}: {fmt(row)}", flush=True)
+        if dj is not None:
+            repo = dj
             for store in (True, False):
                 found = rounds(run, repo, args.runs, store, one_env)
                 for name, row in found.items():

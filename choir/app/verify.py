@@ -212,7 +212,9 @@ async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: 
     try:
         if base is not None:
             against = read_base(repo, base)
-            config = load_repo_config(repo, committed=(against.commit, against.config))
+            config = load_repo_config(repo, committed=(
+                f"{against.commit[:12]} (the base, {against.ref}: fix it on the base branch)",
+                against.config))
         else:
             config = load_repo_config(repo, pinned=pinned)
         policy = load_policy(config)

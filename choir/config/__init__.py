@@ -39,7 +39,8 @@ PIPELINE = "pipeline"
 # plugins to load at start (``pytest11`` entry points), without any conftest.py.
 DEFAULT_SPEC = (
     "tests/", "test/", "testing/", "test_*.py", "*_test.py", "conftest.py",
-    "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
+    "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg",
+    "pyproject.toml",
     "sitecustomize.py", "usercustomize.py", "*.pth", "*.dist-info/", "*.egg-info/",
     "fixtures/", "snapshots/", "__snapshots__/", "verifiers/", CONFIG_NAME,
 )
@@ -309,8 +310,8 @@ def load_repo_config(repo: Path, *, pinned: str | None = None,
 
     ``pinned``: the blake3 of the only bytes accepted (``choir mcp`` pins the file when it
     starts; a verification it asks for refuses an edited one before anything runs).
-    ``committed``: ``(commit, bytes)``, choir.yaml as that commit holds it (``choir verify
-    --base``): the file in the tree is not read, and errors name ``choir.yaml@COMMIT``.
+    ``committed``: ``(label, bytes)``, choir.yaml as a commit holds it (``choir verify
+    --base``): the file in the tree is not read, and errors name ``choir.yaml@LABEL``.
 
     Raises:
         ConfigError: the repo does not exist, the file is missing or invalid, or it names no
@@ -323,7 +324,7 @@ def load_repo_config(repo: Path, *, pinned: str | None = None,
         )
     path = repo / CONFIG_NAME
     if committed is not None:
-        path = repo / f"{CONFIG_NAME}@{committed[0][:12]}"
+        path = repo / f"{CONFIG_NAME}@{committed[0]}"
         doc = load_yaml(path, data=committed[1])
     elif not os.path.lexists(path):
         raise ConfigError("file not found", path=str(path),
@@ -450,6 +451,15 @@ def _spec(declared: tuple[str, ...] | None, verifiers: dict[str, VerifierSpec]) 
         file = ref.partition(":")[0] if isinstance(ref, str) else ""
         if file.endswith(".py"):
             found.append("/" + file.lstrip("./"))
+        elif file and all(part.isidentifier() for part in file.split(".")):
+            # ``module:function``: the module as the harness imports it, the tree first on
+            # its path (whichever of these the tree holds, in either import root), and the
+            # ``__init__.py`` of each package above it, which runs first
+            parts = file.split(".")
+            for root in ("", "src/"):
+                found += [f"/{root}{'/'.join(parts)}{kind}" for kind in (".py", "/")]
+                found += [f"/{root}{'/'.join(parts[:i])}/__init__.py"
+                          for i in range(1, len(parts))]
     return tuple(dict.fromkeys(found))
 
 

@@ -22,16 +22,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from choir._core.canonical import blake3_hex
 from choir.config import CONFIG_NAME
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.git import locate
 from choir.evidence.spec import (
     Manifest,
     approve_change,
-    ensure_view,
     judge_round,
     matcher,
     module_name,
+    view_key,
 )
 from choir.exceptions import ConfigError, UserError
 from choir.models import SpecChange
@@ -81,7 +82,10 @@ class Base:
         with git.objects() as objects:
             for path, kind, oid in self.files:
                 if is_spec(path):
-                    files[path] = (kind, store.ingest_bytes(objects.read(oid, "blob")))
+                    data = objects.read(oid, "blob")
+                    digest = blake3_hex(data)  # most are stored already: no write, no fsync
+                    files[path] = (kind, digest if store.exists(digest)
+                                   else store.ingest_bytes(data))
         return store.ingest_bytes(Manifest(tuple(globs), files, self.roots()).encode())
 
 
@@ -148,7 +152,7 @@ def judge_against(base: Base, globs: Sequence[str], tree: Path, tree_hash: str, 
     change = judge_round(tree, tree_hash, pin, EVERYTHING, "approve", root, store)
     if approve and change.held:
         pin, change = approve_change(tree, pin, change, root, store)
-    alone = ensure_view(tree, pin, change, root, store)
-    beside = ensure_view(tree, pin, change, root, store, additions=True) \
-        if change.added else None
+    # built just now under ``root``, this session's own folder, and hashed as they were built
+    alone = root / view_key(tree_hash, pin)
+    beside = root / view_key(tree_hash, pin, change.added) if change.added else None
     return Judged(base=base, pin=pin, change=change, alone=alone, beside=beside)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.integration.test_verify_cli import CALC_BUG, CALC_OK, make_repo, run, sandbox_name
+from tests.workitems import NO_PLUGINS, STEP_PY
 
 ALWAYS_PASS = textwrap.dedent("""\
     import pytest
@@ -178,3 +180,135 @@ def test_a_base_without_choir_yaml_pins_nothing_and_says_so(repo: Path) -> None:
     proc = run("verify", "--repo", str(repo), "--base", "empty")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "holds no choir.yaml" in proc.stderr
+
+
+PLUGIN = textwrap.dedent("""\
+    import pytest
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(item, call):
+        outcome = yield
+        report = outcome.get_result()
+        report.outcome, report.longrepr = "passed", None
+    """)
+ENTRY_POINT = {"METADATA": "Metadata-Version: 2.1\nName: choirfix\nVersion: 1.0\n",
+               "entry_points.txt": "[pytest11]\nchoirfix = choirfix_plugin\n"}
+# a package named like one pytest imports as it runs: it patches the reports, then hands
+# the real package back
+FAKE_PYGMENTS = textwrap.dedent("""\
+    import importlib.util, os, sys
+
+    class _Hook:
+        def find_spec(self, name, path, target=None):
+            if name != "_pytest.reports":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            run = spec.loader.exec_module
+            def exec_module(module):
+                run(module)
+                made = module.TestReport.from_item_and_call.__func__
+                def passed(cls, item, call):
+                    report = made(cls, item, call)
+                    report.outcome, report.longrepr = "passed", None
+                    return report
+                module.TestReport.from_item_and_call = classmethod(passed)
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _Hook())
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    del sys.modules["pygments"]
+    saved = sys.path[:]
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    import pygments as _real
+    sys.path[:] = saved
+    sys.modules["pygments"] = _real
+    """)
+
+
+def _plugin_in(folder: str) -> dict[str, str]:
+    return {"choirfix_plugin.py": PLUGIN, **{f"{folder}/{k}": v for k, v in ENTRY_POINT.items()}}
+
+
+def _autoload(repo: Path) -> None:
+    """The base's step with pytest's plugin autoload on, as a plain ``python -m pytest``."""
+    text = (repo / "choir.yaml").read_text().replace(NO_PLUGINS, "")
+    git(repo, "checkout", "-q", "main")
+    commit(repo, {"choir.yaml": text}, "autoload")
+    git(repo, "checkout", "-q", "pr")
+    git(repo, "reset", "-q", "--hard", "main")
+
+
+# Found by a review of --base (each one left every spec-change list empty): a plugin's
+# metadata in an upper-case folder (importlib.metadata folds case), or behind a symlink named
+# as the folder; pytest 9's ``pytest.toml``; a package pytest imports as it runs
+ATTACKS = {
+    "DIST-INFO in upper case": (True, _plugin_in("choirfix-1.0.DIST-INFO"), None),
+    "dist-info behind a symlink": (True, _plugin_in("meta"), ("choirfix-1.0.dist-info", "meta")),
+    "pytest.toml": (False, {"choirfix_plugin.py": PLUGIN,
+                            "pytest.toml": '[pytest]\naddopts = ["-p", "choirfix_plugin"]\n'},
+                    None),
+    "a pygments package": (False, {"pygments/__init__.py": FAKE_PYGMENTS}, None),
+}
+
+
+@pytest.mark.parametrize("attack", list(ATTACKS))
+def test_a_plugin_planted_where_the_spec_did_not_look_is_never_loaded(
+        repo: Path, attack: str) -> None:
+    autoload, files, link = ATTACKS[attack]
+    if autoload:
+        _autoload(repo)
+    (repo / "calc.py").write_text(CALC_BUG)
+    if link:
+        (repo / link[0]).symlink_to(link[1])
+    commit(repo, files)
+    code, own = verify(repo)
+    assert code == 0, own["summary"]  # the attack, on the tree's own checks
+    code, against = verify(repo, "--base", "main", "--claim", "ci")
+    assert code == 1, against["summary"]
+    assert results(against)["unit#0"] == "FAIL"
+    assert against["base"]["refused"] and against["base"]["blocked"].startswith("refused")
+    assert against["claim"]["asserted"] is None
+
+
+CHECKS = "def verify():\n    import calc\n    return calc.add(2, 3) == 5\n"
+
+
+def _callable_base(repo: Path, ref: str, module: str) -> None:
+    """A base whose one check is a callable verifier ``ref``, in ``module`` of the repo."""
+    git(repo, "checkout", "-q", "main")
+    commit(repo, {"choir.yaml": f"verifiers:\n  adds:\n    callable: {ref}\n    timeout_s: 20\n",
+                  module: CHECKS}, "callable")
+    git(repo, "checkout", "-q", "pr")
+    git(repo, "reset", "-q", "--hard", "main")
+
+
+def test_a_callable_named_as_a_module_is_pinned(repo: Path) -> None:
+    _callable_base(repo, "calcchecks:verify", "calcchecks.py")
+    commit(repo, {"calc.py": CALC_BUG, "calcchecks.py": "def verify():\n    return True\n"})
+    code, own = verify(repo)
+    assert code == 0, own["summary"]
+    code, against = verify(repo, "--base", "main")
+    assert code == 1 and against["base"]["held"] == ["calcchecks.py"]
+    assert results(against)["adds#0"] == "FAIL"
+
+
+def test_compiled_bytecode_beside_a_pinned_check_is_never_loaded(repo: Path) -> None:
+    _callable_base(repo, "checks/adds.py:verify", "checks/adds.py")
+    (repo / "calc.py").write_text(CALC_BUG)
+    forged = repo.parent / "forged.py"
+    forged.write_text("def verify():\n    return True\n")
+    for python in {sys.executable, STEP_PY}:  # the interpreter the check may run under
+        subprocess.run([python, "-c", textwrap.dedent(f"""\
+            import importlib.util, py_compile
+            py_compile.compile({str(forged)!r}, doraise=True, dfile="checks/adds.py",
+                cfile=importlib.util.cache_from_source({str(repo / 'checks' / 'adds.py')!r}),
+                invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+            """)], check=True)
+    git(repo, "add", "-A", "-f")
+    git(repo, "commit", "-q", "-m", "pr")
+    code, own = verify(repo)
+    assert code == 0, own["summary"]
+    code, against = verify(repo, "--base", "main")
+    assert code == 1 and results(against)["adds#0"] == "FAIL"
