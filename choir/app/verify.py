@@ -252,16 +252,17 @@ async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: 
                 on_event=lambda event: emit("progress", event), sandbox_name=sandbox_name)
     # the admitted new checks run beside the base's, as twins of every voting run: they may
     # add evidence, never make a base check pass that fails alone
-    beside = replace(rnd, tree=judged.beside) if judged and judged.beside else None
-    if beside is not None:
-        plan = with_additions(plan, judged.change if judged else None)
+    beside: Round | None = None
+    if judged is not None and judged.beside is not None:
+        beside = replace(rnd, tree=judged.beside)
+        plan = with_additions(plan, judged.change)
         emit("progress", {"kind": "plan", "mood": mood.value, "round_kind": "verify",
                           "verifiers": [f"{p.name}#{p.replica}" for p in plan.verifiers],
                           "dropped": list(plan.dropped), "reason": plan.reason})
     started = time.monotonic()
     planned = list(plan.verifiers)
 
-    async def run(chosen: list[PlannedVerifier]) -> list[Any]:
+    async def threads(chosen: list[PlannedVerifier]) -> list[Any]:
         """``chosen``'s threads, the twins on the view with the new checks beside."""
         twins = [p for p in chosen if p.replica >= ADDITIONS_REPLICA]
         if beside is None or not twins:
@@ -275,13 +276,13 @@ async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: 
                               "choir.mood": mood.value, "choir.tree_hash": target.tree_hash,
                               "choir.verifiers": len(planned)}) as this_round:
         try:
-            pairs = await run(planned)
+            pairs = await threads(planned)
             core_green = all(run.report.result is Result.PASS for run, _ in pairs)
             if mood is Mood.BOLD and core_green:  # BOLD broadens once the core is green
                 wider = [PlannedVerifier(name=n) for n in policy.moods[mood].broaden
                          if n not in {pv.name for pv in planned}]
                 planned += wider
-                pairs += await run(wider)
+                pairs += await threads(wider)
         except BaseException:
             backend.close()
             remove_snapshot(snapshots)

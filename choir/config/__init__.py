@@ -46,6 +46,13 @@ DEFAULT_SPEC = (
 )
 
 
+# Pinned whatever ``spec:`` says: this file, and the project's venv, which picks the Python
+# every step runs with (``choir.sandbox._toolchain.choose``: a committed ``.venv`` would be
+# the tree's own interpreter, faking any report)
+# and ``src`` itself as a file or a link (an import root that is a zip, or another folder)
+ALWAYS_SPEC = (CONFIG_NAME, "/.venv/", "pyvenv.cfg", "/src")
+
+
 class ModelsConfig(Frozen):
     """litellm model names per role; absent means deterministic behaviour for that role."""
 
@@ -443,8 +450,8 @@ def load_repo_config(repo: Path, *, pinned: str | None = None,
 
 def _spec(declared: tuple[str, ...] | None, verifiers: dict[str, VerifierSpec]) -> tuple[str, ...]:
     """The spec globs: the declared ones (else the default), plus what Choir itself runs to
-    decide success: ``choir.yaml`` and every callable verifier file of the allowlist."""
-    found = [*(DEFAULT_SPEC if declared is None else declared), CONFIG_NAME]
+    decide success: ``ALWAYS_SPEC`` and every callable verifier of the allowlist."""
+    found = [*(DEFAULT_SPEC if declared is None else declared), *ALWAYS_SPEC]
     for spec in verifiers.values():
         payload = spec.env.get("CHOIR_PC_SPEC")
         ref = json.loads(payload).get("callable") if payload else None

@@ -31,7 +31,7 @@ from choir.evidence.spec import (
     approve_change,
     judge_round,
     matcher,
-    module_name,
+    roots_of,
     view_key,
 )
 from choir.exceptions import ConfigError, UserError
@@ -57,21 +57,6 @@ class Base:
     files: tuple[tuple[str, str, str], ...]
     config: bytes
 
-    def roots(self) -> tuple[str, ...]:
-        """The module names the base tree's import roots hold, as
-        ``choir.evidence.spec.import_roots`` reads them from a folder."""
-        names = set()
-        for path, _kind, _oid in self.files:
-            for root in ("src/", ""):
-                if root and not path.startswith(root):
-                    continue
-                top, sep, _rest = path[len(root):].partition("/")
-                name = top if sep else module_name(top)
-                if name:
-                    names.add(root + name)
-                break
-        return tuple(sorted(names))
-
     def pin(self, globs: Sequence[str], store: ArtifactStore) -> str:
         """Store every base file ``globs`` match and their manifest (as ``pin_spec`` would
         from a checkout of the base); returns the manifest's hash."""
@@ -86,7 +71,8 @@ class Base:
                     digest = blake3_hex(data)  # most are stored already: no write, no fsync
                     files[path] = (kind, digest if store.exists(digest)
                                    else store.ingest_bytes(data))
-        return store.ingest_bytes(Manifest(tuple(globs), files, self.roots()).encode())
+        roots = roots_of(path for path, _kind, _oid in self.files)
+        return store.ingest_bytes(Manifest(tuple(globs), files, roots).encode())
 
 
 def read_base(repo: Path, ref: str) -> Base:

@@ -48,7 +48,8 @@ from choir.models import SpecChange
 # ``pytest.toml`` and ``.pytest.toml`` too: a review loaded a plugin through one)
 INFLUENCE = ("conftest.py", "sitecustomize.py", "usercustomize.py", "*.pth", "*.dist-info/",
              "*.egg-info/", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml",
-             "tox.ini", "setup.cfg", "pyproject.toml", "choir.yaml")
+             "tox.ini", "setup.cfg", "pyproject.toml", "choir.yaml", "/.venv/", "pyvenv.cfg",
+             "/src")
 # Module names a new file must not take where imports start (the repo's root and ``src/``,
 # which ``python -m`` and ``PYTHONPATH=.``/``src`` put before site-packages and most of the
 # standard library): a ``pytest.py`` there is what ``python -m pytest`` runs, an ``xml/``
@@ -133,17 +134,36 @@ def _import_name(rel: str) -> str | None:
     return None
 
 
-def import_roots(tree: Path) -> tuple[str, ...]:
-    """The module names the tree's import roots already hold (``calc``, ``src/pkg``)."""
+def roots_of(paths: Iterable[str]) -> tuple[str, ...]:
+    """The module names a tree of these file ``paths`` holds at its import roots (``calc``,
+    ``src/pkg``), each folder that is a regular package also as ``NAME/`` (it holds an
+    ``__init__``: a folder without one is a namespace portion, which never stands before a
+    library's module of the same name, and a new ``__init__`` in it would)."""
     names = set()
-    for root in _IMPORT_ROOTS:
-        folder = tree / root if root else tree
-        if folder.is_dir():
-            for entry in folder.iterdir():
-                name = entry.name if entry.is_dir() else module_name(entry.name)
-                if name:
-                    names.add(root + name)
+    for path in paths:
+        for root in _IMPORT_ROOTS:
+            if root and not path.startswith(root):
+                continue
+            top, sep, rest = path[len(root):].partition("/")
+            name = top if sep else module_name(top)
+            if name:
+                names.add(root + name)
+                if sep and "/" not in rest and module_name(rest) == "__init__":
+                    names.add(f"{root}{name}/")
     return tuple(sorted(names))
+
+
+def import_roots(tree: Path) -> tuple[str, ...]:
+    """``roots_of`` the files of ``tree``'s import roots (the root, ``src/``)."""
+    paths = []
+    for entry in tree.iterdir():
+        paths.append(entry.name)
+        if entry.is_dir() and not entry.is_symlink():
+            for child in entry.iterdir():
+                paths.append(f"{entry.name}/{child.name}")
+                if entry.name == "src" and child.is_dir() and not child.is_symlink():
+                    paths += [f"src/{child.name}/{g.name}" for g in child.iterdir()]
+    return roots_of(paths)
 
 
 @dataclass(frozen=True)
@@ -176,10 +196,17 @@ class Manifest:
         """True for a new file that would be imported instead of a library or the runner."""
         for path in entry_names(rel, st):
             name = _import_name(path)
-            if name is not None and name not in self._roots:
-                module = name.rpartition("/")[2]
-                if module in SHADOWED or module.startswith(SHADOWED_PREFIXES):
-                    return True
+            if name is None:
+                continue
+            module = name.rpartition("/")[2]
+            if not (module in SHADOWED or module.startswith(SHADOWED_PREFIXES)):
+                continue
+            if name not in self._roots:
+                return True
+            inner = path[len(name) + 1:]  # a base folder made a regular package now
+            if f"{name}/" not in self._roots and path.startswith(f"{name}/") and \
+                    "/" not in inner and module_name(inner) == "__init__":
+                return True
         return False
 
     def governs(self, rel: str, st: os.stat_result | None = None) -> bool:

@@ -312,3 +312,143 @@ def test_compiled_bytecode_beside_a_pinned_check_is_never_loaded(repo: Path) -> 
     assert code == 0, own["summary"]
     code, against = verify(repo, "--base", "main")
     assert code == 1 and results(against)["adds#0"] == "FAIL"
+
+
+# patches pytest's reports to passed, whether pytest imported them already or not
+REPORTS_PASS = textwrap.dedent("""\
+    import importlib.util, sys
+
+    def _patch(module):
+        made = module.TestReport.from_item_and_call.__func__
+        def passed(cls, item, call):
+            report = made(cls, item, call)
+            report.outcome, report.longrepr = "passed", None
+            return report
+        module.TestReport.from_item_and_call = classmethod(passed)
+
+    if "_pytest.reports" in sys.modules:
+        _patch(sys.modules["_pytest.reports"])
+    else:
+        class _Hook:
+            def find_spec(self, name, path, target=None):
+                if name != "_pytest.reports":
+                    return None
+                sys.meta_path.remove(self)
+                spec = importlib.util.find_spec(name)
+                run = spec.loader.exec_module
+                def exec_module(module):
+                    run(module)
+                    _patch(module)
+                spec.loader.exec_module = exec_module
+                return spec
+        sys.meta_path.insert(0, _Hook())
+    """)
+# a fake pytest that runs the real one, hooked, with itself off the path
+FAKE_PYTEST = REPORTS_PASS + textwrap.dedent("""\
+    import os
+    here = os.path.dirname(os.path.realpath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != here]
+    sys.modules.pop("pytest", None)
+    import pytest
+    sys.path.append(here)
+    raise SystemExit(pytest.console_main())
+    """)
+FAKE_XML = REPORTS_PASS + textwrap.dedent("""\
+    import os
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    del sys.modules["xml"]
+    saved = sys.path[:]
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    import xml as _real
+    sys.path[:] = saved
+    sys.modules["xml"] = _real
+    """)
+VENV_PYTHON = f"""#!/bin/sh
+d=$(cd "$(dirname "$0")/.." && pwd)
+[ "$1" = "-m" ] && [ "$2" = "pytest" ] && shift 2
+export PYTHONPATH="$d/hook${{PYTHONPATH:+:$PYTHONPATH}}"
+exec {STEP_PY} -c 'import evilhook, sys, pytest; sys.exit(pytest.console_main())' "$@"
+"""
+
+
+def _rebase(repo: Path, files: dict[str, str], step: tuple[str, str] | None = None) -> None:
+    """Main gets ``files`` (and ``step``'s replacement in its choir.yaml); pr restarts there."""
+    git(repo, "checkout", "-q", "main")
+    if step is not None:
+        files = {**files, "choir.yaml": (repo / "choir.yaml").read_text().replace(*step)}
+    commit(repo, files, "base")
+    git(repo, "checkout", "-q", "pr")
+    git(repo, "reset", "-q", "--hard", "main")
+
+
+def _src_layout(repo: Path) -> None:
+    git(repo, "checkout", "-q", "main")
+    (repo / "src").mkdir()
+    git(repo, "mv", "calc.py", "src/calc.py")
+    text = (repo / "choir.yaml").read_text().replace(NO_PLUGINS, f"{NO_PLUGINS} PYTHONPATH=src")
+    commit(repo, {"choir.yaml": text}, "src layout")
+    git(repo, "checkout", "-q", "pr")
+    git(repo, "reset", "-q", "--hard", "main")
+
+
+def _zip(files: dict[str, str]) -> bytes:
+    import io
+    import zipfile
+
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as made:
+        for name, text in files.items():
+            made.writestr(name, text)
+    return out.getvalue()
+
+
+def _venv(repo: Path) -> None:
+    _rebase(repo, {}, (f"{STEP_PY} -m pytest", "python3 -m pytest"))
+    commit(repo, {".venv/pyvenv.cfg": f"home = {Path(STEP_PY).parent}\n"
+                                      "include-system-site-packages = false\n",
+                  ".venv/hook/evilhook.py": REPORTS_PASS, ".venv/bin/python3": VENV_PYTHON})
+    (repo / ".venv" / "bin" / "python3").chmod(0o755)
+    git(repo, "add", "-f", "-A")
+    git(repo, "commit", "-q", "--amend", "--no-edit")
+
+
+def _src_link(repo: Path) -> None:
+    _src_layout(repo)
+    git(repo, "rm", "-q", "-r", "src")
+    (repo / "lib").mkdir()
+    (repo / "src").symlink_to("lib")
+    commit(repo, {"lib/calc.py": CALC_BUG, "lib/pytest.py": FAKE_PYTEST})
+
+
+def _src_zip(repo: Path) -> None:
+    _src_layout(repo)
+    git(repo, "rm", "-q", "-r", "src")
+    (repo / "src").write_bytes(_zip({"calc.py": CALC_BUG, "pytest.py": FAKE_PYTEST.replace(
+        'sys.path.append(here)', 'sys.path.append("src")')}))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "pr")
+
+
+def _data_folder(repo: Path) -> None:
+    _rebase(repo, {"xml/sample.xml": "<sample/>\n"})
+    commit(repo, {"calc.py": CALC_BUG, "xml/__init__.py": FAKE_XML})
+
+
+# Found by a second review of --base: where Python looks was the tree's to choose. A
+# committed .venv was the steps' interpreter; ``src`` as a link to another folder or as a zip
+# put a fake pytest first on the path; a base's data folder named like a standard module
+# (``xml/``) was exempt as a root the base had, so a new ``xml/__init__.py`` made it the
+# package pytest's JUnit writer imports
+SWAPS = {"a committed .venv": _venv, "src as a link": _src_link, "src as a zip": _src_zip,
+         "a data folder made a package": _data_folder}
+
+
+@pytest.mark.parametrize("swap", list(SWAPS))
+def test_a_tree_cannot_choose_where_python_looks(repo: Path, swap: str) -> None:
+    SWAPS[swap](repo)
+    code, own = verify(repo)
+    assert code == 0, own["tail_log"][-3000:]  # the attack, on the tree's own checks
+    code, against = verify(repo, "--base", "main", "--claim", "ci")
+    assert code == 1, against["summary"]
+    assert against["base"]["refused"] and against["base"]["blocked"].startswith("refused")
+    assert against["claim"]["asserted"] is None
