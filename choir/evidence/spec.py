@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import difflib
 import errno
+import itertools
 import os
 import re
 import secrets
@@ -121,17 +122,22 @@ def module_name(filename: str) -> str | None:
     return found.group(1) if found else None
 
 
-def _import_name(rel: str) -> str | None:
+def _found_as(rel: str) -> Iterator[tuple[str, str | None]]:
     """``src/x/...``, ``x.py`` or ``x.pyc`` -> the import root and module it would be found
-    as."""
+    as, with the path below the module's folder (None for a module file); for each import
+    root ``rel`` lies in, the more specific first."""
     for root in _IMPORT_ROOTS:
         if root and not rel.startswith(root):
             continue
-        top, sep, _rest = rel[len(root):].partition("/")
+        top, sep, rest = rel[len(root):].partition("/")
         name = top if sep else module_name(top)
         if name:
-            return root + name
-    return None
+            yield root + name, rest if sep else None
+
+
+def _is_init(inner: str | None) -> bool:
+    """Whether the path below a module's folder is that folder's own ``__init__``."""
+    return inner is not None and "/" not in inner and module_name(inner) == "__init__"
 
 
 def roots_of(paths: Iterable[str]) -> tuple[str, ...]:
@@ -141,15 +147,10 @@ def roots_of(paths: Iterable[str]) -> tuple[str, ...]:
     library's module of the same name, and a new ``__init__`` in it would)."""
     names = set()
     for path in paths:
-        for root in _IMPORT_ROOTS:
-            if root and not path.startswith(root):
-                continue
-            top, sep, rest = path[len(root):].partition("/")
-            name = top if sep else module_name(top)
-            if name:
-                names.add(root + name)
-                if sep and "/" not in rest and module_name(rest) == "__init__":
-                    names.add(f"{root}{name}/")
+        for name, inner in _found_as(path):
+            names.add(name)
+            if _is_init(inner):
+                names.add(f"{name}/")
     return tuple(sorted(names))
 
 
@@ -195,18 +196,14 @@ class Manifest:
     def shadows(self, rel: str, st: os.stat_result | None = None) -> bool:
         """True for a new file that would be imported instead of a library or the runner."""
         for path in entry_names(rel, st):
-            name = _import_name(path)
-            if name is None:
-                continue
-            module = name.rpartition("/")[2]
-            if not (module in SHADOWED or module.startswith(SHADOWED_PREFIXES)):
-                continue
-            if name not in self._roots:
-                return True
-            inner = path[len(name) + 1:]  # a base folder made a regular package now
-            if f"{name}/" not in self._roots and path.startswith(f"{name}/") and \
-                    "/" not in inner and module_name(inner) == "__init__":
-                return True
+            for name, inner in itertools.islice(_found_as(path), 1):
+                module = name.rpartition("/")[2]
+                if not (module in SHADOWED or module.startswith(SHADOWED_PREFIXES)):
+                    continue
+                if name not in self._roots:
+                    return True
+                if _is_init(inner) and f"{name}/" not in self._roots:
+                    return True  # a base folder made a regular package now
         return False
 
     def governs(self, rel: str, st: os.stat_result | None = None) -> bool:

@@ -39,6 +39,60 @@ PATCH_AT_IMPORT = textwrap.dedent("""\
         assert calc.add(1, 1) == 2
     """)
 
+# patches pytest's reports to passed, whether pytest imported them already or not
+REPORTS_PASS = textwrap.dedent("""\
+    import importlib.util, sys
+
+    def _patch(module):
+        made = module.TestReport.from_item_and_call.__func__
+        def passed(cls, item, call):
+            report = made(cls, item, call)
+            report.outcome, report.longrepr = "passed", None
+            return report
+        module.TestReport.from_item_and_call = classmethod(passed)
+
+    if "_pytest.reports" in sys.modules:
+        _patch(sys.modules["_pytest.reports"])
+    else:
+        class _Hook:
+            def find_spec(self, name, path, target=None):
+                if name != "_pytest.reports":
+                    return None
+                sys.meta_path.remove(self)
+                spec = importlib.util.find_spec(name)
+                run = spec.loader.exec_module
+                def exec_module(module):
+                    run(module)
+                    _patch(module)
+                spec.loader.exec_module = exec_module
+                return spec
+        sys.meta_path.insert(0, _Hook())
+    """)
+# a fake pytest that runs the real one, hooked, with itself off the path
+FAKE_PYTEST = REPORTS_PASS + textwrap.dedent("""\
+    import os
+    here = os.path.dirname(os.path.realpath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != here]
+    sys.modules.pop("pytest", None)
+    import pytest
+    sys.path.append(here)
+    raise SystemExit(pytest.console_main())
+    """)
+FAKE_XML = REPORTS_PASS + textwrap.dedent("""\
+    import os
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    del sys.modules["xml"]
+    saved = sys.path[:]
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    import xml as _real
+    sys.path[:] = saved
+    sys.modules["xml"] = _real
+    """)
+# a package named like one pytest imports as it runs: it patches the reports, then hands
+# the real package back
+FAKE_PYGMENTS = FAKE_XML.replace('"xml"', '"pygments"').replace("import xml as",
+                                                                "import pygments as")
+
 
 def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
@@ -193,38 +247,6 @@ PLUGIN = textwrap.dedent("""\
     """)
 ENTRY_POINT = {"METADATA": "Metadata-Version: 2.1\nName: choirfix\nVersion: 1.0\n",
                "entry_points.txt": "[pytest11]\nchoirfix = choirfix_plugin\n"}
-# a package named like one pytest imports as it runs: it patches the reports, then hands
-# the real package back
-FAKE_PYGMENTS = textwrap.dedent("""\
-    import importlib.util, os, sys
-
-    class _Hook:
-        def find_spec(self, name, path, target=None):
-            if name != "_pytest.reports":
-                return None
-            sys.meta_path.remove(self)
-            spec = importlib.util.find_spec(name)
-            run = spec.loader.exec_module
-            def exec_module(module):
-                run(module)
-                made = module.TestReport.from_item_and_call.__func__
-                def passed(cls, item, call):
-                    report = made(cls, item, call)
-                    report.outcome, report.longrepr = "passed", None
-                    return report
-                module.TestReport.from_item_and_call = classmethod(passed)
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, _Hook())
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    del sys.modules["pygments"]
-    saved = sys.path[:]
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
-    import pygments as _real
-    sys.path[:] = saved
-    sys.modules["pygments"] = _real
-    """)
 
 
 def _plugin_in(folder: str) -> dict[str, str]:
@@ -314,55 +336,6 @@ def test_compiled_bytecode_beside_a_pinned_check_is_never_loaded(repo: Path) -> 
     assert code == 1 and results(against)["adds#0"] == "FAIL"
 
 
-# patches pytest's reports to passed, whether pytest imported them already or not
-REPORTS_PASS = textwrap.dedent("""\
-    import importlib.util, sys
-
-    def _patch(module):
-        made = module.TestReport.from_item_and_call.__func__
-        def passed(cls, item, call):
-            report = made(cls, item, call)
-            report.outcome, report.longrepr = "passed", None
-            return report
-        module.TestReport.from_item_and_call = classmethod(passed)
-
-    if "_pytest.reports" in sys.modules:
-        _patch(sys.modules["_pytest.reports"])
-    else:
-        class _Hook:
-            def find_spec(self, name, path, target=None):
-                if name != "_pytest.reports":
-                    return None
-                sys.meta_path.remove(self)
-                spec = importlib.util.find_spec(name)
-                run = spec.loader.exec_module
-                def exec_module(module):
-                    run(module)
-                    _patch(module)
-                spec.loader.exec_module = exec_module
-                return spec
-        sys.meta_path.insert(0, _Hook())
-    """)
-# a fake pytest that runs the real one, hooked, with itself off the path
-FAKE_PYTEST = REPORTS_PASS + textwrap.dedent("""\
-    import os
-    here = os.path.dirname(os.path.realpath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != here]
-    sys.modules.pop("pytest", None)
-    import pytest
-    sys.path.append(here)
-    raise SystemExit(pytest.console_main())
-    """)
-FAKE_XML = REPORTS_PASS + textwrap.dedent("""\
-    import os
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    del sys.modules["xml"]
-    saved = sys.path[:]
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
-    import xml as _real
-    sys.path[:] = saved
-    sys.modules["xml"] = _real
-    """)
 VENV_PYTHON = f"""#!/bin/sh
 d=$(cd "$(dirname "$0")/.." && pwd)
 [ "$1" = "-m" ] && [ "$2" = "pytest" ] && shift 2
