@@ -72,12 +72,17 @@ def result_statement(att: Attestation, artifacts: ArtifactStore) -> TestResultSt
              for cmd in manifest.commands_executed]
     tests = [f"{body.verifier}::{sig.test_id}" for sig in report.failure_signatures
              if sig.kind.startswith("test") and sig.test_id]
-    passed = body.result is Result.PASS
+    # a tree whose change to its pinned checks was refused, or held with no approval, is
+    # no PASS whatever the verifier said on the pinned view (``choir verify --base``)
+    blocked = body.spec_change is not None and body.spec_change.blocks
+    passed = body.result is Result.PASS and not blocked
     configuration = [
         Descriptor(name=f"choir.yaml#verifiers.{body.verifier}"[:_NAME_MAX],
                    digest={"blake3": body.verifier_config_hash}),
         *([Descriptor(name="choir:policy", digest={"blake3": body.policy_hash})]
           if body.policy_hash else []),
+        *([Descriptor(name="choir:spec", digest={"blake3": body.spec_hash})]
+          if body.spec_hash else []),
         attestation_ref(att.id),
     ]
     return TestResultStatement(
@@ -86,7 +91,8 @@ def result_statement(att: Attestation, artifacts: ArtifactStore) -> TestResultSt
             result="PASSED" if passed else "FAILED",
             configuration=tuple(configuration),
             passedTests=_names(name for name, ok in steps if ok),
-            failedTests=() if passed else _names([*(n for n, ok in steps if not ok), *tests]),
+            failedTests=() if passed else _names([*(n for n, ok in steps if not ok), *tests,
+                                                  *(["choir:spec-change"] if blocked else [])]),
         ))
 
 

@@ -32,6 +32,7 @@ from choir.evidence.spec import (
     judge_round,
     matcher,
     roots_of,
+    unnamable,
     view_key,
 )
 from choir.exceptions import ConfigError, UserError
@@ -66,7 +67,7 @@ class Base:
         assert git is not None  # read_base found it
         with git.objects() as objects:
             for path, kind, oid in self.files:
-                if is_spec(path):
+                if is_spec(path) and not unnamable(path):
                     data = objects.read(oid, "blob")
                     digest = blake3_hex(data)  # most are stored already: no write, no fsync
                     files[path] = (kind, digest if store.exists(digest)
@@ -116,16 +117,27 @@ class Judged:
 
     @property
     def blocked(self) -> str | None:
-        """Why the tree cannot be ASSERTed whatever the verifiers say, or None."""
-        if not self.change.blocks:
+        """Why the tree cannot be ASSERTed whatever the verifiers say, or None: what to do
+        first, the paths last (a reader that cuts the line keeps the instruction)."""
+        change = self.change
+        if not change.blocks:
             return None
-        if self.change.refused:
-            return ("refused: " + ", ".join(self.change.refused[:8]) + " (a new file that "
-                    "changes how every check runs, or shadows a module, is never admitted; "
-                    "a person merges such a change by hand)")
-        return ("held for a person: the change edits or deletes the base's checks ("
-                + ", ".join(self.change.held[:8]) + "); the base's versions ran; "
-                "approve the change to verify with the tree's (--approve-spec-change)")
+        if change.refused:
+            return ("refused, approved or not: a new file that changes how every check runs "
+                    "(or shadows a module, or has no plain name) is never admitted; a person "
+                    "merges such a change by hand. " + _listed(change.refused))
+        config = ("; choir.yaml's changes take effect once merged (the base's allowlist ran)"
+                  if CONFIG_NAME in change.held else "")
+        return ("held for a person: the change edits or deletes the base's checks, and the "
+                "base's versions ran. To verify with the tree's, a person approves: "
+                "--approve-spec-change (the action's approve-spec-change input, from "
+                f"something only maintainers control, such as a label){config}. "
+                + _listed(change.held))
+
+
+def _listed(paths: Sequence[str], shown: int = 8) -> str:
+    more = f" and {len(paths) - shown} more" if len(paths) > shown else ""
+    return f"{len(paths)} path(s): " + ", ".join(paths[:shown]) + more
 
 
 def judge_against(base: Base, globs: Sequence[str], tree: Path, tree_hash: str, root: Path,

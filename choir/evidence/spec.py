@@ -98,9 +98,28 @@ def matcher(globs: Iterable[str]) -> Callable[[str], bool]:
     if not parts:
         return lambda _path: False
     # any case: importlib.metadata reads ``X.DIST-INFO`` as ``x.dist-info``, and a file
-    # system that folds case opens ``CONFTEST.PY`` for ``conftest.py``
-    compiled = re.compile("^(?:" + "|".join(parts) + ")$", re.IGNORECASE)
-    return lambda path: compiled.match(path) is not None
+    # system that folds case opens ``CONFTEST.PY`` for ``conftest.py``; and across line
+    # breaks (``.`` stopped at one: a review's ``a\n/conftest.py`` matched no glob)
+    compiled = re.compile("(?:" + "|".join(parts) + ")", re.IGNORECASE | re.DOTALL)
+    return lambda path: compiled.fullmatch(path) is not None
+
+
+def unnamable(rel: str) -> bool:
+    """A path no check should have to reason about: a control character in it (a line
+    break splits it for every tool that reads lines) or bytes that are not UTF-8 (no record
+    can hold it as text). Never in a pin or a view; a tree that has one is refused."""
+    if any(ch < " " or ch == "\x7f" for ch in rel):
+        return True
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def shown_path(rel: str) -> str:
+    """``rel`` as text any record can hold: bytes that are not UTF-8 as ``\\xNN``."""
+    return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def entry_names(rel: str, st: os.stat_result | None) -> tuple[str, ...]:
@@ -147,6 +166,8 @@ def roots_of(paths: Iterable[str]) -> tuple[str, ...]:
     library's module of the same name, and a new ``__init__`` in it would)."""
     names = set()
     for path in paths:
+        if unnamable(path):
+            continue  # never pinned, never seen: the tree that holds one is refused
         for name, inner in _found_as(path):
             names.add(name)
             if _is_init(inner):
@@ -208,7 +229,7 @@ class Manifest:
 
     def governs(self, rel: str, st: os.stat_result | None = None) -> bool:
         """True for a path the executor's version of never reaches a verifier unadmitted."""
-        return self.spec_entry(rel, st) or self.shadows(rel, st)
+        return unnamable(rel) or self.spec_entry(rel, st) or self.shadows(rel, st)
 
 
 def load_manifest(store: ArtifactStore, digest: str) -> Manifest:
@@ -267,7 +288,7 @@ def pin_from_snapshot(tree: Path, globs: Sequence[str], store: ArtifactStore) ->
     files: dict[str, tuple[str, str]] = {}
     with fsopen.DirCursor(tree) as cursor:
         for rel, st in _walk(tree):
-            if is_spec(rel):
+            if is_spec(rel) and not unnamable(rel):
                 kind, data = _read(cursor, rel, st)
                 files[rel] = (kind, store.ingest_bytes(data))
     return store.ingest_bytes(Manifest(tuple(globs), files, import_roots(tree)).encode())
@@ -304,7 +325,9 @@ def compare(tree: Path, tree_hash: str, manifest: Manifest, may_change: Sequence
     modified: list[str] = []
     with fsopen.DirCursor(tree) as cursor:
         for rel, st in seen.items():
-            if rel in manifest.files:
+            if unnamable(rel):
+                ignored.append(shown_path(rel))
+            elif rel in manifest.files:
                 kind, data = _read(cursor, rel, st)
                 if (kind, blake3_hex(data)) != manifest.files[rel]:
                     modified.append(rel)

@@ -8,7 +8,9 @@ that patches the code at import). Each is shown passing on the tree's own checks
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -175,7 +177,8 @@ def test_a_planted_conftest_is_refused_and_no_check_sees_it(repo: Path) -> None:
     assert code == 1
     base = against["base"]
     assert base["refused"] == ["conftest.py"] and base["added"] == []
-    assert base["blocked"].startswith("refused: conftest.py")  # approval does not cover it
+    assert base["blocked"].startswith("refused, approved or not")  # approval does not cover it
+    assert base["blocked"].endswith("1 path(s): conftest.py")
     assert results(against) == {"unit#0": "FAIL"}
 
 
@@ -209,6 +212,16 @@ def test_an_approved_change_to_a_check_is_verified_with_the_trees_version(repo: 
     code, held = verify(repo, "--base", "main")
     assert code == 1 and held["base"]["held"] == ["test_calc.py"]
     assert results(held)["unit#0"] == "PASS"  # the base's test passes too, but it is held
+    # ... and its in-toto test results say so: found by a review, they said PASSED
+    bundle = repo.parent / "held.jsonl"
+    made = run("attest", "bundle", "--session", held["run_id"], "--out", str(bundle))
+    assert made.returncode == 0, made.stderr
+    statements = [json.loads(base64.b64decode(json.loads(line)["payload"]))
+                  for line in bundle.read_text().splitlines()]
+    tests = [s["predicate"] for s in statements if s["predicateType"].endswith("/v0.1")]
+    assert tests and all(t["result"] == "FAILED" and "choir:spec-change" in t["failedTests"]
+                         for t in tests)
+    assert all(any(c["name"] == "choir:spec" for c in t["configuration"]) for t in tests)
     code, approved = verify(repo, "--base", "main", "--approve-spec-change", "--claim", "ci")
     assert code == 0, approved["summary"]
     assert approved["base"]["approved"] and approved["base"]["blocked"] is None
@@ -425,3 +438,29 @@ def test_a_tree_cannot_choose_where_python_looks(repo: Path, swap: str) -> None:
     assert code == 1, against["summary"]
     assert against["base"]["refused"] and against["base"]["blocked"].startswith("refused")
     assert against["claim"]["asserted"] is None
+
+
+def test_a_line_break_in_a_path_is_refused_not_unseen(repo: Path) -> None:
+    """Found by a third review: the spec globs stopped at a line break, so a test module
+    under ``a\\n/`` was neither a check nor refused, and patched ``add`` in the base's view."""
+    commit(repo, {"calc.py": CALC_BUG, "a\n/test_0patch.py": PATCH_AT_IMPORT})
+    code, own = verify(repo)
+    assert code == 0, own["summary"]
+    code, against = verify(repo, "--base", "main", "--claim", "ci")
+    assert code == 1, against["summary"]
+    assert against["base"]["refused"] == ["a\n/test_0patch.py"]
+    assert results(against)["unit#0"] == "FAIL"
+
+
+def test_a_path_that_is_not_utf8_is_refused_with_no_traceback(repo: Path) -> None:
+    """It crashed the session (no record holds it as text): the check was an ERROR any
+    pull request could force."""
+    (repo / "calc.py").write_text(CALC_OK)
+    fd = os.open(os.fsencode(str(repo)) + b"/test_\xff.py", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"def test_x():\n    assert True\n")
+    os.close(fd)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "pr")
+    code, against = verify(repo, "--base", "main")
+    assert code == 1, against["summary"]
+    assert against["base"]["refused"] == ["test_\\xff.py"]
