@@ -148,9 +148,14 @@ def error_annotations(outcome: Outcome, opts: Options) -> list[str]:
         found.append(github.annotation("error", one_line(base["blocked"], 1500),
                                        title="choir: the base's checks were changed"))
     tested: set[str] = set()
-    for test in (outcome.contract.get("failing_tests") or [])[:10]:
-        file, line = repo_location(test.get("location"), opts.repo)
+    seen: set[tuple[str, str]] = set()  # a test failing in a run and its twin: once
+    for test in (outcome.contract.get("failing_tests") or [])[:20]:
+        key = (str(test.get("node_id")), str(test.get("location")))
         tested.add(str(test.get("verifier")))
+        if key in seen or len(seen) >= 10:
+            continue
+        seen.add(key)
+        file, line = repo_location(test.get("location"), opts.repo)
         found.append(github.annotation(
             "error", f"{one_line(test.get('node_id'))}: {one_line(test.get('excerpt') or '')}",
             title=f"choir: {one_line(test.get('verifier'), 64)} failed", file=file, line=line))

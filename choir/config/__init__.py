@@ -50,7 +50,8 @@ DEFAULT_SPEC = (
 # every step runs with (``choir.sandbox._toolchain.choose``: a committed ``.venv`` would be
 # the tree's own interpreter, faking any report)
 # and ``src`` itself as a file or a link (an import root that is a zip, or another folder)
-ALWAYS_SPEC = (CONFIG_NAME, "/.venv/", "pyvenv.cfg", "/src")
+# (and ``conda-meta/``, whose ``history`` makes pytest skip the folder as an environment)
+ALWAYS_SPEC = (CONFIG_NAME, "/.venv/", "pyvenv.cfg", "conda-meta/", "/src")
 
 
 class ModelsConfig(Frozen):

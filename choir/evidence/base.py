@@ -30,9 +30,8 @@ from choir.evidence.spec import (
     Manifest,
     approve_change,
     judge_round,
-    matcher,
+    pinned_paths,
     roots_of,
-    unnamable,
     view_key,
 )
 from choir.exceptions import ConfigError, UserError
@@ -61,18 +60,21 @@ class Base:
     def pin(self, globs: Sequence[str], store: ArtifactStore) -> str:
         """Store every base file ``globs`` match and their manifest (as ``pin_spec`` would
         from a checkout of the base); returns the manifest's hash."""
-        is_spec = matcher(globs)
         files: dict[str, tuple[str, str]] = {}
         git = locate(self.repo)
         assert git is not None  # read_base found it
+        blobs = {path: oid for path, _kind, oid in self.files}
         with git.objects() as objects:
-            for path, kind, oid in self.files:
-                if is_spec(path) and not unnamable(path):
-                    data = objects.read(oid, "blob")
-                    digest = blake3_hex(data)  # most are stored already: no write, no fsync
-                    files[path] = (kind, digest if store.exists(digest)
-                                   else store.ingest_bytes(data))
-        roots = roots_of(path for path, _kind, _oid in self.files)
+            chosen = pinned_paths({path: kind for path, kind, _oid in self.files}, globs,
+                                  lambda path: objects.read(blobs[path], "blob")
+                                  .decode("utf-8", "surrogateescape"))
+            kinds = {path: kind for path, kind, _oid in self.files}
+            for path in chosen:
+                data = objects.read(blobs[path], "blob")
+                digest = blake3_hex(data)  # most are stored already: no write, no fsync
+                files[path] = (kinds[path], digest if store.exists(digest)
+                               else store.ingest_bytes(data))
+        roots = roots_of((path for path, _kind, _oid in self.files), chosen)
         return store.ingest_bytes(Manifest(tuple(globs), files, roots).encode())
 
 

@@ -27,11 +27,12 @@ import difflib
 import errno
 import itertools
 import os
+import posixpath
 import re
 import secrets
 import stat
 import sys
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -50,7 +51,7 @@ from choir.models import SpecChange
 INFLUENCE = ("conftest.py", "sitecustomize.py", "usercustomize.py", "*.pth", "*.dist-info/",
              "*.egg-info/", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml",
              "tox.ini", "setup.cfg", "pyproject.toml", "choir.yaml", "/.venv/", "pyvenv.cfg",
-             "/src")
+             "conda-meta/", "/src")
 # Module names a new file must not take where imports start (the repo's root and ``src/``,
 # which ``python -m`` and ``PYTHONPATH=.``/``src`` put before site-packages and most of the
 # standard library): a ``pytest.py`` there is what ``python -m pytest`` runs, an ``xml/``
@@ -159,12 +160,36 @@ def _is_init(inner: str | None) -> bool:
     return inner is not None and "/" not in inner and module_name(inner) == "__init__"
 
 
-def roots_of(paths: Iterable[str]) -> tuple[str, ...]:
+_TEST_MODULE = re.compile(r"test_[^/]*\.py|[^/]*_test\.py")
+
+
+def test_dirs(paths: Iterable[str]) -> frozenset[str]:
+    """The folders holding test modules among ``paths``: pytest puts each first on the
+    import path of its tests (its rootdir-based ``prepend`` import mode), a third import
+    root beside the repo's and ``src/``."""
+    return frozenset(p.rpartition("/")[0] for p in paths
+                     if _TEST_MODULE.fullmatch(p.rpartition("/")[2]))
+
+
+def _test_dir_module(rel: str, folders: frozenset[str]) -> tuple[str, str] | None:
+    """(test folder, module name) when ``rel`` is a module file or package directly in one
+    of ``folders``."""
+    for folder in (rel.rpartition("/")[0], rel.rpartition("/")[0].rpartition("/")[0]):
+        if folder and folder in folders:
+            top, sep, rest = rel[len(folder) + 1:].partition("/")
+            name = top if sep else module_name(top)
+            return (folder, name) if name else None
+    return None
+
+
+def roots_of(paths: Iterable[str], pinned: Iterable[str] = ()) -> tuple[str, ...]:
     """The module names a tree of these file ``paths`` holds at its import roots (``calc``,
     ``src/pkg``), each folder that is a regular package also as ``NAME/`` (it holds an
     ``__init__``: a folder without one is a namespace portion, which never stands before a
-    library's module of the same name, and a new ``__init__`` in it would)."""
+    library's module of the same name, and a new ``__init__`` in it would); and those in the
+    folders of the ``pinned`` test modules (``checks/helpers``)."""
     names = set()
+    folders = test_dirs(pinned)
     for path in paths:
         if unnamable(path):
             continue  # never pinned, never seen: the tree that holds one is refused
@@ -172,20 +197,33 @@ def roots_of(paths: Iterable[str]) -> tuple[str, ...]:
             names.add(name)
             if _is_init(inner):
                 names.add(f"{name}/")
+        if (found := _test_dir_module(path, folders)) is not None:
+            names.add("/".join(found))
     return tuple(sorted(names))
 
 
-def import_roots(tree: Path) -> tuple[str, ...]:
-    """``roots_of`` the files of ``tree``'s import roots (the root, ``src/``)."""
-    paths = []
-    for entry in tree.iterdir():
-        paths.append(entry.name)
-        if entry.is_dir() and not entry.is_symlink():
-            for child in entry.iterdir():
-                paths.append(f"{entry.name}/{child.name}")
-                if entry.name == "src" and child.is_dir() and not child.is_symlink():
-                    paths += [f"src/{child.name}/{g.name}" for g in child.iterdir()]
-    return roots_of(paths)
+def pinned_paths(kinds: Mapping[str, str], globs: Sequence[str],
+                 link_text: Callable[[str], str]) -> list[str]:
+    """The paths of a tree (``kinds``: path -> ``f``, ``x`` or ``l``) to pin: those ``globs``
+    match, and what each pinned symlink leads to inside the tree (its file, or every file
+    under its folder), followed again: a review's base test was a link to a file no glob
+    matched, which the tree then rewrote."""
+    is_spec = matcher(globs)
+    chosen = {p for p in kinds if is_spec(p) and not unnamable(p)}
+    todo = [p for p in chosen if kinds[p] == "l"]
+    while todo:
+        link = todo.pop()
+        target = posixpath.normpath(posixpath.join(posixpath.dirname(link), link_text(link)))
+        if target.startswith(("../", "/")) or target in ("..", "."):
+            continue  # outside the tree: a snapshot refuses such a link anyway
+        found = [target] if target in kinds else [p for p in kinds
+                                                  if p.startswith(target + "/")]
+        for path in found:
+            if path not in chosen and not unnamable(path):
+                chosen.add(path)
+                if kinds[path] == "l":
+                    todo.append(path)
+    return sorted(chosen)
 
 
 @dataclass(frozen=True)
@@ -210,6 +248,16 @@ class Manifest:
     def _roots(self) -> frozenset[str]:
         return frozenset(self.roots)
 
+    @cached_property
+    def _test_dirs(self) -> frozenset[str]:
+        return test_dirs(self.files)
+
+    @cached_property
+    def _root_modules(self) -> frozenset[str]:
+        """The modules at the repo's import roots (``calc``; ``pkg`` of ``src/pkg``)."""
+        return frozenset(r.removeprefix("src/") for r in self.roots
+                         if not r.endswith("/") and r.removeprefix("src/").count("/") == 0)
+
     def spec_entry(self, rel: str, st: os.stat_result | None = None) -> bool:
         """``is_spec`` of the entry ``rel`` (a symlink also as a folder: ``entry_names``)."""
         return any(self.is_spec(name) for name in entry_names(rel, st))
@@ -225,11 +273,19 @@ class Manifest:
                     return True
                 if _is_init(inner) and f"{name}/" not in self._roots:
                     return True  # a base folder made a regular package now
+        beside = _test_dir_module(rel, self._test_dirs)
+        if beside is not None and "/".join(beside) not in self._roots:
+            # first on the path of the tests beside it: a package of the folder itself, a
+            # module the tests import from the repo, or a library's name
+            name = beside[1]
+            return name == "__init__" or name in self._root_modules or \
+                name in SHADOWED or name.startswith(SHADOWED_PREFIXES)
         return False
 
     def governs(self, rel: str, st: os.stat_result | None = None) -> bool:
         """True for a path the executor's version of never reaches a verifier unadmitted."""
-        return unnamable(rel) or self.spec_entry(rel, st) or self.shadows(rel, st)
+        return unnamable(rel) or rel in self.files or self.spec_entry(rel, st) or \
+            self.shadows(rel, st)
 
 
 def load_manifest(store: ArtifactStore, digest: str) -> Manifest:
@@ -284,14 +340,17 @@ def _pinned_bytes(store: ArtifactStore, digest: str) -> bytes:
 def pin_from_snapshot(tree: Path, globs: Sequence[str], store: ArtifactStore) -> str:
     """Store every spec file of the sealed snapshot ``tree`` and its manifest; returns the
     manifest's hash."""
-    is_spec = matcher(globs)
+    seen = dict(_walk(tree))
+    kinds = {rel: "l" if stat.S_ISLNK(st.st_mode) else "f" for rel, st in seen.items()}
     files: dict[str, tuple[str, str]] = {}
     with fsopen.DirCursor(tree) as cursor:
-        for rel, st in _walk(tree):
-            if is_spec(rel) and not unnamable(rel):
-                kind, data = _read(cursor, rel, st)
-                files[rel] = (kind, store.ingest_bytes(data))
-    return store.ingest_bytes(Manifest(tuple(globs), files, import_roots(tree)).encode())
+        chosen = pinned_paths(kinds, globs, lambda rel: _read(cursor, rel, seen[rel])[1]
+                              .decode("utf-8", "surrogateescape"))
+        for rel in chosen:
+            kind, data = _read(cursor, rel, seen[rel])
+            files[rel] = (kind, store.ingest_bytes(data))
+    roots = roots_of(seen, chosen)
+    return store.ingest_bytes(Manifest(tuple(globs), files, roots).encode())
 
 
 def pin_spec(repo: Path, globs: Sequence[str], root: Path,

@@ -268,11 +268,7 @@ def _plugin_in(folder: str) -> dict[str, str]:
 
 def _autoload(repo: Path) -> None:
     """The base's step with pytest's plugin autoload on, as a plain ``python -m pytest``."""
-    text = (repo / "choir.yaml").read_text().replace(NO_PLUGINS, "")
-    git(repo, "checkout", "-q", "main")
-    commit(repo, {"choir.yaml": text}, "autoload")
-    git(repo, "checkout", "-q", "pr")
-    git(repo, "reset", "-q", "--hard", "main")
+    _on_main(repo, {"choir.yaml": (repo / "choir.yaml").read_text().replace(NO_PLUGINS, "")})
 
 
 # Found by a review of --base (each one left every spec-change list empty): a plugin's
@@ -312,11 +308,8 @@ CHECKS = "def verify():\n    import calc\n    return calc.add(2, 3) == 5\n"
 
 def _callable_base(repo: Path, ref: str, module: str) -> None:
     """A base whose one check is a callable verifier ``ref``, in ``module`` of the repo."""
-    git(repo, "checkout", "-q", "main")
-    commit(repo, {"choir.yaml": f"verifiers:\n  adds:\n    callable: {ref}\n    timeout_s: 20\n",
-                  module: CHECKS}, "callable")
-    git(repo, "checkout", "-q", "pr")
-    git(repo, "reset", "-q", "--hard", "main")
+    _on_main(repo, {"choir.yaml": f"verifiers:\n  adds:\n    callable: {ref}\n    timeout_s: 20\n",
+                    module: CHECKS})
 
 
 def test_a_callable_named_as_a_module_is_pinned(repo: Path) -> None:
@@ -357,24 +350,32 @@ exec {STEP_PY} -c 'import evilhook, sys, pytest; sys.exit(pytest.console_main())
 """
 
 
-def _rebase(repo: Path, files: dict[str, str], step: tuple[str, str] | None = None) -> None:
-    """Main gets ``files`` (and ``step``'s replacement in its choir.yaml); pr restarts there."""
+def _on_main(repo: Path, files: dict[str, str] | None = None, *,
+             move: tuple[str, str] | None = None,
+             links: dict[str, str] | None = None) -> None:
+    """Main gets a file moved, ``files`` written and ``links`` made; pr restarts there."""
     git(repo, "checkout", "-q", "main")
-    if step is not None:
-        files = {**files, "choir.yaml": (repo / "choir.yaml").read_text().replace(*step)}
-    commit(repo, files, "base")
+    if move is not None:
+        (repo / move[1]).parent.mkdir(parents=True, exist_ok=True)
+        git(repo, "mv", *move)
+    for rel, target in (links or {}).items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).symlink_to(target)
+    commit(repo, files or {}, "base")
     git(repo, "checkout", "-q", "pr")
     git(repo, "reset", "-q", "--hard", "main")
+
+
+def _rebase(repo: Path, files: dict[str, str], step: tuple[str, str] | None = None) -> None:
+    """Main gets ``files`` (and ``step``'s replacement in its choir.yaml); pr restarts there."""
+    if step is not None:
+        files = {**files, "choir.yaml": (repo / "choir.yaml").read_text().replace(*step)}
+    _on_main(repo, files)
 
 
 def _src_layout(repo: Path) -> None:
-    git(repo, "checkout", "-q", "main")
-    (repo / "src").mkdir()
-    git(repo, "mv", "calc.py", "src/calc.py")
     text = (repo / "choir.yaml").read_text().replace(NO_PLUGINS, f"{NO_PLUGINS} PYTHONPATH=src")
-    commit(repo, {"choir.yaml": text}, "src layout")
-    git(repo, "checkout", "-q", "pr")
-    git(repo, "reset", "-q", "--hard", "main")
+    _on_main(repo, {"choir.yaml": text}, move=("calc.py", "src/calc.py"))
 
 
 def _zip(files: dict[str, str]) -> bytes:
@@ -464,3 +465,45 @@ def test_a_path_that_is_not_utf8_is_refused_with_no_traceback(repo: Path) -> Non
     code, against = verify(repo, "--base", "main")
     assert code == 1, against["summary"]
     assert against["base"]["refused"] == ["test_\\xff.py"]
+
+
+def _in_checks(repo: Path) -> None:
+    """The base's test of ``add`` in a folder of its own, ``checks/`` (and one that always
+    passes at the root)."""
+    _on_main(repo, {"test_sanity.py": "def test_sanity():\n    assert True\n"},
+             move=("test_calc.py", "checks/test_calc.py"))
+
+
+def _linked_check(repo: Path) -> None:
+    """The base's test is a link to a file no spec glob matches; the tree rewrites that."""
+    _on_main(repo, move=("test_calc.py", "shared/calc_checks.py"),
+             links={"tests/test_calc.py": "../shared/calc_checks.py"})
+    commit(repo, {"calc.py": CALC_BUG,
+                  "shared/calc_checks.py": "def test_add():\n    assert True\n"})
+
+
+# Found by a fourth review: pytest skips a folder holding conda-meta/history as an
+# environment, so the base's test was never collected; pytest puts a test's folder first on
+# its path, so a module or an __init__ there stood in for the repo's code; a base test that
+# is a link pinned the link, not the file it leads to
+HIDES = {
+    "conda-meta beside the test": (_in_checks, {"calc.py": CALC_BUG,
+                                                "checks/conda-meta/history": "x\n"}),
+    "calc.py beside the test": (_in_checks, {"calc.py": CALC_BUG, "checks/calc.py": CALC_OK}),
+    "__init__.py beside the test": (_in_checks, {
+        "calc.py": CALC_BUG, "checks/__init__.py": "import calc\ncalc.add = lambda a, b: a + b\n"}),
+    "the file a linked test leads to": (_linked_check, {}),
+}
+
+
+@pytest.mark.parametrize("hide", list(HIDES))
+def test_a_tree_cannot_hide_or_stand_in_for_a_base_test(repo: Path, hide: str) -> None:
+    prepare, files = HIDES[hide]
+    prepare(repo)
+    if files:
+        commit(repo, files)
+    code, own = verify(repo)
+    assert code == 0, own["summary"]
+    code, against = verify(repo, "--base", "main", "--claim", "ci")
+    assert code == 1, against["summary"]
+    assert against["base"]["blocked"] and against["claim"]["asserted"] is None

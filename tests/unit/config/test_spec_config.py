@@ -26,7 +26,7 @@ def _repo(tmp_path: Path, extra: str = "") -> Path:
 def test_the_default_spec_and_what_is_always_pinned(tmp_path: Path) -> None:
     repo = _repo(tmp_path, "  audit:\n    callable: checks/audit.py\n")
     # the interpreter's venv and ``src`` as a file or link: where Python looks, always
-    always = ("/.venv/", "pyvenv.cfg", "/src")
+    always = ("/.venv/", "pyvenv.cfg", "conda-meta/", "/src")
     assert load_repo_config(repo).spec == (*DEFAULT_SPEC, *always, "/checks/audit.py")
     declared = load_repo_config(_repo(tmp_path / "b", "  audit:\n    callable: "
                                       "checks/audit.py:verify\nspec: [e2e/]\n"))
