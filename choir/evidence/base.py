@@ -58,17 +58,17 @@ class Base:
     config: bytes
 
     def pin(self, globs: Sequence[str], store: ArtifactStore) -> str:
-        """Store every base file ``globs`` match and their manifest (as ``pin_spec`` would
-        from a checkout of the base); returns the manifest's hash."""
+        """Store every base file ``globs`` match, and what their links lead to
+        (``pinned_paths``), and their manifest (as ``pin_spec`` would from a checkout of the
+        base); returns the manifest's hash."""
         files: dict[str, tuple[str, str]] = {}
         git = locate(self.repo)
         assert git is not None  # read_base found it
         blobs = {path: oid for path, _kind, oid in self.files}
+        kinds = {path: kind for path, kind, _oid in self.files}
         with git.objects() as objects:
-            chosen = pinned_paths({path: kind for path, kind, _oid in self.files}, globs,
-                                  lambda path: objects.read(blobs[path], "blob")
+            chosen = pinned_paths(kinds, globs, lambda path: objects.read(blobs[path], "blob")
                                   .decode("utf-8", "surrogateescape"))
-            kinds = {path: kind for path, kind, _oid in self.files}
             for path in chosen:
                 data = objects.read(blobs[path], "blob")
                 digest = blake3_hex(data)  # most are stored already: no write, no fsync
