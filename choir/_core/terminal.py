@@ -52,3 +52,9 @@ def plain_lines(text: str) -> str:
     """``strip_controls`` with carriage returns made newlines, so a line a progress bar
     overwrote still shows: the form of a log tail handed to a person or another program."""
     return strip_controls(text.replace("\r\n", "\n").replace("\r", "\n"))
+
+
+def one_line(value: object, limit: int = 300) -> str:
+    """Untrusted ``value`` as one short line of plain text (controls stripped, white space
+    folded, ``shorten``ed): a CI log or summary line, a table cell."""
+    return shorten(" ".join(plain_lines(str(value)).split()), limit)

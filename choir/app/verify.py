@@ -230,9 +230,7 @@ async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: 
             plan = director_plan(policy, mood, config.verifiers, suggestion=advice.names,
                                  reason=advice.reason)
         plan = with_required(outside_a_run(plan, config.verifiers), required, config.verifiers)
-        emit("progress", {"kind": "plan", "mood": mood.value, "round_kind": "verify",
-                          "verifiers": [f"{p.name}#{p.replica}" for p in plan.verifiers],
-                          "dropped": list(plan.dropped), "reason": plan.reason})
+        emit("progress", _plan_event(plan, mood))
         # opened while the snapshot is taken; a sandbox the mood refuses is refused before
         # anything runs
         backend = Backend.open(config, policy, mood, name=sandbox_name,
@@ -256,9 +254,7 @@ async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: 
     if judged is not None and judged.beside is not None:
         beside = replace(rnd, tree=judged.beside)
         plan = with_additions(plan, judged.change)
-        emit("progress", {"kind": "plan", "mood": mood.value, "round_kind": "verify",
-                          "verifiers": [f"{p.name}#{p.replica}" for p in plan.verifiers],
-                          "dropped": list(plan.dropped), "reason": plan.reason})
+        emit("progress", _plan_event(plan, mood))
     started = time.monotonic()
     planned = list(plan.verifiers)
 
@@ -301,6 +297,13 @@ async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: 
             await clearing  # never raises
         this_round.set({"choir.verdict": outcome.verdict, "choir.verifiers": len(planned)})
         return outcome
+
+
+def _plan_event(plan: Any, mood: Mood) -> dict[str, Any]:
+    """The live view's ``plan`` event for a verify session's plan."""
+    return {"kind": "plan", "mood": mood.value, "round_kind": "verify",
+            "verifiers": [f"{p.name}#{p.replica}" for p in plan.verifiers],
+            "dropped": list(plan.dropped), "reason": plan.reason}
 
 
 def with_required(plan: Any, required: tuple[str, ...], specs: Mapping[str, Any]) -> Any:

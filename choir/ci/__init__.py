@@ -137,7 +137,8 @@ def _plain(value: object) -> str:
 def error_annotations(outcome: Outcome, opts: Options) -> list[str]:
     """One error per failing test (at its file and line, when that is a file of the repo),
     one per verifier that did not pass without one, one for a configuration error."""
-    from choir.ci.summary import one_line, report_rows
+    from choir._core.terminal import one_line
+    from choir.ci.summary import report_rows
 
     if outcome.contract is None:
         return [github.annotation("error", one_line(outcome.error, 1500),
@@ -196,7 +197,7 @@ def pre_commit(repo: Path, mood: str | None, claim: str | None, sandbox: str | N
                approve_spec: bool) -> None:
     """The pre-commit hook: verify and gate the tree about to be committed."""
     from choir._core.paths import choir_home
-    from choir.ci.summary import one_line
+    from choir._core.terminal import one_line
 
     claim = claim or "pre-commit"
     opts = _opts(repo, mood, claim, sandbox, out or choir_home() / "ci" / claim, resource_uri,

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from choir.ci.summary import Outcome, one_line
+from choir._core.terminal import one_line
+from choir.ci.summary import Outcome
 
 # -P: ``-m`` would put the working directory (the repo under verification, in CI) first on
 # the import path, and a ``choir/`` planted there would run instead, with the key in reach

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from choir._core.terminal import plain_lines, shorten
+from choir._core.terminal import one_line
+from choir.app.base_lines import base_lines
 
 ROWS_MAX = 50
 TEXT_MAX = 300
@@ -56,11 +57,6 @@ class Outcome:
         return {"PASS": 0, "FAIL": 1}.get(self.status, 2)
 
 
-def one_line(value: object, limit: int = TEXT_MAX) -> str:
-    """Untrusted ``value`` as one short line of plain text."""
-    return shorten(" ".join(plain_lines(str(value)).split()), limit)
-
-
 def _cell(value: object, limit: int = TEXT_MAX) -> str:
     return html.escape(one_line(value, limit), quote=True)
 
@@ -81,26 +77,6 @@ def report_rows(contract: dict[str, Any]) -> list[tuple[str, str, str]]:
             for report, thread in zip(contract.get("reports", []), threads, strict=False)]
 
 
-def checks_lines(contract: dict[str, Any]) -> list[str]:
-    """Whose checks ran (the base's, with ``--base``) and how the tree changed them, as plain
-    one-line text (paths are the tree's: hostile)."""
-    base = contract.get("base")
-    if not isinstance(base, dict):
-        return []
-    lines = [f"checks: the base's, {one_line(base.get('ref'), 80)} = "
-             f"{one_line(base.get('commit'), 40)[:12]}"
-             + (" (the tree's changes to them approved by a person)" if base.get("approved")
-                else "")]
-    for name in ("modified", "deleted", "added", "refused"):
-        paths = base.get(name) or []
-        if isinstance(paths, list) and paths:
-            shown = ", ".join(one_line(p, 120) for p in paths[:ROWS_MAX])
-            lines.append(f"{name}: {shown}" + (" ..." if len(paths) > ROWS_MAX else ""))
-    if base.get("blocked"):
-        lines.append(f"not PASS: {one_line(base['blocked'], 600)}")
-    return lines
-
-
 def markdown(outcome: Outcome, *, claim: str) -> str:
     """The step summary: the verdict, the reports, the failing tests, the gate, the evidence."""
     parts = [f"## Choir: {outcome.status}\n\n"]
@@ -114,7 +90,7 @@ def markdown(outcome: Outcome, *, claim: str) -> str:
                  f"mood {_cell(contract.get('mood'))}, run {_cell(contract.get('run_id'))}</p>"
                  "\n\n")
     parts.append(_table(("verifier", "result", "summary"), report_rows(contract)))
-    if checks := checks_lines(contract):
+    if checks := base_lines(contract):
         parts.append("### Checks\n\n")
         parts.append(f"<pre>{html.escape(chr(10).join(checks))}</pre>\n\n")
     failing = [(t.get("node_id"), t.get("location") or "", t.get("excerpt") or "")
@@ -145,7 +121,7 @@ def plain(outcome: Outcome, *, claim: str) -> str:
     for name, result, summary in report_rows(contract):
         lines.append(f"  {one_line(name, 60):<24} {one_line(result, 16):<12} "
                      f"{one_line(summary, 120)}")
-    lines += [f"  {line}" for line in checks_lines(contract)]
+    lines += [f"  {line}" for line in base_lines(contract)]
     for test in (contract.get("failing_tests") or [])[:ROWS_MAX]:
         where = f"  ({one_line(test['location'], 120)})" if test.get("location") else ""
         lines.append(f"  failing: {one_line(test.get('node_id'))}{where}")

@@ -58,16 +58,10 @@ def render_verify(contract: dict[str, Any]) -> None:
                         + f"   [{', '.join(labels)}]", highlight=False)
         if len(failing) > 30:
             console.print(f"  ... and {len(failing) - 30} more (--json lists them all)")
-    base = contract.get("base")
-    if base:
-        changed = "; ".join(f"{name} " + ", ".join(strip_controls(p) for p in base[name][:8])
-                            for name in ("modified", "deleted", "added", "refused")
-                            if base[name])
-        console.out(f"checks: the base's ({strip_controls(base['ref'])} = "
-                    f"{base['commit'][:12]}); " + (changed or "this tree changes none")
-                    + ("; approved by a person" if base["approved"] else ""), highlight=False)
-        if base["blocked"]:
-            console.out(f"not PASS: {strip_controls(base['blocked'])}", highlight=False)
+    from choir.app.base_lines import base_lines
+
+    for line in base_lines(contract):
+        console.out(line, highlight=False)
     verdict = contract.get("verdict") or contract["status"]
     colour = {"PASS": "green", "INCONCLUSIVE": "yellow"}.get(verdict, "red")
     console.print(f"[bold {colour}]{safe_markup(verdict)}[/]  "

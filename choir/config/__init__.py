@@ -46,11 +46,11 @@ DEFAULT_SPEC = (
 )
 
 
-# Pinned whatever ``spec:`` says: this file, and the project's venv, which picks the Python
-# every step runs with (``choir.sandbox._toolchain.choose``: a committed ``.venv`` would be
-# the tree's own interpreter, faking any report)
-# and ``src`` itself as a file or a link (an import root that is a zip, or another folder)
-# (and ``conda-meta/``, whose ``history`` makes pytest skip the folder as an environment)
+# Pinned whatever ``spec:`` says: this file, and what decides where Python looks: the
+# project's venv, which picks every step's interpreter (``choir.sandbox._toolchain.choose``:
+# a committed ``.venv`` would be the tree's own, faking any report), ``conda-meta/`` (its
+# ``history`` makes pytest skip the folder as an environment) and ``src`` as a file or a
+# link (an import root that is a zip, or another folder)
 ALWAYS_SPEC = (CONFIG_NAME, "/.venv/", "pyvenv.cfg", "conda-meta/", "/src")
 
 

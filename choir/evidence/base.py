@@ -25,7 +25,7 @@ from pathlib import Path
 from choir._core.canonical import blake3_hex
 from choir.config import CONFIG_NAME
 from choir.evidence.artifacts import ArtifactStore
-from choir.evidence.git import locate
+from choir.evidence.git import GitRepo, locate
 from choir.evidence.spec import (
     Manifest,
     approve_change,
@@ -53,7 +53,7 @@ class Base:
 
     ref: str
     commit: str
-    repo: Path
+    git: GitRepo
     files: tuple[tuple[str, str, str], ...]
     config: bytes
 
@@ -62,11 +62,9 @@ class Base:
         (``pinned_paths``), and their manifest (as ``pin_spec`` would from a checkout of the
         base); returns the manifest's hash."""
         files: dict[str, tuple[str, str]] = {}
-        git = locate(self.repo)
-        assert git is not None  # read_base found it
         blobs = {path: oid for path, _kind, oid in self.files}
         kinds = {path: kind for path, kind, _oid in self.files}
-        with git.objects() as objects:
+        with self.git.objects() as objects:
             chosen = pinned_paths(kinds, globs, lambda path: objects.read(blobs[path], "blob")
                                   .decode("utf-8", "surrogateescape"))
             for path in chosen:
@@ -102,7 +100,7 @@ def read_base(repo: Path, ref: str) -> Base:
                               hint="commit choir.yaml on the base branch first (its first "
                                    "pull request is verified without --base)")
         config = objects.read(found[0][1], "blob")
-    return Base(ref=ref, commit=commit, repo=repo, files=files, config=config)
+    return Base(ref=ref, commit=commit, git=git, files=files, config=config)
 
 
 @dataclass(frozen=True)
