@@ -219,6 +219,12 @@ async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: 
             config = load_repo_config(repo, pinned=pinned)
         policy = load_policy(config)
         mood = mood or Mood.CALM
+        # opened while the snapshot is taken, before the plan: its interpreter's vouch (a
+        # walk of the venv, in a thread of its own) starts as early as the configuration
+        # allows, and a sandbox the mood refuses is refused before anything runs. What it
+        # says is shown after the plan, as the live view has it.
+        said: list[dict[str, Any]] = []
+        backend = Backend.open(config, policy, mood, name=sandbox_name, on_event=said.append)
         plan = director_plan(policy, mood, config.verifiers)
         if config.models.director:
             advice = await suggest(
@@ -231,10 +237,8 @@ async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: 
                                  reason=advice.reason)
         plan = with_required(outside_a_run(plan, config.verifiers), required, config.verifiers)
         emit("progress", _plan_event(plan, mood))
-        # opened while the snapshot is taken; a sandbox the mood refuses is refused before
-        # anything runs
-        backend = Backend.open(config, policy, mood, name=sandbox_name,
-                               on_event=lambda event: emit("progress", event))
+        for event in said:
+            emit("progress", event)
         target, verified = await taking
         judged = None if against is None else await loop.run_in_executor(None, partial(
             judge_against, against, config.spec, verified, target.tree_hash, snapshots,

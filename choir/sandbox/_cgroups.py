@@ -279,7 +279,9 @@ class _Pool:
         Raises:
             OSError: the groups cannot be made.
         """
-        for _ in range(max(0, count - len(self.ready))):
+        with self.lock:  # a spare already being armed (``take``'s) counts
+            wanted = count - len(self.ready) - self.arming
+        for _ in range(max(0, wanted)):
             with self.lock:
                 self.arming += 1
             self._add_spare()

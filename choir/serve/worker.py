@@ -102,13 +102,18 @@ class _Link:
 
 
 def warm_idle() -> None:
-    """What an idle worker readies before its request: launchers in cgroup pairs, and the
-    bwrap probe every sandbox choice asks for (answers a cold process finds the same way)."""
+    """What an idle worker readies before its request: the bwrap probe every sandbox choice
+    asks for (answers a cold process finds the same way), then launchers in cgroup pairs.
+
+    The probe first: it runs in a pair of its own, and one it took from those armed for the
+    request (a single-use pool's are not armed again) left the request one short, so its
+    first step started while a spare was armed beside it (about ten processes on its path
+    to the step)."""
     from choir.sandbox import _cgroups
     from choir.sandbox.bwrap import BwrapSandbox
 
-    _cgroups.prearm(PREARM, single_use=True)
     BwrapSandbox.available()
+    _cgroups.prearm(PREARM, single_use=True)
 
 
 def run(service: Service, ctl: socket.socket, broker: tuple[int, socket.socket]) -> None:

@@ -276,3 +276,43 @@ def test_a_single_use_pool_does_not_rearm_pairs_given_back(tmp_path: Path,
         assert max(found["launches"]) == 1, found  # no pair armed twice
     else:
         assert max(found["launches"]) > 1, found  # pairs given back were re-armed
+
+
+def test_an_idle_worker_keeps_every_armed_pair_for_its_request(tmp_path: Path) -> None:
+    """A worker of ``choir serve`` arms PREARM pairs, then probes bwrap: the probe ran in one
+    of the armed pairs, so the request found one fewer and armed a spare beside its first
+    step (about ten processes competing with it for the CPU). After the warm-up every pair
+    is armed and waiting, and a run launches nothing on its way."""
+    code = textwrap.dedent("""
+        import json, time
+        from choir.models import Limits
+        from choir.sandbox import _cgroups
+        from choir.serve.worker import PREARM, warm_idle
+        _cgroups._JOIN_TIMEOUT_S = 120
+        _cgroups._mount_table = lambda: b""
+        warm_idle()
+        pool = _cgroups._pool()
+        deadline = time.monotonic() + 60
+        while pool.arming and time.monotonic() < deadline:
+            time.sleep(0.02)
+        ready = len(pool.ready)
+        launched = []
+        real = _cgroups._launch
+        def counted(slot):
+            launched.append(slot.pids.name)
+            return real(slot)
+        _cgroups._launch = counted
+        cg = _cgroups.CgroupLimits(Limits())
+        code = cg.spawn(["true"]).wait(timeout=20)
+        cg.close()
+        time.sleep(0.3)  # a spare, if one were queued, is armed meanwhile
+        print(json.dumps({"prearm": PREARM, "ready": ready, "code": code,
+                          "launched": len(launched)}))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+    found = __import__("json").loads(out.stdout.splitlines()[-1])
+    assert found["code"] == 0
+    assert found["ready"] == found["prearm"], found
+    assert found["launched"] == 0, found
