@@ -24,29 +24,56 @@ from choir.ci.steps import SUMMARY, Options, run, upload_paths, write_new
 from choir.ci.summary import Outcome, markdown, plain
 
 _MOODS = ["CALM", "SKEPTICAL", "PARANOID", "BOLD", "CURIOUS"]
+# the action's inputs, each passed as CHOIR_CI_<NAME> (action.yml)
+_INPUTS = ("repo", "mood", "claim", "sandbox", "resource-uri", "base-ref",
+           "approve-spec-change")
+
+
+class _Input(click.Option):
+    """An option the action and the hook set through a ``CHOIR_CI_*`` variable: a value
+    there that does not fit says so by the variable's name and the action's input, which is
+    what the workflow's author wrote (click names only the option, which they never typed);
+    in the GitHub step it is an error annotation too. Exit 2, as every usage error."""
+
+    def type_cast_value(self, ctx: click.Context, value: Any) -> Any:
+        try:
+            return super().type_cast_value(ctx, value)
+        except click.BadParameter as exc:
+            source = ctx.get_parameter_source(self.name or "")
+            if source is not click.core.ParameterSource.ENVIRONMENT or \
+                    not isinstance(self.envvar, str):
+                raise
+            name = self.envvar.removeprefix("CHOIR_CI_").lower().replace("_", "-")
+            where = f" (the action's `{name}` input)" if name in _INPUTS else ""
+            message = f"{self.envvar}={str(value)[:200]!r}{where}: {exc.message}"
+            if ctx.info_name == "github":
+                print(github.annotation("error", message, title="choir: a bad input"),
+                      flush=True)
+            raise click.UsageError(message, ctx) from None
 
 
 def _options(fn: Any) -> Any:
     for option in reversed([
-        click.option("--repo", envvar="CHOIR_CI_REPO", default=".", show_default=True,
+        click.option("--repo", cls=_Input, envvar="CHOIR_CI_REPO", default=".", show_default=True,
                      type=click.Path(path_type=Path, file_okay=False),
                      help="The repo to verify (holds choir.yaml)."),
-        click.option("--mood", envvar="CHOIR_CI_MOOD", default=None,
+        click.option("--mood", cls=_Input, envvar="CHOIR_CI_MOOD", default=None,
                      type=click.Choice(_MOODS, case_sensitive=False)),
-        click.option("--claim", envvar="CHOIR_CI_CLAIM", default=None,
+        click.option("--claim", cls=_Input, envvar="CHOIR_CI_CLAIM", default=None,
                      help="The claim verified and gated (default: ci, pre-commit)."),
-        click.option("--sandbox", envvar="CHOIR_CI_SANDBOX", default=None,
+        click.option("--sandbox", cls=_Input, envvar="CHOIR_CI_SANDBOX", default=None,
                      help="docker | bwrap | local | auto (default: choir.yaml, else auto)."),
-        click.option("--out", envvar="CHOIR_CI_OUT", default=None,
+        click.option("--out", cls=_Input, envvar="CHOIR_CI_OUT", default=None,
                      type=click.Path(path_type=Path, file_okay=False),
                      help="Where the bundle, the VSA, the key and the contract are written."),
-        click.option("--resource-uri", "resource_uri", envvar="CHOIR_CI_RESOURCE_URI",
+        click.option("--resource-uri", "resource_uri", cls=_Input, envvar="CHOIR_CI_RESOURCE_URI",
                      default=None, help="The VSA's resourceUri (in GitHub: the repository "
                      "and ref)."),
-        click.option("--base-ref", "base_ref", envvar="CHOIR_CI_BASE_REF", default=None,
+        click.option("--base-ref", "base_ref", cls=_Input, envvar="CHOIR_CI_BASE_REF", default=None,
                      help="Verify with this commit's choir.yaml and checks, not the tree's "
                      "(in GitHub: the pull request's base)."),
-        click.option("--approve-spec-change", "approve_spec", envvar="CHOIR_CI_APPROVE_SPEC_CHANGE",
+        click.option("--approve-spec-change", "approve_spec", cls=_Input,
+                     envvar="CHOIR_CI_APPROVE_SPEC_CHANGE",
                      is_flag=True, default=False,
                      help="A person approved the tree's changes to the base's checks."),
     ]):

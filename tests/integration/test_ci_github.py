@@ -261,6 +261,26 @@ def test_a_configuration_error_is_exit_2_with_an_annotation(tmp_path: Path) -> N
     assert (tmp_path / "summary").read_text().startswith("## Choir: ERROR")
 
 
+@pytest.mark.parametrize(("variable", "value", "expected"), [
+    ("CHOIR_CI_APPROVE_SPEC_CHANGE", "maybe", "not a valid boolean"),
+    ("CHOIR_CI_MOOD", "sleepy", "'calm', 'skeptical'"),
+])
+def test_a_bad_input_names_the_input_it_came_from(tmp_path: Path, variable: str, value: str,
+                                                  expected: str) -> None:
+    """A workflow's author writes the action's inputs, never choir-ci's options: a value that
+    does not fit says which input and variable (click said only `--approve-spec-change`),
+    as an error annotation on the run, exit 2, nothing verified."""
+    (tmp_path / "ws").mkdir()
+    proc = run_step(tmp_path, **{variable: value})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    name = variable.removeprefix("CHOIR_CI_").lower().replace("_", "-")
+    said = f"{variable}='{value}' (the action's `{name}` input)"
+    assert said in proc.stderr and expected in proc.stderr, proc.stderr
+    errors = [c for c in ghrunner.commands(proc.stdout) if c[0] == "error"]
+    assert len(errors) == 1 and said in errors[0][2], proc.stdout
+    assert "verifying" not in proc.stdout
+
+
 @pytest.mark.parametrize("value", ["a\nb", "x\rname=y"])
 def test_an_output_with_a_line_break_is_refused(tmp_path: Path, value: str) -> None:
     from choir.ci.github import write_outputs
