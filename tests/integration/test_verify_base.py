@@ -507,3 +507,64 @@ def test_a_tree_cannot_hide_or_stand_in_for_a_base_test(repo: Path, hide: str) -
     code, against = verify(repo, "--base", "main", "--claim", "ci")
     assert code == 1, against["summary"]
     assert against["base"]["blocked"] and against["claim"]["asserted"] is None
+
+
+# the change's code, imported by the base's test: it tries every way to rewrite that test in
+# the view it runs in (hard links to the sealed snapshot's files, so a write that got through
+# would change the evidence, and every later round linked to it); any way that works makes
+# `add` right, so the base's test passes and the test below fails
+WRITE_THROUGH = CALC_BUG + textwrap.dedent("""\
+
+    import os as _os
+
+    _here = _os.path.dirname(_os.path.abspath(__file__))
+    _test = _os.path.join(_here, "test_calc.py")
+    _weak = "def test_add():\\n    assert True\\n"
+
+    def _write():
+        with open(_test, "w") as fh:
+            fh.write(_weak)
+
+    def _append():
+        with open(_test, "a") as fh:
+            fh.write("\\ntest_add = lambda: None\\n")
+
+    def _replace():
+        with open(_test + ".new", "w") as fh:
+            fh.write(_weak)
+        _os.replace(_test + ".new", _test)
+
+    _attempts = [_write, _append, _replace,
+                 lambda: _os.chmod(_test, 0o666), lambda: _os.utime(_test, (0, 0)),
+                 lambda: _os.link(_test, _os.path.join(_here, "test_linked.py")),
+                 lambda: _os.unlink(_test), lambda: _os.truncate(_test, 0)]
+    _through = []
+    for _attempt in _attempts:
+        try:
+            _attempt()
+            _through.append(_attempt)
+        except OSError:
+            pass
+    if _through:
+        def add(a, b):
+            return a + b
+    """)
+
+
+def test_the_view_cannot_be_written_through_to_the_sealed_snapshot(repo: Path) -> None:
+    """A spec view is hard links into the sealed snapshot (the cost of a copy was seconds on
+    a big tree): the code under test tries to rewrite the base's test in it by every route
+    (write, append, replace, chmod, utime, link, unlink, truncate), and nothing gets
+    through, neither to this round nor to the next one built from the same snapshot."""
+    commit(repo, {"calc.py": WRITE_THROUGH})
+    before = (repo / "test_calc.py").read_bytes()
+    verdicts = []
+    for _ in range(2):  # the second round links the same sealed files again
+        code, against = verify(repo, "--base", "main", "--claim", "ci")
+        verdicts.append((code, results(against)["unit#0"]))
+    assert verdicts == [(1, "FAIL"), (1, "FAIL")], verdicts
+    assert (repo / "test_calc.py").read_bytes() == before
+    code, own = verify(repo)  # the tree's own test, from the same store: intact too
+    assert code == 1 and results(own)["unit#0"] == "FAIL"
+    audit = run("audit")
+    assert audit.returncode == 0, audit.stdout + audit.stderr
