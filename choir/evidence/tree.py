@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -315,24 +316,42 @@ def commit_submodules(repo: Path, *shas: str) -> list[dict[str, str]] | None:
 
 # attributes that make git's checkout of a file differ from its blob (gitattributes(5)): a
 # round reads the blob's bytes, a person checking the commit out would get others
+# and what ``git archive`` of the commit changes (``export-subst`` expands ``$Format:...$``
+# in the file, ``export-ignore`` leaves it out): release tarballs are made so
 CONVERSIONS = frozenset({"text", "eol", "crlf", "ident", "filter", "working-tree-encoding",
-                         "binary"})
+                         "binary", "export-subst", "export-ignore"})
+ATTRIBUTES = ".gitattributes"
 
 
-def conversion_lines(data: bytes) -> frozenset[str]:
+def _attribute_lines(data: bytes) -> Iterator[list[str]]:
+    """The words of each line of a ``.gitattributes`` file as git reads it (attr.c): lines
+    end at ``\n`` only (a review's ``b.txt\rtext\reol=crlf`` was three lines to
+    ``splitlines`` and one line of three words to git), a UTF-8 byte order mark is skipped,
+    and words are split on any blank (git's are space, tab and ``\r``: splitting on more
+    only gives more words to look at)."""
+    text = data.removeprefix(b"\xef\xbb\xbf").decode("utf-8", "surrogateescape")
+    for raw in text.split("\n"):
+        words = raw.split()
+        if words and not words[0].startswith("#"):
+            yield words
+
+
+def attribute_macros(data: bytes) -> frozenset[str]:
+    """The names ``[attr]NAME`` lines of a ``.gitattributes`` file define."""
+    return frozenset(words[0][len("[attr]"):] for words in _attribute_lines(data)
+                     if words[0].startswith("[attr]"))
+
+
+def conversion_lines(data: bytes, macros: frozenset[str] = frozenset()) -> frozenset[str]:
     """The lines of a ``.gitattributes`` file that set, unset or define (``[attr]`` macros)
-    anything a checkout converts a file by. A line is split on blanks: a quoted pattern
-    holding one only adds words to look at, so nothing is missed."""
-    found = set()
-    for raw in data.decode("utf-8", "surrogateescape").splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        words = line.split()
-        if words[0].startswith("[attr]") or any(
-                word.lstrip("-!").split("=", 1)[0] in CONVERSIONS for word in words[1:]):
-            found.add(line)
-    return frozenset(found)
+    anything a checkout or an archive converts a file by, ``macros`` (names defined in the
+    commit's files) included: a macro the base defined is a conversion where a new line
+    uses it. A quoted pattern holding a blank only adds words to look at: nothing is
+    missed."""
+    names = CONVERSIONS | macros
+    return frozenset(" ".join(words) for words in _attribute_lines(data)
+                     if words[0].startswith("[attr]") or any(
+                         word.lstrip("-!").split("=", 1)[0] in names for word in words[1:]))
 
 
 Outside = tuple[dict[str, str], dict[str, frozenset[str]]]
@@ -356,13 +375,20 @@ def commit_outside(repo: Path, *shas: str) -> list[Outside] | None:
             found: list[Outside] = []
             for sha in shas:
                 submodules: dict[str, str] = {}
-                attributes: dict[str, frozenset[str]] = {}
+                read: dict[str, bytes] = {}
                 for path, kind, oid in objects.entries(objects.commit(sha)[0]):
                     if kind == "m":
                         submodules[path] = oid
-                    elif kind in "fx" and path.rpartition("/")[2] == ".gitattributes":
-                        attributes[path] = conversion_lines(objects.read(oid, "blob"))
-                found.append((submodules, attributes))
+                    elif path.rpartition("/")[2].casefold() == ATTRIBUTES:
+                        # any case (a checkout on a file system that folds it reads
+                        # `.GitAttributes` as the file), and a link too: git reads a link's
+                        # blob from the index as the file's text when it checks out
+                        # (a review's `ln -s 'b.txt eol=crlf' .gitattributes`)
+                        data = objects.read(oid, "blob")
+                        read[path] = data if kind in "fx" else b"[attr]link " + data
+                macros = frozenset().union(*map(attribute_macros, read.values()))
+                found.append((submodules, {path: conversion_lines(data, macros)
+                                           for path, data in read.items()}))
             return found
     except (IntegrityError, OSError, ValueError):
         return None

@@ -4,6 +4,7 @@ nothing the member wrote in the worktree may steer that git call."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 from pathlib import Path
 
@@ -98,26 +99,63 @@ def test_programs_planted_in_the_repo_config_run_nothing_during_merge_commit_pro
     assert sorted(p.name for p in marker.iterdir()) == [], "the repo config ran a program"
 
 
-@pytest.mark.parametrize("attributes", ["v.txt ident", "* text eol=crlf", "[attr]conv ident",
-                                        "v.txt filter=lfs"])
+# how a member writes its .gitattributes: the plain lines, and (a later review) a line git
+# reads whole that splitlines() cut at its carriage returns, the line as a link's text (git
+# reads a link's blob as the file when it checks out), an archive's expansion, a name in
+# another case (a file system that folds case opens it as the file)
+ATTRIBUTE_FILES = {
+    "ident": "echo 'v.txt ident' > .gitattributes",
+    "eol": "echo '* text eol=crlf' > .gitattributes",
+    "a macro": "echo '[attr]conv ident' > .gitattributes",
+    "lfs": "echo 'v.txt filter=lfs' > .gitattributes",
+    "carriage returns": "printf 'v.txt\\rtext\\reol=crlf\\n' > .gitattributes",
+    "a link": "ln -s 'v.txt ident' .gitattributes",
+    "export-subst": "echo 'v.txt export-subst' > .gitattributes",
+    "export-ignore": "echo 'test_tree.py export-ignore' > .gitattributes",
+    "upper case": "echo 'v.txt ident' > .GitAttributes",
+}
+
+
+@pytest.mark.parametrize("written", list(ATTRIBUTE_FILES))
 def test_an_item_that_changes_how_git_checks_files_out_is_never_merged(
-        tmp_path: Path, attributes: str) -> None:
+        tmp_path: Path, written: str) -> None:
     """A member's ``.gitattributes`` line that makes git convert a file on checkout: its
     rounds read the blob (``$Id$``), a person's checkout of the promoted branch got
     ``$Id: 055c87... $`` and failed the repo's own test (a review found it, on overlay
-    worktrees). The item fails, naming the file."""
+    worktrees); ``git archive`` of it expands or drops files. The item fails, naming the
+    file."""
     repo = team_repo(tmp_path / "repo")
+    command = json.dumps(f"echo '$Id$' > v.txt && {ATTRIBUTE_FILES[written]}")
     plan = write_plan(tmp_path, "conv", f"""\
         - id: a
           goal: write v
           max_attempts: 1
-          executor: {{kind: command, command: "echo '$Id$' > v.txt &&
-            echo '{attributes}' > .gitattributes"}}
+          executor: {{kind: command, command: {command}}}
         """)
     state = asyncio.run(run_plan(load_plan(plan)))
     row = state["items"]["a"]
     assert row["state"] == "failed" and ".gitattributes changes how git" in row["last"], row
     assert "v.txt" not in git(repo, "ls-tree", "--name-only", "choir/plan/conv/integration")
+
+
+def test_a_macro_the_base_defined_is_a_conversion_where_an_item_uses_it(
+        tmp_path: Path) -> None:
+    """The base's ``.gitattributes`` defines ``[attr]conv ident`` (its own line, unchanged):
+    an item's new line ``v.txt conv`` names no conversion itself, and git converts by it."""
+    repo = team_repo(tmp_path / "repo")
+    (repo / ".gitattributes").write_text("[attr]conv ident\n")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", ".gitattributes")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "macro")
+    plan = write_plan(tmp_path, "macro", """\
+        - id: a
+          goal: write v
+          max_attempts: 1
+          executor: {kind: command, command: "echo '$Id$' > v.txt &&
+            printf '[attr]conv ident\\nv.txt conv\\n' > .gitattributes"}
+        """)
+    state = asyncio.run(run_plan(load_plan(plan)))
+    row = state["items"]["a"]
+    assert row["state"] == "failed" and ".gitattributes changes how git" in row["last"], row
 
 
 def test_a_worktree_whose_git_became_a_repo_of_its_own_runs_nothing_when_committed(
