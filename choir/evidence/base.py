@@ -18,6 +18,8 @@ never from the tree's files, and no git program runs that the tree could configu
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,13 +27,12 @@ from pathlib import Path
 from choir._core.canonical import blake3_hex
 from choir.config import CONFIG_NAME
 from choir.evidence.artifacts import ArtifactStore
-from choir.evidence.git import GitRepo, locate
+from choir.evidence.git import GitRepo, is_oid, locate
 from choir.evidence.spec import (
     Manifest,
     approve_change,
     judge_round,
     pinned_paths,
-    roots_of,
     view_key,
 )
 from choir.exceptions import ConfigError, UserError
@@ -72,8 +73,36 @@ class Base:
                 digest = blake3_hex(data)  # most are stored already: no write, no fsync
                 files[path] = (kinds[path], digest if store.exists(digest)
                                else store.ingest_bytes(data))
-        roots = roots_of((path for path, _kind, _oid in self.files), chosen)
-        return store.ingest_bytes(Manifest(tuple(globs), files, roots).encode())
+        return store.ingest_bytes(
+            Manifest.of(globs, files, (path for path, _kind, _oid in self.files)).encode())
+
+
+# the names git tries for a short ref, in its order (``git help revisions``): the first that
+# exists wins, whatever the others are
+_DWIM = ("{}", "refs/{}", "refs/tags/{}", "refs/heads/{}", "refs/remotes/{}",
+         "refs/remotes/{}/HEAD")
+
+
+def ambiguous(git: GitRepo, ref: str) -> list[str]:
+    """The refs ``ref``'s name could mean, when more than one exists (else ``[]``): a tag
+    ``main`` beside the branch, a file ``.git/main``, or a branch named like an abbreviated
+    commit id. git takes the first and at most warns: a review's tag ``main`` on the pull
+    request's own commit made ``--base main`` pin the pull request's checks. A full commit
+    id is never ambiguous (git takes it as the object)."""
+    if is_oid(ref):
+        return []
+    name = re.split(r"[~^:@]", ref, maxsplit=1)[0]
+    if not name:
+        return []
+    listed = git.run("for-each-ref", "--format=%(refname)")
+    refs = set(listed.decode("utf-8", "surrogateescape").split("\n")) if listed else set()
+    found = [form.format(name) for form in _DWIM if form.format(name) in refs]
+    if not name.startswith("refs/") and any(
+            os.path.isfile(folder / name) for folder in {git.git_dir, git.common_dir}):
+        found.insert(0, name)  # a file in the git folder itself (HEAD, or a planted one)
+    if re.fullmatch(r"[0-9a-f]{4,63}", name) and found:
+        found.append(f"the commit {name}...")  # an abbreviated id that a ref is named like
+    return list(dict.fromkeys(found)) if len(found) > 1 else []
 
 
 def read_base(repo: Path, ref: str) -> Base:
@@ -87,6 +116,11 @@ def read_base(repo: Path, ref: str) -> Base:
     if git is None:
         raise UserError(f"--base {ref}: {repo} is not a git work tree; a base is a commit of "
                         "the repo")
+    clash = ambiguous(git, ref)
+    if clash:
+        raise UserError(f"--base {ref}: the name is ambiguous in {repo} ({', '.join(clash)} "
+                        "all answer to it, and git would pick one without a word): give the "
+                        "base commit's full id, or a full ref such as refs/heads/main")
     commit = git.rev(ref)
     if commit is None:
         raise UserError(f"--base {ref}: no such commit in {repo}; {_FETCH_HINT}")

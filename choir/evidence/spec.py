@@ -34,7 +34,7 @@ import stat
 import sys
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -64,8 +64,14 @@ SHADOWED = frozenset(sys.stdlib_module_names) | {
     "coverage", "pytest_cov", "nose", "nose2", "tox", "mypy", "ruff", "pylint", "flake8",
     "sitecustomize", "usercustomize",  # imported at every start from anywhere on the path
     # what pytest imports as it runs (a review's ``pygments/`` hooked its reports)
-    "pygments", "colorama", "exceptiongroup", "tomli", "certifi", "_hypothesis_pytestplugin"}
-SHADOWED_PREFIXES = ("pytest_", "_pytest")  # a plugin's name, or pytest's own
+    "pygments", "colorama", "exceptiongroup", "tomli", "certifi", "_hypothesis_pytestplugin",
+    # imported by a ``.pth`` in site-packages at every start of the interpreter, after
+    # PYTHONPATH is on the path (a review's ``_distutils_hack.py``, setuptools', ran before
+    # pytest): virtualenv's, and coverage's process start-up
+    "_distutils_hack", "_virtualenv", "_coverage_pth"}
+# a plugin's name, or pytest's own; setuptools' editable installs' finders, which their
+# ``__editable__.*.pth`` imports at every start
+SHADOWED_PREFIXES = ("pytest_", "_pytest", "__editable__")
 # compiled files are never part of a view: Python loads a ``__pycache__`` file (or one
 # compiled with an unchecked hash) instead of the pinned source beside it
 _COMPILED = (".pyc", ".pyo")
@@ -172,6 +178,50 @@ def test_dirs(paths: Iterable[str]) -> frozenset[str]:
                      if _TEST_MODULE.fullmatch(p.rpartition("/")[2]))
 
 
+def package_dirs(pinned: Iterable[str], paths: Iterable[str]) -> tuple[str, ...]:
+    """The folders above the ``pinned`` test modules' that pytest puts first on their path
+    instead (its ``prepend`` mode: the first folder up that holds no ``__init__``, so
+    ``qa/`` for ``qa/unit/test_x.py`` when ``qa/unit/__init__.py`` is in ``paths``, the
+    base tree's): an import root for the tests like their own folder (a review's new
+    ``qa/calc.py`` stood in for the repo's ``calc``). The repo's root is one already."""
+    inits = {p.rpartition("/")[0] for p in paths if module_name(p.rpartition("/")[2]) ==
+             "__init__"}
+    own = test_dirs(pinned)
+    found: set[str] = set()
+    for folder in own:
+        while folder and folder in inits:
+            folder = folder.rpartition("/")[0]
+            if folder:
+                found.add(folder)
+    return tuple(sorted(found - own))
+
+
+def pinned_modules(pinned: Iterable[str]) -> frozenset[tuple[str, str]]:
+    """(folder, module name) of each pinned file Python could import by name."""
+    found = set()
+    for path in pinned:
+        folder, _, name = path.rpartition("/")
+        module = module_name(name)
+        if module:
+            found.add((folder, module))
+    return frozenset(found)
+
+
+def stands_for_pinned(rel: str, modules: frozenset[tuple[str, str]]) -> bool:
+    """Whether ``rel`` is found by the name of a pinned module in the same folder: Python's
+    path finder takes a package folder (``test_calc/__init__.py``) or an extension
+    (``test_calc.abi3.so``) before the ``test_calc.py`` beside it (a review's package
+    set ``__file__`` to the pinned file's and defined a passing test), so pytest imported
+    the tree's module for the base's check."""
+    parts = rel.split("/")
+    for depth, top in enumerate(parts):
+        last = depth == len(parts) - 1
+        name = module_name(top) if last else (top if "." not in top else None)
+        if name and ("/".join(parts[:depth]), name) in modules:
+            return True
+    return False
+
+
 def _test_dir_module(rel: str, folders: frozenset[str]) -> tuple[str, str] | None:
     """(test folder, module name) when ``rel`` is a module file or package directly in one
     of ``folders``."""
@@ -190,7 +240,8 @@ def roots_of(paths: Iterable[str], pinned: Iterable[str] = ()) -> tuple[str, ...
     library's module of the same name, and a new ``__init__`` in it would); and those in the
     folders of the ``pinned`` test modules (``checks/helpers``)."""
     names = set()
-    folders = test_dirs(pinned)
+    paths, pinned = list(paths), list(pinned)
+    folders = test_dirs(pinned) | frozenset(package_dirs(pinned, paths))
     for path in paths:
         if unnamable(path):
             continue  # never pinned, never seen: the tree that holds one is refused
@@ -235,11 +286,29 @@ class Manifest:
     globs: tuple[str, ...]
     files: dict[str, tuple[str, str]]
     roots: tuple[str, ...] = ()
+    # folders above test modules that are import roots for them (``package_dirs``), and the
+    # base's own paths found by a pinned module's name (``stands_for_pinned``): recorded only
+    # when there are any, so a manifest without them keeps its bytes and its hash
+    dirs: tuple[str, ...] = ()
+    overlaps: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, globs: Sequence[str], files: dict[str, tuple[str, str]],
+           paths: Iterable[str]) -> Manifest:
+        """The pin of ``files`` (the spec files chosen) in a base tree of ``paths``."""
+        paths = list(paths)
+        modules = pinned_modules(files)
+        return cls(tuple(globs), files, roots_of(paths, files),
+                   package_dirs(files, paths),
+                   tuple(sorted(p for p in paths if p not in files and not unnamable(p)
+                                and stands_for_pinned(p, modules))))
 
     def encode(self) -> bytes:
+        extra = {key: list(value) for key, value in (("dirs", self.dirs),
+                                                      ("overlaps", self.overlaps)) if value}
         return canonical_json({"schema": _SCHEMA, "globs": list(self.globs),
                                "files": {p: list(v) for p, v in sorted(self.files.items())},
-                               "roots": list(self.roots)})
+                               "roots": list(self.roots), **extra})
 
     @cached_property
     def is_spec(self) -> Callable[[str], bool]:
@@ -251,7 +320,15 @@ class Manifest:
 
     @cached_property
     def _test_dirs(self) -> frozenset[str]:
-        return test_dirs(self.files)
+        return test_dirs(self.files) | frozenset(self.dirs)
+
+    @cached_property
+    def _modules(self) -> frozenset[tuple[str, str]]:
+        return pinned_modules(self.files)
+
+    @cached_property
+    def _overlaps(self) -> frozenset[str]:
+        return frozenset(self.overlaps)
 
     @cached_property
     def _root_modules(self) -> frozenset[str]:
@@ -264,7 +341,11 @@ class Manifest:
         return any(self.is_spec(name) for name in entry_names(rel, st))
 
     def shadows(self, rel: str, st: os.stat_result | None = None) -> bool:
-        """True for a new file that would be imported instead of a library or the runner."""
+        """True for a new file that would be imported instead of a library, the runner or a
+        pinned module."""
+        if rel not in self.files and rel not in self._overlaps and \
+                stands_for_pinned(rel, self._modules):
+            return True
         for path in entry_names(rel, st):
             for name, inner in itertools.islice(_found_as(path), 1):
                 module = name.rpartition("/")[2]
@@ -305,7 +386,8 @@ def load_manifest(store: ArtifactStore, digest: str) -> Manifest:
         raise IntegrityError(f"artifact {digest[:12]} is not a spec manifest")
     return Manifest(globs=tuple(raw["globs"]),
                     files={p: (v[0], v[1]) for p, v in raw["files"].items()},
-                    roots=tuple(raw.get("roots", ())))
+                    roots=tuple(raw.get("roots", ())), dirs=tuple(raw.get("dirs", ())),
+                    overlaps=tuple(raw.get("overlaps", ())))
 
 
 def _walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
@@ -350,8 +432,7 @@ def pin_from_snapshot(tree: Path, globs: Sequence[str], store: ArtifactStore) ->
         for rel in chosen:
             kind, data = _read(cursor, rel, seen[rel])
             files[rel] = (kind, store.ingest_bytes(data))
-    roots = roots_of(seen, chosen)
-    return store.ingest_bytes(Manifest(tuple(globs), files, roots).encode())
+    return store.ingest_bytes(Manifest.of(globs, files, seen).encode())
 
 
 def pin_spec(repo: Path, globs: Sequence[str], root: Path,
@@ -436,7 +517,7 @@ def repin(manifest: Manifest, tree: Path, paths: Sequence[str], store: ArtifactS
             files[rel] = (kind, store.ingest_bytes(data))
         else:
             files.pop(rel, None)
-    return store.ingest_bytes(Manifest(manifest.globs, files, manifest.roots).encode())
+    return store.ingest_bytes(replace(manifest, files=files).encode())
 
 
 def _write(path: Path, kind: str, data: bytes) -> None:

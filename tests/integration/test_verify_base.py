@@ -239,6 +239,22 @@ def test_a_base_the_checkout_lacks_is_a_clear_exit_2(repo: Path) -> None:
     assert proc.returncode == 2 and "--base" in proc.stderr
 
 
+def test_a_base_name_that_means_two_refs_is_refused(repo: Path) -> None:
+    """A tag named ``main`` on the pull request's own commit won over the branch (git takes
+    the first name that exists, a tag before a branch), so ``--base main`` pinned the pull
+    request's checks (a fifth review). An ambiguous name is exit 2; a full ref or id is
+    taken as it is."""
+    commit(repo, {"calc.py": CALC_BUG, "test_calc.py": "def test_add():\n    assert True\n"})
+    git(repo, "tag", "main", "pr")
+    proc = run("verify", "--repo", str(repo), "--base", "main")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "ambiguous" in proc.stderr and "refs/tags/main" in proc.stderr
+    assert "refs/heads/main" in proc.stderr
+    for exact in ("refs/heads/main", git(repo, "rev-parse", "refs/heads/main").strip()):
+        code, against = verify(repo, "--base", exact)
+        assert code == 1 and against["base"]["held"] == ["test_calc.py"], exact
+
+
 def test_a_base_without_choir_yaml_pins_nothing_and_says_so(repo: Path) -> None:
     git(repo, "checkout", "-q", "--orphan", "empty")
     git(repo, "rm", "-q", "-r", "--cached", ".")
@@ -507,6 +523,79 @@ def test_a_tree_cannot_hide_or_stand_in_for_a_base_test(repo: Path, hide: str) -
     code, against = verify(repo, "--base", "main", "--claim", "ci")
     assert code == 1, against["summary"]
     assert against["base"]["blocked"] and against["claim"]["asserted"] is None
+
+
+def _repo_on_the_path(repo: Path) -> None:
+    """The base's step puts the repo first on the path (``PYTHONPATH=.``), before the
+    ``.pth`` files of site-packages run."""
+    text = (repo / "choir.yaml").read_text().replace(NO_PLUGINS, f"{NO_PLUGINS} PYTHONPATH=.")
+    _on_main(repo, {"choir.yaml": text})
+
+
+def _in_qa(repo: Path) -> None:
+    _on_main(repo, move=("test_calc.py", "qa/test_calc.py"))
+
+
+def _in_a_package(repo: Path) -> None:
+    """The base's test in a package folder: pytest puts ``qa/``, the first folder up with
+    no ``__init__``, first on its path, not ``qa/unit/``."""
+    _on_main(repo, {"qa/unit/__init__.py": ""}, move=("test_calc.py", "qa/unit/test_calc.py"))
+
+
+# a package found before the base's test module of the same name: it says it is that file
+# (so pytest's check of the module's path passes) and defines a test that passes
+SAME_NAME = ("import os\n__file__ = os.path.join(os.path.dirname(os.path.dirname(__file__)), "
+             "'test_calc.py')\n\ndef test_add():\n    pass\n")
+DOCTEST = ">>> import sys\n>>> sys.modules['test_calc'].add = lambda a, b: a + b\n"
+
+# Found by a fifth review: a module a site-packages .pth imports at every start; a package
+# named like the base's test module, which Python's finder takes first; pytest's default
+# doctest files; a module in the folder pytest puts first for a package of tests
+STANDS_IN = {
+    "_distutils_hack.py": (_repo_on_the_path, {
+        "calc.py": CALC_BUG, "_distutils_hack.py": REPORTS_PASS + "\ndef add_shim():\n"
+                                                                 "    pass\n"}),
+    "a package named like the base's test": (None, {"calc.py": CALC_BUG,
+                                                    "test_calc/__init__.py": SAME_NAME}),
+    "that package in a test folder": (_in_qa, {"calc.py": CALC_BUG,
+                                               "qa/test_calc/__init__.py": SAME_NAME}),
+    "a module above a package of tests": (_in_a_package, {"calc.py": CALC_BUG,
+                                                          "qa/calc.py": CALC_OK}),
+    "a doctest file": (None, {"calc.py": CALC_BUG, "test_0.txt": DOCTEST}),
+}
+
+
+@pytest.mark.parametrize("plant", list(STANDS_IN))
+def test_a_tree_cannot_run_its_own_code_in_place_of_a_base_check(repo: Path,
+                                                                  plant: str) -> None:
+    prepare, files = STANDS_IN[plant]
+    if prepare is not None:
+        prepare(repo)
+    commit(repo, files)
+    if plant != "_distutils_hack.py" or _imports_at_start("_distutils_hack"):
+        code, own = verify(repo)
+        assert code == 0, own["summary"]  # the attack, on the tree's own checks
+    code, against = verify(repo, "--base", "main", "--claim", "ci")
+    assert code == 1, against["summary"]
+    assert results(against)["unit#0"] == "FAIL"
+    assert against["claim"]["asserted"] is None
+    if plant == "a doctest file":  # a check of the tree's: it runs beside the base's only
+        assert against["base"]["added"] == ["test_0.txt"]
+    else:
+        assert against["base"]["refused"] and against["base"]["blocked"]
+
+
+def _imports_at_start(module: str) -> bool:
+    """Whether a ``.pth`` file of the steps' interpreter imports ``module`` at its start."""
+    import site
+
+    folders = [*site.getsitepackages([os.path.realpath(sys.base_prefix)])]
+    for folder in map(Path, folders):
+        for pth in folder.glob("*.pth") if folder.is_dir() else ():
+            if any(line.startswith("import") and module in line
+                   for line in pth.read_text(errors="replace").splitlines()):
+                return True  # what site runs: a line that starts with "import"
+    return False
 
 
 # the change's code, imported by the base's test: it tries every way to rewrite that test in
