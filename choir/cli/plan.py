@@ -17,10 +17,19 @@ def plan() -> None:
     """Plans: many work items, many members, one verified integration."""
 
 
+def _shown(value: Any, limit: int) -> str:
+    """A row's field as plain text: a member chooses what its item's ``last`` says (the paths
+    of its worktree are quoted there), so escape sequences and controls are taken out (a
+    review's file name set the terminal's title), and it is cut to ``limit``."""
+    from choir._core.terminal import strip_controls
+
+    return strip_controls(str(value))[:limit]
+
+
 def _line(event: dict[str, Any]) -> None:
-    click.echo(f"  {event['item']:<20} {event.get('member') or '-':<10} {event['state']:<8} "
-               f"attempt {event.get('attempt', 0)}  {str(event.get('last', ''))[:70]}",
-               err=True)
+    click.echo(f"  {_shown(event['item'], 60):<20} {_shown(event.get('member') or '-', 40):<10} "
+               f"{_shown(event['state'], 20):<8} attempt {event.get('attempt', 0)}  "
+               f"{_shown(event.get('last', ''), 70)}", err=True)
 
 
 def _with_table(loaded: Any, drive: Any) -> dict[str, Any]:
@@ -29,6 +38,7 @@ def _with_table(loaded: Any, drive: Any) -> dict[str, Any]:
     from rich.console import Console
     from rich.live import Live
     from rich.table import Table
+    from rich.text import Text
 
     rows: dict[str, dict[str, Any]] = {
         i.id: {"member": i.member or "-", "state": "pending", "attempt": 0, "last": ""}
@@ -38,9 +48,11 @@ def _with_table(loaded: Any, drive: Any) -> dict[str, Any]:
         out = Table(title=f"plan {loaded.id}")
         for name in ("item", "member", "state", "attempt", "last verdict"):
             out.add_column(name)
-        for item_id, row in rows.items():
-            out.add_row(item_id, row["member"] or "-", row["state"], str(row["attempt"]),
-                        str(row["last"])[:80])
+        for item_id, row in rows.items():  # text, never markup: `[/x]` in a path a
+            # member chose was a rich tag that ended the plan (and every resume) on a terminal
+            out.add_row(*(Text(_shown(v, n)) for v, n in (
+                (item_id, 60), (row["member"] or "-", 40), (row["state"], 20),
+                (row["attempt"], 10), (row["last"], 80))))
         return out
 
     with Live(table(), console=Console(), auto_refresh=False) as live:

@@ -71,7 +71,17 @@ SHADOWED = frozenset(sys.stdlib_module_names) | {
     "_distutils_hack", "_virtualenv", "_coverage_pth"}
 # a plugin's name, or pytest's own; setuptools' editable installs' finders, which their
 # ``__editable__.*.pth`` imports at every start
-SHADOWED_PREFIXES = ("pytest_", "_pytest", "__editable__")
+SHADOWED_PREFIXES = ("pytest_", "_pytest", "__editable__", "_editable_impl_")
+# what other editable installs' ``.pth`` files import at every start: meson-python's
+# ``_NAME_editable_loader`` (numpy's, scipy's development installs)
+_SHADOWED_PATTERN = re.compile(r"_\w*_editable_loader")
+
+
+def shadowed(module: str) -> bool:
+    """Whether a new module of this name at an import root would be imported in place of
+    one the runner or the interpreter's start-up imports."""
+    return module in SHADOWED or module.startswith(SHADOWED_PREFIXES) or \
+        _SHADOWED_PATTERN.fullmatch(module) is not None
 # compiled files are never part of a view: Python loads a ``__pycache__`` file (or one
 # compiled with an unchecked hash) instead of the pinned source beside it
 _COMPILED = (".pyc", ".pyo")
@@ -167,7 +177,8 @@ def _is_init(inner: str | None) -> bool:
     return inner is not None and "/" not in inner and module_name(inner) == "__init__"
 
 
-_TEST_MODULE = re.compile(r"test_[^/]*\.py|[^/]*_test\.py")
+# a test module, or a conftest.py: pytest puts the folder of each first on the path too
+_TEST_MODULE = re.compile(r"test_[^/]*\.py|[^/]*_test\.py|conftest\.py")
 
 
 def test_dirs(paths: Iterable[str]) -> frozenset[str]:
@@ -189,11 +200,27 @@ def package_dirs(pinned: Iterable[str], paths: Iterable[str]) -> tuple[str, ...]
     own = test_dirs(pinned)
     found: set[str] = set()
     for folder in own:
+        if folder not in inits:
+            continue  # its own folder is the one pytest puts first
         while folder and folder in inits:
             folder = folder.rpartition("/")[0]
-            if folder:
-                found.add(folder)
+        if folder:  # not the folders walked through: only a package's submodules there
+            found.add(folder)
     return tuple(sorted(found - own))
+
+
+def above_tests(pinned: Iterable[str]) -> frozenset[str]:
+    """Every folder from a pinned test module's (or ``conftest.py``'s) up to the repo's root,
+    the root included: pytest imports the ``__init__`` of each that is a package before the
+    tests below it (a review's new root ``__init__.py`` ran before every test)."""
+    found: set[str] = set()
+    for folder in test_dirs(pinned):
+        while folder not in found:
+            found.add(folder)
+            if not folder:
+                break
+            folder = folder.rpartition("/")[0]
+    return frozenset(found)
 
 
 def pinned_modules(pinned: Iterable[str]) -> frozenset[tuple[str, str]]:
@@ -209,16 +236,18 @@ def pinned_modules(pinned: Iterable[str]) -> frozenset[tuple[str, str]]:
 
 def stands_for_pinned(rel: str, modules: frozenset[tuple[str, str]]) -> bool:
     """Whether ``rel`` is found by the name of a pinned module in the same folder: Python's
-    path finder takes a package folder (``test_calc/__init__.py``) or an extension
-    (``test_calc.abi3.so``) before the ``test_calc.py`` beside it (a review's package
-    set ``__file__`` to the pinned file's and defined a passing test), so pytest imported
-    the tree's module for the base's check."""
-    parts = rel.split("/")
-    for depth, top in enumerate(parts):
-        last = depth == len(parts) - 1
-        name = module_name(top) if last else (top if "." not in top else None)
-        if name and ("/".join(parts[:depth]), name) in modules:
-            return True
+    path finder takes a package (``test_calc/__init__.py``), an extension
+    (``test_calc.abi3.so``) or an entry named ``test_calc`` (a link to a package) before the
+    ``test_calc.py`` beside it (a review's package set ``__file__`` to the pinned file's and
+    defined a passing test), so pytest imported the tree's module for the base's check."""
+    folder, _, top = rel.rpartition("/")
+    if (folder, top) in modules or (folder, module_name(top) or "") in modules:
+        return True  # an extension, or an entry named as the module (a link to a package)
+    if module_name(top) == "__init__" and folder:
+        # a regular package: only its __init__ makes a folder win over a module beside it (a
+        # folder without one, such as pytest-datadir's data folder of a test, never does)
+        parent, _, name = folder.rpartition("/")
+        return (parent, name) in modules
     return False
 
 
@@ -257,11 +286,18 @@ def roots_of(paths: Iterable[str], pinned: Iterable[str] = ()) -> tuple[str, ...
 def pinned_paths(kinds: Mapping[str, str], globs: Sequence[str],
                  link_text: Callable[[str], str]) -> list[str]:
     """The paths of a tree (``kinds``: path -> ``f``, ``x`` or ``l``) to pin: those ``globs``
-    match, and what each pinned symlink leads to inside the tree (its file, or every file
+    match, the ``__init__`` of each folder of a pinned test module, and what each pinned
+    symlink leads to inside the tree (its file, or every file
     under its folder), followed again: a review's base test was a link to a file no glob
     matched, which the tree then rewrote."""
     is_spec = matcher(globs)
     chosen = {p for p in kinds if is_spec(p) and not unnamable(p)}
+    # the __init__ of a folder holding a pinned test module or conftest.py: the package
+    # pytest imports the tests as, before them (a review edited an empty one to hook the
+    # reports; no glob named it)
+    folders = test_dirs(chosen)
+    chosen |= {p for p in kinds if module_name(p.rpartition("/")[2]) == "__init__" and
+               p.rpartition("/")[0] in folders and p.rpartition("/")[0] and not unnamable(p)}
     todo = [p for p in chosen if kinds[p] == "l"]
     while todo:
         link = todo.pop()
@@ -287,8 +323,9 @@ class Manifest:
     files: dict[str, tuple[str, str]]
     roots: tuple[str, ...] = ()
     # folders above test modules that are import roots for them (``package_dirs``), and the
-    # base's own paths found by a pinned module's name (``stands_for_pinned``): recorded only
-    # when there are any, so a manifest without them keeps its bytes and its hash
+    # base's own paths found by a pinned module's name (``stands_for_pinned``) or that are
+    # the ``__init__`` of a folder above its tests (``above_tests``): recorded only when
+    # there are any, so a manifest without them keeps its bytes and its hash
     dirs: tuple[str, ...] = ()
     overlaps: tuple[str, ...] = ()
 
@@ -297,11 +334,13 @@ class Manifest:
            paths: Iterable[str]) -> Manifest:
         """The pin of ``files`` (the spec files chosen) in a base tree of ``paths``."""
         paths = list(paths)
-        modules = pinned_modules(files)
+        modules, above = pinned_modules(files), above_tests(files)
         return cls(tuple(globs), files, roots_of(paths, files),
                    package_dirs(files, paths),
-                   tuple(sorted(p for p in paths if p not in files and not unnamable(p)
-                                and stands_for_pinned(p, modules))))
+                   tuple(sorted(p for p in paths if p not in files and not unnamable(p) and (
+                       stands_for_pinned(p, modules) or (
+                           module_name(p.rpartition("/")[2]) == "__init__" and
+                           p.rpartition("/")[0] in above)))))
 
     def encode(self) -> bytes:
         extra = {key: list(value) for key, value in (("dirs", self.dirs),
@@ -331,6 +370,10 @@ class Manifest:
         return frozenset(self.overlaps)
 
     @cached_property
+    def _above(self) -> frozenset[str]:
+        return above_tests(self.files)
+
+    @cached_property
     def _root_modules(self) -> frozenset[str]:
         """The modules at the repo's import roots (``calc``; ``pkg`` of ``src/pkg``)."""
         return frozenset(r.removeprefix("src/") for r in self.roots
@@ -346,10 +389,14 @@ class Manifest:
         if rel not in self.files and rel not in self._overlaps and \
                 stands_for_pinned(rel, self._modules):
             return True
+        folder, _, top = rel.rpartition("/")
+        if module_name(top) == "__init__" and folder in self._above and \
+                rel not in self._overlaps:
+            return True  # a new package above the base's tests: imported before them
         for path in entry_names(rel, st):
             for name, inner in itertools.islice(_found_as(path), 1):
                 module = name.rpartition("/")[2]
-                if not (module in SHADOWED or module.startswith(SHADOWED_PREFIXES)):
+                if not shadowed(module):
                     continue
                 if name not in self._roots:
                     return True
@@ -360,8 +407,7 @@ class Manifest:
             # first on the path of the tests beside it: a package of the folder itself, a
             # module the tests import from the repo, or a library's name
             name = beside[1]
-            return name == "__init__" or name in self._root_modules or \
-                name in SHADOWED or name.startswith(SHADOWED_PREFIXES)
+            return name == "__init__" or name in self._root_modules or shadowed(name)
         return False
 
     def governs(self, rel: str, st: os.stat_result | None = None) -> bool:
@@ -496,9 +542,11 @@ def _diff(tree: Path, manifest: Manifest, paths: list[str], store: ArtifactStore
     out: list[str] = []
     for rel in paths:
         before = _pinned_bytes(store, manifest.files[rel][1]).decode("utf-8", "replace")
-        with fsopen.DirCursor(tree) as cursor:
-            after = _read(cursor, rel)[1].decode("utf-8", "replace") \
-                if os.path.lexists(tree / rel) else ""
+        try:  # opened one component at a time: a folder the tree made a link is no file
+            with fsopen.DirCursor(tree) as cursor:
+                after = _read(cursor, rel)[1].decode("utf-8", "replace")
+        except OSError:
+            after = ""
         out.extend(difflib.unified_diff(before.splitlines(True), after.splitlines(True),
                                         f"a/{rel} (pinned)", f"b/{rel}"))
     text = "".join(out).encode()
@@ -511,12 +559,13 @@ def repin(manifest: Manifest, tree: Path, paths: Sequence[str], store: ArtifactS
     """A new manifest with ``paths`` (changes a person approved) taken from ``tree``."""
     files = dict(manifest.files)
     for rel in paths:
-        if os.path.lexists(tree / rel):
+        try:  # one component at a time: a folder the tree made a link holds no file
             with fsopen.DirCursor(tree) as cursor:
                 kind, data = _read(cursor, rel)
-            files[rel] = (kind, store.ingest_bytes(data))
-        else:
+        except OSError:
             files.pop(rel, None)
+            continue
+        files[rel] = (kind, store.ingest_bytes(data))
     return store.ingest_bytes(replace(manifest, files=files).encode())
 
 
@@ -608,9 +657,15 @@ def build_view(tree: Path, tree_hash: str, manifest_hash: str, added: Sequence[s
     try:
         admitted, linked = set(added), set()
         shown: list[tuple[str, os.stat_result]] = []
+        # where the pinned files go: a tree's file or link standing in for one of their
+        # folders (`tests` made a file), or below one of them, is not shown (the pinned file
+        # is written; `compare` found it deleted, which holds the tree)
+        needed = {a for p in manifest.files for a in _ancestors(p)}
         for rel, st in _walk(tree):
             if compiled_file(rel):
                 continue  # compiled: never seen
+            if rel in needed or any(a in manifest.files for a in _ancestors(rel)):
+                continue
             if manifest.governs(rel, st) and rel not in admitted:
                 if rel not in unchanged or rel not in manifest.files:
                     continue  # pinned (written below) or not admitted: never seen
@@ -633,6 +688,14 @@ def build_view(tree: Path, tree_hash: str, manifest_hash: str, added: Sequence[s
         remove_snapshot(tmp)
         raise
     return final, fresh
+
+
+def _ancestors(rel: str) -> Iterator[str]:
+    """The folders above ``rel`` (``a/b/c`` -> ``a/b``, ``a``)."""
+    folder = rel.rpartition("/")[0]
+    while folder:
+        yield folder
+        folder = folder.rpartition("/")[0]
 
 
 def _unchanged(store: ArtifactStore, manifest_hash: str, change: SpecChange) -> frozenset[str]:

@@ -29,6 +29,7 @@ uncommitted changes, nor for a tree that git was made to show in its place.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -324,16 +325,16 @@ ATTRIBUTES = ".gitattributes"
 
 
 def _attribute_lines(data: bytes) -> Iterator[list[str]]:
-    """The words of each line of a ``.gitattributes`` file as git reads it (attr.c): lines
-    end at ``\n`` only (a review's ``b.txt\rtext\reol=crlf`` was three lines to
-    ``splitlines`` and one line of three words to git), a UTF-8 byte order mark is skipped,
-    and words are split on any blank (git's are space, tab and ``\r``: splitting on more
-    only gives more words to look at)."""
-    text = data.removeprefix(b"\xef\xbb\xbf").decode("utf-8", "surrogateescape")
-    for raw in text.split("\n"):
-        words = raw.split()
-        if words and not words[0].startswith("#"):
-            yield words
+    """The words of each line of a ``.gitattributes`` file as git reads it (attr.c), in
+    order: lines end at ``\\n`` only (a review's ``b.txt\\rtext\\reol=crlf`` was three lines
+    to ``splitlines`` and one line of three words to git), a UTF-8 byte order mark is
+    skipped, words are split on git's blanks alone (space, tab, ``\\r``: ``str.split`` also
+    took a form feed, so ``\\f#lib.sh text`` was a comment to Choir and a pattern to git),
+    and a comment is a line whose first word starts with ``#``."""
+    for raw in data.removeprefix(b"\xef\xbb\xbf").split(b"\n"):
+        words = [w for w in re.split(rb"[ \t\r]+", raw) if w]
+        if words and not words[0].startswith(b"#"):
+            yield [w.decode("utf-8", "surrogateescape") for w in words]
 
 
 def attribute_macros(data: bytes) -> frozenset[str]:
@@ -342,19 +343,20 @@ def attribute_macros(data: bytes) -> frozenset[str]:
                      if words[0].startswith("[attr]"))
 
 
-def conversion_lines(data: bytes, macros: frozenset[str] = frozenset()) -> frozenset[str]:
+def conversion_lines(data: bytes, macros: frozenset[str] = frozenset()) -> tuple[str, ...]:
     """The lines of a ``.gitattributes`` file that set, unset or define (``[attr]`` macros)
     anything a checkout or an archive converts a file by, ``macros`` (names defined in the
-    commit's files) included: a macro the base defined is a conversion where a new line
-    uses it. A quoted pattern holding a blank only adds words to look at: nothing is
-    missed."""
+    commit's files) included, in the file's order: a later line that matches overrides an
+    earlier one, so the same lines in another order convert other files (a review swapped
+    ``* text=auto eol=crlf`` and ``*.sh text eol=lf``). A quoted pattern holding a blank only
+    adds words to look at: nothing is missed."""
     names = CONVERSIONS | macros
-    return frozenset(" ".join(words) for words in _attribute_lines(data)
-                     if words[0].startswith("[attr]") or any(
-                         word.lstrip("-!").split("=", 1)[0] in names for word in words[1:]))
+    return tuple(" ".join(words) for words in _attribute_lines(data)
+                 if words[0].startswith("[attr]") or any(
+                     word.lstrip("-!").split("=", 1)[0] in names for word in words[1:]))
 
 
-Outside = tuple[dict[str, str], dict[str, frozenset[str]]]
+Outside = tuple[dict[str, str], dict[str, tuple[str, ...]]]
 """What a commit's tree hash does not cover: its submodule entries (``{path: commit id}``:
 another repository's content, left out as a checkout's scan leaves it) and the conversion
 lines of each of its ``.gitattributes`` files (``{path: conversion_lines}``: how a checkout

@@ -239,7 +239,7 @@ class Moves:
         if changed:
             return ("commit: submodule entries no round verified (a nested repository's "
                     "commit, outside the tree hash): " + ", ".join(changed))
-        changed = _differing(attributes, attributes_before, frozenset())
+        changed = _differing(attributes, attributes_before, ())
         if changed:
             return ("commit: .gitattributes changes how git converts files on checkout (ident, "
                     "text, eol, filter, encoding; a checkout would differ from the bytes its "

@@ -113,6 +113,9 @@ ATTRIBUTE_FILES = {
     "export-subst": "echo 'v.txt export-subst' > .gitattributes",
     "export-ignore": "echo 'test_tree.py export-ignore' > .gitattributes",
     "upper case": "echo 'v.txt ident' > .GitAttributes",
+    # a second review: a form feed before a '#' made the line a comment to Python's split()
+    # and a pattern to git's
+    "a form feed": "printf '\\f#v.txt ident\\n' > .gitattributes",
 }
 
 
@@ -138,20 +141,41 @@ def test_an_item_that_changes_how_git_checks_files_out_is_never_merged(
     assert "v.txt" not in git(repo, "ls-tree", "--name-only", "choir/plan/conv/integration")
 
 
+def _base_attributes(repo: Path, text: str) -> None:
+    """The base commits a ``.gitattributes`` of its own."""
+    (repo / ".gitattributes").write_text(text)
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", ".gitattributes")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "attributes")
+
+
 def test_a_macro_the_base_defined_is_a_conversion_where_an_item_uses_it(
         tmp_path: Path) -> None:
     """The base's ``.gitattributes`` defines ``[attr]conv ident`` (its own line, unchanged):
     an item's new line ``v.txt conv`` names no conversion itself, and git converts by it."""
-    repo = team_repo(tmp_path / "repo")
-    (repo / ".gitattributes").write_text("[attr]conv ident\n")
-    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", ".gitattributes")
-    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "macro")
+    _base_attributes(team_repo(tmp_path / "repo"), "[attr]conv ident\n")
     plan = write_plan(tmp_path, "macro", """\
         - id: a
           goal: write v
           max_attempts: 1
           executor: {kind: command, command: "echo '$Id$' > v.txt &&
             printf '[attr]conv ident\\nv.txt conv\\n' > .gitattributes"}
+        """)
+    state = asyncio.run(run_plan(load_plan(plan)))
+    row = state["items"]["a"]
+    assert row["state"] == "failed" and ".gitattributes changes how git" in row["last"], row
+
+
+def test_the_base_lines_in_another_order_are_a_change(tmp_path: Path) -> None:
+    """A later line overrides an earlier one: the base's ``* text=auto eol=crlf`` then
+    ``*.sh text eol=lf``, swapped, checks ``run.sh`` out with CRLF endings, though the same
+    lines are there (a review: the lines were compared as a set)."""
+    _base_attributes(team_repo(tmp_path / "repo"), "* text=auto eol=crlf\n*.sh text eol=lf\n")
+    plan = write_plan(tmp_path, "order", """\
+        - id: a
+          goal: swap
+          max_attempts: 1
+          executor: {kind: command, command: "printf '*.sh text eol=lf\\n* text=auto eol=crlf\\n'
+            > .gitattributes && printf 'echo ok\\n' > run.sh"}
         """)
     state = asyncio.run(run_plan(load_plan(plan)))
     row = state["items"]["a"]

@@ -542,6 +542,16 @@ def _in_a_package(repo: Path) -> None:
     _on_main(repo, {"qa/unit/__init__.py": ""}, move=("test_calc.py", "qa/unit/test_calc.py"))
 
 
+def _in_qa_unit(repo: Path) -> None:
+    _on_main(repo, move=("test_calc.py", "qa/unit/test_calc.py"))
+
+
+def _conftest_above(repo: Path) -> None:
+    """A conftest.py in ``qa/``, the tests in ``qa/unit/``: pytest puts ``qa/`` first too."""
+    _on_main(repo, {"qa/conftest.py": "import pytest\n"},
+             move=("test_calc.py", "qa/unit/test_calc.py"))
+
+
 # a package found before the base's test module of the same name: it says it is that file
 # (so pytest's check of the module's path passes) and defines a test that passes
 SAME_NAME = ("import os\n__file__ = os.path.join(os.path.dirname(os.path.dirname(__file__)), "
@@ -562,7 +572,22 @@ STANDS_IN = {
     "a module above a package of tests": (_in_a_package, {"calc.py": CALC_BUG,
                                                           "qa/calc.py": CALC_OK}),
     "a doctest file": (None, {"calc.py": CALC_BUG, "test_0.txt": DOCTEST}),
+    # a sixth review: a package made of the root or of a folder above the tests (pytest
+    # imports its __init__ first), an edited __init__ of a package of tests, a module where
+    # a conftest.py's folder puts it first, an editable install's loader a .pth imports
+    "__init__.py at the root": (None, {"calc.py": CALC_BUG, "__init__.py": REPORTS_PASS}),
+    "__init__.py above the tests": (_in_qa_unit, {"calc.py": CALC_BUG,
+                                                  "qa/__init__.py": REPORTS_PASS}),
+    "an edited __init__.py of the tests' package": (_in_a_package, {
+        "calc.py": CALC_BUG, "qa/unit/__init__.py": REPORTS_PASS}),
+    "a module beside a conftest.py": (_conftest_above, {"calc.py": CALC_BUG,
+                                                        "qa/calc.py": CALC_OK}),
+    "_calc_editable_loader.py": (_repo_on_the_path, {
+        "calc.py": CALC_BUG, "_calc_editable_loader.py": REPORTS_PASS}),
 }
+# shown passing on the tree's own checks only where the interpreter has the .pth
+AT_START = {"_distutils_hack.py": "_distutils_hack",
+            "_calc_editable_loader.py": "_calc_editable_loader"}
 
 
 @pytest.mark.parametrize("plant", list(STANDS_IN))
@@ -572,7 +597,7 @@ def test_a_tree_cannot_run_its_own_code_in_place_of_a_base_check(repo: Path,
     if prepare is not None:
         prepare(repo)
     commit(repo, files)
-    if plant != "_distutils_hack.py" or _imports_at_start("_distutils_hack"):
+    if plant not in AT_START or _imports_at_start(AT_START[plant]):
         code, own = verify(repo)
         assert code == 0, own["summary"]  # the attack, on the tree's own checks
     code, against = verify(repo, "--base", "main", "--claim", "ci")
@@ -582,7 +607,56 @@ def test_a_tree_cannot_run_its_own_code_in_place_of_a_base_check(repo: Path,
     if plant == "a doctest file":  # a check of the tree's: it runs beside the base's only
         assert against["base"]["added"] == ["test_0.txt"]
     else:
-        assert against["base"]["refused"] and against["base"]["blocked"]
+        base = against["base"]  # refused, or (an edit of a file the base had) held
+        assert (base["refused"] or base["held"]) and base["blocked"]
+
+
+def _package_with_tests(repo: Path) -> None:
+    """The common layout: the tests inside the package (``calcpkg/tests/``)."""
+    _on_main(repo, {"calcpkg/__init__.py": "", "calcpkg/tests/__init__.py": ""},
+             move=("test_calc.py", "calcpkg/tests/test_calc.py"))
+
+
+# what those rules must not refuse: a module of a package that holds its tests (it is never
+# first on a path: a sixth review found it refused), a data folder named after its test
+# module (pytest-datadir's; a folder without __init__ never stands before the module)
+ALLOWED = {
+    "a new module of a package holding its tests": (_package_with_tests,
+                                                     {"calcpkg/types.py": "X = 1\n"}),
+    "a data folder named like its test": (None, {"test_calc/expected.yml": "a: 1\n"}),
+}
+
+
+@pytest.mark.parametrize("change", list(ALLOWED))
+def test_what_stands_in_for_no_check_is_not_refused(repo: Path, change: str) -> None:
+    prepare, files = ALLOWED[change]
+    if prepare is not None:
+        prepare(repo)
+    commit(repo, files)
+    code, against = verify(repo, "--base", "main", "--claim", "ci")
+    assert code == 0, against["summary"]
+    assert not against["base"]["refused"] and against["claim"]["asserted"]
+
+
+@pytest.mark.parametrize("made", ["a file", "a link to another folder"])
+def test_a_test_folder_made_a_file_or_a_link_holds_the_tree_with_no_traceback(
+        repo: Path, made: str) -> None:
+    """``tests/`` turned into a file or a link: the view could not be built
+    (``FileExistsError``) or the diff not read (``NotADirectoryError``), a traceback any pull
+    request could force (a sixth review). Its tests count as deleted: held."""
+    _on_main(repo, move=("test_calc.py", "tests/test_calc.py"))
+    shutil.rmtree(repo / "tests")
+    if made == "a file":
+        (repo / "tests").write_text("not a folder\n")
+    else:
+        (repo / "other").mkdir()
+        (repo / "other" / "test_ok.py").write_text("def test_ok():\n    assert True\n")
+        (repo / "tests").symlink_to("other")
+    commit(repo, {"calc.py": CALC_BUG})
+    code, against = verify(repo, "--base", "main", "--claim", "ci")
+    assert code == 1, against["summary"]
+    assert against["base"]["deleted"] == ["tests/test_calc.py"] and against["base"]["blocked"]
+    assert against["claim"]["asserted"] is None
 
 
 def _imports_at_start(module: str) -> bool:
