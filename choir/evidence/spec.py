@@ -73,8 +73,9 @@ SHADOWED = frozenset(sys.stdlib_module_names) | {
 # ``__editable__.*.pth`` imports at every start
 SHADOWED_PREFIXES = ("pytest_", "_pytest", "__editable__", "_editable_impl_")
 # what other editable installs' ``.pth`` files import at every start: meson-python's
-# ``_NAME_editable_loader`` (numpy's, scipy's development installs)
-_SHADOWED_PATTERN = re.compile(r"_\w*_editable_loader")
+# ``_NAME_editable_loader`` (numpy's, scipy's development installs), scikit-build-core's
+# ``_NAME_editable``
+_SHADOWED_PATTERN = re.compile(r"_\w*_editable(?:_loader)?")
 
 
 def shadowed(module: str) -> bool:
@@ -189,24 +190,42 @@ def test_dirs(paths: Iterable[str]) -> frozenset[str]:
                      if _TEST_MODULE.fullmatch(p.rpartition("/")[2]))
 
 
-def package_dirs(pinned: Iterable[str], paths: Iterable[str]) -> tuple[str, ...]:
-    """The folders above the ``pinned`` test modules' that pytest puts first on their path
-    instead (its ``prepend`` mode: the first folder up that holds no ``__init__``, so
-    ``qa/`` for ``qa/unit/test_x.py`` when ``qa/unit/__init__.py`` is in ``paths``, the
-    base tree's): an import root for the tests like their own folder (a review's new
-    ``qa/calc.py`` stood in for the repo's ``calc``). The repo's root is one already."""
+def import_dirs(pinned: Iterable[str], paths: Iterable[str]) -> tuple[str, ...]:
+    """The folders pytest puts first on the path of the ``pinned`` test modules (and
+    ``conftest.py`` files) in its ``prepend`` mode, the repo's root left out (an import root
+    already): a test's own folder when it holds no ``__init__``, else the first folder up
+    that holds none (``qa/`` for ``qa/unit/test_x.py`` when ``qa/unit/__init__.py`` is in
+    ``paths``, the base tree's: a review's new ``qa/calc.py`` stood in for the repo's
+    ``calc``). A folder of a package is never one (``networkx/`` with its ``conftest.py``:
+    a new ``networkx/types.py`` is only ever ``networkx.types``, which a later review found
+    refused as if it were the standard ``types``)."""
     inits = {p.rpartition("/")[0] for p in paths if module_name(p.rpartition("/")[2]) ==
              "__init__"}
-    own = test_dirs(pinned)
     found: set[str] = set()
-    for folder in own:
-        if folder not in inits:
-            continue  # its own folder is the one pytest puts first
+    for folder in test_dirs(pinned):
         while folder and folder in inits:
             folder = folder.rpartition("/")[0]
-        if folder:  # not the folders walked through: only a package's submodules there
+        if folder:
             found.add(folder)
-    return tuple(sorted(found - own))
+    return tuple(sorted(found))
+
+
+# pytest's default ``--doctest-glob``: such a file is a check when it holds an example
+_DOCTEST_FILE = re.compile(r"test[^/]*\.txt", re.IGNORECASE)
+
+
+def doctest_name(rel: str) -> bool:
+    """Whether pytest would collect ``rel`` as a doctest file if it holds an example."""
+    return _DOCTEST_FILE.fullmatch(rel.rpartition("/")[2]) is not None
+
+
+def _doctest(cursor: fsopen.DirCursor, rel: str, st: os.stat_result) -> bool:
+    """Whether the snapshot's ``rel`` is a doctest file with an example (``>>>``): a check
+    of the tree's (a review's new ``test_0.txt`` rebound ``add`` for the base's test), where
+    a ``requirements/test.txt`` is none (pinning every ``test*.txt`` held a dependency
+    bump, a later review found)."""
+    return doctest_name(rel) and stat.S_ISREG(st.st_mode) and b">>>" in _read(cursor, rel,
+                                                                            st)[1]
 
 
 def above_tests(pinned: Iterable[str]) -> frozenset[str]:
@@ -270,7 +289,7 @@ def roots_of(paths: Iterable[str], pinned: Iterable[str] = ()) -> tuple[str, ...
     folders of the ``pinned`` test modules (``checks/helpers``)."""
     names = set()
     paths, pinned = list(paths), list(pinned)
-    folders = test_dirs(pinned) | frozenset(package_dirs(pinned, paths))
+    folders = frozenset(import_dirs(pinned, paths))
     for path in paths:
         if unnamable(path):
             continue  # never pinned, never seen: the tree that holds one is refused
@@ -286,7 +305,8 @@ def roots_of(paths: Iterable[str], pinned: Iterable[str] = ()) -> tuple[str, ...
 def pinned_paths(kinds: Mapping[str, str], globs: Sequence[str],
                  link_text: Callable[[str], str]) -> list[str]:
     """The paths of a tree (``kinds``: path -> ``f``, ``x`` or ``l``) to pin: those ``globs``
-    match, the ``__init__`` of each folder of a pinned test module, and what each pinned
+    match, the ``__init__`` of each folder of a pinned test module, each doctest file
+    (``test*.txt`` with an example), and what each pinned
     symlink leads to inside the tree (its file, or every file
     under its folder), followed again: a review's base test was a link to a file no glob
     matched, which the tree then rewrote."""
@@ -298,6 +318,9 @@ def pinned_paths(kinds: Mapping[str, str], globs: Sequence[str],
     folders = test_dirs(chosen)
     chosen |= {p for p in kinds if module_name(p.rpartition("/")[2]) == "__init__" and
                p.rpartition("/")[0] in folders and p.rpartition("/")[0] and not unnamable(p)}
+    # the base's doctest files: checks pytest collects (``_doctest``)
+    chosen |= {p for p in kinds if kinds[p] in "fx" and doctest_name(p) and
+               not unnamable(p) and ">>>" in link_text(p)}
     todo = [p for p in chosen if kinds[p] == "l"]
     while todo:
         link = todo.pop()
@@ -322,11 +345,11 @@ class Manifest:
     globs: tuple[str, ...]
     files: dict[str, tuple[str, str]]
     roots: tuple[str, ...] = ()
-    # folders above test modules that are import roots for them (``package_dirs``), and the
+    # the folders pytest puts first for the tests (``import_dirs``: always in a new pin), the
     # base's own paths found by a pinned module's name (``stands_for_pinned``) or that are
     # the ``__init__`` of a folder above its tests (``above_tests``): recorded only when
     # there are any, so a manifest without them keeps its bytes and its hash
-    dirs: tuple[str, ...] = ()
+    dirs: tuple[str, ...] | None = None  # None: a manifest from before (``test_dirs``)
     overlaps: tuple[str, ...] = ()
 
     @classmethod
@@ -336,15 +359,16 @@ class Manifest:
         paths = list(paths)
         modules, above = pinned_modules(files), above_tests(files)
         return cls(tuple(globs), files, roots_of(paths, files),
-                   package_dirs(files, paths),
+                   import_dirs(files, paths),
                    tuple(sorted(p for p in paths if p not in files and not unnamable(p) and (
                        stands_for_pinned(p, modules) or (
                            module_name(p.rpartition("/")[2]) == "__init__" and
                            p.rpartition("/")[0] in above)))))
 
     def encode(self) -> bytes:
-        extra = {key: list(value) for key, value in (("dirs", self.dirs),
-                                                      ("overlaps", self.overlaps)) if value}
+        extra: dict[str, list[str]] = {} if self.dirs is None else {"dirs": list(self.dirs)}
+        if self.overlaps:
+            extra["overlaps"] = list(self.overlaps)
         return canonical_json({"schema": _SCHEMA, "globs": list(self.globs),
                                "files": {p: list(v) for p, v in sorted(self.files.items())},
                                "roots": list(self.roots), **extra})
@@ -359,7 +383,7 @@ class Manifest:
 
     @cached_property
     def _test_dirs(self) -> frozenset[str]:
-        return test_dirs(self.files) | frozenset(self.dirs)
+        return test_dirs(self.files) if self.dirs is None else frozenset(self.dirs)
 
     @cached_property
     def _modules(self) -> frozenset[tuple[str, str]]:
@@ -432,7 +456,8 @@ def load_manifest(store: ArtifactStore, digest: str) -> Manifest:
         raise IntegrityError(f"artifact {digest[:12]} is not a spec manifest")
     return Manifest(globs=tuple(raw["globs"]),
                     files={p: (v[0], v[1]) for p, v in raw["files"].items()},
-                    roots=tuple(raw.get("roots", ())), dirs=tuple(raw.get("dirs", ())),
+                    roots=tuple(raw.get("roots", ())),
+                    dirs=None if raw.get("dirs") is None else tuple(raw["dirs"]),
                     overlaps=tuple(raw.get("overlaps", ())))
 
 
@@ -518,7 +543,7 @@ def compare(tree: Path, tree_hash: str, manifest: Manifest, may_change: Sequence
                 kind, data = _read(cursor, rel, st)
                 if (kind, blake3_hex(data)) != manifest.files[rel]:
                     modified.append(rel)
-            elif manifest.spec_entry(rel, st):
+            elif manifest.spec_entry(rel, st) or _doctest(cursor, rel, st):
                 names = entry_names(rel, st)
                 admitted = any(allowed(n) for n in names) and \
                     not any(influence(n) for n in names)
@@ -661,16 +686,19 @@ def build_view(tree: Path, tree_hash: str, manifest_hash: str, added: Sequence[s
         # folders (`tests` made a file), or below one of them, is not shown (the pinned file
         # is written; `compare` found it deleted, which holds the tree)
         needed = {a for p in manifest.files for a in _ancestors(p)}
-        for rel, st in _walk(tree):
-            if compiled_file(rel):
-                continue  # compiled: never seen
-            if rel in needed or any(a in manifest.files for a in _ancestors(rel)):
-                continue
-            if manifest.governs(rel, st) and rel not in admitted:
-                if rel not in unchanged or rel not in manifest.files:
-                    continue  # pinned (written below) or not admitted: never seen
-                linked.add(rel)
-            shown.append((rel, st))
+        with fsopen.DirCursor(tree) as cursor:
+            for rel, st in _walk(tree):
+                if compiled_file(rel):
+                    continue  # compiled: never seen
+                if rel in needed or any(a in manifest.files for a in _ancestors(rel)):
+                    continue
+                governed = manifest.governs(rel, st) or (
+                    rel not in manifest.files and _doctest(cursor, rel, st))
+                if governed and rel not in admitted:
+                    if rel not in unchanged or rel not in manifest.files:
+                        continue  # pinned (written below) or not admitted: never seen
+                    linked.add(rel)
+                shown.append((rel, st))
         _make_folders(tmp, [rel for rel, _st in shown] + list(manifest.files))
         _link_all(tree, shown, tmp)
         for rel, (kind, digest) in manifest.files.items():

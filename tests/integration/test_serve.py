@@ -602,10 +602,18 @@ def test_the_warm_service_keeps_launchers_armed(shared: tuple[Path, int]) -> Non
     armed = 0
     while time.monotonic() < deadline and not armed:
         for pid in Path(f"/proc/{service}/task/{service}/children").read_text().split():
+            # every thread's children: a launcher armed in the background (the one the bwrap
+            # probe gave back, or a spare) is the child of the pool's thread, not the main one
+            kids = []
             try:
-                kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+                tasks = os.listdir(f"/proc/{pid}/task")
             except OSError:
-                continue
+                continue  # the worker took a request and ended meanwhile
+            for task in tasks:
+                try:
+                    kids += Path(f"/proc/{pid}/task/{task}/children").read_text().split()
+                except OSError:
+                    continue
             armed += sum(1 for k in kids if b"/bin/sh" in _cmd(k) or b"unshare" in _cmd(k))
         time.sleep(0.2)
     assert armed

@@ -620,11 +620,35 @@ def _package_with_tests(repo: Path) -> None:
 # what those rules must not refuse: a module of a package that holds its tests (it is never
 # first on a path: a sixth review found it refused), a data folder named after its test
 # module (pytest-datadir's; a folder without __init__ never stands before the module)
+def _package_with_conftest(repo: Path) -> None:
+    """networkx's layout: a ``conftest.py`` in the package, the tests below it."""
+    _on_main(repo, {"calcpkg/__init__.py": "", "calcpkg/conftest.py": "",
+                    "calcpkg/tests/__init__.py": ""},
+             move=("test_calc.py", "calcpkg/tests/test_calc.py"))
+
+
+def _requirements(repo: Path) -> None:
+    _on_main(repo, {"requirements/test.txt": "pytest==8.0\n"})
+
+
 ALLOWED = {
     "a new module of a package holding its tests": (_package_with_tests,
                                                      {"calcpkg/types.py": "X = 1\n"}),
     "a data folder named like its test": (None, {"test_calc/expected.yml": "a: 1\n"}),
+    # a seventh review, on real projects: a package with a conftest.py (networkx's) is no
+    # import root, and a requirements file named test.txt holds no doctest
+    "modules named like standard ones in a package with a conftest.py": (
+        _package_with_conftest, {"calcpkg/types.py": "X = 1\n", "calcpkg/_typing.py": ""}),
+    "a dependency bump in requirements/test.txt": (_requirements,
+                                                   {"requirements/test.txt": "pytest==9.0\n"}),
 }
+
+
+def test_a_doctest_file_of_the_base_is_pinned(repo: Path) -> None:
+    _on_main(repo, {"test_doc.txt": ">>> from calc import add\n>>> add(2, 3)\n5\n"})
+    commit(repo, {"test_doc.txt": ">>> 1\n1\n"})
+    code, against = verify(repo, "--base", "main")
+    assert code == 1 and against["base"]["held"] == ["test_doc.txt"], against["summary"]
 
 
 @pytest.mark.parametrize("change", list(ALLOWED))
