@@ -40,7 +40,7 @@ PIPELINE = "pipeline"
 # Doctest files (``test*.txt`` holding an example) are pinned and judged by their content
 # too (``choir.evidence.spec``): a ``requirements/test.txt`` is not one.
 DEFAULT_SPEC = (
-    "tests/", "test/", "testing/", "test_*.py", "*_test.py", "conftest.py",
+    "tests/", "test/", "testing/", "test_*.py", "*_test.py", "tests.py", "conftest.py",
     "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg",
     "pyproject.toml",
     "sitecustomize.py", "usercustomize.py", "*.pth", "*.dist-info/", "*.egg-info/",

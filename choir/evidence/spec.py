@@ -179,7 +179,7 @@ def _is_init(inner: str | None) -> bool:
 
 
 # a test module, or a conftest.py: pytest puts the folder of each first on the path too
-_TEST_MODULE = re.compile(r"test_[^/]*\.py|[^/]*_test\.py|conftest\.py")
+_TEST_MODULE = re.compile(r"test_[^/]*\.py|[^/]*_test\.py|tests\.py|conftest\.py")
 
 
 def test_dirs(paths: Iterable[str]) -> frozenset[str]:
@@ -224,8 +224,11 @@ def _doctest(cursor: fsopen.DirCursor, rel: str, st: os.stat_result) -> bool:
     of the tree's (a review's new ``test_0.txt`` rebound ``add`` for the base's test), where
     a ``requirements/test.txt`` is none (pinning every ``test*.txt`` held a dependency
     bump, a later review found)."""
-    return doctest_name(rel) and stat.S_ISREG(st.st_mode) and b">>>" in _read(cursor, rel,
-                                                                            st)[1]
+    if not doctest_name(rel):
+        return False
+    if stat.S_ISLNK(st.st_mode):
+        return True  # pytest follows it to whatever it leads to: taken as one, unread
+    return stat.S_ISREG(st.st_mode) and b">>>" in _read(cursor, rel, st)[1]
 
 
 def above_tests(pinned: Iterable[str]) -> frozenset[str]:
@@ -270,15 +273,26 @@ def stands_for_pinned(rel: str, modules: frozenset[tuple[str, str]]) -> bool:
     return False
 
 
-def _test_dir_module(rel: str, folders: frozenset[str]) -> tuple[str, str] | None:
-    """(test folder, module name) when ``rel`` is a module file or package directly in one
-    of ``folders``."""
+def _test_dir_module(rel: str,
+                     folders: frozenset[str]) -> tuple[str, str, str | None] | None:
+    """(test folder, module name, the path below the module's folder or None for a module
+    file) when ``rel`` is a module file or in a package directly in one of ``folders``."""
     for folder in (rel.rpartition("/")[0], rel.rpartition("/")[0].rpartition("/")[0]):
         if folder and folder in folders:
             top, sep, rest = rel[len(folder) + 1:].partition("/")
             name = top if sep else module_name(top)
-            return (folder, name) if name else None
+            return (folder, name, rest if sep else None) if name else None
     return None
+
+
+def _importable(inner: str | None, linked: bool) -> bool:
+    """Whether a path found under a module's name is what an import of that name can get:
+    a module file (``inner`` None), a folder's ``__init__`` (a regular package) or a link
+    standing for the folder. A file in a folder with no ``__init__`` is part of a namespace
+    package, which never stands before a module of that name later on the path: a later
+    review found ``html/index.html`` and ``locale/fr/...`` refused as if they were the
+    standard modules."""
+    return inner is None or _is_init(inner) or linked
 
 
 def roots_of(paths: Iterable[str], pinned: Iterable[str] = ()) -> tuple[str, ...]:
@@ -298,8 +312,32 @@ def roots_of(paths: Iterable[str], pinned: Iterable[str] = ()) -> tuple[str, ...
             if _is_init(inner):
                 names.add(f"{name}/")
         if (found := _test_dir_module(path, folders)) is not None:
-            names.add("/".join(found))
+            names.add("/".join(found[:2]))
     return tuple(sorted(names))
+
+
+def _test_packages(kinds: Mapping[str, str], folders: frozenset[str]) -> frozenset[str]:
+    """The folders whose ``__init__`` is part of the tests: each of ``folders`` (holding a
+    pinned test module), and each package above one that holds no module of its own
+    (``qa/`` of ``qa/unit/``: pytest imports ``qa`` first, and a later review hooked the
+    reports in its ``__init__``), never a package of the code (``networkx/`` of
+    ``networkx/tests/``)."""
+    inits, coded = set(), set()
+    for path in kinds:
+        folder, _, name = path.rpartition("/")
+        module = module_name(name)
+        if module == "__init__":
+            inits.add(folder)
+        elif module is not None:
+            coded.add(folder)
+    found = {f for f in folders if f}
+    for folder in folders:
+        while folder in inits and folder:
+            folder = folder.rpartition("/")[0]
+            if not folder or folder not in inits or folder in coded:
+                break
+            found.add(folder)
+    return frozenset(found)
 
 
 def pinned_paths(kinds: Mapping[str, str], globs: Sequence[str],
@@ -315,12 +353,12 @@ def pinned_paths(kinds: Mapping[str, str], globs: Sequence[str],
     # the __init__ of a folder holding a pinned test module or conftest.py: the package
     # pytest imports the tests as, before them (a review edited an empty one to hook the
     # reports; no glob named it)
-    folders = test_dirs(chosen)
     chosen |= {p for p in kinds if module_name(p.rpartition("/")[2]) == "__init__" and
-               p.rpartition("/")[0] in folders and p.rpartition("/")[0] and not unnamable(p)}
+               p.rpartition("/")[0] in _test_packages(kinds, test_dirs(chosen)) and
+               not unnamable(p)}
     # the base's doctest files: checks pytest collects (``_doctest``)
-    chosen |= {p for p in kinds if kinds[p] in "fx" and doctest_name(p) and
-               not unnamable(p) and ">>>" in link_text(p)}
+    chosen |= {p for p in kinds if doctest_name(p) and not unnamable(p) and
+               (kinds[p] == "l" or ">>>" in link_text(p))}
     todo = [p for p in chosen if kinds[p] == "l"]
     while todo:
         link = todo.pop()
@@ -420,18 +458,22 @@ class Manifest:
         for path in entry_names(rel, st):
             for name, inner in itertools.islice(_found_as(path), 1):
                 module = name.rpartition("/")[2]
-                if not shadowed(module):
+                if not shadowed(module) or not _importable(inner, path != rel):
                     continue
                 if name not in self._roots:
                     return True
                 if _is_init(inner) and f"{name}/" not in self._roots:
                     return True  # a base folder made a regular package now
-        beside = _test_dir_module(rel, self._test_dirs)
-        if beside is not None and "/".join(beside) not in self._roots:
+        for path in entry_names(rel, st):
+            beside = _test_dir_module(path, self._test_dirs)
+            if beside is None or "/".join(beside[:2]) in self._roots or \
+                    not _importable(beside[2], path != rel):
+                continue
             # first on the path of the tests beside it: a package of the folder itself, a
             # module the tests import from the repo, or a library's name
             name = beside[1]
-            return name == "__init__" or name in self._root_modules or shadowed(name)
+            if name == "__init__" or name in self._root_modules or shadowed(name):
+                return True
         return False
 
     def governs(self, rel: str, st: os.stat_result | None = None) -> bool:

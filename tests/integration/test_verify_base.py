@@ -552,6 +552,18 @@ def _conftest_above(repo: Path) -> None:
              move=("test_calc.py", "qa/unit/test_calc.py"))
 
 
+def _in_nested_package(repo: Path) -> None:
+    _on_main(repo, {"qa/__init__.py": "", "qa/unit/__init__.py": ""},
+             move=("test_calc.py", "qa/unit/test_calc.py"))
+
+
+def _django_style(repo: Path) -> None:
+    """Django's layout: an app's checks in ``app/tests.py``, which pytest collects as its
+    configuration says (pytest-django's ``python_files``)."""
+    _on_main(repo, {"pytest.ini": "[pytest]\npython_files = tests.py test_*.py\n",
+                    "app/__init__.py": ""}, move=("test_calc.py", "app/tests.py"))
+
+
 # a package found before the base's test module of the same name: it says it is that file
 # (so pytest's check of the module's path passes) and defines a test that passes
 SAME_NAME = ("import os\n__file__ = os.path.join(os.path.dirname(os.path.dirname(__file__)), "
@@ -584,6 +596,12 @@ STANDS_IN = {
                                                         "qa/calc.py": CALC_OK}),
     "_calc_editable_loader.py": (_repo_on_the_path, {
         "calc.py": CALC_BUG, "_calc_editable_loader.py": REPORTS_PASS}),
+    # an eighth review: the __init__ of a package of tests above the tests' own folder
+    # (pytest imports `qa` before `qa.unit.test_calc`), and Django's tests.py
+    "an edited __init__.py above the tests' package": (_in_nested_package, {
+        "calc.py": CALC_BUG, "qa/__init__.py": REPORTS_PASS}),
+    "an edited tests.py": (_django_style, {
+        "calc.py": CALC_BUG, "app/tests.py": "def test_add():\n    assert True\n"}),
 }
 # shown passing on the tree's own checks only where the interpreter has the .pth
 AT_START = {"_distutils_hack.py": "_distutils_hack",
@@ -641,7 +659,24 @@ ALLOWED = {
         _package_with_conftest, {"calcpkg/types.py": "X = 1\n", "calcpkg/_typing.py": ""}),
     "a dependency bump in requirements/test.txt": (_requirements,
                                                    {"requirements/test.txt": "pytest==9.0\n"}),
+    # an eighth review: folders of data named like standard modules are no packages
+    "data folders named like standard modules": (None, {
+        "html/index.html": "<p>hi</p>\n", "locale/fr/LC_MESSAGES/messages.po": "x\n",
+        "secrets/README.md": "x\n"}),
 }
+
+
+def test_a_doctest_behind_a_link_runs_beside_the_base_checks_only(repo: Path) -> None:
+    """pytest follows a ``test_0.txt`` link to a file no doctest rule reads (``notes.md``):
+    a link by that name is taken as a doctest whatever it leads to."""
+    (repo / "notes.md").write_text(DOCTEST)
+    (repo / "test_0.txt").symlink_to("notes.md")
+    commit(repo, {"calc.py": CALC_BUG})
+    code, own = verify(repo)
+    assert code == 0, own["summary"]  # the attack, on the tree's own checks
+    code, against = verify(repo, "--base", "main")
+    assert code == 1 and results(against)["unit#0"] == "FAIL", against["summary"]
+    assert against["base"]["added"] == ["test_0.txt"]
 
 
 def test_a_doctest_file_of_the_base_is_pinned(repo: Path) -> None:

@@ -190,10 +190,15 @@ def test_a_new_module_that_shadows_the_runner_or_the_stdlib_is_never_seen(
     # sourceless bytecode and extensions are modules too (a review's fake pytest.pyc ran as
     # pytest, and sitecustomize.pyc at every start); a tag in an extension's name is any
     # interpreter's
-    shadows = ("pytest.py", "xml/etree/ElementTree.py", "src/pytest/__init__.py", "json.py",
+    shadows = ("pytest.py", "xml/__init__.py", "src/pytest/__init__.py", "json.py",
                "pytest.pyc", "src/pytest.pyc", "json.cpython-312-x86_64-linux-gnu.so",
                "_pytest.abi3.so", "sitecustomize.pyc", "usercustomize.py")
-    for planted in (*shadows, "code/b.py", "helpers.py", "helpers2.pyc", "notes.pyc.txt"):
+    # a file in a folder with no __init__ of its own is part of a namespace package, which
+    # never stands before a module of that name: `xml/etree/ElementTree.py` alone is
+    # harmless (the standard `xml` is found), a data folder `html/` is no package
+    harmless = ("xml/etree/ElementTree.py", "html/index.html")
+    for planted in (*shadows, *harmless, "code/b.py", "helpers.py", "helpers2.pyc",
+                    "notes.pyc.txt"):
         (repo / planted).parent.mkdir(parents=True, exist_ok=True)
         (repo / planted).write_text("raise SystemExit(0)\n")
     change, view = _judge(repo, pin, root)
@@ -202,7 +207,8 @@ def test_a_new_module_that_shadows_the_runner_or_the_stdlib_is_never_seen(
     assert (view / "notes.pyc.txt").exists()
     # compiled files are never in a view: Python may load one instead of the source beside it
     assert not (view / "helpers2.pyc").exists()
-    assert not (view / "pytest.py").exists() and not (view / "xml").exists()
+    assert not (view / "pytest.py").exists() and not (view / "xml" / "__init__.py").exists()
+    assert all((view / p).exists() for p in harmless)
     assert not [p for p in shadows if (view / p).exists()]
 
 
