@@ -23,7 +23,8 @@ def _shown(value: Any, limit: int) -> str:
     review's file name set the terminal's title), and it is cut to ``limit``."""
     from choir._core.terminal import strip_controls
 
-    return strip_controls(str(value))[:limit]
+    # a line break or a tab would start a row of its own in the plain lines
+    return strip_controls(str(value)).replace("\n", " ").replace("\t", " ")[:limit]
 
 
 def _line(event: dict[str, Any]) -> None:

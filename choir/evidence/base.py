@@ -91,16 +91,20 @@ def ambiguous(git: GitRepo, ref: str) -> list[str]:
     id is never ambiguous (git takes it as the object)."""
     if is_oid(ref):
         return []
-    name = re.split(r"[~^:@]", ref, maxsplit=1)[0]
-    if not name:
+    name = re.split(r"[~^:]|@\{", ref, maxsplit=1)[0]
+    if not name or name == "@":
         return []
     listed = git.run("for-each-ref", "--format=%(refname)")
-    refs = set(listed.decode("utf-8", "surrogateescape").split("\n")) if listed else set()
+    if listed is None:
+        raise UserError(f"--base {ref}: git could not list the refs of {git.root}, so which "
+                        "commit the name means cannot be told; give the commit's full id")
+    refs = set(listed.decode("utf-8", "surrogateescape").split("\n"))
     found = [form.format(name) for form in _DWIM if form.format(name) in refs]
     if not name.startswith("refs/") and any(
             os.path.isfile(folder / name) for folder in {git.git_dir, git.common_dir}):
         found.insert(0, name)  # a file in the git folder itself (HEAD, or a planted one)
-    if re.fullmatch(r"[0-9a-f]{4,63}", name) and found:
+    if found and re.fullmatch(r"[0-9a-fA-F]{4,63}", name) and \
+            git.run("rev-parse", f"--disambiguate={name.lower()}"):
         found.append(f"the commit {name}...")  # an abbreviated id that a ref is named like
     return list(dict.fromkeys(found)) if len(found) > 1 else []
 

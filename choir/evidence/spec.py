@@ -23,6 +23,7 @@ it is refused or held for a person by the mood's ``spec_change`` policy.
 
 from __future__ import annotations
 
+import collections
 import difflib
 import errno
 import itertools
@@ -180,14 +181,17 @@ def _is_init(inner: str | None) -> bool:
 
 # a test module, or a conftest.py: pytest puts the folder of each first on the path too
 _TEST_MODULE = re.compile(r"test_[^/]*\.py|[^/]*_test\.py|tests\.py|conftest\.py")
+# what a pin from before ``Manifest.dirs`` took for a test module (it means what it meant)
+_LEGACY_TEST_MODULE = re.compile(r"test_[^/]*\.py|[^/]*_test\.py")
 
 
-def test_dirs(paths: Iterable[str]) -> frozenset[str]:
+def test_dirs(paths: Iterable[str], *, legacy: bool = False) -> frozenset[str]:
     """The folders holding test modules among ``paths``: pytest puts each first on the
     import path of its tests (its rootdir-based ``prepend`` import mode), a third import
     root beside the repo's and ``src/``."""
+    pattern = _LEGACY_TEST_MODULE if legacy else _TEST_MODULE
     return frozenset(p.rpartition("/")[0] for p in paths
-                     if _TEST_MODULE.fullmatch(p.rpartition("/")[2]))
+                     if pattern.fullmatch(p.rpartition("/")[2]))
 
 
 def import_dirs(pinned: Iterable[str], paths: Iterable[str]) -> tuple[str, ...]:
@@ -228,7 +232,17 @@ def _doctest(cursor: fsopen.DirCursor, rel: str, st: os.stat_result) -> bool:
         return False
     if stat.S_ISLNK(st.st_mode):
         return True  # pytest follows it to whatever it leads to: taken as one, unread
-    return stat.S_ISREG(st.st_mode) and b">>>" in _read(cursor, rel, st)[1]
+    if not stat.S_ISREG(st.st_mode):
+        return False
+    parts = fsopen.split(rel)
+    fd, _st = fsopen.open_regular(parts[-1], cursor.dir(parts[:-1]))
+    with os.fdopen(fd, "rb") as fh:  # read in pieces: a big data file is never held whole
+        tail = b""
+        while chunk := fh.read(1 << 16):
+            if b">>>" in tail + chunk:
+                return True
+            tail = chunk[-2:]
+    return False
 
 
 def above_tests(pinned: Iterable[str]) -> frozenset[str]:
@@ -318,11 +332,12 @@ def roots_of(paths: Iterable[str], pinned: Iterable[str] = ()) -> tuple[str, ...
 
 def _test_packages(kinds: Mapping[str, str], folders: frozenset[str]) -> frozenset[str]:
     """The folders whose ``__init__`` is part of the tests: each of ``folders`` (holding a
-    pinned test module), and each package above one that holds no module of its own
-    (``qa/`` of ``qa/unit/``: pytest imports ``qa`` first, and a later review hooked the
-    reports in its ``__init__``), never a package of the code (``networkx/`` of
-    ``networkx/tests/``)."""
-    inits, coded = set(), set()
+    pinned test module), and each package above one whose code is all tests: no module of
+    its own, and every subfolder holding code a folder of tests (``qa/`` of ``qa/unit/``:
+    pytest imports ``qa`` first, and a later review hooked the reports in its
+    ``__init__``); never a package of the code (``networkx/``, or ``mypkg/`` beside
+    ``mypkg/core/``)."""
+    inits, coded, below, children = set(), set(), set(), collections.defaultdict(set)
     for path in kinds:
         folder, _, name = path.rpartition("/")
         module = module_name(name)
@@ -330,11 +345,19 @@ def _test_packages(kinds: Mapping[str, str], folders: frozenset[str]) -> frozens
             inits.add(folder)
         elif module is not None:
             coded.add(folder)
+            below.add(folder)
+            below.update(_ancestors(path))
+        parent = folder
+        while parent:
+            up = parent.rpartition("/")[0]
+            children[up].add(parent)
+            parent = up
     found = {f for f in folders if f}
     for folder in folders:
-        while folder in inits and folder:
+        while folder and folder in inits:
             folder = folder.rpartition("/")[0]
-            if not folder or folder not in inits or folder in coded:
+            if not folder or folder not in inits or folder in coded or any(
+                    child in below and child not in found for child in children[folder]):
                 break
             found.add(folder)
     return frozenset(found)
@@ -353,9 +376,9 @@ def pinned_paths(kinds: Mapping[str, str], globs: Sequence[str],
     # the __init__ of a folder holding a pinned test module or conftest.py: the package
     # pytest imports the tests as, before them (a review edited an empty one to hook the
     # reports; no glob named it)
+    packages = _test_packages(kinds, test_dirs(chosen))
     chosen |= {p for p in kinds if module_name(p.rpartition("/")[2]) == "__init__" and
-               p.rpartition("/")[0] in _test_packages(kinds, test_dirs(chosen)) and
-               not unnamable(p)}
+               p.rpartition("/")[0] in packages and not unnamable(p)}
     # the base's doctest files: checks pytest collects (``_doctest``)
     chosen |= {p for p in kinds if doctest_name(p) and not unnamable(p) and
                (kinds[p] == "l" or ">>>" in link_text(p))}
@@ -383,10 +406,10 @@ class Manifest:
     globs: tuple[str, ...]
     files: dict[str, tuple[str, str]]
     roots: tuple[str, ...] = ()
-    # the folders pytest puts first for the tests (``import_dirs``: always in a new pin), the
+    # the folders pytest puts first for the tests (``import_dirs``: always written in a new
+    # pin; None in one from before, which is judged by the rules it was made under), and the
     # base's own paths found by a pinned module's name (``stands_for_pinned``) or that are
-    # the ``__init__`` of a folder above its tests (``above_tests``): recorded only when
-    # there are any, so a manifest without them keeps its bytes and its hash
+    # the ``__init__`` of a folder above its tests (``above_tests``: written when any)
     dirs: tuple[str, ...] | None = None  # None: a manifest from before (``test_dirs``)
     overlaps: tuple[str, ...] = ()
 
@@ -419,9 +442,14 @@ class Manifest:
     def _roots(self) -> frozenset[str]:
         return frozenset(self.roots)
 
+    @property
+    def legacy(self) -> bool:
+        """A pin from before the rules that record ``dirs``: it is judged as it was."""
+        return self.dirs is None
+
     @cached_property
     def _test_dirs(self) -> frozenset[str]:
-        return test_dirs(self.files) if self.dirs is None else frozenset(self.dirs)
+        return test_dirs(self.files, legacy=True) if self.dirs is None else frozenset(self.dirs)
 
     @cached_property
     def _modules(self) -> frozenset[tuple[str, str]]:
@@ -448,11 +476,11 @@ class Manifest:
     def shadows(self, rel: str, st: os.stat_result | None = None) -> bool:
         """True for a new file that would be imported instead of a library, the runner or a
         pinned module."""
-        if rel not in self.files and rel not in self._overlaps and \
+        if not self.legacy and rel not in self.files and rel not in self._overlaps and \
                 stands_for_pinned(rel, self._modules):
             return True
         folder, _, top = rel.rpartition("/")
-        if module_name(top) == "__init__" and folder in self._above and \
+        if not self.legacy and module_name(top) == "__init__" and folder in self._above and \
                 rel not in self._overlaps:
             return True  # a new package above the base's tests: imported before them
         for path in entry_names(rel, st):
@@ -585,7 +613,8 @@ def compare(tree: Path, tree_hash: str, manifest: Manifest, may_change: Sequence
                 kind, data = _read(cursor, rel, st)
                 if (kind, blake3_hex(data)) != manifest.files[rel]:
                     modified.append(rel)
-            elif manifest.spec_entry(rel, st) or _doctest(cursor, rel, st):
+            elif manifest.spec_entry(rel, st) or (not manifest.legacy and
+                                                   _doctest(cursor, rel, st)):
                 names = entry_names(rel, st)
                 admitted = any(allowed(n) for n in names) and \
                     not any(influence(n) for n in names)
@@ -612,7 +641,9 @@ def _diff(tree: Path, manifest: Manifest, paths: list[str], store: ArtifactStore
         try:  # opened one component at a time: a folder the tree made a link is no file
             with fsopen.DirCursor(tree) as cursor:
                 after = _read(cursor, rel)[1].decode("utf-8", "replace")
-        except OSError:
+        except OSError as exc:
+            if exc.errno not in _ABSENT:
+                raise
             after = ""
         out.extend(difflib.unified_diff(before.splitlines(True), after.splitlines(True),
                                         f"a/{rel} (pinned)", f"b/{rel}"))
@@ -629,7 +660,9 @@ def repin(manifest: Manifest, tree: Path, paths: Sequence[str], store: ArtifactS
         try:  # one component at a time: a folder the tree made a link holds no file
             with fsopen.DirCursor(tree) as cursor:
                 kind, data = _read(cursor, rel)
-        except OSError:
+        except OSError as exc:
+            if exc.errno not in _ABSENT:
+                raise  # a read that failed is no deleted check
             files.pop(rel, None)
             continue
         files[rel] = (kind, store.ingest_bytes(data))
@@ -735,7 +768,8 @@ def build_view(tree: Path, tree_hash: str, manifest_hash: str, added: Sequence[s
                 if rel in needed or any(a in manifest.files for a in _ancestors(rel)):
                     continue
                 governed = manifest.governs(rel, st) or (
-                    rel not in manifest.files and _doctest(cursor, rel, st))
+                    not manifest.legacy and rel not in manifest.files and
+                    _doctest(cursor, rel, st))
                 if governed and rel not in admitted:
                     if rel not in unchanged or rel not in manifest.files:
                         continue  # pinned (written below) or not admitted: never seen
@@ -758,6 +792,11 @@ def build_view(tree: Path, tree_hash: str, manifest_hash: str, added: Sequence[s
         remove_snapshot(tmp)
         raise
     return final, fresh
+
+
+# what opening a path of a snapshot one component at a time says when nothing is there: no
+# entry, a file or a link where a folder was, a link where a file was
+_ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EINVAL)
 
 
 def _ancestors(rel: str) -> Iterator[str]:

@@ -325,7 +325,8 @@ ATTRIBUTES = ".gitattributes"
 
 
 def _attribute_lines(data: bytes) -> Iterator[list[str]]:
-    """The words of each line of a ``.gitattributes`` file as git reads it (attr.c), in
+    """The words of each line of a ``.gitattributes`` file as git reads it (attr.c), then
+    the line itself, in
     order: lines end at ``\\n`` only (a review's ``b.txt\\rtext\\reol=crlf`` was three lines
     to ``splitlines`` and one line of three words to git), a UTF-8 byte order mark is
     skipped, words are split on git's blanks alone (space, tab, ``\\r``: ``str.split`` also
@@ -334,7 +335,10 @@ def _attribute_lines(data: bytes) -> Iterator[list[str]]:
     for raw in data.removeprefix(b"\xef\xbb\xbf").split(b"\n"):
         words = [w for w in re.split(rb"[ \t\r]+", raw) if w]
         if words and not words[0].startswith(b"#"):
-            yield [w.decode("utf-8", "surrogateescape") for w in words]
+            # the line itself last, its blanks kept: a quoted pattern's ("a  b.txt") are
+            # part of it, so the line is what a change is judged by
+            yield [w.decode("utf-8", "surrogateescape") for w in words] + [
+                raw.strip(b" \t\r").decode("utf-8", "surrogateescape")]
 
 
 def attribute_macros(data: bytes) -> frozenset[str]:
@@ -351,9 +355,9 @@ def conversion_lines(data: bytes, macros: frozenset[str] = frozenset()) -> tuple
     ``* text=auto eol=crlf`` and ``*.sh text eol=lf``). A quoted pattern holding a blank only
     adds words to look at: nothing is missed."""
     names = CONVERSIONS | macros
-    return tuple(" ".join(words) for words in _attribute_lines(data)
+    return tuple(words[-1] for words in _attribute_lines(data)
                  if words[0].startswith("[attr]") or any(
-                     word.lstrip("-!").split("=", 1)[0] in names for word in words[1:]))
+                     word.lstrip("-!").split("=", 1)[0] in names for word in words[1:-1]))
 
 
 Outside = tuple[dict[str, str], dict[str, tuple[str, ...]]]

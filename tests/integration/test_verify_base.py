@@ -250,7 +250,10 @@ def test_a_base_name_that_means_two_refs_is_refused(repo: Path) -> None:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "ambiguous" in proc.stderr and "refs/tags/main" in proc.stderr
     assert "refs/heads/main" in proc.stderr
-    for exact in ("refs/heads/main", git(repo, "rev-parse", "refs/heads/main").strip()):
+    hexy = next(n for n in ("cafe", "beef", "f00d", "d00d")  # no object's id starts so
+                if not git(repo, "rev-parse", f"--disambiguate={n}").strip())
+    git(repo, "branch", hexy, "refs/heads/main")
+    for exact in ("refs/heads/main", git(repo, "rev-parse", "refs/heads/main").strip(), hexy):
         code, against = verify(repo, "--base", exact)
         assert code == 1 and against["base"]["held"] == ["test_calc.py"], exact
 

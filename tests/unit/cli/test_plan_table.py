@@ -45,3 +45,9 @@ def test_the_plain_lines_carry_no_escape_sequence(capsys: pytest.CaptureFixture[
                     "last": HOSTILE})
     line = capsys.readouterr().err
     assert "\x1b" not in line and "\x07" not in line and "[/x]/.git" in line
+
+
+def test_a_line_break_in_a_members_text_starts_no_row(capsys: pytest.CaptureFixture[str]) -> None:
+    plan_cli._line({"item": "a", "member": "m", "state": "failed", "attempt": 1,
+                    "last": "x\n  b  -  merged   attempt 1  ASSERTed\tok"})
+    assert capsys.readouterr().err.count("\n") == 1
