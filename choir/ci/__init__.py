@@ -11,6 +11,7 @@ sets those from its inputs, never by pasting inputs into a script).
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from dataclasses import replace
@@ -52,27 +53,30 @@ class _Input(click.Option):
             raise click.UsageError(message, ctx) from None
 
 
+_input = functools.partial(click.option, cls=_Input)
+
+
 def _options(fn: Any) -> Any:
     for option in reversed([
-        click.option("--repo", cls=_Input, envvar="CHOIR_CI_REPO", default=".", show_default=True,
+        _input("--repo", envvar="CHOIR_CI_REPO", default=".", show_default=True,
                      type=click.Path(path_type=Path, file_okay=False),
                      help="The repo to verify (holds choir.yaml)."),
-        click.option("--mood", cls=_Input, envvar="CHOIR_CI_MOOD", default=None,
+        _input("--mood", envvar="CHOIR_CI_MOOD", default=None,
                      type=click.Choice(_MOODS, case_sensitive=False)),
-        click.option("--claim", cls=_Input, envvar="CHOIR_CI_CLAIM", default=None,
+        _input("--claim", envvar="CHOIR_CI_CLAIM", default=None,
                      help="The claim verified and gated (default: ci, pre-commit)."),
-        click.option("--sandbox", cls=_Input, envvar="CHOIR_CI_SANDBOX", default=None,
+        _input("--sandbox", envvar="CHOIR_CI_SANDBOX", default=None,
                      help="docker | bwrap | local | auto (default: choir.yaml, else auto)."),
-        click.option("--out", cls=_Input, envvar="CHOIR_CI_OUT", default=None,
+        _input("--out", envvar="CHOIR_CI_OUT", default=None,
                      type=click.Path(path_type=Path, file_okay=False),
                      help="Where the bundle, the VSA, the key and the contract are written."),
-        click.option("--resource-uri", "resource_uri", cls=_Input, envvar="CHOIR_CI_RESOURCE_URI",
+        _input("--resource-uri", "resource_uri", envvar="CHOIR_CI_RESOURCE_URI",
                      default=None, help="The VSA's resourceUri (in GitHub: the repository "
                      "and ref)."),
-        click.option("--base-ref", "base_ref", cls=_Input, envvar="CHOIR_CI_BASE_REF", default=None,
+        _input("--base-ref", "base_ref", envvar="CHOIR_CI_BASE_REF", default=None,
                      help="Verify with this commit's choir.yaml and checks, not the tree's "
                      "(in GitHub: the pull request's base)."),
-        click.option("--approve-spec-change", "approve_spec", cls=_Input,
+        _input("--approve-spec-change", "approve_spec",
                      envvar="CHOIR_CI_APPROVE_SPEC_CHANGE",
                      is_flag=True, default=False,
                      help="A person approved the tree's changes to the base's checks."),

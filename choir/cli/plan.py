@@ -18,13 +18,12 @@ def plan() -> None:
 
 
 def _shown(value: Any, limit: int) -> str:
-    """A row's field as plain text: a member chooses what its item's ``last`` says (the paths
-    of its worktree are quoted there), so escape sequences and controls are taken out (a
-    review's file name set the terminal's title), and it is cut to ``limit``."""
-    from choir._core.terminal import strip_controls
+    """A row's field as one plain line: a member chooses what its item's ``last`` says (the
+    paths of its worktree are quoted there): escape sequences set a review's terminal title,
+    a line break would start a row of its own."""
+    from choir._core.terminal import one_line
 
-    # a line break or a tab would start a row of its own in the plain lines
-    return strip_controls(str(value)).replace("\n", " ").replace("\t", " ")[:limit]
+    return one_line(value, limit)
 
 
 def _line(event: dict[str, Any]) -> None:

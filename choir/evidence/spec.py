@@ -287,6 +287,15 @@ def stands_for_pinned(rel: str, modules: frozenset[tuple[str, str]]) -> bool:
     return False
 
 
+def _stands_in(rel: str, modules: frozenset[tuple[str, str]], above: frozenset[str]) -> bool:
+    """Whether ``rel``, were it new, would be imported before or instead of the base's checks:
+    found by a pinned module's name (``stands_for_pinned``), or the ``__init__`` of a folder
+    at or above the tests (``above_tests``: pytest imports it before them)."""
+    folder, _, top = rel.rpartition("/")
+    return stands_for_pinned(rel, modules) or (module_name(top) == "__init__" and
+                                               folder in above)
+
+
 def _test_dir_module(rel: str,
                      folders: frozenset[str]) -> tuple[str, str, str | None] | None:
     """(test folder, module name, the path below the module's folder or None for a module
@@ -337,7 +346,10 @@ def _test_packages(kinds: Mapping[str, str], folders: frozenset[str]) -> frozens
     pytest imports ``qa`` first, and a later review hooked the reports in its
     ``__init__``); never a package of the code (``networkx/``, or ``mypkg/`` beside
     ``mypkg/core/``)."""
-    inits, coded, below, children = set(), set(), set(), collections.defaultdict(set)
+    inits: set[str] = set()
+    coded: set[str] = set()
+    below: set[str] = set()  # folders with code at or under them
+    children: collections.defaultdict[str, set[str]] = collections.defaultdict(set)
     for path in kinds:
         folder, _, name = path.rpartition("/")
         module = module_name(name)
@@ -345,13 +357,9 @@ def _test_packages(kinds: Mapping[str, str], folders: frozenset[str]) -> frozens
             inits.add(folder)
         elif module is not None:
             coded.add(folder)
-            below.add(folder)
             below.update(_ancestors(path))
-        parent = folder
-        while parent:
-            up = parent.rpartition("/")[0]
-            children[up].add(parent)
-            parent = up
+        for above in _ancestors(path):
+            children[above.rpartition("/")[0]].add(above)
     found = {f for f in folders if f}
     for folder in folders:
         while folder and folder in inits:
@@ -364,13 +372,14 @@ def _test_packages(kinds: Mapping[str, str], folders: frozenset[str]) -> frozens
 
 
 def pinned_paths(kinds: Mapping[str, str], globs: Sequence[str],
-                 link_text: Callable[[str], str]) -> list[str]:
+                 text: Callable[[str], str]) -> list[str]:
     """The paths of a tree (``kinds``: path -> ``f``, ``x`` or ``l``) to pin: those ``globs``
     match, the ``__init__`` of each folder of a pinned test module, each doctest file
     (``test*.txt`` with an example), and what each pinned
     symlink leads to inside the tree (its file, or every file
     under its folder), followed again: a review's base test was a link to a file no glob
-    matched, which the tree then rewrote."""
+    matched, which the tree then rewrote. ``text``: a path's text (a link's target, a
+    file's content)."""
     is_spec = matcher(globs)
     chosen = {p for p in kinds if is_spec(p) and not unnamable(p)}
     # the __init__ of a folder holding a pinned test module or conftest.py: the package
@@ -381,11 +390,11 @@ def pinned_paths(kinds: Mapping[str, str], globs: Sequence[str],
                p.rpartition("/")[0] in packages and not unnamable(p)}
     # the base's doctest files: checks pytest collects (``_doctest``)
     chosen |= {p for p in kinds if doctest_name(p) and not unnamable(p) and
-               (kinds[p] == "l" or ">>>" in link_text(p))}
+               (kinds[p] == "l" or ">>>" in text(p))}
     todo = [p for p in chosen if kinds[p] == "l"]
     while todo:
         link = todo.pop()
-        target = posixpath.normpath(posixpath.join(posixpath.dirname(link), link_text(link)))
+        target = posixpath.normpath(posixpath.join(posixpath.dirname(link), text(link)))
         if target.startswith(("../", "/")) or target in ("..", "."):
             continue  # outside the tree: a snapshot refuses such a link anyway
         found = [target] if target in kinds else [p for p in kinds
@@ -419,12 +428,9 @@ class Manifest:
         """The pin of ``files`` (the spec files chosen) in a base tree of ``paths``."""
         paths = list(paths)
         modules, above = pinned_modules(files), above_tests(files)
-        return cls(tuple(globs), files, roots_of(paths, files),
-                   import_dirs(files, paths),
-                   tuple(sorted(p for p in paths if p not in files and not unnamable(p) and (
-                       stands_for_pinned(p, modules) or (
-                           module_name(p.rpartition("/")[2]) == "__init__" and
-                           p.rpartition("/")[0] in above)))))
+        return cls(tuple(globs), files, roots_of(paths, files), import_dirs(files, paths),
+                   tuple(sorted(p for p in paths if p not in files and not unnamable(p) and
+                                _stands_in(p, modules, above))))
 
     def encode(self) -> bytes:
         extra: dict[str, list[str]] = {} if self.dirs is None else {"dirs": list(self.dirs)}
@@ -477,12 +483,8 @@ class Manifest:
         """True for a new file that would be imported instead of a library, the runner or a
         pinned module."""
         if not self.legacy and rel not in self.files and rel not in self._overlaps and \
-                stands_for_pinned(rel, self._modules):
+                _stands_in(rel, self._modules, self._above):
             return True
-        folder, _, top = rel.rpartition("/")
-        if not self.legacy and module_name(top) == "__init__" and folder in self._above and \
-                rel not in self._overlaps:
-            return True  # a new package above the base's tests: imported before them
         for path in entry_names(rel, st):
             for name, inner in itertools.islice(_found_as(path), 1):
                 module = name.rpartition("/")[2]

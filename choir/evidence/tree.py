@@ -324,9 +324,8 @@ CONVERSIONS = frozenset({"text", "eol", "crlf", "ident", "filter", "working-tree
 ATTRIBUTES = ".gitattributes"
 
 
-def _attribute_lines(data: bytes) -> Iterator[list[str]]:
-    """The words of each line of a ``.gitattributes`` file as git reads it (attr.c), then
-    the line itself, in
+def _attribute_lines(data: bytes) -> Iterator[tuple[str, list[str]]]:
+    """Each line of a ``.gitattributes`` file and its words, as git reads them (attr.c), in
     order: lines end at ``\\n`` only (a review's ``b.txt\\rtext\\reol=crlf`` was three lines
     to ``splitlines`` and one line of three words to git), a UTF-8 byte order mark is
     skipped, words are split on git's blanks alone (space, tab, ``\\r``: ``str.split`` also
@@ -335,15 +334,15 @@ def _attribute_lines(data: bytes) -> Iterator[list[str]]:
     for raw in data.removeprefix(b"\xef\xbb\xbf").split(b"\n"):
         words = [w for w in re.split(rb"[ \t\r]+", raw) if w]
         if words and not words[0].startswith(b"#"):
-            # the line itself last, its blanks kept: a quoted pattern's ("a  b.txt") are
-            # part of it, so the line is what a change is judged by
-            yield [w.decode("utf-8", "surrogateescape") for w in words] + [
-                raw.strip(b" \t\r").decode("utf-8", "surrogateescape")]
+            # the line with its blanks kept: a quoted pattern's ("a  b.txt") are part of
+            # it, so the line is what a change is judged by
+            yield (raw.strip(b" \t\r").decode("utf-8", "surrogateescape"),
+                   [w.decode("utf-8", "surrogateescape") for w in words])
 
 
 def attribute_macros(data: bytes) -> frozenset[str]:
     """The names ``[attr]NAME`` lines of a ``.gitattributes`` file define."""
-    return frozenset(words[0][len("[attr]"):] for words in _attribute_lines(data)
+    return frozenset(words[0][len("[attr]"):] for _line, words in _attribute_lines(data)
                      if words[0].startswith("[attr]"))
 
 
@@ -355,9 +354,9 @@ def conversion_lines(data: bytes, macros: frozenset[str] = frozenset()) -> tuple
     ``* text=auto eol=crlf`` and ``*.sh text eol=lf``). A quoted pattern holding a blank only
     adds words to look at: nothing is missed."""
     names = CONVERSIONS | macros
-    return tuple(words[-1] for words in _attribute_lines(data)
+    return tuple(line for line, words in _attribute_lines(data)
                  if words[0].startswith("[attr]") or any(
-                     word.lstrip("-!").split("=", 1)[0] in names for word in words[1:-1]))
+                     word.lstrip("-!").split("=", 1)[0] in names for word in words[1:]))
 
 
 Outside = tuple[dict[str, str], dict[str, tuple[str, ...]]]
