@@ -170,8 +170,9 @@ async def averify_tree(
 
     ``base``: verify with the checks of this commit of the repo (``choir.evidence.base``):
     its choir.yaml, and its spec files in place of the tree's. A tree that changes or deletes
-    one of them is held (never PASS, no ASSERT) unless ``approve_spec`` (a person approved
-    the change), and one that adds a file changing how every check runs is refused.
+    one of them, or adds a file changing how every check runs, is held (never PASS, no
+    ASSERT) unless ``approve_spec`` (a person approved the change); one that adds a file
+    shadowing a module the checks import is refused.
 
     Raises:
         UserError: bad configuration, a bad claim name, or a policy that refuses the sandbox

@@ -9,8 +9,10 @@ base's ``choir.yaml`` (the tree's is never parsed), and the spec files (``spec:`
 base's ``choir.yaml`` declares them) are pinned from the base commit's tree. The tree is then
 judged against that pin exactly as an executor's round is (``choir.evidence.spec.compare``):
 the verifiers read a view holding the base's checks, new checks run only beside them as extra
-evidence, a new file that changes how every check runs is refused, and a changed or deleted
-check is held for a person (``approve``: the workflow says one approved it).
+evidence, and a changed or deleted check, or a new test configuration or hook (a
+``conftest.py``, a ``pytest.ini``), is held for a person (``approve``: the workflow says one
+approved it). A new file that changes how the interpreter starts or where it looks, or that
+shadows a module the checks import, is refused.
 
 Everything is read from git's objects, each re-hashed against its id (``ObjectReader``),
 never from the tree's files, and no git program runs that the tree could configure.
@@ -41,7 +43,8 @@ from choir.models import SpecChange
 EVERYTHING = ("**",)
 """What a change against a base may touch: any check (held for a person when it changes
 or deletes one; a new one is admitted as extra evidence unless it changes how every check
-runs, ``choir.evidence.spec.INFLUENCE``, which is refused)."""
+runs, ``choir.evidence.spec.INFLUENCE``: held when it is test configuration, refused
+otherwise)."""
 _FETCH_HINT = ("fetch the base into the checkout first: actions/checkout with 'fetch-depth: 0' "
                "(or 'git fetch origin BASE'), or leave --base out to verify with the tree's "
                "own checks")
@@ -161,13 +164,15 @@ class Judged:
         if not change.blocks:
             return None
         if change.refused:
-            return ("refused, approved or not: a new file that changes how every check runs "
-                    "(or shadows a module, or has no plain name) is never admitted; a person "
-                    "merges such a change by hand. " + _listed(change.refused))
+            return ("refused, approved or not: a new file that changes how the interpreter "
+                    "starts or where it looks, or shadows a module the checks import (or has no "
+                    "plain name), is never admitted; a person merges such a change by hand. "
+                    + _listed(change.refused))
         config = ("; choir.yaml's changes take effect once merged (the base's allowlist ran)"
                   if CONFIG_NAME in change.held else "")
-        return ("held for a person: the change edits or deletes the base's checks, and the "
-                "base's versions ran. To verify with the tree's, a person approves: "
+        return ("held for a person: the change edits or deletes the base's checks, or adds "
+                "a file that changes how every check runs, and the base's versions ran alone. "
+                "To verify with the tree's, a person approves: "
                 "--approve-spec-change (the action's approve-spec-change input, from "
                 f"something only maintainers control, such as a label){config}. "
                 + _listed(change.held))

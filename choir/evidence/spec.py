@@ -49,12 +49,16 @@ from choir.evidence.tree import inspect_tree, remove_snapshot, snapshot
 from choir.exceptions import IntegrityError
 from choir.models import SpecChange
 
-# new files that change how every check runs: never admitted as an addition (pytest 9 reads
+# New files that change how every check runs: never admitted as an addition (pytest 9 reads
 # ``pytest.toml`` and ``.pytest.toml`` too: a review loaded a plugin through one), and what
-# is pinned whatever ``spec:`` says (``choir.yaml``, and where Python looks)
-INFLUENCE = ("conftest.py", "sitecustomize.py", "usercustomize.py", "*.pth", "*.dist-info/",
-             "*.egg-info/", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml",
-             "tox.ini", "setup.cfg", "pyproject.toml", *ALWAYS_SPEC)
+# is pinned whatever ``spec:`` says (``choir.yaml``, and where Python looks). A new one of
+# ``TEST_CONFIG``, the test configuration and hooks a person reads in a pull request, is held
+# for approval; the rest (the interpreter's start-up, plugin metadata, where Python looks)
+# stand in for the harness, and a new one is refused, approved or not.
+TEST_CONFIG = ("conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml",
+               "tox.ini", "setup.cfg", "pyproject.toml")
+INFLUENCE = (*TEST_CONFIG, "sitecustomize.py", "usercustomize.py", "*.pth", "*.dist-info/",
+             "*.egg-info/", *ALWAYS_SPEC)
 # Module names a new file must not take where imports start (the repo's root and ``src/``,
 # which ``python -m`` and ``PYTHONPATH=.``/``src`` put before site-packages and most of the
 # standard library): a ``pytest.py`` there is what ``python -m pytest`` runs, an ``xml/``
@@ -599,13 +603,22 @@ def compare(tree: Path, tree_hash: str, manifest: Manifest, may_change: Sequence
 
     Refused, in every mood: a change to a pinned file outside ``may_change`` and any new
     spec-matching file that is not an admitted addition. A change to a pinned file inside
-    ``may_change``: refused, or held for a person (``policy``). ``diff`` is the unified diff
-    of every changed pinned file, stored for the person and the record.
+    ``may_change``: refused, or held for a person (``policy``). So is a new regular file
+    inside it that configures or hooks the test runner (``TEST_CONFIG``: a ``conftest.py``,
+    ``pytest.ini``, ``pyproject.toml``): never an addition beside the pinned checks, run only
+    once a person approved it (a review found "refused, approved or not" left a pull request
+    that adds a test folder's ``conftest.py`` to be merged by hand). Refused in every mood: a
+    new file that changes how the interpreter starts or where it looks (the rest of
+    ``INFLUENCE``), a link named like test configuration, one that shadows a module, and one
+    with no plain name. ``diff`` is the unified diff of every changed pinned file and every new
+    file held, stored for the person and the record.
     """
     allowed, influence = matcher(may_change), matcher(INFLUENCE)
+    harness = matcher([glob for glob in INFLUENCE if glob not in TEST_CONFIG])
     seen = dict(_walk(tree))
     added: list[str] = []
     ignored: list[str] = []
+    introduced: list[str] = []  # new, allowed, and changing how every check runs
     modified: list[str] = []
     with fsopen.DirCursor(tree) as cursor:
         for rel, st in seen.items():
@@ -618,18 +631,24 @@ def compare(tree: Path, tree_hash: str, manifest: Manifest, may_change: Sequence
             elif manifest.spec_entry(rel, st) or (not manifest.legacy and
                                                    _doctest(cursor, rel, st)):
                 names = entry_names(rel, st)
-                admitted = any(allowed(n) for n in names) and \
-                    not any(influence(n) for n in names)
-                (added if admitted else ignored).append(rel)
+                if not any(allowed(n) for n in names):
+                    ignored.append(rel)
+                elif any(influence(n) for n in names):
+                    ignored.append(rel)  # unseen by the pinned checks until approved
+                    if stat.S_ISREG(st.st_mode) and not any(harness(n) for n in names):
+                        introduced.append(rel)  # a person can read it: held, not refused
+                else:
+                    added.append(rel)
             elif manifest.shadows(rel, st):
                 ignored.append(rel)
     deleted = [p for p in manifest.files if p not in seen]
-    declared = [p for p in (*modified, *deleted) if allowed(p)]
-    refused = [*ignored, *(p for p in (*modified, *deleted) if p not in declared)]
+    declared = [*(p for p in (*modified, *deleted) if allowed(p)), *introduced]
+    refused = [*(p for p in ignored if p not in introduced),
+               *(p for p in (*modified, *deleted) if p not in declared)]
     held: list[str] = []
     (held if policy == "approve" else refused).extend(declared)
-    diff = _diff(tree, manifest, sorted([*modified, *deleted]), store) \
-        if modified or deleted else None
+    shown = sorted([*modified, *deleted, *(introduced if policy == "approve" else ())])
+    diff = _diff(tree, manifest, shown, store) if shown else None
     return SpecChange(tree_hash=tree_hash, added=tuple(sorted(added)), modified=tuple(modified),
                       deleted=tuple(sorted(deleted)), ignored=tuple(sorted(ignored)),
                       refused=tuple(sorted(refused)), held=tuple(sorted(held)), diff=diff)
@@ -639,7 +658,8 @@ def _diff(tree: Path, manifest: Manifest, paths: list[str], store: ArtifactStore
     """Store the unified diff (pinned -> executor's) of ``paths``; returns its hash."""
     out: list[str] = []
     for rel in paths:
-        before = _pinned_bytes(store, manifest.files[rel][1]).decode("utf-8", "replace")
+        pinned = manifest.files.get(rel)  # None: a new file, held
+        before = _pinned_bytes(store, pinned[1]).decode("utf-8", "replace") if pinned else ""
         try:  # opened one component at a time: a folder the tree made a link is no file
             with fsopen.DirCursor(tree) as cursor:
                 after = _read(cursor, rel)[1].decode("utf-8", "replace")
@@ -648,7 +668,8 @@ def _diff(tree: Path, manifest: Manifest, paths: list[str], store: ArtifactStore
                 raise
             after = ""
         out.extend(difflib.unified_diff(before.splitlines(True), after.splitlines(True),
-                                        f"a/{rel} (pinned)", f"b/{rel}"))
+                                        f"a/{rel} (pinned)" if pinned else "/dev/null",
+                                        f"b/{rel}"))
     text = "".join(out).encode()
     if len(text) > DIFF_LIMIT:
         text = text[:DIFF_LIMIT] + f"\n[choir] diff cut at {DIFF_LIMIT} bytes\n".encode()

@@ -120,6 +120,24 @@ def test_a_declared_change_waits_for_a_person_in_paranoid(
     assert change.diff is not None
 
 
+def test_a_declared_new_conftest_waits_for_a_person_in_paranoid(
+        tmp_path: Path, templates: dict[str, Path]) -> None:
+    """A new conftest.py is never an addition; inside ``may_change_spec`` under a mood that
+    holds changes it is held like an edited check, shown whole, and runs once approved."""
+    plant = FIX + "Path('tests/conftest.py').write_text('SEEN = 1\\n')\n"
+    outcome, repo = run_item(tmp_path, templates["unit"], plant, Mood.PARANOID,
+                             extra="may_change_spec: [tests/conftest.py]\n")
+    assert outcome.status == "awaiting_approval", outcome.events
+    assert outcome.question["spec_change"]["held"] == ["tests/conftest.py"]
+    assert outcome.question["diff"] == \
+        "--- /dev/null\n+++ b/tests/conftest.py\n@@ -0,0 +1 @@\n+SEEN = 1\n"
+    assert not _attestations() and not _gate_open(repo)
+    done = asyncio.run(approve(outcome.run_id))
+    assert done.status == "asserted", done.events
+    change = next(a for a in _attestations() if a.body.lens != "mutant").body.spec_change
+    assert change is not None and change.approved and change.held == ("tests/conftest.py",)
+
+
 def test_a_declared_addition_cannot_stand_in_for_a_pinned_check(
         tmp_path: Path, templates: dict[str, Path]) -> None:
     """A new test module runs in the same pytest process as the pinned tests: one that

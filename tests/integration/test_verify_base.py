@@ -169,17 +169,66 @@ def test_a_choir_yaml_that_skips_the_tests_is_never_read_against_the_base(repo: 
     assert against["base"]["modified"] == ["choir.yaml"]
 
 
-def test_a_planted_conftest_is_refused_and_no_check_sees_it(repo: Path) -> None:
+def test_a_planted_conftest_is_held_and_no_check_sees_it_unless_a_person_approves(
+        repo: Path) -> None:
+    """A new ``conftest.py`` changes how every check runs, so it is never an addition beside
+    the base's checks: unapproved, the base's checks run without it and the tree is held (a
+    review found "refused, approved or not" left a pull request adding a test folder's
+    conftest to be merged by hand); the person is shown it whole, and once approved it runs,
+    as an approved edit of a test does."""
     commit(repo, {"calc.py": CALC_BUG, "conftest.py": ALWAYS_PASS})
     code, own = verify(repo)
     assert code == 0
-    code, against = verify(repo, "--base", "main", "--approve-spec-change")
+    code, against = verify(repo, "--base", "main", "--claim", "ci")
     assert code == 1
     base = against["base"]
-    assert base["refused"] == ["conftest.py"] and base["added"] == []
-    assert base["blocked"].startswith("refused, approved or not")  # approval does not cover it
+    assert base["held"] == ["conftest.py"] and base["refused"] == [] and base["added"] == []
+    assert base["blocked"].startswith("held for a person") and not base["approved"]
     assert base["blocked"].endswith("1 path(s): conftest.py")
-    assert results(against) == {"unit#0": "FAIL"}
+    assert results(against) == {"unit#0": "FAIL"}  # the base's test, without the conftest
+    assert against["claim"]["asserted"] is None
+    diff = _artifact(base["diff"])
+    assert "--- /dev/null\n+++ b/conftest.py\n" in diff and 'report.outcome = "passed"' in diff
+    code, approved = verify(repo, "--base", "main", "--approve-spec-change")
+    assert code == 0 and approved["base"]["approved"] and approved["base"]["blocked"] is None
+    assert approved["base"]["held"] == ["conftest.py"]
+
+
+def test_a_conftest_for_a_new_test_folder_is_verified_once_approved(
+        repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fixture = "import pytest\n\n@pytest.fixture\ndef two():\n    return 2\n"
+    commit(repo, {"calc.py": CALC_OK + "\n\ndef mul(a, b):\n    return a * b\n",
+                  "more/conftest.py": fixture,
+                  "more/test_mul.py": "from calc import mul\n\ndef test_mul(two):\n"
+                                      "    assert mul(two, 3) == 6\n"})
+    code, held = verify(repo, "--base", "main", "--claim", "ci")
+    assert code == 1 and held["base"]["held"] == ["more/conftest.py"]
+    assert held["base"]["added"] == ["more/test_mul.py"]
+    assert results(held)["unit#1000"] == "FAIL"  # the new test, without its fixture
+    # a CI job's home is its own: the held job's FAIL (of a view without the fixture) is not
+    # in the approved job's, where it would make the same tree's PASS disagreement (FLAKY)
+    monkeypatch.setenv("CHOIR_HOME", str(tmp_path / "approved-job"))
+    code, approved = verify(repo, "--base", "main", "--approve-spec-change", "--claim", "ci")
+    assert code == 0, approved["summary"]
+    assert results(approved) == {"unit#0": "PASS", "unit#1000": "PASS"}
+    assert approved["claim"]["asserted"]
+    assert run("gate", "ci", "--repo", str(repo)).returncode == 0
+
+
+@pytest.mark.parametrize("name", ["pytest.py", "sitecustomize.pyc", "test_calc/__init__.py",
+                                  "sitecustomize.py", "hook.pth"])
+def test_a_new_module_standing_in_for_the_harness_is_refused_even_approved(
+        repo: Path, name: str) -> None:
+    commit(repo, {"calc.py": CALC_BUG, name: "raise SystemExit(0)\n"})
+    code, against = verify(repo, "--base", "main", "--approve-spec-change")
+    assert code == 1
+    assert name in against["base"]["refused"] and not against["base"]["held"]
+    assert against["base"]["blocked"].startswith("refused, approved or not")
+
+
+def _artifact(digest: str) -> str:
+    from choir.evidence.artifacts import ArtifactStore
+    return ArtifactStore().read_bytes(digest).decode()
 
 
 def test_a_new_test_adds_evidence_beside_the_base_checks(repo: Path) -> None:
@@ -318,7 +367,9 @@ def test_a_plugin_planted_where_the_spec_did_not_look_is_never_loaded(
     code, against = verify(repo, "--base", "main", "--claim", "ci")
     assert code == 1, against["summary"]
     assert results(against)["unit#0"] == "FAIL"
-    assert against["base"]["refused"] and against["base"]["blocked"].startswith("refused")
+    config = attack == "pytest.toml"  # test configuration: held for a person to read
+    assert bool(against["base"]["refused"]) is not config
+    assert against["base"]["blocked"].startswith("held" if config else "refused")
     assert against["claim"]["asserted"] is None
 
 

@@ -13,6 +13,7 @@ import pytest
 from choir.config import DEFAULT_SPEC
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.spec import (
+    approve_change,
     judge_round,
     load_manifest,
     matcher,
@@ -131,18 +132,50 @@ def test_a_view_on_another_file_system_is_copied(tmp_path: Path) -> None:
         remove_snapshot(view)
 
 
-def test_declared_additions_are_kept_and_declared_changes_held(tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy", ["approve", "refuse"])
+def test_declared_additions_are_kept_and_declared_changes_held(tmp_path: Path,
+                                                               policy: str) -> None:
+    """A conftest.py is never an addition: held for a person with the changed checks (its
+    diff from nothing), or refused with them, by the policy."""
     repo, root = _repo(tmp_path), tmp_path / "snaps"
     pin = pin_spec(repo, DEFAULT_SPEC, root)
     (repo / "tests" / "test_new.py").write_text("assert 1\n")
     (repo / "tests" / "conftest.py").write_text("x = 1\n")
     (repo / "tests" / "test_calc.py").write_text("assert add(2, 3) == 5 and True\n")
-    change, view = _judge(repo, pin, root, may=("tests/",), policy="approve")
-    assert change.added == ("tests/test_new.py",)  # a conftest.py is never an addition
-    assert change.ignored == ("tests/conftest.py",) == change.refused
-    assert change.held == ("tests/test_calc.py",)
+    snap = snapshot(repo, root)
+    assert snap.path is not None
+    change = judge_round(snap.path, snap.tree_hash, pin, ("tests/",), policy, root)  # type: ignore[arg-type]
+    view = root / view_key(snap.tree_hash, pin, change.added)
+    assert change.added == ("tests/test_new.py",)
+    assert change.ignored == ("tests/conftest.py",)
+    changed = ("tests/conftest.py", "tests/test_calc.py")
+    assert (change.held, change.refused) == ((changed, ()) if policy == "approve" else
+                                             ((), changed))
     assert (view / "tests" / "test_new.py").exists()
     assert not (view / "tests" / "conftest.py").exists()
+    assert change.diff is not None
+    diff = ArtifactStore().read_bytes(change.diff).decode()
+    assert ("--- /dev/null\n+++ b/tests/conftest.py" in diff) is (policy == "approve")
+    if policy == "approve":
+        pin, approved = approve_change(snap.path, pin, change, root)
+        view = root / view_key(change.tree_hash, pin)
+        assert approved.approved and approved.view_hash == inspect_tree(view).tree_hash
+        assert (view / "tests" / "conftest.py").read_text() == "x = 1\n"
+
+
+@pytest.mark.parametrize("name", ["tests/conftest.py", "tests/x.dist-info/conftest.py",
+                                  "tests/sitecustomize.py"])
+def test_only_a_readable_test_configuration_is_held_never_a_link_or_the_harness(
+        tmp_path: Path, name: str) -> None:
+    repo, root = _repo(tmp_path), tmp_path / "snaps"
+    pin = pin_spec(repo, DEFAULT_SPEC, root)
+    (repo / name).parent.mkdir(parents=True, exist_ok=True)
+    if name == "tests/conftest.py":
+        os.symlink("../calc.py", repo / name)  # what a person reads is a path, not the hook
+    else:
+        (repo / name).write_text("x = 1\n")
+    change, _view = _judge(repo, pin, root, may=("**",), policy="approve")
+    assert (change.refused, change.held) == ((name,), ())
 
 
 def test_a_tampered_pin_fails_closed(tmp_path: Path) -> None:
