@@ -25,8 +25,15 @@ _CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2
 
 def strip_controls(text: str) -> str:
     """``text`` without escape sequences, control characters (but ``\\n`` and ``\\t``) or
-    bidi controls."""
-    return _CONTROLS.sub("", _SEQUENCES.sub("", text))
+    bidi controls, and with lone surrogates (a file name's bytes that are not UTF-8, carried
+    in a ``str``) as ``\\udcNN``: a file or a terminal that takes UTF-8 takes the result."""
+    text = _CONTROLS.sub("", _SEQUENCES.sub("", text))
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def safe_markup(text: str) -> str:

@@ -100,11 +100,8 @@ def pytest_node(repo: Path, test_id: str, location: str | None) -> tuple[str, st
                 break
     if found is None and location and location.endswith(".py"):
         found = repo / location
-    try:
-        rel = found.resolve().relative_to(repo) if found is not None else None
-    except ValueError:
-        rel = None  # a name pointing outside the repo is not followed
-    if rel is None or not (repo / rel).is_file():
+    rel = _inside(repo, found) if found is not None else None
+    if rel is None:
         return test_id, location
     node = "::".join([rel.as_posix(), *rest, name])
     base = re.escape(name.split("[", 1)[0])
@@ -116,6 +113,20 @@ def pytest_node(repo: Path, test_id: str, location: str | None) -> tuple[str, st
     pattern = re.compile(_DEF.format(name=base))
     line = next((i for i, text in enumerate(lines, 1) if pattern.match(text)), None)
     return node, f"{rel.as_posix()}:{line}" if line else rel.as_posix()
+
+
+def _inside(repo: Path, found: Path) -> Path | None:
+    """``found`` relative to ``repo`` when it is a regular file there reached through no
+    link: a name pointing outside the repo, or through a link (to a file whose name is no
+    text, a review's crash of the CI entry), is not followed."""
+    try:
+        rel = found.relative_to(repo)
+    except ValueError:
+        return None
+    if not rel.parts or ".." in rel.parts or any(
+            repo.joinpath(*rel.parts[:n]).is_symlink() for n in range(1, len(rel.parts) + 1)):
+        return None
+    return rel if (repo / rel).is_file() else None
 
 
 def failing_tests(repo: Path, runs: list[Any]) -> list[dict[str, Any]]:

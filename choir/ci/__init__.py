@@ -135,27 +135,32 @@ def _report_github(outcome: Outcome, opts: Options) -> None:
     """The log (tail in a group, commands stopped), annotations, step summary, outputs."""
     env, out = os.environ, sys.stdout
     contract = outcome.contract or {}
-    tail = str(contract.get("tail_log") or outcome.error)
-    if tail:
-        out.write("::group::choir: the tail of the logs (the verifiers' own output)\n")
-        github.relay(out, tail.splitlines())
-        out.write("::endgroup::\n")
-    for line in error_annotations(outcome, opts):
-        out.write(line + "\n")
-    text = markdown(outcome, claim=opts.claim)
-    write_new(opts.out / SUMMARY, text.encode("utf-8"))
-    if env.get("GITHUB_STEP_SUMMARY"):
-        with open(env["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as fh:
-            fh.write(text)
-    if env.get("GITHUB_OUTPUT"):
-        github.write_outputs(Path(env["GITHUB_OUTPUT"]), {
-            "status": outcome.status,
-            "run-id": _plain(contract.get("run_id")),
-            "gate": "open" if outcome.gate_open else "refused",
-            "bundle": outcome.bundle or "",
-            "key-id": outcome.key_id or "",
-            "paths": upload_paths(outcome, opts.out),
-        })
+    reported = False  # until the log and the summary are written: a crash there is ERROR
+    try:
+        tail = str(contract.get("tail_log") or outcome.error)
+        if tail:
+            out.write("::group::choir: the tail of the logs (the verifiers' own output)\n")
+            github.relay(out, tail.splitlines())
+            out.write("::endgroup::\n")
+        for line in error_annotations(outcome, opts):
+            out.write(line + "\n")
+        text = markdown(outcome, claim=opts.claim)
+        write_new(opts.out / SUMMARY, text.encode("utf-8", "backslashreplace"))
+        if env.get("GITHUB_STEP_SUMMARY"):
+            with open(env["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8",
+                      errors="backslashreplace") as fh:
+                fh.write(text)
+        reported = True
+    finally:  # the outputs, whatever happened above: the upload step needs ``paths``
+        if env.get("GITHUB_OUTPUT"):
+            github.write_outputs(Path(env["GITHUB_OUTPUT"]), {
+                "status": outcome.status if reported else "ERROR",
+                "run-id": _plain(contract.get("run_id")),
+                "gate": "open" if outcome.gate_open and reported else "refused",
+                "bundle": outcome.bundle or "",
+                "key-id": outcome.key_id or "",
+                "paths": upload_paths(outcome, opts.out),
+            })
     out.write(f"choir: {outcome.status}\n")
     out.flush()
 
@@ -218,7 +223,9 @@ def repo_location(location: object, repo: Path) -> tuple[str | None, int | None]
         shown = target.relative_to(workspace).as_posix()
     except ValueError:
         shown = path
-    return shown, int(line) if line.isdigit() else None
+    # ASCII digits only: "²" is a digit to ``isdigit`` and no number to ``int`` (a review's
+    # crash: a test printed ``FAILED data.txt:²``)
+    return shown, int(line) if line.isascii() and line.isdigit() and len(line) < 10 else None
 
 
 @main.command("pre-commit")

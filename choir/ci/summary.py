@@ -98,7 +98,7 @@ def markdown(outcome: Outcome, *, claim: str) -> str:
     if failing:
         parts.append("### Failing tests\n\n")
         parts.append(_table(("test", "where", "excerpt"), failing))
-    parts.append(f"### Gate: {'open' if outcome.gate_code == 0 else 'refused'}\n\n")
+    parts.append(f"### Gate: {'open' if outcome.gate_open else 'refused'}\n\n")
     parts.append(f"<pre>{html.escape(chr(10).join(one_line(x) for x in outcome.gate_lines))}"
                  "</pre>\n\n")
     evidence = [f"claim {claim}", f"{len(contract.get('attestations') or [])} attestation(s)"]
@@ -125,7 +125,7 @@ def plain(outcome: Outcome, *, claim: str) -> str:
     for test in (contract.get("failing_tests") or [])[:ROWS_MAX]:
         where = f"  ({one_line(test['location'], 120)})" if test.get("location") else ""
         lines.append(f"  failing: {one_line(test.get('node_id'))}{where}")
-    lines.append(f"gate {claim}: {'open' if outcome.gate_code == 0 else 'refused'}")
+    lines.append(f"gate {claim}: {'open' if outcome.gate_open else 'refused'}")
     lines += [f"  {one_line(x)}" for x in outcome.gate_lines]
     if outcome.bundle:
         lines.append(f"in-toto bundle: {outcome.bundle} ({outcome.envelopes} envelopes)")

@@ -9,6 +9,7 @@ those the way the runner does and runs each ``run:`` with bash.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -61,8 +62,8 @@ def expand(value: str, inputs: dict[str, str], runner_temp: Path, base_sha: str 
     return EXPR.sub(one, value)
 
 
-def run_action_step(name: str, tmp_path: Path, given: dict[str, str],
-                    base_sha: str = "") -> subprocess.CompletedProcess[str]:
+def run_action_step(name: str, tmp_path: Path, given: dict[str, str], base_sha: str = "",
+                    extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     spec = action()
     env = runner_env(tmp_path)
     for var in [v for v in env if v.startswith("CHOIR_CI_")]:
@@ -73,7 +74,8 @@ def run_action_step(name: str, tmp_path: Path, given: dict[str, str],
               for k, v in spec["inputs"].items()} | given
     step = next(s for s in spec["runs"]["steps"] if s["name"] == name)
     env |= {k: expand(str(v), inputs, runner_temp) for k, v in step.get("env", {}).items()}
-    return subprocess.run(["bash", "-e", "-c", step["run"]], env=env, cwd=tmp_path / "ws",
+    cwd = expand(step.get("working-directory", str(tmp_path / "ws")), inputs, runner_temp)
+    return subprocess.run(["bash", "-e", "-c", step["run"]], env=env | (extra_env or {}), cwd=cwd,
                           capture_output=True, text=True, timeout=900)
 
 
@@ -112,6 +114,49 @@ def test_the_install_step_installs_choir_from_the_action(tmp_path: Path) -> None
         "repo": "repo", "sandbox": sandbox_name()})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert ghrunner.outputs(tmp_path / "output")["status"] == "PASS"
+
+
+def test_a_self_hosted_runners_next_job_starts_afresh(tmp_path: Path) -> None:
+    """Found by a review: the home is the runner's temp folder, emptied before every job,
+    but the mark of how far its log had grown stayed in ``~/.config/choir/seen-heads``, so
+    on a self-hosted runner every job after the first read a rolled-back log and failed."""
+    calc(tmp_path, CALC_OK)
+    for job in (1, 2):
+        temp = tmp_path / "runner-temp"
+        shutil.rmtree(temp, ignore_errors=True)  # what the runner does before a job
+        temp.mkdir()
+        (temp / "choir-venv").symlink_to(sys.prefix)
+        proc = run_action_step("Verify and gate", tmp_path, {"repo": "repo",
+                                                             "sandbox": sandbox_name()})
+        assert proc.returncode == 0, (job, proc.stdout + proc.stderr)
+        assert ghrunner.outputs(tmp_path / "output")["status"] == "PASS"
+        (tmp_path / "output").write_text("")
+
+
+WRITE_MARK = "import os\nopen(os.environ['MARK'], 'w').write(__file__)\n"
+PLANTED = {"venv": {"venv.py": WRITE_MARK},
+           "pip": {"pip/__init__.py": "", "pip/__main__.py": WRITE_MARK}}
+
+
+@pytest.mark.parametrize("planted", list(PLANTED))
+def test_a_pull_requests_module_never_runs_as_the_install_step(
+        tmp_path: Path, planted: str) -> None:
+    """Found by a review: the install step ran ``python -m venv`` and ``python -m pip`` in
+    the workspace, which is the pull request's checkout (actions/checkout's default path),
+    and ``python -m`` imports from the working directory first: a ``venv.py`` or ``pip/``
+    there ran as the job, before any check, and could install a ``choir-ci`` of its own
+    that says PASS. Here the checkout is the workspace itself; a real venv is made and pip
+    (offline) fails to find Choir's dependencies, which is all the test needs."""
+    for rel, text in PLANTED[planted].items():
+        (tmp_path / "ws" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "ws" / rel).write_text(text)
+    (tmp_path / "runner-temp").mkdir()
+    mark = tmp_path / "ran-as-the-job"
+    proc = run_action_step("Install Choir", tmp_path, {"python": sys._base_executable,
+                                                      "extras": ""},
+                           extra_env={"MARK": str(mark), "PIP_NO_INDEX": "1"})
+    assert not mark.exists(), (mark.read_text(), proc.stdout, proc.stderr)
+    assert (tmp_path / "runner-temp" / "choir-venv" / "bin" / "python").exists(), proc.stderr
 
 
 def test_on_a_pull_request_the_base_branchs_checks_decide(tmp_path: Path) -> None:

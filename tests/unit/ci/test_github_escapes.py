@@ -7,7 +7,9 @@ annotation's data and title; in the step summary it renders to no tag of its own
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -63,3 +65,54 @@ def test_the_summary_renders_no_tag_of_a_verifier(summary: str, test: str) -> No
     assert {t for t, _ in tags} <= ALLOWED
     assert [t for t, _ in tags].count("table") == 2 and [t for t, _ in tags].count("h2") == 1
     assert all(not attrs for _, attrs in tags)
+
+
+def test_a_refused_unisolated_run_never_reads_gate_open() -> None:
+    """Found by a review: the summary said ``Gate: open`` for a run refused for having no
+    isolation (the gate itself had opened), beside status FAIL and the output ``refused``."""
+    from choir.ci.summary import plain
+
+    contract = {"run_id": "verify-1", "status": "PASS", "verdict": "PASS", "mood": "CALM",
+                "reports": [], "threads": [], "attestations": []}
+    outcome = Outcome(verify_code=0, contract=contract, gate_code=0, unisolated=True)
+    assert outcome.status == "FAIL"
+    assert "### Gate: refused" in markdown(outcome, claim="ci")
+    assert "gate ci: refused" in plain(outcome, claim="ci")
+
+
+def test_a_line_number_is_ascii_digits_and_a_name_is_text(tmp_path: Path) -> None:
+    """Found by a review: ``FAILED data.txt:²`` in a test's output crashed the CI entry after
+    the verify (``"²".isdigit()``, then ``int``), and a test renamed to reach a file whose
+    name is not UTF-8 crashed writing the summary: no status, no upload."""
+    from choir.ci import repo_location
+
+    (tmp_path / "data.txt").write_text("x\n")
+    assert repo_location("data.txt:²", tmp_path) == ("data.txt", None)
+    assert repo_location("data.txt:12", tmp_path) == ("data.txt", 12)
+    assert repo_location("data.txt:" + "9" * 40, tmp_path) == ("data.txt", None)
+    name = b"caf\xe9.py".decode("utf-8", "surrogateescape")
+    shown = plain_lines(f"FAILED {name}::test_x")
+    assert shown.encode("utf-8") == b"FAILED caf\\udce9.py::test_x"
+
+
+def test_a_crash_while_reporting_still_writes_the_outputs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The outputs (status, paths for the upload) are written whatever the report did: a
+    crash there left ``status`` empty and the evidence not uploaded. It reads ERROR."""
+    import choir.ci as ci
+    from choir.ci.steps import Options
+
+    def boom(*_args: object, **_kwargs: object) -> str:
+        raise RuntimeError("the summary broke")
+
+    monkeypatch.setattr(ci, "markdown", boom)
+    monkeypatch.setenv("GITHUB_OUTPUT", str(tmp_path / "output"))
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    contract = {"run_id": "verify-1", "status": "PASS", "verdict": "PASS", "tail_log": ""}
+    outcome = Outcome(verify_code=0, contract=contract, gate_code=0)
+    (tmp_path / "out").mkdir()
+    with pytest.raises(RuntimeError):
+        ci._report_github(outcome, Options(repo=tmp_path, out=tmp_path / "out"))
+    out = ghrunner.outputs(tmp_path / "output")
+    assert out["status"] == "ERROR" and out["gate"] == "refused"
+    assert str(tmp_path / "out") in out["paths"]

@@ -32,3 +32,16 @@ def test_names_pointing_outside_the_repo_are_not_followed(tmp_path: Path) -> Non
         assert pytest_node(repo, hostile, None) == (hostile, None)
     assert pytest_node(repo, "x::test_s", "../secret.py") == ("x::test_s", "../secret.py")
     assert pytest_node(repo, "nowhere.mod::t", "nowhere/mod") == ("nowhere.mod::t", "nowhere/mod")
+
+
+def test_a_name_reached_through_a_link_is_not_followed(tmp_path: Path) -> None:
+    """Found by a review: a failing test renamed ``sub.link`` (``sub/link.py`` a link to a
+    file whose name is not UTF-8) gave a node id the CI entry could not write."""
+    repo = _repo(tmp_path / "repo")
+    odd = repo / b"\xff.py".decode("utf-8", "surrogateescape")
+    odd.write_text("def test_x():\n    pass\n")
+    (repo / "sub").mkdir()
+    (repo / "sub" / "link.py").symlink_to(odd)
+    (repo / "linked").symlink_to(repo / "pkg")
+    assert pytest_node(repo, "sub.link::test_x", None) == ("sub.link::test_x", None)
+    assert pytest_node(repo, "linked.tests.test_m.TestA::test_x", None)[1] is None
