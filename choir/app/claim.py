@@ -59,28 +59,33 @@ def check_claim_name(name: str, *, plan_item: bool = False) -> str:
 
 def record_claim(name: str, *, session: str, mood: str, tree_hash: str,
                  commit_sha: str | None, runs: Sequence[Any],
-                 minted: Mapping[str, str], required: Sequence[str] = ()) -> str | None:
-    """Write the session's verdict on claim ``name`` into the AHDB; the ASSERT's id, if any.
+                 minted: Mapping[str, str], required: Sequence[str] = ()) -> tuple[str | None, str]:
+    """Write the session's verdict on claim ``name`` into the AHDB: the ASSERT's id, if any,
+    and why not when there is none (for the person: "not ASSERTed" after a PASS needs one).
 
     ``required``: verifiers the claim needs whatever ran (a plan item's, checked whole): no
     ASSERT without a PASS of each, and each is required by the claim proposed."""
     attested = [r for r in runs if r.run_id in minted and not getattr(r, "diagnostic", False)]
     db = open_ahdb()
     if "." not in name and db.run_recorded(name):  # a run began since the name was checked
-        return None
+        return None, f"a `choir run` work item named {name} began meanwhile"
     failing = [minted[r.run_id] for r in attested if r.report.result is Result.FAIL]
     if failing:
         db.demote_failed(name, tree_hash, failing)
-        return None
+        return None, "a verifier FAILed"
     if not runs or len(attested) != len(runs) or any(
             r.report.result is not Result.PASS for r in attested):
-        return None  # inconclusive, flaky or crashed: no evidence either way
-    if set(required) - {r.verifier for r in attested}:
-        return None  # a verifier the claim needs did not run: no verifier, no assert
+        return None, "the session did not PASS"  # inconclusive, flaky or crashed
+    missing = set(required) - {r.verifier for r in attested}
+    if missing:  # no verifier, no assert
+        return None, "no PASS of " + ", ".join(sorted(missing)) + ", which the claim needs"
     if (asserted := db.is_asserted(name, tree_hash)) is not None:
-        return asserted.id
-    if {r.verifier for r in attested} & db.failed_verifiers(name, tree_hash):
-        return None  # an attested FAIL on this tree before: the evidence disagrees (FLAKY)
+        return asserted.id, ""
+    disagree = {r.verifier for r in attested} & db.failed_verifiers(name, tree_hash)
+    if disagree:  # an attested FAIL on this tree before: the evidence disagrees (FLAKY)
+        return None, (f"an attested FAIL of {', '.join(sorted(disagree))} on this very tree is "
+                      "on record in this CHOIR_HOME, so this PASS is disagreement (FLAKY), "
+                      "which never promotes; a new commit is a new tree")
     claim = db.propose(claim=f"{name}: verified under {mood} by choir verify {session}",
                        work_item=name, tree_hash=tree_hash, commit_sha=commit_sha,
                        required_verifiers=sorted({r.verifier for r in attested} |
@@ -89,4 +94,4 @@ def record_claim(name: str, *, session: str, mood: str, tree_hash: str,
     claim = db.promote(claim.id, [minted[r.run_id] for r in attested])
     return db.assert_work_item(name, tree_hash, references=[claim.id],
                                claim=claim_text(name), commit_sha=commit_sha,
-                               key=f"{session}/assert").id
+                               key=f"{session}/assert").id, ""

@@ -415,12 +415,13 @@ def _conclude(repo: Path, rnd: Round, backend: Backend, plan: Any,
         if blocked:
             contract["summary"] = f"spec {blocked}; " + contract["summary"]
     if claim is not None and blocked:
-        contract["claim"] = {"name": claim, "asserted": None}
+        contract["claim"] = {"name": claim, "asserted": None, "reason": f"spec {blocked}"}
     elif claim is not None:
-        contract["claim"] = {"name": claim, "asserted": record_claim(
+        asserted, reason = record_claim(
             claim, session=session, mood=mood.value, tree_hash=target.tree_hash,
             commit_sha=target.commit_sha, runs=runs,
-            minted={r: a.id for r, a in minted.items()}, required=required)}
+            minted={r: a.id for r, a in minted.items()}, required=required)
+        contract["claim"] = {"name": claim, "asserted": asserted, "reason": reason}
     return VerifyOutcome(status=status, contract=contract, verdict=verdict)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from choir._core.terminal import one_line
 from choir.cli._errors import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, OTEL_HELP
 
 _MOODS = ["CALM", "SKEPTICAL", "PARANOID", "BOLD", "CURIOUS"]
@@ -71,10 +72,11 @@ def run_verify(repo: Path, *, mood: str | None, sandbox_name: str | None, as_jso
 
         render_verify(outcome.contract)
         if claim is not None:
-            asserted = outcome.contract["claim"]["asserted"]
+            found = outcome.contract["claim"]
+            asserted = found["asserted"]
             click.echo(f"claim {claim}: " + (f"ASSERTed ({asserted[:12]}); `choir gate {claim}` "
                                              "answers for this tree" if asserted else
-                                             "not ASSERTed (the session did not PASS)"))
+                                             f"not ASSERTed: {one_line(found['reason'], 600)}"))
     if outcome.passed:
         return EXIT_OK
     return EXIT_INCONCLUSIVE if outcome.verdict == "INCONCLUSIVE" else EXIT_FAIL

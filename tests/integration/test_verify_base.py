@@ -215,6 +215,24 @@ def test_a_conftest_for_a_new_test_folder_is_verified_once_approved(
     assert run("gate", "ci", "--repo", str(repo)).returncode == 0
 
 
+def test_a_pass_that_asserts_nothing_says_why(repo: Path) -> None:
+    """The same tree held (its new test FAILed without the fixture the held conftest gives)
+    and then approved (PASS) in one home: the PASS is disagreement with the FAIL on record
+    for that very tree, so no ASSERT; the command said "the session did not PASS"."""
+    fixture = "import pytest\n\n@pytest.fixture\ndef two():\n    return 2\n"
+    commit(repo, {"calc.py": CALC_OK + "\n\ndef mul(a, b):\n    return a * b\n",
+                  "more/conftest.py": fixture,
+                  "more/test_mul.py": "from calc import mul\n\ndef test_mul(two):\n"
+                                      "    assert mul(two, 3) == 6\n"})
+    code, held = verify(repo, "--base", "main", "--claim", "ci")
+    assert code == 1 and held["claim"]["reason"].startswith("spec held for a person")
+    proc = run("verify", "--repo", str(repo), "--sandbox", sandbox_name(), "--base", "main",
+               "--approve-spec-change", "--claim", "ci")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "claim ci: not ASSERTed: an attested FAIL of unit on this very tree" in \
+        " ".join(proc.stdout.split())
+
+
 @pytest.mark.parametrize("name", ["pytest.py", "sitecustomize.pyc", "test_calc/__init__.py",
                                   "sitecustomize.py", "hook.pth"])
 def test_a_new_module_standing_in_for_the_harness_is_refused_even_approved(
