@@ -194,13 +194,17 @@ def test_a_planted_conftest_is_held_and_no_check_sees_it_unless_a_person_approve
     assert approved["base"]["held"] == ["conftest.py"]
 
 
+# a new test folder whose test needs the fixture its new conftest.py gives
+NEW_FOLDER = {"calc.py": CALC_OK + "\n\ndef mul(a, b):\n    return a * b\n",
+              "more/conftest.py": "import pytest\n\n@pytest.fixture\ndef two():\n"
+                                  "    return 2\n",
+              "more/test_mul.py": "from calc import mul\n\ndef test_mul(two):\n"
+                                  "    assert mul(two, 3) == 6\n"}
+
+
 def test_a_conftest_for_a_new_test_folder_is_verified_once_approved(
         repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    fixture = "import pytest\n\n@pytest.fixture\ndef two():\n    return 2\n"
-    commit(repo, {"calc.py": CALC_OK + "\n\ndef mul(a, b):\n    return a * b\n",
-                  "more/conftest.py": fixture,
-                  "more/test_mul.py": "from calc import mul\n\ndef test_mul(two):\n"
-                                      "    assert mul(two, 3) == 6\n"})
+    commit(repo, NEW_FOLDER)
     code, held = verify(repo, "--base", "main", "--claim", "ci")
     assert code == 1 and held["base"]["held"] == ["more/conftest.py"]
     assert held["base"]["added"] == ["more/test_mul.py"]
@@ -219,11 +223,7 @@ def test_a_pass_that_asserts_nothing_says_why(repo: Path) -> None:
     """The same tree held (its new test FAILed without the fixture the held conftest gives)
     and then approved (PASS) in one home: the PASS is disagreement with the FAIL on record
     for that very tree, so no ASSERT; the command said "the session did not PASS"."""
-    fixture = "import pytest\n\n@pytest.fixture\ndef two():\n    return 2\n"
-    commit(repo, {"calc.py": CALC_OK + "\n\ndef mul(a, b):\n    return a * b\n",
-                  "more/conftest.py": fixture,
-                  "more/test_mul.py": "from calc import mul\n\ndef test_mul(two):\n"
-                                      "    assert mul(two, 3) == 6\n"})
+    commit(repo, NEW_FOLDER)
     code, held = verify(repo, "--base", "main", "--claim", "ci")
     assert code == 1 and held["claim"]["reason"].startswith("spec held for a person")
     proc = run("verify", "--repo", str(repo), "--sandbox", sandbox_name(), "--base", "main",
