@@ -84,6 +84,7 @@ async def green_thread(state: GreenIn) -> GreenOut:
     try:
         tree = verified_tree(Path(state["work_item"].repo), target, state.get("spec"),
                              state.get("spec_change"),
+                             root=Path(state.get("snapshots") or snapshot_root()),
                              additions=planned.replica >= ADDITIONS_REPLICA,
                              full=_full(state))
         rnd = _round(state, round_id, tree)
@@ -99,7 +100,18 @@ def _full(state: GreenIn | RunState) -> bool:
     return state["policy"].moods[Mood(state["mood"])].rehash == "full"
 
 
-def snapshot_round(repo: Path, work_item: str, previous: Target | None, *,
+def run_snapshots(run_id: str) -> Path:
+    """A run's own folder of sealed snapshots and spec views, removed when it stops.
+
+    Never shared by name: two runs of one tree (two work items on one base, a plan's items,
+    unrelated clones) each verify their own, so one run's end, which parks its tree and
+    drops its views, never takes the files from under the other's steps (a review: the
+    second run's linter read an empty folder, PASSed and was ASSERTed).
+    """
+    return snapshot_root() / run_id
+
+
+def snapshot_round(repo: Path, work_item: str, previous: Target | None, *, root: Path,
                    full: bool = False) -> Target:
     """Hash the tree the executor left and seal a snapshot of it in the same pass.
 
@@ -110,10 +122,10 @@ def snapshot_round(repo: Path, work_item: str, previous: Target | None, *,
     """
 
     if previous is not None:  # parked first: this round's tree is built from it
-        remove_snapshot(snapshot_root() / previous.tree_hash)
-    snap = snapshot(repo, snapshot_root(), full=full)
+        remove_snapshot(root / previous.tree_hash)
+    snap = snapshot(repo, root, full=full)
     if previous is not None and previous.tree_hash != snap.tree_hash:
-        remove_views(snapshot_root(), previous.tree_hash)
+        remove_views(root, previous.tree_hash)
     return target_of(snap, work_item)
 
 
@@ -123,14 +135,14 @@ def judge_spec(state: RunState, target: Target) -> SpecChange | None:
     pin = state.get("spec")
     if not pin:
         return None
-    item = state["work_item"]
-    tree = ensure_snapshot(Path(item.repo), target.tree_hash, full=_full(state))
+    item, root = state["work_item"], run_snapshots(state["run_id"])
+    tree = ensure_snapshot(Path(item.repo), target.tree_hash, root, full=_full(state))
     return judge_round(tree, target.tree_hash, pin, item.may_change_spec,
-                       state["policy"].moods[Mood(state["mood"])].spec_change, snapshot_root())
+                       state["policy"].moods[Mood(state["mood"])].spec_change, root)
 
 
 def verified_tree(repo: Path, target: Target, spec: str | None = None,
-                  change: SpecChange | None = None, *, additions: bool = False,
+                  change: SpecChange | None = None, *, root: Path, additions: bool = False,
                   full: bool = False) -> Path:
     """What a green thread verifies: the sealed snapshot of ``target``'s tree, seen through
     the pinned spec (``choir.evidence.spec``) when the run pinned one.
@@ -142,12 +154,12 @@ def verified_tree(repo: Path, target: Target, spec: str | None = None,
     the work item's admitted new checks beside the pinned ones.
     """
 
-    tree = ensure_snapshot(repo, target.tree_hash, full=full)
+    tree = ensure_snapshot(repo, target.tree_hash, root, full=full)
     if not spec:
         return tree
     if change is None or change.tree_hash != target.tree_hash:
         raise IntegrityError(f"no spec view was judged for tree {target.tree_hash[:12]}")
-    return ensure_view(tree, spec, change, snapshot_root(), ArtifactStore(),
+    return ensure_view(tree, spec, change, root, ArtifactStore(),
                        additions=additions)
 
 
@@ -202,7 +214,8 @@ async def execute(state: RunState) -> dict[str, Any]:
     emit({"kind": "execute", "work_item": item.id, "attempt": attempt, "state": "done",
           "exit_code": output.exit_code, "timed_out": output.timed_out,
           "isolation": output.isolation, "output": output.artifact})
-    target = snapshot_round(Path(item.repo), item.id, state.get("target"), full=_full(state))
+    target = snapshot_round(Path(item.repo), item.id, state.get("target"),
+                            root=run_snapshots(state["run_id"]), full=_full(state))
     change = judge_spec(state, target)
     spec_events = []
     if change is not None and change.changed:
@@ -245,8 +258,9 @@ def approve_spec(state: RunState) -> Command[Literal["direct", "__end__"]]:
             "events": [f"spec change rejected by a person: {refusal_summary(change)}"]})
     item, held_pin = state["work_item"], state.get("spec")
     assert held_pin  # a change is judged only against a pin
-    tree = ensure_snapshot(Path(item.repo), change.tree_hash, full=_full(state))
-    pin, approved = approve_change(tree, held_pin, change, snapshot_root())
+    root = run_snapshots(state["run_id"])
+    tree = ensure_snapshot(Path(item.repo), change.tree_hash, root, full=_full(state))
+    pin, approved = approve_change(tree, held_pin, change, root)
     return Command(goto="direct", update={
         "spec": pin, "spec_change": approved, "status": "running",
         "events": [f"spec change approved by a person: {refusal_summary(change)}; "
@@ -321,7 +335,7 @@ def fan_out(state: RunState) -> list[Send] | str:
         work_item=item, config=state["config"], policy=state["policy"], planned=pv,
         target=state["target"], mood=state["mood"], spec=state.get("spec"),
         base=state.get("base"),
-        spec_change=state.get("spec_change"),
+        spec_change=state.get("spec_change"), snapshots=str(run_snapshots(state["run_id"])),
         run_id=thread_run_id(round_run_id(state["run_id"], round_no), pv.name, pv.replica)))
         for pv in state["plan"].verifiers]
     return sends or "attest"

@@ -23,11 +23,11 @@ from choir.attest.keys import require_pinned_signer
 from choir.config import load_repo_config, load_work_item
 from choir.config.policy import load_packaged_policy, load_policy, with_run_checks
 from choir.director.split import part_feedback
-from choir.evidence.spec import pin_spec, remove_views
+from choir.evidence.spec import pin_spec
 from choir.evidence.tree import remove_snapshot, snapshot_root
 from choir.exceptions import UserError
 from choir.graph.checkpoints import open_checkpointer
-from choir.graph.orchestrator import build
+from choir.graph.orchestrator import build, run_snapshots
 from choir.models import Mood, Usage, VerificationReport, WorkItem
 from choir.telemetry import end_under, span
 from choir.trace.record import TraceRecorder
@@ -112,10 +112,8 @@ async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> Run
                           "choir.attempt": values.get("attempt"),
                           "choir.work_item": item.id if item is not None else None})
             insufficient = trace.ended(values, waiting=bool(snap.next))
-    if values.get("target") is not None:  # the round's sealed snapshot is no longer needed
-
-        remove_snapshot(snapshot_root() / values["target"].tree_hash)
-        remove_views(snapshot_root(), values["target"].tree_hash)
+    # the run's snapshots and views are no longer needed (its tree goes back to the pool)
+    remove_snapshot(run_snapshots(run_id))
     item = values.get("work_item")
     return RunOutcome(run_id=run_id, status=values.get("status", "unknown"),
                       reason=values.get("reason", ""), attempt=values.get("attempt", 0),

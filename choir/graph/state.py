@@ -118,6 +118,9 @@ class GreenIn(TypedDict):
     spec: str | None
     spec_change: SpecChange | None
     base: NotRequired[str | None]
+    # the run's own snapshot folder (``run_snapshots``); absent in a send checkpointed before
+    # runs had one: the shared folder, where that run's snapshot is
+    snapshots: NotRequired[str]
 
 
 class GreenOut(TypedDict):

@@ -163,3 +163,52 @@ def test_a_step_sees_the_sealed_modes(tmp_path: Path) -> None:
     for line in listing.splitlines():
         mode, _owner, kind, *_ = line.split(" ")
         assert (kind, mode) in (("f", "444"), ("f", "555"), ("d", "555"), ("l", "777")), line
+
+
+LINTED = """\
+verifiers:
+  unit:
+    kind: unit_tests
+    steps:
+      - {name: present, command: 'test -f calc.py'}
+  lint:
+    kind: lint
+    steps:
+      - name: unused-imports
+        command: "sleep 3; if grep -q 'import os' calc.py; then echo unused; exit 1; fi"
+sandbox: {backend: bwrap}
+"""
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_a_run_that_ends_never_takes_the_tree_another_run_verifies(
+        tmp_path: Path, choir_home: Path) -> None:
+    """Review 16b: two runs of one tree (two work items on one base, a plan's items, two
+    clones) shared ``snapshots/<tree hash>`` and its spec view. The run that ended first
+    parked the tree and removed the view while the other's linter slept in it; the linter
+    then read an empty folder, PASSed, and the gate opened for a tree it fails. Each run
+    has its own folder now: the linter reads the file and FAILs."""
+    for name in ("one", "two"):
+        repo = tmp_path / name / "repo"
+        repo.mkdir(parents=True)
+        (repo / "calc.py").write_text("import os\n\n" + FIXED)
+        (repo / "choir.yaml").write_text(LINTED)
+    def item(name: str, extra: str) -> list[str]:
+        path = tmp_path / name / "item.yaml"
+        path.write_text(f"id: {name}\ngoal: keep calc\nrepo: ./repo\nmax_attempts: 1\n"
+                        f"executor: {{kind: command, command: 'true'}}\n{extra}")
+        return [PY, "-m", "choir", "run", str(path), "--mood", "CALM", "--json"]
+    linted = subprocess.Popen(item("two", "required_verifiers: [lint]\n"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    views = choir_home / "artifacts" / "snapshots"
+    for _ in range(300):  # the linted run's view is built: its linter is about to sleep in it
+        if any(p.name.count(".spec-") for p in views.rglob("*.spec-*")) or linted.poll():
+            break
+        subprocess.run(["sleep", "0.05"])
+    quick = subprocess.run(item("one", ""), capture_output=True, text=True, timeout=300)
+    assert json.loads(quick.stdout)["status"] == "asserted", quick.stderr[-2000:]
+    out, err = linted.communicate(timeout=300)
+    assert json.loads(out)["status"] != "asserted", err[-2000:]
+    gate = subprocess.run([PY, "-m", "choir", "gate", "two", "--repo",
+                           str(tmp_path / "two" / "repo")], capture_output=True, text=True)
+    assert gate.returncode == 1, gate.stdout
