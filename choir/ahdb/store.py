@@ -362,6 +362,21 @@ class AHDB:
         return live_assert(_Tables(self._conn()),
                            (Atom.model_validate_json(body) for (body,) in rows), commit_sha)
 
+    def asserted_by(self, work_item: str) -> set[str]:
+        """The verifiers whose PASS promoted the claims behind ``work_item``'s ASSERTs (on
+        any tree): what checked it, so what a tree holding its change must be checked by."""
+        tables = _Tables(self._conn())
+        rows = self._conn().execute(
+            "SELECT body FROM atoms WHERE work_item = ? AND kind = 'ASSERT' AND "
+            "status = 'PROMOTED'", (work_item,))
+        found: set[str] = set()
+        for (body,) in rows:
+            for ref in Atom.model_validate_json(body).references:
+                claim = tables.get(ref)
+                if claim is not None:
+                    found.update(claim.required_verifiers)
+        return found
+
     def failed_verifiers(self, work_item: str | None, tree_hash: str) -> set[str]:
         """Verifiers with an attested FAIL on exactly this tree on record, for any work item
         or none (``choir verify``): the tree is the same whoever looked at it.

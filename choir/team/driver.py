@@ -214,10 +214,13 @@ class Driver(Moves):
                 self._spawn(("whole", item_id, row.whole_head),
                             functools.partial(self._whole, item_id, row.whole_head, record),
                             self.trees / "whole" / item_id)
-        for entry in record.queue:
-            if entry.status == "verifying":
+        merged = [item_id for item_id, row in record.items.items() if row.state == MERGED]
+        for n, entry in enumerate(record.queue):
+            if entry.status == "verifying":  # its head holds the merged items and those before
+                held = [*merged, *(e.item for e in record.queue[:n + 1])]
                 self._spawn(("verify", entry.item, entry.head),
-                            functools.partial(self.queue.verify, entry),
+                            functools.partial(self.queue.verify, entry,
+                                              self.queue.merged_verifiers(held)),
                             self.queue.worktree(entry.item))
 
     async def _run(self, item_id: str, row: PlanRow) -> tuple[dict[str, Any], float]:
@@ -240,9 +243,12 @@ class Driver(Moves):
         path = self.trees / "whole" / item_id
         item = schedule.work_item(self.plan, record, item_id, path)
         row = record.items[item_id]
-        # the item's own verifiers too, whatever its mood plans: its claim is ASSERTed here
+        # the item's own verifiers too, whatever its mood plans: its claim is ASSERTed here;
+        # and every one that ASSERTed a part (or another item) merged into the head
+        merged = [i for i, r in record.items.items() if r.state == MERGED]
+        required = {*item.required_verifiers, *self.queue.merged_verifiers(merged)}
         return await verify_tree(path, item.id, row.whole_tree, "whole", row.whole_session,
-                                 mood=item.mood, required=tuple(item.required_verifiers))
+                                 mood=item.mood, required=tuple(sorted(required)))
 
 
 def _claims_free(plan: Plan) -> None:

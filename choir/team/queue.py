@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,11 +191,22 @@ class MergeQueue:
                                         "session": new_run_id("verify"),
                                         "status": "verifying", "verdict": ""})
 
-    async def verify(self, entry: QueueEntry) -> Verdict:
+    async def verify(self, entry: QueueEntry, required: tuple[str, ...] = ()) -> Verdict:
         """The integration round of ``entry``'s head, as the claim named after the plan, in
-        the plan's integration mood."""
+        the plan's integration mood, with ``required`` (``merged_verifiers``) whatever the
+        mood plans."""
         return await verify_tree(self.worktree(entry.item), self.plan_id, entry.tree,
-                                 "integration", entry.session, mood=self.mood)
+                                 "integration", entry.session, mood=self.mood,
+                                 required=required)
+
+    def merged_verifiers(self, items: Iterable[str]) -> tuple[str, ...]:
+        """Every verifier whose PASS ASSERTed one of ``items`` (plan item ids): a head that
+        holds their changes is checked by each, so two changes are checked together by every
+        verifier that checked either (a review: an item's required lint, or one its mood
+        climb added, never ran on the head where another item broke it)."""
+        db = open_ahdb()
+        return tuple(sorted(set().union(*(db.asserted_by(item_key(self.plan_id, item))
+                                           for item in items))))
 
     def land(self, entry: QueueEntry, current: str) -> str | None:
         """Move the integration branch from ``current`` to ``entry``'s verified head, after

@@ -195,14 +195,9 @@ def test_an_item_that_changes_nothing_merges_onto_a_tree_verified_before(
     assert merges == ["p.a", "p.z"]
 
 
-def test_the_integration_round_runs_in_the_strictest_mood_of_the_plans_items(
-        tmp_path: Path) -> None:
-    """Two SKEPTICAL items that each pass an integration-tests verifier alone but break it
-    together: the integration rounds ran CALM (unit tests only), so both merged and the
-    plan was ASSERTed (a review found it). They run in the strictest mood of the plan's
-    items now, and the second item's merge is caught."""
-    import json
-
+def _flags_repo(tmp_path: Path, kind: str) -> Path:
+    """A repo whose ``unit`` verifier always passes and whose ``integ`` verifier (of
+    ``kind``) fails when ``x.flag`` and ``y.flag`` are both there."""
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "test_unit.py").write_text("def test_ok():\n    assert True\n")
@@ -213,29 +208,58 @@ def test_the_integration_round_runs_in_the_strictest_mood_of_the_plans_items(
         "verifiers:\n"
         f"  unit: {{kind: unit_tests, steps: [{{name: t, command: '{PYTEST} test_unit.py "
         f"{JUNIT}'}}], parser: junit}}\n"
-        f"  integ: {{kind: integration_tests, steps: [{{name: t, command: '{PYTEST} "
+        f"  integ: {{kind: {kind}, steps: [{{name: t, command: '{PYTEST} "
         f"test_integ.py {JUNIT}'}}], parser: junit}}\n")
     (repo / ".gitignore").write_text("__pycache__/\n")
     git(repo, "init", "-q", "-b", "main")
     git(repo, "add", "-A")
     git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
-    plan = write_plan(tmp_path, "strict", """\
+    return repo
+
+
+def _one_of_the_flags_merges(tmp_path: Path, repo: Path, plan_id: str, x_extra: str) -> None:
+    """Item x (with ``x_extra``) flags x, item y flags y: one merges, the other is sent back
+    once and fails, and the integration branch never holds both."""
+    plan = write_plan(tmp_path, plan_id, f"""\
         - id: x
           goal: flag x
-          mood: SKEPTICAL
+          {x_extra}
           max_attempts: 1
-          executor: {kind: command, command: 'touch x.flag'}
+          executor: {{kind: command, command: 'touch x.flag'}}
         - id: y
           goal: flag y
           max_attempts: 1
-          executor: {kind: command, command: 'touch y.flag'}
+          executor: {{kind: command, command: 'touch y.flag'}}
         """)
     state = asyncio.run(run_plan(load_plan(plan)))
     rows = state["items"]
     assert sorted(r["state"] for r in rows.values()) == ["failed", "merged"], rows
     assert next(r for r in rows.values() if r["state"] == "failed")["sent_back"] == 1
-    files = git(repo, "ls-tree", "--name-only", "choir/plan/strict/integration").split()
+    files = git(repo, "ls-tree", "--name-only", f"choir/plan/{plan_id}/integration").split()
     assert not ("x.flag" in files and "y.flag" in files)
+
+
+def test_the_integration_round_runs_every_verifier_that_asserted_a_merged_item(
+        tmp_path: Path) -> None:
+    """Review 16d: item x requires ``integ`` (a lint, which CALM does not plan), item y
+    breaks it together with x's change; every round of y and every integration round ran
+    CALM's plan, so both merged, the plan was ASSERTed and promoted with ``integ`` failing.
+    An integration round runs every verifier whose PASS ASSERTed an item merged into its
+    head (a required one, or one a mood climb added)."""
+    repo = _flags_repo(tmp_path, "lint")
+    _one_of_the_flags_merges(tmp_path, repo, "req", "required_verifiers: [integ]")
+
+
+def test_the_integration_round_runs_in_the_strictest_mood_of_the_plans_items(
+        tmp_path: Path) -> None:
+    """Two SKEPTICAL items that each pass an integration-tests verifier alone but break it
+    together: the integration rounds ran CALM (unit tests only), so both merged and the
+    plan was ASSERTed (a review found it). They run in the strictest mood of the plan's
+    items now, and the second item's merge is caught."""
+    import json
+
+    repo = _flags_repo(tmp_path, "integration_tests")
+    _one_of_the_flags_merges(tmp_path, repo, "strict", "mood: SKEPTICAL")
     runs = tmp_path / "choir-home" / "artifacts" / "runs"
     moods = {json.loads((p / "manifest.json").read_text())["mood"]
              for p in runs.glob("verify-*") if p.name.count("-") == 2}
