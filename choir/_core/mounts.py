@@ -10,6 +10,7 @@ below both, because the layer that confines is above the one that mounts.
 from __future__ import annotations
 
 _private = False
+_changes = 0
 
 
 def mark_private() -> None:
@@ -21,3 +22,19 @@ def mark_private() -> None:
 def private() -> bool:
     """True once ``mark_private`` was called in this process (not inherited by exec)."""
     return _private
+
+
+def changed() -> None:
+    """Record that this process mounted or unmounted something (``generation``)."""
+    global _changes
+    _changes += 1
+
+
+def generation() -> int:
+    """How many mounts this process made or removed: a copy of the mount table taken
+    before one is stale even when the table reads the same after it. An overlay unmounted
+    and mounted again at the same path over the same layers has the same mount id and
+    device, so ``/proc/self/mountinfo`` is byte for byte the same, yet a copy taken before
+    holds the old mount, whose upper layer is gone (review 16d: a launcher armed then ran
+    an item's retry in it, ``bwrap: Can't find source path``)."""
+    return _changes

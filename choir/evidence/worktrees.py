@@ -99,6 +99,7 @@ def _mount(path: Path, lower: Path, upper: Path, work: Path) -> None:
     if os.geteuid() != 0:  # mounted in Choir's user namespace: no trusted.* xattrs
         options += ",userxattr"
     libc = _libc()
+    mounts.changed()
     if libc.mount(b"overlay", os.fsencode(path), b"overlay", 0, options.encode()) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mount overlay at {path}: {os.strerror(err)}")
@@ -108,6 +109,7 @@ def release(path: Path) -> None:
     """Unmount the overlay of a worktree Choir made at ``path`` (before git removes it), and
     let go of its lower."""
     if _mounted(path):
+        mounts.changed()
         _libc().umount2(os.fsencode(os.path.realpath(path)), _MNT_DETACH)
     pin = _PINS.pop(os.path.realpath(path), -1)
     if pin >= 0:

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from choir._core import mounts
 from choir.models import Limits
 
 _ROOT = Path("/sys/fs/cgroup")
@@ -127,12 +128,17 @@ def _kill(path: Path) -> None:
 
 
 def _mount_table() -> bytes:
-    """A digest of this process's mount table: what a launcher armed now would copy."""
+    """A digest of this process's mount table, and of how many mounts it made or removed
+    (``choir._core.mounts.generation``: the same table read twice may hold different
+    mounts): what a launcher armed now would copy."""
     try:
         with open("/proc/self/mountinfo", "rb") as fh:
-            return hashlib.blake2b(fh.read(), digest_size=16).digest()
+            table = fh.read()
     except OSError:
         return b""
+    seen = hashlib.blake2b(table, digest_size=16)
+    seen.update(mounts.generation().to_bytes(8, "little"))
+    return seen.digest()
 
 
 def _launch(slot: _Slot) -> subprocess.Popen[bytes]:

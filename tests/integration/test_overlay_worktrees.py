@@ -112,6 +112,20 @@ out["removed"] = not a.root.exists() and not worktrees._mounted(a.root)
     assert out["objects_intact"] is True and out["removed"] is True
 
 
+def test_every_mount_and_unmount_of_a_worktree_is_counted(repo: Path, tmp_path: Path) -> None:
+    """What the sandbox's launchers compare besides the mount table (review 16d: a
+    remount over the same layers reads the same there; ``test_cgroup_pool``)."""
+    out = confined(MAKE.format(repo=str(repo), root=str(tmp_path / "trees")) + """
+from choir._core import mounts
+start = mounts.generation()
+a = make("a", "choir/a")
+out["made"] = mounts.generation() - start
+worktrees.release(a.root)
+out["released"] = mounts.generation() - start
+""")
+    assert out == {"made": 1, "released": 2}
+
+
 def test_outside_a_private_mount_namespace_a_worktree_is_a_checkout(repo: Path,
                                                                     tmp_path: Path) -> None:
     out = confined(MAKE.format(repo=str(repo), root=str(tmp_path / "trees")) + """

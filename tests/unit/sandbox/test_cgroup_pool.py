@@ -316,3 +316,42 @@ def test_an_idle_worker_keeps_every_armed_pair_for_its_request(tmp_path: Path) -
     assert found["code"] == 0
     assert found["ready"] == found["prearm"], found
     assert found["launched"] == 0, found
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="launchers copy the mount table as root only")
+@pytest.mark.parametrize("remounted", [False, True])
+def test_a_launcher_armed_before_a_remount_is_never_used(remounted: bool) -> None:
+    """Review 16d: an overlay worktree unmounted and mounted again at the same path over the
+    same layers reads the same in ``/proc/self/mountinfo`` (same mount id, same device), so
+    a launcher armed before it kept the old mount, whose upper layer was gone, and an item's
+    retry ran in it (``bwrap: Can't find source path``). A mount or unmount this process
+    makes counts (``choir._core.mounts.generation``): the launcher is armed again."""
+    code = textwrap.dedent(f"""
+        import json, time
+        from choir._core import mounts
+        from choir.models import Limits
+        from choir.sandbox import _cgroups
+        _cgroups._JOIN_TIMEOUT_S = 120
+        assert _cgroups.prearm(1)
+        pool = _cgroups._pool()
+        deadline = time.monotonic() + 60
+        while (pool.arming or not pool.ready) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        launched = []
+        real = _cgroups._launch
+        def counted(slot):
+            launched.append(slot.pids.name)
+            return real(slot)
+        _cgroups._launch = counted
+        armed = pool.ready[0].pids.name
+        if {remounted}:
+            mounts.changed()  # what worktrees.release and _mount say
+        cg = _cgroups.CgroupLimits(Limits())
+        code = cg.spawn(["true"]).wait(timeout=20)
+        cg.close()
+        print(json.dumps({{"code": code, "relaunched": armed in launched}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    found = __import__("json").loads(out.stdout.splitlines()[-1])
+    assert found == {"code": 0, "relaunched": remounted}
