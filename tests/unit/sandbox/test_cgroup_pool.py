@@ -278,6 +278,21 @@ def test_a_single_use_pool_does_not_rearm_pairs_given_back(tmp_path: Path,
         assert max(found["launches"]) > 1, found  # pairs given back were re-armed
 
 
+# in a child: wait until the pool's pairs are armed, then count the launchers made after
+ARMED = textwrap.dedent("""
+    pool = _cgroups._pool()
+    deadline = time.monotonic() + 60
+    while (pool.arming or not pool.ready) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    launched = []
+    real = _cgroups._launch
+    def counted(slot):
+        launched.append(slot.pids.name)
+        return real(slot)
+    _cgroups._launch = counted
+""")
+
+
 def test_an_idle_worker_keeps_every_armed_pair_for_its_request(tmp_path: Path) -> None:
     """A worker of ``choir serve`` arms PREARM pairs, then probes bwrap: the probe ran in one
     of the armed pairs, so the request found one fewer and armed a spare beside its first
@@ -291,17 +306,8 @@ def test_an_idle_worker_keeps_every_armed_pair_for_its_request(tmp_path: Path) -
         _cgroups._JOIN_TIMEOUT_S = 120
         _cgroups._mount_table = lambda: b""
         warm_idle()
-        pool = _cgroups._pool()
-        deadline = time.monotonic() + 60
-        while pool.arming and time.monotonic() < deadline:
-            time.sleep(0.02)
+    """) + ARMED + textwrap.dedent("""
         ready = len(pool.ready)
-        launched = []
-        real = _cgroups._launch
-        def counted(slot):
-            launched.append(slot.pids.name)
-            return real(slot)
-        _cgroups._launch = counted
         cg = _cgroups.CgroupLimits(Limits())
         code = cg.spawn(["true"]).wait(timeout=20)
         cg.close()
@@ -326,23 +332,14 @@ def test_a_launcher_armed_before_a_remount_is_never_used(remounted: bool) -> Non
     a launcher armed before it kept the old mount, whose upper layer was gone, and an item's
     retry ran in it (``bwrap: Can't find source path``). A mount or unmount this process
     makes counts (``choir._core.mounts.generation``): the launcher is armed again."""
-    code = textwrap.dedent(f"""
+    code = textwrap.dedent("""
         import json, time
         from choir._core import mounts
         from choir.models import Limits
         from choir.sandbox import _cgroups
         _cgroups._JOIN_TIMEOUT_S = 120
         assert _cgroups.prearm(1)
-        pool = _cgroups._pool()
-        deadline = time.monotonic() + 60
-        while (pool.arming or not pool.ready) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        launched = []
-        real = _cgroups._launch
-        def counted(slot):
-            launched.append(slot.pids.name)
-            return real(slot)
-        _cgroups._launch = counted
+    """) + ARMED + textwrap.dedent(f"""
         armed = pool.ready[0].pids.name
         if {remounted}:
             mounts.changed()  # what worktrees.release and _mount say
