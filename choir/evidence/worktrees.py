@@ -168,7 +168,9 @@ def planted_repositories(made: GitRepo, limit: int = 5) -> list[str]:
     a tree too deep to walk is listed as such."""
     layers = _Layers(made.git_dir)
     root = layers.upper if layers.lower_id() is not None else made.root
-    found: list[str] = []
+    found: list[str] = [] if _points_home(made) else [
+        ".git (the worktree's own, replaced: git there would read another repository's "
+        "index and excludes)"]
     try:
         for entry in fsopen.walk(root, max_depth=fsopen.MAX_DEPTH):
             if entry.name.lower() == ".git" and "/" in entry.rel:
@@ -180,6 +182,20 @@ def planted_repositories(made: GitRepo, limit: int = 5) -> list[str]:
     except OSError as exc:  # its upper layer or root gone: nothing to commit there
         found.append(f"(the worktree cannot be read: {exc})")
     return found
+
+
+def _points_home(made: GitRepo) -> bool:
+    """Whether the worktree's ``.git`` is still the file pointing at its admin folder. A
+    member that made it a repository of its own (review 16d) had the item's round list the
+    files that repository's index and excludes name, hiding one the commit, made through
+    the admin folder, holds: the round ASSERTed a tree the commit is not."""
+    try:
+        text = fsopen.read_bytes(made.root, ".git", 4096)  # never through a link
+    except OSError:
+        return False
+    line = text.decode("utf-8", "replace").strip()
+    return line.startswith("gitdir:") and os.path.realpath(
+        made.root / line[len("gitdir:"):].strip()) == os.path.realpath(made.git_dir)
 
 
 @dataclass(frozen=True)

@@ -259,6 +259,28 @@ def test_a_nested_repository_a_member_commits_is_never_merged(tmp_path: Path) ->
     assert "vendor" not in git(repo, "ls-tree", "--name-only", "choir/plan/gl/integration")
 
 
+def test_a_worktree_made_a_repository_of_its_own_is_never_committed(tmp_path: Path) -> None:
+    """Review 16d: a member replaced its worktree's ``.git`` with a repository of its own
+    whose excludes hide ``bad.txt``: the item's round listed that repository's files, never
+    saw ``bad.txt`` and ASSERTed; the driver's commit (through the admin folder) held it, and
+    the item failed only at its integration round, for a reason that named no ``.git``. The
+    item fails at its commit now, saying so."""
+    repo = team_repo(tmp_path / "repo")
+    own = ("echo BROKEN > bad.txt && rm -f .git && git init -q . && "
+           "echo bad.txt >> .git/info/exclude")
+    plan = write_plan(tmp_path, "og", f"""\
+        - id: a
+          goal: write a
+          max_attempts: 1
+          executor: {{kind: command, command: '{own}'}}
+        """)
+    state = asyncio.run(run_plan(load_plan(plan)))
+    row = state["items"]["a"]
+    assert row["state"] == "failed" and ".git (the worktree's own" in row["last"], row
+    assert row["sent_back"] == 0
+    assert "bad.txt" not in git(repo, "ls-tree", "--name-only", "choir/plan/og/integration")
+
+
 NESTED_FILTER = (
     "git init -q {at} && cd {at} && echo x > f && git add f && "
     "git config filter.evil.clean \"sh -c \\\"touch {marker}; cat\\\"\" && "
