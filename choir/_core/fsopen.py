@@ -17,6 +17,7 @@ such a tree goes through it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -265,3 +266,26 @@ def _walk(dfd: int, prefix: str, depth: int, skip: Collection[str],
             yield from _walk(sub, rel + "/", depth + 1, skip, max_depth)
         finally:
             os.close(sub)
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path``, replacing it whole: a reader (a CI step uploading it)
+    never sees half a file, and an old file is never left looking current. A path that
+    cannot be written (a folder, a file where a folder should be: review 16c) is a
+    ``UserError`` naming it, and no temporary file is left beside it.
+
+    Raises:
+        UserError: the file cannot be written there.
+    """
+    from choir._core.errors import UserError
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}\n"
+                        "  fix: give the path of a file in a folder you can write") from None

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
+from choir._core import fsopen
 from choir.ahdb.heads import Head, head_key_id, latest_signed, read_heads
 from choir.exceptions import ConfigError, IntegrityError
 from choir.models._base import Frozen
@@ -75,10 +76,7 @@ def latest_head(db: AHDB, trusted_keys: Collection[str]) -> PinnedHead:
 
 def write_pin(pin: PinnedHead, path: Path) -> None:
     """Write ``pin`` to ``path`` (replacing it whole: a reader never sees half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(pin.model_dump_json(indent=2) + "\n")
-    os.replace(tmp, path)
+    fsopen.write_whole(path, (pin.model_dump_json(indent=2) + "\n").encode())
 
 
 def load_pin(path: Path) -> PinnedHead:

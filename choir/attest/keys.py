@@ -208,6 +208,10 @@ def revoked_key_ids(home: Path | None = None) -> frozenset[str]:
     try:
         text = path.read_text("utf-8")
     except FileNotFoundError:
+        if os.path.lexists(path):  # a dangling link is no empty list: a revocation lost
+            raise ConfigError("the revoked key list is a link to nothing", path=str(path),
+                              line=None, hint="restore the file it named, or make it a "
+                              "plain file of key ids") from None
         return ids
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"cannot read the revoked key list: {err}", path=str(path),

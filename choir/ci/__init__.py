@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from choir._core.errors import UserError
 from choir.ci import github
 from choir.ci.steps import SUMMARY, Options, run, upload_paths, write_new
 from choir.ci.summary import Outcome, markdown, plain
@@ -126,7 +127,11 @@ def github_action(repo: Path, mood: str | None, claim: str | None, sandbox: str 
             "and a pull request may edit both; set the action's base-ref input (the default "
             "on pull_request events) to verify with the base branch's",
             title="choir: the checks are the tree's own"), flush=True)
-    outcome = run(opts, lambda lines: github.relay(sys.stdout, lines))
+    try:
+        outcome = run(opts, lambda lines: github.relay(sys.stdout, lines))
+    except UserError as exc:  # nothing verified: the step says why, as an error annotation
+        print(github.annotation("error", str(exc), title="choir: configuration error"))
+        sys.exit(2)
     _report_github(outcome, opts)
     sys.exit(outcome.exit_code)
 
@@ -245,6 +250,10 @@ def pre_commit(repo: Path, mood: str | None, claim: str | None, sandbox: str | N
         for line in lines:
             print(one_line(line, 200), file=sys.stderr, flush=True)
 
-    outcome = run(opts, progress)
+    try:
+        outcome = run(opts, progress)
+    except UserError as exc:
+        print(f"choir-ci: {exc}", file=sys.stderr)
+        sys.exit(2)
     sys.stdout.write(plain(outcome, claim=claim))
     sys.exit(outcome.exit_code)

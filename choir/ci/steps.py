@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from choir._core.errors import UserError
 from choir._core.terminal import one_line
 from choir.ci.summary import Outcome
 
@@ -129,11 +130,15 @@ def _key(shown_json: str, out: Path) -> str | None:
 def run(opts: Options, relay: Relay) -> Outcome:
     """Verify; then bundle, gate and show the key side by side; the outcome (see
     ``Outcome.status`` for what passes)."""
-    if opts.out.is_symlink():  # ./choir-ci in a checkout is the pull request's to plant:
-        opts.out.unlink()       # the step writes into a folder of its own, never through it
-    opts.out.mkdir(parents=True, exist_ok=True)
-    for stale in (BUNDLE, VSA, KEY, CONTRACT, SUMMARY):  # an earlier run's, or a planted
-        (opts.out / stale).unlink(missing_ok=True)       # link: never current, never followed
+    try:
+        if opts.out.is_symlink():  # ./choir-ci in a checkout is the pull request's to plant:
+            opts.out.unlink()       # the step writes into a folder of its own, never through it
+        opts.out.mkdir(parents=True, exist_ok=True)
+        for stale in (BUNDLE, VSA, KEY, CONTRACT, SUMMARY):  # an earlier run's, or a planted
+            (opts.out / stale).unlink(missing_ok=True)       # link: never current, followed
+    except OSError as exc:
+        raise UserError(f"the out folder {opts.out} cannot be made: {exc.strerror or exc}\n"
+                        "  fix: set CHOIR_CI_OUT (--out) to a folder you can write") from None
     code, contract, err = _verify(opts, relay)
     outcome = Outcome(verify_code=code, contract=contract, error=err)
     if contract is None:

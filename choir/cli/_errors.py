@@ -20,13 +20,25 @@ def run_cli(cli: click.Group, argv: list[str]) -> NoReturn:
 def exit_code(command: Callable[[], Any]) -> int:
     """Run a command and return its exit code, saying why on stderr when it is a usage
     error: the CLI's entry point, and a worker of ``choir serve`` running a command."""
-    from choir.exceptions import IntegrityError, SandboxError, UserError
+    from choir.exceptions import (
+        IntegrityError,
+        NotFoundError,
+        PromotionError,
+        SandboxError,
+        UserError,
+    )
 
     try:
         rv: Any = command()
     except UserError as exc:
         click.echo(f"choir: error: {exc}", err=True)
         return EXIT_USAGE
+    except NotFoundError as exc:  # an id asked for that is not stored (a typo, mostly)
+        click.echo(f"choir: error: {exc}", err=True)
+        return EXIT_USAGE
+    except PromotionError as exc:  # the promotion rules refused the write: nothing changed
+        click.echo(f"choir: refused: {exc}", err=True)
+        return EXIT_FAIL
     except SandboxError as exc:  # infrastructure, not the work: nothing is decided on it
         click.echo(f"choir: infrastructure: {exc}; the run can be resumed "
                    "(`choir run --resume RUN_ID`) once it works", err=True)

@@ -6,18 +6,15 @@ written by the code under verification and must not drive the terminal.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 
 def write_whole(path: Path, text: str) -> None:
-    """Write ``text`` to ``path``, replacing it whole: a reader (a CI step uploading it)
-    never sees half a file, and an old file is never left looking current."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    """``text`` written to ``path`` whole (``choir._core.fsopen.write_whole``)."""
+    from choir._core import fsopen
+
+    fsopen.write_whole(path, text.encode("utf-8"))
 
 
 def render_verify(contract: dict[str, Any]) -> None:

@@ -123,7 +123,9 @@ def promote(plan_id: str, to: str, repo: Path | None) -> int:
     try:
         head = do_promote(plan_id, to, repo)
     except (UserError, PromotionError) as err:
-        click.echo(str(err))
+        if isinstance(err, UserError) and not str(err).startswith("promote: refused"):
+            raise  # no such plan or repository: a usage error (exit 2, on stderr)
+        click.echo(str(err))  # refused, with the reason: exit 1
         return EXIT_FAIL
     click.echo(f"promote: {to} -> {head[:12]} (plan {plan_id} ASSERTed for exactly this tree)")
     return EXIT_OK

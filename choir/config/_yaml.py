@@ -192,12 +192,17 @@ def load_yaml(path: Path, *, root: Path | None = None, pinned: str | None = None
                           hint="check the YAML syntax near the start of the file") from None
     budget = [MAX_NODES]
     try:
-        data = _plain(tree, budget)
+        data = _plain(tree, budget, ())
     except _TooLarge:
         raise ConfigError(
             f"YAML aliases expand to more than {MAX_NODES} values: refused as an alias bomb",
             path=str(path), line=1,
             hint="write the values out, or use fewer anchors and aliases") from None
+    except _Unrecordable as exc:
+        where = ".".join(str(k) for k in exc.loc) or "the document"
+        raise ConfigError(f"{where!r}: {exc.what}, which no record Choir signs can hold",
+                          path=str(path), line=YamlDoc(path, None, tree).line_of(exc.loc),
+                          hint=exc.hint) from None
     return YamlDoc(path=path, data=data, _tree=tree)
 
 
@@ -205,16 +210,39 @@ class _TooLarge(Exception):
     pass
 
 
-def _plain(node: Any, budget: list[int]) -> Any:
+class _Unrecordable(Exception):
+    """A value that validates but that the canonical JSON (and msgpack checkpoints) of what
+    is signed refuses: found only after the work, as a crash (review 16c)."""
+
+    def __init__(self, loc: tuple[str | int, ...], what: str, hint: str) -> None:
+        super().__init__(what)
+        self.loc, self.what, self.hint = loc, what, hint
+
+
+INT_RANGE = (-(1 << 63), (1 << 63) - 1)  # what msgpack and the stores hold
+
+
+def _plain(node: Any, budget: list[int], loc: tuple[str | int, ...]) -> Any:
     budget[0] -= 1
     if budget[0] < 0:
         raise _TooLarge
     if isinstance(node, dict):
-        return {str(k): _plain(v, budget) for k, v in node.items()}
+        return {str(k): _plain(v, budget, (*loc, str(k))) for k, v in node.items()}
     if isinstance(node, list):
-        return [_plain(v, budget) for v in node]
+        return [_plain(v, budget, (*loc, n)) for n, v in enumerate(node)]
     if hasattr(node, "value") and type(node).__module__.startswith("ruamel"):
         return node.value  # pragma: no cover - scalar wrappers are rare in rt mode
+    if isinstance(node, str) and not node.isascii():
+        try:
+            node.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _Unrecordable(loc, "a lone surrogate (an escape like \\ud800)",
+                                "write the character itself") \
+                from None
+    if isinstance(node, int) and not isinstance(node, bool) and \
+            not INT_RANGE[0] <= node <= INT_RANGE[1]:
+        raise _Unrecordable(loc, "an integer beyond 64 bits",
+                            f"use a number between {INT_RANGE[0]} and {INT_RANGE[1]}")
     return node
 
 

@@ -130,8 +130,8 @@ def load_heldout(repo: Path, taken: set[str] | frozenset[str] = frozenset()) -> 
             ``taken`` (the repo's own verifiers). Every mistake at once.
     """
     path = heldout_file()
-    if not path.is_file():
-        return {}
+    if not os.path.lexists(path):  # only absence is "none": a dangling link or a folder is
+        return {}  # a mistake load_yaml names (PARANOID ran without its checks: review 16c)
     doc = load_yaml(path)
     data = doc.data if isinstance(doc.data, dict) else None
     repos = data.get("repos") if data is not None else None

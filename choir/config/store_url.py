@@ -46,7 +46,7 @@ def database_url(home: Path | None = None) -> str | None:
     if env is not None and env.strip():
         return _check(env.strip(), path=f"${ENV}", line=None)
     path = user_config_path(home)
-    if not path.is_file():
+    if not os.path.lexists(path):  # a folder or a dangling link is a mistake load_yaml names
         return None
     from choir.config._yaml import load_yaml
 

@@ -95,9 +95,14 @@ async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> Run
         async with open_checkpointer(home) as saver:
             graph = build().compile(checkpointer=saver)
             cfg: Any = {"configurable": {"thread_id": run_id}, "recursion_limit": 10_000}
-            exists = bool((await graph.aget_state(cfg)).values)
-            if graph_input is None and not exists:
+            state = await graph.aget_state(cfg)
+            exists = bool(state.values)
+            if not isinstance(graph_input, dict) and not exists:  # a resume or an answer
                 raise UserError(f"no run {run_id} to resume under {home}")
+            if graph_input is not None and not isinstance(graph_input, dict) and not any(
+                    task.interrupts for task in state.tasks):  # an answer no run asked for
+                raise UserError(f"run {run_id} is not waiting for approval (`choir runs show "
+                                f"{run_id}` says where it is); nothing was changed")
             if isinstance(graph_input, dict) and exists:
                 raise UserError(f"run id {run_id} is taken; choir run --resume {run_id} "
                                 "continues it, or give another --run-id")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +19,7 @@ from choir.exceptions import UserError
 from choir.mcp.server import build
 from choir.mcp.tools import Tools
 from choir.view.guard import Receive, Scope, Send, TokenGuard, header, plain
-from choir.view.serve import HOST
+from choir.view.serve import HOST, listen
 
 TOKEN_ENV = "CHOIR_MCP_TOKEN"
 TOKEN_MIN = 32
@@ -66,10 +65,7 @@ def serve_http(tools: Tools, port: int = 0, *,
     import uvicorn
 
     token = launch_token()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((HOST, port))
-    sock.listen(128)
+    sock = listen(port)
     bound = sock.getsockname()[1]
     server = build(tools)
     app: Any = BearerGuard(server.streamable_http_app(streamable_http_path=PATH, host=HOST),

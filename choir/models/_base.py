@@ -8,4 +8,6 @@ from pydantic import BaseModel, ConfigDict
 class Frozen(BaseModel):
     """Immutable, strict about unknown fields, versioned by ``schema_version``."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # finite numbers only: an infinite timeout or limit passed validation and crashed the
+    # run after its work, when the canonical JSON of what is signed refused it (review 16c)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)

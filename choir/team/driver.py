@@ -217,10 +217,9 @@ class Driver(Moves):
         merged = [item_id for item_id, row in record.items.items() if row.state == MERGED]
         for n, entry in enumerate(record.queue):
             if entry.status == "verifying":  # its head holds the merged items and those before
-                held = [*merged, *(e.item for e in record.queue[:n + 1])]
+                held = (*merged, *(e.item for e in record.queue[:n + 1]))
                 self._spawn(("verify", entry.item, entry.head),
-                            functools.partial(self.queue.verify, entry,
-                                              self.queue.merged_verifiers(held)),
+                            functools.partial(self.queue.verify, entry, held),
                             self.queue.worktree(entry.item))
 
     async def _run(self, item_id: str, row: PlanRow) -> tuple[dict[str, Any], float]:
@@ -238,7 +237,7 @@ class Driver(Moves):
         return outcome, time.perf_counter() - clock
 
     async def _whole(self, item_id: str, head: str, record: PlanRecord) -> Verdict:
-        from choir.team.queue import verify_tree
+        from choir.team.queue import merged_verifiers, verify_tree
 
         path = self.trees / "whole" / item_id
         item = schedule.work_item(self.plan, record, item_id, path)
@@ -246,9 +245,10 @@ class Driver(Moves):
         # the item's own verifiers too, whatever its mood plans: its claim is ASSERTed here;
         # and every one that ASSERTed a part (or another item) merged into the head
         merged = [i for i, r in record.items.items() if r.state == MERGED]
-        required = {*item.required_verifiers, *self.queue.merged_verifiers(merged)}
+        required = dict.fromkeys([*item.required_verifiers,
+                                  *merged_verifiers(self.plan.id, merged, path)])
         return await verify_tree(path, item.id, row.whole_tree, "whole", row.whole_session,
-                                 mood=item.mood, required=tuple(sorted(required)))
+                                 mood=item.mood, required=tuple(required))
 
 
 def _claims_free(plan: Plan) -> None:

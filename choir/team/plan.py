@@ -119,25 +119,28 @@ def item_key(plan_id: str, item_id: str) -> str:
 
 
 def _cycle(deps: dict[str, tuple[str, ...]]) -> list[str] | None:
-    """A dependency cycle as a path (first id repeated at the end), or None."""
+    """A dependency cycle as a path (first id repeated at the end), or None.
+
+    Depth first with a stack of its own, not Python's: a chain of a thousand items (a
+    plan well under the size cap) exceeded the interpreter's recursion limit (review 16c).
+    """
     state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        stack.append(node)
-        for dep in deps.get(node, ()):
-            if state.get(dep) == 1:
-                return [*stack[stack.index(dep):], dep]
-            if dep in deps and state.get(dep) is None and (found := visit(dep)):
-                return found
-        stack.pop()
-        state[node] = 2
-        return None
-
-    for node in deps:
-        if state.get(node) is None and (found := visit(node)):
-            return found
+    for root in deps:
+        if state.get(root) is not None:
+            continue
+        state[root] = 1
+        path, todo = [root], [iter(deps.get(root, ()))]
+        while todo:
+            dep = next(todo[-1], None)
+            if dep is None:  # every dependency of path[-1] explored
+                state[path.pop()] = 2
+                todo.pop()
+            elif state.get(dep) == 1:
+                return [*path[path.index(dep):], dep]
+            elif dep in deps and state.get(dep) is None:
+                state[dep] = 1
+                path.append(dep)
+                todo.append(iter(deps.get(dep, ())))
     return None
 
 

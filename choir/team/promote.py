@@ -86,7 +86,8 @@ def promote(plan_id: str, to: str, repo: Path | None = None) -> str:
     if not answer.passed:
         raise UserError(f"promote: refused: the gate does not hold for {head[:12]}:\n  " +
                         "\n  ".join(answer.problems))
-    old = git.rev(to)
+    old = git.rev(f"refs/heads/{to}")  # the branch: never a tag of that name (review 16c:
+    # `--to vA` read the tag, then moved refs/heads/vA from it, and failed every time)
     if old is not None and git.run("merge-base", "--is-ancestor", old, head) is None:
         raise UserError(f"promote: refused: {to} is not an ancestor of {head[:12]} (not a fast "
                         "forward)")

@@ -113,6 +113,22 @@ async def verify_tree(path: Path, claim: str, tree: str, what: str, session: str
                    ("; ".join(failing) or outcome.verdict), seconds)
 
 
+def merged_verifiers(plan_id: str, items: Iterable[str], head: Path) -> tuple[str, ...]:
+    """Every verifier of the allowlist at ``head`` whose PASS ASSERTed one of ``items`` (plan
+    item ids): a head that holds their changes is checked by each, so two changes are
+    checked together by every verifier that checked either (review 16d: an item's required
+    lint, or one its mood climb added, never ran on the head where another item broke it).
+    Choir's own run checks behind an item's ASSERT (its trace verifier, a mutation check's
+    ``NAME.mutants``) are a ``choir run``'s, not the allowlist's, and a round of a tree runs
+    only the allowlist (a second review: every PARANOID item failed its integration round)."""
+    from choir.config import load_repo_config
+
+    db = open_ahdb()
+    found = set().union(*(db.asserted_by(item_key(plan_id, item)) for item in items))
+    allowlist = load_repo_config(head).verifiers if found else {}
+    return tuple(sorted(name for name in found if name in allowlist))
+
+
 def _recorded_status(path: Path) -> str:
     """A session record's status ("" when it cannot be read: then it decides nothing)."""
     try:
@@ -191,22 +207,14 @@ class MergeQueue:
                                         "session": new_run_id("verify"),
                                         "status": "verifying", "verdict": ""})
 
-    async def verify(self, entry: QueueEntry, required: tuple[str, ...] = ()) -> Verdict:
+    async def verify(self, entry: QueueEntry, items: tuple[str, ...] = ()) -> Verdict:
         """The integration round of ``entry``'s head, as the claim named after the plan, in
-        the plan's integration mood, with ``required`` (``merged_verifiers``) whatever the
-        mood plans."""
-        return await verify_tree(self.worktree(entry.item), self.plan_id, entry.tree,
-                                 "integration", entry.session, mood=self.mood,
-                                 required=required)
-
-    def merged_verifiers(self, items: Iterable[str]) -> tuple[str, ...]:
-        """Every verifier whose PASS ASSERTed one of ``items`` (plan item ids): a head that
-        holds their changes is checked by each, so two changes are checked together by every
-        verifier that checked either (a review: an item's required lint, or one its mood
-        climb added, never ran on the head where another item broke it)."""
-        db = open_ahdb()
-        return tuple(sorted(set().union(*(db.asserted_by(item_key(self.plan_id, item))
-                                           for item in items))))
+        the plan's integration mood, with every verifier that ASSERTed one of ``items`` (the
+        plan items merged into the head: ``merged_verifiers``) whatever the mood plans."""
+        path = self.worktree(entry.item)
+        return await verify_tree(path, self.plan_id, entry.tree, "integration",
+                                 entry.session, mood=self.mood,
+                                 required=merged_verifiers(self.plan_id, items, path))
 
     def land(self, entry: QueueEntry, current: str) -> str | None:
         """Move the integration branch from ``current`` to ``entry``'s verified head, after

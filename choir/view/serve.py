@@ -9,6 +9,7 @@ from pathlib import Path
 
 from choir._core.paths import choir_home
 from choir.evidence.artifacts import ArtifactStore
+from choir.exceptions import UserError
 from choir.view.reads import Stores
 
 HOST = "127.0.0.1"
@@ -33,6 +34,24 @@ def build(home: Path | None = None, artifacts_root: Path | None = None,
     return TokenGuard(viewer.app, token, port), token
 
 
+def listen(port: int) -> socket.socket:
+    """A socket listening on ``127.0.0.1:port`` (0: a free one).
+
+    Raises:
+        UserError: the port cannot be had (taken, or privileged), saying which and how.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((HOST, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise UserError(f"cannot listen on {HOST}:{port}: {exc.strerror or exc}\n"
+                        "  fix: give another --port, or leave it out for a free one") from None
+    return sock
+
+
 def serve(port: int = 0, *, announce: Callable[[str], None] = print,
           home: Path | None = None) -> None:
     """Serve the viewer on ``127.0.0.1:port`` (0: a free port) until interrupted; the URL
@@ -40,10 +59,7 @@ def serve(port: int = 0, *, announce: Callable[[str], None] = print,
     first request can arrive."""
     import uvicorn
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((HOST, port))
-    sock.listen(128)  # connections queue from now on, so the printed URL works at once
+    sock = listen(port)  # connections queue from now on, so the printed URL works at once
     bound = sock.getsockname()[1]
     app, token = build(home, port=bound, warm=True)  # before the URL: no request waits
     config = uvicorn.Config(app, log_level="warning", access_log=False,  # type: ignore[arg-type]

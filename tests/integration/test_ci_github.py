@@ -339,3 +339,12 @@ def test_a_tree_whose_choir_yaml_picks_no_isolation_fails_the_check(tmp_path: Pa
     shutil.rmtree(tmp_path / "runner-temp")
     asked = run_step(tmp_path, CHOIR_CI_SANDBOX="local")  # the workflow's own choice
     assert asked.returncode == 0, asked.stdout + asked.stderr
+
+
+def test_an_out_folder_that_cannot_be_made_is_exit_2_with_no_traceback(tmp_path: Path) -> None:
+    """Review 16c: ``CHOIR_CI_OUT`` under a regular file raised ``NotADirectoryError``."""
+    calc(tmp_path, CALC_OK)
+    (tmp_path / "plain").write_text("x")
+    proc = run_step(tmp_path, CHOIR_CI_OUT=str(tmp_path / "plain" / "out"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and "CHOIR_CI_OUT" in proc.stdout

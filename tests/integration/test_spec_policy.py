@@ -186,3 +186,7 @@ def test_the_cli_shows_the_held_diff_and_a_fresh_process_approves_it(
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert _gate_open(repo)
+    # review 16c: a second answer re-drove the finished run and printed its old status
+    again = subprocess.run([PY, "-m", "choir", "approve", "held"], capture_output=True,
+                           text=True, timeout=300)
+    assert again.returncode == 2 and "not waiting for approval" in again.stderr, again.stderr

@@ -191,3 +191,16 @@ def test_ids_and_a_base_git_or_the_run_ids_cannot_take_are_refused_at_load(
     assert text.count("cannot name a git branch") == 3
     assert f"{plan}:21:" in text and "too long beside the plan id" in text
     assert "base 'main.lock' is not a branch name" in text
+
+
+def test_a_long_chain_of_dependencies_loads_and_its_cycle_is_named(tmp_path: Path) -> None:
+    """Review 16c: 1,200 items each depending on the next (105 KB) exceeded Python's
+    recursion limit in the cycle check: a traceback, not a plan or an error."""
+    team_repo(tmp_path / "repo")
+    n = 1500
+    items = "".join(f"- id: i{k}\n  goal: g\n  member: worker\n" +
+                    (f"  depends_on: [i{k + 1}]\n" if k + 1 < n else "") for k in range(n))
+    assert len(load_plan(write_plan(tmp_path, "chain", items)).items) == n
+    looped = items + "  depends_on: [i0]\n"  # the last item now needs the first
+    with pytest.raises(ConfigError, match="dependency cycle: i0 -> i1 -> "):
+        load_plan(write_plan(tmp_path, "loop", looped))

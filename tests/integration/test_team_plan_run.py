@@ -250,6 +250,32 @@ def test_the_integration_round_runs_every_verifier_that_asserted_a_merged_item(
     _one_of_the_flags_merges(tmp_path, repo, "req", "required_verifiers: [integ]")
 
 
+def test_a_paranoid_item_and_the_next_both_merge(tmp_path: Path) -> None:
+    """A second review of the fix above: the verifiers behind a PARANOID item's ASSERT
+    include Choir's own run checks (its trace verifier, ``unit.mutants``), which no
+    integration round can run (not in the allowlist): every such item failed its own
+    integration round. Only the allowlist's verifiers are required there."""
+    repo = _flags_repo(tmp_path, "lint")
+    plan = write_plan(tmp_path, "pp", """\
+        - id: x
+          goal: flag x
+          mood: PARANOID
+          max_attempts: 1
+          executor: {kind: command, command: 'touch x.flag'}
+        - id: y
+          goal: flag z
+          depends_on: [x]
+          max_attempts: 1
+          executor: {kind: command, command: 'touch z.flag'}
+        """)
+    state = asyncio.run(run_plan(load_plan(plan)))
+    assert {k: r["state"] for k, r in state["items"].items()} == {"x": "merged",
+                                                                   "y": "merged"}, state
+    assert state["status"] == "asserted"
+    files = git(repo, "ls-tree", "--name-only", "choir/plan/pp/integration").split()
+    assert {"x.flag", "z.flag"} <= set(files)
+
+
 def test_the_integration_round_runs_in_the_strictest_mood_of_the_plans_items(
         tmp_path: Path) -> None:
     """Two SKEPTICAL items that each pass an integration-tests verifier alone but break it

@@ -226,3 +226,16 @@ def test_promote_moves_nothing_but_the_landed_commit_to_a_plain_branch(tmp_path:
     after = len(list(open_ahdb().events()))
     assert promote("pr", "release") == landed  # again, as after a kill past its move
     assert len(list(open_ahdb().events())) == after
+    # review 16c: a tag of the branch's name was read as the branch, and the move then
+    # failed every time ("moved while it was promoted")
+    git(repo, "tag", "vA", git(repo, "rev-parse", "main"))
+    assert promote("pr", "vA") == landed
+    assert git(repo, "rev-parse", "refs/heads/vA") == landed
+    assert git(repo, "rev-parse", "refs/tags/vA") != landed  # the tag is not moved
+
+
+def test_promote_says_a_usage_error_with_exit_2_and_a_refusal_with_exit_1(
+        tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "choir", "promote", "no-such-plan", "--to",
+                           "release"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "no plan no-such-plan" in proc.stderr, proc.stderr

@@ -231,3 +231,27 @@ def test_every_mistake_in_a_work_item_is_reported_at_once(tmp_path) -> None:  # 
     assert text.count("fix:") >= 4
     lines = sorted(e.line for e in caught.value.errors)
     assert lines == [1, 3, 4, 5], lines
+
+
+@pytest.mark.parametrize(("value", "said"), [
+    (".inf", "finite number"), ("-.inf", "finite number"),
+    ("99999999999999999999999", "beyond 64 bits"), ('"\\ud800"', "lone surrogate")])
+def test_a_value_no_signed_record_can_hold_is_refused_at_load(tmp_path: Path, value: str,
+                                                              said: str) -> None:
+    """Review 16c: an infinite timeout or limit, an integer beyond 64 bits, a lone
+    surrogate validated, ran the verifiers, and crashed when what is signed was written
+    (canonical JSON, msgpack checkpoints): a traceback and a dangling run folder."""
+    field = "name" if "ud800" in value else "timeout_s"
+    kind = "    kind: unit_tests\n"
+    text = (UNIT.replace("{name: t,", f"{{name: {value},") if field == "name" else
+            UNIT.replace(kind, f"{kind}    timeout_s: {value}\n"))
+    write(tmp_path / "repo", text)
+    with pytest.raises(ConfigError) as raised:
+        load_repo_config(tmp_path / "repo")
+    assert said in str(raised.value) and f"{field}" in str(raised.value)
+    item = tmp_path / "item.yaml"
+    item.write_text(f"id: x\ngoal: {value}\nrepo: ./repo\nexecutor: {{kind: command, "
+                    "command: 'true'}\n")
+    if field == "name":  # a work item's text too
+        with pytest.raises(ConfigError, match="lone surrogate"):
+            load_work_item(item)
