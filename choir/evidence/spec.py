@@ -616,6 +616,11 @@ def compare(tree: Path, tree_hash: str, manifest: Manifest, may_change: Sequence
     allowed, influence = matcher(may_change), matcher(INFLUENCE)
     harness = matcher([glob for glob in INFLUENCE if glob not in TEST_CONFIG])
     seen = dict(_walk(tree))
+    # a new conftest.py puts its folder first on the tests' path, as a pinned one does: a
+    # module beside it would stand in for the repo's once a person approved it (review 16g)
+    manifest = _with_dirs_of(manifest, [rel for rel, st in seen.items()
+                                        if rel not in manifest.files and
+                                        stat.S_ISREG(st.st_mode) and allowed(rel)], seen)
     added: list[str] = []
     ignored: list[str] = []
     introduced: list[str] = []  # new, allowed, and changing how every check runs
@@ -654,6 +659,17 @@ def compare(tree: Path, tree_hash: str, manifest: Manifest, may_change: Sequence
                       refused=tuple(sorted(refused)), held=tuple(sorted(held)), diff=diff)
 
 
+def _with_dirs_of(manifest: Manifest, new: Iterable[str], paths: Iterable[str]) -> Manifest:
+    """``manifest`` with the folders pytest puts first for the new ``conftest.py`` files
+    among ``new`` added to its ``dirs`` (``import_dirs``), judged in a tree of ``paths``."""
+    configs = [rel for rel in new if rel.rpartition("/")[2].lower() == "conftest.py"]
+    if manifest.legacy or not configs:
+        return manifest
+    assert manifest.dirs is not None
+    return replace(manifest, dirs=tuple(sorted({*manifest.dirs,
+                                                *import_dirs(configs, paths)})))
+
+
 def _diff(tree: Path, manifest: Manifest, paths: list[str], store: ArtifactStore) -> str:
     """Store the unified diff (pinned -> executor's) of ``paths``; returns its hash."""
     out: list[str] = []
@@ -667,17 +683,37 @@ def _diff(tree: Path, manifest: Manifest, paths: list[str], store: ArtifactStore
             if exc.errno not in _ABSENT:
                 raise
             after = ""
-        out.extend(difflib.unified_diff(before.splitlines(True), after.splitlines(True),
+        out.extend(difflib.unified_diff(_shown_lines(before), _shown_lines(after),
                                         f"a/{rel} (pinned)" if pinned else "/dev/null",
                                         f"b/{rel}"))
     text = "".join(out).encode()
-    if len(text) > DIFF_LIMIT:
-        text = text[:DIFF_LIMIT] + f"\n[choir] diff cut at {DIFF_LIMIT} bytes\n".encode()
+    if len(text) > DIFF_LIMIT:  # the mark inside the limit: a reader of DIFF_LIMIT sees it
+        mark = f"\n[choir] diff cut at {DIFF_LIMIT} bytes: read the files whole\n".encode()
+        text = text[:DIFF_LIMIT - len(mark)] + mark
     return store.ingest_bytes(text)
 
 
+# what ends a line of Python or moves a terminal's cursor, besides "\n": shown escaped in a
+# diff a person approves from (review 16g: a lone carriage return hid a hook behind a
+# comment on the line before it, which the terminal printed as one line)
+_UNSEEN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029"
+                     "\u202a-\u202e\u2066-\u2069]")
+
+
+def _shown_lines(text: str) -> list[str]:
+    """``text`` split at line feeds only, every other control character written as an
+    escape (``\\r``, ``\\x0c``, ``\\u2028``)."""
+    lines = text.split("\n")
+    kept = [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+    return [_UNSEEN.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), line)
+            for line in kept]
+
+
 def repin(manifest: Manifest, tree: Path, paths: Sequence[str], store: ArtifactStore) -> str:
-    """A new manifest with ``paths`` (changes a person approved) taken from ``tree``."""
+    """A new manifest with ``paths`` (changes a person approved) taken from ``tree``; the
+    folders of the new ``conftest.py`` files among them are its tests' folders too."""
+    manifest = _with_dirs_of(manifest, [p for p in paths if p not in manifest.files],
+                             dict(_walk(tree)))
     files = dict(manifest.files)
     for rel in paths:
         try:  # one component at a time: a folder the tree made a link holds no file
@@ -874,9 +910,11 @@ def _views(tree: Path, manifest_hash: str, change: SpecChange, root: Path,
 
 def refusal_summary(change: SpecChange, limit: int = 400) -> str:
     """One bounded line for a report, a reason or an event."""
+    held = set(change.held)
     parts = [f"{name} {', '.join(paths)}" for name, paths in
              (("modified", change.modified), ("deleted", change.deleted),
-              ("added outside may_change_spec", change.ignored),
+              ("new test configuration", [p for p in change.ignored if p in held]),
+              ("added outside may_change_spec", [p for p in change.ignored if p not in held]),
               ("admitted", change.added)) if paths]
     text = "; ".join(parts) or "no change"
     return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -117,8 +117,10 @@ async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> Run
                           "choir.attempt": values.get("attempt"),
                           "choir.work_item": item.id if item is not None else None})
             insufficient = trace.ended(values, waiting=bool(snap.next))
-    # the run's snapshots and views are no longer needed (its tree goes back to the pool)
-    remove_snapshot(run_snapshots(run_id))
+        # the run's snapshots and views are no longer needed (its tree goes back to the
+        # pool): removed while the run's lease is held, or a `choir approve` waiting for it
+        # would verify in the folder as it is emptied (review 16g)
+        remove_snapshot(run_snapshots(run_id))
     item = values.get("work_item")
     return RunOutcome(run_id=run_id, status=values.get("status", "unknown"),
                       reason=values.get("reason", ""), attempt=values.get("attempt", 0),

@@ -129,6 +129,7 @@ def test_a_declared_new_conftest_waits_for_a_person_in_paranoid(
                              extra="may_change_spec: [tests/conftest.py]\n")
     assert outcome.status == "awaiting_approval", outcome.events
     assert outcome.question["spec_change"]["held"] == ["tests/conftest.py"]
+    assert any("new test configuration tests/conftest.py" in e for e in outcome.events)
     assert outcome.question["diff"] == \
         "--- /dev/null\n+++ b/tests/conftest.py\n@@ -0,0 +1 @@\n+SEEN = 1\n"
     assert not _attestations() and not _gate_open(repo)

@@ -212,3 +212,37 @@ def test_a_run_that_ends_never_takes_the_tree_another_run_verifies(
     gate = subprocess.run([PY, "-m", "choir", "gate", "two", "--repo",
                            str(tmp_path / "two" / "repo")], capture_output=True, text=True)
     assert gate.returncode == 1, gate.stdout
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_a_run_removes_its_folder_while_it_still_holds_its_lease(
+        tmp_path: Path, choir_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 16g: the run's snapshot folder was removed after its lease was released, so
+    a ``choir approve`` that had waited for the lease verified in the folder as it was
+    emptied (a linter read nothing and PASSed). Removal happens under the lease now."""
+    import asyncio
+    import errno
+    import fcntl
+
+    import choir.graph.runner as runner
+    from tests.workitems import fixing_item
+
+    git_repo(tmp_path / "repo")
+    held: list[bool] = []
+    real = runner.remove_snapshot
+
+    def removing(path: Path) -> None:
+        fd = os.open(choir_home / "locks" / f"{path.name}.lock", os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.append(False)
+        except OSError as exc:
+            held.append(exc.errno == errno.EWOULDBLOCK)
+        finally:
+            os.close(fd)
+        real(path)
+
+    monkeypatch.setattr(runner, "remove_snapshot", removing)
+    outcome = asyncio.run(runner.run_work_item(fixing_item(tmp_path), run_id="leased"))
+    assert outcome.status in ("asserted", "halted"), outcome.events
+    assert held == [True]

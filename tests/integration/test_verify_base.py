@@ -219,6 +219,21 @@ def test_a_conftest_for_a_new_test_folder_is_verified_once_approved(
     assert run("gate", "ci", "--repo", str(repo)).returncode == 0
 
 
+def test_a_module_beside_a_new_conftest_never_stands_in_for_the_code(repo: Path) -> None:
+    """Review 16g: a new ``more/conftest.py`` (a harmless fixture, all the person is shown)
+    puts ``more/`` first on the tests' path once approved, so a ``more/calc.py`` beside it
+    was the ``calc`` the base's test imported: PASS, ASSERT, the gate open, with ``add``
+    broken. The new conftest's folder is a tests' folder for the shadow check, so the
+    module is refused, approved or not."""
+    commit(repo, {"calc.py": CALC_BUG, "more/conftest.py": NEW_FOLDER["more/conftest.py"],
+                  "more/calc.py": CALC_OK})
+    code, against = verify(repo, "--base", "main", "--approve-spec-change", "--claim", "ci")
+    assert code == 1, against["summary"]
+    assert against["base"]["refused"] == ["more/calc.py"]
+    assert against["base"]["blocked"].startswith("refused, approved or not")
+    assert against["claim"]["asserted"] is None
+
+
 def test_a_pass_that_asserts_nothing_says_why(repo: Path) -> None:
     """The same tree held (its new test FAILed without the fixture the held conftest gives)
     and then approved (PASS) in one home: the PASS is disagreement with the FAIL on record

@@ -307,3 +307,22 @@ def test_a_pin_from_before_the_new_rules_is_judged_as_it_was() -> None:
         roots=("networkx", "networkx/"))
     assert old.legacy
     assert not old.governs("networkx/__init__.py") and not old.governs("networkx/random.py")
+
+
+def test_the_diff_a_person_approves_from_shows_every_line_and_says_where_it_was_cut(
+        tmp_path: Path) -> None:
+    """Review 16g: a lone carriage return in a held file hid a hook behind a comment (the
+    terminal printed both as one line), and a diff cut at the limit lost its mark when read
+    back at the limit. Control characters are escapes in the stored diff, and the mark is
+    inside the limit."""
+    from choir.evidence.spec import DIFF_LIMIT
+
+    repo, root = _repo(tmp_path), tmp_path / "snaps"
+    pin = pin_spec(repo, DEFAULT_SPEC, root)
+    (repo / "tests" / "conftest.py").write_text(
+        "# fixtures (none yet)\rexec('hook')\n" + "x = 1\n" * (DIFF_LIMIT // 6))
+    change, _view = _judge(repo, pin, root, may=("tests/",), policy="approve")
+    assert change.held == ("tests/conftest.py",) and change.diff is not None
+    shown = ArtifactStore().read_bytes(change.diff, limit=DIFF_LIMIT).decode()
+    assert "+# fixtures (none yet)\\rexec('hook')\n" in shown and "\r" not in shown
+    assert shown.endswith("diff cut at 65536 bytes: read the files whole\n")
