@@ -321,6 +321,12 @@ class AHDB:
         path = getattr(self.backend, "path", None)
         return str(Path(path).resolve()) if isinstance(path, Path) else self.where
 
+    def first_hash(self) -> str | None:
+        """The hash of the log's first event (which log this is, wherever it is kept), or
+        None for an empty log."""
+        row = self._conn().execute("SELECT event_hash FROM events WHERE seq = 1").fetchone()
+        return str(row[0]) if row else None
+
     def head(self) -> tuple[int, str]:
         """(seq, event hash) of the last event; (0, GENESIS) for an empty log."""
         row = self._conn().execute(
@@ -565,6 +571,16 @@ class AHDB:
                                   "tree_hash": tree_hash, "commit": commit, "head": head,
                                   "integration_assert": integration_assert,
                                   "integration_tree": integration_tree})
+
+    def merges(self, plan: str) -> list[dict[str, Any]]:
+        """The payloads of ``plan``'s ``integrate`` events, in the log's order: what its
+        driver merged, each naming the item's tree and the integration tree its round
+        verified (the last names the plan's final tree). Read from the log itself, never
+        the driver's record; ``read_signed`` says whether a trusted head covers them."""
+        rows = self._conn().execute(
+            "SELECT payload FROM events WHERE kind = 'integrate' ORDER BY seq")
+        return [found for (payload,) in rows
+                if (found := json.loads(payload)).get("plan") == plan]
 
     def integrated(self, plan: str, item: str, head: str) -> bool:
         """Whether the log holds ``item``'s merge into ``plan`` at ``head`` already: a

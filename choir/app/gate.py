@@ -114,19 +114,24 @@ def check_anchors(ahdb: AHDB, trusted: set[str] | frozenset[str], *,
                                                  else f"signed by untrusted key {key_id}"))
         marks.append(Mark(pin.seq, pin.head, pin_source))
     store = ahdb.identity()
-    seen_mark = seen.mark(store) if seen is not None else None
-    if seen_mark is not None:
-        marks.append(seen_mark)
+    # marked by where the store is, and by which log it holds (its first event's hash): a
+    # copy of the log from before, put anywhere (a link to it, another path, another
+    # database), is the same log and is held to the same mark (review 16e)
+    names = [store, *(f"log:{first}" for first in [ahdb.first_hash()] if first)]
+    seen_marks = [m for name in names if seen is not None
+                  for m in [seen.mark(name)] if m is not None]
+    marks.extend(seen_marks)
     try:
         if marks:
             problems.extend(follow(ahdb.events(since=min(m.seq for m in marks)), marks))
         if not problems and seen is not None:
             seq, head = upto or ahdb.head()
             if seq:
-                seen.advance(store, seq, head)
+                for name in names:
+                    seen.advance(name, seq, head)
     except Exception as exc:  # fail closed: a log that cannot be read is refused
         problems.append(f"the AHDB log cannot be read: {type(exc).__name__}: {exc}"[:300])
-    if seen_mark is not None and problems and seen is not None:
+    if seen_marks and problems and seen is not None:
         problems.append(f"if the store at {store} was reset on purpose, remove its entry from "
                         f"{seen.path}")
     return problems

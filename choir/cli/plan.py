@@ -115,13 +115,19 @@ def run(plan_file: Path | None, as_json: bool, resume_id: str | None) -> int:
 @click.option("--to", "to", required=True, help="The branch to fast-forward.")
 @click.option("--repo", type=click.Path(path_type=Path), default=None,
               help="The repo (default: the plan's).")
-def promote(plan_id: str, to: str, repo: Path | None) -> int:
+@click.option("--expect-head", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="A signed head the AHDB's log must still contain (`choir ahdb head`): a "
+              "log rolled back behind it moves nothing.")
+def promote(plan_id: str, to: str, repo: Path | None, expect_head: Path | None) -> int:
     """Fast-forward BRANCH to PLAN_ID's integration commit, only when its gate holds."""
+    from choir.ahdb.anchor import load_pin
     from choir.exceptions import PromotionError, UserError
     from choir.team.promote import promote as do_promote
 
+    pin = load_pin(expect_head) if expect_head else None
     try:
-        head = do_promote(plan_id, to, repo)
+        head = do_promote(plan_id, to, repo, pin=pin,
+                          pin_source=f"the pinned head {expect_head}")
     except (UserError, PromotionError) as err:
         if isinstance(err, UserError) and not str(err).startswith("promote: refused"):
             raise  # no such plan or repository: a usage error (exit 2, on stderr)

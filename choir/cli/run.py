@@ -129,9 +129,10 @@ def gate(work_item_id: str, commit: str | None, repo: Path | None, expect_head: 
     pin = load_pin(expect_head) if expect_head else None
     marks = seen_heads or SeenHeads.default_path()
     # a commit read from git is checked by its tree: the bytes, not the label
-    answer = check_plan_gate(work_item_id) if plan else check_gate(
-        work_item_id, tree=tree, commit=None if tree else sha, pin=pin,
-        pin_source=f"the pinned head {expect_head}", seen=SeenHeads(marks) if marks else None)
+    anchors: Any = {"pin": pin, "pin_source": f"the pinned head {expect_head}",
+                    "seen": SeenHeads(marks) if marks else None}
+    answer = check_plan_gate(work_item_id, **anchors) if plan else check_gate(
+        work_item_id, tree=tree, commit=None if tree else sha, **anchors)
     signed = ", ".join(f"{k} ({n})" for k, n in sorted(answer.signers.items())) or "none"
     if answer.passed:
         count = sum(answer.signers.values())

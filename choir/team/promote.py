@@ -14,6 +14,7 @@ from typing import Any
 
 from choir._core.failpoints import failpoint
 from choir.ahdb import open_ahdb
+from choir.ahdb.anchor import PinnedHead, SeenHeads
 from choir.ahdb.signed import read_signed
 from choir.app.gate import GateAnswer, check_gate
 from choir.attest import trust_root
@@ -26,38 +27,64 @@ from choir.team.state import MERGED, load_state, save_state
 
 
 def is_plan(plan_id: str) -> bool:
-    return load_state(plan_id) is not None
+    """Whether ``plan_id`` names a plan: its record, and its merges in the AHDB's log. The
+    record alone is a file anyone who can write the home can plant (review 16e: one naming
+    an old tree of a ``choir verify --claim`` made ``choir gate NAME`` answer for that tree,
+    not the current directory's)."""
+    return load_state(plan_id) is not None and bool(open_ahdb().merges(plan_id))
 
 
-def check_plan_gate(plan_id: str, tree: str | None = None) -> GateAnswer:
-    """The gate for a plan: its integration tree (or ``tree``) and every item's commit."""
+def check_plan_gate(plan_id: str, tree: str | None = None, *, pin: PinnedHead | None = None,
+                    pin_source: str = "the pinned head",
+                    seen: SeenHeads | None = None) -> GateAnswer:
+    """The gate for a plan: its integration tree (or ``tree``) and every item's commit.
+
+    The final integration tree is the one the plan's last merge in the log names, never the
+    driver's record's word alone; ``pin`` and ``seen`` are the rollback anchors, as for any
+    gate (review 16e: a plan's gate, and ``promote``, opened on a home rolled back to before
+    a FAIL had demoted the plan's ASSERT)."""
     state = load_state(plan_id)
-    tree = tree or (state or {}).get("integration_tree")
-    answer = check_gate(plan_id, tree=tree, commit=None) if tree else GateAnswer(
+    merges = open_ahdb().merges(plan_id)
+    landed = str(merges[-1].get("integration_tree") or "") if merges else ""
+    tree = tree or landed or None
+    answer = check_gate(plan_id, tree=tree, commit=None, pin=pin, pin_source=pin_source,
+                        seen=seen) if tree else GateAnswer(
         False, plan_id, None, None, problems=["the plan has no verified integration tree"])
     if state is None:
         answer.passed = False
         answer.problems.append(f"no plan {plan_id} on record")
         return answer
+    if not merges:
+        answer.problems.append(f"the AHDB's log holds no merge of plan {plan_id}")
     if state.get("status") != "asserted":
         answer.problems.append(f"plan {plan_id} is {state.get('status')}, not asserted")
-    if tree != state.get("integration_tree"):
-        answer.problems.append("the tree is not the plan's final integration tree")
+    if tree != landed or state.get("integration_tree") != landed:
+        answer.problems.append("the tree is not the plan's final integration tree (the one "
+                               "its last merge in the log names)")
+    merged = {str(m.get("item")): str(m.get("tree_hash")) for m in merges}
     repo = Path(state["repo"])
     for item_id, row in state["items"].items():
         if row["state"] != MERGED:
             answer.problems.append(f"item {item_id} is {row['state']}")
             continue
         item_tree = commit_tree_hash(repo, row["commit"])
-        sub = check_gate(item_key(plan_id, item_id), tree=item_tree, commit=None)
+        key = item_key(plan_id, item_id)
+        if merged.get(key) != item_tree:
+            answer.problems.append(f"item {item_id}: its commit's tree is not the one its "
+                                   "merge in the log names")
+        sub = check_gate(key, tree=item_tree, commit=None, pin=pin, pin_source=pin_source,
+                         seen=seen)
         answer.problems.extend(f"item {item_id}: {p}" for p in sub.problems)
     answer.passed = answer.passed and not answer.problems
     answer.recorded_by = "choir plan run"  # its integration rounds' claim, and its items' runs
     return answer
 
 
-def promote(plan_id: str, to: str, repo: Path | None = None) -> str:
-    """Fast-forward ``to`` to the plan's integration commit; the commit promoted.
+def promote(plan_id: str, to: str, repo: Path | None = None, *,
+            pin: PinnedHead | None = None, pin_source: str = "the pinned head") -> str:
+    """Fast-forward ``to`` to the plan's integration commit; the commit promoted. The gate
+    is checked with the rollback anchors: ``pin`` (``--expect-head``) and this machine's
+    high-water marks (``SeenHeads.default_path()``).
 
     Raises:
         UserError: refused, with the reason (the gate, a changed tree, not a fast forward,
@@ -82,7 +109,9 @@ def promote(plan_id: str, to: str, repo: Path | None = None) -> str:
     tree = commit_tree_hash(repo, head)
     if tree is None:  # never the recorded tree in its place: that would gate another tree
         raise UserError(f"promote: refused: the tree of {head[:12]} cannot be read")
-    answer = check_plan_gate(plan_id, tree=tree)
+    marks = SeenHeads.default_path()
+    answer = check_plan_gate(plan_id, tree=tree, pin=pin, pin_source=pin_source,
+                             seen=SeenHeads(marks) if marks else None)
     if not answer.passed:
         raise UserError(f"promote: refused: the gate does not hold for {head[:12]}:\n  " +
                         "\n  ".join(answer.problems))

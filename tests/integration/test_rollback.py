@@ -105,7 +105,10 @@ def test_a_log_that_grew_honestly_passes_and_moves_the_mark(world: dict[str, Pat
     marks = json.loads(Path(os.environ["CHOIR_SEEN_HEADS"]).read_text())
     from choir.ahdb import open_ahdb
 
-    assert [m["seq"] for m in marks.values()] == [open_ahdb().head()[0]]
+    # the store's path and its log (its first event's hash), both at the head
+    db = open_ahdb()
+    assert {name: m["seq"] for name, m in marks.items()} == {
+        db.identity(): db.head()[0], f"log:{db.first_hash()}": db.head()[0]}
 
 
 def test_a_forged_or_broken_pin_is_refused(world: dict[str, Path], tmp_path: Path) -> None:
@@ -133,3 +136,18 @@ def test_the_gate_refuses_a_store_that_does_not_open(world: dict[str, Path]) -> 
     proc = choir("gate", "wi", "--repo", str(world["repo"]))
     assert proc.returncode == 1 and "cannot be opened" in proc.stdout, proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+def test_the_gate_refuses_the_old_log_wherever_it_is_put(world: dict[str, Path]) -> None:
+    """Review 16e: the high-water mark was keyed by the store file's resolved path, so the
+    old database moved to ``$CHOIR_HOME/old/`` behind a link at ``ahdb.sqlite`` was a
+    store the gate had never seen: it opened, and recorded a fresh mark. The mark is also
+    keyed by the log itself (its first event), wherever it is kept."""
+    _roll_back(world)
+    home = world["home"]
+    (home / "old").mkdir()
+    for part in list(home.glob("ahdb.sqlite*")):
+        shutil.move(str(part), str(home / "old" / part.name))
+    (home / "ahdb.sqlite").symlink_to("old/ahdb.sqlite")
+    gate = choir("gate", "wi", "--repo", str(world["repo"]))
+    assert gate.returncode == 1 and "rolled back" in gate.stdout, gate.stdout

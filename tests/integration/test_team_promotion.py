@@ -239,3 +239,51 @@ def test_promote_says_a_usage_error_with_exit_2_and_a_refusal_with_exit_1(
     proc = subprocess.run([sys.executable, "-m", "choir", "promote", "no-such-plan", "--to",
                            "release"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no plan no-such-plan" in proc.stderr, proc.stderr
+
+
+def test_a_planted_plan_record_never_turns_a_gate_into_a_plans(
+        tmp_path: Path, choir_home: Path) -> None:
+    """Review 16e: ``choir gate NAME`` in a checkout took the plan path whenever
+    ``plans/NAME/state.json`` existed, and answered for the tree that unsigned file named:
+    an old tree of a ``choir verify --claim NAME`` that PASSed opened the gate for the
+    current tree, which FAILs. A plan is one whose merges are in the AHDB's log."""
+    from tests.integration.test_verify_cli import CALC_BUG, CALC_OK, make_repo
+    from tests.integration.test_verify_cli import run as choir
+
+    repo = make_repo(tmp_path / "calc", CALC_OK)
+    assert choir("verify", "--repo", str(repo), "--claim", "feature").returncode == 0
+    old = json.loads(choir("verify", "--repo", str(repo), "--json").stdout)["manifest"]
+    (repo / "calc.py").write_text(CALC_BUG)
+    assert choir("verify", "--repo", str(repo), "--claim", "feature").returncode == 1
+    assert choir("gate", "feature", cwd=repo).returncode == 1
+    record = choir_home / "plans" / "feature" / "state.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"plan": "feature", "status": "asserted", "repo": str(repo),
+                                  "base": "0" * 40, "integration": "0" * 40,
+                                  "integration_tree": old["tree_hash"], "items": {}}))
+    gate = choir("gate", "feature", cwd=repo)
+    assert gate.returncode == 1, gate.stdout
+    assert "choir plan run" not in gate.stdout
+
+
+def test_a_plans_gate_and_promote_hold_the_rollback_anchors(
+        tmp_path: Path, choir_home: Path) -> None:
+    """Review 16e: the plan's gate and ``choir promote`` checked no high-water mark and no
+    pinned head, so a home put back from before a FAIL (which had demoted the plan's
+    ASSERT) opened both. Here the home is put back behind a head the gate has seen."""
+    from tests.evidence import attest, make_repo
+    from tests.integration.test_verify_cli import run as choir
+
+    repo, _state = _asserted(tmp_path, "anch")
+    assert choir("gate", "anch").returncode == 0  # the mark: this head
+    before = tmp_path / "home-before"
+    shutil.copytree(choir_home, before, symlinks=True)
+    attest(make_repo(tmp_path / "other"), "lint", "true")  # the log grows ...
+    assert choir("gate", "anch").returncode == 0  # ... and the gate sees it
+    shutil.rmtree(choir_home)
+    shutil.copytree(before, choir_home, symlinks=True)  # put back
+    gate = choir("gate", "anch")
+    assert gate.returncode == 1 and "rolled back" in gate.stdout, gate.stdout
+    moved = choir("promote", "anch", "--to", "release")
+    assert moved.returncode == 1 and "rolled back" in moved.stdout, moved.stdout
+    assert git(repo, "branch", "--list", "release") == ""
