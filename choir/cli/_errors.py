@@ -46,7 +46,13 @@ def exit_code(command: Callable[[], Any]) -> int:
     except IntegrityError as exc:  # the store refused (e.g. a log no trusted head covers)
         click.echo(f"choir: refused: {exc}", err=True)
         return EXIT_FAIL
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        # the steps and the executor run in sandboxes of their own sessions: killed now, or
+        # the interpreter would wait for their threads at exit, and an executor's change
+        # would land after the user gave up (review 16c)
+        from choir.sandbox.stop import stop_steps
+
+        stop_steps()
         click.echo("choir: aborted", err=True)
         return EXIT_FAIL
     except click.ClickException as exc:

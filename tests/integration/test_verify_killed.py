@@ -111,3 +111,30 @@ def test_the_next_verify_clears_the_temps_a_killed_one_left(
     assert done.returncode == 0, done.stderr
     assert not any(p.exists() for p in old) and young.exists()
     assert _audit()["ok"]
+
+
+def test_ctrl_c_stops_the_running_step_at_once(tmp_path: Path, choir_home: Path) -> None:
+    """Review 16c: Ctrl-C printed ``choir: aborted`` and then waited for the step (its
+    thread, joined at exit) to run to its end or its timeout; a ``choir run`` executor's
+    change landed after the user gave up. The sandboxes are killed first now."""
+    repo = make_repo(tmp_path / "repo", CALC_OK)
+    (repo / "choir.yaml").write_text(
+        "verifiers:\n  unit:\n    kind: unit_tests\n    steps:\n"
+        "      - {name: wait, command: 'sleep 37'}\n")
+    proc = subprocess.Popen([*CHOIR, "verify", "--repo", str(repo), "--sandbox",
+                             sandbox_name(), "--mood", "CALM"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    runs = choir_home / "artifacts" / "runs"
+    deadline = time.monotonic() + 60
+    while not (runs.is_dir() and any((p / "logs").is_dir() for p in runs.iterdir())):
+        assert time.monotonic() < deadline, "the step never started"
+        time.sleep(0.05)
+    time.sleep(0.5)  # the step's sleep is running
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - started < 10, "Ctrl-C waited for the step"
+    assert proc.returncode == 1 and "aborted" in err
+    left = subprocess.run(["pgrep", "-f", "sleep 37"], capture_output=True, text=True)
+    assert left.stdout == "", "the step outlived the command"
