@@ -11,6 +11,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.integration.test_verify_cli import CALC_OK, CHOIR, make_repo, run, sandbox_name
 
@@ -46,21 +47,29 @@ def test_a_verify_killed_after_its_run_sealed_leaves_a_dangling_run_not_a_violat
     assert out["ok"] and out["dangling"] == sealed, out
 
 
-def test_a_verify_killed_mid_step_leaves_a_dangling_unsealed_run(
-        tmp_path: Path, choir_home: Path) -> None:
+def _waiting(tmp_path: Path, choir_home: Path, seconds: int,
+             **popen: Any) -> subprocess.Popen[str]:
+    """``choir verify`` of a repo whose one step sleeps ``seconds``, once that step runs."""
     repo = make_repo(tmp_path / "repo", CALC_OK)
     (repo / "choir.yaml").write_text(
         "verifiers:\n  unit:\n    kind: unit_tests\n    steps:\n"
-        "      - {name: wait, command: 'sleep 30'}\n")
+        f"      - {{name: wait, command: 'sleep {seconds}'}}\n")
     proc = subprocess.Popen([*CHOIR, "verify", "--repo", str(repo), "--sandbox",
-                             sandbox_name(), "--mood", "CALM"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+                             sandbox_name(), "--mood", "CALM"], stdout=subprocess.DEVNULL,
+                            **popen)
     runs = choir_home / "artifacts" / "runs"
     deadline = time.monotonic() + 60
     while not (runs.is_dir() and any((p / "logs").is_dir() for p in runs.iterdir())):
         assert time.monotonic() < deadline, "the step never started"
         time.sleep(0.05)
+    return proc
+
+
+def test_a_verify_killed_mid_step_leaves_a_dangling_unsealed_run(
+        tmp_path: Path, choir_home: Path) -> None:
+    proc = _waiting(tmp_path, choir_home, 30, stderr=subprocess.DEVNULL,
+                    start_new_session=True)
+    runs = choir_home / "artifacts" / "runs"
     os.killpg(proc.pid, signal.SIGKILL)  # the session and its sandbox, as a crash would
     proc.wait()
     (unsealed,) = _runs(choir_home)
@@ -117,19 +126,8 @@ def test_ctrl_c_stops_the_running_step_at_once(tmp_path: Path, choir_home: Path)
     """Review 16c: Ctrl-C printed ``choir: aborted`` and then waited for the step (its
     thread, joined at exit) to run to its end or its timeout; a ``choir run`` executor's
     change landed after the user gave up. The sandboxes are killed first now."""
-    repo = make_repo(tmp_path / "repo", CALC_OK)
-    (repo / "choir.yaml").write_text(
-        "verifiers:\n  unit:\n    kind: unit_tests\n    steps:\n"
-        "      - {name: wait, command: 'sleep 37'}\n")
-    proc = subprocess.Popen([*CHOIR, "verify", "--repo", str(repo), "--sandbox",
-                             sandbox_name(), "--mood", "CALM"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    runs = choir_home / "artifacts" / "runs"
-    deadline = time.monotonic() + 60
-    while not (runs.is_dir() and any((p / "logs").is_dir() for p in runs.iterdir())):
-        assert time.monotonic() < deadline, "the step never started"
-        time.sleep(0.05)
+    proc = _waiting(tmp_path, choir_home, 37, stderr=subprocess.PIPE, text=True,
+                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(0.5)  # the step's sleep is running
     started = time.monotonic()
     proc.send_signal(signal.SIGINT)
