@@ -151,7 +151,9 @@ def follow(events: Iterable[Event], marks: Iterable[Mark]) -> list[str]:
                             f"in {mark.source}: the event there is not the one seen")
         prev, tail = ev.event_hash, ev.seq
     for mark in sorted(wanted.values(), key=lambda m: m.seq):
-        problems.append(f"the log ends at seq {tail}, behind seq {mark.seq}, a head seen in "
+        # no event read at all: the log ends before the first mark (never "at seq 0")
+        ends = f"at seq {tail}" if tail else "before it"
+        problems.append(f"the log ends {ends}, behind seq {mark.seq}, a head seen in "
                         f"{mark.source}: it was rolled back")
     return problems
 
