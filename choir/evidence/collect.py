@@ -59,6 +59,11 @@ def _over(out: Path, bounds: OutBounds) -> str | None:
     count = names = 0
     try:
         for entry in fsopen.walk(out, max_depth=bounds.depth):
+            if not entry.rel.isascii():
+                try:  # a name no record can hold as it is (signed, audited): set aside
+                    entry.rel.encode("utf-8")  # whole, never stored replaced (review 16e)
+                except UnicodeEncodeError:
+                    return "$CHOIR_OUT holds a file or folder name that is not UTF-8"
             if stat.S_ISDIR(entry.st.st_mode):
                 continue
             count += 1

@@ -136,3 +136,23 @@ def test_ctrl_c_stops_the_running_step_at_once(tmp_path: Path, choir_home: Path)
     assert proc.returncode == 1 and "aborted" in err
     left = subprocess.run(["pgrep", "-f", "sleep 37"], capture_output=True, text=True)
     assert left.stdout == "", "the step outlived the command"
+
+
+def test_a_step_that_writes_names_no_record_can_hold_never_breaks_the_audit(
+        tmp_path: Path, choir_home: Path) -> None:
+    """Review 16e: a step wrote ``$CHOIR_OUT`` names that are not UTF-8; they were stored
+    replaced (U+FFFD) in the signed names and compared raw by the audit, so every ``choir
+    audit`` after reported the run's files changed, and only deleting attested evidence
+    made it clean again. Such an out folder is set aside like one over its bounds."""
+    repo = make_repo(tmp_path / "repo", CALC_OK)
+    (repo / "choir.yaml").write_text(
+        "verifiers:\n  unit:\n    kind: unit_tests\n    steps:\n"
+        "      - {name: odd, command: 'printf x > \"$CHOIR_OUT/$(printf \"\\377\\376\")-x\"; "
+        "mkdir \"$CHOIR_OUT/d$(printf \"\\377\")\"; printf y > \"$CHOIR_OUT/d$(printf "
+        "\"\\377\")/y\"'}\n")
+    verified = run("verify", "--repo", str(repo), "--sandbox", sandbox_name(), "--json")
+    assert verified.returncode in (0, 1, 4), verified.stderr
+    contract = json.loads(verified.stdout)
+    assert contract["status"] != "PASS"  # set aside: not the evidence the step meant
+    out = _audit()
+    assert out["ok"], out
