@@ -29,6 +29,7 @@ def exit_code(command: Callable[[], Any]) -> int:
     )
 
     try:
+        _check_homes()
         rv: Any = command()
     except UserError as exc:
         click.echo(f"choir: error: {exc}", err=True)
@@ -59,3 +60,28 @@ def exit_code(command: Callable[[], Any]) -> int:
         exc.show()
         return EXIT_USAGE
     return rv if isinstance(rv, int) else EXIT_OK
+
+
+def _check_homes() -> None:
+    """``CHOIR_HOME`` and ``CHOIR_ARTIFACT_DIR`` name folders when they exist (one that is a
+    file failed deep inside a command, with a traceback: review 16c).
+
+    Raises:
+        UserError: one names something that is not a folder.
+    """
+    import os
+    import stat
+
+    from choir.exceptions import UserError
+
+    for var in ("CHOIR_HOME", "CHOIR_ARTIFACT_DIR"):
+        value = os.environ.get(var)
+        if not value:
+            continue
+        try:
+            mode = os.stat(os.path.expanduser(value)).st_mode
+        except OSError:
+            continue  # absent: made when needed; unreadable: said where it is used
+        if not stat.S_ISDIR(mode):
+            raise UserError(f"{var}={value} is not a folder\n  fix: point {var} at a folder "
+                            "(it is made when missing), or unset it")

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from choir._core.canonical import blake3_hex
-from choir.exceptions import ConfigError
+from choir.exceptions import ConfigError, UserError
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,14 @@ MAX_NODES = 100_000  # values after alias expansion: a 499-byte bomb expands to 
 
 def max_bytes() -> int:
     """The size cap for one configuration file (``CHOIR_CONFIG_MAX_BYTES`` overrides it)."""
-    raw = os.environ.get(MAX_BYTES_ENV, "")
-    return int(raw) if raw.isdigit() else MAX_BYTES
+    raw = os.environ.get(MAX_BYTES_ENV, "").strip()
+    if not raw:
+        return MAX_BYTES
+    if not (raw.isascii() and raw.isdigit()) or not 0 < int(raw) <= 1 << 40:
+        raise UserError(f"{MAX_BYTES_ENV}={raw[:40]!r}: expected a whole number of bytes "
+                        f"from 1 to {1 << 40}\n  fix: e.g. {MAX_BYTES_ENV}={MAX_BYTES}, or "
+                        "unset it")  # it was ignored (abc, -1) or overflowed a read
+    return int(raw)
 
 
 def _open(path: Path, root: Path | None) -> int:

@@ -41,3 +41,30 @@ def test_a_home_file_that_is_not_a_file_is_an_error_not_absence(
     with pytest.raises(ConfigError) as raised:
         read(tmp_path)
     assert str(path) in str(raised.value) or name in str(raised.value)
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "0", "99999999999999999999999"])
+def test_a_size_cap_that_is_no_size_is_refused_not_ignored(
+        monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """Review 16c: ``abc`` and ``-1`` were ignored silently, a huge number overflowed a
+    read with a traceback."""
+    from choir._core.errors import UserError
+    from choir.config._yaml import max_bytes
+
+    monkeypatch.setenv("CHOIR_CONFIG_MAX_BYTES", value)
+    with pytest.raises(UserError, match="CHOIR_CONFIG_MAX_BYTES"):
+        max_bytes()
+    monkeypatch.setenv("CHOIR_CONFIG_MAX_BYTES", "2048")
+    assert max_bytes() == 2048
+
+
+def test_an_artifact_folder_that_is_a_file_is_exit_2_naming_it(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "afile").write_text("x")
+    proc = subprocess.run([sys.executable, "-m", "choir", "runs", "list"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "CHOIR_ARTIFACT_DIR": str(tmp_path / "afile")})
+    assert proc.returncode == 2 and "CHOIR_ARTIFACT_DIR" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
