@@ -223,6 +223,12 @@ async def _verify(repo: Path, session: str, *, mood: Mood | None, sandbox_name: 
     against: Base | None = None
     try:
         if base is not None:
+            if pinned is not None:  # the caller's pin holds for the tree's file too, though
+                # the base's is the one read: an edit refuses the run before anything runs
+                from choir.config import CONFIG_NAME
+                from choir.config._yaml import check_pinned
+
+                check_pinned(repo / CONFIG_NAME, repo, pinned)
             against = read_base(repo, base)
             config = load_repo_config(repo, committed=(
                 f"{against.commit[:12]} (the base, {against.ref}: fix it on the base branch)",

@@ -85,6 +85,15 @@ def _open(path: Path, root: Path | None) -> int:
         raise
 
 
+def check_pinned(path: Path, root: Path, pinned: str) -> None:
+    """Refuse ``path`` (in ``root``) unless its bytes hash to ``pinned``; nothing parsed.
+
+    Raises:
+        ConfigError: it changed (or cannot be read as a regular file of ``root``).
+    """
+    _read_capped(path, root, pinned)
+
+
 def _read_capped(path: Path, root: Path | None = None, pinned: str | None = None,
                  data: bytes | None = None) -> str:
     """The file's text, refused before parsing when it is larger than the cap, or (with

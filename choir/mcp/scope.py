@@ -34,6 +34,10 @@ class Served:
     root: Path
     config_hash: str
     specs: dict[str, VerifierSpec]
+    # the commit checked out when the server started: a claim is verified with its checks
+    # (``choir verify --base``), never the agent's edits of them (review 16f); None when the
+    # repo has no commit, and then no claim is recorded
+    head: str | None = None
 
 
 def _config_hash(root: Path) -> str:
@@ -42,6 +46,17 @@ def _config_hash(root: Path) -> str:
     except OSError as exc:
         raise UserError(f"{root / CONFIG_NAME}: cannot be read ({exc.strerror or exc})\n"
                         "  fix: run `choir init` there, or serve another repo") from exc
+
+
+def _head(root: Path) -> str | None:
+    """The commit ``root``'s checkout is on, or None (no repository, no commit yet)."""
+    from choir.evidence.git import locate
+
+    try:
+        git = locate(root)
+    except Exception:  # noqa: BLE001 - a repository Choir refuses to read has no head here
+        return None
+    return git.rev("HEAD") if git is not None else None
 
 
 @dataclass(frozen=True)
@@ -66,7 +81,8 @@ class Scope:
             if any(s.root == root for s in served):
                 continue
             config = load_repo_config(root)
-            served.append(Served(root, _config_hash(root), dict(config.verifiers)))
+            served.append(Served(root, _config_hash(root), dict(config.verifiers),
+                                 _head(root)))
         return cls(tuple(served))
 
     def describe(self) -> str:

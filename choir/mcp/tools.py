@@ -101,12 +101,22 @@ class Tools:
 
         found: dict[str, Any] = {}
         done = anyio.Event()
+        # a claim opens the gate: verified with the checks of the commit the server started
+        # on, as a pull request against its base, never with the agent's own edits of the
+        # tests, conftest.py or a verifier's module (review 16f: a planted conftest.py that
+        # marks every report passed was ASSERTed in PARANOID)
+        base = served.head if args.claim else None
+        if args.claim and base is None:
+            raise UserError(f"claim {args.claim!r}: {served.root} had no commit when the "
+                            "server started, and a claim is verified with the checks of "
+                            "that commit\n  fix: commit, restart `choir mcp`, and verify "
+                            "again (or verify without a claim for feedback)")
         # the pinned bytes or nothing: the worker and this process alike refuse an edited
         # choir.yaml before anything runs or a claim is recorded
         line = ["verify", "--repo", str(served.root), "--json",
                 "--pinned-config", served.config_hash]
         for flag, value in (("--mood", args.mood), ("--sandbox", self.sandbox),
-                            ("--claim", args.claim)):
+                            ("--claim", args.claim), ("--base", base)):
             line += [flag, value] if value else []
         call, files = await anyio.to_thread.run_sync(_service_call, {"argv": line})
         stop: Callable[[], object] = call.stop if call is not None else stop_steps
@@ -120,7 +130,8 @@ class Tools:
                     else:
                         found["contract"] = (await averify_tree(
                             served.root, mood=Mood(args.mood), sandbox_name=self.sandbox,
-                            claim=args.claim, pinned=served.config_hash)).contract
+                            claim=args.claim, pinned=served.config_hash,
+                            base=base)).contract
                 except Exception as exc:  # handed to the caller below
                     found["error"] = exc
                 finally:

@@ -125,8 +125,25 @@ def _venv_base(venv: Path) -> str | None:
         key, _, value = line.partition("=")
         if key.strip() == "home" and value.strip():
             home = os.path.realpath(value.strip())
-            return os.path.dirname(home) if home.endswith("/bin") else home
+            base = os.path.dirname(home) if home.endswith("/bin") else home
+            # a repo's pyvenv.cfg is the repo's to write: its home is bound into the step's
+            # sandbox only when it is a Python installation (review 16f: `home =
+            # ~/.ssh/bin` bound ~/.ssh, and the step read the key), never any folder named
+            return base if _installation(base) else None
     return None
+
+
+def _installation(base: str) -> bool:
+    """Whether ``base`` holds a Python installation: ``bin/python3`` (or ``bin/python``) an
+    executable regular file, and a ``lib/python3.*`` folder beside it."""
+    bindir = os.path.join(base, "bin")
+    runs = any(os.path.isfile(os.path.join(bindir, name)) and
+               os.access(os.path.join(bindir, name), os.X_OK) for name in ("python3", "python"))
+    try:
+        libs = any(name.startswith("python3") for name in os.listdir(os.path.join(base, "lib")))
+    except OSError:
+        libs = False
+    return runs and libs
 
 
 def _from_interpreter(python: str) -> tuple[str | None, str]:

@@ -107,3 +107,53 @@ def test_the_pin_travels_to_a_service_worker(tmp_path: Path,
                           capture_output=True, text=True, timeout=120)
     assert gate.returncode != 0
     assert Tools(scope).list_runs(ListRunsArgs())["stored"] == before  # nothing ran
+
+
+PYTEST_YAML = textwrap.dedent(f"""\
+    verifiers:
+      unit:
+        kind: unit_tests
+        steps:
+          - name: t
+            command: "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 {PY} -m pytest -q -p no:cacheprovider"
+        timeout_s: 120
+    """)
+PASS_EVERYTHING = textwrap.dedent("""\
+    import pytest
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(item, call):
+        outcome = yield
+        outcome.get_result().outcome = "passed"
+    """)
+
+
+def test_an_agents_edit_of_the_checks_never_asserts_its_claim(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 16f: the agent (the executor being verified) wrote a ``conftest.py`` that
+    marks every report passed, asked ``verify`` with a claim in PARANOID, and its claim
+    was ASSERTed, the gate open, ``add`` still broken: the pin covered choir.yaml, and the
+    tests were the agent's. A claim is verified with the checks of the commit the server
+    started on now, as a pull request is against its base."""
+    monkeypatch.setenv("CHOIR_SERVE", "off")
+    repo = tmp_path / "calc"
+    repo.mkdir()
+    (repo / "choir.yaml").write_text(PYTEST_YAML)
+    (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (repo / "test_calc.py").write_text("from calc import add\n\ndef test_add():\n"
+                                       "    assert add(2, 3) == 5\n")
+    for args in (["init", "-q"], ["add", "-A"],
+                 ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+    tools = Tools(Scope.open([repo]), sandbox=SANDBOX)
+    (repo / "conftest.py").write_text(PASS_EVERYTHING)  # the agent, after the start
+
+    async def main() -> dict[str, Any]:
+        return await tools.verify(VerifyArgs(claim="fix-add", mood="PARANOID"))
+
+    answer = anyio.run(main)
+    assert answer["status"] != "PASS", answer
+    assert tools.gate(GateArgs(work_item="fix-add"))["passed"] is False
+    gate = subprocess.run([sys.executable, "-m", "choir", "gate", "fix-add", "--repo",
+                           str(repo)], capture_output=True, text=True, timeout=120)
+    assert gate.returncode != 0, gate.stdout

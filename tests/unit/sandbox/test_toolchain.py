@@ -113,3 +113,22 @@ def test_a_huge_or_special_pyvenv_cfg_is_no_venv_and_is_never_read_whole(
     (venv / "pyvenv.cfg").unlink()
     (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
     assert _toolchain._venv_base(venv) == "/usr"
+
+
+def test_a_repos_venv_naming_a_folder_that_is_no_python_is_never_bound(
+        tmp_path: Path) -> None:
+    """Review 16f: a repo's ``.venv/pyvenv.cfg`` saying ``home = ~/.ssh/bin`` made the
+    step's sandbox bind ``~/.ssh`` (read-only) as "the project's Python", and a step read
+    the private key there. Only a Python installation is bound."""
+    secrets = tmp_path / "secrets"
+    (secrets / "bin").mkdir(parents=True)
+    (secrets / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    repo = tmp_path / "repo"
+    (repo / ".venv" / "bin").mkdir(parents=True)
+    cfg = repo / ".venv" / "pyvenv.cfg"
+    cfg.write_text(f"home = {secrets / 'bin'}\n")
+    with pytest.raises(ConfigError, match="not a venv"):
+        choose(repo)
+    cfg.write_text(f"home = {sys.base_prefix}/bin\n")  # a real installation: bound
+    assert os.path.realpath(sys.base_prefix) in " ".join(choose(repo).binds) or \
+        os.path.realpath(sys.base_prefix).startswith(("/usr",))
