@@ -132,8 +132,10 @@ def check_anchors(ahdb: AHDB, trusted: set[str] | frozenset[str], *,
     except Exception as exc:  # fail closed: a log that cannot be read is refused
         problems.append(f"the AHDB log cannot be read: {type(exc).__name__}: {exc}"[:300])
     if seen_marks and problems and seen is not None:
-        problems.append(f"if the store at {store} was reset on purpose, remove its entry from "
-                        f"{seen.path}")
+        problems.append(f"if the store at {store} was reset on purpose, remove its entries "
+                        f"({', '.join(m for m in names if seen.mark(m) is not None)}) from "
+                        f"{seen.path}; a home copied from another shares that one's log and "
+                        "its mark (copying a home is not supported: `choir init` a new one)")
     return problems
 
 

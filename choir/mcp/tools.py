@@ -107,10 +107,12 @@ class Tools:
         # marks every report passed was ASSERTed in PARANOID)
         base = served.head if args.claim else None
         if args.claim and base is None:
-            raise UserError(f"claim {args.claim!r}: {served.root} had no commit when the "
-                            "server started, and a claim is verified with the checks of "
-                            "that commit\n  fix: commit, restart `choir mcp`, and verify "
-                            "again (or verify without a claim for feedback)")
+            raise UserError(f"claim {args.claim!r}: a claim is verified with the checks of "
+                            f"the commit the server started on, and {served.root} had none: "
+                            "it had no commit, or it is not the root of a git work tree (a "
+                            "project in a subfolder)\n  fix: commit and restart `choir mcp`, "
+                            "serve the work tree's root, or verify without a claim for "
+                            "feedback")
         # the pinned bytes or nothing: the worker and this process alike refuse an edited
         # choir.yaml before anything runs or a claim is recorded
         line = ["verify", "--repo", str(served.root), "--json",

@@ -134,15 +134,19 @@ def _venv_base(venv: Path) -> str | None:
 
 
 def _installation(base: str) -> bool:
-    """Whether ``base`` holds a Python installation: ``bin/python3`` (or ``bin/python``) an
-    executable regular file, and a ``lib/python3.*`` folder beside it."""
-    bindir = os.path.join(base, "bin")
-    runs = any(os.path.isfile(os.path.join(bindir, name)) and
-               os.access(os.path.join(bindir, name), os.X_OK) for name in ("python3", "python"))
+    """Whether ``base`` holds a Python installation: an executable ``bin/python*`` or
+    ``bin/pypy*`` (``make altinstall`` makes only ``python3.X``), and a ``lib/python3*`` or
+    ``lib/pypy3*`` folder beside it."""
     try:
-        libs = any(name.startswith("python3") for name in os.listdir(os.path.join(base, "lib")))
+        bindir = os.path.join(base, "bin")
+        runs = any(name.startswith(("python", "pypy")) and
+                   os.path.isfile(os.path.join(bindir, name)) and
+                   os.access(os.path.join(bindir, name), os.X_OK)
+                   for name in os.listdir(bindir))
+        libs = any(name.startswith(("python3", "pypy3"))
+                   for name in os.listdir(os.path.join(base, "lib")))
     except OSError:
-        libs = False
+        return False
     return runs and libs
 
 
@@ -158,8 +162,9 @@ def _from_interpreter(python: str) -> tuple[str | None, str]:
     if venv is not None:
         base = _venv_base(venv)
         if base is None:
-            raise ConfigError(f"sandbox.python: {python} is not a venv (no readable "
-                              "pyvenv.cfg with 'home =')")
+            raise ConfigError(f"{python} is not a venv Choir uses: no readable pyvenv.cfg "
+                              "whose 'home =' is a Python installation (bin/python*, "
+                              "lib/python3*)")
         return str(venv.absolute()), base
     real = os.path.realpath(python)
     if not os.path.isfile(real):

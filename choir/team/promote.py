@@ -45,8 +45,12 @@ def check_plan_gate(plan_id: str, tree: str | None = None, *, pin: PinnedHead | 
     a FAIL had demoted the plan's ASSERT)."""
     state = load_state(plan_id)
     merges = open_ahdb().merges(plan_id)
-    landed = str(merges[-1].get("integration_tree") or "") if merges else ""
-    tree = tree or landed or None
+    # every tree an integration round verified and a merge landed (a split item's whole
+    # check names the head it began on, which later landings may have passed: the last
+    # event is not always the final tree); the record says which is final, and must name one
+    landed = {str(m.get("integration_tree") or "") for m in merges}
+    final = str((state or {}).get("integration_tree") or "")
+    tree = tree or final or None
     answer = check_gate(plan_id, tree=tree, commit=None, pin=pin, pin_source=pin_source,
                         seen=seen) if tree else GateAnswer(
         False, plan_id, None, None, problems=["the plan has no verified integration tree"])
@@ -58,9 +62,9 @@ def check_plan_gate(plan_id: str, tree: str | None = None, *, pin: PinnedHead | 
         answer.problems.append(f"the AHDB's log holds no merge of plan {plan_id}")
     if state.get("status") != "asserted":
         answer.problems.append(f"plan {plan_id} is {state.get('status')}, not asserted")
-    if tree != landed or state.get("integration_tree") != landed:
-        answer.problems.append("the tree is not the plan's final integration tree (the one "
-                               "its last merge in the log names)")
+    if tree != final or final not in landed:
+        answer.problems.append("the tree is not the plan's final integration tree (one a "
+                               "merge of the plan in the log names)")
     merged = {str(m.get("item")): str(m.get("tree_hash")) for m in merges}
     repo = Path(state["repo"])
     for item_id, row in state["items"].items():

@@ -117,3 +117,66 @@ def test_a_split_item_becomes_parts_of_the_plan_merged_then_it_is_verified_whole
         assert done.returncode == 0, (args, done.stdout[:2000])
     assert json.loads((choir_home / "plans" / "sp" / "state.json").read_text())["status"] \
         == "asserted"
+
+
+def test_a_whole_check_that_lands_after_another_item_keeps_the_plans_gate(
+        tmp_path: Path, choir_home: Path) -> None:
+    """A review of the plan gate's binding to the log: a split item's whole check names the
+    head it began on, and an independent item may land while it runs, so the last
+    ``integrate`` event is not always the final tree; the gate refused an honest plan. The
+    record's final tree must be one a merge in the log names."""
+    import asyncio
+    import subprocess
+
+    from choir._core.ids import new_run_id
+    from choir.ahdb import open_ahdb
+    from choir.evidence.git import locate
+    from choir.evidence.tree import commit_tree_hash
+    from choir.team.promote import check_plan_gate
+    from choir.team.queue import MergeQueue, verify_tree
+    from choir.team.state import save_state
+    from tests.workitems import isolating_pytest
+
+    repo = tmp_path / "repo"
+    isolating_pytest(repo)
+    (repo / "test_ok.py").write_text("def test_ok():\n    assert True\n")
+    (repo / ".gitignore").write_text("__pycache__/\n.pytest_cache/\n")
+
+    def g(*args: str) -> str:
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              cwd=repo, check=True, capture_output=True, text=True
+                              ).stdout.strip()
+
+    g("init", "-q", "-b", "main")
+    g("add", "-A")
+    g("commit", "-qm", "base")
+    heads = {}
+    for name in ("a", "b"):
+        (repo / f"{name}.txt").write_text(f"{name}\n")
+        g("add", "-A")
+        g("commit", "-qm", name)
+        heads[name] = g("rev-parse", "HEAD")
+    trees = {n: commit_tree_hash(repo, c) for n, c in heads.items()}
+    for name, claims in (("a", ("sp.a", "sp.w", "sp")), ("b", ("sp.b", "sp"))):
+        g("checkout", "-q", heads[name])
+        for claim in claims:  # the rounds the driver runs for them
+            verdict = asyncio.run(verify_tree(repo, claim, trees[name] or "", "round",
+                                              new_run_id("verify")))
+            assert verdict.passed, verdict
+    g("checkout", "-q", "main")
+    db = open_ahdb()
+    for key, name in (("sp.a", "a"), ("sp.b", "b")):  # a lands, then b, as the queue does
+        tree = trees[name] or ""
+        db.integrate("sp", key, assert_id=db.is_asserted(key, tree).id, tree_hash=tree,
+                     commit=heads[name], head=heads[name],
+                     integration_assert=db.is_asserted("sp", tree).id, integration_tree=tree)
+    # the whole check of w, begun on a's head, records its merge after b landed
+    assert MergeQueue("sp", locate(repo), tmp_path / "trees").record_whole(
+        "w", heads["a"], trees["a"] or "") is None
+    save_state("sp", {"id": "sp", "status": "asserted", "repo": str(repo),
+                      "integration": heads["b"], "integration_tree": trees["b"],
+                      "items": {"a": {"state": "merged", "commit": heads["a"]},
+                                "b": {"state": "merged", "commit": heads["b"]},
+                                "w": {"state": "merged", "commit": heads["a"]}}})
+    answer = check_plan_gate("sp")
+    assert answer.passed, answer.problems

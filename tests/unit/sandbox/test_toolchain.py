@@ -132,3 +132,21 @@ def test_a_repos_venv_naming_a_folder_that_is_no_python_is_never_bound(
     cfg.write_text(f"home = {sys.base_prefix}/bin\n")  # a real installation: bound
     assert os.path.realpath(sys.base_prefix) in " ".join(choose(repo).binds) or \
         os.path.realpath(sys.base_prefix).startswith(("/usr",))
+
+
+@pytest.mark.parametrize("layout", [("python3.11", "python3.11"), ("pypy3.10", "pypy3.10")])
+def test_an_altinstall_or_pypy_base_is_an_installation(
+        tmp_path: Path, layout: tuple[str, str]) -> None:
+    """A second review: ``make altinstall`` makes only ``bin/python3.X``, PyPy keeps
+    ``lib/pypy3.X``; their venvs were refused as "not a venv" once only an installation's
+    home was bound."""
+    binary, lib = layout
+    base = tmp_path / "opt"
+    (base / "bin").mkdir(parents=True)
+    (base / "lib" / lib).mkdir(parents=True)
+    (base / "bin" / binary).write_text("#!/bin/sh\n")
+    (base / "bin" / binary).chmod(0o755)
+    repo = tmp_path / "repo"
+    (repo / ".venv" / "bin").mkdir(parents=True)
+    (repo / ".venv" / "pyvenv.cfg").write_text(f"home = {base / 'bin'}\n")
+    assert str(base) in choose(repo).binds
