@@ -6,8 +6,9 @@ until the OOM killer ends it, and the verification it was running with it. Over 
 bounds a body (``DEFAULT_MAX_REQUEST_BODY_SIZE``); this is the same bound for a line. A longer
 line is read on and thrown away up to its newline, never held, and answered with a JSON-RPC
 parse error (addressed to the request's id when its first bytes name one, else ``null``), so
-a client waiting on that request is told rather than left hanging. The next line is read as
-usual.
+a client waiting on that request is told rather than left hanging; so is a line within the
+bound that the SDK's reader cannot parse (it would drop it silently). The next line is read
+as usual.
 
 The SDK's writer still writes every answer; fd 0 is moved aside while serving (as the SDK
 does for the streams it claims), so a child reading stdin sees EOF, not the wire.
@@ -57,6 +58,19 @@ def read_line(raw: BinaryIO, limit: int = LINE_MAX) -> tuple[bytes, bool] | None
             return head, True
 
 
+def _parses(text: str) -> bool:
+    """Whether the SDK's reader will take ``text`` as a message. One it cannot parse (a
+    value nested 100,000 deep, a number of a million digits) it hands on as an exception and
+    no one answers: the client waited forever (review 16f). Such a line is answered here."""
+    from mcp import types
+
+    try:
+        types.jsonrpc_message_adapter.validate_json(text, by_name=False)
+    except Exception:  # noqa: BLE001 - pydantic's errors, whatever the shape of the line
+        return False
+    return True
+
+
 class BoundedLines:
     """The SDK reader's ``stdin``: an async iterator of request lines (text) of at most
     ``LINE_MAX`` bytes; a longer one is answered through ``answer`` and skipped."""
@@ -76,17 +90,23 @@ class BoundedLines:
             if found is None:
                 raise StopAsyncIteration
             line, over = found
-            if not over:
-                return line.decode("utf-8", errors="replace")
-            await self._refuse(request_id(line))
+            if over:
+                await self._refuse(request_id(line), f"request line over {LINE_MAX} bytes: "
+                                   "discarded up to its newline, not parsed")
+                continue
+            text = line.decode("utf-8", errors="replace")
+            if text.strip() and not _parses(text):  # the SDK would drop it with no answer
+                await self._refuse(request_id(line), "not a JSON-RPC message this server can "
+                                   "parse (nested too deep, a number too long, or no message)")
+                continue
+            return text
 
-    async def _refuse(self, request: int | str | None) -> None:
+    async def _refuse(self, request: int | str | None, why: str) -> None:
         from mcp.shared.message import SessionMessage
         from mcp_types import PARSE_ERROR, ErrorData, JSONRPCError
 
         await self.ready.wait()
-        error = ErrorData(code=PARSE_ERROR, message=(
-            f"request line over {LINE_MAX} bytes: discarded up to its newline, not parsed"))
+        error = ErrorData(code=PARSE_ERROR, message=why)
         with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
             await self.answer.send(SessionMessage(JSONRPCError(jsonrpc="2.0", id=request,
                                                                error=error)))

@@ -69,6 +69,15 @@ def _ask(stdin: IO[bytes], stdout: IO[bytes], message: dict[str, Any]) -> dict[s
     return dict(json.loads(stdout.readline()))
 
 
+def _initialize(stdin: IO[bytes], stdout: IO[bytes]) -> None:
+    hello = _ask(stdin, stdout, {
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "t", "version": "1"}}})
+    assert hello["id"] == 1 and "result" in hello
+    stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+
+
 def test_an_endless_line_is_read_within_the_bound_then_answered(tmp_path: Path) -> None:
     repo = _repo(tmp_path / "repo")
     proc = subprocess.Popen([sys.executable, "-m", "choir", "mcp", "--repo", str(repo),
@@ -76,12 +85,7 @@ def test_an_endless_line_is_read_within_the_bound_then_answered(tmp_path: Path) 
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=repo)
     assert proc.stdin is not None and proc.stdout is not None
     try:
-        hello = _ask(proc.stdin, proc.stdout, {
-            "jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                       "clientInfo": {"name": "t", "version": "1"}}})
-        assert hello["id"] == 1 and "result" in hello
-        proc.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+        _initialize(proc.stdin, proc.stdout)
         start = _rss_mib(proc.pid)
         head = b'{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"gate",' \
                b'"arguments":{"work_item":"'
@@ -125,3 +129,37 @@ def test_the_sdk_client_gets_an_error_for_a_huge_argument(tmp_path: Path) -> Non
             assert not answer.is_error
 
     anyio.run(main)
+
+
+@pytest.mark.parametrize("shape", ["nested", "long number", "no message"])
+def test_a_line_the_sdk_cannot_parse_is_answered_not_dropped(tmp_path: Path, shape: str) -> None:
+    """Review 16f: a value nested 100,000 deep, or a number of a million digits, within the
+    line bound: the SDK's reader handed its parse failure on and no one answered, so a
+    client waited forever. Such a line gets a parse error, and the next is read."""
+    repo = _repo(tmp_path / "repo")
+    proc = subprocess.Popen([sys.executable, "-m", "choir", "mcp", "--repo", str(repo),
+                             "--sandbox", "local"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=repo)
+    assert proc.stdin is not None and proc.stdout is not None
+    bad = {"nested": b'{"jsonrpc":"2.0","id":5,"method":"ping","params":{"a":' +
+                     b"[" * 100_000 + b"]" * 100_000 + b"}}",
+           "long number": b'{"jsonrpc":"2.0","id":5,"method":"ping","params":{"a":' +
+                          b"9" * 1_000_000 + b"}}",
+           "no message": b'{"id":5,"hello":1}'}[shape]
+    try:
+        _initialize(proc.stdin, proc.stdout)
+        proc.stdin.write(bad + b"\n")
+        proc.stdin.flush()
+        import select  # an answer, or a failure: the old server never answered at all
+
+        assert select.select([proc.stdout], [], [], 60)[0], "no answer to the line"
+        refused = json.loads(proc.stdout.readline())
+        assert refused["id"] == 5 and refused["error"]["code"] == -32700, refused
+        listed = _ask(proc.stdin, proc.stdout, {"jsonrpc": "2.0", "id": 8,
+                                                "method": "tools/list"})
+        assert listed["id"] == 8
+    finally:
+        proc.kill()
+        proc.wait(30)
+        proc.stdin.close()
+        proc.stdout.close()
