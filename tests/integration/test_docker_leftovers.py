@@ -106,13 +106,18 @@ def test_container_of_a_killed_process_is_removed_by_the_next_use(
             out_dir=Path({str(tmp_path / "out")!r}), env={{}}, timeout_s=900,
             limits=Limits(), network=False, sink=lambda _: None)
     """)
+    import docker
+
     child = subprocess.Popen([sys.executable, "-c", script], cwd=os.getcwd())
     try:
         deadline = time.monotonic() + 60
         found: list[Any] = []
         while not found and time.monotonic() < deadline:
-            found = [c for c in engine.client.containers.list(filters={"label": f"{LABEL}=1"})
-                     if c.labels.get(OWNER_PID) == str(child.pid)]
+            try:
+                found = [c for c in engine.client.containers.list(
+                    filters={"label": f"{LABEL}=1"}) if c.labels.get(OWNER_PID) == str(child.pid)]
+            except docker.errors.NotFound:  # another worker's container went between the
+                pass  # listing and its inspection (docker-py inspects each one it lists)
             time.sleep(0.1)
         assert found, "the child never started its container"
         engine.made.append(found[0].id)
@@ -123,7 +128,6 @@ def test_container_of_a_killed_process_is_removed_by_the_next_use(
     container = found[0]
     # "running": nobody cleaned up after the SIGKILL; "removing" or gone: another Choir
     # process (a parallel worker's sandbox) is sweeping it already, as the next use would
-    import docker
 
     status = "gone"
     if engine.exists(container.id):
