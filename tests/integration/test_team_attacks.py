@@ -235,6 +235,18 @@ def test_a_member_sees_no_other_members_workspace(tmp_path: Path) -> None:
     assert git(repo, "show", f"{commit}:stolen.txt") == "", "a member read another's work"
 
 
+def _one_item(tmp_path: Path, plan_id: str, command: str) -> tuple[dict, dict]:  # type: ignore[type-arg]
+    """A plan of one item ``a`` whose member runs ``command`` once: its record, a's row."""
+    plan = write_plan(tmp_path, plan_id, f"""\
+        - id: a
+          goal: write a
+          max_attempts: 1
+          executor: {{kind: command, command: '{command}'}}
+        """)
+    state = asyncio.run(run_plan(load_plan(plan)))
+    return state, state["items"]["a"]
+
+
 def test_a_nested_repository_a_member_commits_is_never_merged(tmp_path: Path) -> None:
     """A member made a nested git repository in its worktree: the item's round does not see
     it (a folder that is a repository of its own is no file of the tree), the driver's
@@ -246,14 +258,7 @@ def test_a_nested_repository_a_member_commits_is_never_merged(tmp_path: Path) ->
     nested = ("echo A > a.txt && git init -q vendor && cd vendor && echo x > __init__.py && "
               "git -c user.name=x -c user.email=x@x add -A && "
               "git -c user.name=x -c user.email=x@x commit -qm x")
-    plan = write_plan(tmp_path, "gl", f"""\
-        - id: a
-          goal: write a
-          max_attempts: 1
-          executor: {{kind: command, command: '{nested}'}}
-        """)
-    state = asyncio.run(run_plan(load_plan(plan)))
-    row = state["items"]["a"]
+    state, row = _one_item(tmp_path, "gl", nested)
     assert row["state"] == "failed" and "vendor" in row["last"], row
     assert state["status"] == "failed"
     assert "vendor" not in git(repo, "ls-tree", "--name-only", "choir/plan/gl/integration")
@@ -268,14 +273,7 @@ def test_a_worktree_made_a_repository_of_its_own_is_never_committed(tmp_path: Pa
     repo = team_repo(tmp_path / "repo")
     own = ("echo BROKEN > bad.txt && rm -f .git && git init -q . && "
            "echo bad.txt >> .git/info/exclude")
-    plan = write_plan(tmp_path, "og", f"""\
-        - id: a
-          goal: write a
-          max_attempts: 1
-          executor: {{kind: command, command: '{own}'}}
-        """)
-    state = asyncio.run(run_plan(load_plan(plan)))
-    row = state["items"]["a"]
+    _state, row = _one_item(tmp_path, "og", own)
     assert row["state"] == "failed" and ".git (the worktree's own" in row["last"], row
     assert row["sent_back"] == 0
     assert "bad.txt" not in git(repo, "ls-tree", "--name-only", "choir/plan/og/integration")
@@ -306,15 +304,8 @@ def test_a_nested_repository_runs_none_of_its_programs_when_the_item_is_committe
         git(repo, "add", ".gitmodules")
         git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "submodule")
     command = "echo A > a.txt && " + NESTED_FILTER.format(at=at, marker=marker)
-    plan = write_plan(tmp_path, "nf", f"""\
-        - id: a
-          goal: write a
-          max_attempts: 1
-          executor: {{kind: command, command: '{command}'}}
-        """)
-    state = asyncio.run(run_plan(load_plan(plan)))
+    _state, row = _one_item(tmp_path, "nf", command)
     assert not marker.exists(), "a nested repository's filter ran on the host"
-    row = state["items"]["a"]
     assert row["state"] == "failed" and f"{at}/.git" in row["last"], row
 
 
