@@ -118,9 +118,9 @@ def check_anchors(ahdb: AHDB, trusted: set[str] | frozenset[str], *,
     # copy of the log from before, put anywhere (a link to it, another path, another
     # database), is the same log and is held to the same mark (review 16e)
     names = [store, *(f"log:{first}" for first in [ahdb.first_hash()] if first)]
-    seen_marks = [m for name in names if seen is not None
-                  for m in [seen.mark(name)] if m is not None]
-    marks.extend(seen_marks)
+    seen_marks = {name: mark for name in names if seen is not None
+                  and (mark := seen.mark(name)) is not None}
+    marks.extend(seen_marks.values())
     try:
         if marks:
             problems.extend(follow(ahdb.events(since=min(m.seq for m in marks)), marks))
@@ -133,7 +133,7 @@ def check_anchors(ahdb: AHDB, trusted: set[str] | frozenset[str], *,
         problems.append(f"the AHDB log cannot be read: {type(exc).__name__}: {exc}"[:300])
     if seen_marks and problems and seen is not None:
         problems.append(f"if the store at {store} was reset on purpose, remove its entries "
-                        f"({', '.join(m for m in names if seen.mark(m) is not None)}) from "
+                        f"({', '.join(seen_marks)}) from "
                         f"{seen.path}; a home copied from another shares that one's log and "
                         "its mark (copying a home is not supported: `choir init` a new one)")
     return problems
