@@ -103,17 +103,20 @@ class _Link:
 
 def warm_idle() -> None:
     """What an idle worker readies before its request: the bwrap probe every sandbox choice
-    asks for (answers a cold process finds the same way), then launchers in cgroup pairs.
+    asks for (answers a cold process finds the same way), then launchers in cgroup pairs,
+    then the interpreters' caches that requests saved since the service read them (its memo
+    is older than a file a worker saved: each request parsed it again, 5 ms before its step).
 
     The probe first: it runs in a pair of its own, and one it took from those armed for the
     request (a single-use pool's are not armed again) left the request one short, so its
     first step started while a spare was armed beside it (about ten processes on its path
     to the step)."""
-    from choir.sandbox import _cgroups
+    from choir.sandbox import _cgroups, _interpreter
     from choir.sandbox.bwrap import BwrapSandbox
 
     BwrapSandbox.available()
     _cgroups.prearm(PREARM, single_use=True)
+    _interpreter.preload()  # the caches the last requests saved: the service's memo is older
 
 
 def run(service: Service, ctl: socket.socket, broker: tuple[int, socket.socket]) -> None:
