@@ -167,7 +167,8 @@ class DaskFanout:
             return replayed
         snapshot, snapshot_hash = self._snapshot(repo)
         ran = (spec.name, target.tree_hash)
-        placed = self._place(ran, spec.name) if self.distinct else None
+        placed = self._place(ran, spec.name, _sealed_by(store, run_id, ran)) \
+            if self.distinct else None
         future = self._client.submit(
             _run_on_worker,
             spec.model_dump_json(), target.model_dump_json(), run_id, snapshot, snapshot_hash,
@@ -194,8 +195,10 @@ class DaskFanout:
                                  f"{worker.name!r} signed its result: not an independent run")
         return land(remote, store=store, spec=spec, target=target, worker=worker)
 
-    def _place(self, ran: tuple[str, str], verifier: str) -> tuple[str, str]:
-        """``(address, name)`` of a worker that has not run ``ran`` yet, now reserved for it.
+    def _place(self, ran: tuple[str, str], verifier: str,
+               sealed: frozenset[str] = frozenset()) -> tuple[str, str]:
+        """``(address, name)`` of a worker that has not run ``ran`` yet (here, or in
+        ``sealed``: the workers of its sibling runs already in the store), now reserved.
 
         Raises:
             UserError: every worker of the cluster ran it already (too few for the reruns).
@@ -204,6 +207,7 @@ class DaskFanout:
 
         with self._lock:
             used = self._ran.setdefault(ran, set())
+            used |= sealed
             workers = self._client.scheduler_info(n_workers=-1)["workers"]
             free = sorted((self._placed.get(name, 0), name, address) for address, name in
                           ((a, str(info.get("name"))) for a, info in workers.items())
@@ -223,6 +227,30 @@ class DaskFanout:
                 self._client.close()
                 self._client = None
             self._snapshots.clear()
+
+
+def _sealed_by(store: ArtifactStore, run_id: str, ran: tuple[str, str]) -> frozenset[str]:
+    """The workers that signed the runs of ``ran`` (verifier, tree) sealed in ``store``
+    under ``run_id``'s siblings: the ids that differ from it after its last ``-`` (a green
+    thread's is ``{round}-{verifier}-{replica}``). A coordinator resumed mid-round keeps
+    the replicas that landed in its checkpoint and runs only the rest: what this fanout
+    placed before the restart is known only from there. Each was landed (``land``) only
+    with its worker's signature checked, so the name is the signer's."""
+    prefix = run_id.rpartition("-")[0] + "-"
+    if prefix == "-":
+        return frozenset()
+    try:
+        names = [e.name for e in os.scandir(store.root / "runs")
+                 if e.name.startswith(prefix) and e.name != run_id]
+    except OSError:
+        return frozenset()
+    found: set[str] = set()
+    for name in names:
+        sealed = store.sealed(name)  # one that does not parse: IntegrityError, fail closed
+        if sealed is not None and (sealed[0].verifier, sealed[0].tree_hash) == ran and \
+                sealed[0].platform.worker:
+            found.add(sealed[0].platform.worker)
+    return frozenset(found)
 
 
 def _plain_data_only(client: Any) -> None:

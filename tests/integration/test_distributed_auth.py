@@ -224,6 +224,35 @@ def test_more_independent_reruns_than_workers_is_refused(cluster: LocalCluster,
     assert isinstance(refused, UserError) and "need one worker each" in str(refused)
 
 
+def test_a_resumed_round_places_its_missing_replica_on_another_worker(cluster: LocalCluster,
+                                                                       tmp_path: Path) -> None:
+    """Review 17c: which workers ran a verifier's replicas was kept in one fanout's memory.
+    A coordinator killed after replica 0 landed (its result kept by the checkpoint) and
+    resumed placed replica 1 on the least loaded worker of a fresh fanout: the same one,
+    so one worker gave both PARANOID votes. The replicas sealed in the store count."""
+    from choir.distributed import fanout_from_env
+    from choir.evidence.artifacts import ArtifactStore
+    from choir.evidence.target import resolve_target
+    from choir.models import StepSpec, VerifierKind, VerifierSpec
+    from choir.sandbox import get_sandbox
+
+    repo = _repo(tmp_path, PASSING)
+    spec = VerifierSpec(name="unit", kind=VerifierKind.SMOKE,
+                        steps=(StepSpec(name="run", command="echo fine"),))
+    target, store = resolve_target(repo), ArtifactStore()
+    workers = []
+    for replica in (0, 1):  # each in a fanout of its own: the process before and after
+        fanout, sandbox = fanout_from_env(distinct=True), get_sandbox("bwrap")
+        try:
+            workers.append(fanout.run_verifier(
+                spec, repo=repo, sandbox=sandbox, store=store, run_id=f"round-unit-{replica}",
+                target=target).manifest.platform.worker)
+        finally:
+            sandbox.close()
+            fanout.close()
+    assert sorted(workers) == ["w0", "w1"], workers
+
+
 def test_a_replica_signed_by_another_worker_than_its_placement_is_refused(
         cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The coordinator checks the signer, not the scheduler's placement: a replica the
@@ -234,7 +263,7 @@ def test_a_replica_signed_by_another_worker_than_its_placement_is_refused(
     from choir.exceptions import IntegrityError
 
     w0 = next(a for a, info in _workers(cluster).items() if info["name"] == "w0")
-    monkeypatch.setattr(DaskFanout, "_place", lambda self, ran, verifier: (w0, "w1"))
+    monkeypatch.setattr(DaskFanout, "_place", lambda self, ran, verifier, sealed: (w0, "w1"))
     [refused] = _replicas(fanout_from_env(distinct=True), _repo(tmp_path, PASSING), 1)
     assert isinstance(refused, IntegrityError)
     assert "placed on worker 'w1' but 'w0' signed" in str(refused)
