@@ -311,8 +311,9 @@ def child(spec: dict[str, Any], context: dict[str, Any]) -> None:
         if spec["method"] in SCAFFOLDS:
             if spec.get("callable"):
                 value: Any = _call(_load(spec["callable"]), context)
-                value = {"outcome": PASS if value else FAIL,
-                         "detail": f"invariant {spec['callable']} returned {value!r}"}
+                if isinstance(value, bool):  # only a bool is one: a verdict is read as one
+                    value = {"outcome": PASS if value else FAIL,
+                             "detail": f"invariant {spec['callable']} returned {value!r}"}
             else:
                 outcome, detail = SCAFFOLDS[spec["method"]](spec, context)
                 value = {"outcome": outcome, "detail": detail}

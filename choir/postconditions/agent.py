@@ -71,6 +71,13 @@ class Postcondition:
         if self.required_above_blast_radius not in ("none", "small", "medium", "large"):
             raise ValueError(f"postcondition {self.name!r}: required_above_blast_radius must "
                              "be none, small, medium or large")
+        options = self.read_after_write or self.invariant_check or {}
+        named = options.get("resource")
+        needs = self.read_after_write is not None or \
+            self.invariant_check is not None and not self.invariant_check.get("callable")
+        if named is None and needs or named is not None and named not in self.resources:
+            raise ValueError(f"postcondition {self.name!r}: resource {named!r} is not one of "
+                             f"resources ({', '.join(sorted(self.resources)) or 'none given'})")
 
     def _payload(self) -> dict[str, Any]:
         repo = Path(self.cwd).resolve()
@@ -86,8 +93,10 @@ class Postcondition:
             options = dict(self.read_after_write or self.invariant_check or {})
             ms = int(options.get("verify_timeout_ms", ms))
             options["verify_timeout_ms"] = ms
-            resource = self.resources[options.pop("resource")]
-            payload.update(options, resource=resource.for_harness(repo))
+            named = options.pop("resource", None)  # an invariant's callable may read alone
+            payload.update(options)
+            if named is not None:
+                payload["resource"] = self.resources[named].for_harness(repo)
         payload["timeout_s"] = self.timeout_s or (ms / 1000 + GRACE_S if not self.callable
                                                   else 30.0)
         return payload

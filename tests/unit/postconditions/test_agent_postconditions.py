@@ -105,3 +105,19 @@ def test_blast_radius_at_or_below_the_threshold_skips_the_check(tmp_path: Path) 
                       postconditions={"set_flag": [check]})
         result = agent.run_sync("turn beta on", blast_radius=radius)
         assert ("postcondition_fail" in result.events) is checked
+
+
+def test_an_invariant_callable_needs_no_resource_and_its_verdict_stands(tmp_path: Path) -> None:
+    """Review 17a: an ``invariant_check`` naming a callable (it reads what it needs) raised
+    KeyError('resource') from ``check()``, documented never to raise; and given a resource,
+    a callable returning a failing verdict passed (truthiness). A resource named but not
+    given is refused where the check is made."""
+    (tmp_path / "inv.py").write_text(
+        "def verify(c):\n    return {'outcome': 'fail', 'detail': 'account 7 is overdrawn'}\n")
+    check = Postcondition(name="inv", invariant_check={"callable": "inv.py"}, cwd=str(tmp_path))
+    result = check.check({"action": {}})
+    assert (result.outcome, result.detail) == ("fail", "account 7 is overdrawn")
+    with pytest.raises(ValueError, match="resource 'db' is not one of resources"):
+        Postcondition(name="inv", invariant_check={"callable": "inv.py", "resource": "db"})
+    with pytest.raises(ValueError, match="resource None is not one of resources"):
+        Postcondition(name="raw", read_after_write={"sql": "SELECT 1", "expect_from": "v"})

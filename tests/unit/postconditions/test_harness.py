@@ -119,7 +119,22 @@ def test_a_grandchild_left_behind_is_killed_with_the_group(tmp_path: Path) -> No
 def test_invariant_check_with_a_callable(tmp_path: Path) -> None:
     holds = _harness(tmp_path, "def verify(c):\n    return 1 + 1 == 2\n",
                      method="invariant_check")
-    broken = _harness(tmp_path, "async def verify():\n    return []\n",
+    broken = _harness(tmp_path, "async def verify():\n    return False\n",
                       method="invariant_check")
     assert (holds[0], broken[0]) == (0, 1)
-    assert broken[1]["severity"] == "yellow" and "returned []" in broken[1]["detail"]
+    assert broken[1]["severity"] == "yellow" and "returned False" in broken[1]["detail"]
+
+
+@pytest.mark.parametrize(("returned", "code"), [
+    ("{'outcome': 'fail', 'detail': 'account 7 is overdrawn'}", 1),  # a verdict, as documented
+    ("type('R', (), {'outcome': 'inconclusive', 'detail': ''})()", 3),
+    ("'fail'", 3), ("'PASS'", 3), ("[0]", 3), ("[]", 3), ("None", 3), ("1", 3),
+])
+def test_an_invariant_callable_passes_only_on_true(tmp_path: Path, returned: str,
+                                                   code: int) -> None:
+    """Review 17a (critical): an invariant's callable was judged by truthiness, so a
+    returned failing verdict (``{'outcome': 'fail'}``, the shape custom verifiers return)
+    or the string ``'fail'`` was a PASS, and the work item ASSERTed. True passes, False
+    fails, a verdict is read as one, anything else is no evidence."""
+    assert _harness(tmp_path, f"def verify(c):\n    return {returned}\n",
+                    method="invariant_check")[0] == code
