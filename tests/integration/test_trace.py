@@ -407,3 +407,46 @@ def test_audit_names_a_verifier_call_cut_from_a_trace(home: Path) -> None:
     assert [v["kind"] for v in violations] == ["trace_unrecorded_attestation",
                                                "trace_seal_integrity", "trace_seal_coverage"]
     assert call["call_id"] in violations[0]["object"]
+
+
+def _forge_a_sealed_reason(home: Path) -> None:
+    path = home / "traces" / "t1.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    first = next(x for x in lines if x.get("kind") == "decision")
+    first["data"]["reason"] = "FORGED reason"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+@pytest.mark.parametrize("ended", [True, False])
+def test_a_held_lock_hides_no_rewritten_record_from_the_audit(home: Path, ended: bool) -> None:
+    """Review 17a: the audit skipped a run whose lock someone held (a run being driven), so
+    any process left holding it (not Choir's) hid a rewritten sealed event: clean, exit 0.
+    A record that ended is checked whole whoever holds the lock; one still under way has its
+    sealed part checked, as the trace verifier checks it."""
+    _forge_a_sealed_reason(home)
+    if not ended:
+        _edit_record(home, lambda r: r["kind"] not in ("run_ended", "seal") or
+                     r.get("seq", 0) < 3)  # an unfinished record: its last seals not yet there
+    holder = subprocess.Popen(
+        [PY, "-c", "import fcntl, os, sys, time\n"
+                   "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+                   "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(300)",
+         str(home / "locks" / "t1.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        code, violations = _audit(home)
+    finally:
+        holder.kill()
+        holder.communicate()
+    assert code == 1 and "trace_seal_integrity" in {v["kind"] for v in violations}, violations
+
+
+def test_a_fifo_for_a_runs_lock_is_named_not_waited_on(home: Path) -> None:
+    """Review 17a: the audit opened a run's lock plainly: a FIFO planted there (or a link to
+    one) hung it in ``open``."""
+    lock = home / "locks" / "t1.lock"
+    lock.unlink(missing_ok=True)
+    os.mkfifo(lock)
+    code, violations = _audit(home)  # its timeout: 120 s
+    assert code == 1 and [v["kind"] for v in violations] == ["trace_unreadable"], violations
+    assert "not a regular file" in violations[0]["found"]
