@@ -123,24 +123,29 @@ def part_plan(item: WorkItem, policy: Policy, mood: Mood,
 def verdicts(runs: Sequence[VerifierRun], need: int = 1) -> dict[str, Result]:
     """One result per verifier over all its voting runs on this tree.
 
-    INCONCLUSIVE runs are evidence of nothing: they are ignored once a conclusive run exists,
-    but a verdict needs ``need`` conclusive runs (the mood's reruns), so an INCONCLUSIVE
-    replica never lowers the bar. Conclusive runs that disagree (or a run that is itself
-    FLAKY) make it FLAKY. Diagnostic runs (instrumented, a nested isolated subset) never vote.
+    INCONCLUSIVE runs are evidence of nothing, but a verdict needs ``need`` conclusive runs
+    (the mood's reruns), so an INCONCLUSIVE replica never lowers the bar. One whose sandbox
+    failed or whose thread crashed (``infra``: Choir's side) is ignored once a conclusive run
+    exists; one the step made (a tool's crash code, "No module named", no JUnit XML, a cut
+    log: what the code under test controls) beside PASSes is a disagreement, FLAKY: a
+    failing run dressed as a crash must not let the next run's PASS decide (review 17b).
+    Conclusive runs that disagree (or a run that is itself FLAKY) make it FLAKY. Diagnostic
+    runs (instrumented, a nested isolated subset) never vote.
     A verifier also run beside admitted new checks (``ADDITIONS_REPLICA``) passes only when
     its pinned checks pass alone and beside them, each by those rules.
     """
     from choir.evidence.spec import ADDITIONS_REPLICA
 
-    by_name: dict[str, list[tuple[int, Result]]] = {}
+    by_name: dict[str, list[tuple[int, Result, bool]]] = {}
     for run in runs:
         if not run.diagnostic:
-            by_name.setdefault(run.verifier, []).append((run.replica, run.report.result))
+            by_name.setdefault(run.verifier, []).append(
+                (run.replica, run.report.result, run.infra))
     out: dict[str, Result] = {}
     for name, voted in by_name.items():
-        out[name] = _verdict([r for _, r in voted], need)
-        beside = [r for replica, r in voted if replica >= ADDITIONS_REPLICA]
-        alone = [r for replica, r in voted if replica < ADDITIONS_REPLICA]
+        out[name] = _verdict([(r, infra) for _, r, infra in voted], need)
+        beside = [(r, infra) for replica, r, infra in voted if replica >= ADDITIONS_REPLICA]
+        alone = [(r, infra) for replica, r, infra in voted if replica < ADDITIONS_REPLICA]
         # a verifier planned beside the work item's admitted new checks passes only if its
         # pinned checks pass alone too: an INCONCLUSIVE alone (the code made to crash
         # without the addition) let the PASS beside it decide (review 17, F5)
@@ -151,10 +156,12 @@ def verdicts(runs: Sequence[VerifierRun], need: int = 1) -> dict[str, Result]:
     return out
 
 
-def _verdict(results: Sequence[Result], need: int) -> Result:
-    conclusive = [r for r in results if r is not Result.INCONCLUSIVE]
+def _verdict(results: Sequence[tuple[Result, bool]], need: int) -> Result:
+    """``results``: each run's result and whether an INCONCLUSIVE of it is Choir's side."""
+    conclusive = [r for r, _ in results if r is not Result.INCONCLUSIVE]
     kinds = set(conclusive)
-    if len(kinds) > 1 or Result.FLAKY in kinds:
+    made = any(r is Result.INCONCLUSIVE and not infra for r, infra in results)
+    if len(kinds) > 1 or Result.FLAKY in kinds or kinds == {Result.PASS} and made:
         return Result.FLAKY
     if not conclusive or (len(conclusive) < need and kinds == {Result.PASS}):
         return Result.INCONCLUSIVE

@@ -121,7 +121,7 @@ def crashed(planned: PlannedVerifier, run_id: str, target: Target,
         counts=Counts())
     return VerifierRun(verifier=planned.name, run_id=run_id, report=report, report_hash="",
                        manifest_hash="", lens=planned.lens, replica=planned.replica,
-                       diagnostic=planned.diagnostic, tests=planned.tests)
+                       diagnostic=planned.diagnostic, tests=planned.tests, infra=True)
 
 
 async def run_green(rnd: Round, planned: PlannedVerifier, *, sandbox: Sandbox | None,

@@ -223,12 +223,19 @@ async def execute(state: RunState) -> dict[str, Any]:
                            + ("refused" if change.refused else
                               "held for a person" if change.held else "additions admitted"))
     hold = change is not None and bool(change.held) and not change.refused
+    before = state.get("target")
+    # ``runs`` are every run on this tree: an attempt that left the item's tree as it was
+    # keeps them, so a verdict over this tree (a failing run dressed as a crash beside a
+    # PASS: FLAKY) is not forgotten by asking the executor again (review 17b)
+    same = before is not None and state.get("runs") and \
+        (before.tree_hash, before.work_item) == (target.tree_hash, target.work_item)
+    fresh = {} if same else {"nested": 0, "runs": Overwrite([]), "attestations": {}}
     return {**budget, "attempt": attempt, "target": target, "executor_output": output.artifact,
             "spec_change": change, "status": "awaiting_approval" if hold else "running",
             "executor_exit": output.exit_code, "executor_timed_out": output.timed_out,
             "executor_isolation": output.isolation,
-            "usage": [("executor", u) for u in output.usage], "nested": 0,
-            "round_kind": "primary", "runs": Overwrite([]), "attestations": {},
+            "usage": [("executor", u) for u in output.usage], **fresh,
+            "round_kind": "primary",
             "events": [f"execute {item.id} attempt {attempt}: executor {ended} "
                        f"(isolation {output.isolation})", *spec_events]}
 

@@ -32,6 +32,9 @@ class VerifierRun(Frozen):
     report: VerificationReport
     report_hash: str
     manifest_hash: str
+    # its INCONCLUSIVE is Choir's side (the sandbox failed, the green thread crashed), not
+    # what the step did: only such a run is no evidence beside a PASS (``verdicts``)
+    infra: bool = False
 
 
 class ExecutorOutput(Frozen):

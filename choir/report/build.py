@@ -122,6 +122,11 @@ def _decide_steps(result: PipelineResult, parsed: ParseResult, parser: str,
                 # import (a syntax error the executor made). That is a bug to fix, not a crash.
                 return Result.FAIL, f"step {rec.name}: pytest could not collect the tests " \
                                     f"(exit 2): errors during collection"
+            if crash and (parsed.counts.failed or 0) > 0:
+                # the tests ran and some failed: the code under test picks the exit code it
+                # leaves with (an atexit, a plugin), so a crash code cannot hide them
+                return Result.FAIL, (f"step {rec.name} exited {rec.exit_code} after "
+                                     f"{parsed.counts.failed} test(s) failed")
             if rec.exit_code == 127:
                 return Result.INCONCLUSIVE, (f"step {rec.name}: command not found (exit 127):"
                                              " the checks did not run")

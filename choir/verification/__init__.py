@@ -215,6 +215,7 @@ async def run_verifier_thread(
         report=report,
         report_hash=report_hash,
         manifest_hash=result.manifest_hash,
+        infra=result.infra_error is not None,
     )
     return run, result
 

@@ -50,11 +50,11 @@ def report(verifier: str, result: Result, *, tests: tuple[str, ...] = (),
 
 
 def vrun(verifier: str, result: Result, *, replica: int = 0, diagnostic: bool = False,
-         tests: tuple[str, ...] = (), lens: str = "default") -> VerifierRun:
+         tests: tuple[str, ...] = (), lens: str = "default", infra: bool = False) -> VerifierRun:
     return VerifierRun(verifier=verifier, run_id=f"{verifier}-{replica}", lens=lens,
                        replica=replica, diagnostic=diagnostic,
                        report=report(verifier, result, tests=tests),
-                       report_hash="0" * 64, manifest_hash="0" * 64)
+                       report_hash="0" * 64, manifest_hash="0" * 64, infra=infra)
 
 
 @pytest.fixture
@@ -81,9 +81,22 @@ def failing() -> list[VerifierRun]:
 # -- verdicts ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("conclusive", [Result.PASS, Result.FAIL])
-def test_inconclusive_run_is_ignored_once_a_conclusive_run_exists(conclusive: Result) -> None:
-    runs = [vrun("unit", Result.INCONCLUSIVE), vrun("unit", conclusive, replica=1)]
+def test_an_infra_inconclusive_run_is_ignored_once_a_conclusive_run_exists(
+        conclusive: Result) -> None:
+    runs = [vrun("unit", Result.INCONCLUSIVE, infra=True), vrun("unit", conclusive, replica=1)]
     assert verdicts(runs) == {"unit": conclusive}
+
+
+@pytest.mark.parametrize(("conclusive", "verdict"), [(Result.PASS, Result.FLAKY),
+                                                     (Result.FAIL, Result.FAIL)])
+def test_an_inconclusive_the_step_made_beside_a_pass_is_flaky(conclusive: Result,
+                                                               verdict: Result) -> None:
+    """Review 17b (critical): a failing run dressed as a tool's crash (``os._exit(4)`` at
+    exit, a plugin exiting 4 on the first failing report, "No module named pytest" printed)
+    was INCONCLUSIVE, ignored once the clean rerun passed: one passing run of two ASSERTed
+    intermittently wrong code. Only the sandbox's or Choir's own failure is no say at all."""
+    runs = [vrun("unit", Result.INCONCLUSIVE), vrun("unit", conclusive, replica=1)]
+    assert verdicts(runs) == {"unit": verdict}
 
 
 def test_pass_and_fail_for_one_verifier_is_flaky() -> None:
@@ -281,7 +294,7 @@ def test_paranoid_is_never_left_by_a_mood_switch(policy: Policy) -> None:
 
 def test_an_inconclusive_replica_does_not_lower_paranoids_bar(policy: Policy,
                                                               tmp_path: Path) -> None:
-    runs = [vrun("unit", Result.PASS), vrun("unit", Result.INCONCLUSIVE, replica=1)]
+    runs = [vrun("unit", Result.PASS), vrun("unit", Result.INCONCLUSIVE, replica=1, infra=True)]
     assert verdicts(runs, need=2) == {"unit": Result.INCONCLUSIVE}
     assert verdicts(runs, need=1) == {"unit": Result.PASS}
     assert decide(runs, policy, mood=Mood.PARANOID).action == "nested"
