@@ -86,3 +86,39 @@ def fixing_item(tmp_path: Path, item_id: str = "fix-add") -> Path:
     item.write_text(f"id: {item_id}\ngoal: add must add\nrepo: ./repo\nexecutor:\n"
                     f"  kind: command\n  command: {PY} {tmp_path / 'fix.py'}\n")
     return item
+
+
+def scripted_item(tmp_path: Path, script: str, *, mood: str, max_attempts: int,
+                  verifiers: str = "") -> tuple[int, dict[str, object], int]:
+    """``choir run`` of an item over a fresh repo where ``add`` subtracts, its ``unit``
+    verifier (pytest, its own parser) and ``verifiers`` (more ``choir.yaml`` lines under
+    ``verifiers:``) in bwrap, whose executor runs ``script`` (Python, in the repo). Returns
+    the run's exit code, its ``--json`` and ``choir gate``'s exit code for the item."""
+    import json
+    import subprocess
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text(BUGGY)
+    (repo / "test_calc.py").write_text("from calc import add\n\n"
+                                       "def test_add():\n    assert add(2, 3) == 5\n")
+    (repo / "choir.yaml").write_text(
+        "verifiers:\n  unit:\n    kind: unit_tests\n    parser: pytest\n    steps:\n"
+        f"      - {{name: pytest, command: {PYTEST}}}\n{verifiers}"
+        "sandbox: {backend: bwrap}\n")
+    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "base"]):
+        subprocess.run([*git, *args], check=True, capture_output=True)
+    executor = tmp_path / "exec.py"
+    executor.write_text(script)
+    item = tmp_path / "item.yaml"
+    item.write_text(f"id: calc\ngoal: add adds\nrepo: {repo}\nmood: {mood}\n"
+                    f"max_attempts: {max_attempts}\n"
+                    f"executor:\n  kind: command\n  command: {PY} {executor}\n")
+    env = {**os.environ, "CHOIR_HOME": str(tmp_path / "home"),
+           "CHOIR_ARTIFACT_DIR": str(tmp_path / "home" / "artifacts")}
+    proc = subprocess.run([PY, "-m", "choir", "run", str(item), "--json"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    gate = subprocess.run([PY, "-m", "choir", "gate", "calc", "--repo", str(repo)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    return proc.returncode, json.loads(proc.stdout), gate.returncode

@@ -20,6 +20,7 @@ the work item and of everything split from it, against its ``max_attempts``.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,7 +29,7 @@ from langgraph.types import Command, Overwrite
 from choir._core.failpoints import failpoint
 from choir.ahdb import AHDB, open_ahdb
 from choir.ahdb.store import done_text
-from choir.director import Decision, adjudicate, signatures, verdicts
+from choir.director import RANK, Decision, adjudicate, signatures, verdicts
 from choir.director.hypothesis import derive
 from choir.director.split import part_feedback, split_parts
 from choir.evidence.spec import refusal_summary
@@ -347,6 +348,8 @@ async def adjudicate_node(state: RunState) -> Command[Goto]:
         decision = Decision(action="retry" if again else "halt", mood=decision.mood,
                             reason=refusal.summary)
     decision = escalate(decision, item, state)
+    if RANK[decision.mood] < RANK[mood]:  # no rule may lower the run's mood (review 17b, F3)
+        decision = replace(decision, mood=mood)
     parts = [p.model_copy(update={"mood": decision.mood}) for p in parts]
     round_no = state.get("round", 0) + 1
     key = f"{state['run_id']}/{item.id}/{round_no}"
@@ -361,8 +364,13 @@ async def adjudicate_node(state: RunState) -> Command[Goto]:
     failpoint("adjudicate:written")
     end(f"{state['run_id']}-r{state.get('round', 0)}", {
         "choir.action": decision.action, "choir.verifiers": len(results)})
+    floor = list(state.get("floor", []))
+    if mood is Mood.BOLD and decision.mood is not Mood.BOLD:
+        # what BOLD owed once the core is green stays owed: a climb (the same failure again,
+        # which the executor chooses) skipped BOLD's scans and mutants (review 17b, F5)
+        floor = list(dict.fromkeys([*floor, *policy.moods[Mood.BOLD].broaden]))
     base: dict[str, Any] = {"mood": decision.mood.value, "reason": decision.reason,
-                            "round": round_no,
+                            "round": round_no, "floor": floor,
                             "switches": state.get("switches", 0) + (decision.mood is not mood)}
     event = f"round {round_no} ({item.id}): {decision.action} ({decision.reason})"
     if decision.mood is not mood:
@@ -392,8 +400,8 @@ async def adjudicate_node(state: RunState) -> Command[Goto]:
     if decision.action == "split":
         saved = ParentFrame(item=item, attempt=state["attempt"], mood=decision.mood,
                             history=tuple(tuple(h) for h in history), reports=tuple(reports),
-                            floor=tuple(state.get("floor", [])),
-                            parts=tuple(state.get("parts", [])), parent=frame)
+                            floor=tuple(floor), parts=tuple(state.get("parts", [])),
+                            parent=frame)
         return Command(goto="execute", update={
             **base, "work_item": parts[0], "parts": parts[1:], "parent": saved,
             "attempt": 0, "history": [], "status": "running",

@@ -85,7 +85,11 @@ def apply_policy(decision: Decision, events: list[DriftEvent],
         return replace(decision, action="halt",
                        reason=f"red drift on {names}: the policy halts")
     if action == "degrade" and decision.action != "done":
-        mood = Mood(rule.verification.degrade_to)
+        from choir.director import RANK
+
+        # a switch to a stricter mood only: a PARANOID run is never degraded to SKEPTICAL's
+        # one run each, its isolation and its stat-cached tree (review 17b, F3)
+        mood = max(decision.mood, Mood(rule.verification.degrade_to), key=RANK.__getitem__)
         return replace(decision, mood=mood,
                        reason=f"{decision.reason}; red drift on {names}: degrade to "
                               f"{mood.value}")

@@ -11,14 +11,11 @@ check) would be, and the run must end as it does when the failure is plain: no A
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.workitems import PY
+from tests.workitems import scripted_item
 
 pytestmark = pytest.mark.bwrap
 
@@ -47,43 +44,16 @@ _disguise()
 '''
 
 
-def _git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t",
-                    *args], check=True, capture_output=True)
-
-
 @pytest.mark.parametrize("disguise", list(DISGUISES))
 def test_a_failing_run_dressed_as_a_crash_blocks_the_assert(tmp_path: Path,
                                                             disguise: str) -> None:
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    (repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
-    (repo / "test_calc.py").write_text("from calc import add\n\n"
-                                       "def test_add():\n    assert add(2, 3) == 5\n")
-    step_python = os.path.realpath(PY)
-    (repo / "choir.yaml").write_text(
-        "verifiers:\n  unit:\n    kind: unit_tests\n    parser: pytest\n    steps:\n"
-        f"      - {{name: pytest, command: PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 {step_python} -m "
-        "pytest -q -p no:cacheprovider}\nsandbox: {backend: bwrap}\n")
-    _git(repo, "init", "-q")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "base")
     hidden = DISGUISES[disguise] or "pass"
     code = ("import os\n_WRONG = '-r0-unit-0' in os.environ.get('CHOIR_OUT', '')\n"
             f"def add(a, b):\n    if _WRONG:\n        {hidden}\n        return a - b\n"
             "    return a + b\n" + (PLUGIN if disguise == "plugin_exits_4" else ""))
-    executor = tmp_path / "exec.py"
-    executor.write_text(f"import pathlib\npathlib.Path('calc.py').write_text({code!r})\n")
-    item = tmp_path / "item.yaml"
-    item.write_text(f"id: calc\ngoal: add adds\nrepo: {repo}\nmood: CALM\nmax_attempts: 2\n"
-                    f"executor:\n  kind: command\n  command: {PY} {executor}\n")
-    env = {**os.environ, "CHOIR_HOME": str(tmp_path / "home"),
-           "CHOIR_ARTIFACT_DIR": str(tmp_path / "home" / "artifacts")}
-    proc = subprocess.run([PY, "-m", "choir", "run", str(item), "--json"], env=env,
-                          capture_output=True, text=True, timeout=300)
-    out = json.loads(proc.stdout)
-    assert (proc.returncode, out["status"]) == (1, "halted"), (out["status"], out["events"])
+    code_, out, gate = scripted_item(
+        tmp_path, f"import pathlib\npathlib.Path('calc.py').write_text({code!r})\n",
+        mood="CALM", max_attempts=2)
+    assert (code_, out["status"]) == (1, "halted"), (out["status"], out["events"])
     assert not out.get("asserted")
-    gate = subprocess.run([PY, "-m", "choir", "gate", "calc", "--repo", str(repo)], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert gate.returncode == 1, gate.stdout
+    assert gate == 1

@@ -43,3 +43,18 @@ def test_red_drift_policy(policy: str, action: str, mood: Mood) -> None:
     after = apply_policy(move, red, rule)
     assert (after.action, after.mood) == (action, mood)
     assert apply_policy(move, yellow, rule) == move  # only red drift triggers the policy
+
+
+@pytest.mark.parametrize(("mood", "degrade_to", "after"), [
+    (Mood.PARANOID, "SKEPTICAL", Mood.PARANOID), (Mood.PARANOID, "CURIOUS", Mood.PARANOID),
+    (Mood.SKEPTICAL, "CURIOUS", Mood.SKEPTICAL), (Mood.BOLD, "CURIOUS", Mood.CURIOUS),
+    (Mood.SKEPTICAL, "PARANOID", Mood.PARANOID)])
+def test_a_degrade_only_ever_climbs(mood: Mood, degrade_to: str, after: Mood) -> None:
+    """Review 17b (F3): ``on_red_drift: degrade`` (default ``degrade_to: SKEPTICAL``) took a
+    PARANOID run down to SKEPTICAL, one run each, unsafe isolation allowed, a stat-cached
+    tree: an executor whose action makes a postcondition hang chose the weaker mood."""
+    rule = Decision.model_validate({"verification": {"methods": ["b"], "on_red_drift": "degrade",
+                                                     "degrade_to": degrade_to}})
+    red = drift_events([_run("b", Result.INCONCLUSIVE)])
+    move = Move(action="nested", mood=mood, reason="inconclusive: b")
+    assert apply_policy(move, red, rule).mood is after
