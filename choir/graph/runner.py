@@ -52,6 +52,7 @@ class RunOutcome:
     question: dict[str, Any] = field(default_factory=dict)  # what the approval gate asks
     # status "split" (a plan item's run): each part, with the reports about its piece
     parts: list[tuple[WorkItem, list[VerificationReport]]] = field(default_factory=list)
+    floor: list[str] = field(default_factory=list)  # verifiers its rounds ran: never dropped
 
     def exit_code(self) -> int:
         return {"asserted": 0, "awaiting_approval": 3}.get(self.status, 1)
@@ -130,7 +131,8 @@ async def _drive(graph_input: Any, run_id: str, on_event: OnEvent | None) -> Run
                               *([f"insufficient evidence: {insufficient}"] if insufficient
                                 else [])],
                       usage=spend_by_role(values.get("usage", [])), waiting=bool(snap.next),
-                      question=_question(snap), parts=_handed_back(values))
+                      question=_question(snap), parts=_handed_back(values),
+                      floor=list(values.get("floor", [])))
 
 
 async def _stream(graph: Any, graph_input: Any, cfg: Any, trace: TraceRecorder,

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field
 
 from choir.models._base import Frozen
+from choir.models.workitem import Mood
 
 
 class PartSpec(Frozen):
@@ -24,6 +25,10 @@ class PartSpec(Frozen):
     scope: tuple[str, ...] = ()
     required_verifiers: tuple[str, ...] = ()
     max_attempts: int = Field(ge=1, le=100)
+    # the mood the split climbed to and the verifiers the split item's rounds ran: the parts
+    # run in that mood, and the whole is verified in it with those (review 17b, F2)
+    mood: Mood | None = None
+    floor: tuple[str, ...] = ()
 
 
 class Spend(Frozen):

@@ -245,10 +245,16 @@ class Driver(Moves):
         # the item's own verifiers too, whatever its mood plans: its claim is ASSERTed here;
         # and every one that ASSERTed a part (or another item) merged into the head
         merged = [i for i, r in record.items.items() if r.state == MERGED]
+        # and, as a split outside a plan is, in the mood the split climbed to, with every
+        # verifier the split item's rounds ran (a lint its climb added: review 17b, F2)
+        specs = [r.part for r in record.items.values()
+                 if r.split_of == item_id and r.part is not None]
         required = dict.fromkeys([*item.required_verifiers,
+                                  *(name for p in specs for name in p.floor),
                                   *merged_verifiers(self.plan.id, merged, path)])
         return await verify_tree(path, item.id, row.whole_tree, "whole", row.whole_session,
-                                 mood=item.mood, required=tuple(required))
+                                 mood=schedule.split_mood(item.mood, specs),
+                                 required=tuple(required))
 
 
 def _claims_free(plan: Plan) -> None:

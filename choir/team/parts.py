@@ -59,6 +59,7 @@ def add_parts(record: PlanRecord, plan_id: str, item_id: str,
             feedback=bounded(str(part.get("feedback", ""))),
             part=PartSpec(goal=str(item["goal"]), scope=tuple(item.get("scope", ())),
                           required_verifiers=tuple(item.get("required_verifiers", ())),
-                          max_attempts=max(1, share)))
+                          max_attempts=max(1, share), mood=item.get("mood"),
+                          floor=tuple(part.get("floor", ()))))
     return record.with_row(item_id, state=SPLIT, parts=tuple(names),
                            last=f"split into {', '.join(names)}"[:300])

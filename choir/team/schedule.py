@@ -9,10 +9,11 @@ depends on failed or is blocked; it starts when the plan's ``max_parallel``, its
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
-from choir.models import WorkItem
-from choir.models.plan import PlanRecord, PlanRow
+from choir.models import Mood, WorkItem
+from choir.models.plan import PartSpec, PlanRecord, PlanRow
 from choir.team.plan import Plan, item_key
 from choir.team.state import BLOCKED, FAILED, MERGED, PENDING, RUNNING, SPLIT
 
@@ -99,4 +100,12 @@ def work_item(plan: Plan, record: PlanRecord, item_id: str, repo: Path) -> WorkI
     return whole.model_copy(update={
         "id": item_key(plan.id, item_id), "goal": row.part.goal, "scope": row.part.scope,
         "required_verifiers": row.part.required_verifiers,
-        "max_attempts": row.part.max_attempts})
+        "max_attempts": row.part.max_attempts,
+        "mood": split_mood(whole.mood, [row.part])})
+
+
+def split_mood(mood: Mood, parts: Iterable[PartSpec]) -> Mood:
+    """The stricter of ``mood`` and the one its split climbed to (a part's record)."""
+    from choir.director import RANK
+
+    return max([mood, *(p.mood for p in parts if p.mood is not None)], key=RANK.__getitem__)

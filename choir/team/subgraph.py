@@ -72,8 +72,8 @@ async def verified_work_item(state: WorkItemState) -> dict[str, Any]:
                 raise
             resume = True
             await asyncio.sleep(INFRA_WAIT_S * (tries + 1))
-    parts = [{"work_item": part.model_dump(mode="json"), "feedback": feedback(reports)}
-             for part, reports in outcome.parts]
+    parts = [{"work_item": part.model_dump(mode="json"), "feedback": feedback(reports),
+              "floor": list(outcome.floor)} for part, reports in outcome.parts]
     return {"outcomes": [{"status": outcome.status, "reason": outcome.reason,
                           "run_id": outcome.run_id, "work_item": outcome.work_item,
                           "asserted": outcome.asserted, "attempt": outcome.attempt,

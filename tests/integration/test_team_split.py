@@ -39,25 +39,30 @@ MEMBER = textwrap.dedent("""\
     """)
 
 
-def test_a_split_item_becomes_parts_of_the_plan_merged_then_it_is_verified_whole(
-        tmp_path: Path, choir_home: Path) -> None:
-    repo = tmp_path / "repo"
-    repo.mkdir()
+def _repo(repo: Path, member: str, lint: str = "") -> None:
+    """A repo with one passing test and the member's script, committed on ``main``; ``lint``:
+    more verifiers for its ``choir.yaml``."""
     isolating_pytest(repo)
+    with (repo / "choir.yaml").open("a") as fh:
+        fh.write(lint)
     (repo / "test_base.py").write_text("def test_base():\n    assert True\n")
     (repo / ".gitignore").write_text("__pycache__/\n")
     # the member's script is in the repo: a sandboxed member sees its worktree (and the
     # folder around it), not the test's files
-    (repo / "member.py").write_text(MEMBER)
+    (repo / "member.py").write_text(member)
     git(repo, "init", "-q", "-b", "main")
     git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
     git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "base")
+
+
+def _plan(tmp_path: Path, max_parallel: int, more: str = "") -> Path:
+    """Plan ``sp`` over ``./repo``: item ``calc`` by the scripted member, then ``more``."""
     plan = tmp_path / "plan.yaml"
     plan.write_text(textwrap.dedent(f"""\
         id: sp
         repo: ./repo
         base: main
-        max_parallel: 2
+        max_parallel: {max_parallel}
         members:
           worker: {{executor: {{kind: command, command: "{PY} member.py"}}}}
         items:
@@ -66,9 +71,18 @@ def test_a_split_item_becomes_parts_of_the_plan_merged_then_it_is_verified_whole
             member: worker
             max_attempts: 6
             may_change_spec: ["test_*.py"]
+        """) + textwrap.indent(more, "  "))
+    return plan
+
+
+def test_a_split_item_becomes_parts_of_the_plan_merged_then_it_is_verified_whole(
+        tmp_path: Path, choir_home: Path) -> None:
+    repo = tmp_path / "repo"
+    _repo(repo, MEMBER)
+    plan = _plan(tmp_path, 2, textwrap.dedent("""\
           - id: after
             goal: a note once calc is in
-            executor: {{kind: command, command: 'ls sub.py div.py > after.txt'}}
+            executor: {kind: command, command: 'ls sub.py div.py > after.txt'}
             depends_on: [calc]
         """))
     state = asyncio.run(run_plan(load_plan(plan)))
@@ -180,3 +194,26 @@ def test_a_whole_check_that_lands_after_another_item_keeps_the_plans_gate(
                                 "w": {"state": "merged", "commit": heads["a"]}}})
     answer = check_plan_gate("sp")
     assert answer.passed, answer.problems
+
+
+LINTED_MEMBER = MEMBER.replace(
+    "body = right if part else wrong",
+    "body = (right + '  # LINT-' + 'VIOLATION') if part else wrong")
+
+
+def test_a_split_in_a_plan_keeps_the_mood_the_item_climbed_to(tmp_path: Path,
+                                                               choir_home: Path) -> None:
+    """Review 17b (F2): a CALM item that failed the same way climbed to CURIOUS (where lint
+    joined its plan), then split (SKEPTICAL) and handed its parts back; the plan ran the
+    parts, and the whole check, in the item's declared CALM: lint never ran again, and the
+    plan was ASSERTed with the parts' lint violations in its head. The parts run in the
+    split's mood, and the whole is verified in it with every verifier the item's rounds ran."""
+    _repo(tmp_path / "repo", LINTED_MEMBER,
+          lint="  lint:\n    kind: lint\n    steps:\n      - {name: nolint, command: "
+               "\"! grep -rn LINT-VIOLATION --include=*.py .\"}\n")
+    plan = _plan(tmp_path, 1)  # its item's mood: CALM, the default
+    state = asyncio.run(run_plan(load_plan(plan)))
+    assert state["status"] != "asserted", state["items"]
+    assert state["items"]["calc"]["state"] != "merged", state["items"]
+    gate = subprocess.run([PY, "-m", "choir", "gate", "sp"], capture_output=True, text=True)
+    assert gate.returncode != 0, gate.stdout
