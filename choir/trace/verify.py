@@ -120,6 +120,8 @@ def parse_trace_json(data: bytes, path: Path | str) -> Any:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"{path}: not a JSON document ({exc}); a trace is the single JSON "
                         "document `choir trace export RUN_ID -o FILE` writes") from None
+    except ValueError:  # JSON, but a number longer than Python reads (4,300 digits)
+        return _TooLong()
 
 
 class _TooLarge:
@@ -127,6 +129,10 @@ class _TooLarge:
 
 
 class _TooDeep:
+    pass
+
+
+class _TooLong:
     pass
 
 
@@ -143,9 +149,10 @@ def verify_trace(raw: Any, store: ArtifactStore, *, partial: bool = False,
     names = CHECKS if sources is not None else TRACE_CHECKS
     fails, ran = _Failures(), set[str]()
     ran.add("version")
-    if isinstance(raw, _TooLarge | _TooDeep):
+    if isinstance(raw, _TooLarge | _TooDeep | _TooLong):
         fails.add("schema", "$", "larger than the cap of 64 MiB" if isinstance(raw, _TooLarge)
-                  else "nested too deeply to be a trace")
+                  else "nested too deeply to be a trace" if isinstance(raw, _TooDeep)
+                  else "a number too long to be a trace's")
         ran.add("schema")
         return _report(fails, ran, {}, names)
     _check_versions(raw, fails)
@@ -285,7 +292,7 @@ def _check_markers(trace: Trace, fails: _Failures) -> None:
         used: set[int] = set()
         for marker in _MARKER.finditer(claim.text):
             body = marker.group(1)
-            if not body.isdigit() or body.startswith("0"):
+            if not (body.isascii() and body.isdigit()) or body.startswith("0"):
                 fails.add("citation_marker", where, f"malformed marker {marker.group(0)!r}")
             elif int(body) > len(claim.citations):
                 fails.add("citation_marker", where, f"marker {marker.group(0)} names no "

@@ -97,3 +97,25 @@ def test_a_giant_record_line_is_refused_without_reading_it(tmp_path: Path) -> No
     assert next(records) == {"seq": 1}
     with pytest.raises(IntegrityError, match=r"run.jsonl:2: .*too long"):
         next(records)
+
+
+def test_a_number_longer_than_python_reads_fails_schema(tmp_path: Path,
+                                                        store: ArtifactStore) -> None:
+    """Review 17a: a 5,000-digit number is JSON, but ``json.loads`` raises ValueError past
+    4,300 digits: ``choir trace verify`` crashed with a traceback."""
+    result = verify_trace_file(_write(tmp_path, b'{"schema_version": ' + b"9" * 5000 + b"}"),
+                               store)
+    assert not result.ok and {f.check for f in result.failures} == {"schema"}
+
+
+@pytest.mark.parametrize("digit", ["\u00b2", "\u0661", "\uff11"])
+def test_a_marker_of_a_digit_that_is_not_ascii_is_malformed(small: dict[str, Any],
+                                                            store: ArtifactStore,
+                                                            digit: str) -> None:
+    """Review 17a: ``'²'.isdigit()`` is True and ``int('²')`` raises (a traceback), and
+    ``'١'`` (Arabic-Indic one) was read as marker 1."""
+    claim = next(c for c in small["claims"] if c.get("citations"))
+    claim["text"] = claim["text"] + f" [@{digit}]"
+    result = verify_trace(small, store)
+    assert any(f.check == "citation_marker" and "malformed" in f.detail
+               for f in result.failures), result.failures
