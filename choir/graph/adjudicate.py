@@ -44,6 +44,7 @@ from choir.models import (
     ParentFrame,
     Result,
     VerificationReport,
+    VerifierKind,
     WorkItem,
 )
 from choir.models.report import SUMMARY_MAX
@@ -340,7 +341,9 @@ async def adjudicate_node(state: RunState) -> Command[Goto]:
 
     this_round = f"{state['run_id']}-r{state.get('round', 0)}-"
     drift = drift_events([r for r in runs if r.run_id.startswith(this_round)],
-                         state.get("attestations", {}))
+                         state.get("attestations", {}),
+                         {n for n, s in config.verifiers.items()
+                          if s.kind is VerifierKind.POSTCONDITION})
     decision = apply_policy(decision, drift, config.decisions.get(item.decision_type or ""))
     refusal = spec_refusal(state)
     if refusal is not None and decision.action in ("done", "nested", "broaden"):

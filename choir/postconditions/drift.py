@@ -9,7 +9,7 @@ the AHDB: HYPOTHESIZE for yellow, HYPERTHESIS for red. A decision type's
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Literal
 
 from choir.models import Mood, Result
@@ -38,13 +38,20 @@ class DriftEvent(Frozen):
         return f"drift verify {self.severity}: {self.verifier}: {self.detail}"[:500]
 
 
-def drift_events(runs: Iterable[VerifierRun],
-                 minted: Mapping[str, str] | None = None) -> list[DriftEvent]:
-    """The drift of a round's postcondition runs (diagnostic runs included: they saw it)."""
+def drift_events(runs: Iterable[VerifierRun], minted: Mapping[str, str] | None = None,
+                 postconditions: Collection[str] = ()) -> list[DriftEvent]:
+    """The drift of a round's postcondition runs (diagnostic runs included: they saw it).
+
+    ``postconditions``: the names of the configured postcondition verifiers: a run of one
+    whose green thread crashed has a report of kind ``crashed``, and is red drift too (an
+    action that removed its resource's folder made every one crash, and ``on_red_drift:
+    halt`` never applied: review 17a)."""
     found = []
     for run in runs:
         report = run.report
-        if report.verifier_type != "postcondition" or report.result is Result.PASS:
+        kind = report.verifier_type
+        if report.result is Result.PASS or not (
+                kind == "postcondition" or kind == "crashed" and run.verifier in postconditions):
             continue
         severity: Severity = "yellow" if report.result is Result.FAIL else "red"
         sig = report.failure_signatures[0].excerpt if report.failure_signatures else ""

@@ -55,6 +55,11 @@ def _protected() -> list[tuple[Path, bool]]:
     return found
 
 
+# where a sandbox's binds come from: choir.yaml's sandbox.binds and its resources' folders
+# (a SQLite resource's folder an action removed reads as one of them, review 17a)
+BINDS_ORIGIN = "choir.yaml sandbox.binds (or a resource's folder)"
+
+
 def check_bind(path: str, *, origin: str, sealed: Sequence[Path] = (),
                pinned: bool = False) -> str:
     """``path`` resolved, or ConfigError when binding it would expose a secret or the host.
@@ -207,7 +212,7 @@ def choose(repo: Path, python: str | None = None,
             continue
         binds.append(check_bind(path, origin=origin))
     for bind in extra_binds:
-        binds.append(check_bind(bind, origin="choir.yaml sandbox.binds", pinned=True))
+        binds.append(check_bind(bind, origin=BINDS_ORIGIN, pinned=True))
     kept: list[str] = []
     for path in sorted(set(binds)):
         if not any(path.startswith(k + "/") for k in kept):

@@ -76,7 +76,7 @@ class BwrapSandbox(Sandbox):
         del image
         self._bwrap = shutil.which("bwrap") or "bwrap"
         self._python = python
-        self._binds = tuple(_toolchain.check_bind(b, origin="choir.yaml sandbox.binds",
+        self._binds = tuple(_toolchain.check_bind(b, origin=_toolchain.BINDS_ORIGIN,
                                                   pinned=True) for b in binds)
 
     _usable: ClassVar[bool | None] = None

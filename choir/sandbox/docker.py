@@ -120,7 +120,7 @@ class DockerSandbox(Sandbox):
         self.transfer = resolve_transfer(transfer)
         self.image = image or os.environ.get("CHOIR_DOCKER_IMAGE") or DEFAULT_IMAGE
         self._python = python
-        self._binds = tuple(_toolchain.check_bind(b, origin="choir.yaml sandbox.binds",
+        self._binds = tuple(_toolchain.check_bind(b, origin=_toolchain.BINDS_ORIGIN,
                                                   pinned=True) for b in binds)
         # the locally built test image carries no toolchain: it borrows the host's /usr
         self.host_usr = host_usr if host_usr is not None else self.image == DEFAULT_IMAGE

@@ -58,3 +58,13 @@ def test_a_degrade_only_ever_climbs(mood: Mood, degrade_to: str, after: Mood) ->
     red = drift_events([_run("b", Result.INCONCLUSIVE)])
     move = Move(action="nested", mood=mood, reason="inconclusive: b")
     assert apply_policy(move, red, rule).mood is after
+
+
+def test_a_crashed_postcondition_is_red_drift() -> None:
+    """Review 17a: a postcondition's green thread that crashed (its resource's folder
+    removed by the action: every run crashed at its bind) has a report of kind ``crashed``,
+    which raised no drift, so ``on_red_drift: halt`` never applied."""
+    crashed = _run("pc", Result.INCONCLUSIVE, kind="crashed")
+    assert drift_events([crashed]) == []  # a verifier of another kind that crashed
+    [event] = drift_events([crashed], postconditions={"pc"})
+    assert (event.verifier, event.severity) == ("pc", "red")
