@@ -49,15 +49,17 @@ def failing_tests(runs: Sequence[VerifierRun], verifier: str) -> tuple[str, ...]
     """Test ids that failed in ``verifier``'s runs, in first-seen order (bounded).
 
     Test ids come from the log, so from the code under test: one that starts with ``-``
-    would be an option to the isolate command (``pytest --version`` exits 0), and one with
-    control characters is nobody's test. Both are left out.
+    would be an option to the isolate command (``pytest --version`` exits 0), one that
+    starts with ``@`` a file of options pytest reads before parsing any (``@args.txt``
+    holding ``--co``: collect only, exit 0, a part ASSERTed: review 17b), and one with
+    control characters is nobody's test. All are left out.
     """
     seen: dict[str, None] = {}
     for run in runs:
         if run.verifier == verifier and run.report.result is Result.FAIL:
             for sig in run.report.failure_signatures:
                 test = sig.test_id
-                if test and not test.startswith("-") and test.isprintable():
+                if test and not test.startswith(("-", "@")) and test.isprintable():
                     seen.setdefault(test)
     return tuple(seen)[:MAX_TESTS]
 

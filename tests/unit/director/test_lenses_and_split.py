@@ -221,5 +221,6 @@ def test_test_ids_that_look_like_options_never_reach_the_isolate_command(
         specs: dict[str, VerifierSpec]) -> None:
     from choir.director.lenses import failing_tests
 
-    runs = [vrun("unit", Result.FAIL, tests=("--version", "t.py::ok", "bad\x1b[0m"))]
+    # "@args.txt": a file of options pytest reads first (review 17b: "--co" in it, exit 0)
+    runs = [vrun("unit", Result.FAIL, tests=("--version", "@args.txt", "t.py::ok", "bad\x1b[0m"))]
     assert failing_tests(runs, "unit") == ("t.py::ok",)
