@@ -183,14 +183,19 @@ class VerificationRejected(AgentError):
         message: short human-readable reason, shown to the model.
         code: a machine-readable code, e.g. ``"tests_failed"``.
         metadata: small structured details; bounded and sanitised before use.
+        candidate: what was verified when the output alone does not say it (the tree an
+            executor's summary stands for): two rejections are of the same candidate, a
+            resubmission that counts no attempt, only when this is the same too.
     """
 
     def __init__(
-        self, message: str, code: str | None = None, metadata: dict[str, Any] | None = None
+        self, message: str, code: str | None = None, metadata: dict[str, Any] | None = None,
+        candidate: str | None = None,
     ) -> None:
         self.message = message
         self.code = code
         self.metadata = metadata
+        self.candidate = candidate
         super().__init__(message)
 
 

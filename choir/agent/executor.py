@@ -65,7 +65,7 @@ class ChangeSummary(BaseModel):
 PROTECTED = (CONFIG_NAME, ".venv")
 
 
-def _rejection(runs: Sequence[VerifierRun]) -> VerificationRejected:
+def _rejection(runs: Sequence[VerifierRun], tree_hash: str) -> VerificationRejected:
     failing = [r for r in runs if r.report.result is Result.FAIL]
     tests = [s.test_id or s.kind for r in failing for s in r.report.failure_signatures]
     actions = [a for r in failing for a in r.report.next_actions]
@@ -73,7 +73,8 @@ def _rejection(runs: Sequence[VerifierRun]) -> VerificationRejected:
         "; ".join(f"{r.verifier}: {r.report.summary}" for r in failing),
         code="verification_failed",
         metadata={"failing_verifiers": [r.verifier for r in failing],
-                  "failing_tests": tests, "next_actions": actions})
+                  "failing_tests": tests, "next_actions": actions},
+        candidate=tree_hash)  # a new tree under the same summary is a new attempt
 
 
 def green_verifier(item: WorkItem, run_id: str) -> Any:
@@ -133,7 +134,7 @@ def green_verifier(item: WorkItem, run_id: str) -> Any:
         finally:
             await asyncio.to_thread(remove_snapshot, snapshots)
         if any(r.report.result is Result.FAIL for r in runs):
-            raise _rejection(runs)
+            raise _rejection(runs, target.tree_hash)
         if all(r.report.result is Result.PASS for r in runs):
             return output
         raise SandboxError("verification was inconclusive: "

@@ -89,6 +89,8 @@ class Gate:
                 with attempt:
                     value = await call_maybe_async(self.verifier, candidate, **kwargs)
         except VerificationRejected as rejected:
+            if rejected.candidate is not None:  # the same words over another tree: another
+                digest = hash_json([digest, rejected.candidate])  # candidate (review 17d)
             new = self._count(state, digest, agent_ctx.turn)
             feedback = rejection_feedback(rejected.message, rejected.code,
                                           rejected.metadata, attempts_used=new.attempts_used,

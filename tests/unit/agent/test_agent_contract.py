@@ -192,6 +192,27 @@ async def test_a_changed_candidate_resets_the_no_progress_count() -> None:
     assert result.context.verification.attempts_used == 2
 
 
+async def test_the_same_words_over_another_candidate_are_a_new_attempt() -> None:
+    """Review 17d: the ``llm`` executor's summary stands for a tree; a model that changed the
+    code each time but kept its summary was told "this identical candidate ... cannot pass
+    unchanged" and stopped (``no_progress``) before its right tree was ever verified. A
+    verifier names what it verified (``candidate``); the same candidate is the same words
+    over the same tree."""
+    trees = iter(["t1", "t2", "t3", "t4"])
+
+    def verify(output: Patch) -> Final:
+        tree = next(trees)
+        if tree != "t4":
+            raise VerificationRejected(f"{tree} fails", code="tests_failed", candidate=tree)
+        return Final(summary=output.summary, verified=True)
+
+    a, _ = agent([final_output(summary="fixed add")], verify, repeat_last=True,
+                 verifier_max_attempts=5)
+    result = await a.run("q")
+    assert result.status == "completed" and "no_progress" not in result.events
+    assert result.context.verification.attempts_used == 3
+
+
 class CrashOnSecondRepeat(SqliteContextStore):
     """Crashes on the save that would persist the second identical rejection."""
 
