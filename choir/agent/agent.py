@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,10 +30,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from choir._core.canonical import to_jsonable
 from choir.agent.context import AgentContext, ExecutionContext
 from choir.agent.feedback import one_line
-from choir.agent.gate import Gate, GateResult, RetryPolicy, retryable
+from choir.agent.gate import Gate, GateResult, RetryPolicy, candidate_hash, retryable
 from choir.agent.llm import ModelClient, ModelReply, add_usage, as_model
 from choir.agent.store import ContextStore
-from choir.agent.tools import Tool, as_tools, clip
+from choir.agent.tools import Tool, as_tools, clip, model_json, validated
 from choir.exceptions import FatalAgentError, ToolInputError
 from choir.models import Usage
 
@@ -325,7 +324,6 @@ class Agent:
         """The tool mutated state: check its effect. A fail or inconclusive is a rejection
         (the Agent's rejection block, one attempt, same accounting as a rejected final output)."""
         from choir.agent.feedback import rejection_feedback
-        from choir.agent.gate import candidate_hash
 
         action = {"tool": name, **args.model_dump(mode="json")}
         context = {"action": action, "tool_result": content[:4000]}
@@ -400,12 +398,12 @@ class Agent:
                      exec_ctx: ExecutionContext,
                      emit: Callable[[str, dict[str, Any] | None], None]) -> AgentContext:
         try:
-            raw = json.loads(arguments) if isinstance(arguments, str) else arguments
-            parsed = self.final_args.model_validate(raw)
+            parsed = validated(self.final_args, model_json(arguments))
+            candidate = cast(Any, parsed).output if self._wrapped else parsed
+            candidate_hash(candidate)  # a value no JSON holds ("inf" made a float) is no output
         except (ValueError, ValidationError) as exc:
             return self._invalid(ctx, call, f"Invalid {FINAL} arguments: "
                                             f"{clip(str(exc), MAX_ERROR_CHARS)}", emit)
-        candidate = cast(Any, parsed).output if self._wrapped else parsed
         return await self._finish(ctx, candidate, call, exec_ctx, emit)
 
     async def _finish(self, ctx: AgentContext, candidate: Any, call: dict[str, Any] | None,

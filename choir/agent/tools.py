@@ -90,16 +90,48 @@ class Tool:
 
     def validate(self, arguments: str | dict[str, Any]) -> BaseModel:
         """Parse the model's arguments. Raises ``ValueError`` / ``ValidationError``."""
-        raw = json.loads(arguments or "{}") if isinstance(arguments, str) else arguments
+        raw = model_json(arguments or "{}")
         if not isinstance(raw, dict):
             raise ValueError("tool arguments must be a JSON object")
-        return self.args_model.model_validate(raw)
+        return validated(self.args_model, raw)
 
     async def call(self, args: BaseModel, agent_ctx: AgentContext,
                    execution_ctx: ExecutionContext) -> str:
         kwargs = {name: getattr(args, name) for name in type(args).model_fields}
         kwargs.update(inject(self.injected, agent_ctx, execution_ctx))
         return clip(render(await call_maybe_async(self.fn, **kwargs)))
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def model_json(arguments: Any) -> Any:
+    """A model's arguments (a JSON text, or values a ``ModelClient`` parsed) as JSON values.
+
+    The model's bytes are hostile (review 17d): NaN, Infinity and a float past the double
+    range (``1e999``) are not JSON, and nesting past the recursion limit is no arguments;
+    each raised where it was not caught (a candidate hashed, a context saved) and crashed
+    the run instead of counting an invalid response.
+
+    Raises:
+        ValueError: the arguments are not JSON values.
+    """
+    try:
+        raw = json.loads(arguments, parse_constant=_not_json) \
+            if isinstance(arguments, str | bytes) else arguments
+        json.dumps(raw, allow_nan=False)  # an inf from 1e999, a NaN a client parsed
+    except RecursionError:
+        raise ValueError("the arguments are nested too deeply") from None
+    return raw
+
+
+def validated(model: type[BaseModel], raw: Any) -> BaseModel:
+    """``model`` validated from ``raw``; nesting pydantic cannot follow is a ValueError."""
+    try:
+        return model.model_validate(raw)
+    except RecursionError:
+        raise ValueError("the arguments are nested too deeply") from None
 
 
 def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None,

@@ -91,6 +91,40 @@ async def test_invalid_final_output_is_an_invalid_response_never_an_attempt() ->
     assert told["role"] == "tool" and "summary" in told["content"] and "tests" in told["content"]
 
 
+class Scored(BaseModel):
+    score: float
+    note: Any = None
+
+
+@pytest.mark.parametrize("arguments", [
+    '{"score": NaN}', '{"score": Infinity}', '{"score": 1e999}', '{"score": "inf"}',
+    '{"score": 1, "note": ' + "[" * 5000 + "]" * 5000 + "}",
+])
+async def test_values_no_json_holds_are_an_invalid_response(arguments: str,
+                                                            tmp_path: Any) -> None:
+    """Review 17d: NaN, Infinity, 1e999 and "inf" in a float field, or nesting past the
+    recursion limit, passed ``json.loads`` and crashed the run where the candidate was hashed
+    or the context saved (every resume again). Each is an invalid response, counted."""
+    script = [reply(tool_call("final_output", arguments)),
+              reply(tool_call("echo", arguments.replace("score", "text"))),
+              final_output(score=1.5)]
+
+    def echo(text: str) -> str:
+        """Echo.
+
+        Args:
+            text: what to say.
+        """
+        return text
+
+    a = Agent(instructions="score it", model=FakeModel(script), output_type=Scored,
+              tools=[echo])
+    result = await a.run("q", run_id="r1", store=SqliteContextStore(tmp_path / "ctx.sqlite"))
+    assert result.status == "completed" and result.output == Scored(score=1.5)
+    # "inf" is a fine string for the tool's text: only a float made of it is no output
+    assert result.events.count("invalid_model_response") == (1 if '"inf"' in arguments else 2)
+
+
 async def test_invalid_responses_are_bounded() -> None:
     a, _ = agent([reply(tool_call("final_output", {}))], None, repeat_last=True,
                  max_invalid_responses=2)
