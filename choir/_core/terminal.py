@@ -27,7 +27,11 @@ def strip_controls(text: str) -> str:
     """``text`` without escape sequences, control characters (but ``\\n`` and ``\\t``) or
     bidi controls, and with lone surrogates (a file name's bytes that are not UTF-8, carried
     in a ``str``) as ``\\udcNN``: a file or a terminal that takes UTF-8 takes the result."""
-    text = _CONTROLS.sub("", _SEQUENCES.sub("", text))
+    return utf8(_CONTROLS.sub("", _SEQUENCES.sub("", text)))
+
+
+def utf8(text: str) -> str:
+    """``text`` with lone surrogates as ``\\udcNN``: what any UTF-8 file or store takes."""
     if not text.isascii():
         try:
             text.encode("utf-8")

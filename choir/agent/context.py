@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from choir._core.terminal import utf8
 from choir.models import Usage
 from choir.models._base import Frozen
 
@@ -64,8 +65,13 @@ class AgentContext(Frozen):
     error: str | None = None
 
     def with_messages(self, *new: dict[str, Any], **changes: Any) -> AgentContext:
-        """A copy with ``new`` messages appended and ``changes`` applied."""
-        return self.model_copy(update={"messages": (*self.messages, *new), **changes})
+        """A copy with ``new`` messages appended and ``changes`` applied.
+
+        Every string of a message made valid UTF-8 (``utf8``): a tool's answer naming a file
+        whose name is not UTF-8, or a model's reply with a lone surrogate, could not be saved
+        to a store, and crashed the run at that save, and again on every resume (review 17d)."""
+        return self.model_copy(update={"messages": (*self.messages, *map(_utf8, new)),
+                                       **changes})
 
     def pending_tool_calls(self) -> list[dict[str, Any]]:
         """Tool calls of the last assistant message that have no answer yet (after a crash)."""
@@ -96,3 +102,14 @@ class ExecutionContext:
     run_id: str
     deps: Any = None
     emit: Callable[[str, dict[str, Any]], None] = field(default=lambda name, data: None)
+
+
+def _utf8(value: Any) -> Any:
+    """``value`` (a message, its nested lists and dicts) with every string valid UTF-8."""
+    if isinstance(value, str):
+        return utf8(value)
+    if isinstance(value, dict):
+        return {_utf8(k): _utf8(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_utf8(v) for v in value)
+    return value

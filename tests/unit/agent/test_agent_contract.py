@@ -417,3 +417,23 @@ async def test_context_is_persisted_and_json_round_trips(tmp_path: Any) -> None:
     assert saved == result.context and saved.status == "completed"
     assert saved.usage.prompt_tokens == 20 and saved.usage.completion_tokens == 10
     json.loads(saved.model_dump_json())
+
+
+async def test_text_that_is_not_utf8_is_stored_escaped(tmp_path: Any) -> None:
+    """Review 17d: a tool's answer naming a file whose name is not UTF-8 (``'\\udcff'`` in a
+    ``str``), or a model's reply with a lone surrogate, could not be saved to the store: the
+    run crashed at that save, and again on every resume. Each is kept, escaped."""
+    def listing() -> str:
+        """List the files."""
+        return "notes\udcff.txt"
+
+    script = [reply(tool_call("listing", {}), content="thinking \ud800"),
+              final_output(summary="done")]
+    store = SqliteContextStore(tmp_path / "ctx.sqlite")
+    a = Agent(instructions="list", model=FakeModel(script), output_type=Patch, tools=[listing])
+    result = await a.run("q", run_id="r1", store=store)
+    assert result.status == "completed"
+    told = [m for m in result.context.messages if m.get("role") == "tool"][0]["content"]
+    assert "notes\\udcff.txt" in told
+    again = await a.run("q", run_id="r1", store=store)  # read back from the store
+    assert again.status == "completed"
