@@ -121,3 +121,14 @@ def test_an_invariant_callable_needs_no_resource_and_its_verdict_stands(tmp_path
         Postcondition(name="inv", invariant_check={"callable": "inv.py", "resource": "db"})
     with pytest.raises(ValueError, match="resource None is not one of resources"):
         Postcondition(name="raw", read_after_write={"sql": "SELECT 1", "expect_from": "v"})
+
+
+def test_a_check_that_cannot_start_is_inconclusive(tmp_path: Path) -> None:
+    """Review 17d: a tool called with a 200,000-character argument: the action reaches the
+    harness in one environment variable, past the kernel's 128 KiB for one, and ``check``
+    (documented never to raise) raised OSError E2BIG, crashing the Agent."""
+    (tmp_path / "ok.py").write_text("def verify(c):\n    return True\n")
+    check = Postcondition(name="ok", callable="ok.py", cwd=str(tmp_path))
+    result = check.check({"action": {"tool": "write", "text": "x" * 200_000}})
+    assert result.outcome == "inconclusive" and "could not start" in result.detail
+    assert check.check({"action": {"tool": "write", "text": "x" * 1000}}).outcome == "pass"
