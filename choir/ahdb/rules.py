@@ -164,6 +164,18 @@ def live_assert(state: State, candidates: Iterable[Atom],
     return None
 
 
+def dead_asserts(atoms: Iterable[Atom]) -> set[str]:
+    """The PROMOTED ASSERTs of ``atoms`` that are not live: a claim behind one was demoted
+    (an attested FAIL of the same verifier on the tree), or is not among ``atoms``. The gate
+    refuses them (``live_assert``): ``choir view`` and ``choir ahdb list`` must not show
+    them as they show a live one (review 17c)."""
+    atoms = list(atoms)
+    status = {a.id: a.status for a in atoms}
+    return {a.id for a in atoms
+            if a.kind is AtomKind.ASSERT and a.status is AtomStatus.PROMOTED and a.references
+            and any(status.get(r) is not AtomStatus.PROMOTED for r in a.references)}
+
+
 def _atts(lookup: Lookup, ids: tuple[str, ...] | list[str], atom: Atom,
           want: Result | None) -> list[Attestation]:
     found = []

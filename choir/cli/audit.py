@@ -142,19 +142,24 @@ def ahdb() -> None:
 def ahdb_list(as_json: bool, work_item: str | None) -> int:
     """List atoms with their status and attestation ids."""
     from choir.ahdb import open_ahdb
+    from choir.ahdb.rules import dead_asserts
 
     atoms = open_ahdb().atoms(work_item=work_item)
-    if as_json:
-        click.echo(json.dumps([a.model_dump(mode="json") for a in atoms], indent=2))
+    dead = dead_asserts(atoms)
+    if as_json:  # "live": false on an ASSERT the gate refuses (a claim behind it demoted)
+        click.echo(json.dumps([{**a.model_dump(mode="json"),
+                                **({"live": a.status.value == "PROMOTED" and a.id not in dead}
+                                   if a.kind.value == "ASSERT" else {})} for a in atoms],
+                               indent=2))
         return EXIT_OK
     if atoms:
-        _atom_table(atoms)
+        _atom_table(atoms, dead)
     if not atoms:
         click.echo("no atoms")
     return EXIT_OK
 
 
-def _atom_table(atoms: list[Any]) -> None:
+def _atom_table(atoms: list[Any], dead: set[str]) -> None:
     """Atoms in columns that stay in line on any terminal: a long work item id wraps inside
     its column, attestations beyond two are counted, and the claim, last, ends in an ellipsis
     at the terminal's edge (a 70-character id pushed every later column out of line)."""
@@ -174,7 +179,8 @@ def _atom_table(atoms: list[Any]) -> None:
         item = textwrap.wrap(strip_controls(atom.work_item or "-"), item_w,
                              break_long_words=True) or ["-"]
         claim = shorten(" ".join(strip_controls(atom.claim).split()), claim_w)
-        click.echo(f"{atom.id[:12]:<12}  {atom.kind.value:<11} {atom.status.value:<9} "
+        status = "NOT LIVE" if atom.id in dead else atom.status.value  # the gate refuses it
+        click.echo(f"{atom.id[:12]:<12}  {atom.kind.value:<11} {status:<9} "
                    f"{item[0]:<{item_w}} {shown:<29} {claim}")
         for more in item[1:]:
             click.echo(f"{'':<12}  {'':<11} {'':<9} {more}")

@@ -24,6 +24,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from choir._core.canonical import canonical_json, is_hash
+from choir.ahdb.rules import dead_asserts
 from choir.exceptions import ChoirError, IntegrityError, NotFoundError, SigningRefused, UserError
 from choir.view.index import RunIndex, RunRow
 from choir.view.plans import STATES, plan_view
@@ -188,7 +189,7 @@ class Viewer:
         work_item = request.query_params.get("work_item", "")[:200]
         atoms, demotions = await asyncio.to_thread(atoms_and_demotions, self.stores, work_item)
         return self.page("ahdb.html", title="AHDB", atoms=atoms, demotions=demotions,
-                         work_item=work_item)
+                         work_item=work_item, dead=dead_asserts(atoms))
 
     async def audit(self, request: Request) -> HTMLResponse:
         keys, source = self.stores.trusted_keys()
