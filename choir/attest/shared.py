@@ -31,15 +31,27 @@ class SharedIndex:
 
     def __init__(self, url: str, home: Path) -> None:
         self.url = url
-        if url not in _ready:
+
+    def _ensure(self) -> None:
+        """The table made, before the first write: a reader (``choir view``) creates nothing
+        in a database it only reads (review 17c)."""
+        if self.url not in _ready:
             database.ensure_tables(self.conn, "attestations", _SCHEMA)
-            _ready.add(url)
+            _ready.add(self.url)
+
+    def _exists(self) -> bool:
+        if self.url not in _ready and self.conn.execute(
+                "SELECT to_regclass('attestations')").fetchone()[0] is None:
+            return False
+        _ready.add(self.url)  # made (a table is never dropped): asked once per process
+        return True
 
     @property
     def conn(self) -> database.PgConn:
         return database.connection(self.url)
 
     def put(self, att_id: str, data: bytes) -> None:
+        self._ensure()
         conn = self.conn
         conn.execute("INSERT INTO attestations (id, body) VALUES (?, ?) ON CONFLICT DO NOTHING",
                      (att_id, data))
@@ -47,11 +59,15 @@ class SharedIndex:
             raise IntegrityError(f"attestation {att_id} is already indexed with other content")
 
     def get(self, att_id: str) -> bytes | None:
+        if not self._exists():
+            return None
         row = self.conn.execute(
             "SELECT body FROM attestations WHERE id = ?", (att_id,)).fetchone()
         return bytes(row[0]) if row else None
 
     def ids(self) -> list[str]:
+        if not self._exists():
+            return []
         rows = self.conn.execute("SELECT id FROM attestations ORDER BY id")
         return [str(r[0]) for r in rows]
 

@@ -57,8 +57,9 @@ class Stores:
     def ahdb(self) -> AHDB | None:
         """The shared (Postgres) AHDB, opened without a signer; None without one (SQLite is
         read on a read-only connection instead: ``atoms_and_demotions``)."""
-        if database_url(self.home) is None:
-            return None
+        url = database_url(self.home)
+        if url is None or not _pg_current(url):
+            return None  # opening it would create or derive its tables: writes (review 17c)
         keys, _ = self.trusted_keys()
         return AHDB(attestations=self.attestations, artifacts=self.artifacts,
                     trusted_keys=keys or set(), signer=None, home=self.home)
@@ -142,13 +143,31 @@ def _sqlite_rows(path: Path, work_item: str) -> tuple[list[Atom], list[dict[str,
     return atoms, demotions
 
 
+def _pg_current(url: str) -> bool:
+    """Whether the Postgres database at ``url`` holds Choir's tables at the current schema,
+    asked with reads only: opening an ``AHDB`` on one that has none creates them, and on one
+    whose version is behind (a runner granted UPDATE on ``choir_meta`` can lower it) derives
+    them again under the write lock: writes a GET of the viewer made (review 17c)."""
+    from choir.ahdb.backend import SCHEMA_VERSION
+    from choir.config.database import connection
+
+    conn = connection(url)
+    if conn.execute("SELECT to_regclass('choir_meta')").fetchone()[0] is None:
+        return False
+    row = conn.execute("SELECT value FROM choir_meta WHERE key = 'version'").fetchone()
+    return row is not None and int(row[0]) == SCHEMA_VERSION
+
+
 def tables_behind(stores: Stores) -> bool:
     """True when the home's SQLite AHDB predates the tables' current schema: opening its
     store (as the audit does) would derive them again, a write the viewer never makes."""
     from choir.ahdb.backend import SCHEMA_VERSION
 
     path = stores.home / "ahdb.sqlite"
-    if database_url(stores.home) is not None or not path.is_file():
+    url = database_url(stores.home)
+    if url is not None:
+        return not _pg_current(url)
+    if not path.is_file():
         return False
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:

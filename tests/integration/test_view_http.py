@@ -267,6 +267,44 @@ def test_a_postgres_store_is_read_through_the_same_pages(tmp_path: Path, pg_url:
         assert made["run"] in c.get("/").text
 
 
+def test_the_viewer_writes_nothing_to_a_postgres_database(
+        tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 17c: on Postgres the viewer opened a full AHDB on a GET, whose constructor
+    created Choir's whole schema in a database it only viewed (a mistyped name populated),
+    and derived the tables again under the write lock when their version was behind (which
+    a runner granted UPDATE on ``choir_meta`` can arrange). It asks with reads only."""
+    import psycopg
+    from starlette.testclient import TestClient
+
+    from choir.ahdb import open_ahdb
+    from choir.ahdb.postgres import close_connections
+    from choir.view.serve import build
+
+    monkeypatch.setenv("CHOIR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CHOIR_DATABASE_URL", pg_url)
+
+    def tables() -> int:
+        with psycopg.connect(pg_url) as conn:
+            return int(conn.execute("SELECT count(*) FROM pg_tables "
+                                    "WHERE schemaname = 'public'").fetchone()[0])
+
+    def get(path: str) -> str:
+        app, _ = build(tmp_path / "home", ArtifactStore().root, token="t" * 32, port=8126)
+        with TestClient(app, base_url="http://127.0.0.1:8126") as client:
+            return client.get(f"{path}?token={'t' * 32}").text
+
+    get("/ahdb")
+    assert tables() == 0  # an empty database stays empty
+    open_ahdb()  # Choir's tables, as a run makes them
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("UPDATE choir_meta SET value = 0 WHERE key = 'version'")
+    close_connections(pg_url)
+    get("/ahdb")
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT value FROM choir_meta WHERE key = 'version'"
+                            ).fetchone()[0] == 0  # nothing derived again
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="the key check reads /proc/PID/root (root)")
 def test_the_viewer_process_cannot_read_the_key_yet_signs_a_dsse_export(
         tmp_path: Path, made: dict[str, str]) -> None:
