@@ -47,7 +47,11 @@ def feedback_text(reports: Sequence[VerificationReport]) -> str:
         return ""
     failed = [r for r in reports if r.result is not Result.PASS]
     passed = [r.verifier for r in reports if r.result is Result.PASS]
-    lines = ["The previous attempt was verified and did not pass:"]
+    # fenced as data: the failing tests' text is the code under test's, and inside the work
+    # item's message it read as the owner's instruction (review 17d); every value is escaped
+    # by ``one_line``, so none closes the fence
+    lines = ["<previous_verification>",
+             "The previous attempt was verified and did not pass:"]
     if not failed:
         lines.append("- (no report failed; the round as a whole was not accepted)")
     for report in failed[:MAX_FEEDBACK_REPORTS]:
@@ -69,7 +73,7 @@ def feedback_text(reports: Sequence[VerificationReport]) -> str:
         more = len(passed) - MAX_PASSED_NAMES
         lines.append(f"Passed: {names}" + (f" ({more} more passed, not shown)"
                                            if more > 0 else ""))
-    return "\n".join(lines)
+    return "\n".join([*lines, "</previous_verification>"])
 
 
 def work_prompt(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport]) -> str:

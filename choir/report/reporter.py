@@ -76,7 +76,10 @@ def windows(report: VerificationReport, result: PipelineResult, store: ArtifactS
 def _messages(report: VerificationReport, text: str) -> list[dict[str, str]]:
     fence = secrets.token_hex(8)
     text = text.replace(f"<<<end-{fence}>>>", "")
-    sigs = [f"{s.test_id or s.kind}: {s.excerpt}" for s in report.failure_signatures]
+    # the signatures inside the fence too: a test id and its excerpt are the program's
+    # output, and outside the fence they read as parsed fact (review 17d)
+    sigs = [f"{s.test_id or s.kind}: {s.excerpt}".replace(f"<<<end-{fence}>>>", "")
+            for s in report.failure_signatures]
     user = load_text("prompts", "reporter_user.md").format(
         verifier=report.verifier, verifier_type=report.verifier_type,
         result=report.result.value, counts=report.counts.model_dump_json(),
