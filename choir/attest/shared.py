@@ -29,12 +29,15 @@ _SCHEMA = (
 class SharedIndex:
     """Attestation bytes keyed by id, in the configured Postgres database."""
 
-    def __init__(self, url: str, home: Path) -> None:
+    def __init__(self, url: str, home: Path, *, create: bool = True) -> None:
+        """``create``: make the table now (a writer; the owner's first command makes the
+        schema the runner role is then granted on); a reader (``choir view``) creates
+        nothing in a database it only reads (review 17c), and a first write makes it."""
         self.url = url
+        if create:
+            self._ensure()
 
     def _ensure(self) -> None:
-        """The table made, before the first write: a reader (``choir view``) creates nothing
-        in a database it only reads (review 17c)."""
         if self.url not in _ready:
             database.ensure_tables(self.conn, "attestations", _SCHEMA)
             _ready.add(self.url)
@@ -72,9 +75,9 @@ class SharedIndex:
         return [str(r[0]) for r in rows]
 
 
-def shared_index(home: Path) -> SharedIndex | None:
+def shared_index(home: Path, *, create: bool = True) -> SharedIndex | None:
     """The index when a Postgres store is configured, else None (files only)."""
     from choir.config.store_url import database_url
 
     url = database_url(home)
-    return SharedIndex(url, home) if url else None
+    return SharedIndex(url, home, create=create) if url else None

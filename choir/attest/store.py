@@ -39,12 +39,14 @@ class AttestationStore:
     shared index (``choir.attest.shared``) and read from it when this machine has no file.
     """
 
-    def __init__(self, root: Path | None = None) -> None:
+    def __init__(self, root: Path | None = None, *, reader: bool = False) -> None:
+        """``reader``: a store only read (``choir view``): nothing is created in a shared
+        database for it."""
         from choir.attest.shared import shared_index
 
         self.root = (root or choir_home() / "attestations").expanduser()
         self.root.mkdir(parents=True, exist_ok=True)
-        self.shared = shared_index(self.root.parent)
+        self.shared = shared_index(self.root.parent, create=not reader)
 
     def path_of(self, att_id: str) -> Path:
         """Where attestation ``att_id`` is kept.

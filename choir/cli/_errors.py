@@ -59,6 +59,16 @@ def exit_code(command: Callable[[], Any]) -> int:
     except click.ClickException as exc:
         exc.show()
         return EXIT_USAGE
+    except Exception as exc:  # noqa: BLE001 - a fault of Choir's own, never a verdict
+        # exit 1 is a verdict (halted, FAIL, refused): a crash read as one would tell a
+        # script the work failed when nothing was decided (review 17d)
+        import traceback
+
+        traceback.print_exc()
+        click.echo(f"choir: internal error: {type(exc).__name__}: {str(exc)[:300]}; nothing "
+                   "was decided on it (a run can be resumed: `choir run --resume RUN_ID`); "
+                   "please report it with the traceback above", err=True)
+        return EXIT_INCONCLUSIVE
     return rv if isinstance(rv, int) else EXIT_OK
 
 

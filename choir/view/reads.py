@@ -43,7 +43,7 @@ class Stores:
     attestations: AttestationStore = field(init=False)
 
     def __post_init__(self) -> None:
-        self.attestations = AttestationStore(self.home / "attestations")
+        self.attestations = AttestationStore(self.home / "attestations", reader=True)
 
     def trusted_keys(self) -> tuple[set[str] | None, str]:
         """The pinned key ids and where they came from; ``None`` when nothing is pinned yet
