@@ -36,6 +36,11 @@ if TYPE_CHECKING:
 
 ARTIFACTS_MAX = 16  # VerificationReport.artifacts holds at most this many entries
 _STRUCTURED = {"junit", "sarif"}
+# parsers whose result, unread, decides nothing: pytest's summary line is text the code under
+# test can print too, so it never outweighs a cut log (``decide``), but one never reached is
+# no PASS (review 17f: ``os._exit(0)`` before the failing test)
+_DECLARED = {*_STRUCTURED, "pytest"}
+_TESTS = {"junit", "pytest"}  # parsers that count tests: a PASS needs one that ran
 
 # Exit codes with which a tool says it could not run the checks (its own crash or misuse),
 # not that the checks found a bug: INCONCLUSIVE, so the executor never chases a phantom bug.
@@ -107,6 +112,7 @@ def _decide_steps(result: PipelineResult, parsed: ParseResult, parser: str,
     if parser == "postcondition":  # exit codes 0/1/3 from the harness; any other fault:
         return decide_postcondition(result, parsed)  # INCONCLUSIVE
     records = result.manifest.commands_executed
+    counts = parsed.counts
     for index, rec in enumerate(records):
         if rec.timed_out:
             return Result.FAIL, f"step {rec.name} timed out after {rec.duration_ms} ms"
@@ -117,22 +123,29 @@ def _decide_steps(result: PipelineResult, parsed: ParseResult, parser: str,
         if rec.exit_code != 0:
             tool = tool_of(rec.command) or ""
             crash = TOOL_CRASHES.get(tool, {}).get(rec.exit_code)
-            if tool == "pytest" and rec.exit_code == 2 and (parsed.counts.errors or 0) > 0:
+            if tool == "pytest" and rec.exit_code == 2 and (counts.errors or 0) > 0:
                 # pytest also exits 2 on collection errors: the code under test does not
                 # import (a syntax error the executor made). That is a bug to fix, not a crash.
                 return Result.FAIL, f"step {rec.name}: pytest could not collect the tests " \
                                     f"(exit 2): errors during collection"
-            if crash and (parsed.counts.failed or 0) > 0:
+            if (counts.failed or 0) > 0:
                 # the tests ran and some failed: the code under test picks the exit code it
-                # leaves with (an atexit, a plugin), so a crash code cannot hide them
+                # leaves with (an atexit, a plugin; 127 or a crash code) and what it prints
+                # ("No module named ..."), so neither can hide them (reviews 17b, 17f)
                 return Result.FAIL, (f"step {rec.name} exited {rec.exit_code} after "
-                                     f"{parsed.counts.failed} test(s) failed")
+                                     f"{counts.failed} test(s) failed")
             if rec.exit_code == 127:
                 return Result.INCONCLUSIVE, (f"step {rec.name}: command not found (exit 127):"
                                              " the checks did not run")
-            if tool and rec.exit_code == 1 and f"No module named {tool}" in result.tail_log:
+            if tool and rec.exit_code == 1 and _no_module(tool, result.tail_log):
                 return Result.INCONCLUSIVE, (f"step {rec.name}: {tool} is not installed in the"
                                              " project's interpreter: the checks did not run")
+            if rec.exit_code < 0 or rec.exit_code > 128 and not crash:
+                # killed by a signal (a segfault in the code under test, a C extension, a
+                # stack overflow in C): a bug of the code, for the executor to hear of
+                signal = -rec.exit_code if rec.exit_code < 0 else rec.exit_code - 128
+                return Result.FAIL, (f"step {rec.name} was killed by signal {signal} "
+                                     f"({_signal_name(signal)})")
             if crash:
                 return Result.INCONCLUSIVE, (f"step {rec.name}: {crash} (exit {rec.exit_code}):"
                                              " the checks did not run")
@@ -141,14 +154,38 @@ def _decide_steps(result: PipelineResult, parsed: ParseResult, parser: str,
                 return Result.INCONCLUSIVE, (f"step {rec.name} exited {rec.exit_code} and wrote"
                                              " no JUnit XML to $CHOIR_OUT (parser: junit)")
             return Result.FAIL, f"step {rec.name} exited {rec.exit_code}"
-    counts = parsed.counts
     if (counts.failed or 0) > 0 or (counts.errors or 0) > 0 or parsed.signatures:
         return Result.FAIL, "the parser found failures although every step exited 0"
-    if parser in _STRUCTURED and parsed.error:
+    if parser in _DECLARED and parsed.error:
         return Result.INCONCLUSIVE, f"declared evidence unreadable: {parsed.error[:200]}"
     if not records:
         return Result.INCONCLUSIVE, "no step ran"
+    # the tests that ran: JUnit's ``tests`` counts the skipped ones, pytest's summary does not
+    ran = (counts.run or 0) - ((counts.skipped or 0) if parser == "junit" else 0)
+    if parser in _TESTS and ran <= 0:
+        # every test skipped (a SkipTest the code under test raises in the call), or none
+        # counted: a PASS here would cover nothing (review 17f)
+        return Result.INCONCLUSIVE, (f"every step exited 0, but no test ran ({counts.run or 0}"
+                                     f" counted, {counts.skipped or 0} skipped): nothing was "
+                                     "checked")
     return Result.PASS, "every step exited 0"
+
+
+def _no_module(tool: str, log: str) -> bool:
+    """Whether the interpreter said it has no ``tool`` module: its own line, ending there
+    (a failing test's message naming ``pytest_myplugin`` is not that: review 17f)."""
+    import re
+
+    return re.search(rf"(?m)(?:^|: )No module named '?{re.escape(tool)}'?\s*$", log) is not None
+
+
+def _signal_name(number: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown signal"
 
 
 def _counts_text(counts: Counts) -> str:

@@ -41,7 +41,7 @@ def parse_ruff_json(inp: ParseInput, result: ParseResult) -> ParseResult:
         rule = str(d.get("code") or "syntax")
         message = str(d.get("message", ""))
         result.add(FailureSignature(id=signature_id("lint", rule, location, message),
-                                    kind="lint", test_id=rule, location=location[-256:],
+                                    kind="lint", test_id=rule[:256], location=location[-256:],
                                     excerpt=_excerpt(f"{rule} {message}")))
     result.counts = Counts(run=None, failed=len(diagnostics))
     if not diagnostics and inp.exit_codes and inp.exit_codes[-1] != 0:
@@ -65,7 +65,7 @@ def parse_mypy_text(inp: ParseInput, result: ParseResult) -> ParseResult:
         location = f"{match.group('file')}:{match.group('line')}"
         result.add(FailureSignature(
             id=signature_id("typecheck", code, match.group("file"), match.group("msg")),
-            kind="typecheck", test_id=code, location=location[-256:],
+            kind="typecheck", test_id=code[:256], location=location[-256:],
             excerpt=_excerpt(match.group("msg")), citation=_cite(inp, COMBINED, number, number)))
     result.counts = Counts(failed=errors)
     return result

@@ -45,6 +45,12 @@ class ParseResult:
     truncated: bool = False
     error: str | None = None
 
+    def keeps(self, sig_id: str) -> bool:
+        """Whether a signature of id ``sig_id`` would be listed (not a repeat, not over the
+        cap): what it costs to cite one is spent on those alone."""
+        return len(self.signatures) < MAX_SIGNATURES and \
+            all(s.id != sig_id for s in self.signatures)
+
     def add(self, sig: FailureSignature) -> None:
         if any(s.id == sig.id for s in self.signatures):
             return
@@ -170,8 +176,9 @@ def parse_pytest_text(inp: ParseInput) -> ParseResult:
         if match:
             test_id, message = match.group(2), match.group(3) or match.group(1)
             result.add(FailureSignature(
-                id=signature_id("test", test_id, None, message), kind="test", test_id=test_id,
-                location=test_id.split("::")[0], excerpt=_excerpt(message),
+                id=signature_id("test", test_id, None, message), kind="test",
+                test_id=test_id[:256], location=test_id.split("::")[0][:256],
+                excerpt=_excerpt(message),
                 citation=_cite(inp, COMBINED, number, number)))
         if re.search(r"\bin \d+(\.\d+)?s\b", line):
             found = {k.rstrip("s") if k.startswith("error") else k: int(n)
@@ -179,7 +186,9 @@ def parse_pytest_text(inp: ParseInput) -> ParseResult:
             if found:
                 counts = found
     if counts:
-        # as pytest's JUnit XML counts: every subtest is a test, an xfail is a skip
+        # as pytest's JUnit XML counts: every subtest is a test, an xfail is a skip (``run``
+        # leaves the plain skips out: a test that passed and errored at teardown is counted
+        # twice in the summary, once in JUnit's ``tests``, and so the totals meet)
         skipped = counts.get("skipped", 0) + counts.get("xfailed", 0)
         result.counts = Counts(run=sum(v for k, v in counts.items()
                                        if k not in ("skipped", "subtests skipped")),
@@ -187,6 +196,8 @@ def parse_pytest_text(inp: ParseInput) -> ParseResult:
                                skipped=skipped)
     elif inp.exit_codes and inp.exit_codes[-1] != 0 and not result.signatures:
         return parse_generic(inp)
+    else:  # a session that never printed its summary (it ended inside a test) decides nothing
+        result.error = "no pytest summary line in the log: the session did not finish"
     return result
 
 

@@ -111,6 +111,7 @@ class JUnitWriter:
         self.stats = {"passed": 0, "failure": 0, "error": 0, "skipped": 0}
         self.doubled = 0  # tests counted twice by pytest: a call that passed, a teardown error
         self.failed_calls: set[str] = set()
+        self.called: set[str] = set()  # tests whose call ran to its report
         self.seconds: dict[str, _Case] = {}  # a teardown's error after a failed call
         self.start = time.time()
         self.prefix = ""  # --junitprefix, put before every classname as pytest does
@@ -133,6 +134,8 @@ class JUnitWriter:
     def pytest_runtest_logreport(self, report: Any) -> None:
         when, nodeid = report.when, report.nodeid
         case = self.cases.get(nodeid) or self._case(report)  # made at setup, as pytest's
+        if when == "call":
+            self.called.add(nodeid)
         if report.passed:  # the common case: an addition or two
             case.duration += report.duration or 0.0
             if when == "call":
@@ -206,6 +209,12 @@ class JUnitWriter:
         parts.append(head + ">" + "".join(body) + "</testcase>")
 
     def pytest_sessionfinish(self) -> None:
+        for nodeid, case in self.cases.items():
+            if not case.problems and nodeid not in self.called:
+                # set up, never called to its end: the session ended inside it (a
+                # ``pytest.exit`` the code under test called in the test): no pass (17f)
+                self._add(case, "error", "", "the test never finished: the session ended "
+                                             "inside it", "")
         parts: list[str] = []
         for nodeid, case in self.cases.items():
             self._element(parts, nodeid, case)
