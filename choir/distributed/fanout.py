@@ -231,12 +231,19 @@ class DaskFanout:
 
 def _sealed_by(store: ArtifactStore, run_id: str, ran: tuple[str, str]) -> frozenset[str]:
     """The workers that signed the runs of ``ran`` (verifier, tree) sealed in ``store``
-    under ``run_id``'s siblings: the ids that differ from it after its last ``-`` (a green
-    thread's is ``{round}-{verifier}-{replica}``). A coordinator resumed mid-round keeps
+    under ``run_id``'s siblings (those of its run, or the ids that differ from it after its
+    last ``-``). A coordinator resumed mid-round keeps
     the replicas that landed in its checkpoint and runs only the rest: what this fanout
     placed before the restart is known only from there. Each was landed (``land``) only
     with its worker's signature checked, so the name is the signer's."""
-    prefix = run_id.rpartition("-")[0] + "-"
+    import re
+
+    # a green thread of ``choir run`` is ``{run}-r{round}-{verifier}-{replica}``: every
+    # round of the run counts (a nested round's clean rerun, the next attempt's round on the
+    # same tree vote beside the first round's replicas: review 17e), else the ids that
+    # differ from this one after its last ``-``
+    round_of = re.fullmatch(rf"(.+-r)\d+-{re.escape(ran[0])}-\d+", run_id)
+    prefix = round_of.group(1) if round_of else run_id.rpartition("-")[0] + "-"
     if prefix == "-":
         return frozenset()
     try:

@@ -240,17 +240,19 @@ def test_a_resumed_round_places_its_missing_replica_on_another_worker(cluster: L
     spec = VerifierSpec(name="unit", kind=VerifierKind.SMOKE,
                         steps=(StepSpec(name="run", command="echo fine"),))
     target, store = resolve_target(repo), ArtifactStore()
-    workers = []
-    for replica in (0, 1):  # each in a fanout of its own: the process before and after
-        fanout, sandbox = fanout_from_env(distinct=True), get_sandbox("bwrap")
-        try:
-            workers.append(fanout.run_verifier(
-                spec, repo=repo, sandbox=sandbox, store=store, run_id=f"round-unit-{replica}",
-                target=target).manifest.platform.worker)
-        finally:
-            sandbox.close()
-            fanout.close()
-    assert sorted(workers) == ["w0", "w1"], workers
+    for run_ids in (("round-unit-0", "round-unit-1"),  # one round, resumed between
+                    ("run-r0-unit-0", "run-r1-unit-1")):  # a later round's rerun (17e)
+        workers = []
+        for run_id in run_ids:  # each in a fanout of its own, as each round (or process) has
+            fanout, sandbox = fanout_from_env(distinct=True), get_sandbox("bwrap")
+            try:
+                workers.append(fanout.run_verifier(
+                    spec, repo=repo, sandbox=sandbox, store=store, run_id=run_id,
+                    target=target).manifest.platform.worker)
+            finally:
+                sandbox.close()
+                fanout.close()
+        assert sorted(workers) == ["w0", "w1"], (run_ids, workers)
 
 
 def test_a_replica_signed_by_another_worker_than_its_placement_is_refused(
