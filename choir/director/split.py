@@ -20,6 +20,7 @@ from choir.director.lenses import failing_tests
 from choir.models import (
     Result,
     VerificationReport,
+    VerifierKind,
     VerifierRun,
     VerifierSpec,
     WorkItem,
@@ -65,8 +66,12 @@ def split_parts(item: WorkItem, runs: Sequence[VerifierRun], verdicts: Mapping[s
     """
     if remaining < 1:
         return []
+    # a piece is the allowlist's: Choir's own run checks (a trace, ``NAME.mutants``) stay
+    # with the whole, which is verified with them (a plan cannot run a part that requires
+    # one: review 17e)
     failing = [n for n, r in sorted(verdicts.items())
-               if r in (Result.FAIL, Result.FLAKY) and n in specs]
+               if r in (Result.FAIL, Result.FLAKY) and n in specs
+               and specs[n].mutates is None and specs[n].kind is not VerifierKind.TRACE]
     pieces = _pieces(runs, failing, specs)
     if len(pieces) < 2 or len(pieces) > remaining:
         return []

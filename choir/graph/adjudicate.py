@@ -218,6 +218,11 @@ def _next_part(state: RunState, base: dict[str, Any]) -> Command[Goto]:
     parts = list(state.get("parts", []))
     frame = state.get("parent")
     assert frame is not None
+    reached = Mood(base["mood"])  # no part takes the run below the mood it reached (17e)
+
+    def climbed(mood: Mood) -> Mood:
+        return max(mood, reached, key=RANK.__getitem__)
+
     spent, ceiling = budget_left(state)
     if parts and spent >= ceiling:  # a part took the attempts the next one needed
         root = frame.root
@@ -230,7 +235,8 @@ def _next_part(state: RunState, base: dict[str, Any]) -> Command[Goto]:
         part = parts[0]
         return Command(goto="execute", update={
             **base, "work_item": part, "parts": parts[1:], "attempt": 0, "history": [],
-            "mood": part.mood.value, "feedback": part_feedback(part, frame.reports),
+            "mood": climbed(part.mood).value,
+            "feedback": part_feedback(part, frame.reports),
             "status": "running",
             "events": [*base["events"], f"part {done} ASSERTed; next: {part.id}"]})
     from choir.graph.orchestrator import judge_spec
@@ -239,9 +245,9 @@ def _next_part(state: RunState, base: dict[str, Any]) -> Command[Goto]:
     return Command(goto="direct", update={
         **base, "work_item": frame.item, "parent": frame.parent, "parts": list(frame.parts),
         "attempt": frame.attempt,
-        "spec_change": judge_spec({**state, "work_item": frame.item, "mood": frame.mood.value},
-                                  target),
-        "mood": frame.mood.value, "history": [list(h) for h in frame.history],
+        "spec_change": judge_spec({**state, "work_item": frame.item,
+                                   "mood": climbed(frame.mood).value}, target),
+        "mood": climbed(frame.mood).value, "history": [list(h) for h in frame.history],
         "floor": list(frame.floor), "feedback": list(frame.reports),
         "round_kind": "primary", "nested": 0, "runs": Overwrite([]), "attestations": {},
         "target": target, "status": "running",

@@ -121,12 +121,18 @@ def merged_verifiers(plan_id: str, items: Iterable[str], head: Path) -> tuple[st
     Choir's own run checks behind an item's ASSERT (its trace verifier, a mutation check's
     ``NAME.mutants``) are a ``choir run``'s, not the allowlist's, and a round of a tree runs
     only the allowlist (a second review: every PARANOID item failed its integration round)."""
-    from choir.config import load_repo_config
-
     db = open_ahdb()
     found = set().union(*(db.asserted_by(item_key(plan_id, item)) for item in items))
-    allowlist = load_repo_config(head).verifiers if found else {}
-    return tuple(sorted(name for name in found if name in allowlist))
+    return allowlisted(found, head)
+
+
+def allowlisted(names: Iterable[str], head: Path) -> tuple[str, ...]:
+    """``names`` that the allowlist at ``head`` holds (Choir's own run checks left out)."""
+    from choir.config import load_repo_config
+
+    names = set(names)
+    allowlist = load_repo_config(head).verifiers if names else {}
+    return tuple(sorted(name for name in names if name in allowlist))
 
 
 def _recorded_status(path: Path) -> str:

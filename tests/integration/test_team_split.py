@@ -217,3 +217,36 @@ def test_a_split_in_a_plan_keeps_the_mood_the_item_climbed_to(tmp_path: Path,
     assert state["items"]["calc"]["state"] != "merged", state["items"]
     gate = subprocess.run([PY, "-m", "choir", "gate", "sp"], capture_output=True, text=True)
     assert gate.returncode != 0, gate.stdout
+
+
+PINNED_MEMBER = textwrap.dedent("""\
+    import json, os, pathlib, re
+    goal = json.loads(pathlib.Path(os.environ["CHOIR_WORKITEM_FILE"]).read_text())["goal"]
+    part = re.search(r"\\[part \\d+/\\d+ of \\S+: make \\w+ test test_(\\w+)\\.py", goal)
+    ops = {"sub": ("a - b", "a * b * 1000"), "div": ("a // b", "a + b + 1000")}
+    for name, (right, wrong) in ops.items():
+        body = right if part else wrong
+        pathlib.Path(f"{name}.py").write_text(f"def {name}(a, b):\\n    return {body}\\n")
+    """)
+
+
+@pytest.mark.parametrize("mood", ["BOLD", "PARANOID"])
+def test_a_split_item_of_a_mood_with_run_checks_is_verified_whole(
+        tmp_path: Path, choir_home: Path, mood: str) -> None:
+    """Review 17e: the split item's floor went whole into its whole check, with Choir's own
+    run checks in it (``unit.mutants``, the ``trace``), which a round of a tree never runs:
+    every BOLD or PARANOID item that split failed ("required verifier(s) unit.mutants are not
+    in choir.yaml's allowlist") where it had been ASSERTed."""
+    repo = tmp_path / "repo"
+    for name, value in (("sub", 5), ("div", 3)):  # the tests are pinned: in the base commit
+        repo.mkdir(exist_ok=True)
+        (repo / f"test_{name}.py").write_text(f"from {name} import {name}\n\n"
+                                              f"def test_{name}():\n"
+                                              f"    assert {name}(7, 2) == {value}\n")
+    _repo(repo, PINNED_MEMBER)
+    plan = _plan(tmp_path, 1)
+    plan.write_text(plan.read_text().replace("max_attempts: 6",
+                                             f"max_attempts: 6\n    mood: {mood}"))
+    state = asyncio.run(run_plan(load_plan(plan)))
+    assert state["status"] == "asserted", state["items"]
+    assert {"calc~1", "calc~2"} <= set(state["items"])

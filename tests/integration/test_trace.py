@@ -450,3 +450,31 @@ def test_a_fifo_for_a_runs_lock_is_named_not_waited_on(home: Path) -> None:
     code, violations = _audit(home)  # its timeout: 120 s
     assert code == 1 and [v["kind"] for v in violations] == ["trace_unreadable"], violations
     assert "not a regular file" in violations[0]["found"]
+
+
+def test_a_finished_record_cut_back_to_a_seal_is_named_under_a_held_lock(home: Path) -> None:
+    """Review 17e: cut an ended record back to an earlier seal (its last attestations, its
+    decision and ``run_ended`` gone) and hold its lock: the record no longer looks ended, so
+    the audit checked its sealed part as a live run's and named no unrecorded attestation.
+    A live run records an attestation as its node returns; one minted longer ago than the
+    grace (``CHOIR_AUDIT_LIVE_GRACE_S``, 600 s) and not recorded is named."""
+    path = home / "traces" / "t1.jsonl"
+    lines = path.read_text().splitlines()
+    kinds = [json.loads(x).get("kind") for x in lines]
+    cut = max(i for i, k in enumerate(kinds) if k == "seal" and i < kinds.index("run_ended") - 3)
+    path.write_text("".join(x + "\n" for x in lines[:cut + 1]))
+    holder = subprocess.Popen(
+        [PY, "-c", "import fcntl, os, sys, time\n"
+                   "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+                   "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(300)",
+         str(home / "locks" / "t1.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        proc = subprocess.run([PY, "-m", "choir", "audit", "--json"], capture_output=True,
+                              text=True, timeout=120,
+                              env={**_env(home), "CHOIR_AUDIT_LIVE_GRACE_S": "0"})  # later
+    finally:
+        holder.kill()
+        holder.communicate()
+    kinds_found = {v["kind"] for v in json.loads(proc.stdout)["violations"]}
+    assert proc.returncode == 1 and "trace_unrecorded_attestation" in kinds_found, kinds_found
