@@ -188,8 +188,14 @@ class Viewer:
     async def ahdb(self, request: Request) -> HTMLResponse:
         work_item = request.query_params.get("work_item", "")[:200]
         atoms, demotions = await asyncio.to_thread(atoms_and_demotions, self.stores, work_item)
+        # a shared database whose tables are behind (or absent) is not read: say so, never
+        # an empty page that reads as "no atoms" (review 17e)
+        behind = await asyncio.to_thread(tables_behind, self.stores)
         return self.page("ahdb.html", title="AHDB", atoms=atoms, demotions=demotions,
-                         work_item=work_item, dead=dead_asserts(atoms))
+                         work_item=work_item, dead=dead_asserts(atoms), note=(
+                             "this home's AHDB tables are missing or predate the current "
+                             "schema: run `choir audit` (it derives them) to see its atoms"
+                             if behind else ""))
 
     async def audit(self, request: Request) -> HTMLResponse:
         keys, source = self.stores.trusted_keys()

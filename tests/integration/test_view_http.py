@@ -299,7 +299,7 @@ def test_the_viewer_writes_nothing_to_a_postgres_database(
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("UPDATE choir_meta SET value = 0 WHERE key = 'version'")
     close_connections(pg_url)
-    get("/ahdb")
+    assert 'id="ahdb-note"' in get("/ahdb")  # and says why it shows nothing
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("SELECT value FROM choir_meta WHERE key = 'version'"
                             ).fetchone()[0] == 0  # nothing derived again
