@@ -13,7 +13,7 @@ their own in Choir's home, outside every repo, declared in ``$CHOIR_HOME/heldout
                                        # or an absolute folder
             steps:
               - name: pytest
-                command: python -m pytest -q $CHOIR_HELDOUT --junitxml=$CHOIR_OUT/junit.xml
+                command: python -c "$CHOIR_PYTEST" -q $CHOIR_HELDOUT
             parser: junit
 
 Each becomes an allowlisted verifier of that repo (planned by kind like any other; PARANOID

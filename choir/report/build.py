@@ -140,7 +140,7 @@ def _decide_steps(result: PipelineResult, parsed: ParseResult, parser: str,
             if tool and rec.exit_code == 1 and _no_module(tool, result.tail_log):
                 return Result.INCONCLUSIVE, (f"step {rec.name}: {tool} is not installed in the"
                                              " project's interpreter: the checks did not run")
-            if rec.exit_code < 0 or rec.exit_code > 128 and not crash:
+            if rec.exit_code < 0 or 128 < rec.exit_code < 128 + 65 and not crash:  # NSIG
                 # killed by a signal (a segfault in the code under test, a C extension, a
                 # stack overflow in C): a bug of the code, for the executor to hear of
                 signal = -rec.exit_code if rec.exit_code < 0 else rec.exit_code - 128
@@ -160,14 +160,12 @@ def _decide_steps(result: PipelineResult, parsed: ParseResult, parser: str,
         return Result.INCONCLUSIVE, f"declared evidence unreadable: {parsed.error[:200]}"
     if not records:
         return Result.INCONCLUSIVE, "no step ran"
-    # the tests that ran: JUnit's ``tests`` counts the skipped ones, pytest's summary does not
-    ran = (counts.run or 0) - ((counts.skipped or 0) if parser == "junit" else 0)
-    if parser in _TESTS and ran <= 0:
+    if parser in _TESTS and (parsed.ran or 0) <= 0:
         # every test skipped (a SkipTest the code under test raises in the call), or none
         # counted: a PASS here would cover nothing (review 17f)
-        return Result.INCONCLUSIVE, (f"every step exited 0, but no test ran ({counts.run or 0}"
-                                     f" counted, {counts.skipped or 0} skipped): nothing was "
-                                     "checked")
+        return Result.INCONCLUSIVE, (f"every step exited 0, but no test ran to an outcome "
+                                     f"({counts.run or 0} counted, {counts.skipped or 0} "
+                                     "skipped or xfailed): nothing was checked")
     return Result.PASS, "every step exited 0"
 
 

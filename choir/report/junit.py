@@ -127,6 +127,10 @@ def node_id(classname: str, name: str, file: str | None, text: str) -> tuple[str
     return test_id, location
 
 
+_TITLE_MAX = 1024  # a section title indexed at most this long
+_KEYS_MAX = 20_000  # and at most this many keys (about 20 MB at the longest)
+
+
 class _Sections:
     """Where each test's section of the combined log starts, and its first ``E`` line (the
     assertion and its values), read in one pass when the first failing case asks.
@@ -146,8 +150,14 @@ class _Sections:
             header = _HEADER.match(line)
             if header:
                 title = header.group(1).strip()
-                # a test's name is its title or the title's end after a dot (Class.test)
-                keys = [title, *(title[k + 1:] for k, c in enumerate(title) if c == ".")]
+                if len(title) > _TITLE_MAX or len(found) >= _KEYS_MAX:
+                    open_ = []  # bounded: a name not indexed is looked for when listed
+                    continue
+                # a test's name is its title or the title's end after one of its last dots
+                # before its parameters (Class.test[1.5]); every dot of a hostile title
+                # made a key each: a log of 1.6 MB took 1.6 GiB (review 17g)
+                dots = [k for k, c in enumerate(title.partition("[")[0]) if c == "."][-4:]
+                keys = [title, *(title[k + 1:] for k in dots)]
                 open_ = [key for key in keys if key not in found]
                 for key in open_:
                     found[key] = (int(number), None)
@@ -220,6 +230,7 @@ def parse_junit_files(inp: ParseInput, *, result: ParseResult,
     run, failed, errors, skipped = (max(a, b) for a, b in
                                     zip((run, failed, errors, skipped), declared, strict=True))
     result.counts = Counts(run=run, failed=failed, errors=errors, skipped=skipped)
+    result.ran = run - skipped  # JUnit's tests count the skipped ones (an xfail is a skip)
     return result
 
 

@@ -44,6 +44,9 @@ class ParseResult:
     dropped: int = 0
     truncated: bool = False
     error: str | None = None
+    # tests that ran to an outcome other than a skip or an xfail (None: the parser does not
+    # count tests): a test parser's PASS needs one (``choir.report.build``)
+    ran: int | None = None
 
     def keeps(self, sig_id: str) -> bool:
         """Whether a signature of id ``sig_id`` would be listed (not a repeat, not over the
@@ -194,10 +197,13 @@ def parse_pytest_text(inp: ParseInput) -> ParseResult:
                                        if k not in ("skipped", "subtests skipped")),
                                failed=counts.get("failed", 0), errors=counts.get("error", 0),
                                skipped=skipped)
+        result.ran = result.counts.run - counts.get("xfailed", 0)  # type: ignore[operator]
     elif inp.exit_codes and inp.exit_codes[-1] != 0 and not result.signatures:
         return parse_generic(inp)
     else:  # a session that never printed its summary (it ended inside a test) decides nothing
-        result.error = "no pytest summary line in the log: the session did not finish"
+        result.error = ("no pytest summary line in the log: the session did not finish, or "
+                        "its summary was turned off (-qq, -p no:terminal); the pytest preset "
+                        "(or parser: junit with its JUnit XML) reads how each test ended")
     return result
 
 

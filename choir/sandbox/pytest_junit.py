@@ -112,6 +112,7 @@ class JUnitWriter:
         self.doubled = 0  # tests counted twice by pytest: a call that passed, a teardown error
         self.failed_calls: set[str] = set()
         self.called: set[str] = set()  # tests whose call ran to its report
+        self.items: list[tuple[str, str, int | None]] = []  # collected: (nodeid, file, line)
         self.seconds: dict[str, _Case] = {}  # a teardown's error after a failed call
         self.start = time.time()
         self.prefix = ""  # --junitprefix, put before every classname as pytest does
@@ -126,6 +127,13 @@ class JUnitWriter:
 
     def pytest_configure(self, config: Any) -> None:
         self.prefix = getattr(config.option, "junitprefix", None) or ""
+
+    def pytest_collection_finish(self, session: Any) -> None:
+        """The tests the session is to run (after deselection): one it ends without running
+        is no pass (``_unfinished``)."""
+        for item in getattr(session, "items", ()):
+            location = getattr(item, "location", None) or (item.nodeid.split("::")[0], None)
+            self.items.append((item.nodeid, str(location[0]), location[1]))
 
     def _add(self, case: _Case, tag: str, kind: str, message: str, text: str) -> None:
         self.stats["skipped" if tag == "skipped" else tag] += 1
@@ -208,13 +216,24 @@ class JUnitWriter:
                         if inner else f'<{tag}{typed} message="{_attr(message)}" />')
         parts.append(head + ">" + "".join(body) + "</testcase>")
 
-    def pytest_sessionfinish(self) -> None:
-        for nodeid, case in self.cases.items():
+    def _unfinished(self) -> None:
+        """A test the session was to run and did not run to the end of its call is a
+        failure when nothing else failed: the code under test ended the session (a
+        ``pytest.exit`` in the test, its fixture's setup or teardown, a profile hook between
+        two tests) so that the failing tests never reported (reviews 17f, 17g). After a
+        failure (``-x``, ``--maxfail``) the session already fails: the rest is left as is."""
+        if self.stats["failure"] or self.stats["error"]:
+            return
+        for nodeid, file, line in self.items:
+            case = self.cases.get(nodeid)
+            if case is None:
+                case = self.cases[nodeid] = _Case(file, line)
             if not case.problems and nodeid not in self.called:
-                # set up, never called to its end: the session ended inside it (a
-                # ``pytest.exit`` the code under test called in the test): no pass (17f)
-                self._add(case, "error", "", "the test never finished: the session ended "
-                                             "inside it", "")
+                self._add(case, "failure", "choir.unfinished", "the test never finished: the "
+                                                               "session ended before its end", "")
+
+    def pytest_sessionfinish(self) -> None:
+        self._unfinished()
         parts: list[str] = []
         for nodeid, case in self.cases.items():
             self._element(parts, nodeid, case)

@@ -135,3 +135,96 @@ def test_the_log_is_read_once_for_every_failing_case(tmp_path: Path,
     report, _, _ = verify(repo, PYTEST, "junit")
     assert report.result is Result.FAIL and report.counts.failed == 300
     assert len(reads) <= MAX_SIGNATURES + 2, len(reads)
+
+
+@pytest.mark.parametrize("where", ["teardown", "setup", "between"])
+def test_a_session_ended_outside_a_call_is_no_pass(tmp_path: Path, where: str) -> None:
+    """Review 17g: ``pytest.exit(returncode=0)`` in a fixture's teardown of a passing test,
+    in a fixture's setup, or from a profile hook between two tests: pytest re-raised it
+    before any report of the failing tests, which then had no ``<testcase>`` at all, while
+    the tests that passed before made a PASS (ASSERTed in PARANOID). The writer knows what
+    was collected: a test the session never ran to its end, when nothing failed, fails."""
+    body = {"teardown": """
+        import pytest
+        @pytest.fixture
+        def conn():
+            yield 1
+            pytest.exit("bye", returncode=0)
+        def test_add(conn): assert 2 + 3 == 5
+        def test_mul(conn): assert 2 * 3 == 5
+    """, "setup": """
+        import pytest
+        def test_add(): assert 2 + 3 == 5
+        @pytest.fixture
+        def conn():
+            pytest.exit("bye", returncode=0)
+        def test_mul(conn): assert 2 * 3 == 5
+    """, "between": """
+        import sys, pytest
+        def hook(frame, event, arg):
+            if event == "call" and frame.f_code.co_name == "pytest_runtest_setup":
+                pytest.exit("bye", returncode=0)
+        def test_add():
+            sys.setprofile(hook)
+            assert 2 + 3 == 5
+        def test_mul(): assert 2 * 3 == 5
+    """}[where]
+    report, _, _ = verify(project(tmp_path, body), WRITER, "junit")
+    assert report.result is Result.FAIL, report.summary
+    assert any("never finished" in s.excerpt for s in report.failure_signatures)
+
+
+@pytest.mark.parametrize("code", [3, 4, 5, 127])
+def test_a_session_ended_with_a_crash_code_is_a_fail(tmp_path: Path, code: int) -> None:
+    """Review 17g: ``pytest.exit(returncode=127)`` (or 3, 4, 5) in the failing call: the
+    writer recorded the test, yet the crash code read "the checks did not run"."""
+    repo = project(tmp_path, f"""
+        import pytest
+        def test_add(): assert 2 + 3 == 5
+        def test_mul():
+            pytest.exit("bye", returncode={code})
+    """)
+    report, _, _ = verify(repo, WRITER, "junit")
+    assert report.result is Result.FAIL, report.summary
+
+
+def test_a_log_of_dotted_titles_is_indexed_in_bounded_memory(choir_home: Path) -> None:
+    """Review 17g: the one-pass index keyed every section title by each suffix after each
+    of its dots: 400 header lines of 2,000 dots (1.6 MB of log) took 1.6 GiB and 7 s."""
+    import resource
+
+    from choir.evidence.artifacts import ArtifactStore
+    from choir.report.junit import parse_junit
+    from choir.report.parsers import ParseInput
+
+    store = ArtifactStore()
+    lines = [f"___ t{'.a' * 2000}.{i:06d} ___" for i in range(400)]
+    lines += ["___ test_x ___", "E   assert 1 == 2"]
+    junit = (b'<?xml version="1.0"?><testsuites><testsuite name="p" tests="1" failures="1">'
+             b'<testcase classname="test_m" name="test_x" file="test_m.py">'
+             b'<failure message="assert 1 == 2">boom</failure></testcase></testsuite>'
+             b'</testsuites>')
+    artifacts = {"logs/combined.log": store.ingest_bytes(("\n".join(lines) + "\n").encode()),
+                 "out/junit.xml": store.ingest_bytes(junit)}
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = parse_junit(ParseInput(artifacts=artifacts, store=store, exit_codes=[1]))
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert result.counts.failed == 1 and grown_mib < 200, grown_mib
+
+
+def test_a_session_of_xfails_is_no_pass_with_either_parser(tmp_path: Path) -> None:
+    """Review 17g: ``pytest.xfail()`` raised in every call: the JUnit parser counted the
+    xfails as skips (INCONCLUSIVE) while ``parser: pytest`` counted them as run (PASS)."""
+    repo = project(tmp_path, """
+        import pytest
+        def test_add(): pytest.xfail("later")
+        def test_mul(): pytest.xfail("later")
+    """)
+    for command, parser in ((PYTEST, "junit"), (TEXT, "pytest")):
+        report, _, _ = verify(repo, command, parser, run_id=f"r-{parser}")
+        assert report.result is Result.INCONCLUSIVE, (parser, report.summary)
+
+
+def test_an_exit_code_past_the_signals_is_no_signal(tmp_path: Path) -> None:
+    report, _, _ = verify(project(tmp_path, "def test_ok(): pass\n"), "exit 255", "generic")
+    assert report.result is Result.FAIL and "signal" not in report.summary, report.summary
