@@ -365,7 +365,12 @@ def _conclude(repo: Path, rnd: Round, backend: Backend, plan: Any,
     passed = bool(runs) and all(run.report.result is Result.PASS for run in runs) \
         and blocked is None
     status = "PASS" if passed else "FAIL"
-    verdict = "FAIL" if blocked else session_verdict([run.report.result for run in runs],
+    # per verifier, as the loop judges it: a PASS beside an INCONCLUSIVE the step made is a
+    # disagreement (FLAKY, a failure), not "nothing failed" (review 17h)
+    from choir.director import verdicts
+
+    judged_runs = [*(run.report.result for run in runs), *verdicts(runs).values()]
+    verdict = "FAIL" if blocked else session_verdict(judged_runs,
                                                      crashed=len(runs) - len(sealed))
     manifests = [load_manifest(store, run.manifest_hash) for run, _ in sealed]
     commands = [

@@ -124,15 +124,25 @@ def gate(work_item_id: str, commit: str | None, repo: Path | None, expect_head: 
     from choir.app.gate import check_gate, gate_target
     from choir.team.promote import check_plan_gate, is_plan
 
-    plan = repo is None and commit is None and is_plan(work_item_id)
-    tree, sha = (None, None) if plan else gate_target(repo, commit)
+    # a plan's id is the plan's gate whatever tree is asked about: --repo or --commit name
+    # the tree it must be (its final integration tree), never a way around the plan's items
+    # (review 17h: a failed plan's integration head opened the gate as "a claim")
+    plan = is_plan(work_item_id)
+    tree, sha = (None, None) if plan and repo is None and commit is None else \
+        gate_target(repo, commit)
     pin = load_pin(expect_head) if expect_head else None
     marks = seen_heads or SeenHeads.default_path()
     # a commit read from git is checked by its tree: the bytes, not the label
     anchors: Any = {"pin": pin, "pin_source": f"the pinned head {expect_head}",
                     "seen": SeenHeads(marks) if marks else None}
-    answer = check_plan_gate(work_item_id, **anchors) if plan else check_gate(
-        work_item_id, tree=tree, commit=None if tree else sha, **anchors)
+    if plan and sha and not tree:  # a commit whose tree could not be read here
+        from choir.app.gate import GateAnswer
+
+        answer = GateAnswer(False, work_item_id, None, None, problems=[
+            f"commit {sha[:12]}'s tree cannot be read from this repo: pass --repo"])
+    else:
+        answer = check_plan_gate(work_item_id, tree, **anchors) if plan else check_gate(
+            work_item_id, tree=tree, commit=None if tree else sha, **anchors)
     signed = ", ".join(f"{k} ({n})" for k, n in sorted(answer.signers.items())) or "none"
     if answer.passed:
         count = sum(answer.signers.values())

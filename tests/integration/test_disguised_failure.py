@@ -57,3 +57,35 @@ def test_a_failing_run_dressed_as_a_crash_blocks_the_assert(tmp_path: Path,
     assert (code_, out["status"]) == (1, "halted"), (out["status"], out["events"])
     assert not out.get("asserted")
     assert gate == 1
+
+
+def test_choir_verify_calls_a_pass_beside_a_step_made_inconclusive_a_failure(
+        tmp_path: Path) -> None:
+    """Review 17h: ``choir run`` judged a PASS beside an INCONCLUSIVE the step made (its
+    second replica collected nothing) FLAKY, while ``choir verify`` on the same tree said
+    INCONCLUSIVE, exit 4, "nothing failed": a CI script retrying exit 4 as infrastructure
+    retried the disguise too. Both judge it per verifier: FAIL, exit 1."""
+    import json
+    import os
+    import subprocess
+
+    from tests.workitems import PY
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "conftest.py").write_text(
+        "import os\n"
+        "def pytest_ignore_collect(collection_path, config):\n"
+        "    return collection_path.name.startswith('test_') and \\\n"
+        "        os.environ.get('CHOIR_OUT', '').endswith('-1/out')\n")
+    (repo / "test_a.py").write_text("def test_a(): assert True\n")
+    (repo / "choir.yaml").write_text("sandbox: {backend: bwrap}\nverifiers:\n"
+                                     "  unit: {uses: pytest}\n")
+    env = {**os.environ, "CHOIR_HOME": str(tmp_path / "home"),
+           "CHOIR_ARTIFACT_DIR": str(tmp_path / "home" / "artifacts")}
+    proc = subprocess.run([PY, "-m", "choir", "verify", "--repo", str(repo), "--mood",
+                           "PARANOID", "--json"], capture_output=True, text=True, timeout=300,
+                          env=env)
+    out = json.loads(proc.stdout)
+    assert sorted(r["result"] for r in out["reports"]) == ["INCONCLUSIVE", "PASS"], out["reports"]
+    assert (proc.returncode, out["verdict"]) == (1, "FAIL")

@@ -256,3 +256,34 @@ def test_a_plan_file_whose_items_changed_since_the_kill_is_not_resumed(
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert {k: r["state"] for k, r in json.loads(resumed.stdout)["items"].items()} == {
         "first": "merged", "second": "merged"}
+
+
+def test_a_failed_plans_gate_stays_shut_for_any_tree_asked_about(tmp_path: Path) -> None:
+    """Review 17h: ``choir gate PLAN --commit choir/plan/PLAN/integration`` (the README's CI
+    recipe passes ``--commit``), or ``--repo`` at a checkout of it, skipped the plan's check
+    and asked only whether the tree was ASSERTed under the plan's id, which its integration
+    round had made: a plan with an item failed and one blocked opened the gate, "recorded
+    by a claim". A plan's id is its gate whatever tree is named."""
+    repo = team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "part", """\
+        - id: a
+          goal: write a
+          executor: {kind: command, command: 'echo A > a.txt'}
+        - id: c
+          goal: fail
+          executor: {kind: command, command: 'echo BROKEN > c.txt'}
+          max_attempts: 1
+        - id: d
+          goal: after c
+          executor: {kind: command, command: 'echo D > d.txt'}
+          depends_on: [c]
+        """)
+    choir("plan", "run", str(plan), "--json")
+    head = "choir/plan/part/integration"
+    wt = tmp_path / "wt"
+    git(repo, "worktree", "add", "-q", str(wt), head)
+    for args in (["gate", "part"], ["gate", "part", "--repo", str(repo), "--commit", head],
+                 ["gate", "part", "--repo", str(wt)]):
+        gate = choir(*args)
+        assert gate.returncode == 1, (args, gate.stdout)
+        assert "item d is blocked" in gate.stdout and "a claim" not in gate.stdout, gate.stdout
