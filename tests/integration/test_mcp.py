@@ -261,7 +261,7 @@ async def test_a_long_verification_is_stopped_at_its_bound_and_other_calls_still
         answer = done["answer"]
         assert done["verify_ok"] and answer["status"] == "FAIL", answer
         assert "not done within 4 s" in answer["stopped"] and answer["attestations"]
-        assert "exited -9" in answer["reports"][0]["summary"]  # killed, and it says so
+        assert "killed by signal 9" in answer["reports"][0]["summary"]  # killed, and says so
         assert not sleeping(), "the stopped verification left its step running"
 
         # the client gives up (notifications/cancelled): the same stop, the session recorded
@@ -314,7 +314,8 @@ async def test_through_a_running_service_the_answer_and_the_stop_are_the_same(
             assert done.get("under"), "the verification did not run in the service"
             answer = done["answer"]
             assert done["ok"] and "not done within 4 s" in answer["stopped"], answer
-            assert "exited -9" in answer["reports"][0]["summary"] and answer["attestations"]
+            assert "killed by signal 9" in answer["reports"][0]["summary"] and \
+                answer["attestations"]
         assert not sleeping(61), "the service's worker left the step running"
         audit = cli("audit", "--json")
         assert audit.returncode == 0, audit.stdout[-2000:]
