@@ -179,12 +179,20 @@ def check_gate(work_item: str, *, tree: str | None, commit: str | None,
         return answer
     atom = signed.asserted(work_item, tree_hash=tree, commit_sha=commit)
     if atom is None or not atom.attestations:
+        other = signed.asserted(work_item) if tree or commit else None
         answer.problems.append(f"{work_item} is not ASSERTed" +
                                (" for that tree" if tree else "") +
                                (" for that commit" if commit else "") +
                                f"; what opens the gate: `choir verify --claim {work_item}` "
                                "passing on exactly this tree, or `choir run` of the work item "
                                f"{work_item} ending ASSERTed on it")
+        if other is not None:  # a claim made on a working tree that was not this commit's
+            answer.problems.append(
+                f"{work_item} is ASSERTed for another tree ({(other.tree_hash or '?')[:12]}): "
+                "the one "
+                "verified held changes or untracked files this tree lacks (`git status`; "
+                "ignore build output such as *.egg-info/ in .gitignore), or was another "
+                "commit's")
         return answer
     answer.recorded_by = ("choir run" if atom.claim == done_text(work_item) else
                           "a claim (choir verify --claim, or an agent's verify over MCP)"
