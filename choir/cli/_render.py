@@ -18,6 +18,8 @@ def write_whole(path: Path, text: str) -> None:
 
 
 def render_verify(contract: dict[str, Any]) -> None:
+    import shlex
+
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -51,7 +53,8 @@ def render_verify(contract: dict[str, Any]) -> None:
     if failing:
         console.print("[bold red]failing tests[/] (paste a node id after `python3 -m pytest`):")
         for (node, where), labels in list(failing.items())[:30]:
-            console.out(f"  {node}" + (f"  ({where})" if where else "")
+            # quoted for a shell: a parametrized id holds spaces and brackets (review 17h)
+            console.out(f"  {shlex.quote(node)}" + (f"  ({where})" if where else "")
                         + f"   [{', '.join(labels)}]", highlight=False)
         if len(failing) > 30:
             console.print(f"  ... and {len(failing) - 30} more (--json lists them all)")
