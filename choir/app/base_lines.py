@@ -28,4 +28,28 @@ def base_lines(contract: dict[str, Any]) -> list[str]:
             lines.append(f"{name}: {shown}" + (" ..." if len(paths) > PATHS_MAX else ""))
     if base.get("blocked"):
         lines.append(f"not PASS: {one_line(base['blocked'], 600)}")
+    if base.get("added") and _undecided_alone(contract):
+        # the first tests of a repo (review 17h): no message said why they cannot pass
+        lines.append("not PASS: the base's checks decided nothing on this tree (no test of "
+                     "theirs ran), and added tests never decide alone (they could be written "
+                     "to pass the change they come with); have a person review and merge the "
+                     "first tests, or approve them (--approve-spec-change) where the policy "
+                     "allows: the gate works from the next change on")
     return lines
+
+
+def _undecided_alone(contract: dict[str, Any]) -> bool:
+    """Whether a verifier passed beside the added checks while its runs of the base's checks
+    alone were all INCONCLUSIVE."""
+    from choir.evidence.spec import ADDITIONS_REPLICA
+
+    reports, threads = contract.get("reports") or [], contract.get("threads") or []
+    runs: dict[str, list[tuple[bool, str]]] = {}
+    for report, thread in zip(reports, threads, strict=False):
+        if isinstance(report, dict) and isinstance(thread, dict):
+            beside = int(thread.get("replica") or 0) >= ADDITIONS_REPLICA
+            runs.setdefault(str(report.get("verifier")), []).append(
+                (beside, str(report.get("result"))))
+    return any(any(b and r == "PASS" for b, r in found) and
+               all(r == "INCONCLUSIVE" for b, r in found if not b) and
+               any(not b for b, _ in found) for found in runs.values())

@@ -143,16 +143,21 @@ def verdicts(runs: Sequence[VerifierRun], need: int = 1) -> dict[str, Result]:
                 (run.replica, run.report.result, run.infra))
     out: dict[str, Result] = {}
     for name, voted in by_name.items():
-        out[name] = _verdict([(r, infra) for _, r, infra in voted], need)
         beside = [(r, infra) for replica, r, infra in voted if replica >= ADDITIONS_REPLICA]
         alone = [(r, infra) for replica, r, infra in voted if replica < ADDITIONS_REPLICA]
+        if not beside:
+            out[name] = _verdict(alone, need)
+            continue
         # a verifier planned beside the work item's admitted new checks passes only if its
         # pinned checks pass alone too: an INCONCLUSIVE alone (the code made to crash
-        # without the addition) let the PASS beside it decide (review 17, F5)
-        if beside and out[name] is Result.PASS and (
-                _verdict(alone, need) is not Result.PASS or
-                _verdict(beside, need) is not Result.PASS):
-            out[name] = Result.INCONCLUSIVE
+        # without the addition) let the PASS beside it decide (review 17, F5). The two are
+        # views of the tree, not replicas of one: judged each on its own, then together
+        # (mixed, an INCONCLUSIVE alone beside a PASS read as a disagreement: FLAKY)
+        views = (_verdict(alone, need), _verdict(beside, need))
+        out[name] = (Result.FLAKY if Result.FLAKY in views else
+                     Result.FAIL if Result.FAIL in views else
+                     Result.PASS if views == (Result.PASS, Result.PASS) else
+                     Result.INCONCLUSIVE)
     return out
 
 

@@ -25,3 +25,17 @@ def test_a_parametrized_node_id_is_quoted_for_the_shell(
     line = next(ln for ln in out.splitlines() if "test_double" in ln)
     assert shlex.split(line)[0] == node, line
     assert "  tests/test_calc.py::test_plain" in out  # a plain id stays as it is
+
+
+def test_the_first_tests_of_a_repo_are_told_why_they_cannot_pass_alone() -> None:
+    """Review 17h: a pull request adding a repo's first tests read INCONCLUSIVE (the base's
+    checks ran no test; added tests never decide alone) and nothing said why."""
+    from choir.app.base_lines import base_lines
+
+    contract = {"base": {"ref": "main", "commit": "0" * 40, "added": ["tests/test_a.py"]},
+                "reports": [{"verifier": "unit", "result": "INCONCLUSIVE"},
+                            {"verifier": "unit", "result": "PASS"}],
+                "threads": [{"replica": 0}, {"replica": 1000}]}
+    assert any("added tests never decide alone" in line for line in base_lines(contract))
+    contract["reports"][0]["result"] = "PASS"
+    assert not any("decide alone" in line for line in base_lines(contract))

@@ -319,3 +319,18 @@ def test_an_empty_round_halts_at_once(policy: Policy) -> None:
     decision = decide([], policy)
     assert decision.action == "halt" and "nothing was verified" in decision.reason
 
+
+
+def test_a_view_of_the_base_checks_and_one_beside_the_additions_are_judged_apart() -> None:
+    """Review 17h (the first tests of a repo): the base's checks ran no test (INCONCLUSIVE,
+    made by the step) and the added tests passed beside them: judged as one list, that read
+    as a disagreement, FLAKY ("fix your flaky test"); it is the twin rule's INCONCLUSIVE."""
+    from choir.evidence.spec import ADDITIONS_REPLICA
+
+    alone = vrun("unit", Result.INCONCLUSIVE)
+    beside = vrun("unit", Result.PASS, replica=ADDITIONS_REPLICA)
+    assert verdicts([alone, beside]) == {"unit": Result.INCONCLUSIVE}
+    failing = vrun("unit", Result.FAIL)
+    assert verdicts([failing, beside]) == {"unit": Result.FAIL}
+    passing = vrun("unit", Result.PASS)
+    assert verdicts([passing, beside]) == {"unit": Result.PASS}
