@@ -139,7 +139,8 @@ def gate(work_item_id: str, commit: str | None, repo: Path | None, expect_head: 
         from choir.app.gate import GateAnswer
 
         answer = GateAnswer(False, work_item_id, None, None, problems=[
-            f"commit {sha[:12]}'s tree cannot be read from this repo: pass --repo"])
+            f"commit {sha[:12]}'s tree cannot be read here (not a git work tree): pass --repo "
+            "DIR, the plan's repo"])
     else:
         answer = check_plan_gate(work_item_id, tree, **anchors) if plan else check_gate(
             work_item_id, tree=tree, commit=None if tree else sha, **anchors)
@@ -155,7 +156,8 @@ def gate(work_item_id: str, commit: str | None, repo: Path | None, expect_head: 
             f"; signed by key {signed}" if answer.signers else ""))
         for problem in answer.problems:
             click.echo(f"  {problem}")
-    click.echo(f"gate: {answer.trust}")
+    if answer.trust:
+        click.echo(f"gate: {answer.trust}")
     if vsa is not None:
         from choir.app.bundle import gate_envelope
         from choir.attest.standard import jsonl

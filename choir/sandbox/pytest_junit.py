@@ -116,6 +116,7 @@ class JUnitWriter:
         self.seconds: dict[str, _Case] = {}  # a teardown's error after a failed call
         self.start = time.time()
         self.prefix = ""  # --junitprefix, put before every classname as pytest does
+        self.runs_calls = True  # False for --co, --setup-only, --setup-plan
 
     def _case(self, report: object) -> _Case:
         nodeid = str(getattr(report, "nodeid", ""))
@@ -127,6 +128,11 @@ class JUnitWriter:
 
     def pytest_configure(self, config: Any) -> None:
         self.prefix = getattr(config.option, "junitprefix", None) or ""
+        option = config.option
+        # a session that runs no test's call on purpose (--co, --setup-only, --setup-plan,
+        # chosen by the pinned command or configuration): none is unfinished (review 17i)
+        self.runs_calls = not any(getattr(option, name, False) for name in
+                                  ("collectonly", "setuponly", "setupplan"))
 
     def pytest_collection_finish(self, session: Any) -> None:
         """The tests the session is to run (after deselection): one it ends without running
@@ -142,7 +148,10 @@ class JUnitWriter:
     def pytest_runtest_logreport(self, report: Any) -> None:
         when, nodeid = report.when, report.nodeid
         case = self.cases.get(nodeid) or self._case(report)  # made at setup, as pytest's
-        if when == "call":
+        if when == "call" and getattr(report, "context", None) is None:
+            # the test's own call, not one of its subtests' (a SubtestReport, pytest's or
+            # pytest-subtests', is a call report of the parent's node id with a context): a
+            # test that ended the session after one subtest ran had "finished" (review 17i)
             self.called.add(nodeid)
         if report.passed:  # the common case: an addition or two
             case.duration += report.duration or 0.0
@@ -222,6 +231,12 @@ class JUnitWriter:
         ``pytest.exit`` in the test, its fixture's setup or teardown, a profile hook between
         two tests) so that the failing tests never reported (reviews 17f, 17g). After a
         failure (``-x``, ``--maxfail``) the session already fails: the rest is left as is."""
+        if not self.runs_calls:  # set up on purpose without a call: not run, not a pass
+            for nodeid, made in self.cases.items():
+                if not made.problems and nodeid not in self.called:
+                    self._add(made, "skipped", "choir.no_call",
+                              "not run: the session runs no test's call", "")
+            return
         if self.stats["failure"] or self.stats["error"]:
             return
         for nodeid, file, line in self.items:

@@ -58,7 +58,8 @@ def check_plan_gate(plan_id: str, tree: str | None = None, *, pin: PinnedHead | 
     # which refuses a plan's id) is not what opens it (review 17h)
     answer.problems = [p.split("; what opens the gate:")[0] + "; what opens the gate: "
                        f"`choir plan run` of plan {plan_id} ending asserted on that tree"
-                       if "; what opens the gate:" in p else p for p in answer.problems]
+                       if "; what opens the gate:" in p else p for p in answer.problems
+                       if not p.startswith(f"{plan_id} is ASSERTed for another tree")]
     answer.recorded_by = "choir plan run" if answer.recorded_by else answer.recorded_by
     if state is None:
         answer.passed = False

@@ -228,3 +228,33 @@ def test_a_session_of_xfails_is_no_pass_with_either_parser(tmp_path: Path) -> No
 def test_an_exit_code_past_the_signals_is_no_signal(tmp_path: Path) -> None:
     report, _, _ = verify(project(tmp_path, "def test_ok(): pass\n"), "exit 255", "generic")
     assert report.result is Result.FAIL and "signal" not in report.summary, report.summary
+
+
+def test_a_session_ended_after_a_subtest_is_no_pass(tmp_path: Path) -> None:
+    """Review 17i: a subtest's report is a call report of its test's node id: a test that
+    ran one passing subtest, then ended the session (``pytest.exit(returncode=0)`` in the
+    code under test) counted as run to the end of its call, and the session PASSed."""
+    repo = project(tmp_path, """
+        import pytest
+        def mul(a, b):
+            if (a, b) == (2, 3):
+                pytest.exit("done", returncode=0)
+            return a * b + 1
+        def test_one(): assert 1 == 1
+        def test_mul(subtests):
+            with subtests.test("small"):
+                assert 3 == 3
+            assert mul(2, 3) == 6
+    """)
+    report, _, _ = verify(repo, WRITER, "junit")
+    assert report.result is Result.FAIL, report.summary
+
+
+@pytest.mark.parametrize("flag", ["--co", "--setup-plan"])
+def test_a_session_that_runs_no_call_on_purpose_has_nothing_unfinished(tmp_path: Path,
+                                                                       flag: str) -> None:
+    """Review 17i: an honest collect-only step read "2 failed: never finished"."""
+    repo = project(tmp_path, "def test_a(): pass\ndef test_b(): pass\n")
+    report, _, _ = verify(repo, f"{WRITER} {flag}", "junit")
+    assert report.result is Result.INCONCLUSIVE and "no test ran" in report.summary, \
+        report.summary
