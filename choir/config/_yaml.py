@@ -329,10 +329,17 @@ def _error(doc: YamlDoc, model: type[BaseModel], err: Any, prefix: tuple[str, ..
             if bound:
                 hint = f"set '{key}' to a value {bound[0]} {bound[1]}"
             elif "min_length" in ctx or "max_length" in ctx:
-                hint = f"give '{key}' between {ctx.get('min_length', 0)} and " \
-                    f"{ctx.get('max_length', 'any number of')} items"
-            else:
-                hint = f"set '{key}' to a valid value ({str(err['msg']).lower()})"
+                # a string's length in characters, a list's in items; no upper bound, no
+                # "between 1 and any number" (review 17h)
+                unit = "character" if str(err["type"]).startswith("string_") else "item"
+                low, high = ctx.get("min_length"), ctx.get("max_length")
+                hint = (f"give '{key}' at least {low} {unit}{'s' * (low != 1)}"
+                        if high is None else f"give '{key}' at most {high} {unit}s"
+                        if not low else f"give '{key}' {low} to {high} {unit}s")
+            else:  # the message as pydantic says it, its first letter only lowered (a
+                # pattern's letters are the pattern's: review 17h)
+                msg = str(err["msg"])
+                hint = f"set '{key}' to a valid value ({msg[:1].lower()}{msg[1:]})"
     return ConfigError(message, path=str(doc.path), line=doc.line_of(full), hint=hint)
 
 

@@ -245,3 +245,23 @@ def test_choir_yaml_cannot_narrow_paranoid_or_cut_its_reruns(tmp_path: Path) -> 
     # CALM's list is the repo's to choose (the documented override)
     write(tmp_path, allow + "moods:\n  CALM: {verifiers: [lint]}\n")
     assert load_policy(load_repo_config(tmp_path)).moods[Mood.CALM].verifiers == ("lint",)
+
+
+@pytest.mark.parametrize(("text", "hint"), [
+    ("verifiers:\n  unit:\n    kind: unit_tests\n    steps: []\n",
+     "give 'steps' at least 1 item"),
+    ("verifiers:\n  unit:\n    kind: unit_tests\n    steps:\n      - {name: t, command: ''}\n",
+     "give 'command' at least 1 character"),
+    ("verifiers:\n  'b d':\n    kind: unit_tests\n    steps:\n      - {name: t, command: x}\n",
+     "A-Za-z"),
+])
+def test_a_length_or_pattern_fix_says_what_the_value_needs(tmp_path: Path, text: str,
+                                                           hint: str) -> None:
+    """Review 17h: an empty ``steps`` or ``command`` read "give 'command' between 1 and any
+    number of items" (a string is no list, and there is no upper bound), and a name's
+    pattern was lowercased into another rule (``[a-za-z0-9]``)."""
+    write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_repo_config(tmp_path)
+    assert info.value.hint is not None and hint in info.value.hint, info.value.hint
+    assert "any number" not in info.value.hint
