@@ -14,7 +14,7 @@ import pytest
 
 from tests.workitems import scripted_item
 
-pytestmark = pytest.mark.bwrap
+pytestmark = [pytest.mark.bwrap, pytest.mark.slow]  # CI's slow stage: two 4-attempt runs
 
 
 @pytest.mark.parametrize("fixed_at", [2, 3])  # 2: no climb (the control); 3: BOLD -> CURIOUS
