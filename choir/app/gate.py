@@ -141,11 +141,13 @@ def check_anchors(ahdb: AHDB, trusted: set[str] | frozenset[str], *,
 
 def check_gate(work_item: str, *, tree: str | None, commit: str | None,
                pin: PinnedHead | None = None, pin_source: str = "the pinned head",
-               seen: SeenHeads | None = None) -> GateAnswer:
+               seen: SeenHeads | None = None, opens: str | None = None) -> GateAnswer:
     """Re-verify the ASSERT for ``work_item`` at ``tree``/``commit``. See the module docstring.
 
     ``pin``: a head the log must contain (``--expect-head``); ``seen``: the high-water marks
-    to check and move up (``SeenHeads.default_path()`` from the CLI).
+    to check and move up (``SeenHeads.default_path()`` from the CLI). ``opens``: what opens
+    this gate, said when it is shut (default: a claim's or a run's ASSERT; a plan's gate
+    names ``choir plan run``, and then no claim on another tree is hinted at).
 
     Raises:
         ConfigError: the pinned trusted-key list or the seen-heads file is malformed.
@@ -179,13 +181,14 @@ def check_gate(work_item: str, *, tree: str | None, commit: str | None,
         return answer
     atom = signed.asserted(work_item, tree_hash=tree, commit_sha=commit)
     if atom is None or not atom.attestations:
-        other = signed.asserted(work_item) if tree or commit else None
+        other = signed.asserted(work_item) if (tree or commit) and opens is None else None
         answer.problems.append(f"{work_item} is not ASSERTed" +
                                (" for that tree" if tree else "") +
                                (" for that commit" if commit else "") +
-                               f"; what opens the gate: `choir verify --claim {work_item}` "
-                               "passing on exactly this tree, or `choir run` of the work item "
-                               f"{work_item} ending ASSERTed on it")
+                               "; what opens the gate: " + (opens or (
+                                   f"`choir verify --claim {work_item}` passing on exactly "
+                                   f"this tree, or `choir run` of the work item {work_item} "
+                                   "ending ASSERTed on it")))
         if other is not None:  # a claim made on a working tree that was not this commit's
             answer.problems.append(
                 f"{work_item} is ASSERTed for another tree ({(other.tree_hash or '?')[:12]}): "

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
+import signal
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -143,9 +145,9 @@ def _decide_steps(result: PipelineResult, parsed: ParseResult, parser: str,
             if rec.exit_code < 0 or 128 < rec.exit_code < 128 + 65 and not crash:  # NSIG
                 # killed by a signal (a segfault in the code under test, a C extension, a
                 # stack overflow in C): a bug of the code, for the executor to hear of
-                signal = -rec.exit_code if rec.exit_code < 0 else rec.exit_code - 128
-                return Result.FAIL, (f"step {rec.name} was killed by signal {signal} "
-                                     f"({_signal_name(signal)})")
+                number = -rec.exit_code if rec.exit_code < 0 else rec.exit_code - 128
+                return Result.FAIL, (f"step {rec.name} was killed by signal {number} "
+                                     f"({_signal_name(number)})")
             if crash:
                 return Result.INCONCLUSIVE, (f"step {rec.name}: {crash} (exit {rec.exit_code}):"
                                              " the checks did not run")
@@ -172,14 +174,10 @@ def _decide_steps(result: PipelineResult, parsed: ParseResult, parser: str,
 def _no_module(tool: str, log: str) -> bool:
     """Whether the interpreter said it has no ``tool`` module: its own line, ending there
     (a failing test's message naming ``pytest_myplugin`` is not that: review 17f)."""
-    import re
-
     return re.search(rf"(?m)(?:^|: )No module named '?{re.escape(tool)}'?\s*$", log) is not None
 
 
 def _signal_name(number: int) -> str:
-    import signal
-
     try:
         return signal.Signals(number).name
     except ValueError:

@@ -193,11 +193,10 @@ def parse_pytest_text(inp: ParseInput) -> ParseResult:
         # leaves the plain skips out: a test that passed and errored at teardown is counted
         # twice in the summary, once in JUnit's ``tests``, and so the totals meet)
         skipped = counts.get("skipped", 0) + counts.get("xfailed", 0)
-        result.counts = Counts(run=sum(v for k, v in counts.items()
-                                       if k not in ("skipped", "subtests skipped")),
-                               failed=counts.get("failed", 0), errors=counts.get("error", 0),
-                               skipped=skipped)
-        result.ran = result.counts.run - counts.get("xfailed", 0)  # type: ignore[operator]
+        run = sum(v for k, v in counts.items() if k not in ("skipped", "subtests skipped"))
+        result.counts = Counts(run=run, failed=counts.get("failed", 0),
+                               errors=counts.get("error", 0), skipped=skipped)
+        result.ran = run - counts.get("xfailed", 0)
     elif inp.exit_codes and inp.exit_codes[-1] != 0 and not result.signatures:
         return parse_generic(inp)
     else:  # a session that never printed its summary (it ended inside a test) decides nothing

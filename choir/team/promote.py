@@ -51,15 +51,12 @@ def check_plan_gate(plan_id: str, tree: str | None = None, *, pin: PinnedHead | 
     landed = {str(m.get("integration_tree") or "") for m in merges}
     final = str((state or {}).get("integration_tree") or "")
     tree = tree or final or None
+    # a plan's rounds are its own: a claim's hint (`choir verify --claim`, which refuses a
+    # plan's id) is not what opens its gate (review 17h)
     answer = check_gate(plan_id, tree=tree, commit=None, pin=pin, pin_source=pin_source,
-                        seen=seen) if tree else GateAnswer(
+                        seen=seen, opens=f"`choir plan run` of plan {plan_id} ending asserted "
+                                         "on that tree") if tree else GateAnswer(
         False, plan_id, None, None, problems=["the plan has no verified integration tree"])
-    # a plan's rounds are its own: the gate's hint for a claim (`choir verify --claim`,
-    # which refuses a plan's id) is not what opens it (review 17h)
-    answer.problems = [p.split("; what opens the gate:")[0] + "; what opens the gate: "
-                       f"`choir plan run` of plan {plan_id} ending asserted on that tree"
-                       if "; what opens the gate:" in p else p for p in answer.problems
-                       if not p.startswith(f"{plan_id} is ASSERTed for another tree")]
     answer.recorded_by = "choir plan run" if answer.recorded_by else answer.recorded_by
     if state is None:
         answer.passed = False

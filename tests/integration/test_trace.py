@@ -4,12 +4,13 @@ fails with exactly the check that names it."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -409,6 +410,22 @@ def test_audit_names_a_verifier_call_cut_from_a_trace(home: Path) -> None:
     assert call["call_id"] in violations[0]["object"]
 
 
+@contextlib.contextmanager
+def _lock_held(home: Path) -> Iterator[None]:
+    """Run ``t1``'s lock held by another process for the block's length."""
+    holder = subprocess.Popen(
+        [PY, "-c", "import fcntl, os, sys, time\n"
+                   "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+                   "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(300)",
+         str(home / "locks" / "t1.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holder.kill()
+        holder.communicate()
+
+
 def _forge_a_sealed_reason(home: Path) -> None:
     path = home / "traces" / "t1.jsonl"
     lines = [json.loads(x) for x in path.read_text().splitlines()]
@@ -427,17 +444,8 @@ def test_a_held_lock_hides_no_rewritten_record_from_the_audit(home: Path, ended:
     if not ended:
         _edit_record(home, lambda r: r["kind"] not in ("run_ended", "seal") or
                      r.get("seq", 0) < 3)  # an unfinished record: its last seals not yet there
-    holder = subprocess.Popen(
-        [PY, "-c", "import fcntl, os, sys, time\n"
-                   "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
-                   "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(300)",
-         str(home / "locks" / "t1.lock")], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with _lock_held(home):  # by a process that is not Choir's
         code, violations = _audit(home)
-    finally:
-        holder.kill()
-        holder.communicate()
     assert code == 1 and "trace_seal_integrity" in {v["kind"] for v in violations}, violations
 
 
@@ -463,18 +471,9 @@ def test_a_finished_record_cut_back_to_a_seal_is_named_under_a_held_lock(home: P
     kinds = [json.loads(x).get("kind") for x in lines]
     cut = max(i for i, k in enumerate(kinds) if k == "seal" and i < kinds.index("run_ended") - 3)
     path.write_text("".join(x + "\n" for x in lines[:cut + 1]))
-    holder = subprocess.Popen(
-        [PY, "-c", "import fcntl, os, sys, time\n"
-                   "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
-                   "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(300)",
-         str(home / "locks" / "t1.lock")], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with _lock_held(home):
         proc = subprocess.run([PY, "-m", "choir", "audit", "--json"], capture_output=True,
                               text=True, timeout=120,
                               env={**_env(home), "CHOIR_AUDIT_LIVE_GRACE_S": "0"})  # later
-    finally:
-        holder.kill()
-        holder.communicate()
     kinds_found = {v["kind"] for v in json.loads(proc.stdout)["violations"]}
     assert proc.returncode == 1 and "trace_unrecorded_attestation" in kinds_found, kinds_found
