@@ -58,6 +58,27 @@ def _no_network(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket.socket, "connect_ex", _guarded_connect_ex)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The user's configuration (``~/.config/choir``: the gate's seen heads) stays out of the
+    suite, for module- and session-scoped fixtures too, which run before ``choir_home``.
+
+    A seen-heads file kept across runs remembers stores by path, and a later run whose
+    temporary store reuses a path (pytest's numbered dirs start again once /tmp is cleared)
+    would be refused as a rewritten log.
+    """
+    config = tmp_path_factory.mktemp("config")
+    saved = {var: os.environ.get(var) for var in ("XDG_CONFIG_HOME", "CHOIR_SEEN_HEADS")}
+    os.environ["XDG_CONFIG_HOME"] = str(config)
+    os.environ["CHOIR_SEEN_HEADS"] = str(config / "seen-heads")
+    yield
+    for var, value in saved.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+
+
 @pytest.fixture(autouse=True)
 def choir_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A private CHOIR_HOME (keys, AHDB, checkpoints) and artifact dir for each test."""

@@ -271,3 +271,19 @@ def test_a_verification_is_remembered_only_inside_its_transaction(tmp_path: Path
         db._lookup(att.id)
     with pytest.raises((PromotionError, IntegrityError)):
         db._lookup(att.id)  # outside a transaction: checked every time
+
+
+@pytest.fixture(scope="module")
+def module_marks() -> Path | None:
+    """Where a module-scoped fixture's ``choir`` run keeps its seen heads."""
+    return SeenHeads.default_path()
+
+
+def test_no_fixture_of_the_suite_writes_the_users_seen_heads(module_marks: Path | None) -> None:
+    """A module-scoped fixture runs before the per-test home: its store's mark went to
+    ~/.config/choir/seen-heads, which outlives the run, and a later CI run whose numbered temp
+    dir reused the path was refused as a rewritten log."""
+    user = Path.home() / ".config"
+    assert module_marks is not None
+    assert not module_marks.is_relative_to(user), module_marks
+    assert not SeenHeads.default_path().is_relative_to(user)  # type: ignore[union-attr]
