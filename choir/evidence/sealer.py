@@ -272,7 +272,7 @@ class Sealer:
         base_files = self.base_rows.keys() - base_dirs
         gone = base_files - self.kept
         if self.base is not None and not gone and not self.entries and not self._bad \
-                and not self.full:
+                and not self.full and self._top_as_recorded():
             self._rows = None  # the same tree again: nothing to change
             return self.base[1]
         if self.base is not None:
@@ -307,6 +307,17 @@ class Sealer:
             restat |= self.kept | want_dirs
         self._rows = self._seal(tree, touched, restat, want_dirs)
         return tree
+
+    def _top_as_recorded(self) -> bool:
+        """The claimed tree's top folder lists exactly the record's top-level names. The top
+        is in no row (claiming renames it, so its stamps move): a name planted there is seen
+        only here, or by ``_clean_dirs`` when anything else changed (review 18d F1)."""
+        assert self.base is not None
+        top = {rel for rel in self.base_rows if "/" not in rel}
+        try:
+            return set(os.listdir(self.base[1])) == top
+        except OSError:
+            return False
 
     def _writable(self, cursor: fsopen.DirCursor, parts: list[str], touched: set[str]) -> int:
         fd = cursor.dir(parts)

@@ -252,16 +252,22 @@ def test_the_check_beside_the_scan_answers_as_the_check_in_process(
     assert beside == here and "calc.py" in here and "pkg" in here
 
 
+@pytest.mark.parametrize("where", ["pkg/deep", ""])
 def test_a_file_planted_in_a_parked_tree_is_removed(repo: Path, tmp_path: Path,
-                                                    store_dir: Path) -> None:
+                                                    store_dir: Path, where: str) -> None:
+    """In a folder, or at the top of the parked tree with nothing else changed (review 18d
+    F1: the root is in no record row, and the unchanged tree's shortcut skipped the
+    cleaning: a planted top-level file rode into the next round's sealed tree)."""
     root = tmp_path / "snaps"
     first, _, _ = round_trip(repo, root)
-    folder = parked(store_dir) / "pkg" / "deep"
+    folder = parked(store_dir) / where
     os.chmod(folder, 0o755)
     (folder / "conftest.py").write_bytes(b"import calc\ncalc.add = lambda a, b: a + b\n")
     os.chmod(folder, 0o555)
-    second, files, _ = round_trip(repo, root)
-    assert "pkg/deep/conftest.py" not in files and second == first
+    second, files, path = round_trip(repo, root)
+    planted = f"{where}/conftest.py".lstrip("/")
+    assert planted not in files and second == first
+    assert not os.path.lexists(path / planted)
 
 
 def test_control_without_the_folder_check_the_planted_file_stays(
