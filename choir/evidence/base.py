@@ -33,6 +33,7 @@ from choir.evidence.git import GitRepo, is_oid, locate
 from choir.evidence.spec import (
     Manifest,
     approve_change,
+    compiled_file,
     judge_round,
     pinned_paths,
     view_key,
@@ -76,8 +77,10 @@ class Base:
                 digest = blake3_hex(data)  # most are stored already: no write, no fsync
                 files[path] = (kinds[path], digest if store.exists(digest)
                                else store.ingest_bytes(data))
-        return store.ingest_bytes(
-            Manifest.of(globs, files, (path for path, _kind, _oid in self.files)).encode())
+            compiled = {path: (kinds[path], blake3_hex(objects.read(blobs[path], "blob")))
+                        for path in blobs if compiled_file(path)}
+        return store.ingest_bytes(Manifest.of(
+            globs, files, (path for path, _kind, _oid in self.files), compiled).encode())
 
 
 # the names git tries for a short ref, in its order (``git help revisions``): the first that
@@ -166,7 +169,9 @@ class Judged:
         if change.refused:
             return ("refused, approved or not: a new file that changes how the interpreter "
                     "starts or where it looks, or shadows a module the checks import (or has no "
-                    "plain name), is never admitted; a person merges such a change by hand. "
+                    "plain name), and a compiled file (.pyc, __pycache__/) new or changed, "
+                    "which the checks never see, are never admitted; a person merges such a "
+                    "change by hand. "
                     + _listed(change.refused))
         config = ("; choir.yaml's changes take effect once merged (the base's allowlist ran)"
                   if CONFIG_NAME in change.held else "")

@@ -235,7 +235,8 @@ def test_a_new_module_that_shadows_the_runner_or_the_stdlib_is_never_seen(
         (repo / planted).parent.mkdir(parents=True, exist_ok=True)
         (repo / planted).write_text("raise SystemExit(0)\n")
     change, view = _judge(repo, pin, root)
-    assert set(change.ignored) == set(shadows)
+    # a new compiled file is refused (review 18b #1), never shown
+    assert set(change.ignored) == {*shadows, "helpers2.pyc"}
     assert (view / "code" / "b.py").exists() and (view / "helpers.py").exists()
     assert (view / "notes.pyc.txt").exists()
     # compiled files are never in a view: Python may load one instead of the source beside it
@@ -326,3 +327,42 @@ def test_the_diff_a_person_approves_from_shows_every_line_and_says_where_it_was_
     shown = ArtifactStore().read_bytes(change.diff, limit=DIFF_LIMIT).decode()
     assert "+# fixtures (none yet)\\rexec('hook')\n" in shown and "\r" not in shown
     assert shown.endswith("diff cut at 65536 bytes: read the files whole\n")
+
+
+def _pyc(source: str) -> bytes:
+    """An unchecked-hash .pyc of ``source``: loaded in place of its ``.py`` whatever the
+    source holds or its mtime says."""
+    import importlib.util
+    import marshal
+
+    code = compile(source, "calc.py", "exec")
+    return importlib.util.MAGIC_NUMBER + (1).to_bytes(4, "little") + bytes(8) + \
+        marshal.dumps(code)
+
+
+def test_a_compiled_file_the_checks_never_see_is_refused_unless_the_base_had_it(
+        tmp_path: Path) -> None:
+    """Review 18b #1: the view drops compiled files, so the checks ran the clean ``calc.py``
+    while the tree they attested carried an unchecked-hash ``.pyc`` of a wrong ``add`` that
+    every checkout loads: PASS, ASSERT, the gate open for code no check ran. A compiled
+    file new or changed against the pin is refused now; one the base held unchanged is
+    the base's (its checks never saw it either)."""
+    import subprocess
+
+    repo, root = _repo(tmp_path), tmp_path / "snaps"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)  # a walk skips __pycache__
+    (repo / "old").mkdir()
+    (repo / "old" / "legacy.pyc").write_bytes(_pyc("X = 1\n"))
+    pin = pin_spec(repo, DEFAULT_SPEC, root)
+    (repo / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    planted = ("__pycache__/calc.cpython-311.pyc", "tests/__pycache__/x.cpython-311.pyc",
+               "calc.pyo")
+    for rel in planted:
+        (repo / rel).parent.mkdir(exist_ok=True)
+        (repo / rel).write_bytes(_pyc("def add(a, b):\n    return a * 40\n"))
+    change, view = _judge(repo, pin, root)
+    assert set(planted) <= set(change.refused), change
+    assert "old/legacy.pyc" not in change.refused
+    (repo / "old" / "legacy.pyc").write_bytes(_pyc("X = 2\n"))  # changed: refused too
+    change, _ = _judge(repo, pin, tmp_path / "snaps2")
+    assert "old/legacy.pyc" in change.refused
