@@ -58,17 +58,23 @@ class GateAnswer:
 
 def gate_target(repo: Path | None, commit: str | None,
                 cwd: Path | None = None) -> tuple[str | None, str | None]:
-    """(tree hash, full commit sha) to gate.
+    """(tree hash, full commit sha) to gate: ``check_gate``'s ``tree`` and ``commit``.
 
     Without ``commit``: ``repo``'s working tree, else the current directory's. With
     ``commit`` and a repo to read it from (``repo``, or a git current directory): that
     commit's tree, computed from git's objects, so an ASSERT recorded for another tree under
-    the same sha cannot pass. With ``commit`` and no repo: the commit alone (Choir records a
-    commit only for a tree that was exactly it).
+    the same sha cannot pass; the sha is kept beside it only when the commit holds submodule
+    entries, which the tree hash leaves out (only an ASSERT of that very commit answers for
+    them). A commit whose ``.gitattributes`` converts files on checkout (``ident``, a
+    ``filter``, a ``working-tree-encoding``, ``eol=crlf``) is refused: the tree hash is of
+    the bytes git stores, and a checkout of it holds others (review 18b). With ``commit``
+    and no repo: the commit alone (Choir records a commit only for a tree that was exactly
+    it).
 
     Raises:
         UserError: no tree can be determined (not a directory; the current directory is
-            not a git work tree nor a repo with ``choir.yaml``), or the commit is unknown.
+            not a git work tree nor a repo with ``choir.yaml``), the commit is unknown, or a
+            checkout of it converts its files.
     """
 
     fix = "run `choir gate` at the root of the verified repo, or pass --repo DIR or --commit SHA"
@@ -84,15 +90,51 @@ def gate_target(repo: Path | None, commit: str | None,
             return None, commit
         full = resolve_commit(here, commit)
         tree = commit_tree_hash(here, full) if full else None
-        if tree is None:
+        if tree is None or full is None:
             raise UserError(f"gate: {commit} is not a commit in {here}\n  fix: fetch it, or "
                             "give the full sha of the commit that was verified")
-        return tree, full
+        return tree, _outside_the_tree(here, full)
     if repo is None and not is_git and not (here / "choir.yaml").is_file():
         raise UserError(
             f"gate: cannot tell which tree to check: {here} is neither a git work tree nor a "
             f"repo with choir.yaml\n  fix: {fix}")
     return tree_hash(here), None
+
+
+def _converts(line: str) -> bool:
+    """Whether a ``.gitattributes`` line sets (or defines a macro that sets) something a
+    checkout changes the stored bytes by on this machine."""
+    for word in line.split()[1:]:
+        name, _, value = word.partition("=")
+        if name == "ident" or (name in ("filter", "working-tree-encoding") and value) or \
+                (name == "eol" and value.lower() == "crlf"):
+            return True
+    return False
+
+
+def _outside_the_tree(repo: Path, commit: str) -> str | None:
+    """``commit`` when an ASSERT must name it (it holds submodule entries), else None.
+
+    Raises:
+        UserError: its entries cannot be read, or a checkout of it converts its files.
+    """
+    from choir.evidence.tree import commit_outside
+
+    read = commit_outside(repo, commit)
+    if read is None:
+        raise UserError(f"gate: commit {commit[:12]}'s submodule entries and .gitattributes "
+                        f"files cannot be read in {repo}\n  fix: run `git fsck` there")
+    submodules, attributes = read[0]
+    converting = sorted(f"{path}: {line}" for path, lines in attributes.items()
+                        for line in lines if _converts(line))
+    if converting:
+        raise UserError(
+            f"gate: a checkout of commit {commit[:12]} converts its files "
+            f"({'; '.join(converting)[:300]}): Choir verifies the bytes git stores, and a "
+            "checkout of this commit holds others, so no verdict answers for it\n  fix: drop "
+            "the ident, filter, working-tree-encoding and eol=crlf attributes, or gate the "
+            "verified working tree itself (`choir gate WORK_ITEM --repo DIR`)")
+    return commit if submodules else None
 
 
 def check_anchors(ahdb: AHDB, trusted: set[str] | frozenset[str], *,
@@ -185,6 +227,9 @@ def check_gate(work_item: str, *, tree: str | None, commit: str | None,
         answer.problems.append(f"{work_item} is not ASSERTed" +
                                (" for that tree" if tree else "") +
                                (" for that commit" if commit else "") +
+                               (" (its submodule entries are outside the tree hash: only a "
+                                "claim made on a checkout of that very commit answers for "
+                                "them)" if tree and commit else "") +
                                "; what opens the gate: " + (opens or (
                                    f"`choir verify --claim {work_item}` passing on exactly "
                                    f"this tree, or `choir run` of the work item {work_item} "

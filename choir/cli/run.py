@@ -143,7 +143,7 @@ def gate(work_item_id: str, commit: str | None, repo: Path | None, expect_head: 
             "DIR, the plan's repo"])
     else:
         answer = check_plan_gate(work_item_id, tree, **anchors) if plan else check_gate(
-            work_item_id, tree=tree, commit=None if tree else sha, **anchors)
+            work_item_id, tree=tree, commit=sha, **anchors)
     signed = ", ".join(f"{k} ({n})" for k, n in sorted(answer.signers.items())) or "none"
     if answer.passed:
         count = sum(answer.signers.values())

@@ -36,9 +36,9 @@ import sys
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from choir._core import fsopen
 from choir._core.canonical import blake3_hex, canonical_json

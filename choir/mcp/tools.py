@@ -239,7 +239,7 @@ class Tools:
         served = self.scope.pick(args.repo)
         tree, sha = gate_target(served.root, args.commit)
         marks = SeenHeads.default_path()
-        answer = check_gate(args.work_item, tree=tree, commit=None if tree else sha,
+        answer = check_gate(args.work_item, tree=tree, commit=sha,
                             seen=SeenHeads(marks) if marks else None)
         return fit(clean({"passed": answer.passed, "work_item": answer.work_item,
                           "tree_hash": answer.tree_hash, "commit_sha": answer.commit_sha,
