@@ -148,7 +148,7 @@ def test_the_executor_hears_counts_only_while_the_person_keeps_the_full_report(
     [hidden] = [r for r in reports if r.verifier == "hidden"]
     assert hidden.result.value == "FAIL"
     assert hidden.failure_signatures == () and hidden.artifacts == {}
-    assert hidden.summary.startswith("held-out check FAIL: 1 run, 1 failed")
+    assert hidden.summary == "held-out check FAIL" and hidden.counts.run is None
     for leak in ("test_hidden", "plain_int", MARKER, "type(got)", "assert"):
         assert leak not in text, leak
     # the person's record keeps everything: the attested report names the failing test

@@ -394,7 +394,8 @@ async def test_a_heldout_check_reaches_the_agent_as_counts_only(tmp_path: Path,
         ok, found = await call(session, "verify", {"mood": "PARANOID"})
         assert ok and found["status"] == "FAIL", found
         hidden = [r for r in found["reports"] if r["verifier"] == "hidden"]
-        assert hidden and hidden[0]["result"] == "FAIL" and hidden[0]["counts"]["failed"] >= 1
+        assert hidden and hidden[0]["result"] == "FAIL"
+        assert set(hidden[0]["counts"].values()) <= {None}  # the step's to declare
         ok, report = await call(session, "show_report", {"id": hidden[0]["attestation"]})
         assert ok
         for answer in (found, report):

@@ -118,9 +118,11 @@ def test_the_executor_hears_counts_only(tmp_path: Path, choir_home: Path) -> Non
     specs = load_repo_config(repo).verifiers
     mine, held = redact([_report("unit"), _report("hidden")], specs)
     assert mine == _report("unit")  # the repo's own checks: as they were
-    assert held.summary == "held-out check FAIL: 3 run, 1 failed, 0 errors, 0 skipped"
+    # the result alone: the counts are the step's to declare, and the code under test may
+    # read the held-out files there (review 18c: a hidden test read back through them)
+    assert held.summary == "held-out check FAIL"
     assert "secret" not in held.model_dump_json() and "7 == 6" not in held.model_dump_json()
-    assert held.result is Result.FAIL and held.counts == _report("hidden").counts
+    assert held.result is Result.FAIL and held.counts == Counts()
 
 
 def test_the_verifier_reads_a_private_copy_with_the_pinned_files(
