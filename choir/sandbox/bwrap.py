@@ -79,25 +79,31 @@ class BwrapSandbox(Sandbox):
         self._binds = tuple(_toolchain.check_bind(b, origin=_toolchain.BINDS_ORIGIN,
                                                   pinned=True) for b in binds)
 
-    _usable: ClassVar[bool | None] = None
+    _usable: ClassVar[tuple[str | None, bool] | None] = None  # (the bwrap probed, works)
 
     @classmethod
     def available(cls) -> bool:
-        """True when a real run works here: the probe is the very argv a verifier gets."""
-        if cls._usable is None:
-            if not shutil.which("bwrap"):
-                cls._usable = False
-            else:
-                import tempfile
+        """True when a real run works here: the probe is the very argv a verifier gets.
 
+        Kept per bwrap found on ``PATH``: a warm worker probes with the service's
+        environment before its request, then takes the client's, whose ``PATH`` may find
+        another bwrap or none (review 18d: a service started without bwrap on its ``PATH``
+        ran every warm request's steps unsandboxed under ``auto``, where the same command
+        run cold chose bwrap)."""
+        found = shutil.which("bwrap")
+        if cls._usable is None or cls._usable[0] != found:
+            works = False
+            if found:
+                import tempfile
 
                 with tempfile.TemporaryDirectory(prefix="choir-bwrap-probe-") as tmp:
                     os.chmod(tmp, 0o755)  # the step runs as nobody: its repo must be readable
                     result = cls().exec("true", repo=Path(tmp), out_dir=Path(tmp) / "out",
                                         env={}, timeout_s=10, limits=_Limits(),
                                         network=False, sink=lambda _: None)
-                cls._usable = result.exit_code == 0 and result.infra_error is None
-        return cls._usable
+                works = result.exit_code == 0 and result.infra_error is None
+            cls._usable = (found, works)
+        return cls._usable[1]
 
     @classmethod
     def unavailable_reason(cls) -> str:

@@ -811,3 +811,24 @@ def test_a_client_in_another_mount_namespace_is_not_answered_for_the_services_fi
             assert json.loads(proc.stdout)["status"] == "FAIL"  # cold, on the buggy files
     assert choir("verify", "--repo", str(good), "--sandbox", sandbox_name(),
                  serve="require").returncode == 0  # the service still answers at home
+
+
+def test_auto_chooses_the_sandbox_by_the_clients_path_not_the_services(
+        tmp_path: Path, choir_home: Path) -> None:
+    """Review 18d: a worker probed bwrap with the service's environment before its request
+    and kept the answer: a service started where its ``PATH`` finds no bwrap (a unit file, an
+    IDE) ran every warm request's steps unsandboxed under ``auto``, where the same command
+    run cold chose bwrap."""
+    if not shutil.which("bwrap"):
+        pytest.skip("bwrap is not installed")
+    no_engine = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+    pid = start_service(extra_env={"PATH": "/nonexistent", **no_engine})
+    try:
+        repo = make_repo(tmp_path / "repo")
+        warm = choir("verify", "--repo", str(repo), "--json", serve="require",
+                     extra_env=no_engine)
+        cold = choir("verify", "--repo", str(repo), "--json", serve="off", extra_env=no_engine)
+        chosen = [json.loads(p.stdout)["manifest"]["platform"]["sandbox"] for p in (warm, cold)]
+        assert chosen == ["bwrap", "bwrap"], warm.stderr[-2000:]
+    finally:
+        stop_service(pid)
