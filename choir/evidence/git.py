@@ -37,6 +37,7 @@ import shutil
 import stat
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,7 @@ _PINS_MAX = 64
 _CONFIG_MAX = 1 << 20
 _PINS_LOCK = threading.Lock()
 _CHUNK = 1 << 20
+ASK_S = 60.0  # how long git may take over one answer (a header, or one chunk of an object)
 # (common git folder, commit id) -> (its tree, its parents), from bytes that hashed to the id:
 # a commit never changes, and a plan asks the same ones again (the worktree made from it, its
 # merge's record), each time once a process of its own to ask
@@ -525,6 +527,11 @@ class ObjectReader:
     def __init__(self, repo: GitRepo) -> None:
         self._repo = repo
         self._started: subprocess.Popen[bytes] | None = None  # on the first question
+        # git blocks for good opening a FIFO planted in .git (an object, a ref): every read
+        # of its answer is under a deadline, past which a watchdog kills it (review 18a F2)
+        self._deadline = 0.0  # 0: no read waiting
+        self._expired = False
+        self._watch: threading.Thread | None = None
 
     @property
     def _proc(self) -> subprocess.Popen[bytes]:
@@ -584,9 +591,39 @@ class ObjectReader:
     def _ask(self, name: str) -> list[bytes]:
         stdin, stdout = self._proc.stdin, self._proc.stdout
         assert stdin is not None and stdout is not None
-        stdin.write(f"{name}\n".encode())
-        stdin.flush()
-        return stdout.readline(256).split()
+        self._arm()
+        try:
+            stdin.write(f"{name}\n".encode())
+            stdin.flush()
+            line = stdout.readline(256)
+        except BrokenPipeError:
+            line = b""
+        self._settle()
+        return line.split()
+
+    def _arm(self) -> None:
+        self._deadline = time.monotonic() + ASK_S
+        if self._watch is None:
+            self._watch = threading.Thread(target=self._watchdog, args=(self._proc,),
+                                           name="choir-git-watchdog", daemon=True)
+            self._watch.start()
+
+    def _settle(self) -> None:
+        """The read is over; when the watchdog ended it, say so."""
+        self._deadline = 0.0
+        if self._expired:
+            raise IntegrityError(
+                f"git did not answer within {ASK_S:.0f} s reading the objects of "
+                f"{self._repo.root} (a FIFO or another special file planted in .git?)")
+
+    def _watchdog(self, proc: subprocess.Popen[bytes]) -> None:
+        while proc.poll() is None and self._started is proc:
+            deadline = self._deadline
+            if deadline and time.monotonic() > deadline:
+                self._expired = True
+                proc.kill()
+                return
+            time.sleep(0.25 if deadline else 0.5)
 
     def head(self) -> tuple[str, str] | None:
         """``(sha, tree)`` of the commit ``HEAD`` names, from its checked bytes; None when
@@ -616,13 +653,17 @@ class ObjectReader:
         hasher.update(f"{want} {size}\0".encode())
         left = size
         while left:
+            self._arm()
             chunk = stdout.read(min(left, _CHUNK))
+            self._settle()
             if not chunk:
                 raise IntegrityError(f"git object {oid} ended early")
             hasher.update(chunk)
             sink(chunk)
             left -= len(chunk)
+        self._arm()
         stdout.read(1)
+        self._settle()
         if hasher.hexdigest() != oid:
             raise IntegrityError(f"git object {oid}: its bytes hash to {hasher.hexdigest()}, "
                                  "not to its name (a planted object)")

@@ -62,6 +62,14 @@ def _files(repo: Path, git: GitRepo | None, *, everything: bool = False,
         if git is not None and not everything else None
     if listed is not None:
         return sorted({p for p in listed.decode("utf-8", "surrogateescape").split("\0") if p})
+    if git is not None and not everything:
+        # never a walk in its place: that takes in every file git ignores (a secret.env),
+        # into the tree hash and every verifier's snapshot (review 18a F3: a FIFO planted as
+        # .gitignore blocked git until its timeout, and the walk followed)
+        raise UserError(f"git could not list the files of {repo} (`git ls-files` failed or "
+                        "took over 60 s: a FIFO or another special file planted as a "
+                        ".gitignore or .git/info/exclude?)\n  fix: run `git status` there, "
+                        "and remove what it cannot read")
     skip = frozenset() if everything else _SKIP_DIRS
     try:
         if everything:
@@ -241,6 +249,34 @@ def _kind(st: os.stat_result) -> str:
     return "x" if st.st_mode & 0o111 else "f"
 
 
+FILE_MB = ("CHOIR_MAX_FILE_MB", 1024)
+TREE_MB = ("CHOIR_MAX_TREE_MB", 4096)
+
+
+def limit_mb(limit: tuple[str, int]) -> int:
+    """The limit's value in MiB: its variable's, else its default.
+
+    Raises:
+        UserError: the variable is set to no positive whole number.
+    """
+    var, default = limit
+    raw = os.environ.get(var, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) <= 0:
+        raise UserError(f"{var}={raw!r}: expected a positive whole number of MiB")
+    return int(raw)
+
+
+def _too_big(what: str, limit: tuple[str, int]) -> UserError:
+    """A tree's file or whole past a limit: every byte of it would be read, hashed three
+    ways and copied into the store at its full size (a sparse file costs its writer
+    nothing; review 18a F1: 2 GiB of one cost 46 s and 2 GiB of disk a round)."""
+    var, _ = limit
+    return UserError(f"{what}, over the limit of {limit_mb(limit)} MiB that Choir seals\n"
+                     f"  fix: remove it from the tree or ignore it in git, or raise {var}")
+
+
 def _read(folder: int, parts: list[str], rel: str, sink: _Sink | None, oid_len: int,
           cache: StatCache | None) -> Hashed:
     """Hash the regular file ``parts[-1]`` of ``folder``, and put it in ``sink``.
@@ -250,6 +286,9 @@ def _read(folder: int, parts: list[str], rel: str, sink: _Sink | None, oid_len: 
     (``write_first``: one read, into a new object). The stat cache records the ``lstat``
     taken before the read whose bytes were kept."""
     fd, st = fsopen.open_regular(parts[-1], folder)
+    if st.st_size > limit_mb(FILE_MB) << 20:
+        os.close(fd)
+        raise _too_big(f"{rel} holds {st.st_size >> 20} MiB", FILE_MB)
     if sink is None or not sink.write_first:
         hashed = _hash_fd(fd, -1, _kind(st), oid_len, st.st_size)
         if sink is not None and not sink.known(rel, parts, hashed.kind, hashed.digest,
@@ -332,6 +371,7 @@ def scan(repo: Path, sink: _Sink | None, manifest: list[bytes] | None = None,
     records: list[bytes] = []
     lines: list[bytes] = []
     files = total = 0
+    tree_cap = limit_mb(TREE_MB) << 20
     with fsopen.DirCursor(repo) as src:
         for i, rel in enumerate(listed):
             if ahead and i % _BATCH == 0:  # a batch at a time: memory stays flat in the tree
@@ -375,6 +415,8 @@ def scan(repo: Path, sink: _Sink | None, manifest: list[bytes] | None = None,
             seen[rel] = (kind, hashed.blob)
             files += 1
             total += hashed.size
+            if total > tree_cap:
+                raise _too_big(f"the tree holds over {total >> 20} MiB", TREE_MB)
     _digest(outer, outer256, manifest, records, lines)
     if cache is not None:
         cache.save()

@@ -479,3 +479,28 @@ def test_submodule_entries_are_read_from_checked_objects(tmp_path: Path) -> None
     assert commit_submodules(repo, head, base) == [{"vendor": other}, {"vendor": other}]
     assert commit_submodules(repo, other) == [{}]
     assert commit_submodules(repo, "0" * len(head)) is None
+
+
+def test_a_listing_git_cannot_make_is_refused_never_walked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 18a F3: a FIFO planted as ``.gitignore`` blocked ``git ls-files`` until its
+    timeout; the scan then walked the folder as if it were no repository, and the files git
+    ignores (a ``secret.env``) went into the tree hash and every verifier's snapshot."""
+    from choir.evidence import git as git_module
+
+    repo, _, _ = buggy_repo(tmp_path / "repo")
+    (repo / ".git" / "info").mkdir(exist_ok=True)
+    (repo / ".git" / "info" / "exclude").write_text("secret.env\n")
+    (repo / "secret.env").write_text("TOKEN=1\n")
+    (repo / ".gitignore").unlink(missing_ok=True)
+    os.mkfifo(repo / ".gitignore")
+    real = git_module.GitRepo.run
+
+    def quick(self: git_module.GitRepo, *args: str, timeout: float = 60) -> bytes | None:
+        return real(self, *args, timeout=min(timeout, 2))
+
+    monkeypatch.setattr(git_module.GitRepo, "run", quick)
+    monkeypatch.setattr(git_module.GitRepo, "start",
+                        lambda self, *args, timeout=60: lambda: quick(self, *args))
+    with pytest.raises(UserError, match="could not list"):
+        inspect_tree(repo)

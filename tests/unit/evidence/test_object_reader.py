@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from choir.evidence.git import locate
 
 
@@ -32,3 +34,33 @@ def test_head_is_what_rev_parse_reads_and_none_before_the_first_commit(tmp_path:
         # the same process still answers other objects after it
         assert objects.commit_tree(_git(repo, "rev-parse", "HEAD")) == \
             _git(repo, "rev-parse", "HEAD^{tree}")
+
+
+def test_a_fifo_in_place_of_an_object_fails_within_the_deadline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 18a F2: an executor replaced HEAD's loose object with a FIFO; ``git cat-file
+    --batch`` blocked opening it, Choir waited on its answer forever, and ``choir run`` (and
+    its ``--resume``) hung with the lease held."""
+    import os
+    import time
+
+    from choir.evidence import git as git_module
+    from choir.exceptions import IntegrityError
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    (repo / "a.txt").write_text("a\n")
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    sha = _git(repo, "rev-parse", "HEAD")
+    loose = repo / ".git" / "objects" / sha[:2] / sha[2:]
+    loose.unlink()
+    os.mkfifo(loose)
+    monkeypatch.setattr(git_module, "ASK_S", 1.0)
+    found = locate(repo)
+    assert found is not None
+    began = time.monotonic()
+    with pytest.raises(IntegrityError, match="did not answer"), found.objects() as objects:
+        objects.head()
+    assert time.monotonic() - began < 15

@@ -174,3 +174,28 @@ def test_paranoid_reads_every_file_and_ignores_a_poisoned_cache(
     assert set(opened) == {"calc.py", "run.sh", "leaf.py", *(f"m{n}.py" for n in range(20))}
     assert data == b"def add(a, b):\n    return a + b\n"
     assert immune == inspect_tree(repo).tree_hash != old_hash
+
+
+def test_a_sparse_file_past_the_limit_is_refused_before_it_is_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 18a F1: ``truncate -s 2G big.bin`` costs the executor nothing, and the seal
+    read it three times and wrote 2 GiB into the store (a bigger one fills the host's
+    disk). Past ``CHOIR_MAX_FILE_MB`` (or the tree past ``CHOIR_MAX_TREE_MB``) the tree is
+    refused, nothing read or written."""
+    from choir.exceptions import UserError
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "a.py").write_text("A = 1\n")
+    with open(repo / "big.bin", "wb") as fh:
+        fh.truncate(3 << 30)
+    began = time.monotonic()
+    with pytest.raises(UserError, match="CHOIR_MAX_FILE_MB"):
+        snapshot(repo, tmp_path / "snaps")
+    assert time.monotonic() - began < 10
+    os.truncate(repo / "big.bin", 3 << 20)
+    monkeypatch.setenv("CHOIR_MAX_TREE_MB", "2")
+    with pytest.raises(UserError, match="CHOIR_MAX_TREE_MB"):
+        inspect_tree(repo)
+    monkeypatch.setenv("CHOIR_MAX_TREE_MB", "4")
+    assert inspect_tree(repo).files == 2
