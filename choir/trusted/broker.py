@@ -82,6 +82,8 @@ def answer(raw: dict[str, object], signer: Signer | None, failure: str,
         return Reply(ok=False, error="data is not base64")
     except SigningRefused as err:
         return Reply(ok=False, error=str(err)[:2000])
+    except Exception as err:  # noqa: BLE001 - no request ends the broker (review 18c)
+        return Reply(ok=False, error=f"refused: the check failed: {type(err).__name__}")
     try:
         _journal(key[0].parent, signer.key_id, kind, data)
     except OSError as err:
@@ -116,7 +118,7 @@ def serve(sock: socket.socket, home: Path) -> None:
     while True:
         try:
             raw = recv(sock)
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return
         if raw is None:
             return

@@ -53,8 +53,8 @@ _RECORD_TYPE_MAX = 100
 def _canonical_object(data: bytes, what: str) -> dict[str, Any]:
     try:
         obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        raise SigningRefused(f"{what} is not JSON") from None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise SigningRefused(f"{what} is not JSON (or nested too deep)") from None
     if not isinstance(obj, dict):
         raise SigningRefused(f"{what} is not a JSON object")
     if canonical_json(obj) != data:

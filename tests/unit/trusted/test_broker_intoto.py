@@ -111,3 +111,17 @@ def test_a_statement_must_be_canonical_and_bounded() -> None:
         signer().sign(dsse(huge))
     with pytest.raises(SigningRefused, match="one in-toto JSON payload"):
         signer().sign(pae("application/json", canonical_json(TEST_RESULT)))
+
+
+def test_json_nested_past_the_recursion_limit_is_refused_and_the_broker_lives() -> None:
+    """Review 18c: ``json.loads`` raised RecursionError, which no ``except`` took: the broker
+    exited, and every later signature of that process failed."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    signing = signer()
+    with pytest.raises(SigningRefused):
+        signing.sign(deep)
+    with pytest.raises(SigningRefused):
+        signing.sign(pae("application/vnd.in-toto+json", deep))
+    with pytest.raises(SigningRefused, match="not canonical"):  # still answering
+        signing.sign(pae("application/vnd.in-toto+json",
+                         b'{"_type": "https://in-toto.io/Statement/v1"}'))
