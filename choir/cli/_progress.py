@@ -91,7 +91,10 @@ class Progress:
         if what == "execute" and data.get("state") == "done":
             ended = ("timed out" if data.get("timed_out") else "done"
                      if data.get("exit_code") is None else f"exited {data['exit_code']}")
-            return f"  [execute] executor {ended} (isolation {data.get('isolation')})"
+            removed = data.get("removed_bytecode") or []
+            return f"  [execute] executor {ended} (isolation {data.get('isolation')})" + (
+                f"\n  [execute] removed the compiled files it left (bytecode runs in place of "
+                f"its source, and no check reads it): {', '.join(removed)}" if removed else "")
         if what == "execute":
             self.step = f"execute {data['work_item']} attempt {data['attempt']}"
             self.threads = {}

@@ -12,6 +12,7 @@ bugs are; a green thread must never run twice). Progress goes out on LangGraph's
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,6 +27,7 @@ from choir.director.advisor import suggest
 from choir.director.lenses import nested_plan
 from choir.director.rounds import Round, attest_round, crashed, run_round
 from choir.evidence.artifacts import ArtifactStore
+from choir.evidence.bytecode import remove_new_bytecode
 from choir.evidence.heldout import redact
 from choir.evidence.spec import (
     ADDITIONS_REPLICA,
@@ -192,6 +194,9 @@ async def execute(state: RunState) -> dict[str, Any]:
           "isolation": isolation})
     run_id = state["run_id"] if item.split_of is None else f"{state['run_id']}-{item.id}"
 
+    # the kernel stamps a ctime from its coarse clock, a tick behind this one: a second's
+    # margin (a cache the user's own run wrote just before is only made again)
+    began_ns = time.time_ns() - 1_000_000_000
     read_only: tuple[Path, ...] = ()
     pin = state.get("spec")
     if pin:
@@ -211,9 +216,12 @@ async def execute(state: RunState) -> dict[str, Any]:
     failpoint("execute:done")
     ended = ("timed out" if output.timed_out else
              "done" if output.exit_code is None else f"exited {output.exit_code}")
+    # bytecode is loaded in place of its source and no check reads it (review 18b #4)
+    bytecode = await asyncio.to_thread(remove_new_bytecode, Path(item.repo), began_ns)
     emit({"kind": "execute", "work_item": item.id, "attempt": attempt, "state": "done",
           "exit_code": output.exit_code, "timed_out": output.timed_out,
-          "isolation": output.isolation, "output": output.artifact})
+          "isolation": output.isolation, "output": output.artifact,
+          "removed_bytecode": bytecode[:20]})
     target = snapshot_round(Path(item.repo), item.id, state.get("target"),
                             root=run_snapshots(state["run_id"]), full=_full(state))
     change = judge_spec(state, target)
@@ -237,7 +245,9 @@ async def execute(state: RunState) -> dict[str, Any]:
             "usage": [("executor", u) for u in output.usage], **fresh,
             "round_kind": "primary",
             "events": [f"execute {item.id} attempt {attempt}: executor {ended} "
-                       f"(isolation {output.isolation})", *spec_events]}
+                       f"(isolation {output.isolation})",
+                       *([f"removed the executor's bytecode: {', '.join(bytecode[:20])}"]
+                         if bytecode else []), *spec_events]}
 
 
 def after_execute(state: RunState) -> str:
