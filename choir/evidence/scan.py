@@ -278,7 +278,7 @@ def _too_big(what: str, limit: tuple[str, int]) -> UserError:
 
 
 def _read(folder: int, parts: list[str], rel: str, sink: _Sink | None, oid_len: int,
-          cache: StatCache | None) -> Hashed:
+          cache: StatCache | None, file_cap: int) -> Hashed:
     """Hash the regular file ``parts[-1]`` of ``folder``, and put it in ``sink``.
 
     A sink that may hold the bytes already is asked first (read once to learn the digest,
@@ -286,7 +286,7 @@ def _read(folder: int, parts: list[str], rel: str, sink: _Sink | None, oid_len: 
     (``write_first``: one read, into a new object). The stat cache records the ``lstat``
     taken before the read whose bytes were kept."""
     fd, st = fsopen.open_regular(parts[-1], folder)
-    if st.st_size > limit_mb(FILE_MB) << 20:
+    if st.st_size > file_cap:
         os.close(fd)
         raise _too_big(f"{rel} holds {st.st_size >> 20} MiB", FILE_MB)
     if sink is None or not sink.write_first:
@@ -371,7 +371,7 @@ def scan(repo: Path, sink: _Sink | None, manifest: list[bytes] | None = None,
     records: list[bytes] = []
     lines: list[bytes] = []
     files = total = 0
-    tree_cap = limit_mb(TREE_MB) << 20
+    tree_cap, file_cap = limit_mb(TREE_MB) << 20, limit_mb(FILE_MB) << 20
     with fsopen.DirCursor(repo) as src:
         for i, rel in enumerate(listed):
             if ahead and i % _BATCH == 0:  # a batch at a time: memory stays flat in the tree
@@ -395,7 +395,7 @@ def scan(repo: Path, sink: _Sink | None, manifest: list[bytes] | None = None,
                     if stat.S_ISLNK(st.st_mode):
                         link = os.readlink(parts[-1], dir_fd=folder)
                     elif stat.S_ISREG(st.st_mode):
-                        hashed = _read(folder, parts, rel, sink, oid_len, cache)
+                        hashed = _read(folder, parts, rel, sink, oid_len, cache, file_cap)
                     elif everything:
                         raise Stray(rel)
                     else:
