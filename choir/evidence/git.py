@@ -531,7 +531,7 @@ class ObjectReader:
         # of its answer is under a deadline, past which a watchdog kills it (review 18a F2)
         self._deadline = 0.0  # 0: no read waiting
         self._expired = False
-        self._watch: threading.Thread | None = None
+        self._watched: subprocess.Popen[bytes] | None = None
 
     @property
     def _proc(self) -> subprocess.Popen[bytes]:
@@ -603,10 +603,11 @@ class ObjectReader:
 
     def _arm(self) -> None:
         self._deadline = time.monotonic() + ASK_S
-        if self._watch is None:
-            self._watch = threading.Thread(target=self._watchdog, args=(self._proc,),
-                                           name="choir-git-watchdog", daemon=True)
-            self._watch.start()
+        proc = self._proc
+        if self._watched is not proc:  # one watchdog a git process (a reader used after close)
+            self._watched = proc
+            threading.Thread(target=self._watchdog, args=(proc,), name="choir-git-watchdog",
+                             daemon=True).start()
 
     def _settle(self) -> None:
         """The read is over; when the watchdog ended it, say so."""
