@@ -13,26 +13,53 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 from choir._core import fsopen
+from choir.evidence.git import locate
+from choir.evidence.scan import SKIP_DIRS
 from choir.evidence.spec import compiled_file
 
 
 def remove_new_bytecode(repo: Path, since_ns: int) -> list[str]:
-    """Remove every compiled file under ``repo`` whose ``ctime`` is at or after ``since_ns``
-    (a regular file or a link, never followed); the paths removed, sorted."""
-    removed: list[str] = []
+    """Remove every compiled file under ``repo`` outside its tree whose ``ctime`` is at or
+    after ``since_ns`` (a regular file or a link, never followed); the paths removed, sorted."""
+    found: list[str] = []
     try:
         for entry in fsopen.walk(repo, skip=(".git",), max_depth=fsopen.MAX_DEPTH):
             mode = entry.st.st_mode
             if (stat.S_ISREG(mode) or stat.S_ISLNK(mode)) and compiled_file(entry.rel) and \
                     entry.st.st_ctime_ns >= since_ns:
-                try:
-                    os.unlink(entry.name, dir_fd=entry.dir_fd)
-                except FileNotFoundError:
-                    continue
-                removed.append(entry.rel)
+                found.append(entry.rel)
     except fsopen.TooDeep:
         pass  # the round's own scan refuses such a tree, saying why
+    removed: list[str] = []
+    with fsopen.DirCursor(repo) as cursor:
+        for rel in _outside_the_tree(repo, found) if found else ():
+            parts = fsopen.split(rel)
+            try:
+                os.unlink(parts[-1], dir_fd=cursor.dir(parts[:-1]))
+            except OSError:
+                continue  # gone, or reached through a link: the scan reads no link either
+            removed.append(rel)
     return sorted(removed)
+
+
+def _outside_the_tree(repo: Path, paths: list[str]) -> list[str]:
+    """Those of ``paths`` the tree's scan leaves out: git ignores them (a tracked file is
+    never ignored), or outside git, a folder the scan skips holds them."""
+    git = locate(repo)
+    if git is None:
+        return [p for p in paths if SKIP_DIRS.intersection(p.split("/")[:-1])]
+    try:
+        done = subprocess.run(git.argv("check-ignore", "-z", "--stdin"), cwd=git.root,
+                              env=git.env(), input="\0".join(paths).encode(
+                                  "utf-8", "surrogateescape") + b"\0",
+                              capture_output=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if done.returncode not in (0, 1):
+        return []
+    named = {p.decode("utf-8", "surrogateescape") for p in done.stdout.split(b"\0") if p}
+    return [p for p in paths if p in named]

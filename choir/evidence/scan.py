@@ -29,7 +29,8 @@ from choir.evidence.store import MODES, Store
 from choir.exceptions import IntegrityError, UserError
 
 _BATCH = 4096  # files whose lstat is taken ahead of the scan, at a time
-_SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".venv"}
+SKIP_DIRS = frozenset({".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache",
+                       ".venv"})  # outside git: folders no tree holds
 CHUNK = 1 << 20
 # deleted, reachable only through a link, not a regular file any more, or a name no work
 # tree can hold (a crafted index listing ``../x``): not a file of this tree
@@ -70,7 +71,7 @@ def _files(repo: Path, git: GitRepo | None, *, everything: bool = False,
                         "took over 60 s: a FIFO or another special file planted as a "
                         ".gitignore or .git/info/exclude?)\n  fix: run `git status` there, "
                         "and remove what it cannot read")
-    skip = frozenset() if everything else _SKIP_DIRS
+    skip = frozenset() if everything else SKIP_DIRS
     try:
         if everything:
             return sorted(_every_entry(repo))
