@@ -34,9 +34,13 @@ def remove_new_bytecode(repo: Path, since_ns: int) -> list[str]:
                 found.append(entry.rel)
     except fsopen.TooDeep:
         pass  # the round's own scan refuses such a tree, saying why
+    # a cache (under __pycache__/) is Python's to make again, in the tree or not; a
+    # sourceless .pyc in the tree is a module, and the executor's: the spec refuses it
+    caches = [rel for rel in found if "__pycache__" in rel.split("/")[:-1]]
+    others = [rel for rel in found if rel not in set(caches)]
     removed: list[str] = []
     with fsopen.DirCursor(repo) as cursor:
-        for rel in _outside_the_tree(repo, found) if found else ():
+        for rel in [*caches, *(_outside_the_tree(repo, others) if others else ())]:
             parts = fsopen.split(rel)
             try:
                 os.unlink(parts[-1], dir_fd=cursor.dir(parts[:-1]))
