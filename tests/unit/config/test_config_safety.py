@@ -168,7 +168,9 @@ def test_a_499_byte_alias_bomb_fails_fast_in_bounded_memory(tmp_path: Path) -> N
     code, err, elapsed, peak = _load_in_child(tmp_path)
     assert code == 2, err
     assert "alias" in err and "fix:" in err and str(path) in err
-    assert elapsed < baseline[2] + 1.0, (elapsed, baseline[2])
+    # a loaded machine stretches both children (CI on a slow machine: 2.2 s against 1.1);
+    # an expanded bomb takes minutes, and the memory bound below is the sharp one
+    assert elapsed < 2 * baseline[2] + 2.0, (elapsed, baseline[2])
     assert peak < baseline[3] + 32 * 1024, (peak, baseline[3])
 
 
