@@ -6,7 +6,10 @@ whose header matches the source's stat. In a folder git ignores it is outside th
 and every snapshot, so the verifiers read the source while the working tree the gate opens
 for runs the executor's bytecode (review 18b #4). Every compiled file the executor's attempt
 made or changed (its ``ctime`` at or after the attempt began: a ``ctime`` cannot be set back)
-is removed from the working tree, ignored or not, ``.git`` aside: Python makes its own again.
+is removed from the working tree, ``.git`` aside, when it is a cache (under ``__pycache__/``:
+Python makes its own again) or outside the tree (ignored by git; outside git, in a folder the
+scan skips). A sourceless ``.pyc`` in the tree is a module of the executor's: it stays, for
+the spec to refuse (``choir.evidence.spec.compare``), the refusal the record of what it did.
 """
 
 from __future__ import annotations
@@ -36,8 +39,10 @@ def remove_new_bytecode(repo: Path, since_ns: int) -> list[str]:
         pass  # the round's own scan refuses such a tree, saying why
     # a cache (under __pycache__/) is Python's to make again, in the tree or not; a
     # sourceless .pyc in the tree is a module, and the executor's: the spec refuses it
-    caches = [rel for rel in found if "__pycache__" in rel.split("/")[:-1]]
-    others = [rel for rel in found if rel not in set(caches)]
+    caches: list[str] = []
+    others: list[str] = []
+    for rel in found:
+        (caches if "__pycache__" in rel.split("/")[:-1] else others).append(rel)
     removed: list[str] = []
     with fsopen.DirCursor(repo) as cursor:
         for rel in [*caches, *(_outside_the_tree(repo, others) if others else ())]:
