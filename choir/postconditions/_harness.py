@@ -10,9 +10,10 @@ action) in ``CHOIR_PC_CONTEXT``.
 Two processes, so the verdict never comes from the code being trusted for it:
 
 * the parent (this harness, alone in its process) starts a child in its own session with
-  one pipe, waits at most ``timeout_s``, kills the child's whole group, and exits
-  0 (pass), 1 (fail) or 3 (inconclusive). The exit code is the verdict the host reads; it
-  is decided after the child is dead, so nothing the child prints or writes can change it.
+  one pipe, gives it ``START_S`` to start and then at most ``timeout_s`` from its first
+  byte (the check's window), kills the child's whole group, and exits 0 (pass), 1 (fail)
+  or 3 (inconclusive). The exit code is the verdict the host reads; it is decided after
+  the child is dead, so nothing the child prints or writes can change it.
 * the child loads the callable, calls it (awaiting it when it is a coroutine function),
   and sends one JSON result on the pipe. A raise, an exit without a result, two results,
   a malformed result, a crash or a hang are all INCONCLUSIVE.
@@ -46,6 +47,10 @@ EXIT = {PASS: 0, FAIL: 1, INCONCLUSIVE: 3}
 SEVERITY = {PASS: None, FAIL: "yellow", INCONCLUSIVE: "red"}
 DETAIL_MAX = 1000
 RESULT_MAX = 64 * 1024
+# the child's interpreter start (stdlib imports, before the check begins) has an allowance
+# of its own: on a loaded machine it took seconds, and the check's window must not pay for it
+START_S = 20.0
+BEGIN = b"\n"  # the child's first byte: the check begins, its window opens
 BOOTSTRAP = ('import os; exec(compile(os.environ["CHOIR_PC_HARNESS"], '
              '"choir-postcondition", "exec"))')
 # isolated (``-I``): neither the working directory (the tree being verified) nor
@@ -307,6 +312,7 @@ def _normalise(value: Any) -> dict[str, str]:
 
 def child(spec: dict[str, Any], context: dict[str, Any]) -> None:
     fd = int(os.environ.pop("CHOIR_PC_FD"))
+    os.write(fd, BEGIN)
     try:
         if spec["method"] in SCAFFOLDS:
             if spec.get("callable"):
@@ -331,8 +337,10 @@ def child(spec: dict[str, Any], context: dict[str, Any]) -> None:
 # ---- the parent: time, kill, decide -----------------------------------------------------
 
 def _collect(proc: subprocess.Popen[bytes], fd: int, timeout: float) -> tuple[bytes, bool]:
-    """Everything the child sends before it exits or the deadline passes."""
-    deadline = time.monotonic() + timeout
+    """Everything the child sends before it exits or its time is up: ``START_S`` for its
+    interpreter to start (until its first byte), then ``timeout`` for the check. The
+    deadline is set once, at that first byte: nothing the check sends extends it."""
+    deadline = time.monotonic() + START_S
     data = b""
     open_ = True
     while True:
@@ -344,6 +352,8 @@ def _collect(proc: subprocess.Popen[bytes], fd: int, timeout: float) -> tuple[by
             if ready:
                 chunk = os.read(fd, 65536)
                 if chunk:
+                    if not data:
+                        deadline = time.monotonic() + timeout
                     data += chunk
                     if len(data) > RESULT_MAX:
                         return data, False
@@ -357,10 +367,13 @@ def _collect(proc: subprocess.Popen[bytes], fd: int, timeout: float) -> tuple[by
 
 def _verdict(proc: subprocess.Popen[bytes], data: bytes, timed_out: bool,
              timeout: float) -> tuple[str, str]:
+    if timed_out and not data:
+        return INCONCLUSIVE, f"the verifier's interpreter did not start within {START_S:g} s"
     if timed_out:
         return INCONCLUSIVE, f"the verifier did not finish within {timeout:g} s"
     if proc.returncode != 0:
         return INCONCLUSIVE, f"the verifier process died (exit {proc.returncode})"
+    data = data.removeprefix(BEGIN)
     try:
         result = json.loads(data.decode("utf-8"))
     except ValueError:

@@ -103,7 +103,7 @@ class Postcondition:
 
     def check(self, context: dict[str, Any]) -> CheckResult:
         """Run the harness in a new process; the verdict is its exit code. Never raises."""
-        from choir.postconditions._harness import ARGV
+        from choir.postconditions._harness import ARGV, START_S
 
         payload = self._payload()
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
@@ -114,7 +114,7 @@ class Postcondition:
         try:
             proc = subprocess.run([sys.executable, *ARGV], cwd=self.cwd,
                                   env=env, capture_output=True, text=True,
-                                  timeout=payload["timeout_s"] + GRACE_S,
+                                  timeout=START_S + payload["timeout_s"] + GRACE_S,
                                   start_new_session=True)
         except subprocess.TimeoutExpired:
             return CheckResult(self.name, "inconclusive",

@@ -179,7 +179,7 @@ def expand(doc: Any, name: str, raw: dict[str, Any], resources: dict[str, Resour
     payload["timeout_s"] = spec.timeout_s or (verify_ms / 1000 + GRACE_S
                                               if method != "callable" or decision_ms
                                               else 30.0)
-    from choir.postconditions._harness import ARGV
+    from choir.postconditions._harness import ARGV, START_S
 
     words = [f"postcondition={name}", f"method={method}"]
     command = shlex.join(("python3", *ARGV)) + " " + " ".join(words)
@@ -187,9 +187,10 @@ def expand(doc: Any, name: str, raw: dict[str, Any], resources: dict[str, Resour
         "kind": "postcondition",
         "steps": [{"name": "postcondition", "command": command}],
         "parser": "postcondition",
-        # the host's backstop: the harness stops itself first; a sandbox that is slow to
-        # start (a container under load) must not turn a verdict into a host timeout
-        "timeout_s": payload["timeout_s"] + BACKSTOP_S,
+        # the host's backstop: the harness stops itself first (its child's start allowed
+        # START_S on top); a sandbox that is slow to start (a container under load) must not
+        # turn a verdict into a host timeout
+        "timeout_s": START_S + payload["timeout_s"] + BACKSTOP_S,
         "network": bool(payload["hosts"]) or spec.network,
         "hosts": payload["hosts"],  # enforced by the sandbox's egress proxy, attested
         "env": {**spec.env, "CHOIR_PC_SPEC": json.dumps(payload, sort_keys=True),

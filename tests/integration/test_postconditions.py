@@ -66,7 +66,7 @@ def test_read_after_write_sqlite_visible_lost_and_late(tmp_path: Path, sandbox: 
               sql: SELECT value FROM flags WHERE name = :name
               params: {{name: gamma}}
               expect: "on"
-              verify_timeout_ms: 1500
+              verify_timeout_ms: 400
           late:
             read_after_write:
               resource: flags
@@ -85,8 +85,9 @@ def test_read_after_write_sqlite_visible_lost_and_late(tmp_path: Path, sandbox: 
     con.close()
     reports = _by_name(contract)
     assert reports["visible"]["result"] == "PASS"
-    # a first read within the deadline (1.5 s: 400 ms on a slow machine read nothing at all,
-    # which is INCONCLUSIVE, as it should be) that shows the wrong value is a lost write
+    # a read within the deadline that shows the wrong value is a lost write (the window opens
+    # when the check begins: a child slow to start on a loaded machine came out INCONCLUSIVE
+    # here, see test_a_child_slow_to_start_still_gets_its_whole_window)
     assert reports["lost"]["result"] == "FAIL"
     assert _severity(reports["lost"]) == "yellow"
     assert "'off'" in reports["lost"]["failure_signatures"][0]["excerpt"]

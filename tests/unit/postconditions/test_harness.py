@@ -138,3 +138,30 @@ def test_an_invariant_callable_passes_only_on_true(tmp_path: Path, returned: str
     fails, a verdict is read as one, anything else is no evidence."""
     assert _harness(tmp_path, f"def verify(c):\n    return {returned}\n",
                     method="invariant_check")[0] == code
+
+
+def test_a_child_slow_to_start_still_gets_its_whole_window(tmp_path: Path) -> None:
+    """CI on a loaded machine: the child's interpreter took seconds to start (a container
+    among four, on two cores), the parent's clock ran from the fork, and a lost write read
+    back at its deadline came out INCONCLUSIVE ("did not finish"). The window is the
+    check's: the child's start has an allowance of its own, and the verdict stands."""
+    db = flag_db(tmp_path / "system", {"gamma": "off"})
+    slow = tmp_path / "slow-python"  # an interpreter that takes 3 s to start
+    slow.write_text(f"#!/bin/sh\nsleep 3\nexec {sys.executable} \"$@\"\n")
+    slow.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    spec = {"name": "lost", "method": "read_after_write", "timeout_s": 1.5,
+            "verify_timeout_ms": 500, "resource": {"kind": "sqlite", "path": str(db)},
+            "sql": "SELECT value FROM flags WHERE name = :name",
+            "params": {"name": "gamma"}, "expect": "on"}
+    env = {"PATH": os.environ["PATH"], "CHOIR_OUT": str(out),
+           "CHOIR_PC_HARNESS": harness_source(), "CHOIR_PC_SPEC": json.dumps(spec)}
+    started = time.monotonic()
+    proc = subprocess.run(  # the parent as it runs, but for the interpreter it forks
+        [sys.executable, "-B", "-c", f"import sys; sys.executable = {str(slow)!r}\n"
+         + BOOTSTRAP], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    record = json.loads((out / "postcondition.json").read_text())
+    assert (proc.returncode, record["outcome"]) == (1, "fail"), record
+    assert "read back 'off'" in record["detail"]
+    assert time.monotonic() - started < 10
