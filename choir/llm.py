@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -26,6 +27,12 @@ if TYPE_CHECKING:
     Reply = TypeVar("Reply", bound=BaseModel)
 
 _litellm: Any = None
+
+
+# the provider coroutines litellm's ``completion`` hands its executor back
+# (``OpenAIChatCompletion.acompletion``, ``BaseLLMHTTPHandler.async_completion``, ...); the
+# same pattern is in pyproject.toml's filterwarnings, as pytest resets filters per test
+UNAWAITED = r"coroutine '(\w+\.)?a(sync_)?\w*completion\w*' was never awaited"
 
 
 def litellm_module() -> Any:
@@ -44,6 +51,10 @@ def litellm_module() -> Any:
             raise MissingExtraError(
                 "a model is configured but litellm is not installed: pip install 'choir[llm]'"
             ) from exc
+        # a deadline that cancels ``acompletion`` while its synchronous half runs in an
+        # executor thread leaves the provider's coroutine that thread returns unawaited (it
+        # never started: no connection to close); Python's warning about it is noise
+        warnings.filterwarnings("ignore", UNAWAITED, RuntimeWarning)
         litellm.disable_aiohttp_transport = True
         litellm.suppress_debug_info = True
         litellm.telemetry = False

@@ -8,9 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
@@ -83,3 +86,41 @@ def test_a_reply_sent_a_byte_a_second_does_not_outlive_the_deadline(trickle: str
         api_base=trickle, api_key="sk-fake"))
     assert time.monotonic() - started < 6, "the call outlived its deadline"
     assert reply is None and fault
+
+
+LEAK = """
+import asyncio, gc, time, warnings
+import litellm.main
+from pydantic import BaseModel
+from choir.llm import ask_json, litellm_module
+
+litellm_module()
+slow = litellm.main.completion
+def completion(*args, **kwargs):  # a loaded machine: litellm's sync half takes 1.5 s
+    time.sleep(1.5)
+    return slow(*args, **kwargs)
+litellm.main.completion = completion
+
+class Reply(BaseModel):
+    reason: str
+
+reply, _, fault = asyncio.run(ask_json("openai/fake", [{"role": "user", "content": "hi"}],
+                                       Reply, deadline_s=1.0, attempts=1,
+                                       api_base="http://127.0.0.1:9/v1", api_key="sk-fake"))
+time.sleep(1.5)  # the executor hands back the coroutine nobody awaits
+gc.collect()
+print("fault:", fault)
+"""
+
+
+def test_a_deadline_during_litellms_sync_half_prints_no_warning(tmp_path: Path) -> None:
+    """CI on a loaded machine: the deadline cancelled litellm's ``acompletion`` while its
+    synchronous half ran in an executor thread; the coroutine that thread returned was never
+    awaited, and Python printed "coroutine ... was never awaited" (the suite turned it into a
+    failure). The coroutine never started (no connection to close): Choir silences that
+    one warning where it configures litellm, so a user sees the fault, not the noise."""
+    proc = subprocess.run([sys.executable, "-W", "default", "-c", LEAK], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "fault: TimeoutError" in proc.stdout
+    assert "never awaited" not in proc.stderr, proc.stderr[-2000:]
