@@ -58,8 +58,21 @@ def litellm_module() -> Any:
         litellm.disable_aiohttp_transport = True
         litellm.suppress_debug_info = True
         litellm.telemetry = False
+        _warm(litellm)
         _litellm = litellm
     return _litellm
+
+
+def _warm(litellm: Any) -> None:
+    """One offline call (``mock_response``: no request leaves), so the modules litellm
+    imports lazily on its first call (its proxy types, its callbacks; about 40, 1.4 s here
+    and 15 times that on a loaded machine) are imported now, not inside the first real
+    call's deadline: a reporter's first call on a loaded CI machine timed out on them."""
+    try:
+        litellm.completion(model="openai/choir-warm-up", api_key="-", mock_response="-",
+                           messages=[{"role": "user", "content": "-"}])
+    except Exception:  # noqa: BLE001 - a warm-up; the real call reports its own faults
+        pass
 
 
 @dataclass(frozen=True)

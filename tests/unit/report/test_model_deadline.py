@@ -124,3 +124,29 @@ def test_a_deadline_during_litellms_sync_half_prints_no_warning(tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "fault: TimeoutError" in proc.stdout
     assert "never awaited" not in proc.stderr, proc.stderr[-2000:]
+
+
+FIRST_CALL = """
+import asyncio, sys
+from choir.llm import acomplete, litellm_module
+from choir.testing import FakeModelServer, text
+
+litellm_module()
+before = set(sys.modules)
+with FakeModelServer([text('{"a": 1}')]) as server:
+    asyncio.run(acomplete(model=server.model, messages=[{"role": "user", "content": "hi"}],
+                          api_base=server.api_base, api_key="sk-fake"))
+print(sorted(m for m in set(sys.modules) - before if m.startswith("litellm")))
+"""
+
+
+def test_a_first_model_call_does_not_spend_its_deadline_importing_litellm(
+        tmp_path: Path) -> None:
+    """CI on a loaded machine: a reporter's first model call (deadline 30 s) was cancelled,
+    its time spent importing the ~40 modules litellm loads lazily on a first call (its proxy
+    types among them: 1.4 s on a quiet machine). Configuring litellm imports them now."""
+    proc = subprocess.run([sys.executable, "-c", FIRST_CALL], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    late = eval(proc.stdout.strip().splitlines()[-1])  # noqa: S307 - our own print of a list
+    assert len(late) <= 5, late
