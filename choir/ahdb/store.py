@@ -371,16 +371,25 @@ class AHDB:
     def asserted_by(self, work_item: str) -> set[str]:
         """The verifiers whose PASS promoted the claims behind ``work_item``'s ASSERTs (on
         any tree): what checked it, so what a tree holding its change must be checked by."""
-        tables = _Tables(self._conn())
         rows = self._conn().execute(
             "SELECT body FROM atoms WHERE work_item = ? AND kind = 'ASSERT' AND "
             "status = 'PROMOTED'", (work_item,))
         found: set[str] = set()
         for (body,) in rows:
-            for ref in Atom.model_validate_json(body).references:
-                claim = tables.get(ref)
-                if claim is not None:
-                    found.update(claim.required_verifiers)
+            found |= self.verified_by(Atom.model_validate_json(body))
+        return found
+
+    def verified_by(self, asserted: Atom) -> set[str]:
+        """The verifiers whose PASS promoted the claims behind the ASSERT ``asserted``: what
+        an earlier round of its tree ran, so what reusing it stands for (review 19b: a plan's
+        integration head reused an ASSERT of its tree that one item's required verifier
+        never stood behind)."""
+        tables = _Tables(self._conn())
+        found: set[str] = set()
+        for ref in asserted.references:
+            claim = tables.get(ref)
+            if claim is not None:
+                found.update(claim.required_verifiers)
         return found
 
     def failed_verifiers(self, work_item: str | None, tree_hash: str) -> set[str]:

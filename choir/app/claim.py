@@ -79,8 +79,10 @@ def record_claim(name: str, *, session: str, mood: str, tree_hash: str,
     missing = set(required) - {r.verifier for r in attested}
     if missing:  # no verifier, no assert
         return None, "no PASS of " + ", ".join(sorted(missing)) + ", which the claim needs"
-    if (asserted := db.is_asserted(name, tree_hash)) is not None:
-        return asserted.id, ""
+    asserted = db.is_asserted(name, tree_hash)
+    if asserted is not None and {r.verifier for r in attested} | set(required) \
+            <= db.verified_by(asserted):
+        return asserted.id, ""  # the same evidence again: that ASSERT stands for this one
     disagree = {r.verifier for r in attested} & db.failed_verifiers(name, tree_hash)
     if disagree:  # an attested FAIL on this tree before: the evidence disagrees (FLAKY)
         return None, (f"an attested FAIL of {', '.join(sorted(disagree))} on this very tree is "

@@ -85,13 +85,17 @@ async def verify_tree(path: Path, claim: str, tree: str, what: str, session: str
     After a crash the same session runs again: its sealed verifier runs are reused, the ones
     cut short set aside, so no half-made run is left for ``choir audit`` to find. A live
     ASSERT of ``claim`` for exactly that tree (a round that passed before the crash, or a
-    merge that changed nothing) is that round already; a session that recorded a FAIL is that
+    merge that changed nothing) is that round already when a PASS of every ``required``
+    verifier stands behind it (review 19b: an item that changed nothing reused a round its
+    required verifier never ran in); a session that recorded a FAIL is that
     FAIL; one recorded complete without its claim is followed by a fresh session.
     """
     from choir.app.verify import averify_tree
 
     clock = time.perf_counter()
-    if open_ahdb().is_asserted(claim, tree) is not None:
+    db = open_ahdb()
+    before = db.is_asserted(claim, tree)
+    if before is not None and set(required) <= db.verified_by(before):
         return Verdict(True, f"{what} PASS (this tree was verified before)", 0.0)
     record = ArtifactStore().run_dir(session) / "manifest.json"
     if record.exists():

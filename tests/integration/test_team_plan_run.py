@@ -250,6 +250,35 @@ def test_the_integration_round_runs_every_verifier_that_asserted_a_merged_item(
     _one_of_the_flags_merges(tmp_path, repo, "req", "required_verifiers: [integ]")
 
 
+def test_a_head_verified_before_is_reused_only_with_every_required_verifier(
+        tmp_path: Path) -> None:
+    """Review 19b (critical): item x breaks ``integ`` (a lint CALM does not plan, which x
+    does not require); item y requires it and changes nothing. x landed first, its head
+    verified by ``unit`` alone; y's merged head has exactly that tree, so its round was
+    "verified before", the plan was ASSERTed and promoted with ``integ`` failing on it. An
+    ASSERT of the tree stands for a round only when every required verifier stood behind it."""
+    repo = _flags_repo(tmp_path, "lint")
+    (repo / "test_integ.py").write_text(
+        "import pathlib\n\ndef test_no_x():\n    assert not pathlib.Path('x.flag').exists()\n")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "integ: no x")
+    plan = write_plan(tmp_path, "reuse", """\
+        - id: x
+          goal: flag x
+          max_attempts: 1
+          executor: {kind: command, command: 'touch x.flag'}
+        - id: y
+          goal: keep integ green
+          required_verifiers: [integ]
+          max_attempts: 1
+          executor: {kind: command, command: 'sleep 20'}
+        """)
+    state = asyncio.run(run_plan(load_plan(plan)))
+    rows = state["items"]
+    assert rows["x"]["state"] == "merged", rows
+    assert rows["y"]["state"] != "merged", rows  # integ ran on the head y would land
+    assert state["status"] != "asserted"
+
+
 def test_a_paranoid_item_and_the_next_both_merge(tmp_path: Path) -> None:
     """A second review of the fix above: the verifiers behind a PARANOID item's ASSERT
     include Choir's own run checks (its trace verifier, ``unit.mutants``), which no
