@@ -93,7 +93,7 @@ def gate_target(repo: Path | None, commit: str | None,
         if tree is None or full is None:
             raise UserError(f"gate: {commit} is not a commit in {here}\n  fix: fetch it, or "
                             "give the full sha of the commit that was verified")
-        return tree, _outside_the_tree(here, full)
+        return tree, bound_commit(here, full)
     if repo is None and not is_git and not (here / "choir.yaml").is_file():
         raise UserError(
             f"gate: cannot tell which tree to check: {here} is neither a git work tree nor a "
@@ -112,8 +112,9 @@ def _converts(line: str) -> bool:
     return False
 
 
-def _outside_the_tree(repo: Path, commit: str) -> str | None:
-    """``commit`` when an ASSERT must name it (it holds submodule entries), else None.
+def bound_commit(repo: Path, commit: str) -> str | None:
+    """``commit`` when an ASSERT must name it (it holds submodule entries), else None; the
+    gate's and ``choir promote``'s check of what a checkout of it would hold.
 
     Raises:
         UserError: its entries cannot be read, or a checkout of it converts its files.

@@ -142,7 +142,7 @@ def gate(work_item_id: str, commit: str | None, repo: Path | None, expect_head: 
             f"commit {sha[:12]}'s tree cannot be read here (not a git work tree): pass --repo "
             "DIR, the plan's repo"])
     else:
-        answer = check_plan_gate(work_item_id, tree, **anchors) if plan else check_gate(
+        answer = check_plan_gate(work_item_id, tree, commit=sha, **anchors) if plan else check_gate(
             work_item_id, tree=tree, commit=sha, **anchors)
     signed = ", ".join(f"{k} ({n})" for k, n in sorted(answer.signers.items())) or "none"
     if answer.passed:

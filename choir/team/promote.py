@@ -16,7 +16,7 @@ from choir._core.failpoints import failpoint
 from choir.ahdb import open_ahdb
 from choir.ahdb.anchor import PinnedHead, SeenHeads
 from choir.ahdb.signed import read_signed
-from choir.app.gate import GateAnswer, check_gate
+from choir.app.gate import GateAnswer, bound_commit, check_gate
 from choir.attest import trust_root
 from choir.evidence.git import GitRepo, locate
 from choir.evidence.tree import commit_tree_hash
@@ -35,9 +35,13 @@ def is_plan(plan_id: str) -> bool:
 
 
 def check_plan_gate(plan_id: str, tree: str | None = None, *, pin: PinnedHead | None = None,
-                    pin_source: str = "the pinned head",
-                    seen: SeenHeads | None = None) -> GateAnswer:
+                    pin_source: str = "the pinned head", seen: SeenHeads | None = None,
+                    commit: str | None = None) -> GateAnswer:
     """The gate for a plan: its integration tree (or ``tree``) and every item's commit.
+
+    ``commit``: a commit the tree hash does not cover whole (it holds submodule entries,
+    ``choir.app.gate.gate_target``): it passes only as a head the plan itself landed on its
+    final tree (review 19b: the final tree plus a gitlink opened a plan's gate).
 
     The final integration tree is the one the plan's last merge in the log names, never the
     driver's record's word alone; ``pin`` and ``seen`` are the rollback anchors, as for any
@@ -69,6 +73,11 @@ def check_plan_gate(plan_id: str, tree: str | None = None, *, pin: PinnedHead | 
     if tree != final or final not in landed:
         answer.problems.append("the tree is not the plan's final integration tree (one a "
                                "merge of the plan in the log names)")
+    if commit is not None and commit not in {str(m.get("head")) for m in merges
+                                             if m.get("integration_tree") == final}:
+        answer.problems.append(f"commit {commit[:12]} holds submodule entries, which no tree "
+                               "hash covers, and is not a head the plan landed on its final "
+                               "tree")
     merged = {str(m.get("item")): str(m.get("tree_hash")) for m in merges}
     repo = Path(state["repo"])
     for item_id, row in state["items"].items():
@@ -117,6 +126,10 @@ def promote(plan_id: str, to: str, repo: Path | None = None, *,
     tree = commit_tree_hash(repo, head)
     if tree is None:  # never the recorded tree in its place: that would gate another tree
         raise UserError(f"promote: refused: the tree of {head[:12]} cannot be read")
+    try:  # the bytes a checkout of the branch holds are the bytes verified (review 19b)
+        bound_commit(repo, head)
+    except UserError as exc:
+        raise UserError("promote: refused: " + str(exc).removeprefix("gate: ")) from None
     marks = SeenHeads.default_path()
     answer = check_plan_gate(plan_id, tree=tree, pin=pin, pin_source=pin_source,
                              seen=SeenHeads(marks) if marks else None)

@@ -51,7 +51,7 @@ def _asserted(tmp_path: Path, plan_id: str) -> tuple[Path, dict]:  # type: ignor
           executor: {kind: command, command: 'echo A > a.txt'}
         """)
     state = asyncio.run(run_plan(load_plan(plan)))
-    assert state["status"] == "asserted", state
+    assert state["status"] == "asserted", {k: r.get("last") for k, r in state["items"].items()}
     return repo, state
 
 
@@ -286,4 +286,60 @@ def test_a_plans_gate_and_promote_hold_the_rollback_anchors(
     assert gate.returncode == 1 and "rolled back" in gate.stdout, gate.stdout
     moved = choir("promote", "anch", "--to", "release")
     assert moved.returncode == 1 and "rolled back" in moved.stdout, moved.stdout
+    assert git(repo, "branch", "--list", "release") == ""
+
+
+def test_a_plans_gate_opens_for_no_commit_with_a_submodule_entry_it_never_landed(
+        tmp_path: Path, choir_home: Path) -> None:
+    """Review 19b (high): ``choir gate PLAN --commit SHA`` checked the commit's tree alone;
+    the sha, kept because the commit holds a submodule entry the tree hash leaves out, was
+    dropped for a plan, so the plan's final tree plus a gitlink nobody verified opened it."""
+    from tests.integration.test_verify_cli import run as choir
+
+    repo, state = _asserted(tmp_path, "sub")
+    landed = state["integration"]
+    with_gitlink = subprocess.run(
+        ["git", "-C", str(repo), "mktree"], capture_output=True, text=True, check=True,
+        input=git(repo, "ls-tree", landed) + f"\n160000 commit {'1' * 40}\tvendor\n").stdout
+    forged = git(repo, "-c", "user.name=x", "-c", "user.email=x@x", "commit-tree",
+                 with_gitlink.strip(), "-p", landed, "-m", "vendor")
+    gate = choir("gate", "sub", "--repo", str(repo), "--commit", forged)
+    assert gate.returncode == 1 and "submodule" in gate.stdout, gate.stdout
+    assert choir("gate", "sub", "--repo", str(repo), "--commit", landed).returncode == 0
+
+
+def test_promote_refuses_a_head_whose_checkout_converts_the_verified_bytes(
+        tmp_path: Path, choir_home: Path) -> None:
+    """Review 19b (medium): the base's ``*.sh eol=crlf`` and an item that adds ``run.sh``:
+    the rounds verified the bytes git stores (LF), a checkout of the promoted branch holds
+    CRLF. ``choir gate PLAN --commit`` refused that head (review 18b); promote moved the
+    branch to it."""
+    from choir.exceptions import UserError
+    from tests.workitems import JUNIT, PYTEST
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "test_tree.py").write_text(
+        "import pathlib\n\ndef test_run_sh():\n    p = pathlib.Path('run.sh')\n"
+        "    assert not p.exists() or b'\\r' not in p.read_bytes()\n")
+    (repo / "choir.yaml").write_text(
+        f"verifiers:\n  unit: {{kind: unit_tests, steps: [{{name: t, command: '{PYTEST} "
+        f"{JUNIT}'}}], parser: junit}}\nsandbox: {{backend: bwrap}}\n")
+    (repo / ".gitignore").write_text("__pycache__/\n")
+    (repo / ".gitattributes").write_text("*.sh eol=crlf\n")  # the base's own
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
+    plan = write_plan(tmp_path, "crlf", """\
+        - id: a
+          goal: add run.sh
+          max_attempts: 1
+          executor: {kind: command, command: 'printf "echo ok\\\\n" > run.sh'}
+        """)
+    ran = subprocess.run([sys.executable, "-m", "choir", "plan", "run", str(plan), "--json"],
+                         capture_output=True, text=True, timeout=600)
+    state = json.loads(ran.stdout)
+    assert state["status"] == "asserted", {k: r.get("last") for k, r in state["items"].items()}
+    with pytest.raises(UserError, match="converts its files"):
+        promote("crlf", "release")
     assert git(repo, "branch", "--list", "release") == ""
