@@ -235,6 +235,9 @@ def apply(atoms: State, kind: str, payload: dict[str, Any], at: datetime,
     if kind in ("release", "integrate"):
         (_check_release if kind == "release" else _check_integrate)(atoms, payload)
         return Change(None)
+    if kind == "plan":
+        _check_plan(payload)
+        return Change(None)
     atom_id = payload.get("atom_id", "")
     found = atoms.get(atom_id)
     if found is None:
@@ -354,6 +357,16 @@ def _check_release(atoms: State, payload: dict[str, Any]) -> None:
         if not str(work_item).startswith(f"{plan}."):
             raise PromotionError(f"{what}: {work_item!r} is not its item")
         _live_assert(atoms, str(atom_id), str(work_item), what)
+
+
+def _check_plan(payload: dict[str, Any]) -> None:
+    """A plan's items, declared when it starts: what its gate requires merged (review 19b:
+    the driver's unsigned record was the only list, and dropping a failed item from it
+    opened the gate)."""
+    items = payload.get("items")
+    if not str(payload.get("plan") or "") or not isinstance(items, list) or not items or \
+            not all(isinstance(i, str) and i for i in items) or len(set(items)) != len(items):
+        raise PromotionError("a plan event names its plan and its distinct items")
 
 
 def _check_integrate(atoms: State, payload: dict[str, Any]) -> None:

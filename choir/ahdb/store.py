@@ -591,6 +591,20 @@ class AHDB:
         return [found for (payload,) in rows
                 if (found := json.loads(payload)).get("plan") == plan]
 
+    def declare_plan(self, plan: str, items: list[str]) -> None:
+        """Record ``plan``'s items (ids) when it starts, once: its gate requires each merged,
+        whatever the driver's record says later."""
+        if not self._logged("plan", plan=plan):
+            self._write("plan", {"plan": plan, "items": sorted(items)})
+
+    def plan_items(self, plan: str) -> set[str] | None:
+        """The items ``plan``'s ``plan`` events declared (None when there is none: a plan
+        recorded by a Choir before they were written)."""
+        rows = self._conn().execute("SELECT payload FROM events WHERE kind = 'plan'")
+        found = [set(p.get("items") or ()) for (payload,) in rows
+                 if (p := json.loads(payload)).get("plan") == plan]
+        return set().union(*found) if found else None
+
     def integrated(self, plan: str, item: str, head: str) -> bool:
         """Whether the log holds ``item``'s merge into ``plan`` at ``head`` already: a
         driver killed after writing the event, before recording it, never writes it twice."""

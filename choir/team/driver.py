@@ -315,6 +315,7 @@ async def run_plan(plan: Plan, *, resume: bool = False, plan_file: Path | None =
         UserError: a second run of a plan that has a record, a resume of none, a base
             branch that does not exist, the lease held by another process.
     """
+    from choir.ahdb import open_ahdb
     from choir.graph.checkpoints import open_checkpointer
     from choir.graph.lease import hold_lease
 
@@ -346,6 +347,9 @@ async def run_plan(plan: Plan, *, resume: bool = False, plan_file: Path | None =
                 driver.adopt(snap.values["record"])
             if resume:
                 _same_items(plan, plan_file, (start or snap.values)["record"])
+            # the plan's items in the signed log before anything merges: its gate requires
+            # each, never only what the driver's record lists (review 19b)
+            open_ahdb().declare_plan(plan.id, [item.id for item in plan.items])
             await graph.ainvoke(start, cfg, durability="sync")
             record = (await graph.aget_state(cfg)).values["record"]
     return dict(record.model_dump(mode="json"))

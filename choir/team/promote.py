@@ -79,6 +79,16 @@ def check_plan_gate(plan_id: str, tree: str | None = None, *, pin: PinnedHead | 
                                "hash covers, and is not a head the plan landed on its final "
                                "tree")
     merged = {str(m.get("item")): str(m.get("tree_hash")) for m in merges}
+    declared = open_ahdb().plan_items(plan_id)
+    if declared is None:
+        answer.problems.append(f"the AHDB's log does not say which items plan {plan_id} has "
+                               "(a plan recorded before Choir wrote it): run the plan again "
+                               "under a new id")
+    for item_id in sorted(declared or ()):  # the log's list, not the record's (review 19b)
+        if item_key(plan_id, item_id) not in merged:
+            answer.problems.append(f"item {item_id}: no merge of it in the AHDB's log")
+        if item_id not in state["items"]:
+            answer.problems.append(f"item {item_id}: missing from the plan's record")
     repo = Path(state["repo"])
     for item_id, row in state["items"].items():
         if row["state"] != MERGED:

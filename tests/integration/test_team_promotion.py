@@ -343,3 +343,39 @@ def test_promote_refuses_a_head_whose_checkout_converts_the_verified_bytes(
     with pytest.raises(UserError, match="converts its files"):
         promote("crlf", "release")
     assert git(repo, "branch", "--list", "release") == ""
+
+
+def test_dropping_a_failed_item_from_the_plans_record_opens_no_gate(
+        tmp_path: Path, choir_home: Path) -> None:
+    """Review 19b (critical): the plan's gate and promote took its items, and its status,
+    from ``plans/ID/state.json``, a file anyone who can write the home edits without a key:
+    a failed item deleted from it and the status set to asserted opened the gate and moved
+    the branch, and audit stayed clean. The plan's items are an event of the signed log."""
+    from choir.exceptions import UserError
+    from tests.integration.test_verify_cli import run as choir
+
+    repo = team_repo(tmp_path / "repo")
+    plan = write_plan(tmp_path, "drop", """\
+        - id: a
+          goal: write a
+          max_attempts: 1
+          executor: {kind: command, command: 'echo A > a.txt'}
+        - id: b
+          goal: write b
+          max_attempts: 1
+          executor: {kind: command, command: 'echo BROKEN > c.txt'}
+        """)
+    state = asyncio.run(run_plan(load_plan(plan)))
+    assert {k: r["state"] for k, r in state["items"].items()} == {"a": "merged",
+                                                                   "b": "failed"}, state
+    assert choir("gate", "drop").returncode == 1
+    record = choir_home / "plans" / "drop" / "state.json"
+    edited = json.loads(record.read_text())
+    del edited["items"]["b"]
+    edited["status"] = "asserted"
+    record.write_text(json.dumps(edited))
+    gate = choir("gate", "drop")
+    assert gate.returncode == 1 and "item b" in gate.stdout, gate.stdout
+    with pytest.raises(UserError, match="item b"):
+        promote("drop", "release")
+    assert git(repo, "branch", "--list", "release") == ""
