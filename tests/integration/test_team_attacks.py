@@ -95,7 +95,12 @@ def test_programs_planted_in_the_repo_config_run_nothing_during_merge_commit_pro
                                                                    "two": "merged"}, state
     merged = git(tmp_path / "repo", "show", "choir/plan/cfg/integration:.gitattributes")
     assert merged == "* filter=x merge=m"  # the merged files did name the planted drivers
-    promote("cfg", "released")
+    # a checkout of the head would run the base's filter: promote refuses it (review 19b),
+    # and runs nothing to say so
+    from choir.exceptions import UserError
+
+    with pytest.raises(UserError, match="converts its files"):
+        promote("cfg", "released")
     assert sorted(p.name for p in marker.iterdir()) == [], "the repo config ran a program"
 
 

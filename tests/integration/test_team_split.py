@@ -179,6 +179,7 @@ def test_a_whole_check_that_lands_after_another_item_keeps_the_plans_gate(
             assert verdict.passed, verdict
     g("checkout", "-q", "main")
     db = open_ahdb()
+    db.declare_plan("sp", ["a", "b", "w"])  # as the driver does when the plan starts
     for key, name in (("sp.a", "a"), ("sp.b", "b")):  # a lands, then b, as the queue does
         tree = trees[name] or ""
         db.integrate("sp", key, assert_id=db.is_asserted(key, tree).id, tree_hash=tree,
