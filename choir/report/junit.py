@@ -27,7 +27,9 @@ _PROBLEMS = ("failure", "error")
 
 
 class _Refused(ValueError):
-    """A DTD in the file, wherever it stands."""
+    """A file the report will not read: a DTD wherever it stands, or a ``<testcase>`` inside
+    another (one case is open at a time: the outer one's failure after it would count
+    nowhere)."""
 
 
 @dataclass
@@ -58,7 +60,7 @@ class _Target:
         self.case: _Case | None = None
 
     def doctype(self, *_args: object) -> None:
-        raise _Refused
+        raise _Refused("DTDs and entities are refused")
 
     def start(self, tag: str, attrib: dict[str, str]) -> None:
         parent = self.stack[-1] if self.stack else ""
@@ -68,6 +70,8 @@ class _Target:
                 self.suites[-1][1] = True
             self.suites.append([attrib, False])
         elif tag == "testcase":
+            if self.case is not None:
+                raise _Refused("a <testcase> inside a <testcase> is refused")
             self.case = _Case(dict(attrib))
         elif self.case is not None and parent == "testcase":
             self.case.counts[tag] = self.case.counts.get(tag, 0) + 1
@@ -219,8 +223,8 @@ def parse_junit_files(inp: ParseInput, *, result: ParseResult,
                 while chunk := fh.read(_CHUNK):
                     parser.feed(chunk)
                 parser.close()
-        except _Refused:
-            result.error = f"{rel}: DTDs and entities are refused"
+        except _Refused as exc:
+            result.error = f"{rel}: {exc}"
         except ET.ParseError as exc:
             result.error = f"{rel}: malformed XML ({exc})"
         declared = [a + b for a, b in zip(declared, target.declared, strict=True)]

@@ -145,6 +145,19 @@ def test_hostile_junit_with_entities_is_refused(tmp_path: Path, before: str) -> 
     assert report.result is Result.INCONCLUSIVE
 
 
+def test_a_failure_after_a_testcase_nested_in_another_is_never_dropped(tmp_path: Path) -> None:
+    """The parser kept one open ``<testcase>``: a ``<testcase>`` inside another closed it, and
+    the outer case's ``<failure>`` after it counted nowhere, so a step that exits 0 PASSed with
+    a failure in its XML (review 19a; failing on the old code). Such a file is refused."""
+    repo = project(tmp_path, "")
+    xml = ('<?xml version="1.0"?><testsuite><testcase classname="t" name="a">'
+           '<testcase classname="t" name="b"/><failure message="boom">x</failure>'
+           '</testcase></testsuite>')
+    (repo / "j.xml").write_text(xml)
+    report, _, _ = verify(repo, "cp j.xml $CHOIR_OUT/junit.xml", "junit")
+    assert report.result is not Result.PASS
+
+
 @pytest.mark.parametrize("size", [1 << 10, 1 << 20, 20 << 20])
 def test_report_stays_under_4kb_whatever_the_log(tmp_path: Path, size: int) -> None:
     repo = project(tmp_path, "")
