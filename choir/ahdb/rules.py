@@ -65,6 +65,10 @@ class State(Protocol):
 
     def has_outcome(self, attestation_id: str) -> bool: ...
 
+    def declared(self, plan: str) -> frozenset[str] | None:
+        """The items ``plan``'s ``plan`` event declared; None before it (or without one)."""
+        ...
+
 
 class Recorder(State, Protocol):
     """A ``State`` that takes each allowed change in turn (the tables, or a ``Replay``)."""
@@ -92,6 +96,7 @@ class Change:
     atom: Atom | None
     fails: frozenset[Fail] = frozenset()
     outcome: str | None = None
+    plan: tuple[str, frozenset[str]] | None = None
 
 
 class Replay:
@@ -101,6 +106,7 @@ class Replay:
         self.atoms: dict[str, Atom] = {}
         self.fails: set[Fail] = set()
         self.outcomes: set[str] = set()
+        self.plans: dict[str, frozenset[str]] = {}
 
     def get(self, atom_id: str) -> Atom | None:
         return self.atoms.get(atom_id)
@@ -111,9 +117,14 @@ class Replay:
     def has_outcome(self, attestation_id: str) -> bool:
         return attestation_id in self.outcomes
 
+    def declared(self, plan: str) -> frozenset[str] | None:
+        return self.plans.get(plan)
+
     def record(self, change: Change, seq: int = 0) -> None:
         if change.outcome:
             self.outcomes.add(change.outcome)
+        if change.plan:
+            self.plans[change.plan[0]] = change.plan[1]
         self.fails |= change.fails
         if change.atom is not None:
             self.atoms[change.atom.id] = change.atom
@@ -236,8 +247,7 @@ def apply(atoms: State, kind: str, payload: dict[str, Any], at: datetime,
         (_check_release if kind == "release" else _check_integrate)(atoms, payload)
         return Change(None)
     if kind == "plan":
-        _check_plan(payload)
-        return Change(None)
+        return Change(None, plan=_check_plan(atoms, payload))
     atom_id = payload.get("atom_id", "")
     found = atoms.get(atom_id)
     if found is None:
@@ -357,16 +367,26 @@ def _check_release(atoms: State, payload: dict[str, Any]) -> None:
         if not str(work_item).startswith(f"{plan}."):
             raise PromotionError(f"{what}: {work_item!r} is not its item")
         _live_assert(atoms, str(atom_id), str(work_item), what)
+    # Every item the plan declared is released with it (its split parts come on top); a
+    # plan recorded before Choir declared its items has no list to hold it to.
+    left_out = (atoms.declared(plan) or frozenset()) - {
+        str(w).removeprefix(f"{plan}.") for w in items}
+    if left_out:
+        raise PromotionError(f"{what}: the plan declared item(s) {sorted(left_out)}, which "
+                             "it does not release")
 
 
-def _check_plan(payload: dict[str, Any]) -> None:
-    """A plan's items, declared when it starts: what its gate requires merged (review 19b:
-    the driver's unsigned record was the only list, and dropping a failed item from it
-    opened the gate)."""
-    items = payload.get("items")
-    if not str(payload.get("plan") or "") or not isinstance(items, list) or not items or \
+def _check_plan(atoms: State, payload: dict[str, Any]) -> tuple[str, frozenset[str]]:
+    """A plan's items, declared when it starts, once: what its gate requires merged and
+    its release names (review 19b: the driver's unsigned record was the only list, and
+    dropping a failed item from it opened the gate)."""
+    plan, items = str(payload.get("plan") or ""), payload.get("items")
+    if not plan or not isinstance(items, list) or not items or \
             not all(isinstance(i, str) and i for i in items) or len(set(items)) != len(items):
         raise PromotionError("a plan event names its plan and its distinct items")
+    if atoms.declared(plan) is not None:
+        raise PromotionError(f"plan {plan} declared its items already")
+    return plan, frozenset(items)
 
 
 def _check_integrate(atoms: State, payload: dict[str, Any]) -> None:

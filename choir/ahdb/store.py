@@ -104,6 +104,9 @@ class _Tables:
         return self.conn.execute("SELECT 1 FROM outcomes WHERE attestation = ?",
                                  (attestation_id,)).fetchone() is not None
 
+    def declared(self, plan: str) -> frozenset[str] | None:
+        return _declared(self.conn, plan)
+
     def record(self, change: Change, seq: int) -> None:
         if change.outcome:
             self.conn.execute("INSERT INTO outcomes (attestation, seq) VALUES (?, ?)",
@@ -121,6 +124,15 @@ class _Tables:
             "status = excluded.status, body = excluded.body",
             (atom.id, seq, atom.kind.value, atom.status.value, atom.work_item, atom.tree_hash,
              atom.model_dump_json()))
+
+
+def _declared(conn: Conn, plan: str) -> frozenset[str] | None:
+    """The items of ``plan``'s ``plan`` event in the log (the rules allow one a plan; a log
+    from before they refused a second holds their union)."""
+    rows = conn.execute("SELECT payload FROM events WHERE kind = 'plan'")
+    found = [frozenset(p.get("items") or ()) for (payload,) in rows
+             if (p := json.loads(payload)).get("plan") == plan]
+    return frozenset().union(*found) if found else None
 
 
 def done_text(work_item: str) -> str:
@@ -598,12 +610,10 @@ class AHDB:
             self._write("plan", {"plan": plan, "items": sorted(items)})
 
     def plan_items(self, plan: str) -> set[str] | None:
-        """The items ``plan``'s ``plan`` events declared (None when there is none: a plan
+        """The items ``plan``'s ``plan`` event declared (None when there is none: a plan
         recorded by a Choir before they were written)."""
-        rows = self._conn().execute("SELECT payload FROM events WHERE kind = 'plan'")
-        found = [set(p.get("items") or ()) for (payload,) in rows
-                 if (p := json.loads(payload)).get("plan") == plan]
-        return set().union(*found) if found else None
+        found = _declared(self._conn(), plan)
+        return None if found is None else set(found)
 
     def integrated(self, plan: str, item: str, head: str) -> bool:
         """Whether the log holds ``item``'s merge into ``plan`` at ``head`` already: a

@@ -379,3 +379,15 @@ def test_dropping_a_failed_item_from_the_plans_record_opens_no_gate(
     with pytest.raises(UserError, match="item b"):
         promote("drop", "release")
     assert git(repo, "branch", "--list", "release") == ""
+    # Below the gate, the rules themselves: a release naming the plan's items must name
+    # every item the plan declared (the audit replays the same rule); it named any live
+    # ASSERTs before, and this one, b left out, was written.
+    from choir.exceptions import PromotionError
+    from choir.team.promote import _record
+    from choir.team.queue import integration_branch
+
+    head = git(repo, "rev-parse", integration_branch("drop"))
+    tree = open_ahdb().merges("drop")[-1]["integration_tree"]
+    with pytest.raises(PromotionError, match="declared"):
+        _record("drop", edited, head, tree, "release", None)
+    assert not [e for e in open_ahdb().events() if e.kind == "release"]

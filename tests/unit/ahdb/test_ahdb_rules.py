@@ -124,6 +124,24 @@ def test_the_private_write_path_checks_too(repo: Path) -> None:
     assert db.atoms() == []
 
 
+def test_a_plan_declares_its_items_once(repo: Path) -> None:
+    """What a plan's gate and release hold it to is its first list: a second ``plan``
+    event (a shorter list, written later) is refused by the rules, and the replay that
+    audit runs reads the same list (it took the union of every such event before)."""
+    from choir.ahdb.rules import Replay, replay
+
+    db = open_ahdb()
+    db.declare_plan("p", ["a", "b"])
+    with pytest.raises(PromotionError, match="already"):
+        db._write("plan", {"plan": "p", "items": ["a"]})
+    with pytest.raises(PromotionError, match="distinct items"):
+        db._write("plan", {"plan": "q", "items": ["a", "a"]})
+    assert db.plan_items("p") == {"a", "b"} and db.plan_items("q") is None
+    state = Replay()
+    replay(db.events(), state, db.attestation, lambda ev, exc: pytest.fail(str(exc)))
+    assert state.declared("p") == {"a", "b"}
+
+
 def test_forged_attestation_id_is_refused(repo: Path) -> None:
     db = open_ahdb()
     with pytest.raises(PromotionError, match="unavailable"):
