@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, StrictBool, StrictInt
 
 from choir._core.registry import EXECUTORS, PARSERS, REPORTERS, SANDBOXES, Registry
 from choir.config import agents
@@ -85,9 +85,11 @@ class MoodOverride(Frozen):
 
     verifiers: tuple[str, ...] | None = None
     broaden: tuple[str, ...] | None = None
-    reruns: int | None = Field(default=None, ge=1, le=5)
-    allow_unsafe_isolation: bool | None = None
-    require_limits: bool | None = None
+    # strict: `'yes'`, `1` or `'no'` are refused, not read as booleans behind the check
+    # that a repo never loosens a mood (review 20c: PARANOID ran in `local`)
+    reruns: StrictInt | None = Field(default=None, ge=1, le=5)
+    allow_unsafe_isolation: StrictBool | None = None
+    require_limits: StrictBool | None = None
 
 
 class _Pipeline(Frozen):
@@ -196,9 +198,12 @@ def _loosened(doc: YamlDoc, mood: str, override: dict[str, Any],
                 "never remove one", path=str(doc.path),
                 line=doc.line_of(("moods", mood, "verifiers")),
                 hint=f"add {', '.join(left)} to the list, or drop the list"))
-    for key, loosens in (("allow_unsafe_isolation", override.get("allow_unsafe_isolation") is True
+    # anything but the value that keeps the mood as it is loosens it (a YAML `'yes'` or
+    # `1` too, whatever the model's validation would make of it)
+    for key, loosens in (("allow_unsafe_isolation",
+                          override.get("allow_unsafe_isolation") not in (None, False)
                           and not base.allow_unsafe_isolation),
-                         ("require_limits", override.get("require_limits") is False
+                         ("require_limits", override.get("require_limits") not in (None, True)
                           and base.require_limits)):
         if loosens:
             found.append(ConfigError(

@@ -217,6 +217,10 @@ def load_policy(config: RepoConfig, packaged: _PackagedPolicy | None = None) -> 
                 # mutants) are in no list a repo writes (``choir.config._loosened``)
                 fields["verifiers"] = tuple(dict.fromkeys([*fields["verifiers"], *core]))
                 fields["reruns"] = max(fields["reruns"], default.reruns)
+            # tightened, never loosened, whatever the file's checks let through
+            fields["allow_unsafe_isolation"] = (default.allow_unsafe_isolation
+                                                and fields["allow_unsafe_isolation"])
+            fields["require_limits"] = default.require_limits or fields["require_limits"]
         if fields["require_heldout"]:
             held = [n for n, spec in config.verifiers.items() if spec.heldout is not None]
             fields["verifiers"] = tuple(dict.fromkeys([*fields["verifiers"], *held]))

@@ -200,7 +200,14 @@ def test_a_work_item_id_with_the_part_marker_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("setting", "line"), [("allow_unsafe_isolation: true", 4),
-                                               ("require_limits: false", 4)])
+                                               ("require_limits: false", 4),
+                                               # YAML words and numbers pydantic would
+                                               # have read as the same booleans (review 20c:
+                                               # PARANOID ran in `local`, ASSERTed)
+                                               ("allow_unsafe_isolation: 'yes'", 4),
+                                               ("allow_unsafe_isolation: 1", 4),
+                                               ("require_limits: 'no'", 4),
+                                               ("require_limits: 0", 4)])
 def test_choir_yaml_cannot_loosen_what_the_mood_policy_requires(
         tmp_path: Path, setting: str, line: int) -> None:
     """The repo's choir.yaml, which an executor (or a pull request) can write, switched off
