@@ -26,6 +26,7 @@ from choir.director import part_plan, plan, verdicts, with_additions
 from choir.director.advisor import suggest
 from choir.director.lenses import nested_plan
 from choir.director.rounds import Round, attest_round, crashed, run_round
+from choir.evidence import leftovers
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.bytecode import remove_new_bytecode
 from choir.evidence.heldout import redact
@@ -202,6 +203,9 @@ async def execute(state: RunState) -> dict[str, Any]:
     if pin:
         manifest = load_manifest(ArtifactStore(), pin)
         read_only = tuple(executor_read_only(Path(item.repo), manifest, item.may_change_spec))
+    # what this executor writes is never a later run's pinned spec, even if this run
+    # stops before its round records it (``choir.evidence.leftovers``)
+    await asyncio.to_thread(leftovers.begin, Path(item.repo), state["run_id"])
     with (span("choir.executor.attempt", {
             "choir.work_item": item.id, "choir.attempt": attempt,
             "choir.executor": item.executor.kind, "choir.isolation": isolation},
@@ -225,6 +229,7 @@ async def execute(state: RunState) -> dict[str, Any]:
     target = snapshot_round(Path(item.repo), item.id, state.get("target"),
                             root=run_snapshots(state["run_id"]), full=_full(state))
     change = judge_spec(state, target)
+    await asyncio.to_thread(_record_written, state, target, change)
     spec_events = []
     if change is not None and change.changed:
         spec_events.append(f"spec changed ({refusal_summary(change)}): "
@@ -248,6 +253,16 @@ async def execute(state: RunState) -> dict[str, Any]:
                        f"(isolation {output.isolation})",
                        *([f"removed the executor's bytecode: {', '.join(bytecode[:20])}"]
                          if bytecode else []), *spec_events]}
+
+
+def _record_written(state: RunState, target: Target, change: SpecChange | None) -> None:
+    """The spec files the executor added or changed, as the sealed snapshot holds them."""
+    repo = Path(state["work_item"].repo)
+    rels = (*change.added, *change.ignored, *change.modified) if change is not None else ()
+    written = leftovers.written_in(
+        ensure_snapshot(repo, target.tree_hash, run_snapshots(state["run_id"]),
+                        full=_full(state)), rels) if rels else {}
+    leftovers.record(repo, state["run_id"], written)
 
 
 def after_execute(state: RunState) -> str:

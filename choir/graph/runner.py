@@ -221,6 +221,7 @@ async def run_work_item(path: Path, *, mood: Mood | None = None, run_id: str | N
     run_id = run_id or new_run_id(item.id)
     # the checks that define success, as they are before the executor runs (the base tree)
     spec = pin_spec(Path(item.repo), config.spec, snapshot_root())
+    _no_executor_checks(Path(item.repo), spec)
     # and its Python sources, when a mood checks the change by mutating it
     base = pin_spec(Path(item.repo), ("*.py",), snapshot_root()) if any(
         s.mutates for s in config.verifiers.values()) else None
@@ -229,6 +230,17 @@ async def run_work_item(path: Path, *, mood: Mood | None = None, run_id: str | N
              "mood": start_mood.value, "attempt": 0, "round": 0, "history": [],
              "status": "running", "hand_back": hand_back_splits}
     return await _drive(start, run_id, on_event)
+
+
+def _no_executor_checks(repo: Path, spec: str) -> None:
+    """A check an earlier run's executor left in the tree is not the repo's own (review
+    20c: a planted ``conftest.py`` its run refused was pinned by the next run, ASSERTed)."""
+    from choir.evidence import leftovers
+    from choir.evidence.artifacts import ArtifactStore
+    from choir.evidence.spec import load_manifest
+
+    store = ArtifactStore()
+    leftovers.check(repo, load_manifest(store, spec).files, leftovers.pinned_reader(store))
 
 
 async def resume(run_id: str, *, on_event: OnEvent | None = None) -> RunOutcome:

@@ -182,3 +182,37 @@ def test_the_honest_fix_is_asserted_in_every_mood(tmp_path: Path, templates: dic
     tree = tree_hash(repo)
     assert check_gate("fix-add", tree=tree, commit=None).passed
 
+
+
+@pytest.mark.parametrize("mood", [Mood.CALM, Mood.PARANOID])
+def test_a_check_an_executor_left_is_never_the_next_runs_pinned_spec(
+        tmp_path: Path, templates: dict[str, Path], mood: Mood) -> None:
+    """Review 20c (critical): a run pins its checks from the working tree it starts on, and
+    a halted run leaves its executor's files there. The planted root ``conftest.py`` its run
+    refused became the repo's own check when the item was run again, and that run was
+    ASSERTed (PARANOID, the gate open) while ``add`` subtracted. A file an executor wrote is
+    pinned only once HEAD holds it (a person committed it); else the run refuses to start."""
+    import asyncio
+    import subprocess
+
+    from choir.exceptions import UserError
+    from choir.graph.runner import run_work_item
+
+    plant = ATTACKS["forcing-conftest"] + "    Path('notes.txt').write_text(os.urandom(8).hex())\n"
+    outcome, repo = run_item(tmp_path, templates["unit"], plant, mood)
+    assert_not_asserted(outcome, repo)
+    assert (repo / "conftest.py").exists()  # left in the tree, as a halted run leaves it
+    with pytest.raises(UserError, match="conftest.py") as info:
+        asyncio.run(run_work_item(tmp_path / "item.yaml", mood=mood))
+    assert "commit" in str(info.value)
+    assert open_ahdb().is_asserted("fix-add", tree_hash(repo)) is None
+    # a person who removes it runs the item again (still no ASSERT: add subtracts)
+    (repo / "conftest.py").unlink()
+    again = asyncio.run(run_work_item(tmp_path / "item.yaml", mood=mood))
+    assert again.status != "asserted", again.events
+    # the honest tests a person writes (not an executor's) are pinned as before
+    (repo / "conftest.py").unlink(missing_ok=True)
+    (repo / "tests" / "test_more.py").write_text("def test_more():\n    assert True\n")
+    subprocess.run(["git", "-C", str(repo), "status"], capture_output=True, check=True)
+    third = asyncio.run(run_work_item(tmp_path / "item.yaml", mood=mood))
+    assert third.status != "asserted", third.events

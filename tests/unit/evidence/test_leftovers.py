@@ -1,0 +1,77 @@
+"""What an executor wrote is never a later run's pinned check until a person vouches for it
+(``choir.evidence.leftovers``; the whole attack: ``test_spec_attacks``)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from choir._core.canonical import blake3_hex
+from choir.evidence import leftovers
+from choir.exceptions import UserError
+
+PLANT = b"def pytest_runtest_makereport(item, call): ...\n"
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                           *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    path = tmp_path / "repo"
+    path.mkdir()
+    (path / "test_a.py").write_text("def test_a(): pass\n")
+    git(path, "init", "-q")
+    git(path, "add", "-A")
+    git(path, "commit", "-qm", "base")
+    return path
+
+
+def pinned(repo: Path, *rels: str) -> tuple[dict[str, tuple[str, str]], dict[str, bytes]]:
+    bodies = {blake3_hex(b): b for b in ((repo / r).read_bytes() for r in rels)}
+    return {r: ("f", blake3_hex((repo / r).read_bytes())) for r in rels}, bodies
+
+
+def check(repo: Path, *rels: str) -> None:
+    files, bodies = pinned(repo, *rels)
+    leftovers.check(repo, files, bodies.__getitem__)
+
+
+def test_a_file_an_executor_wrote_is_pinned_only_once_a_person_commits_it(repo: Path) -> None:
+    (repo / "conftest.py").write_bytes(PLANT)
+    leftovers.begin(repo, "r1")
+    leftovers.record(repo, "r1", {"conftest.py": blake3_hex(PLANT)})
+    with pytest.raises(UserError, match="an executor wrote these.*conftest.py"):
+        check(repo, "test_a.py", "conftest.py")
+    check(repo, "test_a.py")  # not pinned (removed, or outside the spec): nothing to refuse
+    (repo / "conftest.py").write_bytes(PLANT + b"# reviewed\n")  # a person's edit: theirs
+    check(repo, "test_a.py", "conftest.py")
+    (repo / "conftest.py").write_bytes(PLANT)
+    git(repo, "add", "conftest.py")
+    git(repo, "commit", "-qm", "vouched")
+    check(repo, "test_a.py", "conftest.py")
+
+
+def test_a_commit_the_executor_left_vouches_for_nothing(repo: Path) -> None:
+    """An executor that writes ``.git`` commits its own plant: HEAD holds it, but HEAD is
+    the commit its round recorded."""
+    leftovers.begin(repo, "r1")
+    (repo / "conftest.py").write_bytes(PLANT)
+    git(repo, "add", "conftest.py")
+    git(repo, "commit", "-qm", "the executor's")
+    leftovers.record(repo, "r1", {"conftest.py": blake3_hex(PLANT)})
+    with pytest.raises(UserError, match="conftest.py"):
+        check(repo, "test_a.py", "conftest.py")
+
+
+def test_a_run_stopped_before_its_record_refuses_every_change_from_head(repo: Path) -> None:
+    leftovers.begin(repo, "r1")  # killed before its round recorded anything
+    (repo / "conftest.py").write_bytes(PLANT)
+    with pytest.raises(UserError, match="run r1 stopped before"):
+        check(repo, "test_a.py", "conftest.py")
+    check(repo, "test_a.py")  # the spec as HEAD has it: nothing left; the pending run ends
+    check(repo, "test_a.py", "conftest.py")
