@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from choir._core.canonical import to_jsonable
+from choir._core.terminal import utf8
 from choir.agent.context import AgentContext, ExecutionContext
 from choir.agent.feedback import one_line
 from choir.agent.gate import Gate, GateResult, RetryPolicy, candidate_hash, retryable
@@ -246,7 +247,8 @@ class Agent:
         if reply.tool_calls:
             return ctx  # saved before any side effect, so a crash never re-asks the model
         if self._wrapped and self.output_type is str and (reply.content or "").strip():
-            return await self._finish(ctx, reply.content or "", None, exec_ctx, emit)
+            # as saved in the messages: a lone surrogate failed the durable save (review 20b)
+            return await self._finish(ctx, utf8(reply.content or ""), None, exec_ctx, emit)
         return self._invalid(ctx, None, f"Reply with tool calls; finish by calling {FINAL}.",
                              emit)
 

@@ -15,7 +15,7 @@ from bisect import bisect_right
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from choir._core.canonical import canonical_json
+from choir._core.canonical import blake3_hex, canonical_json
 from choir.exceptions import UserError
 from choir.trace.model import (
     PLAN_SCHEMA_VERSION,
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from choir.evidence.artifacts import ArtifactStore
 
 FINAL = "final_output"
+_MAX_ID = 64  # a model's tool-call id kept as it is; a longer one is named by its digest
 
 
 def _calls(message: dict[str, Any]) -> list[tuple[str, str]]:
@@ -43,6 +44,14 @@ def _calls(message: dict[str, Any]) -> list[tuple[str, str]]:
         function = call.get("function") or {}
         out.append((str(call.get("id") or ""), str(function.get("name") or "")[:200]))
     return out
+
+
+def _short(model_id: str) -> str:
+    """``model_id`` if short, else a digest of it: the model chooses its ids, and one of 250
+    characters passed a trace event's 200 and crashed the export (review 20b)."""
+    if len(model_id) <= _MAX_ID:
+        return model_id
+    return "blake3:" + blake3_hex(model_id.encode("utf-8", "surrogatepass"))[:32]
 
 
 def export_agent(run_id: str, contexts: SqliteContextStore, store: ArtifactStore) -> Trace:
@@ -84,14 +93,14 @@ def export_agent(run_id: str, contexts: SqliteContextStore, store: ArtifactStore
             # the trace's call id is the turn's line plus the model's id
             turn = {}
             for model_id, name in _calls(message):
-                turn[model_id] = call_id = f"L{line}/{model_id}"
+                turn[model_id] = call_id = f"L{line}/{_short(model_id)}"
                 names[call_id] = name
                 event("tool_call", when, call_id=call_id, name=name, data={"line": line})
                 if name == FINAL:
                     final_call[call_id] = line
         elif message.get("role") == "tool":
             model_id = str(message.get("tool_call_id") or "")
-            call_id = turn.get(model_id, f"unanswerable/{model_id}")
+            call_id = turn.get(model_id, f"unanswerable/{_short(model_id)}")
             event("tool_result", when, call_id=call_id or None,
                         name=names.get(call_id, ""), data={"line": line})
             if call_id in final_call and message.get("content") == "accepted":

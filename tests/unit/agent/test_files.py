@@ -713,3 +713,36 @@ def test_the_llm_executor_guards_a_pinned_interpreter_inside_the_repo(
     with pytest.raises(ToolInputError, match="protected"):
         files.write_file("env/pyvenv.cfg", "home = /tmp\n")
     assert files.write_file("notes.txt", "fine\n").startswith("created")
+
+
+def test_a_path_pattern_with_many_stars_answers_at_once(tmp_path: Path) -> None:
+    """Review 20b, F1: ``*a*a*a*a*a/`` against a 200-character name backtracked in ``re``
+    (4 stars 2.6 s, 5 stars 73 s) and hung ``choir run`` past its timeout; the path glob
+    is now matched in time linear in the name."""
+    files = RepoFiles(tmp_path)
+    files.write_file("a" * 200, "x\n")
+    start = time.monotonic()
+    out = files.list_files(".", "*a" * 5 + "/")
+    assert time.monotonic() - start < 0.5
+    assert out.startswith("no files match")
+    assert files.list_files(".", "**/" + "*a" * 5).splitlines() == ["a" * 200]
+
+
+@pytest.mark.parametrize("last", ["-nomatch\n", " \n"])
+def test_a_huge_hunk_over_identical_lines_is_searched_briefly(tmp_path: Path,
+                                                            last: str) -> None:
+    """Review 20b, F2: the offset search sliced len(old) lines at each of 20,001 offsets, so
+    a 400,000-line hunk over a file of empty lines cost 36 s of CPU. A hunk whose last line
+    is nowhere is now refused at a glance; one that differs only in the middle (a ``-x``
+    line) stops once the search has spent its bound of line comparisons."""
+    files = RepoFiles(tmp_path)
+    files.write_file("big.txt", "\n" * 200_000)
+    n_old = 100_000
+    hunk = " \n" * (n_old // 2) + "-x\n" + " \n" * (n_old // 2 - 2) + last
+    n_new = n_old - 1 - last.startswith("-")
+    patch = f"--- a/big.txt\n+++ b/big.txt\n@@ -90000,{n_old} +90000,{n_new} @@\n" + hunk
+    start = time.monotonic()
+    with pytest.raises(ToolInputError, match="does not apply|too long"):
+        files.apply_patch(patch)
+    assert time.monotonic() - start < 1.0
+    assert (tmp_path / "big.txt").read_text() == "\n" * 200_000
