@@ -8,9 +8,9 @@ receives the tree). The files are checked against the hash pinned with the run's
 configuration first: a folder edited mid-run verifies nothing.
 
 Its report keeps everything for the person (the attestation, the artifacts, ``choir run``'s
-output), but what reaches the executor's feedback or a Director prompt is the result and the
-counts (``redact``): no test names, failure signatures, excerpts, citations or log lines to
-fit the code to.
+output), but what reaches the executor's feedback or a Director prompt is the result alone
+(``redact``): no test names, failure signatures, excerpts, citations, log lines, counts, or a
+model's confidence or token usage to fit the code to.
 """
 
 from __future__ import annotations
@@ -24,8 +24,12 @@ from pathlib import Path
 from choir.config.heldout import HELDOUT_DIR, files_hash, files_of
 from choir.evidence.tree import remove_snapshot
 from choir.exceptions import ConfigError, IntegrityError
-from choir.models import Counts, HeldOut, VerificationReport, VerifierSpec
+from choir.models import HeldOut, Result, VerificationReport, VerifierSpec
 
+# choir.report.confidence.TABLE, which this layer may not import (a test keeps them equal): the
+# one confidence a result may carry to the executor, whatever the report said
+HELDOUT_CONFIDENCE = {Result.PASS: 0.9, Result.FAIL: 0.95, Result.INCONCLUSIVE: 0.2,
+                      Result.FLAKY: 0.4}
 NEXT = ("A held-out check the executor cannot read failed: make the code meet the goal for "
         "every input, not just the visible tests.",)
 
@@ -82,17 +86,24 @@ def is_heldout(report: VerificationReport, specs: Mapping[str, VerifierSpec]) ->
 def counts_only(report: VerificationReport) -> VerificationReport:
     """The report as the executor may see it: its result, nothing to fit.
 
-    Not its counts either: they are what the step's JUnit XML declares (any number up to
-    nine digits, four of them), and the code under test runs in that step and may read the
-    held-out files: an agent read a hidden test back a dozen bytes a round through them
-    (review 18c). The person's report keeps them."""
-    return report.model_copy(update={
-        "summary": f"held-out check {report.result.value}", "counts": Counts(),
-        "failure_signatures": (), "signatures_truncated": 0, "next_actions": NEXT,
-        "hyperthesis": (), "artifacts": {}, "confidence": report.confidence})
+    Built anew from an allowlist (who verified what, with which parser, and the result), not
+    copied with a denylist blanked: the code under test runs in the held-out step and may read
+    the held-out files, so every other field is a channel it can steer. The counts are what
+    the step's JUnit XML declares (an agent read a hidden test back a dozen bytes a round
+    through them, review 18c); a reporter model's confidence is any float, its digits chosen
+    by text the step prints, and its usage grows with that text (review 20). So the confidence
+    is the fixed table value for the result, the usage empty, the wording deterministic, and
+    a field added to the model later stays at its default here. The person's report keeps
+    everything."""
+    return VerificationReport(
+        verifier=report.verifier, verifier_type=report.verifier_type, target=report.target,
+        result=report.result, parser=report.parser,
+        summary=f"held-out check {report.result.value}", next_actions=NEXT,
+        confidence=HELDOUT_CONFIDENCE[report.result])
 
 
 def redact(reports: Sequence[VerificationReport],
            specs: Mapping[str, VerifierSpec]) -> list[VerificationReport]:
-    """``reports`` for the executor's feedback or a Director prompt: held-out ones as counts."""
+    """``reports`` for the executor's feedback or a Director prompt: held-out ones as their
+    result alone (``counts_only``)."""
     return [counts_only(r) if is_heldout(r, specs) else r for r in reports]

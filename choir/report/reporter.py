@@ -221,7 +221,9 @@ def bounded(base: VerificationReport, worded: object, name: str,
     The result only stays or goes from PASS to INCONCLUSIVE; the evidence fields stay as
     built; confidence never rises; wording that pastes log text (``seen``) is dropped. A
     reply that is not a report, or that changes evidence, is refused for the deterministic
-    report, saying why. The report names the reporter by its registered name.
+    report, saying why. The report names the reporter by its registered name, or
+    ``deterministic_fallback`` when it kept the base's wording and said it fell back; only
+    Choir's own ``model`` reporter reports usage.
     """
     if not isinstance(worded, VerificationReport):
         return fallback(base, f"reporter '{name}' returned {type(worded).__name__}, "
@@ -239,13 +241,18 @@ def bounded(base: VerificationReport, worded: object, name: str,
     if worded.result not in allowed:
         return fallback(base, f"reporter '{name}' changed the result {base.result.value} "
                               f"to {worded.result.value}; its wording was refused")
-    if worded.reporter == "deterministic_fallback":
-        return worded  # the reporter itself fell back (the model did not answer), saying why
+    # the label is the reporter's own claim: it stands only for a report worded as the
+    # base was (a fallback adds its note and nothing else); one that says it fell back and
+    # pastes, raises confidence or words anew is named as what it is (review 20)
+    fell_back = worded.reporter == "deterministic_fallback" and \
+        (worded.summary, worded.next_actions) == (base.summary, base.next_actions)
     summary, actions, hyper = _unpasted(seen, base, worded.summary, list(worded.next_actions),
                                         list(worded.hyperthesis), [])
     return worded.model_copy(update={
         "summary": summary, "next_actions": tuple(actions),
         "hyperthesis": tuple(dict.fromkeys(hyper))[:4],
         "confidence": min(base.confidence, worded.confidence),
-        "reporter": name,
+        "reporter": "deterministic_fallback" if fell_back else name,
+        # Choir's model reporter counts what it spent; a plugin's figures are its to invent
+        "usage": worded.usage if name == "model" else base.usage,
     })

@@ -15,7 +15,15 @@ import pytest
 
 from choir._core.registry import REPORTERS
 from choir.evidence.artifacts import ArtifactStore
-from choir.models import Result, StepSpec, Target, VerificationReport, VerifierKind, VerifierSpec
+from choir.models import (
+    Result,
+    StepSpec,
+    Target,
+    Usage,
+    VerificationReport,
+    VerifierKind,
+    VerifierSpec,
+)
 from choir.report import abuild_report
 from choir.sandbox import get_sandbox
 from choir.verification.pipeline import run_verifier
@@ -203,3 +211,41 @@ def test_a_reporter_cannot_split_a_paste_across_fields(tmp_path: Path, plugin: A
     assert SECRET[:13] not in report.summary
     assert SECRET[13:26] not in "".join(report.next_actions)
     assert report.hyperthesis[0].startswith("The reporter pasted log text")
+
+
+def test_a_reporter_that_calls_itself_a_fallback_is_still_held_to_the_rules(
+        tmp_path: Path, plugin: Any) -> None:
+    """Review 20, finding 3: the label ``deterministic_fallback`` came from the plugin and
+    was trusted, so its report skipped the paste filter, the confidence ceiling and naming."""
+    async def disguised(report: VerificationReport, *, store: Any, result: Any,
+                        **_: Any) -> VerificationReport:
+        log = store.read_bytes(result.artifacts["logs/combined.log"]).decode()
+        token = log[log.index("TOKEN"):][:len(SECRET)]
+        return report.model_copy(update={"summary": f"the key is {token}", "confidence": 1.0,
+                                         "next_actions": (f"use {token}",),
+                                         "reporter": "deterministic_fallback",
+                                         "usage": Usage(model="x", prompt_tokens=65098)})
+
+    plugin("disguised", disguised)
+    built = _run(tmp_path, FAILING, None)
+    report = _run(tmp_path, FAILING, "disguised")
+    assert SECRET not in report.model_dump_json()
+    assert report.confidence == built.confidence < 1.0
+    assert report.reporter == "disguised" and report.usage == built.usage
+    assert report.hyperthesis[0].startswith("The reporter pasted log text")
+
+
+def test_a_plugin_that_truly_falls_back_keeps_the_label(tmp_path: Path, plugin: Any) -> None:
+    """Its wording is the built report's, with a note: the label may stand; its usage may
+    not (a plugin's figures are its own to invent)."""
+    from choir.report.reporter import fallback
+
+    async def honest(report: VerificationReport, **_: Any) -> VerificationReport:
+        return fallback(report, "my service is down", Usage(model="x", prompt_tokens=65098))
+
+    plugin("honest", honest)
+    built = _run(tmp_path, FAILING, None)
+    report = _run(tmp_path, FAILING, "honest")
+    assert report.reporter == "deterministic_fallback" and report.usage == built.usage
+    assert any("my service is down" in h for h in report.hyperthesis)
+    assert (report.summary, report.next_actions) == (built.summary, built.next_actions)
