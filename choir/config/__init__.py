@@ -214,6 +214,42 @@ def _loosened(doc: YamlDoc, mood: str, override: dict[str, Any],
     return found
 
 
+def _reserved(doc: YamlDoc, name: str, loc: tuple[str | int, ...]) -> ConfigError | None:
+    """A ConfigError when ``name`` is one Choir gives its own run checks in ``choir run``
+    (``choir.config.policy.with_run_checks``): a repo verifier of that name was silently
+    replaced by the check, so a failing lint named ``unit.mutants`` never ran and the run
+    ASSERTed (review 20, F4)."""
+    from choir.config.policy import MUTANTS_SUFFIX, RUN_TRACE_NAME
+
+    if not isinstance(name, str) or not (name.endswith(MUTANTS_SUFFIX)
+                                         or name == RUN_TRACE_NAME):
+        return None
+    what = ("a name ending in '.mutants' is a mutation check's" if name.endswith(MUTANTS_SUFFIX)
+            else f"'{RUN_TRACE_NAME}' is the name of Choir's own trace verifier")
+    return ConfigError(f"verifier name '{name}' is reserved: {what}, which Choir adds to "
+                       "the allowlist of a choir run", path=str(doc.path), line=doc.line_of(loc),
+                       hint=f"rename it, e.g. '{name.replace('.', '-')}-check'")
+
+
+def _checks_nothing(doc: YamlDoc, mood: str, listed: Any,
+                    verifiers: dict[str, VerifierSpec]) -> ConfigError | None:
+    """A ConfigError when a mood's list names only verifiers that check no code: the run's
+    own trace (``kind: trace``) or a mutation check. ``choir run`` would plan them alone and
+    ASSERT with nothing of the tree verified (review 20, F5)."""
+    if not isinstance(listed, list) or not listed or \
+            not all(isinstance(n, str) and n in verifiers for n in listed):
+        return None  # empty, or an unknown name: said where the list is checked
+    own = (VerifierKind.TRACE, VerifierKind.MUTATION)
+    if any(verifiers[n].kind not in own for n in listed):
+        return None
+    checks = sorted(n for n, spec in verifiers.items() if spec.kind not in own)
+    return ConfigError(
+        f"mood {mood} names only verifiers that check no code ({', '.join(listed)}; a trace "
+        "verifier checks the run's own record): nothing of the tree would be verified",
+        path=str(doc.path), line=doc.line_of(("moods", mood, "verifiers")),
+        hint=f"add at least one of: {', '.join(checks) or 'a verifier of the code'}")
+
+
 def _section(data: Any, key: str) -> dict[str, Any]:
     value = data.get(key) if isinstance(data, dict) else None
     return value if isinstance(value, dict) else {}
@@ -379,6 +415,10 @@ def load_repo_config(repo: Path, *, pinned: str | None = None,
                 hint="rename this verifier",
             ))
             continue
+        reserved = _reserved(doc, name, ("verifiers", name))
+        if reserved is not None:
+            errors.append(reserved)
+            continue
         spec, spec_errors = _verifier_spec(doc, name, raw, resources)
         errors += spec_errors
         if spec is not None:
@@ -401,6 +441,14 @@ def load_repo_config(repo: Path, *, pinned: str | None = None,
             line=1,
             hint="add 'verification: {steps: [{name: test, command: pytest -q}]}' or 'verifiers:'",
         )
+    if verifiers and names == set(verifiers) and all(
+            spec.kind in (VerifierKind.TRACE, VerifierKind.MUTATION)
+            for spec in verifiers.values()):  # a mood would plan them alone (F5)
+        errors.append(ConfigError(
+            f"the allowlist ({', '.join(sorted(verifiers))}) checks no code: a trace verifier "
+            "checks the run's own record, so nothing of the tree would be verified",
+            path=str(path), line=1,
+            hint="add a verifier of the code, e.g. 'unit: {uses: pytest}' under 'verifiers:'"))
     for name, spec in verifiers.items():
         other = spec.lenses.independent
         if other is not None and (other not in names or other == name):
@@ -415,6 +463,9 @@ def load_repo_config(repo: Path, *, pinned: str | None = None,
     for mood, override in _section(doc.data, "moods").items():
         override = override if isinstance(override, dict) else {}
         errors += _loosened(doc, mood, override, verifiers)
+        nothing = _checks_nothing(doc, mood, override.get("verifiers"), verifiers)
+        if nothing is not None:
+            errors.append(nothing)
         if override.get("verifiers", None) == []:
             errors.append(ConfigError(
                 f"mood {mood} names no verifier: nothing could ever be asserted",
@@ -536,6 +587,10 @@ def _decision_methods(doc: YamlDoc, names: set[str], verifiers: dict[str, Verifi
                 continue
             loc = ("decisions", decision, "verification", "methods", i)
             if (doc.path.parent / "verifiers" / f"{method}.py").is_file():
+                reserved = _reserved(doc, method, loc)
+                if reserved is not None:
+                    errors.append(reserved)
+                    continue
                 spec, bad = _verifier_spec(doc, method, {"callable": f"verifiers/{method}.py"},
                                            resources)
                 errors += bad
@@ -588,14 +643,8 @@ def load_work_item(path: Path, *, part: bool = False) -> WorkItem:
                                   "of a split work item", path=str(path),
                                   line=doc.line_of(("id",)),
                                   hint="use letters, digits, '.', '_' and '-'"))
-    repo = (path.parent / item.repo).resolve()
-    if not repo.is_dir():
-        errors.append(ConfigError(
-            f"repo '{item.repo}' does not exist (resolved to {repo})",
-            path=str(path),
-            line=doc.line_of(("repo",)),
-            hint="repo is relative to the work item file",
-        ))
+    repo, bad = _repo_of(path, item.repo, doc)
+    errors += bad
     executor = item.executor
     unknown = _registered(doc, ("executor", "kind"), EXECUTORS, executor.kind,
                           EXECUTORS.names())
@@ -611,15 +660,15 @@ def load_work_item(path: Path, *, part: bool = False) -> WorkItem:
             line=doc.line_of(("executor",)),
             hint=f"add '{field}:' under 'executor:'",
         ))
-    if repo.is_dir():
+    if repo is not None:
         errors += agents.problems(doc, ("executor",), executor, repo, meta.get("executor", {}))
         if isinstance(item.escalate_to, ExecutorSpec):
             errors += agents.problems(doc, ("escalate_to",), item.escalate_to, repo,
                                       meta.get("escalate_to", {}))
-    if item.decision_type is not None and repo.is_dir():
+    if item.decision_type is not None and repo is not None:
         item, found = _decision_required(item, load_repo_config(repo), doc)
         errors += found
-    if item.required_verifiers and repo.is_dir():
+    if item.required_verifiers and repo is not None:
         allowlist = load_repo_config(repo).verifiers
         for i, name in enumerate(item.required_verifiers):
             if name not in allowlist:
@@ -629,7 +678,33 @@ def load_work_item(path: Path, *, part: bool = False) -> WorkItem:
                     hint=f"use one of: {', '.join(sorted(allowlist))}",
                 ))
     ConfigError.raise_all(errors)
+    assert repo is not None  # else an error was raised
     return item.model_copy(update={"repo": str(repo)})
+
+
+def _repo_of(path: Path, given: str, doc: YamlDoc) -> tuple[Path | None, list[ConfigError]]:
+    """The work item's repo folder, resolved against its file; None, with the ConfigError at
+    ``repo:``'s line, when there is none. A NUL byte or a path the system refuses (too long)
+    was a ValueError or OSError from ``resolve``, an internal error with a traceback, rather
+    than this file's mistake (review 20, F3)."""
+    line = doc.line_of(("repo",))
+    shown = given if len(given) <= 80 else f"{given[:80]}..."
+    hint = "write the repo's folder, relative to the work item file"
+    if "\0" in given:
+        return None, [ConfigError(f"repo {shown!r} holds a NUL byte, which no path can hold",
+                                  path=str(path), line=line, hint=hint)]
+    try:
+        repo = (path.parent / given).resolve()
+        found = repo.is_dir()
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return None, [ConfigError(f"repo '{shown}' cannot be a folder: {why}",
+                                  path=str(path), line=line, hint=hint)]
+    if not found:
+        return None, [ConfigError(f"repo '{shown}' does not exist (resolved to {repo})",
+                                  path=str(path), line=line,
+                                  hint="repo is relative to the work item file")]
+    return repo, []
 
 
 def _decision_required(item: WorkItem, config: RepoConfig,

@@ -164,6 +164,34 @@ def _counting(path: Path) -> Any:
     return Counting
 
 
+def _marking(path: Path) -> Any:
+    """A ruamel constructor that turns a value it cannot build into a ConfigError at the
+    value's line: an integer of more than 4300 digits (Python's limit on converting text to
+    an int) or a date that is no date (``2024-13-45``) raises a bare ValueError, which was
+    an internal error with a traceback (review 20, F3)."""
+    from ruamel.yaml.constructor import RoundTripConstructor
+
+    class Marking(RoundTripConstructor):
+        def construct_object(self, node: Any, deep: bool = False) -> Any:
+            try:
+                return super().construct_object(node, deep)
+            except ValueError as exc:
+                mark = getattr(node, "start_mark", None)
+                raise ConfigError(
+                    f"invalid value: {_unreadable(exc)}", path=str(path),
+                    line=mark.line + 1 if mark is not None else None,
+                    hint="write a number of at most 64 bits or a real date, or quote the "
+                         "value to keep it text") from None
+
+    return Marking
+
+
+def _unreadable(exc: ValueError) -> str:
+    """Why a value could not be built, without Python's advice to raise its own limit
+    (``sys.set_int_max_str_digits``), which is no fix for a file."""
+    return str(exc).partition(";")[0][:160]
+
+
 def load_yaml(path: Path, *, root: Path | None = None, pinned: str | None = None,
               data: bytes | None = None) -> YamlDoc:
     """Parse ``path``; a syntax error becomes a ConfigError naming the line.
@@ -177,8 +205,8 @@ def load_yaml(path: Path, *, root: Path | None = None, pinned: str | None = None
     names it.
 
     Raises:
-        ConfigError: the file is missing, unreadable, too large, an alias bomb, or not
-            valid YAML.
+        ConfigError: the file is missing, unreadable, too large, an alias bomb, not valid
+            YAML, or holds a value YAML cannot build (the line given).
     """
     from ruamel.yaml import YAML
     from ruamel.yaml.error import MarkedYAMLError, YAMLError
@@ -186,6 +214,7 @@ def load_yaml(path: Path, *, root: Path | None = None, pinned: str | None = None
     text = _read_capped(path, root, pinned, data)
     yaml = YAML(typ="rt")
     yaml.Composer = _counting(path)
+    yaml.Constructor = _marking(path)
     try:
         tree = yaml.load(text)
     except MarkedYAMLError as exc:
@@ -205,6 +234,9 @@ def load_yaml(path: Path, *, root: Path | None = None, pinned: str | None = None
     except YAMLError as exc:
         raise ConfigError(f"invalid YAML: {exc}", path=str(path),
                           hint="check the YAML syntax near the start of the file") from None
+    except ValueError as exc:  # a value no node could be blamed for (``_marking``)
+        raise ConfigError(f"invalid value: {_unreadable(exc)}", path=str(path),
+                          hint="quote the value to keep it text") from None
     budget = [MAX_NODES]
     try:
         data = _plain(tree, budget, ())

@@ -18,6 +18,7 @@ from choir._core.canonical import hash_json
 from choir._core.resources import data_path
 from choir.config import RepoConfig
 from choir.config._yaml import YamlDoc, load_yaml, validate
+from choir.exceptions import ConfigError
 from choir.models import BlastRadius, Mood, StepSpec, VerifierKind, VerifierSpec
 from choir.models._base import Frozen
 
@@ -26,6 +27,9 @@ SpecPolicy = Literal["refuse", "approve"]
 Survivors = Literal["fail", "inconclusive"]
 Rehash = Literal["stat", "full"]
 MUTANTS_SUFFIX = ".mutants"
+# the name of Choir's trace verifier when the repo has a verifier named ``trace`` of another
+# kind; like ``NAME.mutants``, reserved: choir.yaml may not use it (``choir.config._reserved``)
+RUN_TRACE_NAME = "choir-trace"
 
 
 class _PackagedMood(Frozen):
@@ -141,10 +145,10 @@ def with_run_checks(config: RepoConfig,
         return config
     if any(spec.kind is VerifierKind.TRACE for spec in config.verifiers.values()):
         return config
-    name = "trace" if "trace" not in config.verifiers else "choir-trace"
+    name = "trace" if "trace" not in config.verifiers else RUN_TRACE_NAME
     spec = VerifierSpec(name=name, kind=VerifierKind.TRACE,
                         steps=(StepSpec(name="verify", command="choir trace verify"),))
-    return config.model_copy(update={"verifiers": {**config.verifiers, name: spec}})
+    return _adding(config, spec)
 
 
 def with_mutation(config: RepoConfig, base: _PackagedPolicy) -> RepoConfig:
@@ -163,7 +167,24 @@ def with_mutation(config: RepoConfig, base: _PackagedPolicy) -> RepoConfig:
     name = f"{source.name[:64 - len(MUTANTS_SUFFIX)]}{MUTANTS_SUFFIX}"
     spec = source.model_copy(update={"name": name, "kind": VerifierKind.MUTATION,
                                      "mutates": source.name})
-    return config.model_copy(update={"verifiers": {**config.verifiers, name: spec}})
+    return _adding(config, spec)
+
+
+def _adding(config: RepoConfig, spec: VerifierSpec) -> RepoConfig:
+    """``config`` with Choir's run check ``spec`` added to its allowlist, never in place of
+    a verifier of the same name: that one would silently not run, and a run could ASSERT
+    while it fails (review 20, F4). choir.yaml cannot use these names; a held-out check or
+    a configuration built in code still could.
+
+    Raises:
+        ConfigError: the allowlist already has a verifier of that name.
+    """
+    if spec.name in config.verifiers:
+        raise ConfigError(f"verifier name '{spec.name}' is taken: choir run adds its own "
+                          f"{spec.kind.value} check under that name", path=config.source,
+                          line=config.lines.get(spec.name),
+                          hint=f"rename the verifier '{spec.name}'")
+    return config.model_copy(update={"verifiers": {**config.verifiers, spec.name: spec}})
 
 
 def guarded(mood: Any) -> bool:
@@ -217,6 +238,10 @@ def load_policy(config: RepoConfig, packaged: _PackagedPolicy | None = None) -> 
                 # mutants) are in no list a repo writes (``choir.config._loosened``)
                 fields["verifiers"] = tuple(dict.fromkeys([*fields["verifiers"], *core]))
                 fields["reruns"] = max(fields["reruns"], default.reruns)
+            if not any(n in checks for n in fields["verifiers"]):
+                # a list of the run's trace alone checks no code (review 20, F5): refused in
+                # choir.yaml; a configuration built in code falls back as the defaults do
+                fields["verifiers"] = (*checks, *fields["verifiers"])
             # tightened, never loosened, whatever the file's checks let through
             fields["allow_unsafe_isolation"] = (default.allow_unsafe_isolation
                                                 and fields["allow_unsafe_isolation"])
