@@ -39,10 +39,15 @@ PIPELINE = "pipeline"
 # plugins to load at start (``pytest11`` entry points), without any conftest.py.
 # Doctest files (``test*.txt`` holding an example) are pinned and judged by their content
 # too (``choir.evidence.spec``): a ``requirements/test.txt`` is not one.
+# The configuration files of the lint, type and security checks and coverage: what they
+# report is what these say (review 20a: a change that quiets a check is a change to it).
+LINT_CONFIG = ("ruff.toml", ".ruff.toml", "mypy.ini", ".mypy.ini", ".flake8", ".pylintrc",
+               "pylintrc", ".bandit", ".coveragerc", ".pyre_configuration",
+               "pyrightconfig.json")
 DEFAULT_SPEC = (
     "tests/", "test/", "testing/", "test_*.py", "*_test.py", "tests.py", "conftest.py",
     "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg",
-    "pyproject.toml",
+    "pyproject.toml", *LINT_CONFIG,
     "sitecustomize.py", "usercustomize.py", "*.pth", "*.dist-info/", "*.egg-info/",
     "fixtures/", "snapshots/", "__snapshots__/", "verifiers/", CONFIG_NAME,
 )

@@ -34,8 +34,10 @@ from choir.evidence.spec import (
     Manifest,
     approve_change,
     compiled_file,
+    is_source,
     judge_round,
     pinned_paths,
+    suppressions,
     view_key,
 )
 from choir.exceptions import ConfigError, UserError
@@ -79,8 +81,11 @@ class Base:
                                else store.ingest_bytes(data))
             compiled = {path: (kinds[path], blake3_hex(objects.read(blobs[path], "blob")))
                         for path in blobs if compiled_file(path)}
+            suppressed = {path: suppressions(objects.read(blobs[path], "blob"))
+                          for path in blobs if is_source(path) and kinds[path] in ("f", "x")}
         return store.ingest_bytes(Manifest.of(
-            globs, files, (path for path, _kind, _oid in self.files), compiled).encode())
+            globs, files, (path for path, _kind, _oid in self.files), compiled,
+            suppressed).encode())
 
 
 # the names git tries for a short ref, in its order (``git help revisions``): the first that

@@ -43,7 +43,7 @@ from typing import Any
 from choir._core import fsopen
 from choir._core.canonical import blake3_hex, canonical_json
 from choir._core.globs import glob_regex
-from choir.config import ALWAYS_SPEC
+from choir.config import ALWAYS_SPEC, LINT_CONFIG
 from choir.config.policy import SpecPolicy
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.tree import inspect_tree, remove_snapshot, snapshot
@@ -57,7 +57,7 @@ from choir.models import SpecChange
 # for approval; the rest (the interpreter's start-up, plugin metadata, where Python looks)
 # stand in for the harness, and a new one is refused, approved or not.
 TEST_CONFIG = ("conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml",
-               "tox.ini", "setup.cfg", "pyproject.toml")
+               "tox.ini", "setup.cfg", "pyproject.toml", *LINT_CONFIG)
 INFLUENCE = (*TEST_CONFIG, "sitecustomize.py", "usercustomize.py", "*.pth", "*.dist-info/",
              "*.egg-info/", *ALWAYS_SPEC)
 # Module names a new file must not take where imports start (the repo's root and ``src/``,
@@ -412,6 +412,33 @@ def pinned_paths(kinds: Mapping[str, str], globs: Sequence[str],
     return sorted(chosen)
 
 
+# Comments a linter, type checker, security scanner or coverage tool obeys in the code it
+# checks: a new one changes what the check says as surely as an edit to its configuration
+# (review 20a: a pull request failing the base's ruff added a file-wide ruff suppression and PASSed
+# against ``--base``, the gate open). The base's are the project's; one a change adds is a
+# change to the checks (``compare``).
+SUPPRESSION = re.compile(
+    rb"#\s*(?:noqa|nosec|type:\s*ignore|pragma:\s*no\s*(?:cover|branch)|"
+    rb"(?:ruff|flake8)\s*:\s*noqa|mypy\s*:\s*ignore|pylint\s*:\s*disable|"
+    rb"pyright\s*:\s*(?:ignore|basic)|isort\s*:\s*skip|fmt\s*:\s*(?:off|skip))",
+    re.IGNORECASE)
+_SOURCES = (".py", ".pyi", ".pyw")
+
+
+def suppressions(data: bytes) -> tuple[str, ...]:
+    """The lines of a source file that hold a suppression (``SUPPRESSION``), each as a short
+    hash of its stripped text, sorted: moving one to another line, or adding one, shows."""
+    if not SUPPRESSION.search(data):
+        return ()
+    return tuple(sorted(blake3_hex(line.strip())[:16] for line in data.splitlines()
+                        if SUPPRESSION.search(line)))
+
+
+def is_source(rel: str) -> bool:
+    """A Python source file, whose suppressions are part of the checks."""
+    return rel.lower().endswith(_SOURCES)
+
+
 @dataclass(frozen=True)
 class Manifest:
     """The pinned spec: its globs and ``{path: (kind, blake3)}`` (kind ``f``, ``x`` or ``l``);
@@ -429,19 +456,29 @@ class Manifest:
     # the base's compiled files (``compiled_file``), ``(path, kind, blake3)``: never in a
     # view, so one new or changed is refused (``compare``); written when any
     compiled: tuple[tuple[str, str, str], ...] = ()
+    # the base's source files that hold suppressions (``suppressions``), ``(path, lines)``;
+    # None in a pin from before they were recorded (nothing is compared)
+    suppressed: tuple[tuple[str, tuple[str, ...]], ...] | None = None
 
     @classmethod
     def of(cls, globs: Sequence[str], files: dict[str, tuple[str, str]],
            paths: Iterable[str],
-           compiled: Mapping[str, tuple[str, str]] | None = None) -> Manifest:
+           compiled: Mapping[str, tuple[str, str]] | None = None,
+           suppressed: Mapping[str, tuple[str, ...]] | None = None) -> Manifest:
         """The pin of ``files`` (the spec files chosen) in a base tree of ``paths``, whose
-        compiled files are ``compiled`` (``{path: (kind, blake3)}``)."""
+        compiled files are ``compiled`` (``{path: (kind, blake3)}``) and whose source files
+        hold the suppressions ``suppressed`` (``{path: suppressions(data)}``)."""
         paths = list(paths)
         modules, above = pinned_modules(files), above_tests(files)
         return cls(tuple(globs), files, roots_of(paths, files), import_dirs(files, paths),
                    tuple(sorted(p for p in paths if p not in files and not unnamable(p) and
                                 _stands_in(p, modules, above))),
-                   tuple(sorted((p, k, d) for p, (k, d) in (compiled or {}).items())))
+                   tuple(sorted((p, k, d) for p, (k, d) in (compiled or {}).items())),
+                   tuple(sorted((p, v) for p, v in (suppressed or {}).items() if v)))
+
+    @cached_property
+    def suppressed_files(self) -> dict[str, tuple[str, ...]]:
+        return dict(self.suppressed or ())
 
     @cached_property
     def compiled_files(self) -> dict[str, tuple[str, str]]:
@@ -453,6 +490,8 @@ class Manifest:
             extra["overlaps"] = list(self.overlaps)
         if self.compiled:
             extra["compiled"] = {p: [k, d] for p, k, d in self.compiled}
+        if self.suppressed is not None:
+            extra["suppressed"] = {p: list(v) for p, v in self.suppressed}
         return canonical_json({"schema": _SCHEMA, "globs": list(self.globs),
                                "files": {p: list(v) for p, v in sorted(self.files.items())},
                                "roots": list(self.roots), **extra})
@@ -549,7 +588,9 @@ def load_manifest(store: ArtifactStore, digest: str) -> Manifest:
                     dirs=None if raw.get("dirs") is None else tuple(raw["dirs"]),
                     overlaps=tuple(raw.get("overlaps", ())),
                     compiled=tuple(sorted((p, v[0], v[1])
-                                          for p, v in raw.get("compiled", {}).items())))
+                                          for p, v in raw.get("compiled", {}).items())),
+                    suppressed=None if raw.get("suppressed") is None else tuple(sorted(
+                        (p, tuple(v)) for p, v in raw["suppressed"].items())))
 
 
 def _walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
@@ -598,7 +639,9 @@ def pin_from_snapshot(tree: Path, globs: Sequence[str], store: ArtifactStore) ->
         for rel in filter(compiled_file, seen):
             kind, data = _read(cursor, rel, seen[rel])
             compiled[rel] = (kind, blake3_hex(data))
-    return store.ingest_bytes(Manifest.of(globs, files, seen, compiled).encode())
+        suppressed = {rel: suppressions(_read(cursor, rel, st)[1]) for rel, st in seen.items()
+                      if is_source(rel) and stat.S_ISREG(st.st_mode)}
+    return store.ingest_bytes(Manifest.of(globs, files, seen, compiled, suppressed).encode())
 
 
 def pin_spec(repo: Path, globs: Sequence[str], root: Path,
@@ -644,6 +687,7 @@ def compare(tree: Path, tree_hash: str, manifest: Manifest, may_change: Sequence
     ignored: list[str] = []
     introduced: list[str] = []  # new, allowed, and changing how every check runs
     modified: list[str] = []
+    suppressing: list[str] = []  # source files with a suppression the base did not have
     with fsopen.DirCursor(tree) as cursor:
         for rel, st in seen.items():
             if unnamable(rel):
@@ -671,10 +715,14 @@ def compare(tree: Path, tree_hash: str, manifest: Manifest, may_change: Sequence
                     added.append(rel)
             elif manifest.shadows(rel, st):
                 ignored.append(rel)
+            if manifest.suppressed is not None and rel not in manifest.files and \
+                    is_source(rel) and stat.S_ISREG(st.st_mode) and \
+                    _suppresses_more(manifest, rel, _read(cursor, rel, st)[1]):
+                suppressing.append(rel)
     deleted = [p for p in manifest.files if p not in seen]
-    declared = [*(p for p in (*modified, *deleted) if allowed(p)), *introduced]
+    declared = [*(p for p in (*modified, *deleted, *suppressing) if allowed(p)), *introduced]
     refused = [*(p for p in ignored if p not in introduced),
-               *(p for p in (*modified, *deleted) if p not in declared)]
+               *(p for p in (*modified, *deleted, *suppressing) if p not in declared)]
     held: list[str] = []
     (held if policy == "approve" else refused).extend(declared)
     shown = sorted([*modified, *deleted, *(introduced if policy == "approve" else ())])
@@ -682,6 +730,15 @@ def compare(tree: Path, tree_hash: str, manifest: Manifest, may_change: Sequence
     return SpecChange(tree_hash=tree_hash, added=tuple(sorted(added)), modified=tuple(modified),
                       deleted=tuple(sorted(deleted)), ignored=tuple(sorted(ignored)),
                       refused=tuple(sorted(refused)), held=tuple(sorted(held)), diff=diff)
+
+
+def _suppresses_more(manifest: Manifest, rel: str, data: bytes) -> bool:
+    """Whether ``data`` holds a suppression line the base's ``rel`` did not."""
+    found = suppressions(data)
+    if not found:
+        return False
+    return bool(collections.Counter(found) - collections.Counter(
+        manifest.suppressed_files.get(rel, ())))
 
 
 def _with_dirs_of(manifest: Manifest, new: Iterable[str], paths: Iterable[str]) -> Manifest:
@@ -936,8 +993,11 @@ def _views(tree: Path, manifest_hash: str, change: SpecChange, root: Path,
 def refusal_summary(change: SpecChange, limit: int = 400) -> str:
     """One bounded line for a report, a reason or an event."""
     held = set(change.held)
+    listed = {*change.modified, *change.deleted, *change.ignored}
     parts = [f"{name} {', '.join(paths)}" for name, paths in
              (("modified", change.modified), ("deleted", change.deleted),
+              ("a new lint or coverage suppression in",
+               sorted(p for p in {*change.refused, *change.held} if p not in listed)),
               ("new test configuration", [p for p in change.ignored if p in held]),
               ("added outside may_change_spec", [p for p in change.ignored if p not in held]),
               ("admitted", change.added)) if paths]

@@ -72,7 +72,8 @@ class SpecChange(Frozen):
 
     @property
     def changed(self) -> bool:
-        return bool(self.added or self.modified or self.deleted or self.ignored)
+        return bool(self.added or self.modified or self.deleted or self.ignored or
+                    self.refused or self.held)
 
     @property
     def blocks(self) -> bool:

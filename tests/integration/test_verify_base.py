@@ -877,3 +877,45 @@ def test_the_view_cannot_be_written_through_to_the_sealed_snapshot(repo: Path) -
     assert code == 1 and results(own)["unit#0"] == "FAIL"
     audit = run("audit")
     assert audit.returncode == 0, audit.stdout + audit.stderr
+
+
+@pytest.mark.parametrize("silence", [
+    "# ruff: noqa\n",  # the whole file
+    "",  # per line, below
+])
+def test_a_suppression_the_change_adds_never_turns_a_failing_lint_into_a_pass(
+        tmp_path: Path, silence: str) -> None:
+    """Review 20a (critical): a lint obeys the suppressions in the code it checks, and they
+    were nobody's spec: a pull request that fails the base's lint added ``# ruff: noqa`` (or
+    ``# noqa`` on its lines), PASSed against ``--base main`` and opened the gate. A new
+    suppression is a change to the checks: held for a person, never a PASS on its own; the
+    base's own suppressions stay the project's."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "choir.yaml").write_text(  # the test venv's interpreter, which has ruff
+        f"sandbox: {{python: {sys.executable}}}\n"
+        "verifiers:\n  lint:\n    kind: lint\n    parser: ruff\n    steps:\n"
+        "      - {name: ruff, command: 'python3 -m ruff check --no-cache --isolated "
+        "--select F --output-format json .'}\n")
+    (repo / "calc.py").write_text("import sys  # noqa: F401\n\n\ndef add(a, b):\n"
+                                  "    return a + b\n")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "base")
+    git(repo, "checkout", "-q", "-b", "pr")
+    bad = "import os\nimport sys  # noqa: F401\n\n\ndef add(a, b):\n    return a + b\n"
+    commit(repo, {"calc.py": bad})
+    code, plain = verify(repo, "--base", "main", "--claim", "pr")
+    assert code == 1 and results(plain)["lint#0"] == "FAIL", plain  # the lint fails the change
+    silenced = silence + bad if silence else bad.replace("import os\n", "import os  # noqa\n")
+    commit(repo, {"calc.py": silenced})
+    code, against = verify(repo, "--base", "main", "--claim", "pr")
+    assert code == 1 and against["status"] == "FAIL", against
+    assert "calc.py" in against["base"]["held"] + against["base"].get("refused", []), against
+    gate = run("gate", "pr", "--repo", str(repo))
+    assert gate.returncode == 1, gate.stdout + gate.stderr
+    # the base's own suppression, kept as it was, is no change
+    commit(repo, {"calc.py": "import sys  # noqa: F401\n\n\ndef add(a, b):\n"
+                             "    return a - b\n"})
+    code, kept = verify(repo, "--base", "main", "--claim", "pr2")
+    assert code == 0 and kept["status"] == "PASS", kept
