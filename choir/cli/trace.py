@@ -23,16 +23,28 @@ def trace() -> None:
               default=None, help="A durable Agent run: the SqliteContextStore file it saved to.")
 def trace_export(run_id: str, output: Path | None, agent_store: Path | None) -> int:
     """Build the trace of a `choir run` (or a durable Agent run) from what it stored."""
+    from pydantic import ValidationError
+
     from choir.evidence.artifacts import ArtifactStore
+    from choir.exceptions import UserError
     from choir.trace import export_run
 
-    if agent_store is not None:
-        from choir.agent import SqliteContextStore
-        from choir.trace.agent import export_agent
+    try:
+        if agent_store is not None:
+            from choir.agent import SqliteContextStore
+            from choir.trace.agent import export_agent
 
-        trace = export_agent(run_id, SqliteContextStore(agent_store), ArtifactStore())
-    else:
-        trace = export_run(run_id)
+            trace = export_agent(run_id, SqliteContextStore(agent_store), ArtifactStore())
+        else:
+            trace = export_run(run_id)
+    except ValidationError as err:  # a bound of the format (docs/trace.md), not a crash
+        first = err.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "$"
+        raise UserError(f"run {run_id!r}: its trace cannot be built ({err.error_count()} "
+                        f"problem(s) in the {err.title}; {where}: {first['msg'][:300]}), so "
+                        "none was written; `choir audit` names what it holds against the "
+                        "run, and still checks its evidence through its attestations and "
+                        "manifests") from None
     text = trace.model_dump_json(indent=1)
     if output is None:
         click.echo(text)

@@ -3,7 +3,9 @@
 The recorded events (``choir.trace.record``) say what happened and in which order; reports,
 manifests, attestations and AHDB claims are read back from the artifact store, the
 attestation store and the AHDB, so the trace states what the evidence holds, not what the
-run remembered. Each claim cites the evidence it came from by line span and span hash.
+run remembered. Each claim cites the evidence it came from by line span and span hash. The
+evidence of a verifier run is its report, its manifest (which hashes every file of its run
+folder, so these are not listed one by one), its logs and any file a claim cites.
 """
 
 from __future__ import annotations
@@ -90,11 +92,13 @@ def _verifier_result(b: _Builder, ev: TraceEvent, reports: dict[str, str]) -> No
         b.store.read_bytes(report_hash, limit=MAX_STORED_JSON))
     manifest = RunManifest.model_validate_json(
         b.store.read_bytes(manifest_hash, limit=MAX_STORED_JSON))
+    # the manifest hashes every file of the run folder: listing them all too made a run whose
+    # steps left 9,000 files each outgrow the trace format (review 20b); its logs are listed
     b.add_evidence(report_hash, "report", f"{ev.call_id}/report.json")
     b.add_evidence(manifest_hash, "manifest", f"{ev.call_id}/manifest.json")
     for rel, digest in sorted(manifest.files.items()):
-        b.add_evidence(digest, "log" if rel.startswith("logs/") else "file",
-                       f"{ev.call_id}/{rel}")
+        if rel.startswith("logs/"):
+            b.add_evidence(digest, "log", f"{ev.call_id}/{rel}")
     reports[str(ev.call_id)] = report_hash
     log = manifest.files.get("logs/combined.log")
     b.claim(f"{ev.call_id}/summary", "report_summary",

@@ -4,8 +4,9 @@ Every check runs on the whole trace and names its failures; there are no warning
 and ``schema`` come first: a trace of a version Choir does not support, or one that does not
 validate, is rejected without looking further, and the checks that could not run are reported
 as not passed (never passed by default). Evidence is looked up in the artifact store by hash
-and re-hashed (blake3) while streaming; each cited span is hashed in the same pass that
-counts the file's lines, so memory stays bounded by the read chunk, not the file.
+and re-hashed (blake3) while streaming; the same pass counts the file's lines and notes where
+each cited span's lines begin, and each span is then hashed by its byte range, so the cost
+is the evidence bytes plus the cited bytes (both capped), and memory is the read chunk.
 
 The trace file is hostile: its size is capped before it is read, a nesting bomb fails as
 ``schema``, and the models bound every collection and string.
@@ -38,6 +39,11 @@ if TYPE_CHECKING:
 
 MAX_TRACE_BYTES = 64 << 20
 MAX_FAILURES = 1000
+# a citation's cost is its bytes: distinct spans per evidence file, and bytes of spans in all
+# (a span of a whole file is its digest, free), are capped; past either, ``citation_span``
+# fails without hashing (a hostile trace once cited one file by 288,000 spans)
+MAX_SPANS_PER_ARTIFACT = 4096
+MAX_CITED_BYTES = 1 << 30
 TRACE_CHECKS = ("schema", "version", "ordering", "tool_linkage", "required_steps",
                 "citation_marker", "citation_span", "citation_hash", "evidence_integrity",
                 "insufficient_evidence")
@@ -307,39 +313,77 @@ def _check_markers(trace: Trace, fails: _Failures) -> None:
                 fails.add("citation_marker", where, f"citation {k} has no [@{k}] marker")
 
 
-def _scan(store: ArtifactStore, digest: str,
-          spans: list[tuple[int, int]]) -> tuple[str, int, dict[tuple[int, int], str]]:
-    """One streaming pass: the file's blake3, its line count, and each span's blake3.
+def _after_newlines(chunk: bytes, at: int, n: int) -> int:
+    """The offset just past the ``n``-th newline of ``chunk`` counted from ``at``.
 
-    Lines are split only up to the last cited one; past it, newlines are just counted.
+    The caller knows there are that many. Blocks holding fewer are skipped by a count (C
+    speed); the block holding the target is halved down to a few finds, so a boundary costs
+    bytes/4 KiB plus a few steps, never one Python step per line.
+    """
+    step = 1 << 12
+    while n:
+        if step <= 64:
+            at = chunk.index(b"\n", at) + 1
+            n -= 1
+            continue
+        found = chunk.count(b"\n", at, at + step)
+        if found < n:
+            n, at = n - found, at + step
+        else:
+            step //= 2
+    return at
+
+
+def _scan(store: ArtifactStore, digest: str,
+          spans: list[tuple[int, int]]) -> tuple[str, int, int, dict[int, int]]:
+    """One streaming pass: the file's blake3, its line count, its size, and the byte offset
+    where each line a span starts or ends at begins (``lo`` and ``hi + 1``; a line past the
+    end of the file has none). Spans are hashed afterwards by byte range (``_hash_ranges``),
+    so the cost is the file's bytes plus the cited bytes, not lines x spans.
 
     Raises:
         IntegrityError: ``digest`` is missing or not a regular file.
     """
+    bounds = sorted({lo for lo, _ in spans} | {hi + 1 for _, hi in spans})
     whole = blake3.blake3(max_threads=1)
-    hashers = {span: blake3.blake3(max_threads=1) for span in spans}
-    last_cited = max((hi for _, hi in spans), default=0)
-    line, lines, pending = 1, 0, False
+    starts: dict[int, int] = {}
+    k, newlines, size, last = 0, 0, 0, b"\n"
     with store.open(digest) as fh:
         for chunk in iter(lambda: fh.read(_CHUNK), b""):
             whole.update(chunk)
-            lines += chunk.count(b"\n")
-            pending = not chunk.endswith(b"\n")
-            start = 0
-            while line <= last_cited and start < len(chunk):
-                cut = chunk.find(b"\n", start)
-                end = len(chunk) if cut < 0 else cut + 1
-                for (lo, hi), h in hashers.items():
-                    if lo <= line <= hi:
-                        h.update(chunk[start:end])
-                if cut >= 0:
-                    line += 1
-                start = end
-    return whole.hexdigest(), lines + pending, {s: h.hexdigest() for s, h in hashers.items()}
+            count = chunk.count(b"\n")
+            at, seen = 0, newlines  # line seen + 1 starts at size + at
+            while k < len(bounds) and bounds[k] - 1 <= newlines + count:
+                at = _after_newlines(chunk, at, bounds[k] - 1 - seen)
+                seen = bounds[k] - 1
+                starts[bounds[k]] = size + at
+                k += 1
+            newlines, size, last = newlines + count, size + len(chunk), chunk[-1:]
+    return whole.hexdigest(), newlines + (last != b"\n"), size, starts
 
 
-def _check_evidence_and_citations(trace: Trace, store: ArtifactStore,
-                                  fails: _Failures) -> dict[str, int]:
+def _hash_ranges(store: ArtifactStore, digest: str,
+                 ranges: dict[tuple[int, int], tuple[int, int]]) -> dict[tuple[int, int], str]:
+    """The blake3 of each byte range ``[start, end)`` of a stored file, read by seeking."""
+    hashes: dict[tuple[int, int], str] = {}
+    with store.open(digest) as fh:
+        for span, (start, end) in sorted(ranges.items(), key=lambda item: item[1]):
+            hasher = blake3.blake3(max_threads=1)
+            fh.seek(start)
+            while start < end:
+                piece = fh.read(min(end - start, _CHUNK))
+                if not piece:
+                    break
+                hasher.update(piece)
+                start += len(piece)
+            hashes[span] = hasher.hexdigest()
+    return hashes
+
+
+def _cited_spans(trace: Trace, fails: _Failures
+                 ) -> dict[str, list[tuple[str, TraceCitation]]]:
+    """Each listed artifact's well-formed citations; an artifact cited by more distinct spans
+    than ``MAX_SPANS_PER_ARTIFACT`` fails ``citation_span`` once and none of them is hashed."""
     listed = {e.hash for e in trace.evidence}
     cited: dict[str, list[tuple[str, TraceCitation]]] = defaultdict(list)
     for n, claim in enumerate(trace.claims):
@@ -354,7 +398,56 @@ def _check_evidence_and_citations(trace: Trace, store: ArtifactStore,
                           f"cites {cite.artifact}, which is not among the evidence files")
                 continue
             cited[cite.artifact].append((where, cite))
-    def scan(digest: str) -> tuple[str, int, dict[tuple[int, int], str]] | Exception:
+    for digest, cites in list(cited.items()):
+        distinct = len({(c.line_start, c.line_end) for _, c in cites})
+        if distinct > MAX_SPANS_PER_ARTIFACT:
+            fails.add("citation_span", cites[0][0],
+                      f"{digest} is cited by {distinct} distinct spans, more than the "
+                      f"{MAX_SPANS_PER_ARTIFACT} distinct spans checked per evidence file; "
+                      "cite fewer, wider spans (none of them was checked)")
+            del cited[digest]
+    return cited
+
+
+def _span_ranges(cited: dict[str, list[tuple[str, TraceCitation]]],
+                 scans: dict[str, tuple[str, int, int, dict[int, int]] | Exception],
+                 fails: _Failures) -> tuple[dict[str, dict[tuple[int, int], tuple[int, int]]],
+                                            dict[tuple[str, int, int], str]]:
+    """The byte range of every cited span to hash, and the hashes known without hashing (a
+    span of the whole file hashes to the file's digest). Past ``MAX_CITED_BYTES`` of ranges
+    in all, ``citation_span`` fails and no range is hashed."""
+    ranges: dict[str, dict[tuple[int, int], tuple[int, int]]] = defaultdict(dict)
+    known: dict[tuple[str, int, int], str] = {}
+    total = 0
+    for digest, cites in cited.items():
+        got = scans.get(digest)
+        if got is None or isinstance(got, Exception):
+            continue
+        whole, lines, size, starts = got
+        for _, cite in cites:
+            lo, hi = cite.line_start, cite.line_end
+            if hi > lines or (lo, hi) in ranges[digest] or (digest, lo, hi) in known:
+                continue
+            start, end = starts[lo], starts.get(hi + 1, size)
+            if start == 0 and end == size:
+                known[(digest, lo, hi)] = whole
+            else:
+                ranges[digest][(lo, hi)] = (start, end)
+                total += end - start
+    if total > MAX_CITED_BYTES:
+        fails.add("citation_span", "claims",
+                  f"the citations' spans cover {total} cited bytes, more than the cap of "
+                  f"{MAX_CITED_BYTES} (whole files do not count); cite fewer or shorter "
+                  "spans (none of them was checked)")
+        return {}, known
+    return ranges, known
+
+
+def _check_evidence_and_citations(trace: Trace, store: ArtifactStore,
+                                  fails: _Failures) -> dict[str, int]:
+    cited = _cited_spans(trace, fails)
+
+    def scan(digest: str) -> tuple[str, int, int, dict[int, int]] | Exception:
         spans = list({(c.line_start, c.line_end) for _, c in cited.get(digest, [])})
         try:
             return _scan(store, digest, spans)
@@ -364,6 +457,21 @@ def _check_evidence_and_citations(trace: Trace, store: ArtifactStore,
     unique = list(dict.fromkeys(e.hash for e in trace.evidence))
     with ThreadPoolExecutor(max_workers=4) as pool:  # file reads and hashing leave the GIL
         scans = dict(zip(unique, pool.map(scan, unique), strict=True))
+        ranges, span_hashes = _span_ranges(cited, scans, fails)
+
+        def hash_ranges(digest: str) -> dict[tuple[int, int], str] | Exception:
+            try:
+                return _hash_ranges(store, digest, ranges[digest])
+            except Exception as exc:  # noqa: BLE001 - as unreadable as in the scan
+                return exc
+
+        todo = [digest for digest, spans in ranges.items() if spans]
+        for digest, hashed in zip(todo, pool.map(hash_ranges, todo), strict=True):
+            if isinstance(hashed, Exception):
+                fails.add("evidence_integrity", f"evidence {digest}",
+                          f"its cited spans could not be read back: {hashed}")
+            else:
+                span_hashes.update({(digest, *span): h for span, h in hashed.items()})
     seen: set[str] = set()
     scanned = 0
     for n, ev in enumerate(trace.evidence):
@@ -372,23 +480,22 @@ def _check_evidence_and_citations(trace: Trace, store: ArtifactStore,
             fails.add("evidence_integrity", where, f"{ev.hash} is listed twice")
             continue
         seen.add(ev.hash)
-        cites = cited.get(ev.hash, [])
         got = scans[ev.hash]
         if isinstance(got, Exception):
             fails.add("evidence_integrity", where, f"not in the store as it was: {got}")
             continue
-        digest, lines, span_hashes = got
+        digest, lines, _, _ = got
         scanned += 1
         if digest != ev.hash:
             fails.add("evidence_integrity", where, f"the stored bytes hash to {digest}")
-        for cwhere, cite in cites:
+        for cwhere, cite in cited.get(ev.hash, []):
+            span = span_hashes.get((ev.hash, cite.line_start, cite.line_end))
             if cite.line_end > lines:
                 fails.add("citation_span", cwhere, f"lines {cite.line_start}-{cite.line_end} "
                                                    f"of a file of {lines} lines")
-            elif span_hashes[(cite.line_start, cite.line_end)] != cite.span_hash:
+            elif span is not None and span != cite.span_hash:  # None: failed above
                 fails.add("citation_hash", cwhere, f"lines {cite.line_start}-{cite.line_end} "
-                          f"hash to {span_hashes[(cite.line_start, cite.line_end)]}, not "
-                          f"{cite.span_hash}")
+                          f"hash to {span}, not {cite.span_hash}")
     return {"evidence_files": len(trace.evidence), "evidence_verified": scanned}
 
 
