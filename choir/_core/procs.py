@@ -15,3 +15,11 @@ def output(proc: subprocess.Popen[bytes], timeout: float) -> bytes | None:
         proc.communicate()
         return None
     return out if proc.returncode == 0 else None
+
+
+def drop(proc: subprocess.Popen[bytes]) -> None:
+    """End ``proc`` if its answer was never asked for (the caller failed first): killed,
+    reaped and its pipes closed, so nothing is left running or open behind the error."""
+    if proc.returncode is None:
+        proc.kill()
+    proc.communicate()

@@ -152,17 +152,20 @@ class GitRepo:
             return None
         return out.stdout
 
-    def start(self, *args: str, timeout: float = 60) -> Callable[[], bytes | None]:
-        """``run``, started now and waited for by the returned call: a listing that runs
-        while Choir does something else (the snapshot checks its base meanwhile)."""
+    def start(self, *args: str, timeout: float = 60
+              ) -> tuple[Callable[[], bytes | None], Callable[[], None]]:
+        """``run``, started now: (its answer, waited for; what ends it unasked). A listing
+        that runs while Choir does something else (the snapshot checks its base meanwhile);
+        a caller that fails before asking calls the second, or git runs on, its pipe open."""
         try:
             proc = subprocess.Popen(self.argv(*args), cwd=self.root, env=self.env(),
                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                     stdin=subprocess.DEVNULL)
         except OSError:
-            return lambda: None
+            return (lambda: None), (lambda: None)
 
-        return functools.partial(procs.output, proc, timeout)
+        return functools.partial(procs.output, proc, timeout), functools.partial(procs.drop,
+                                                                                 proc)
 
     def rev(self, rev: str) -> str | None:
         """The full sha of commit ``rev``, or None (unknown, or no commit yet)."""

@@ -171,7 +171,7 @@ def _seal_once(repo: Path, root: Path, store: Store, full: bool, *,
     real = repo.resolve()
     git = locate(real)
     # git's two processes start now and run while the store readies the base
-    listing = git.start(*LIST) if git is not None else None
+    listing, unasked = git.start(*LIST) if git is not None else (None, None)
     objects = _reader(git) if git is not None else None
     family = repo_key(git.common_dir) if git is not None else ""
     try:
@@ -179,6 +179,8 @@ def _seal_once(repo: Path, root: Path, store: Store, full: bool, *,
     except BaseException:
         if objects is not None:
             objects.close()
+        if unasked is not None:
+            unasked()
         raise
     try:
         if beside:  # while git lists the tree, and for a big base, all through the scan
@@ -206,6 +208,8 @@ def _seal_once(repo: Path, root: Path, store: Store, full: bool, *,
         sealer.close()
         if objects is not None:
             objects.close()
+        if unasked is not None:
+            unasked()  # reaped already when the scan asked for it: then nothing to do
 
 
 def _reader(git: GitRepo) -> ObjectReader | None:

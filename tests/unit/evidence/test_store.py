@@ -437,3 +437,28 @@ def test_a_tree_whose_objects_another_tree_let_go_is_checked_by_its_bytes_and_ke
         assert sealer._bad == set()
     finally:
         sealer.close()
+
+
+def _children() -> set[int]:
+    found: set[int] = set()
+    for task in Path("/proc/self/task").iterdir():
+        found |= {int(p) for p in (task / "children").read_text().split()}
+    return found
+
+
+def test_a_snapshot_that_fails_leaves_no_git_process_running(
+        repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """git's listing starts before the store readies the base; a failure before the scan
+    asked for it left git running with its pipe open (a CI run's ResourceWarning: a
+    subprocess still running, an unclosed reader)."""
+    import choir.evidence.tree as tree_module
+
+    def broken(*_args: Any, **_kw: Any) -> Any:
+        raise RuntimeError("the store could not be readied")
+
+    before = _children()
+    monkeypatch.setattr(tree_module, "Sealer", broken)
+    with pytest.raises(RuntimeError):
+        snapshot(repo, tmp_path / "snaps")
+    left = _children() - before
+    assert not left, f"processes left running or unreaped: {left}"
