@@ -82,7 +82,8 @@ class Base:
             compiled = {path: (kinds[path], blake3_hex(objects.read(blobs[path], "blob")))
                         for path in blobs if compiled_file(path)}
             suppressed = {path: suppressions(objects.read(blobs[path], "blob"))
-                          for path in blobs if is_source(path) and kinds[path] in ("f", "x")}
+                          for path in blobs if is_source(path) and path not in files and
+                          kinds[path] in ("f", "x")}
         return store.ingest_bytes(Manifest.of(
             globs, files, (path for path, _kind, _oid in self.files), compiled,
             suppressed).encode())

@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from choir._core.canonical import blake3_hex
-from choir._core.errors import IntegrityError, UserError
+from choir._core.errors import UserError
 from choir._core.paths import choir_home
+from choir.evidence.scan import blob_hasher
 
 _SHOWN = 20
 
@@ -89,34 +89,6 @@ def record(repo: Path, run_id: str, written: Mapping[str, str]) -> None:
         _save(path, data)
 
 
-def written_in(tree: Path, rels: Iterable[str]) -> dict[str, str]:
-    """``{path: blake3}`` of ``rels`` in the sealed snapshot ``tree`` (a link's target, as
-    a spec manifest hashes it; a link is never followed)."""
-    from choir._core import fsopen
-
-    found: dict[str, str] = {}
-    for rel in rels:
-        try:
-            body = fsopen.read_bytes(tree, rel, None)
-        except OSError:
-            try:
-                body = os.readlink(tree / rel).encode("utf-8", "surrogateescape")
-            except OSError:
-                continue  # gone, or not a file: nothing a pin would take
-        found[rel] = blake3_hex(body)
-    return found
-
-
-def pinned_reader(store: Any) -> Callable[[str], bytes]:
-    """The bytes of a pinned file's digest from the artifact store, checked."""
-    def read(digest: str) -> bytes:
-        body: bytes = store.read_bytes(digest)
-        if blake3_hex(body) != digest:
-            raise IntegrityError(f"pinned spec file {digest[:12]} does not hash to its name")
-        return body
-    return read
-
-
 def check(repo: Path, pinned: Mapping[str, tuple[str, str]],
           read: Callable[[str], bytes]) -> None:
     """Refuse to pin a file of ``pinned`` (``{path: (kind, blake3)}``, a spec manifest's
@@ -132,11 +104,12 @@ def check(repo: Path, pinned: Mapping[str, tuple[str, str]],
         pending, written = list(data["pending"]), dict(data["files"])
         suspects = sorted(rel for rel, (_kind, digest) in pinned.items()
                           if pending or written.get(rel) == digest)
-        head = _head(repo) if suspects or written else None
+        head, at_head = _head_files(repo) if suspects or written else (None, {})
         vouched_head = head is not None and head not in data["heads"]
-        at_head = _blobs(repo) if vouched_head else {}
-        refused = [rel for rel in suspects if at_head.get(rel) != _blob_id(
-            pinned[rel][0], read(pinned[rel][1]), like=at_head.get(rel))]
+        if not vouched_head:
+            at_head = {}
+        refused = [rel for rel in suspects
+                   if not _held(at_head.get(rel), pinned[rel][0], read, pinned[rel][1])]
         if refused:
             shown = ", ".join(refused[:_SHOWN]) + (" ..." if len(refused) > _SHOWN else "")
             why = (f"run {pending[0]} stopped before Choir recorded what its executor wrote, "
@@ -146,7 +119,7 @@ def check(repo: Path, pinned: Mapping[str, tuple[str, str]],
                 f"{repo}: {why}: {shown}. They would be pinned as the repo's own checks.\n"
                 "  fix: review them; commit the ones you vouch for (git add, git commit), "
                 "remove or restore the others (git checkout -- PATH), and run again"
-                + ("" if at_head or vouched_head else
+                + ("" if head is not None else
                    f"; a tree that is not a git repository: delete {path} once reviewed"))
         # vouched (held by a commit a person made) or gone: forgotten; pending runs whose
         # files a person has since committed or removed are over
@@ -157,40 +130,36 @@ def check(repo: Path, pinned: Mapping[str, tuple[str, str]],
 
 
 def _head(repo: Path) -> str | None:
+    from choir.evidence.tree import commit_sha
+
+    return commit_sha(repo)
+
+
+def _head_files(repo: Path) -> tuple[str | None, dict[str, tuple[str, str]]]:
+    """HEAD's sha and ``{path: (kind, blob id)}`` of its tree, from checked objects;
+    ``(None, {})`` outside git, before a first commit, or when git cannot answer."""
     from choir.evidence.git import locate
 
     git = locate(repo)
     if git is None:
-        return None
+        return None, {}
     try:
         with git.objects() as reader:
             found = reader.head()
-    except Exception:  # noqa: BLE001 - no readable HEAD vouches for nothing
-        return None
-    return found[0] if found else None
+            if found is None:
+                return None, {}
+            return found[0], {p: (kind, oid) for p, kind, oid in reader.files(found[1])}
+    except Exception:  # noqa: BLE001 - an unreadable HEAD vouches for nothing
+        return None, {}
 
 
-def _blobs(repo: Path) -> dict[str, str]:
-    """``{path: "MODE OID"}`` of HEAD's tree (git's listing; checked objects are not needed:
-    a blob id that matches is the hash of the very bytes pinned)."""
-    from choir.evidence.git import locate
-
-    git = locate(repo)
-    out = git.run("ls-tree", "-r", "-z", "--full-tree", "HEAD") if git else None
-    found: dict[str, str] = {}
-    for entry in (out or b"").split(b"\0"):
-        meta, _, name = entry.partition(b"\t")
-        parts = meta.split()
-        if len(parts) == 3 and parts[1] == b"blob":
-            found[name.decode("utf-8", "surrogateescape")] = \
-                f"{parts[0].decode()} {parts[2].decode()}"
-    return found
-
-
-def _blob_id(kind: str, body: bytes, *, like: str | None) -> str:
-    """``"MODE OID"`` git would list for a file of ``kind`` and ``body`` (the object format
-    of ``like``'s id: SHA-1 or SHA-256)."""
-    mode = {"l": "120000", "x": "100755"}.get(kind, "100644")
-    algo = hashlib.sha256 if like is not None and len(like.split()[-1]) == 64 else hashlib.sha1
-    digest = algo(b"blob %d\0" % len(body) + body).hexdigest()
-    return f"{mode} {digest}"
+def _held(entry: tuple[str, str] | None, kind: str, read: Callable[[str], bytes],
+          digest: str) -> bool:
+    """Whether HEAD's ``entry`` (kind, blob id) is the pinned file of ``kind`` and
+    ``digest``: the same kind, and git's id of its bytes."""
+    if entry is None or entry[0] != kind:
+        return False
+    body = read(digest)
+    hasher = blob_hasher(len(entry[1]), len(body))
+    hasher.update(body)
+    return hasher.hexdigest() == entry[1]

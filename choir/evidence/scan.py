@@ -116,7 +116,7 @@ class Snapshot:
     size: int
 
 
-def _blob_hasher(oid_len: int, size: int) -> hashlib._Hash:
+def blob_hasher(oid_len: int, size: int) -> hashlib._Hash:
     hasher = hashlib.sha256() if oid_len == 64 else hashlib.sha1()  # noqa: S324 - git's id
     hasher.update(f"blob {size}\0".encode())
     return hasher
@@ -229,7 +229,7 @@ def _hash_fd(src: int, out: int, kind: str, oid_len: int, expected: int) -> Hash
     """Stream descriptor ``src`` (closed after) through every hash, and into ``out`` unless
     -1: the bytes hashed are the bytes written."""
     inner, inner256 = blake3.blake3(max_threads=1), hashlib.sha256()
-    blob = _blob_hasher(oid_len, expected)
+    blob = blob_hasher(oid_len, expected)
     size = 0
     with os.fdopen(src, "rb") as fh:
         for chunk in iter(lambda: fh.read(CHUNK), b""):
@@ -242,7 +242,7 @@ def _hash_fd(src: int, out: int, kind: str, oid_len: int, expected: int) -> Hash
                 while view:
                     view = view[os.write(out, view):]
     if size != expected:  # changed under us: the blob id header is wrong
-        blob = _blob_hasher(oid_len, -1)
+        blob = blob_hasher(oid_len, -1)
     return Hashed(kind, inner.digest(), inner256.digest(), blob.digest(), size)
 
 
@@ -447,7 +447,7 @@ def _symlink(repo: Path, rel: str, parts: list[str], link: str, sink: _Sink | No
     """A symlink is hashed by its target text; one out of the tree is refused in a
     snapshot (a verifier could follow it out)."""
     data = link.encode("utf-8", "surrogateescape")
-    blob = _blob_hasher(oid_len, len(data))
+    blob = blob_hasher(oid_len, len(data))
     blob.update(data)
     hashed = Hashed("l", blake3.blake3(data).digest(), hashlib.sha256(data).digest(),
                     blob.digest(), len(data))

@@ -616,7 +616,21 @@ def _read(cursor: fsopen.DirCursor, rel: str,
         return ("x" if st.st_mode & 0o111 else "f"), fh.read()
 
 
-def _pinned_bytes(store: ArtifactStore, digest: str) -> bytes:
+def file_digests(tree: Path, rels: Iterable[str]) -> dict[str, str]:
+    """``{path: blake3}`` of ``rels`` in the sealed snapshot ``tree``, as a manifest hashes
+    them (a link's target; no link followed); a path that is gone is left out."""
+    found: dict[str, str] = {}
+    with fsopen.DirCursor(tree) as cursor:
+        for rel in rels:
+            try:
+                found[rel] = blake3_hex(_read(cursor, rel)[1])
+            except OSError:
+                continue
+    return found
+
+
+def pinned_bytes(store: ArtifactStore, digest: str) -> bytes:
+    """A pinned file's bytes from the store, checked against its digest."""
     data = store.read_bytes(digest)
     if blake3_hex(data) != digest:
         raise IntegrityError(f"pinned spec file {digest[:12]} does not hash to its name")
@@ -639,8 +653,9 @@ def pin_from_snapshot(tree: Path, globs: Sequence[str], store: ArtifactStore) ->
         for rel in filter(compiled_file, seen):
             kind, data = _read(cursor, rel, seen[rel])
             compiled[rel] = (kind, blake3_hex(data))
+        # a pinned file is compared whole (``compare``): only the others' are counted
         suppressed = {rel: suppressions(_read(cursor, rel, st)[1]) for rel, st in seen.items()
-                      if is_source(rel) and stat.S_ISREG(st.st_mode)}
+                      if is_source(rel) and rel not in files and stat.S_ISREG(st.st_mode)}
     return store.ingest_bytes(Manifest.of(globs, files, seen, compiled, suppressed).encode())
 
 
@@ -757,7 +772,7 @@ def _diff(tree: Path, manifest: Manifest, paths: list[str], store: ArtifactStore
     out: list[str] = []
     for rel in paths:
         pinned = manifest.files.get(rel)  # None: a new file, held
-        before = _pinned_bytes(store, pinned[1]).decode("utf-8", "replace") if pinned else ""
+        before = pinned_bytes(store, pinned[1]).decode("utf-8", "replace") if pinned else ""
         try:  # opened one component at a time: a folder the tree made a link is no file
             with fsopen.DirCursor(tree) as cursor:
                 after = _read(cursor, rel)[1].decode("utf-8", "replace")
@@ -920,7 +935,7 @@ def build_view(tree: Path, tree_hash: str, manifest_hash: str, added: Sequence[s
         _link_all(tree, shown, tmp)
         for rel, (kind, digest) in manifest.files.items():
             if rel not in linked and not compiled_file(rel):
-                _write(tmp / rel, kind, _pinned_bytes(store, digest))
+                _write(tmp / rel, kind, pinned_bytes(store, digest))
         for dirpath, _dirs, _names in os.walk(tmp, topdown=False):
             os.chmod(dirpath, 0o555)
         fresh = inspect_tree(tmp).tree_hash

@@ -35,6 +35,7 @@ from choir.evidence.spec import (
     DIFF_LIMIT,
     approve_change,
     ensure_view,
+    file_digests,
     judge_round,
     load_manifest,
     refusal_summary,
@@ -259,7 +260,7 @@ def _record_written(state: RunState, target: Target, change: SpecChange | None) 
     """The spec files the executor added or changed, as the sealed snapshot holds them."""
     repo = Path(state["work_item"].repo)
     rels = (*change.added, *change.ignored, *change.modified) if change is not None else ()
-    written = leftovers.written_in(
+    written = file_digests(
         ensure_snapshot(repo, target.tree_hash, run_snapshots(state["run_id"]),
                         full=_full(state)), rels) if rels else {}
     leftovers.record(repo, state["run_id"], written)

@@ -235,12 +235,14 @@ async def run_work_item(path: Path, *, mood: Mood | None = None, run_id: str | N
 def _no_executor_checks(repo: Path, spec: str) -> None:
     """A check an earlier run's executor left in the tree is not the repo's own (review
     20c: a planted ``conftest.py`` its run refused was pinned by the next run, ASSERTed)."""
+    from functools import partial
+
     from choir.evidence import leftovers
     from choir.evidence.artifacts import ArtifactStore
-    from choir.evidence.spec import load_manifest
+    from choir.evidence.spec import load_manifest, pinned_bytes
 
     store = ArtifactStore()
-    leftovers.check(repo, load_manifest(store, spec).files, leftovers.pinned_reader(store))
+    leftovers.check(repo, load_manifest(store, spec).files, partial(pinned_bytes, store))
 
 
 async def resume(run_id: str, *, on_event: OnEvent | None = None) -> RunOutcome:
