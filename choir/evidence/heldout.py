@@ -24,12 +24,11 @@ from pathlib import Path
 from choir.config.heldout import HELDOUT_DIR, files_hash, files_of
 from choir.evidence.tree import remove_snapshot
 from choir.exceptions import ConfigError, IntegrityError
-from choir.models import HeldOut, Result, VerificationReport, VerifierSpec
+from choir.models import HeldOut, VerificationReport, VerifierSpec
+from choir.models.report import CONFIDENCE
 
-# choir.report.confidence.TABLE, which this layer may not import (a test keeps them equal): the
-# one confidence a result may carry to the executor, whatever the report said
-HELDOUT_CONFIDENCE = {Result.PASS: 0.9, Result.FAIL: 0.95, Result.INCONCLUSIVE: 0.2,
-                      Result.FLAKY: 0.4}
+# the one confidence a result may carry to the executor, whatever the report said
+HELDOUT_CONFIDENCE = CONFIDENCE
 NEXT = ("A held-out check the executor cannot read failed: make the code meet the goal for "
         "every input, not just the visible tests.",)
 

@@ -32,6 +32,11 @@ class Result(StrEnum):
     INCONCLUSIVE = "INCONCLUSIVE"
 
 
+# A report's confidence before calibration lowers it (``choir.report.confidence``), and the
+# only one a held-out report carries to the executor (``choir.evidence.heldout``).
+CONFIDENCE = {Result.PASS: 0.9, Result.FAIL: 0.95, Result.INCONCLUSIVE: 0.2, Result.FLAKY: 0.4}
+
+
 class Target(Frozen):
     """What was verified: the exact tree, so evidence cannot be reused for another."""
 

@@ -16,8 +16,9 @@ The basis is one short line, shown in the report (a HYPERTHESIS line).
 from __future__ import annotations
 
 from choir.models import Result, VerifierHistory
+from choir.models.report import CONFIDENCE
 
-TABLE = {Result.PASS: 0.9, Result.FAIL: 0.95, Result.INCONCLUSIVE: 0.2, Result.FLAKY: 0.4}
+TABLE = CONFIDENCE  # the ceiling, by result
 UNSANDBOXED = 0.7
 SUBSET_PASS = 0.8
 MIN_TREES = 3
