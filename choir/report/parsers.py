@@ -55,13 +55,17 @@ class ParseResult:
             all(s.id != sig_id for s in self.signatures)
 
     def add(self, sig: FailureSignature) -> None:
-        if any(s.id == sig.id for s in self.signatures):
-            return
-        if len(self.signatures) >= MAX_SIGNATURES:
+        if self.keeps(sig.id):
+            self.signatures.append(sig)
+        else:
+            self.passed_over(sig.id)
+
+    def passed_over(self, sig_id: str) -> None:
+        """A signature ``keeps`` said no to, not built: a repeat of a listed one counts
+        nothing; one past the cap is dropped (``truncated``)."""
+        if all(s.id != sig_id for s in self.signatures):
             self.dropped += 1
             self.truncated = True
-            return
-        self.signatures.append(sig)
 
 
 Parser = Callable[[ParseInput], ParseResult]
