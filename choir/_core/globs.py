@@ -35,15 +35,28 @@ def _tokens(pattern: str) -> Iterator[tuple[str, str]]:
         elif pattern[i] == "?":
             yield "one", ""
             i += 1
-        elif pattern[i] == "[" and "]" in pattern[i + 2:]:
-            end = pattern.index("]", i + 2)
+        elif pattern[i] == "[" and _class_end(pattern, i) > 0:
+            end = _class_end(pattern, i)
             body = pattern[i + 1:end]
             body = "^" + body[1:] if body.startswith("!") else body
-            yield "set", "[" + body.replace("\\", "\\\\") + "]"
+            # a "]" first in the class is one of its members, as the shell reads it
+            yield "set", "[" + body.replace("\\", "\\\\").replace("]", "\\]") + "]"
             i = end + 1
         else:
             yield "lit", pattern[i]
             i += 1
+
+
+def _class_end(pattern: str, i: int) -> int:
+    """Where the ``[...]`` opened at ``i`` closes (a ``]`` right after ``[`` or ``[!`` is a
+    member, not the end), or -1 when it never does (the ``[`` is then a plain character).
+    ``[!]?`` was read as the class ``[^]``: no regex ``re`` compiles alone."""
+    j = i + 1
+    if pattern.startswith("!", j):
+        j += 1
+    if pattern.startswith("]", j):
+        j += 1
+    return pattern.find("]", j)
 
 
 def glob_regex(pattern: str) -> str:

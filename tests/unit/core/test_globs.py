@@ -63,3 +63,14 @@ def test_glob_match_answers_as_the_regex_does(pattern: str, path: str) -> None:
                 glob_match(pattern)
             return
         assert glob_match(pattern)(path) is (regex.fullmatch(path) is not None)
+
+
+@pytest.mark.parametrize(("pattern", "path", "matched"), [
+    ("[!]?", "[!]x", True), ("[!]?", "a", False),  # no class closes: plain characters
+    ("[]a]x", "]x", True), ("[!]a]x", "]x", False), ("[!]a]x", "bx", True),
+])
+def test_a_bracket_first_in_a_class_is_a_member(pattern: str, path: str, matched: bool) -> None:
+    """``[!]?`` was read as the class ``[^]``, which ``re`` cannot compile alone: the
+    property test above found it (``glob_match`` raised where the joined regex did not)."""
+    assert glob_match(pattern)(path) is matched
+    assert (re.fullmatch(glob_regex(pattern), path, re.DOTALL) is not None) is matched
