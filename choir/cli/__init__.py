@@ -199,6 +199,9 @@ def main(argv: list[str] | None = None) -> Any:
         code = _warm(sys.argv[1:])
         if code is not None:
             sys.exit(code)
+        from choir._core import warm  # not before: `typing` costs a warm command 2-8 ms
+
+        warm.memoize()  # one command in this process: its policy and plugins read once
     from choir.cli._errors import run_cli
     from choir.cli._group import cli as cli
 
