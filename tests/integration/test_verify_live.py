@@ -78,7 +78,8 @@ def test_fail_summary_names_node_ids_replicas_and_isolation(tmp_path: Path) -> N
     node = "tests/test_calc.py::TestAdd::test_positive"
     pasted = subprocess.run([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", node],
                             cwd=repo, capture_output=True, text=True, timeout=120,
-                            env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))
+                            env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1",
+                                     PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"))
     assert "1 failed" in pasted.stdout
 
 

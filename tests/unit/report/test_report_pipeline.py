@@ -85,7 +85,8 @@ def test_junit_ids_paste_into_pytest_and_cite_the_failing_line(tmp_path: Path,
     assert set(by_id) == {"tests/test_m.py::TestA::test_x", "tests/test_m.py::test_y"}
     pasted = __import__("subprocess").run(
         [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", *sorted(by_id)], cwd=repo,
-        capture_output=True, text=True)
+        capture_output=True, text=True,  # this venv's plugins (5 s to load here) not needed
+        env={**__import__("os").environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
     assert "2 failed" in pasted.stdout, pasted.stdout  # both ids select their test
     first = by_id["tests/test_m.py::TestA::test_x"]
     assert first.location == "tests/test_m.py:4"  # the assert, not the def
