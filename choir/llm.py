@@ -63,6 +63,20 @@ def litellm_module() -> Any:
     return _litellm
 
 
+async def ready() -> None:
+    """litellm imported and configured (``litellm_module``) in a worker thread, before any
+    model call's deadline starts: its import takes seconds on a loaded machine (the modules
+    it loads, then ``_warm``'s), and a reporter whose first call counted it ran out of its
+    30 s on a CI machine running four suites (the call cancelled, the report worded by the
+    fallback). The deadline is the model's time, not the interpreter's.
+
+    Raises:
+        MissingExtraError: litellm is not installed.
+    """
+    if _litellm is None:
+        await asyncio.to_thread(litellm_module)
+
+
 def _warm(litellm: Any) -> None:
     """One offline call (``mock_response``: no request leaves), so the modules litellm
     imports lazily on its first call (its proxy types, its callbacks; about 40, 1.4 s here
@@ -253,6 +267,10 @@ async def ask_json(model: str, messages: list[dict[str, Any]], schema: type[Repl
 
     from tenacity import AsyncRetrying, stop_after_attempt, stop_before_delay
 
+    try:
+        await ready()  # before the clock starts
+    except MissingExtraError as exc:
+        return None, Usage(model=model), str(exc)
     deadline = time.monotonic() + deadline_s
     spent = Usage(model=model)
 

@@ -14,6 +14,7 @@ import signal
 import threading
 from typing import TYPE_CHECKING, Any
 
+from choir import llm
 from choir._core.registry import REPORTERS
 from choir._core.terminal import shorten
 from choir.models import (
@@ -360,6 +361,8 @@ async def _abuild(result: PipelineResult, *, spec: VerifierSpec, store: Artifact
         word = REPORTERS.get(name)
         # the reporter gets its own copy: one that rewrites the object it was handed (frozen
         # models yield to object.__setattr__) must not rewrite the report it is judged by
+        if name == "model" and reporter:
+            await llm.ready()  # litellm's import is not the model's time (its deadline)
         kwargs = {"result": result, "store": store, "model": reporter, "deadline_s": deadline_s}
         call = (word(report.model_copy(deep=True), **kwargs) if name in BUILTIN_REPORTERS
                 else _own_thread(word, report.model_copy(deep=True), **kwargs))
