@@ -262,15 +262,15 @@ async def ask_json(model: str, messages: list[dict[str, Any]], schema: type[Repl
     context and a call outlives its deadline, where a reply over ``reply_max`` would be
     refused anyway.
     """
+    try:
+        await ready()  # off the event loop, before the clock starts (the format asks it too)
+    except MissingExtraError as exc:
+        return None, Usage(model=model), str(exc)
     kwargs.setdefault("max_tokens", reply_tokens(reply_max))
     kwargs.setdefault("response_format", _json_format(model, schema))
 
     from tenacity import AsyncRetrying, stop_after_attempt, stop_before_delay
 
-    try:
-        await ready()  # before the clock starts
-    except MissingExtraError as exc:
-        return None, Usage(model=model), str(exc)
     deadline = time.monotonic() + deadline_s
     spent = Usage(model=model)
 
