@@ -537,8 +537,8 @@ class ArtifactStore:
         return seal(self.run_dir(run_id), bounds, self.root / "aborted", self.ingest_at)
 
     def discard(self, path: Path) -> None:
-        """Remove a folder of a run (temporaries, caches), never following a link; one
-        nested too deep to remove is moved under ``aborted/`` instead."""
+        """Remove a folder of a run (temporaries, caches) by descriptor, never following a
+        link, at any depth (``collect.remove_tree``)."""
         discard(path, self.root / "aborted")
 
     def sealed(self, run_id: str) -> tuple[RunManifest, str] | None:

@@ -9,6 +9,7 @@ it), and kills the whole process tree on timeout. A sandbox that cannot start re
 from __future__ import annotations
 
 import abc
+import errno
 import functools
 import inspect
 import os
@@ -25,6 +26,7 @@ from importlib import resources
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from choir._core import fsopen
 from choir._core.registry import SANDBOXES
 from choir.exceptions import UnknownNameError
 from choir.models import AppliedLimits, Interpreter, Limits
@@ -155,27 +157,154 @@ def walk(root: str, *, ordered: bool = False,
                 stack.append(entry.path)
 
 
+# the most files (and, apart, folders) and the deepest nesting a configuration may allow
+# (``Limits.out_files``, ``Limits.out_depth``): the watchdog's bounds when none is given
+OUT_FILES = 20_000
+OUT_DEPTH = 128
+# what the scratch folders under ``$CHOIR_OUT`` (tmp, home, the caches: discarded, never
+# collected, so ``limits.out_files`` does not bound them) may hold beside the files, while
+# the step runs: a large project's mypy cache or pytest's temporary trees hold tens of
+# thousands; an empty-file flood (4 million a run, review 21b) is stopped at this
+SCRATCH_ENTRIES = 100_000
+_GONE = {errno.ENOENT, errno.ELOOP, errno.ENOTDIR}  # removed, or swapped for a link or file
+
+
+@dataclass
+class OutTally:
+    """One pass over ``$CHOIR_OUT``: what it counted, and the first bound it passed."""
+
+    bytes: int = 0
+    files: int = 0
+    folders: int = 0
+    over: str | None = None
+
+
+def out_tally(out_dir: Path, *, cap_mb: int, files: int = OUT_FILES,
+              depth: int = OUT_DEPTH) -> OutTally:
+    """Count ``out_dir`` by descriptor, stopping at the first bound it passes.
+
+    A step controls this tree. Walked by full path, a folder deeper than PATH_MAX (nested by
+    ``chdir``) failed with ENAMETOOLONG and everything below it went uncounted (review 21b),
+    so each folder is opened from its parent's descriptor (``O_NOFOLLOW``) and listed
+    through it. Bytes are the larger of apparent size and blocks (a sparse file counts
+    whole: the artifact store would copy it whole). Files and folders are each held to
+    ``files``: an empty one costs an inode and no bytes. A folder that exists but cannot be
+    listed, or lies deeper than ``depth``, is over (fail closed: what it holds is unknown).
+    The pass keeps only the names of folders still to enter (at most ``files``) and one
+    descriptor per level (at most ``depth``), whatever the step made.
+    """
+    tally = OutTally()
+    bounds = _Bounds(cap_mb << 20, files, depth, cap_mb)
+    try:
+        top = fsopen.open_dir(out_dir)
+    except FileNotFoundError:
+        return tally
+    except OSError as exc:
+        tally.over = bounds.unlistable(".", exc)
+        return tally
+    stack = [(top, _list(top, ".", tally, bounds))]
+    try:
+        while stack and tally.over is None:
+            fd, pending = stack[-1]
+            if not pending:
+                os.close(stack.pop()[0])
+                continue
+            name = pending.pop()
+            if len(stack) > depth:
+                tally.over = (f"$CHOIR_OUT nests folders deeper than {depth} folders "
+                              "(limits.out_depth)")
+                break
+            try:
+                sub = fsopen.open_dir(name, fd)
+            except OSError as exc:
+                if exc.errno not in _GONE:
+                    tally.over = bounds.unlistable(name, exc)
+                continue
+            below: list[str] = []
+            stack.append((sub, below))  # in the stack first: closed whatever _list raises
+            below += _list(sub, name, tally, bounds)
+    finally:
+        for fd, _ in stack:
+            os.close(fd)
+    return tally
+
+
+@dataclass(frozen=True)
+class _Bounds:
+    cap: int
+    files: int
+    depth: int
+    cap_mb: int
+
+    def unlistable(self, name: str, exc: OSError) -> str:
+        return (f"$CHOIR_OUT holds a folder that cannot be listed ({name[:64]}: "
+                f"{exc.strerror or exc}); what it holds is unknown, so it counts as over "
+                f"its cap of {self.cap_mb} MiB (limits.out_mb)")
+
+
+def _list(fd: int, name: str, tally: OutTally, bounds: _Bounds) -> list[str]:
+    """Count the entries of folder ``fd`` into ``tally``; the names of its subfolders."""
+    folders: list[str] = []
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                tally.bytes += max(st.st_size, st.st_blocks * 512)
+                if stat.S_ISDIR(st.st_mode):
+                    tally.folders += 1
+                    folders.append(entry.name)
+                else:
+                    tally.files += 1
+                if tally.bytes > bounds.cap:
+                    tally.over = (f"$CHOIR_OUT exceeded its cap of {bounds.cap_mb} MiB "
+                                  "(limits.out_mb)")
+                elif tally.files > bounds.files or tally.folders > bounds.files:
+                    kind = "files" if tally.files > bounds.files else "folders"
+                    tally.over = (f"$CHOIR_OUT holds more than {bounds.files} {kind} "
+                                  "(limits.out_files)")
+                if tally.over:
+                    return []
+    except OSError as exc:
+        tally.over = bounds.unlistable(name, exc)
+        return []
+    return folders
+
+
 def out_usage(out_dir: Path) -> int:
-    """Bytes under ``out_dir``: the larger of apparent size and blocks, links not followed
-    (a sparse file counts whole: the artifact store would copy it whole)."""
-    return sum(max(st.st_size, st.st_blocks * 512) for _, st in walk(str(out_dir)) if st)
+    """Bytes under ``out_dir`` as ``out_tally`` counts them, with no bound but the byte
+    count itself (a folder it cannot list counts nothing here; ``out_tally`` says so)."""
+    return out_tally(out_dir, cap_mb=1 << 40, files=1 << 62, depth=1 << 30).bytes
 
 
 class OutWatch:
-    """Stops a step whose ``$CHOIR_OUT`` grows past its cap.
+    """Stops a step whose ``$CHOIR_OUT`` grows past its caps.
 
     Two layers: the kernel's RLIMIT_FSIZE (``fsize_blocks``, set by each backend) stops any
-    single file at the cap exactly; this watchdog sums the whole folder every ``interval``
-    seconds and calls ``kill`` once it is over, so host disk use stays within the cap plus
-    what the step can write in one interval.
+    single file at the byte cap exactly; this watchdog counts the whole folder every
+    ``interval`` seconds (``out_tally``: bytes, files and folders each up to ``files``,
+    nesting up to ``OUT_DEPTH``) and calls ``kill`` once it is over, so host disk use (bytes
+    and inodes) stays within the caps plus what the step can write in one interval.
     """
 
-    def __init__(self, out_dir: Path, cap_mb: int, interval: float = 0.1) -> None:
+    @classmethod
+    def of(cls, out_dir: Path, limits: Limits) -> OutWatch:
+        """The watch for a step run under ``limits``: its byte cap, and its files with the
+        scratch folders' allowance (``SCRATCH_ENTRIES``) counted while it runs; collection
+        holds what stays to ``limits.out_files`` exactly."""
+        return cls(out_dir, limits.out_mb, files=limits.out_files + SCRATCH_ENTRIES)
+
+    def __init__(self, out_dir: Path, cap_mb: int, interval: float = 0.1,
+                 files: int = OUT_FILES) -> None:
         self.out_dir = out_dir
         self.cap = cap_mb * 1024 * 1024
         self.cap_mb = cap_mb
+        self.files = files
         self.interval = interval
         self.exceeded = False
+        self._why: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -185,13 +314,19 @@ class OutWatch:
         return max(1, self.cap // 512)
 
     def reason(self) -> str:
-        return f"$CHOIR_OUT exceeded its cap of {self.cap_mb} MiB (limits.out_mb)"
+        return self._why or f"$CHOIR_OUT exceeded its cap of {self.cap_mb} MiB (limits.out_mb)"
+
+    def _over(self) -> bool:
+        why = out_tally(self.out_dir, cap_mb=self.cap_mb, files=self.files).over
+        if why is not None:
+            self._why = why
+            self.exceeded = True
+        return why is not None
 
     def start(self, kill: Callable[[], None]) -> None:
         def watch() -> None:
             while not self._stop.wait(self.interval):
-                if out_usage(self.out_dir) > self.cap:
-                    self.exceeded = True
+                if self._over():
                     kill()
                     return
 
@@ -199,12 +334,12 @@ class OutWatch:
         self._thread.start()
 
     def stop(self) -> bool:
-        """Stop watching; True when the cap was exceeded (checked once more at the end)."""
+        """Stop watching; True when a cap was exceeded (checked once more at the end)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        if not self.exceeded and out_usage(self.out_dir) > self.cap:
-            self.exceeded = True
+        if not self.exceeded:
+            self._over()
         return self.exceeded
 
     def verdict(self, result: ExecResult, sink: Sink) -> ExecResult:

@@ -153,7 +153,11 @@ class BwrapSandbox(Sandbox):
                 args += ["--symlink", os.readlink(path), str(path)]
             elif path.is_dir():
                 args += ["--ro-bind", str(path), str(path)]
-        args += ["--ro-bind", "/etc", "/etc", "--dev", "/dev", "--proc", "/proc",
+        # bwrap's / and its /dev (so /dev/shm) are tmpfs mounts with no size: half the
+        # host's memory each, which nothing reclaims and, without cgroups, nothing bounds
+        # (review 21b). /dev/shm gets /tmp's size; / and /dev are made read-only last.
+        args += ["--ro-bind", "/etc", "/etc", "--dev", "/dev",
+                 "--size", str(TMP_MB << 20), "--tmpfs", "/dev/shm", "--proc", "/proc",
                  "--size", str(TMP_MB << 20), "--tmpfs", "/tmp"]  # before any bind under /tmp,
         # or it would hide them
         for tool in tools.binds:
@@ -172,6 +176,7 @@ class BwrapSandbox(Sandbox):
         if proxy is not None:
             sockets = str(proxy.socket_dir)
             args += ["--ro-bind", staged.get(sockets, sockets), egress.MOUNT]
+        args += ["--remount-ro", "/dev", "--remount-ro", "/"]  # every mount point made
         args += ["--unshare-all", "--uid", str(NOBODY), "--gid", str(NOBODY),
                  "--cap-drop", "ALL", "--die-with-parent", "--new-session", "--clearenv"]
         if network and proxy is None:
@@ -261,7 +266,7 @@ class BwrapSandbox(Sandbox):
                                        proxy=proxy)
         except (OSError, ConfigError) as exc:
             return ExecResult(-1, 0, infra_error=f"bwrap could not prepare the run: {exc}")
-        watch = OutWatch(out_dir, limits.out_mb)
+        watch = OutWatch.of(out_dir, limits)
         setup = f"ulimit -f {watch.fsize_blocks} && {setup}"  # no single file beyond the cap
         cgroup = CgroupLimits(limits)
         # what holds for this run: the out cap always (ulimit -f plus the watchdog), memory

@@ -251,7 +251,7 @@ class DockerSandbox(Sandbox):
             prepare_out(out_dir, owner=None if copy else (NOBODY, NOBODY))
         except OSError as exc:
             return ExecResult(-1, 0, infra_error=f"could not prepare the output folder: {exc}")
-        watch = OutWatch(out_dir, limits.out_mb)
+        watch = OutWatch.of(out_dir, limits)
         start = time.monotonic()
         labels = run_labels(time.time(), timeout_s)
         repo_volume: str | None = None
@@ -340,7 +340,7 @@ class DockerSandbox(Sandbox):
                 container.reload()
                 oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
             if copy:
-                watch.exceeded = _take_out(container, out_dir, watch.cap, sink)
+                watch.exceeded = _take_out(container, out_dir, watch.cap, watch.files, sink)
             result = ExecResult(code, int((time.monotonic() - start) * 1000),
                                 timed_out=timed_out, oom_killed=oom, output_bytes=total,
                                 limits_applied=applied,
@@ -428,15 +428,16 @@ def _put_tree(container: Any, root: Path, dest: str, *, uid: int, writable: bool
             raise RuntimeError(f"the engine refused the copy into {dest}")
 
 
-def _take_out(container: Any, out_dir: Path, cap: int, sink: Sink) -> bool:
+def _take_out(container: Any, out_dir: Path, cap: int, files: int, sink: Sink) -> bool:
     """Replace ``out_dir``'s contents with the container's ``$CHOIR_OUT``; True when the
-    copy stopped at ``cap`` bytes. What was refused (links, devices, bad names) is noted
-    in the step log, never written."""
+    copy stopped at ``cap`` bytes or ``files`` members. What was refused (links, devices,
+    bad names) is noted in the step log, never written."""
     from choir.sandbox.remote_copy import clear_folder, unpack_out
 
     chunks, _ = container.get_archive(COPY_OUT)
     clear_folder(out_dir)
-    done = unpack_out(chunks, out_dir, prefix=PurePosixPath(COPY_OUT).name, cap=cap)
+    done = unpack_out(chunks, out_dir, prefix=PurePosixPath(COPY_OUT).name, cap=cap,
+                      files=files)
     for what in done.refused[:20]:
         sink(f"\n[choir] not copied from the container: {what}\n".encode())
     if len(done.refused) > 20:

@@ -52,7 +52,7 @@ class LocalSandbox(Sandbox):
         if hosts:  # no isolation: the host's network as it is (isolation ``none`` recorded)
             sink(b"[choir] egress: the local sandbox enforces no host list (isolation none)\n")
         prepare_out(out_dir)
-        watch = OutWatch(out_dir, limits.out_mb)
+        watch = OutWatch.of(out_dir, limits)
         result = run_process(["/bin/sh", "-c", f"ulimit -f {watch.fsize_blocks} && exec /bin/sh "
                               f"-c {shlex.quote(command)}"], env=self._env(repo, out_dir, env),
                              cwd=str(repo), timeout_s=timeout_s, sink=sink, watch=watch)

@@ -8,8 +8,10 @@ was written by the step, so it is treated as hostile:
 * member names that are absolute, contain ``..`` or leave the output folder are refused;
 * symlinks, hard links, devices and FIFOs are never created on the host (each is noted in
   the step log instead): a link to ``/etc/shadow`` left by a step stays in the container;
-* at most ``cap`` bytes of file data are written (``Limits.out_mb``); past that the copy
-  stops and the step is marked as stopped by the cap, never PASS;
+* at most ``cap`` bytes of file data are written (``Limits.out_mb``), and at most ``files``
+  files and as many other members (folders, refused ones): an empty file costs an inode and
+  no bytes (``Limits.out_files``, review 21b); past either the copy stops and the step is
+  marked as stopped by the cap, never PASS;
 * files are created with ``O_NOFOLLOW | O_EXCL`` under folders made here, owned by us, with
   no set-id bits, so nothing on the host is overwritten or handed to anyone.
 
@@ -27,6 +29,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO
+
+from choir.sandbox.base import OUT_FILES
 
 CHUNK = 1 << 16
 
@@ -130,17 +134,26 @@ def clear_folder(folder: Path) -> None:
             os.unlink(entry.path)
 
 
-def unpack_out(chunks: Iterable[bytes], dest: Path, *, prefix: str, cap: int) -> Unpacked:
+def unpack_out(chunks: Iterable[bytes], dest: Path, *, prefix: str, cap: int,
+               files: int = OUT_FILES) -> Unpacked:
     """Extract the tar stream ``chunks`` (members under ``prefix/``) into ``dest``.
+
+    ``files`` bounds the regular files written and, apart, every other member (folders made,
+    members refused), as the watchdog bounds ``$CHOIR_OUT`` (``OutWatch``).
 
     ``dest`` must exist and hold nothing the archive names. See the module docstring for what
     is refused. Raises ``tarfile.TarError`` or ``OSError`` for a broken archive; the caller
     treats that as an infrastructure error.
     """
     done = Unpacked()
+    others = 0
     with tarfile.open(fileobj=_ChunkReader(chunks), mode="r|") as tar:  # type: ignore[call-overload]
         for member in tar:
             rel = safe_relative(member.name, prefix)
+            others += rel is None or not member.isfile()
+            if others > files or member.isfile() and rel is not None and done.files >= files:
+                done.exceeded = True
+                break
             if rel is None:
                 done.refused.append(f"{member.name!r}: a name outside the output folder")
                 continue

@@ -241,7 +241,8 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
     for scratch in ("tmp", "cache", "home"):  # temporaries are not evidence
         store.discard(out / scratch)
     limits = spec.limits
-    sealed = store.collect_run(run_id, OutBounds(files=limits.out_files, depth=limits.out_depth))
+    sealed = store.collect_run(run_id, OutBounds(files=limits.out_files, depth=limits.out_depth,
+                                                  mb=limits.out_mb))
     files = sealed.files
     if sealed.exceeded and records and infra_error is None:
         status = "FAIL"  # the last step wrote past a bound of $CHOIR_OUT: it stopped there

@@ -135,11 +135,17 @@ def test_the_private_tmp_is_bounded_whatever_the_memory_limit(sandbox: Sandbox, 
     """/tmp is the one writable place outside $CHOIR_OUT, which the out cap watches: a step
     filling it (many files, each under the per-file cap) must hit a size, not the host's
     memory. The attack wrote 300 MiB there under the default 2 GiB memory limit (and
-    without cgroups, as a user without root runs bwrap, nothing at all bounded it)."""
+    without cgroups, as a user without root runs bwrap, nothing at all bounded it). Review
+    21b: bwrap's / and /dev/shm were tmpfs mounts with no size (half the host's memory
+    each): / is read-only now, /dev/shm as bounded as /tmp."""
     code, out, _ = run(sandbox, repo, tmp_path / "out",
-                       "for i in 1 2 3; do dd if=/dev/zero of=/tmp/fill$i bs=1M count=100 "
-                       "2>/dev/null || exit 7; done; echo FILLED", timeout_s=60)
-    assert b"FILLED" not in out and code == 7
+                       "for d in /tmp /dev/shm ''; do for i in 1 2 3; do "
+                       "dd if=/dev/zero of=$d/fill$i bs=1M count=100 2>/dev/null || "
+                       "{ echo \"BOUNDED $d/\"; break; }; done; rm -f $d/fill*; done; "
+                       "echo DONE", timeout_s=60)
+    assert b"DONE" in out and code == 0, out
+    bounded = {line for line in out.splitlines() if line.startswith(b"BOUNDED")}
+    assert bounded == {b"BOUNDED /tmp/", b"BOUNDED /dev/shm/", b"BOUNDED /"}, out
 
 
 @pytest.mark.skipif(not shutil.which("bwrap"), reason="needs bubblewrap")

@@ -77,3 +77,64 @@ def test_a_configured_file_cap_and_depth_cap_hold(tmp_path: Path, choir_home: Pa
     assert out["status"] == "PASS", out
     assert choir("audit").returncode == 0
     assert os.path.isdir(choir_home / "attestations")
+
+
+def script_repo(path: Path, script: str, limits: str) -> Path:
+    """A repo whose one step runs ``script`` (a file: no quoting to get right)."""
+    path.mkdir(parents=True)
+    (path / "step.py").write_text(textwrap.dedent(script))
+    (path / "choir.yaml").write_text(textwrap.dedent(f"""\
+        verifiers:
+          step:
+            kind: build
+            steps:
+              - name: step
+                command: {STEP_PY} step.py
+            limits: {limits}
+        sandbox: {{backend: bwrap}}
+        """))
+    return path
+
+
+def test_bytes_below_a_path_longer_than_path_max_fail_the_byte_cap(tmp_path: Path,
+                                                                  choir_home: Path) -> None:
+    """Review 21b: 17 folders of 250-character names, walked down by ``chdir``, hid 54 MiB
+    from the watchdog (ENAMETOOLONG below 4,096 bytes of path) and the run PASSed with
+    ``out_mb: 10`` recorded as held. Sparse files: the cap counts them whole, the disk not."""
+    repo = script_repo(tmp_path / "repo", """\
+        import os
+        os.chdir(os.environ["CHOIR_OUT"])
+        for i in range(17):
+            os.mkdir(chr(97 + i) * 250)
+            os.chdir(chr(97 + i) * 250)
+        for n in range(6):
+            with open(f"blob{n}", "wb") as fh:
+                fh.truncate(9 << 20)
+        """, "{out_mb: 10}")
+    out = json.loads(choir("verify", "--repo", str(repo), "--json").stdout)
+    assert out["status"] == "FAIL" and "limits.out_mb" in json.dumps(out), out
+
+
+def test_empty_files_past_out_files_stop_the_step_and_nothing_is_kept(
+        tmp_path: Path, choir_home: Path) -> None:
+    """Review 21b: empty files cost no bytes, and ``out_files`` was checked only after the
+    step (7,000 files a second for its whole timeout); over it, ``out/`` was kept under
+    ``aborted/`` for good. Now the watchdog stops the step and nothing is kept."""
+    repo = script_repo(tmp_path / "repo", """\
+        import os, time
+        os.chdir(os.environ["CHOIR_OUT"])
+        end, n = time.monotonic() + 30, 0
+        while time.monotonic() < end:
+            if n % 1000 == 0:
+                os.mkdir(f"d{n // 1000}")
+            open(f"d{n // 1000}/{n}", "w").close()
+            n += 1
+        """, "{out_mb: 1, out_files: 50}")
+    proc = choir("verify", "--repo", str(repo), "--json")
+    out = json.loads(proc.stdout)
+    assert out["status"] == "FAIL" and "limits.out_files" in json.dumps(out), out
+    runs = json.dumps(out)
+    assert "timed out" not in runs
+    aborted = choir_home / "artifacts" / "aborted"
+    kept = [p for p in aborted.rglob("*") if p.is_file()] if aborted.exists() else []
+    assert kept == []

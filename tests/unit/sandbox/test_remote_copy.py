@@ -184,3 +184,25 @@ def test_the_transfer_option_reaches_docker_only() -> None:
     docker = get_sandbox("docker", transfer="copy")
     assert docker.transfer == "copy"  # type: ignore[attr-defined]
     docker.close()
+
+
+def test_a_flood_of_members_stops_past_out_files(tmp_path: Path) -> None:
+    """Review 21b: empty files and folders cost no bytes; the copy stops past ``files`` of
+    each (refused members count as folders do: each is kept as a note)."""
+    dest = tmp_path / "out"
+    dest.mkdir()
+    done = unpack_out(archive(*(member(f"out/e{n}", b"") for n in range(30))),
+                      dest, prefix="out", cap=1 << 20, files=10)
+    assert done.exceeded and done.files == 10 and len(list(dest.iterdir())) == 10
+    dest = tmp_path / "out2"
+    dest.mkdir()
+    done = unpack_out(archive(*(member(f"out/d{n}/", kind=tarfile.DIRTYPE) for n in range(30)),
+                              *(member(f"out/l{n}", kind=tarfile.SYMTYPE, link="/x")
+                                for n in range(30))),
+                      dest, prefix="out", cap=1 << 20, files=10)
+    assert done.exceeded and len(list(dest.iterdir())) <= 10 and len(done.refused) <= 10
+    dest = tmp_path / "out3"
+    dest.mkdir()
+    done = unpack_out(archive(*(member(f"out/e{n}", b"") for n in range(10))),
+                      dest, prefix="out", cap=1 << 20, files=10)
+    assert not done.exceeded and done.files == 10
