@@ -114,12 +114,39 @@ def serve(detach: bool, stop: bool, jobs: int, idle_timeout_s: float,
         return _detach(home, jobs, idle_timeout_s)
     from choir.serve.server import start
 
+    _confined(home)
     _warm_up()
     if ready_fd is None:
         click.echo(f"choir serve: listening for {home} (pid {os.getpid()}, {jobs} at a time); "
                    "Ctrl-C or `choir serve --stop` ends it", err=True)
     start(home, _commands(), jobs=jobs, idle_timeout_s=idle_timeout_s, ready=ready_fd)
     return EXIT_OK
+
+
+def _confined(home: Path) -> None:
+    """Refuse to serve where the key folder could not be hidden (confinement ``process``,
+    ``choir.trusted.confine``): the service's workers, and every step or executor they run
+    unsandboxed, could read the signing key. Review 21a: a service started without
+    ``CAP_SYS_ADMIN`` served normal clients, and a step read the key.
+
+    Raises:
+        UserError: it is not ``mount-namespace`` or ``user-namespace``.
+    """
+    from choir.exceptions import UserError
+    from choir.trusted.confine import confinement, why_process
+
+    keys = home.absolute() / "keys"
+    level = confinement(keys)
+    if level in ("mount-namespace", "user-namespace"):
+        return
+    why = why_process(keys) or "it was never confined"
+    raise UserError(
+        f"choir serve cannot hide its key folder {keys} here (confinement {level or 'none'}: "
+        f"{why}), so the steps it runs could read the signing key\n"
+        "  fix: start `choir serve` where a mount namespace can be made (as root with "
+        "CAP_SYS_ADMIN, or as a user where unprivileged user namespaces are allowed: "
+        "`unshare --user --mount true` succeeds), not under a unit or `setpriv` that drops "
+        "those; without it, commands run cold (CHOIR_SERVE=off)")
 
 
 def _stop(home: Path) -> int:

@@ -27,6 +27,7 @@ import functools
 import hashlib
 import os
 import queue
+import resource
 import secrets
 import select
 import shlex
@@ -103,6 +104,7 @@ class _Slot:
     mem: Path
     launcher: subprocess.Popen[bytes] | None = None
     mounts: bytes = b""  # the mount table its launcher's namespace was copied from
+    standing: tuple[object, ...] = ()  # the umask and limits its launcher was started with
 
 
 def _oom_kills(mem: Path) -> int:
@@ -141,9 +143,29 @@ def _mount_table() -> bytes:
     return seen.digest()
 
 
+def _standing() -> tuple[object, ...]:
+    """What a launcher started now passes to its run besides its mounts: this process's
+    umask (read from ``/proc``: setting it to read it would race the arming thread) and
+    resource limits. A worker of ``choir serve`` arms launchers with the service's, then
+    takes its client's (``choir.serve.worker._stand``)."""
+    umask = -1
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Umask:"):
+                    umask = int(line.split()[1], 8)
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    limits = tuple(resource.getrlimit(getattr(resource, name)) for name in dir(resource)
+                   if name.startswith("RLIMIT_"))
+    return umask, limits
+
+
 def _launch(slot: _Slot) -> subprocess.Popen[bytes]:
     """A shell that moves itself into the slot's groups, says so, then waits for its command."""
     shell, stage = ["/bin/sh", "-s"], ""
+    slot.standing = _standing()
     if os.geteuid() == 0:
         slot.mounts = _mount_table()  # before the copy: a later mount makes it stale
         # a private mount namespace with a tmpfs on STAGE, where the run binds what the
@@ -239,10 +261,12 @@ class _Pool:
             low = not self.ready and not self.arming
             if low:
                 self.arming += 1  # the spare queued below
-        if slot is not None and slot.mounts and slot.mounts != _mount_table():
+        if slot is not None and ((slot.mounts and slot.mounts != _mount_table())
+                                 or slot.standing != _standing()):
             # armed before a mount this process made since (an overlay worktree,
             # choir.evidence.worktrees): its private copy of the mounts lacks it, and a run
             # started from it would not see the worktree. A fresh launcher copies them now.
+            # So with another umask or limits (a warm worker took its client's).
             _discard(slot.launcher)
             slot.launcher = _launch(slot)
         if slot is None:

@@ -94,11 +94,14 @@ def connect(home: str | PathLike[str]) -> tuple[_socket.socket | None, str]:
 
 
 def context() -> dict[str, Any]:
-    """Where this process stands (``choir.serve.wire.Context``)."""
+    """Where this process stands (``choir.serve.wire.Context``): its process standing and
+    resource limits too (``choir.serve.stale``; two ``/proc`` files and fifteen system
+    calls, under 1 ms measured)."""
     umask = os.umask(0)
     os.umask(umask)
     return {"version": __version__, "code": stale.code(), "cwd": os.getcwd(), "umask": umask,
-            "environ": dict(os.environ)}
+            "environ": dict(os.environ), "standing": stale.standing(),
+            "rlimits": stale.rlimits()}
 
 
 def _message(sock: _socket.socket) -> dict[str, Any] | None:

@@ -350,7 +350,7 @@ def start(home: Path, commands: Mapping[str, Command], *, jobs: int, idle_timeou
                               start_env=stale.start_env(os.environ),
                               root=(root.st_dev, root.st_ino), commands=dict(commands),
                               artifacts=artifact_dir().absolute(),
-                              mounts=origin_namespace())
+                              mounts=origin_namespace(), standing=stale.standing())
             Server(service, fd, lock, jobs=jobs, idle_timeout_s=idle_timeout_s).run(ready)
         finally:
             os.close(lock)

@@ -6,9 +6,17 @@ the same files of the ``choir`` package and its packaged policies and prompts (p
 modification time of each, the way ``make`` and git's index tell a changed file), the same
 interpreter, the same installed packages (the plugins that entry points find: the folders on
 ``sys.path`` and their modification times, which an install changes), and the same variables
-that act before any code runs (``PYTHON*``, ``LD_*``, the locale's). Anything else in the
+that act before any code runs (``PYTHON*``, ``LD_*``, the locale's), and the same process
+standing: capabilities, ``no_new_privs``, seccomp, LSM label and groups (``standing``;
+not the cgroup: under systemd each terminal is a scope of its own, and a service would be
+stale for every other one, while the limits that matter reach the steps as the client's
+resource limits and Choir's own cgroups). A worker is forked from the service, so it
+holds what the service held: a service that could make namespaces served a client that
+could not, and ``--sandbox auto`` chose differently for it than the client's cold command
+did. Anything else in the
 environment is the request's own: the worker runs with the client's environment, never the
-service's. A client that differs in any of these is told the service is stale and runs cold.
+service's, and takes its resource limits (``rlimits``). A client that differs in any of
+these is told the service is stale and runs cold.
 
 Standard library only (no ``pathlib``), and cheap (a few hundred ``stat`` calls): the client
 computes it on every ``choir verify``.
@@ -20,6 +28,7 @@ import importlib
 import os
 import sys
 
+from choir._core.standing import snapshot
 from choir._version import __version__
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
@@ -93,6 +102,43 @@ def code() -> str:
     return str(digest.hexdigest())
 
 
+STATUS_FIELDS = ("CapEff", "CapPrm", "CapBnd", "NoNewPrivs", "Seccomp")
+RLIMITS = ("RLIMIT_AS", "RLIMIT_CORE", "RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_FSIZE",
+           "RLIMIT_MEMLOCK", "RLIMIT_MSGQUEUE", "RLIMIT_NICE", "RLIMIT_NOFILE", "RLIMIT_NPROC",
+           "RLIMIT_RSS", "RLIMIT_RTPRIO", "RLIMIT_RTTIME", "RLIMIT_SIGPENDING", "RLIMIT_STACK")
+
+
+def standing() -> dict[str, str]:
+    """What this process may do beyond its uid, as a cold command would start with it:
+    ``STATUS_FIELDS`` of ``/proc/self/status``, its LSM label (``lsm``) and its gids
+    (``groups``). Two files read, no ``re``: the client asks on every ``choir verify``.
+
+    A process that confined itself (the service; a ``choir mcp`` asking it) gives what it
+    stood on before (``choir.trusted.confine.origin_standing``): its own namespace holds
+    every capability and another group list. That module is looked up, not imported: a
+    process that never loaded it never confined itself.
+    """
+    confine = sys.modules.get("choir.trusted.confine")
+    before = confine.origin_standing() if confine is not None else None
+    if before is None:
+        before = snapshot()
+    status, label, groups = before
+    found = dict.fromkeys(STATUS_FIELDS, "")
+    for line in status.splitlines():
+        name, _, value = line.partition(":")
+        if name in found:
+            found[name] = value.strip()
+    return {**found, "lsm": label.strip("\0\n "), "groups": groups}
+
+
+def rlimits() -> dict[str, tuple[int, int]]:
+    """This process's resource limits (soft, hard; -1 unlimited), by ``RLIMITS`` name."""
+    import resource  # a small C module (0.4 ms measured), loaded only here
+
+    return {name: resource.getrlimit(getattr(resource, name)) for name in RLIMITS
+            if hasattr(resource, name)}
+
+
 def start_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The variables of ``environ`` that act before any code runs."""
     return {k: v for k, v in environ.items()
@@ -104,4 +150,5 @@ def differences(mine: Mapping[str, str], theirs: Mapping[str, str]) -> list[str]
     return sorted(k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k))
 
 
-__all__ = ["START_NAMES", "START_PREFIXES", "code", "differences", "start_env"]
+__all__ = ["RLIMITS", "START_NAMES", "START_PREFIXES", "STATUS_FIELDS", "code", "differences",
+           "rlimits", "standing", "start_env"]

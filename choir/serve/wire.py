@@ -8,11 +8,14 @@ not (an option the command does not have is the same usage error, exit 2, either
 ``policy`` or ``home``). Values are bounded before anything reads them.
 
 The context says where the request comes from, so the worker can stand where a cold process
-would: the client's version and code digest (``choir.serve.stale``), its environment
-(applied whole to the worker, which never sees the service's own), its umask and its
-working directory. The directory travels twice: as a path, and as a descriptor (with one of
-the client's root) passed over the socket; the worker uses the descriptor and refuses a path
-that names another folder, so a client cannot make the service stand somewhere it is not.
+would: the client's version and code digest (``choir.serve.stale``), its process standing
+(capabilities, ``no_new_privs``, seccomp, LSM label, groups, cgroup: the worker answers
+``stale`` unless they are the service's), its environment (applied whole to the worker,
+which never sees the service's own), its resource limits, its umask and its working
+directory (a client older than the standing and the limits sends neither: it is stale).
+The directory travels twice: as a path, and as a descriptor (with one of the client's root)
+passed over the socket; the worker uses the descriptor and refuses a path that names another
+folder, so a client cannot make the service stand somewhere it is not.
 
 Frames from the service to the client are JSON objects with one key: ``queued`` (every
 worker is busy), ``stale`` or ``refused`` (the client runs cold), ``ready`` (a worker took
@@ -28,6 +31,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from choir.serve import SERVED
+from choir.serve.stale import RLIMITS
 
 PATH_MAX = 4096
 NAME_MAX = 1024
@@ -35,6 +39,9 @@ ENV_MAX = 4096  # variables
 ENV_VALUE_MAX = 128 << 10
 MAX_REQUEST = 1 << 20  # bytes of one request frame, environment included
 ARGV_MAX = 256  # words of one command line
+STANDING_MAX = 16  # parts of a process standing (``choir.serve.stale.standing``)
+STANDING_VALUE_MAX = 16 << 10  # a cgroup v1 list of every controller is well under this
+RLIM_MAX = (1 << 63) - 1
 
 PathText = Annotated[str, StringConstraints(min_length=1, max_length=PATH_MAX,
                                             pattern=r"^[^\x00]*$")]
@@ -74,12 +81,33 @@ class Context(_Closed):
                                                    pattern=r"^[^=\x00]+$")],
                   Annotated[str, StringConstraints(max_length=ENV_VALUE_MAX,
                                                    pattern=r"^[^\x00]*$")]]
+    standing: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z]{1,32}$")],
+                   Annotated[str, StringConstraints(max_length=STANDING_VALUE_MAX,
+                                                    pattern=r"^[^\x00]*$")]] | None = None
+    rlimits: dict[str, tuple[Annotated[int, Field(ge=-1, le=RLIM_MAX)],
+                             Annotated[int, Field(ge=-1, le=RLIM_MAX)]]] | None = None
 
     @field_validator("environ")
     @classmethod
     def _bounded(cls, value: dict[str, str]) -> dict[str, str]:
         if len(value) > ENV_MAX:
             raise ValueError(f"at most {ENV_MAX} variables")
+        return value
+
+    @field_validator("standing")
+    @classmethod
+    def _few(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is not None and len(value) > STANDING_MAX:
+            raise ValueError(f"at most {STANDING_MAX} parts")
+        return value
+
+    @field_validator("rlimits")
+    @classmethod
+    def _known(cls, value: dict[str, tuple[int, int]] | None
+               ) -> dict[str, tuple[int, int]] | None:
+        unknown = set(value or ()) - set(RLIMITS)
+        if unknown:
+            raise ValueError(f"not a resource limit: {sorted(unknown)[0][:32]!r}")
         return value
 
 

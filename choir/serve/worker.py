@@ -8,13 +8,15 @@ exits, so nothing one request did (a module-level cache, a thread, an open store
 of directory or environment) is there for the next: each starts from the service's clean
 state, as each cold command starts from a clean interpreter.
 
-Before the command runs, the worker checks the request (``choir.serve.wire``), that the
-service is not stale for this client (``choir.serve.stale``), and where the client stands:
-its root must be the service's own (a client in another mount namespace or a chroot means
-other files by the same names), and the working directory is the descriptor it sent, which
-the path it sent must name. Then it takes the client's environment whole (and nothing of the
-service's), its umask, that directory and its stdin, stdout and stderr, and runs the same
-function the cold command runs: what the client's terminal shows, the live view included, is
+Before the command runs, the worker checks the request (``choir.serve.wire``), where the
+client stands: its root must be the service's own (a client in another mount namespace or a
+chroot means other files by the same names), and the working directory is the descriptor it
+sent, which the path it sent must name; then it takes the client's environment whole (and
+nothing of the service's), its resource limits, umask and that directory, and checks that
+the service is not stale for this client (``choir.serve.stale``: its stores, code, start-up
+variables and process standing, which a worker inherits from the service and cannot take
+from the client). Then it takes its stdin, stdout and stderr, and runs the same function
+the cold command runs: what the client's terminal shows, the live view included, is
 what the command prints cold, because it is the same code printing on the same descriptors.
 The client gets the exit code. A client that goes away is treated the way the command treats
 an interruption, and nothing more is written to its terminal: ``verify`` has its sandboxes
@@ -29,9 +31,11 @@ import _thread
 import atexit
 import json
 import os
+import resource
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import traceback
 from collections.abc import Callable, Mapping
@@ -80,6 +84,7 @@ class Service:
     commands: Mapping[str, Command]
     artifacts: Path = Path()  # the artifact folder its brokers check (``artifact_dir()``)
     mounts: tuple[int, int] = (0, 0)  # the mount namespace it was started in
+    standing: Mapping[str, str] = field(default_factory=dict)  # ``stale.standing()``
 
 
 @dataclass
@@ -163,8 +168,8 @@ def answer(service: Service, conn: socket.socket, broker: tuple[int, socket.sock
         if envelope is None:
             link.send(why)
             return
-        _stand(envelope.context, fds[0])
-        why_not = _elsewhere(service)
+        why_not = (_stand(envelope.context, fds[0]) or _elsewhere(service)
+                   or _stale(service, envelope.context))
         if why_not:
             link.send({"stale": why_not})
             return
@@ -219,9 +224,6 @@ def _check(service: Service, data: bytes | None,
     if len(fds) != PLACE_FDS:
         return {"refused": "a request carries three descriptors: the client's working "
                            "directory, its root and its mount namespace"}, None
-    why = _stale(service, envelope.context)
-    if why:
-        return {"stale": why}, None
     why = _standing(service, envelope.context, *fds)
     if why:
         return {"refused": why}, None
@@ -229,6 +231,8 @@ def _check(service: Service, data: bytes | None,
 
 
 def _stale(service: Service, context: Context) -> str:
+    """Why this service would not answer as the client's cold command would ('' when it
+    would)."""
     if context.version != service.version:
         return f"the service runs Choir {service.version}; this client is {context.version}"
     if context.code != service.code:
@@ -238,6 +242,15 @@ def _stale(service: Service, context: Context) -> str:
     if names:
         return ("the interpreter's start-up variables differ from the service's: "
                 + ", ".join(names)[:REASON_MAX])
+    if context.standing is None or context.rlimits is None:
+        return "this client sends no process standing (an older Choir)"
+    names = stale.differences(service.standing, context.standing)
+    if names:  # the parts' names only: a value may be long (a cgroup list), and is the user's
+        return ("the client's process standing differs from the service's: "
+                + ", ".join(names)[:200] + " (capabilities, no_new_privs, seccomp, LSM "
+                "label, groups or cgroup; a worker has the service's, whatever the client's "
+                "are): start `choir serve` from where the commands run (the same shell, "
+                "unit or container)")
     return ""
 
 
@@ -267,13 +280,25 @@ def _standing(service: Service, context: Context, cwd_fd: int, root_fd: int,
     return ""
 
 
-def _stand(context: Context, cwd_fd: int) -> None:
-    """Take the client's directory, environment (all of it, none of the service's) and
-    umask, as its own cold process would have had them."""
+def _stand(context: Context, cwd_fd: int) -> str:
+    """Take the client's directory, environment (all of it, none of the service's), umask
+    and resource limits, as its own cold process would have had them; why not ('' when
+    taken: a hard limit above the service's, which it may not raise, is not)."""
     os.fchdir(cwd_fd)
     os.environ.clear()
     os.environ.update(context.environ)
     os.umask(context.umask)
+    tempfile.tempdir = None  # the idle worker's probe cached the service's TMPDIR
+    for name, limits in (context.rlimits or {}).items():
+        which = getattr(resource, name, None)  # the client's Python has it: so has this one
+        if which is None:
+            continue
+        try:
+            resource.setrlimit(which, limits)
+        except (ValueError, OSError):
+            return (f"the client's {name} cannot be set here (a hard limit above the "
+                    "service's): start `choir serve` with limits at least the client's")
+    return ""
 
 
 def _take_streams(stdio: list[int]) -> None:

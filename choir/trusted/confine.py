@@ -27,7 +27,7 @@ import ctypes
 import os
 from pathlib import Path
 
-from choir._core import mounts
+from choir._core import mounts, standing
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REC, MS_PRIVATE = 1 << 14, 1 << 18
@@ -36,7 +36,9 @@ PR_CAPBSET_DROP = 24
 CAP_SYS_PTRACE = 19
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _confined: dict[str, str] = {}
+_why: dict[str, str] = {}  # why a folder's confinement stopped at ``process``
 _origin: list[int] = []  # a descriptor of the mount namespace this process started in
+_standing: list[tuple[str, str, str]] = []  # its standing then (``origin_standing``)
 
 
 def origin_fd() -> int | None:
@@ -51,6 +53,15 @@ def origin_namespace() -> tuple[int, int]:
     fd = origin_fd()
     found = os.fstat(fd) if fd is not None else os.stat("/proc/self/ns/mnt")
     return found.st_dev, found.st_ino
+
+
+def origin_standing() -> tuple[str, str, str] | None:
+    """What this process's standing was before ``confine`` changed it (None when it never
+    did): ``choir._core.standing.snapshot``'s. A namespace of its own holds every
+    capability, and another group list, so ``choir serve`` compares a client with what the
+    service stood on as a cold command does before it confines itself
+    (``choir.serve.stale.standing``)."""
+    return _standing[0] if _standing else None
 
 
 class _CapHeader(ctypes.Structure):
@@ -115,9 +126,10 @@ def confine(keys: Path) -> str:
     where = str(keys.absolute())
     if where in _confined:
         return _confined[where]
-    level = "process"
+    level, why = "process", "other threads already run in this process"
     if not _origin:
         _origin.append(os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC))
+        _standing.append(standing.snapshot())
     if _single_threaded():
         libc = _libc()
         try:
@@ -131,14 +143,22 @@ def confine(keys: Path) -> str:
                 _map_self()
                 _mask(libc, keys)
                 level = "user-namespace"
-        except OSError:
-            level = "process"
+        except OSError as exc:
+            level, why = "process", str(exc)
     if level != "process":
         mounts.mark_private()  # every mount private: one made now dies with this process
     _confined[where] = level
+    if level == "process":
+        _why[where] = why
     return level
 
 
 def confinement(keys: Path) -> str | None:
     """The level ``confine`` reached for ``keys`` in this process, or None if not called."""
     return _confined.get(str(keys.absolute()))
+
+
+def why_process(keys: Path) -> str:
+    """Why ``confine`` stopped at ``process`` for ``keys`` (the call that was refused), or
+    ''."""
+    return _why.get(str(keys.absolute()), "")
