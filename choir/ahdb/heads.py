@@ -18,6 +18,7 @@ outside the home for that.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Collection, Iterable, Iterator, Mapping
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from choir._core import fsopen
 from choir._core.canonical import canonical_json
 from choir.attest.keys import decode_public_key, key_id_of, key_refusal, verify_signature
 
@@ -85,8 +87,7 @@ def read_heads(path: Path, shared: Iterable[bytes] = ()) -> Iterator[Head | str]
     """Each record (the file's, then ``shared`` ones) as a ``Head``, or why it is not one."""
     if path.exists() or path.is_symlink():
         try:
-            with path.open("rb") as fh:
-                lines = fh.readlines()
+            lines = _lines(path)
         except OSError as exc:
             yield f"the file cannot be read: {exc.strerror or exc}"
             lines = []
@@ -96,6 +97,36 @@ def read_heads(path: Path, shared: Iterable[bytes] = ()) -> Iterator[Head | str]
                 f"line {number} is torn (no line end)"
     for number, raw in enumerate(shared, start=1):
         yield parse(raw, f"shared head {number}")
+
+
+MAX_LINE = 4096
+"""A head record is about 300 bytes; a longer line is not one (and is not read whole)."""
+MAX_FILE = 1 << 30
+
+
+def _lines(path: Path) -> list[bytes]:
+    """The file's lines, read as ``choir._core.fsopen`` opens: never through a link, never a
+    FIFO or a device (one planted here hung ``choir audit``, a link to ``/dev/zero`` ran it
+    out of memory: review 21, F2), each line at most ``MAX_LINE`` bytes (the rest of a
+    longer one is skipped, so it reads as torn or malformed, never held whole).
+
+    Raises:
+        OSError: the file is a link, not a regular file, or larger than ``MAX_FILE``.
+    """
+    dfd = fsopen.open_dir(path.parent)
+    try:
+        fd, st = fsopen.open_regular(path.name, dfd)
+    finally:
+        os.close(dfd)
+    with os.fdopen(fd, "rb") as fh:
+        if st.st_size > MAX_FILE:
+            raise OSError(errno.EFBIG, f"larger than {MAX_FILE} bytes")
+        lines = []
+        while raw := fh.readline(MAX_LINE):
+            lines.append(raw)
+            while not raw.endswith(b"\n") and len(raw) == MAX_LINE:  # skip the overlong rest
+                raw = fh.readline(MAX_LINE)
+        return lines
 
 
 def head_key_id(head: Head) -> str | None:

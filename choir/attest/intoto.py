@@ -23,18 +23,17 @@ import base64
 import binascii
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from choir._core.canonical import canonical_json
-from choir.attest.keys import verify_signature
+from choir.attest.check import verify_attestation
+from choir.attest.keys import TrustRoot, trust_root, verify_signature
 from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError
-from choir.models import Attestation, Target
+from choir.models import Attestation
 from choir.models.intoto import CHOIR_PREDICATE, STATEMENT_TYPE
+from choir.models.intoto import tree_subject as tree_subject
 from choir.trusted.keyfile import SigningKey
-
-if TYPE_CHECKING:
-    from choir.evidence.artifacts import ArtifactStore
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 PREDICATE_TYPE = CHOIR_PREDICATE
@@ -52,16 +51,6 @@ def _sha256(store: ArtifactStore, digest: str) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             hasher.update(chunk)
     return hasher.hexdigest()
-
-
-def tree_subject(target: Target) -> dict[str, Any]:
-    """The subject naming the verified tree: the statement of every predicate is about it."""
-    digest: dict[str, str] = {"blake3": target.tree_hash}
-    if target.tree_sha256:  # sha256 of the tree's canonical manifest (choir.evidence.tree)
-        digest["sha256"] = target.tree_sha256
-    if target.commit_sha:  # recorded only when the verified tree was exactly it
-        digest["gitCommit"] = target.commit_sha
-    return {"name": f"tree:{target.work_item or 'working-tree'}", "digest": digest}
 
 
 def statement(att: Attestation, artifacts: ArtifactStore) -> dict[str, Any]:
@@ -90,15 +79,34 @@ def statement(att: Attestation, artifacts: ArtifactStore) -> dict[str, Any]:
 
 
 def to_dsse(
-    att: Attestation, signer: SigningKey, *, artifacts: ArtifactStore | None = None
+    att: Attestation, signer: SigningKey, *, artifacts: ArtifactStore | None = None,
+    root: TrustRoot | None = None,
 ) -> dict[str, Any]:
     """A DSSE envelope around the in-toto statement of ``att``, signed by ``signer``.
 
+    The envelope is the signer's word for the attestation, so ``att`` is verified first as
+    ``choir gate`` would (id, signature, a pinned and unrevoked key, intact evidence: review
+    21, F1): ``AttestationStore.get`` checks only the content hash, and a planted file (FAIL
+    flipped to PASS, id recomputed) or one a revoked key signed must not come out re-signed
+    by the key consumers trust. ``root`` defaults to this home's ``trust_root``.
+
     Raises:
-        IntegrityError: see ``statement``.
+        IntegrityError: ``att`` does not verify under ``root`` (each violation named), or see
+            ``statement``.
+        ConfigError: the pinned or revoked key list is malformed (``trust_root``).
     """
     if artifacts is None:
         artifacts = ArtifactStore()
+    if root is None:
+        root = trust_root()
+    problems = verify_attestation(att, artifacts=artifacts, trusted_keys=root.keys,
+                                  revoked_keys=root.revoked)
+    if problems:
+        raise IntegrityError(
+            f"attestation {att.id[:12]} not exported: "
+            + "; ".join(f"{v.kind} ({v.object}): expected {v.expected}, found {v.found}"
+                        for v in problems)
+            + f"\n  ({root.describe()})")
     return sign_statement(statement(att, artifacts), signer)
 
 

@@ -39,6 +39,10 @@ from choir.trusted.keyfile import (
     key_id_of,
     publish,
 )
+from choir.trusted.keylists import REVOKE_FILE as REVOKE_FILE
+from choir.trusted.keylists import TRUST_ENV as TRUST_ENV
+from choir.trusted.keylists import _parse_ids, _read_list, _why
+from choir.trusted.keylists import revoked_key_ids as revoked_key_ids
 
 __all__ = ["KEY_FILE", "KEY_ID_LEN", "PUB_FILE", "BrokerSigner", "Signer", "SigningKey",
            "key_id_of"]
@@ -87,10 +91,7 @@ def verify_signature(public_key_b64: str, data: bytes, signature_b64: str) -> bo
     return True
 
 
-TRUST_ENV = "CHOIR_TRUSTED_KEYS"
 PIN_FILE = "trusted_keys"
-REVOKE_ENV = "CHOIR_REVOKED_KEYS"
-REVOKE_FILE = "revoked_keys"
 
 
 @dataclass(frozen=True)
@@ -112,28 +113,6 @@ class TrustRoot:
         """One line for ``gate`` and ``audit`` answers: the pinned ids and their source."""
         line = f"trusted keys ({self.source}): {', '.join(sorted(self.keys)) or 'none'}"
         return line + (f"; revoked: {', '.join(sorted(self.revoked))}" if self.revoked else "")
-
-
-def _parse_ids(text: str, *, path: str, lines: bool, empty_ok: bool = False
-               ) -> frozenset[str]:
-    ids: set[str] = set()
-    items = text.splitlines() if lines else text.split(",")
-    for number, raw in enumerate(items, start=1):
-        item = raw.split("#", 1)[0].strip()
-        if not item:
-            continue
-        if len(item) != KEY_ID_LEN or any(c not in "0123456789abcdef" for c in item):
-            raise ConfigError(
-                f"{item[:80]!r} is not a key id ({KEY_ID_LEN} lower-case hex characters)",
-                path=path, line=number if lines else None,
-                hint="list key ids as `choir gate` and `choir audit` print them "
-                     "(the signer's id is in every attestation's signer_key_id)")
-        ids.add(item)
-    if not ids and not empty_ok:
-        raise ConfigError("names no key id, so no attestation could ever count", path=path,
-                          hint=f"list at least one key id, or unset {TRUST_ENV} / remove "
-                               "the file to trust this home's own key on first use")
-    return frozenset(ids)
 
 
 def trust_root(home: Path | None = None) -> TrustRoot:
@@ -160,7 +139,7 @@ def trust_root(home: Path | None = None) -> TrustRoot:
     base = home or choir_home()
     pin = base / PIN_FILE
     first_use = False
-    if not pin.exists():
+    if not os.path.lexists(pin):  # a link (dangling or not) is refused below, not replaced
         signer = load_signer(home)
         note = (f"# Choir trusted key ids, one per line (pinned on first use; {TRUST_ENV} "
                 f"overrides)\n{signer.key_id}\n")
@@ -168,10 +147,11 @@ def trust_root(home: Path | None = None) -> TrustRoot:
         publish(base, PIN_FILE, note.encode("ascii"), 0o600)
         first_use = True
     try:
-        text = pin.read_text("utf-8")
+        text = _read_list(base, PIN_FILE)
     except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"cannot read the pinned key list: {err}", path=str(pin),
-                          hint=f"fix or remove it, or set {TRUST_ENV}") from None
+        raise ConfigError(f"cannot read the pinned key list: {_why(err)}", path=str(pin),
+                          hint=f"make it a plain file of key ids, or remove it, or set "
+                               f"{TRUST_ENV}") from None
     return TrustRoot(_parse_ids(text, path=str(pin), lines=True) - revoked, str(pin),
                      first_use, revoked)
 
@@ -185,38 +165,9 @@ def pinned_trust_root(home: Path | None = None) -> TrustRoot | None:
         ConfigError: what is pinned is malformed (``trust_root``).
     """
     env = os.environ.get(TRUST_ENV)
-    if (env is not None and env.strip()) or ((home or choir_home()) / PIN_FILE).exists():
+    if (env is not None and env.strip()) or os.path.lexists((home or choir_home()) / PIN_FILE):
         return trust_root(home)
     return None
-
-
-def revoked_key_ids(home: Path | None = None) -> frozenset[str]:
-    """Key ids that never count again: ``$CHOIR_REVOKED_KEYS`` and ``$CHOIR_HOME/revoked_keys``.
-
-    Both count (a revocation only ever adds): a CI system can revoke by the variable
-    without touching the home, and ``choir keys revoke`` writes the file. A revoked key may
-    have signed anything, at any date it liked, so everything it signed is refused.
-
-    Raises:
-        ConfigError: the variable or file is malformed (naming the line).
-    """
-    ids: frozenset[str] = frozenset()
-    env = os.environ.get(REVOKE_ENV, "")
-    if env.strip():
-        ids |= _parse_ids(env, path=REVOKE_ENV, lines=False, empty_ok=True)
-    path = (home or choir_home()) / REVOKE_FILE
-    try:
-        text = path.read_text("utf-8")
-    except FileNotFoundError:
-        if os.path.lexists(path):  # a dangling link is no empty list: a revocation lost
-            raise ConfigError("the revoked key list is a link to nothing", path=str(path),
-                              line=None, hint="restore the file it named, or make it a "
-                              "plain file of key ids") from None
-        return ids
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"cannot read the revoked key list: {err}", path=str(path),
-                          hint="fix it; removing it would trust revoked keys again") from None
-    return ids | _parse_ids(text, path=str(path), lines=True, empty_ok=True)
 
 
 def key_refusal(key_id: str, trusted: Collection[str], revoked: Collection[str]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pydantic import Field
 
+from choir._core import fsopen
 from choir._core.paths import choir_home
 from choir.ahdb.anchor import PinnedHead, check_pin
 from choir.ahdb.heads import check_heads, heads_path, latest_signed, read_heads
@@ -33,7 +34,12 @@ from choir.evidence.artifacts import MANIFEST, ArtifactStore, hash_file
 from choir.exceptions import UserError
 from choir.models import Attestation, Result, RunManifest, Violation
 from choir.models._base import Frozen
-from choir.verification.session import check_session, is_session_folder, missing_sessions
+from choir.verification.session import (
+    MAX_MANIFEST,
+    check_session,
+    is_session_folder,
+    missing_sessions,
+)
 
 
 class AuditResult(Frozen):
@@ -148,11 +154,16 @@ class _Audit:
             self.dangling.append(run_id)
             self.counts["dangling_runs"] += 1
             return
-        try:
-            manifest = RunManifest.model_validate_json(manifest_path.read_bytes())
-        except (OSError, ValueError):
-            self.found.append(_v("run_manifest", run_id, "a readable manifest.json",
-                                 "missing/invalid"))
+        try:  # never through a link, never a FIFO or a device, bounded (review 21, F2)
+            data = fsopen.read_bytes(run_dir, MANIFEST, MAX_MANIFEST + 1)
+            if len(data) > MAX_MANIFEST:
+                raise ValueError(f"larger than {MAX_MANIFEST} bytes")
+            manifest = RunManifest.model_validate_json(data)
+        except (OSError, ValueError) as exc:
+            why = ("missing" if isinstance(exc, FileNotFoundError) else
+                   f"unreadable (a link, a FIFO, a device?): {exc}" if isinstance(exc, OSError)
+                   else f"invalid: {exc}")
+            self.found.append(_v("run_manifest", run_id, "a readable manifest.json", why))
             return
         digest = hash_file(manifest_path)
         if digest not in self.manifests:

@@ -90,13 +90,20 @@ def attest() -> None:
 @click.option("--in-toto", "in_toto", is_flag=True,
               help="Print a DSSE envelope around an in-toto Statement v1.")
 def attest_show(attestation_id: str, in_toto: bool) -> int:
-    """Show one attestation (a unique id prefix is enough)."""
+    """Show one attestation (a unique id prefix is enough). With --in-toto, exit 1 and sign
+    nothing when it does not re-verify or its key is not trusted."""
     from choir.attest import AttestationStore, load_signer, to_dsse
+    from choir.exceptions import IntegrityError
 
     store = AttestationStore()
     att = store.get(store.find(attestation_id))
     if in_toto:
-        click.echo(json.dumps(to_dsse(att, load_signer()), indent=2, sort_keys=True))
+        try:
+            envelope = to_dsse(att, load_signer())
+        except IntegrityError as exc:
+            click.echo(f"choir: {exc}", err=True)
+            return EXIT_FAIL
+        click.echo(json.dumps(envelope, indent=2, sort_keys=True))
     else:
         click.echo(att.model_dump_json(indent=2))
     return EXIT_OK

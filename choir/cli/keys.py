@@ -28,7 +28,7 @@ def _append_line(path: Path, line: str, header: str) -> None:
 
 
 def _revoke(home: Path, key_id: str) -> None:
-    from choir.attest.keys import REVOKE_FILE, _parse_ids
+    from choir.trusted.keylists import REVOKE_FILE, _parse_ids
 
     _parse_ids(key_id, path="KEY_ID", lines=False)  # the same format check as the lists
     _append_line(home / REVOKE_FILE, key_id,

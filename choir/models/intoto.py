@@ -18,9 +18,12 @@ verify). Field names are the specs' JSON names.
 
 from __future__ import annotations
 
-from typing import Annotated, Final, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+if TYPE_CHECKING:
+    from choir.models.report import Target
 
 STATEMENT_TYPE: Final = "https://in-toto.io/Statement/v1"
 CHOIR_PREDICATE: Final = "https://choir.dev/attestation/v1"
@@ -147,3 +150,13 @@ STANDARD_STATEMENTS: dict[str, type[TestResultStatement] | type[VsaStatement]] =
     VSA_PREDICATE: VsaStatement,
 }
 """The standard predicate types Choir signs, and the statement model each must validate as."""
+
+
+def tree_subject(target: Target) -> dict[str, Any]:
+    """The subject naming the verified tree: the statement of every predicate is about it."""
+    digest: dict[str, str] = {"blake3": target.tree_hash}
+    if target.tree_sha256:  # sha256 of the tree's canonical manifest (choir.evidence.tree)
+        digest["sha256"] = target.tree_sha256
+    if target.commit_sha:  # recorded only when the verified tree was exactly it
+        digest["gitCommit"] = target.commit_sha
+    return {"name": f"tree:{target.work_item or 'working-tree'}", "digest": digest}

@@ -16,7 +16,9 @@ cannot dodge the checks of one kind by claiming another. Every accepted byte str
     canonical bodies); its type keeps its signature from passing for a head's or an
     attestation's, whose verifiers rebuild the bytes with their own type;
   - DSSE: payload type ``application/vnd.in-toto+json`` and a canonical in-toto
-    Statement v1 whose predicate type is Choir's, or one of the standard predicates Choir
+    Statement v1 whose predicate type is Choir's (an attestation whose signature holds
+    under this broker's key or one it retired, unrevoked, about exactly the subjects its
+    body names, their bytes re-hashed here), or one of the standard predicates Choir
     speaks beside it (in-toto test-result v0.1, SLSA verification summary v1), which must
     then validate as its model in ``choir.models.intoto``: exactly the spec's fields, bounded,
     self-consistent, and a VSA only in the name of Choir's gate. No other predicate type is
@@ -29,17 +31,26 @@ keeps out of this process. ``docs/security.md`` says what that leaves an attacke
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import blake3
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import ValidationError
 
-from choir._core.canonical import canonical_json, is_hash
+from choir._core import fsopen
+from choir._core.canonical import blake3_hex, canonical_json, is_hash
 from choir.evidence.artifacts import ArtifactStore
-from choir.exceptions import SigningRefused
-from choir.models import AttestationBody
+from choir.exceptions import IntegrityError, SigningRefused
+from choir.models import Attestation, AttestationBody
 from choir.models.intoto import CHOIR_PREDICATE, STANDARD_STATEMENTS, STATEMENT_TYPE
+from choir.trusted.keyfile import RETIRED_DIR, held_key, key_id_of
 from choir.trusted.protocol import MAX_SIGNED
 
 ATTESTATION_TYPE = "choir.attestation/v1"
@@ -83,7 +94,7 @@ def _check_attestation(obj: dict[str, Any], data: bytes,
                                  "artifact store with that hash")
 
 
-def _check_dsse(data: bytes) -> str:
+def _check_dsse(data: bytes, store: Callable[[], ArtifactStore]) -> str:
     parts = data.split(b" ", 4)
     if len(parts) != 5 or parts[2] != DSSE_PAYLOAD_TYPE or \
             parts[1] != str(len(parts[2])).encode() or parts[3] != str(len(parts[4])).encode():
@@ -94,6 +105,8 @@ def _check_dsse(data: bytes) -> str:
             kind not in _DSSE_KINDS:
         raise SigningRefused("the DSSE payload is not an in-toto Statement v1 of a predicate "
                              "Choir signs (its own, test-result v0.1, SLSA VSA v1)")
+    if kind == CHOIR_PREDICATE:
+        _check_choir_statement(statement, store)
     model = STANDARD_STATEMENTS.get(kind)
     if model is not None:
         try:
@@ -101,6 +114,94 @@ def _check_dsse(data: bytes) -> str:
         except ValidationError as err:
             raise SigningRefused(f"not a valid {kind} statement: {err}"[:1500]) from None
     return _DSSE_KINDS[kind]
+
+
+def _check_choir_statement(statement: dict[str, Any],
+                           store: Callable[[], ArtifactStore]) -> None:
+    """Choir's own predicate is a whole attestation, re-signed for in-toto tools: this key
+    vouches for it only when it is one this broker's key made, now or before a rotation
+    (``keys/retired``), and the key is not revoked; its subjects are the ones its body
+    names. A planted attestation (FAIL made PASS, id recomputed) or one a revoked key
+    signed is refused, whatever the main process checked first (review 21, F1)."""
+    held = held_key()
+    if held is None:
+        raise SigningRefused("this broker holds no key to check the attestation against")
+    home, own = held
+    predicate = statement.get("predicate")
+    try:
+        att = Attestation.model_validate(predicate)
+    except ValidationError as err:
+        raise SigningRefused(f"the predicate is not an attestation: {err}"[:1500]) from None
+    if canonical_json(att) != canonical_json(predicate):
+        raise SigningRefused("the predicate does not re-encode as the attestation it holds")
+    data = canonical_json(att.body)
+    if blake3_hex(data) != att.id:
+        raise SigningRefused(f"attestation {att.id[:80]} does not match its body")
+    key_id = _signer_id(att.public_key, data, att.signature)
+    if key_id != att.signer_key_id:
+        raise SigningRefused(f"attestation {att.id[:16]}: its key id is not its key's")
+    if att.public_key != own and _retired(home, key_id) != att.public_key:
+        raise SigningRefused(f"attestation {att.id[:16]} was signed by key {key_id}, which "
+                             "is neither this broker's key nor one it retired")
+    from choir.exceptions import ConfigError
+    from choir.trusted.keylists import revoked_key_ids
+
+    try:
+        revoked = revoked_key_ids(home)
+    except ConfigError as err:
+        raise SigningRefused(f"the revoked key list is unreadable: {err}"[:1500]) from None
+    if key_id in revoked:
+        raise SigningRefused(f"attestation {att.id[:16]} was signed by revoked key {key_id}")
+    if statement.get("subject") != _subjects(att, store):
+        raise SigningRefused("the statement's subjects are not the ones its attestation "
+                             "names (its tree and evidence objects)")
+
+
+def _signer_id(public_key: str, data: bytes, signature: str) -> str:
+    """The id of ``public_key`` when ``signature`` over ``data`` holds under it."""
+    try:
+        raw = base64.b64decode(public_key.encode("ascii"), validate=True)
+        Ed25519PublicKey.from_public_bytes(raw).verify(
+            base64.b64decode(signature.encode("ascii"), validate=True), data)
+    except (ValueError, UnicodeEncodeError, binascii.Error, InvalidSignature):
+        raise SigningRefused("the attestation's signature does not hold under its key"
+                             ) from None
+    return key_id_of(raw)
+
+
+def _retired(home: Path, key_id: str) -> str | None:
+    """The public key retired as ``key_id`` in ``home`` (``rotate_key``), read bounded and
+    never through a link or a FIFO; None when there is none."""
+    try:
+        text = fsopen.read_bytes(home / "keys", f"{RETIRED_DIR}/{key_id}.pub", 128)
+    except OSError:
+        return None
+    return text.decode("ascii", "replace").strip()
+
+
+def _subjects(att: Attestation, store: Callable[[], ArtifactStore]) -> list[dict[str, Any]]:
+    """The subjects ``choir.attest.intoto.statement`` gives ``att``: its tree, and each
+    object it names with both digests, hashed here (consumers match on sha256, so a statement
+    pairing a genuine attestation with other bytes' digests is refused too)."""
+    from choir.models.intoto import tree_subject
+
+    body = att.body
+    objects = {"choir:report": body.report_hash, "choir:manifest": body.manifest_hash}
+    objects.update(sorted(body.artifacts.items()))
+    subjects = [tree_subject(body.target)]
+    for name, digest in objects.items():
+        b3, sha = blake3.blake3(), hashlib.sha256()
+        try:
+            with store().open(digest) as fh:
+                while chunk := fh.read(1 << 20):
+                    b3.update(chunk)
+                    sha.update(chunk)
+        except IntegrityError as err:
+            raise SigningRefused(f"the attestation's {name}: {err}"[:500]) from None
+        if b3.hexdigest() != digest:
+            raise SigningRefused(f"the attestation's {name} {digest[:80]} is altered")
+        subjects.append({"name": name, "digest": {"blake3": digest, "sha256": sha.hexdigest()}})
+    return subjects
 
 
 def classify(data: bytes, store: Callable[[], ArtifactStore]) -> str:
@@ -114,7 +215,7 @@ def classify(data: bytes, store: Callable[[], ArtifactStore]) -> str:
     if len(data) > MAX_SIGNED:
         raise SigningRefused(f"{len(data)} bytes is more than the {MAX_SIGNED} the broker signs")
     if data.startswith(b"DSSEv1 "):
-        return _check_dsse(data)
+        return _check_dsse(data, store)
     obj = _canonical_object(data, "the signed bytes")
     kind = obj.get("type")
     if kind == HEAD_TYPE:

@@ -9,13 +9,19 @@ broker, never a share of the parent's channel.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
+import signal
 import socket
 import threading
 from pathlib import Path
 
 from choir.exceptions import IntegrityError, SigningRefused
 from choir.trusted.protocol import Reply, Request, recv, recv_with_fd, send
+
+HELLO_DEADLINE_S = 30.0
+"""How long a client waits for the broker's ``hello``: loading (or making) the key takes
+milliseconds."""
 
 
 class BrokerSigner:
@@ -56,13 +62,27 @@ class BrokerSigner:
         with self._lock:
             if self._sock is None:
                 raise IntegrityError("the signing broker was closed")
+            # a ``hello`` (the first loads the key) answers at once: a broker stuck on a
+            # planted file must not hang its client (review 21, F2); a signature may
+            # re-hash evidence first, and has no deadline
+            self._sock.settimeout(HELLO_DEADLINE_S if request.op == "hello" else None)
             try:
                 send(self._sock, request)
                 raw = recv(self._sock)
+            except TimeoutError:
+                self._abandon()
+                raise IntegrityError(
+                    f"the signing broker (pid {self.pid}) did not answer within "
+                    f"{HELLO_DEADLINE_S:g} s: is a file in {self.home / 'keys'} a FIFO, or "
+                    "its disk hung?\n  fix: make ed25519.key and ed25519.pub plain files "
+                    "(or remove ed25519.pub: it is written again)") from None
             except (OSError, ValueError) as err:
                 raw, why = None, str(err)
             else:
                 why = "it closed the channel"
+            finally:
+                if self._sock is not None:
+                    self._sock.settimeout(None)
         if raw is None:
             raise IntegrityError(f"the signing broker (pid {self.pid}) is gone: {why}")
         reply = Reply.model_validate(raw)
@@ -71,6 +91,18 @@ class BrokerSigner:
         if reply.kind == "key":
             raise IntegrityError(reply.error)
         raise SigningRefused(f"the signing broker refused: {reply.error}")
+
+    def _abandon(self) -> None:
+        """Give up on a broker that did not answer (the lock held): a late reply would
+        answer the next request, so the channel is closed and the broker, stuck where
+        closing cannot wake it, killed and reaped."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+        if os.getpid() == self._owner:
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
 
     def sign(self, data: bytes) -> str:
         """Base64 ed25519 signature of ``data``, made by the broker after its checks.

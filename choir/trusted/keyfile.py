@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import os
 import secrets
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -27,6 +28,7 @@ from typing import Protocol
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from choir._core import fsopen
 from choir._core.canonical import blake3_hex
 from choir.exceptions import IntegrityError
 from choir.trusted.confine import keys_dir
@@ -108,12 +110,16 @@ def publish(directory: Path, name: str, data: bytes, mode: int) -> None:
 
 
 def _load_private(path: Path) -> Ed25519PrivateKey:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:  # a FIFO planted here would block the open and the read: never waited on
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as err:
         raise IntegrityError(f"{path} cannot be opened as a key file: {err}") from None
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise IntegrityError(f"{path} is not a regular file (a FIFO or a device?): "
+                                 "restore the key file, or remove it to make a new key")
+        os.set_blocking(fd, True)
         if st.st_mode & 0o077:
             raise IntegrityError(
                 f"{path} is readable by others (mode {st.st_mode & 0o777:o}): "
@@ -134,10 +140,24 @@ def _pem(key: Ed25519PrivateKey) -> bytes:
 
 
 def _write_pub(keys: Path, signer: Signer) -> None:
-    pub_path = keys / PUB_FILE
+    """Keep ``ed25519.pub`` the key's: read bounded, never through a link and never a FIFO
+    (one planted here hung the broker at start: review 21, F2); anything else is replaced."""
     pub_text = (signer.public_key + "\n").encode("ascii")
-    if not pub_path.exists() or pub_path.read_bytes() != pub_text:
-        os.replace(write_new(keys, pub_text, 0o644), pub_path)
+    try:
+        current = fsopen.read_bytes(keys, PUB_FILE, len(pub_text) + 1)
+    except OSError:  # missing, a link, a FIFO, a device, a folder: written afresh
+        current = b""
+    if current != pub_text:
+        os.replace(write_new(keys, pub_text, 0o644), keys / PUB_FILE)
+
+
+_held: dict[str, tuple[Path, str]] = {}
+
+
+def held_key() -> tuple[Path, str] | None:
+    """The home and public key (base64) ``load_key`` last loaded in this process: in the
+    broker, the key it signs with (``choir.trusted.checks`` checks a DSSE export against it)."""
+    return _held.get("key")
 
 
 def load_key(home: Path) -> Signer:
@@ -153,6 +173,7 @@ def load_key(home: Path) -> Signer:
         publish(keys, KEY_FILE, _pem(Ed25519PrivateKey.generate()), 0o600)
     signer = Signer.from_private_key(_load_private(key_path))
     _write_pub(keys, signer)
+    _held["key"] = (home, signer.public_key)
     return signer
 
 

@@ -25,7 +25,7 @@ from starlette.staticfiles import StaticFiles
 
 from choir._core.canonical import canonical_json, is_hash
 from choir.ahdb.rules import dead_asserts
-from choir.exceptions import ChoirError, IntegrityError, NotFoundError, SigningRefused, UserError
+from choir.exceptions import ChoirError, IntegrityError, NotFoundError, UserError
 from choir.view.index import RunIndex, RunRow
 from choir.view.plans import STATES, plan_view
 from choir.view.reads import (
@@ -169,8 +169,11 @@ class Viewer:
 
     async def attestation_dsse(self, request: Request) -> Response:
         """The in-toto/DSSE export, signed by the broker ``choir view`` started before it hid
-        the key folder from itself (only when the home had a key: the viewer makes none)."""
+        the key folder from itself (only when the home had a key: the viewer makes none).
+        Only an attestation that verifies under the pinned keys is exported (``to_dsse``); the
+        pin is read, never made here (pinning is a write)."""
         from choir.attest import to_dsse
+        from choir.attest.keys import pinned_trust_root
         from choir.trusted import broker_started, signer
 
         att = self.stores.attestations.get(request.path_params["att_id"])  # unknown: 404
@@ -179,8 +182,13 @@ class Viewer:
                                 "DSSE envelope cannot be signed here (the attestation itself "
                                 "is signed: download it)")
         try:
-            envelope = await asyncio.to_thread(to_dsse, att, signer())
-        except (IntegrityError, SigningRefused) as exc:
+            root = pinned_trust_root(self.stores.home)
+            if root is None:
+                raise IntegrityError("no key is pinned on this home yet, so no attestation "
+                                     "can be vouched for: run `choir audit` to pin it")
+            envelope = await asyncio.to_thread(to_dsse, att, signer(), root=root,
+                                               artifacts=self.stores.artifacts)
+        except ChoirError as exc:  # not verified, refused by the broker, a bad pin: 409
             return self.page("error.html", 409, title="export refused", message=str(exc)[-500:])
         return _download(json.dumps(envelope, indent=2, sort_keys=True).encode(),
                          f"{att.id}.dsse.json")

@@ -16,7 +16,7 @@ import hmac
 from collections.abc import Awaitable, Callable, MutableMapping
 from http.cookies import SimpleCookie
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -81,8 +81,10 @@ class TokenGuard:
                 await plain(send, 403, "forbidden: wrong token")
                 return
             rest = urlencode([(k, v) for k, v in query if k != "token"])
-            # one leading slash: ``//host/x`` would send the browser to another site
-            where = "/" + str(scope.get("path", "/")).lstrip("/") + (f"?{rest}" if rest else "")
+            # one leading slash and every other byte percent-encoded: ``//host/x`` would send
+            # the browser to another site, and so would ``/\\host`` (read as ``//``: review 21)
+            path = str(scope.get("path", "/")).lstrip("/\\")
+            where = "/" + quote(path, safe="/") + (f"?{rest}" if rest else "")
             cookie = (f"{self.cookie}={self.token}; Path=/; HttpOnly; SameSite=Strict")
             await plain(send, 303, "see other", [(b"location", where.encode("latin-1")),
                                                   (b"set-cookie", cookie.encode())])

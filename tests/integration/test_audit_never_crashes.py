@@ -263,3 +263,53 @@ def test_every_stored_file_broken_any_way_is_a_violation(
 
 def test_every_row_and_record_broken_is_a_violation(pristine: Path, tmp_path: Path) -> None:
     _each(pristine, tmp_path, sorted(OTHER.items()))
+
+
+# -- review 21, F2: a FIFO or a link to /dev/zero planted in the home ---------------------------
+PLANTED = {  # where: what audit must say (exit 1 and a violation, or exit 2 naming the file)
+    "ahdb.sqlite.heads": 1,
+    "artifacts/runs/UNIT/manifest.json": 1,
+    "trusted_keys": 2,
+    "revoked_keys": 2,
+    "keys/ed25519.pub": 0,  # derived from the key: written afresh, nothing lost
+}
+
+
+def _limited() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 31, 1 << 31))  # /dev/zero read whole: dies
+
+
+@pytest.mark.parametrize("how", ["fifo", "zero"])
+def test_a_fifo_or_dev_zero_planted_is_named_never_waited_on(
+        pristine: Path, tmp_path: Path, how: str) -> None:
+    unit = next(p.name for p in sorted((pristine / "artifacts" / "runs").iterdir())
+                if "-unit-" in p.name)
+
+    def one(n_where: tuple[int, str]) -> str | None:
+        n, where = n_where
+        home = tmp_path / str(n) / "home"
+        shutil.copytree(pristine, home, symlinks=True)
+        path = home / where.replace("UNIT", unit)
+        os.chmod(path.parent, 0o755)
+        path.unlink(missing_ok=True)
+        os.mkfifo(path) if how == "fifo" else path.symlink_to("/dev/zero")
+        try:
+            proc = subprocess.run([PY, "-m", "choir", "audit", "--json"], capture_output=True,
+                                  text=True, timeout=60, env=_env(home), cwd=home.parent,
+                                  preexec_fn=_limited)
+        except subprocess.TimeoutExpired:
+            return f"{where}: audit hung"
+        want = PLANTED[where]
+        if "Traceback" in proc.stderr or proc.returncode != want:
+            return f"{where}: exit {proc.returncode}, not {want}: {proc.stderr[-800:]}"
+        if want == 1 and not json.loads(proc.stdout)["violations"]:
+            return f"{where}: exit 1 but no violation named"
+        if want == 2 and where not in proc.stderr:
+            return f"{where}: exit 2 without naming the file: {proc.stderr[-500:]}"
+        return None
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        problems = [p for p in pool.map(one, enumerate(PLANTED)) if p]
+    assert not problems, "\n".join(problems)

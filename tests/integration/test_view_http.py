@@ -367,3 +367,44 @@ def test_the_token_redirect_never_leaves_the_viewer(server: object) -> None:
     head = answer.split(b"\r\n\r\n", 1)[0].decode("latin-1").lower()
     assert head.startswith("http/1.1 303"), head
     assert "\r\nlocation: /evil.example/x\r\n" in head + "\r\n", head
+
+
+def test_a_planted_or_revoked_attestation_is_never_exported(
+        tmp_path: Path, made: dict[str, str]) -> None:
+    """Review 21, F1: ``choir attest show --in-toto`` and the viewer's ``dsse.json`` had the
+    home's trusted key sign a statement around whatever file was stored: a FAIL flipped to
+    PASS (id recomputed, signature now invalid), or one a revoked key signed. Both refuse,
+    naming why; a genuine one still exports."""
+    from choir._core.canonical import blake3_hex, canonical_json
+    from choir.attest import signed_bytes
+    from choir.models import Result
+
+    home = tmp_path / "home"
+    shutil.copytree(made["home"], home)
+    unit = session_attestations(home, made["verify"])["unit"]
+    flipped = Result.FAIL if unit.body.result is Result.PASS else Result.PASS  # type: ignore[attr-defined]
+    body = unit.body.model_copy(update={"result": flipped})  # type: ignore[attr-defined]
+    forged = unit.model_copy(update={"body": body, "id": blake3_hex(signed_bytes(body))})  # type: ignore[attr-defined]
+    (home / "attestations" / f"{forged.id}.json").write_bytes(canonical_json(forged))
+
+    def show(att_id: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "choir", "attest", "show", att_id,
+                               "--in-toto"], env=env_for(home), cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+
+    refused = show(forged.id)
+    assert refused.returncode == 1 and refused.stdout == "", refused.stdout[-500:]
+    assert "attestation_signature" in refused.stderr and "Traceback" not in refused.stderr
+    assert show(unit.id).returncode == 0  # type: ignore[attr-defined]
+    with view_server(home) as s, httpx.Client(base_url=s.base, timeout=30) as c:
+        c.get(f"/?token={s.token}")
+        answer = c.get(f"/attestation/{forged.id}/dsse.json")
+        assert answer.status_code == 409 and "attestation_signature" in answer.text
+        assert c.get(f"/attestation/{unit.id}/dsse.json").status_code == 200  # type: ignore[attr-defined]
+    (home / "revoked_keys").write_text(f"{unit.signer_key_id}\n")  # type: ignore[attr-defined]
+    revoked = show(unit.id)  # type: ignore[attr-defined]
+    assert revoked.returncode == 1 and "key_revoked" in revoked.stderr, revoked.stderr[-500:]
+    with view_server(home) as s, httpx.Client(base_url=s.base, timeout=30) as c:
+        c.get(f"/?token={s.token}")
+        answer = c.get(f"/attestation/{unit.id}/dsse.json")  # type: ignore[attr-defined]
+        assert answer.status_code == 409 and "key_revoked" in answer.text

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from choir._core.canonical import canonical_json
+from choir._core.canonical import blake3_hex, canonical_json
 from choir.attest import Signer, mint, pae, payload_of, to_dsse, verify_dsse
 from choir.exceptions import IntegrityError
 
@@ -79,11 +79,14 @@ def test_export_refuses_missing_evidence(evidence: Any) -> None:
         to_dsse(att, evidence.signer, artifacts=evidence.store)
 
 
-def test_a_dirty_tree_gets_no_git_commit_and_a_sha256_subject(evidence: Any) -> None:
+def test_a_dirty_tree_gets_no_git_commit_and_a_sha256_subject(evidence: Any,
+                                                               report_factory: Any) -> None:
     from choir.models import Target
 
     target = Target(work_item="fix-add", tree_hash="7" * 64, tree_sha256="5" * 64)
-    body = evidence.body.model_copy(update={"target": target})
+    report = evidence.store.ingest_bytes(canonical_json(  # the report says the same tree
+        report_factory().model_copy(update={"target": target})))
+    body = evidence.body.model_copy(update={"target": target, "report_hash": report})
     stmt = payload_of(to_dsse(mint(body, evidence.signer), evidence.signer,
                               artifacts=evidence.store))
     subjects = {s["name"]: s["digest"] for s in stmt["subject"]}
@@ -98,3 +101,36 @@ def test_a_target_without_sha256_hashes_as_before(evidence: Any) -> None:
 
     again = Attestation.model_validate_json(att.model_dump_json())
     assert mint(again.body, evidence.signer).id == att.id
+
+
+# -- review 21, F1: the export signs only what verifies ----------------------------------------
+def _forged(att: Any) -> Any:
+    """``att`` with its result flipped and its id recomputed: what someone who can write
+    ``attestations/`` plants; only the signature gives it away."""
+    from choir.attest import signed_bytes
+    from choir.models import Result
+
+    body = att.body.model_copy(update={"result": Result.FAIL if att.body.result is Result.PASS
+                                       else Result.PASS})
+    return att.model_copy(update={"body": body, "id": blake3_hex(signed_bytes(body))})
+
+
+def test_export_refuses_a_planted_attestation(evidence: Any) -> None:
+    forged = _forged(mint(evidence.body, evidence.signer))
+    with pytest.raises(IntegrityError, match="attestation_signature"):
+        to_dsse(forged, evidence.signer, artifacts=evidence.store)
+
+
+def test_export_refuses_a_revoked_or_unpinned_key(evidence: Any, tmp_path: Any) -> None:
+    from choir.attest import trust_root
+
+    att = mint(evidence.body, evidence.signer)
+    to_dsse(att, evidence.signer, artifacts=evidence.store)  # pinned on first use: exported
+    stranger = mint(evidence.body, Signer.generate())
+    with pytest.raises(IntegrityError, match="attestation_untrusted_key"):
+        to_dsse(stranger, evidence.signer, artifacts=evidence.store)
+    (tmp_path / "home" / "revoked_keys").write_text(f"{att.signer_key_id}\n")
+    with pytest.raises(IntegrityError, match="attestation_key_revoked"):
+        to_dsse(att, evidence.signer, artifacts=evidence.store)
+    with pytest.raises(IntegrityError, match="attestation_key_revoked"):  # a root given, too
+        to_dsse(att, evidence.signer, artifacts=evidence.store, root=trust_root())

@@ -29,3 +29,27 @@ def test_a_websocket_is_refused_whatever_it_carries() -> None:
         with pytest.raises(WebSocketDisconnect), client.websocket_connect(url) as socket:
             socket.receive_text()
     assert reached == []
+
+
+@pytest.mark.parametrize("path, where", [
+    ("/%5Cevil.example", "/evil.example"),        # '/\\evil.example' reads as //evil.example
+    ("/%5C%5Cevil.example/x", "/evil.example/x"),
+    ("/a%5Cb", "/a%5Cb"),
+    ("/%2F%2Fevil.example", "/evil.example"),
+    ("/\\/evil.example", "/evil.example"),
+    ("/run/a%20b", "/run/a%20b"),
+    ("/", "/"),
+])
+def test_the_token_redirect_never_leaves_the_viewer(path: str, where: str) -> None:
+    """Review 21, F4: the redirect that drops the token from the URL kept a backslash, and
+    browsers read ``/\\host`` as ``//host``: another site. Every target is one path on this
+    origin, percent-encoded."""
+    from starlette.responses import PlainTextResponse
+
+    async def app(scope: dict[str, object], receive: object, send: object) -> None:
+        await PlainTextResponse("ok")(scope, receive, send)  # type: ignore[arg-type]
+
+    client = TestClient(TokenGuard(app, "t0ken", 8123), base_url="http://127.0.0.1:8123")
+    answer = client.get(f"{path}?token=t0ken&page=2", follow_redirects=False)
+    assert answer.status_code == 303
+    assert answer.headers["location"] == f"{where}?page=2"
