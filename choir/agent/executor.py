@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from choir._core.resources import load_text
 from choir.agent.agent import TRANSIENT, Agent, AgentResult
 from choir.agent.feedback import one_line
 from choir.agent.files import RepoFiles
+from choir.agent.injection import tool_threads
 from choir.agent.store import SqliteContextStore
 from choir.config import CONFIG_NAME, load_repo_config
 from choir.config.policy import load_policy
@@ -199,15 +202,24 @@ def run_llm(item: WorkItem, attempt: int, feedback: Sequence[VerificationReport]
                                model_settings={"max_tokens": item.executor.max_tokens})
     store = SqliteContextStore(choir_home() / "agents.sqlite")
 
+    # the tools run on a pool of their own, left behind at the timeout (asyncio.run would
+    # wait for the default one), and see the same deadline: a search stops at it
+    pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"choir-tools-{agent_run}")
+
     async def go() -> AgentResult:
-        return await asyncio.wait_for(agent.run(query(item, attempt, feedback),
-                                                run_id=agent_run, store=store),
-                                      timeout=item.executor.timeout_s)
+        files.deadline = time.monotonic() + item.executor.timeout_s
+        with tool_threads(pool):
+            return await asyncio.wait_for(agent.run(query(item, attempt, feedback),
+                                                    run_id=agent_run, store=store),
+                                          timeout=item.executor.timeout_s)
 
     try:
         result: AgentResult | None = asyncio.run(go())
     except TimeoutError:
         result = None
+    finally:
+        files.stop()  # a tool left running reads on briefly, but never writes again
+        pool.shutdown(wait=False, cancel_futures=True)
     if result is not None and result.status == "failed" and result.error == "model_error" \
             and result.message.startswith(f"model_error: {TRANSIENT}"):
         # the model did not answer, after the agent's retries (a server down or overloaded,

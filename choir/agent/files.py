@@ -15,12 +15,14 @@ import os
 import re
 import secrets
 import stat
+import threading
 import time
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from choir._core.globs import glob_match
 from choir.agent._patch import FileState, plan_patch
@@ -36,6 +38,7 @@ _MAX_SHOWN = 300
 _MAX_DEPTH = 64
 _SEARCH_FILE_BYTES = 4_000_000
 _SEARCH_SECONDS = 20.0
+_MAX_UNROLLED = 10_000
 
 
 class _Missing(ToolInputError):
@@ -82,6 +85,8 @@ class RepoFiles:
             searched nor written, through a link or otherwise: Choir's own stores when they
             lie in the repo (its home, the artifact store, held-out checks), which a
             sandboxed executor has masked.
+        deadline: a ``time.monotonic()`` time past which no search goes on (the caller's own
+            timeout, e.g. the executor's); ``None`` leaves each search its own bound only.
     """
 
     def __init__(
@@ -93,6 +98,7 @@ class RepoFiles:
         max_results: int = 200,
         protected: tuple[str, ...] = (),
         hidden: tuple[str, ...] = (),
+        deadline: float | None = None,
     ) -> None:
         real = os.path.realpath(root)
         if not os.path.isdir(real):
@@ -103,6 +109,9 @@ class RepoFiles:
         self.max_results = max_results
         self.protected = frozenset(protected)
         self.hidden = tuple(hidden)
+        self.deadline = deadline
+        self._stopped = threading.Event()
+        self._writing = threading.Lock()
         self._prefix = real.rstrip(os.sep) + os.sep
         self._changed: dict[str, None] = {}
 
@@ -218,26 +227,30 @@ class RepoFiles:
         omitted_files: set[str] = set()
         notes: list[str] = []
         omitted = large = 0
-        deadline = time.monotonic() + _SEARCH_SECONDS
+        own = time.monotonic() + _SEARCH_SECONDS
+        deadline = own if self.deadline is None else min(own, self.deadline)
         for rel, data in self._text_files(self._real(path), notes):
             if data is None:
                 large += 1
                 continue
             try:
                 for number, line in enumerate(data.decode("utf-8", "replace").split("\n"), 1):
-                    if matches(line, deadline - time.monotonic()):
+                    # every line: 999,000 lines of 0.1 ms each, checked per file, ran 92 s
+                    # past a 40 s executor timeout (review 21d)
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._stopped.is_set():
+                        raise TimeoutError
+                    if matches(line, left):
                         if len(hits) < self.max_results:
                             hits.append(f"{rel}:{number}: {_clip(line.rstrip(chr(13)))}")
                         else:
                             omitted += 1
                             omitted_files.add(rel)
-                if time.monotonic() > deadline:
-                    raise TimeoutError
             except TimeoutError:
-                notes.append(
-                    f"\n[search stopped after {_SEARCH_SECONDS:.0f} s at {rel}: "
-                    "incomplete; simplify the pattern or narrow the path]"
-                )
+                why = (f"after {_SEARCH_SECONDS:g} s" if deadline == own and
+                       not self._stopped.is_set() else "when the executor's time ran out")
+                notes.append(f"\n[search stopped {why} at {rel}:{number}: incomplete; "
+                             "simplify the pattern or narrow the path]")
                 break
         if omitted:
             hits.append(
@@ -273,7 +286,6 @@ class RepoFiles:
         if before == data:
             return f"{key} unchanged ({len(data)} bytes, {_lines(data)} lines)"
         self._commit([FileState(key, before, data, mode)])
-        self._changed[key] = None
         if before is None:
             return f"created {key}: {len(data)} bytes, {_lines(data)} lines"
         return (
@@ -308,8 +320,18 @@ class RepoFiles:
                     f"limit is {self.max_write_bytes}"
                 )
         self._commit(changes)
-        self._changed.update(dict.fromkeys(c.key for c in changes))
         return "\n".join(report)
+
+    def stop(self) -> None:
+        """End this instance's work: a search still running stops at its next line, and no
+        write starts; returns once a write under way is done.
+
+        A caller that timed out leaves a tool's thread behind (it cannot be killed); after
+        ``stop`` that thread only reads, and the tree it leaves is the tree it stays.
+        """
+        self._stopped.set()
+        with self._writing:
+            pass
 
     def changed_files(self) -> list[str]:
         """Paths (from the root) this instance created, changed or deleted, first-touched
@@ -506,6 +528,14 @@ class RepoFiles:
             return None, None
 
     def _commit(self, changes: list[FileState]) -> None:
+        """Make ``changes`` and record them, unless ``stop`` was called (see there)."""
+        with self._writing:
+            if self._stopped.is_set():
+                raise ToolInputError("the executor's time ran out; nothing was written")
+            self._swap_in(changes)
+            self._changed.update(dict.fromkeys(c.key for c in changes))
+
+    def _swap_in(self, changes: list[FileState]) -> None:
         """Stage every change as a temp file, then swap them in; on any error undo all."""
         with ExitStack() as stack:
             created: list[tuple[int, str]] = []
@@ -557,10 +587,11 @@ def _matcher(pattern: str) -> Callable[[str, float], bool]:
 
     ``re`` cannot be interrupted, so a catastrophic pattern would hang the agent; ``regex``
     (a dependency of litellm's tokenizer, hence present wherever the llm executor runs)
-    accepts a per-match timeout and raises TimeoutError.
+    accepts a per-match timeout and raises TimeoutError. ``seconds_left`` must be positive.
     """
     if len(pattern) > _MAX_PATTERN:
         raise ToolInputError(f"pattern is longer than {_MAX_PATTERN} characters")
+    _check_unrolled(pattern)
     try:
         import regex
     except ImportError:
@@ -568,11 +599,56 @@ def _matcher(pattern: str) -> Callable[[str, float], bool]:
     try:
         if regex is not None:
             compiled = regex.compile(pattern)
-            return lambda line, left: compiled.search(line, timeout=max(left, 0.001)) is not None
+            return lambda line, left: compiled.search(line, timeout=left) is not None
         plain = re.compile(pattern)
     except Exception as exc:  # re.error, regex.error, RecursionError, OverflowError
         raise ToolInputError(f"invalid regular expression {pattern!r}: {exc}") from None
     return lambda line, left: plain.search(line) is not None
+
+
+def _check_unrolled(pattern: str) -> None:
+    """Refuse a pattern whose counted repeats, multiplied through their nesting, spell out
+    more than ``_MAX_UNROLLED`` items.
+
+    ``regex`` unrolls ``{m,n}`` when it compiles, in one C call nothing interrupts: the 29
+    characters ``(?:(?:(?:a{50}){50}){50}){50}`` took 12 s and 1.8 GB (review 21d); 10,000
+    items take about 10 ms. The size is read from Python's own parse of the pattern (the
+    tool takes Python regular expressions, which ``regex`` reads alike), each repeat counted
+    at its upper bound (at its lower one when it has none: ``*`` and ``+`` are not unrolled).
+    """
+    from re import _parser  # type: ignore[attr-defined]  # re's parser: no public API
+
+    def size(items: Iterable[tuple[Any, Any]]) -> int:
+        total = 0
+        for op, av in items:
+            if op in (_parser.MAX_REPEAT, _parser.MIN_REPEAT, _parser.POSSESSIVE_REPEAT):
+                low, high, body = av
+                total += max(low if high == _parser.MAXREPEAT else high, 1) * size(body)
+            else:  # a group, branch, lookaround...: itself and what it holds
+                total += 1 + sum(size(sub) for sub in _subpatterns(av, _parser.SubPattern))
+        return total
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # re's FutureWarning on "[[" (a set to come)
+            unrolled = size(_parser.parse(pattern))
+    except Exception as exc:  # re.error, RecursionError, OverflowError
+        raise ToolInputError(f"invalid regular expression {pattern!r}: {exc}") from None
+    if unrolled > _MAX_UNROLLED:
+        raise ToolInputError(
+            f"pattern {_clip(pattern)!r} repeats too much: its {{m,n}} counts, multiplied "
+            f"through their nesting, make {unrolled} items; the limit is {_MAX_UNROLLED}. "
+            "Use * or + for a long run, or fewer nested counts"
+        )
+
+
+def _subpatterns(value: Any, kind: type) -> Iterator[Any]:
+    """The parsed subpatterns in a node's arguments (tuples and lists of them, at any depth)."""
+    if isinstance(value, kind):
+        yield value
+    elif isinstance(value, tuple | list):
+        for item in value:
+            yield from _subpatterns(item, kind)
 
 
 def _opener(dfd: int, name: str) -> Callable[[], int]:

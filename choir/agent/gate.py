@@ -48,8 +48,11 @@ class RetryPolicy:
 
 def retryable(exc: BaseException) -> bool:
     """A system error worth another try: not an answer of the verifier (rejected, fatal),
-    and not a client error (bad request, auth, not found), which will not change on retry."""
-    if isinstance(exc, (VerificationRejected, FatalAgentError)):
+    and not a client error (bad request, auth, not found), which will not change on retry.
+    Never a cancellation or an interrupt: the executor's timeout cancels a verification in
+    flight, and retried it ran the verifier again past the timeout (review 21d)."""
+    if not isinstance(exc, Exception) or isinstance(exc, (VerificationRejected,
+                                                           FatalAgentError)):
         return False
     status = getattr(exc, "status_code", None)
     return not (isinstance(status, int) and status in (400, 401, 403, 404, 422))
