@@ -6,15 +6,22 @@ person to read). A check it planted and its run refused (a root ``conftest.py`` 
 every test passed) was pinned as the repo's own by the next run of the item, and that run
 was ASSERTed (review 20c). So each round records, in ``CHOIR_HOME/leftovers/`` (the
 executor's sandbox masks the home), the spec files its executor added or changed (path and
-blake3) and the commit HEAD named after it; a run marks the repo pending before its executor
-starts, so a run stopped before its round was recorded is not forgotten.
+blake3) and every commit the round created; a run marks the repo pending before its executor
+starts, with the HEAD and refs it starts from, so a run stopped before its round was
+recorded is not forgotten.
 
 A run starting on the repo refuses (exit 2) to pin a file an executor wrote (the same bytes
-at the same path) unless a person vouched for it: HEAD holds exactly those bytes, and HEAD
-is not a commit an executor left (an executor that writes ``.git`` could commit its own
-file). Editing or removing the file works too. While a run is pending, every spec file that
-differs from HEAD is refused alike. Deleting the record is the way out for a tree that is not
-a git repository.
+at the same path) unless a person vouched for it: HEAD holds exactly those bytes, and the
+newest commit in HEAD's history that changed the file is no executor's (an executor that
+writes ``.git`` commits its own plant, and a person's unrelated commit on top made HEAD
+no executor's: review 21d). Editing or removing the file works too. While a run is pending,
+every spec file that differs from HEAD is refused alike, and so is one whose newest change
+is a commit made since that run began. Deleting the record is the way out for a tree that
+is not a git repository.
+
+A work item file kept inside its repo is held to the same rule before it is read
+(``check_item``): an executor that rewrote its own item (``mood``, ``sandbox``) would run the
+next run of it on its own terms.
 """
 
 from __future__ import annotations
@@ -58,6 +65,8 @@ def _locked(repo: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
         data.setdefault("pending", [])
         data.setdefault("files", {})
         data.setdefault("heads", [])
+        data.setdefault("begun", {})
+        data.setdefault("commits", [])
         yield path, data
     finally:
         os.close(fd)
@@ -70,22 +79,31 @@ def _save(path: Path, data: dict[str, Any]) -> None:
 
 
 def begin(repo: Path, run_id: str) -> None:
-    """Before ``run_id``'s executor starts on ``repo``: the repo is pending until ``record``."""
+    """Before ``run_id``'s executor starts on ``repo``: the repo is pending until ``record``,
+    and the HEAD and refs it starts from tell the commits its executor makes."""
+    before = _refs(repo)
     with _locked(repo) as (path, data):
         if run_id not in data["pending"]:
             data["pending"].append(run_id)
+            data["begun"][run_id] = before
         _save(path, data)
 
 
 def record(repo: Path, run_id: str, written: Mapping[str, str]) -> None:
     """After a round: the spec files ``run_id``'s executor added or changed (``{path:
-    blake3}``), and the commit HEAD names now (one an executor may have made)."""
+    blake3}``), and every commit the round created (reachable now from a ref, HEAD or a
+    reflog, not from where the round began). When git cannot tell them, the run stays
+    pending (every change from HEAD refused)."""
     head = _head(repo)
     with _locked(repo) as (path, data):
         data["files"].update(written)
         if head and head not in data["heads"]:
             data["heads"].append(head)
-        data["pending"] = [r for r in data["pending"] if r != run_id]
+        made = _new_commits(repo, data["begun"].get(run_id))
+        if made is not None:
+            data["commits"] = sorted({*data["commits"], *made})
+            data["pending"] = [r for r in data["pending"] if r != run_id]
+            data["begun"].pop(run_id, None)
         _save(path, data)
 
 
@@ -95,7 +113,8 @@ def check(repo: Path, pinned: Mapping[str, tuple[str, str]],
     files; ``read`` gives a digest's bytes) that an executor wrote.
 
     Raises:
-        UserError: such files, named, with what to do (exit 2).
+        UserError: such files, named, with the commit that brought them, and what to do
+            (exit 2).
     """
     path = _record_path(repo)
     if not path.exists():
@@ -104,29 +123,86 @@ def check(repo: Path, pinned: Mapping[str, tuple[str, str]],
         pending, written = list(data["pending"]), dict(data["files"])
         suspects = sorted(rel for rel, (_kind, digest) in pinned.items()
                           if pending or written.get(rel) == digest)
-        head, at_head = _head_files(repo) if suspects or written else (None, {})
-        vouched_head = head is not None and head not in data["heads"]
-        if not vouched_head:
-            at_head = {}
-        refused = [rel for rel in suspects
-                   if not _held(at_head.get(rel), pinned[rel][0], read, pinned[rel][1])]
+        made = _executor_commits(repo, data)
+        # a file an executor committed is its own wherever a later record lost it (a
+        # pending run cleared once its spec files were vouched for)
+        committed = sorted(pinned) if made else []
+        head, at_head = _head_files(repo) if suspects or written or committed else (None, {})
+        refused: list[str] = []
+        vouched: set[str] = set()
+        for rel in sorted({*suspects, *committed}):
+            kind, digest = pinned[rel]
+            entry = at_head.get(rel)
+            if not _held(entry, kind, read, digest):
+                if rel in suspects:
+                    refused.append(rel)
+            elif entry is not None and (by := _made_by_executor(repo, rel, entry, made)):
+                refused.append(f"{rel} ({by})")
+            else:
+                vouched.add(rel)
         if refused:
             shown = ", ".join(refused[:_SHOWN]) + (" ..." if len(refused) > _SHOWN else "")
-            why = (f"run {pending[0]} stopped before Choir recorded what its executor wrote, "
-                   "and these differ from HEAD" if pending else
-                   "an executor wrote these (a run's round recorded them)")
+            why = (f"run {pending[0]} stopped before Choir recorded what its executor did, "
+                   "and these differ from HEAD or were changed by a commit made since it "
+                   "began" if pending else
+                   "an executor wrote these (a run's round recorded them, or committed them)")
             raise UserError(
                 f"{repo}: {why}: {shown}. They would be pinned as the repo's own checks.\n"
-                "  fix: review them; commit the ones you vouch for (git add, git commit), "
-                "remove or restore the others (git checkout -- PATH), and run again"
-                + ("" if head is not None else
-                   f"; a tree that is not a git repository: delete {path} once reviewed"))
-        # vouched (held by a commit a person made) or gone: forgotten; pending runs whose
-        # files a person has since committed or removed are over
-        data["files"] = {rel: digest for rel, digest in written.items()
-                         if at_head.get(rel) is None}
-        data["pending"] = []
+                "  fix: review them; commit the ones you vouch for (git add, git commit; a "
+                "file an executor committed counts as yours once a commit of yours changes "
+                "it), remove or restore the others (git checkout -- PATH), and run again; or, "
+                f"once you reviewed the tree (git log, git status), delete {path}")
+        # vouched (held by a commit a person made): forgotten; pending runs whose files a
+        # person has since committed or removed are over, and what they committed stays an
+        # executor's
+        data["files"] = {rel: digest for rel, digest in written.items() if rel not in vouched}
+        if made is not None:
+            data["commits"] = sorted(made)
+            data["pending"] = []
+            data["begun"] = {}
         _save(path, data)
+
+
+def check_item(repo: Path, item: Path) -> None:
+    """Refuse a work item file kept inside ``repo`` that an executor may have written,
+    before anything of it is used: in a git repo it must be the bytes HEAD holds, brought by
+    a commit no executor made (an uncommitted item cannot be told from an executor's edit);
+    in any repo, not one a round recorded, nor changed while a run is pending.
+
+    Raises:
+        UserError: the file, and what to do (exit 2).
+    """
+    rel = item.resolve().relative_to(repo.resolve()).as_posix()
+    body = item.read_bytes()
+    digest = blake3_hex(body)
+    record = _record_path(repo)
+    data: dict[str, Any] = {}
+    if record.exists():
+        with _locked(repo) as (_path, data):
+            pass
+    from choir.evidence.git import locate
+
+    head, at_head = _head_files(repo)
+    why = None
+    if head is None and locate(repo) is not None:
+        why = "the repo has no commit that holds it"
+    elif head is not None:
+        entry = at_head.get(rel)
+        if not _held(entry, "f", lambda _d: body, digest) and \
+                not _held(entry, "x", lambda _d: body, digest):
+            why = "it differs from HEAD's (uncommitted, or changed since)"
+        elif entry is not None and data and \
+                (by := _made_by_executor(repo, rel, entry, _executor_commits(repo, data))):
+            why = f"an executor committed it ({by})"
+    elif data.get("pending") or data.get("files", {}).get(rel) == digest:
+        why = "an executor's round wrote it, or a run stopped while its executor ran"
+    if why is not None:
+        raise UserError(
+            f"work item {item}: it lies inside its repo {repo}, and {why}: an executor "
+            "that rewrites the item it runs under (its mood, sandbox or required verifiers) "
+            "would decide the next run\n"
+            "  fix: review it and commit it (git add, git commit), or keep the work item "
+            "outside the repo")
 
 
 def _head(repo: Path) -> str | None:
@@ -163,3 +239,84 @@ def _held(entry: tuple[str, str] | None, kind: str, read: Callable[[str], bytes]
     hasher = blob_hasher(len(entry[1]), len(body))
     hasher.update(body)
     return hasher.hexdigest() == entry[1]
+
+
+def _refs(repo: Path) -> dict[str, Any] | None:
+    """The HEAD and the commits every ref names, as a round begins; None outside git."""
+    from choir.evidence.git import is_oid, locate
+
+    git = locate(repo)
+    if git is None:
+        return None
+    out = git.run("for-each-ref", "--format=%(objectname)")
+    refs = sorted({r for r in (out or b"").decode("ascii", "replace").split() if is_oid(r)})
+    return {"head": git.rev("HEAD"), "refs": refs}
+
+
+def _new_commits(repo: Path, before: dict[str, Any] | None) -> set[str] | None:
+    """The commits reachable now (refs, HEAD, reflogs) and not from ``before``: those an
+    executor may have made since. Empty outside git; None when git cannot say."""
+    from choir.evidence.git import is_oid, locate
+
+    git = locate(repo)
+    if git is None:
+        return set()
+    since = [] if before is None else \
+        [r for r in (before.get("head"), *before.get("refs", ())) if isinstance(r, str)
+         and is_oid(r)]
+    now = ["--all", "--reflog", *(["HEAD"] if git.rev("HEAD") else [])]
+    out = git.run("-c", "core.commitGraph=false", "rev-list", *now, "--not", *since)
+    if out is None:
+        return None if git.rev("HEAD") or since else set()  # no commit at all: none new
+    return {c for c in out.decode("ascii", "replace").split() if is_oid(c)}
+
+
+def _executor_commits(repo: Path, data: dict[str, Any]) -> set[str] | None:
+    """Every commit an executor may have made: those the rounds recorded, and those made
+    since each pending run began; None when git cannot say."""
+    made = set(data.get("commits", ()))
+    for run_id in data.get("pending", ()):
+        since = _new_commits(repo, data.get("begun", {}).get(run_id))
+        if since is None:
+            return None
+        made |= since
+    return made
+
+
+def _made_by_executor(repo: Path, rel: str, entry: tuple[str, str],
+                      made: set[str] | None) -> str | None:
+    """``"<short id> by <author>"`` when the newest commit in HEAD's history that changed
+    ``rel`` may be an executor's (one of ``made``, or one whose checked bytes do not hold
+    HEAD's ``entry``: git's walk trusts files an executor could have written); None when
+    a person's commit brought it."""
+    from choir.evidence.git import is_oid, locate
+
+    git = locate(repo)
+    if git is None:
+        return None
+    out = git.run("-c", "core.commitGraph=false", "--literal-pathspecs", "rev-list", "-1",
+                  "HEAD", "--", rel)
+    sha = (out or b"").decode("ascii", "replace").strip()
+    if not is_oid(sha):
+        return "a history git cannot walk"
+    try:
+        with git.objects() as reader:
+            body = reader.read(sha, "commit")
+            author = next((line[7:] for line in body.decode("utf-8", "replace").split("\n")
+                           if line.startswith("author ")), "?").rsplit(" ", 2)[0]
+            shown = f"commit {sha[:12]} by {author}"
+            if made is None or sha in made:
+                return shown
+            tree = reader.commit(sha)[0]
+            held = next((e for p, *e in reader.files(tree) if p == rel), None)
+    except Exception:  # noqa: BLE001 - an unreadable commit vouches for nothing
+        return f"commit {sha[:12]}, unreadable"
+    return None if held is not None and tuple(held) == entry else f"{shown}, not as git said"
+
+
+def repos_above(item: Path) -> list[Path]:
+    """The folders above ``item`` an executor has run in (a record names them): checked
+    before the item is read, whatever its ``repo:`` now says (an executor could have
+    pointed it elsewhere)."""
+    here = item.resolve().parent
+    return [p for p in (here, *here.parents) if _record_path(p).exists()]

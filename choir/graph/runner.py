@@ -210,11 +210,15 @@ async def run_work_item(path: Path, *, mood: Mood | None = None, run_id: str | N
             that is already taken.
     """
 
+    _item_unwritten(path, None)  # an executor's rewrite of it, before anything of it is read
     item = load_work_item(path, part=part)
     _no_claim_under(item.id)
     packaged = load_packaged_policy()
     # PARANOID: a verified trace; configuration errors before anything runs
     config = with_run_checks(load_repo_config(Path(item.repo)), packaged)
+    inside = _item_unwritten(path, item)
+    if inside is not None:  # pinned as a spec file: read-only to the executor, never changed
+        config = config.model_copy(update={"spec": (*config.spec, "/" + inside)})
     policy = load_policy(config, packaged)
     start_mood = mood or item.mood
     open_sandbox(config, policy, start_mood).close()  # a refused sandbox before anything runs
@@ -230,6 +234,39 @@ async def run_work_item(path: Path, *, mood: Mood | None = None, run_id: str | N
              "mood": start_mood.value, "attempt": 0, "round": 0, "history": [],
              "status": "running", "hand_back": hand_back_splits}
     return await _drive(start, run_id, on_event)
+
+
+def _item_unwritten(path: Path, item: WorkItem | None) -> str | None:
+    """Refuse a work item file an executor may have written (review 21d: run 1's executor
+    rewrote its in-repo item from PARANOID to CALM, or to ``sandbox: none``; run 2 ran on
+    its terms). ``item`` None: before it is parsed, against every folder above it an
+    executor ran in; else against its repo. Returns the file's path in its repo when it
+    lies there (to pin it, so no round may change it), else None.
+
+    Raises:
+        UserError: the file is not HEAD's, an executor committed or wrote it, or its
+            ``may_change_spec`` lets the executor change it.
+    """
+    from choir.evidence import leftovers
+    from choir.evidence.spec import matcher
+
+    if item is None:
+        for repo in leftovers.repos_above(path):
+            leftovers.check_item(repo, path)
+        return None
+    repo = Path(item.repo).resolve()
+    file = path.expanduser().resolve()
+    if not file.is_relative_to(repo):
+        return None
+    leftovers.check_item(repo, path)
+    rel = file.relative_to(repo).as_posix()
+    why = ("its name holds a glob character" if any(c in rel for c in "*?[]\\") else
+           "its may_change_spec names it" if matcher(item.may_change_spec)(rel) else None)
+    if why is not None:
+        raise UserError(f"work item {path}: it lies inside its repo {repo}, and {why}: its "
+                        "executor could change the item it runs under\n"
+                        "  fix: keep the work item outside the repo, or narrow may_change_spec")
+    return rel
 
 
 def _no_executor_checks(repo: Path, spec: str) -> None:

@@ -75,3 +75,51 @@ def test_a_run_stopped_before_its_record_refuses_every_change_from_head(repo: Pa
         check(repo, "test_a.py", "conftest.py")
     check(repo, "test_a.py")  # the spec as HEAD has it: nothing left; the pending run ends
     check(repo, "test_a.py", "conftest.py")
+
+
+def test_a_persons_commit_on_top_of_the_executors_vouches_for_nothing(repo: Path) -> None:
+    """Review 21d: HEAD is a person's commit, but the plant's newest change is the
+    executor's; the refusal names that commit."""
+    leftovers.begin(repo, "r1")
+    (repo / "conftest.py").write_bytes(PLANT)
+    git(repo, "add", "conftest.py")
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=dev", "-c", "user.email=d@d",
+                    "commit", "-qm", "test setup"], check=True)
+    planted = git(repo, "rev-parse", "HEAD")
+    leftovers.record(repo, "r1", {"conftest.py": blake3_hex(PLANT)})
+    (repo / "README").write_text("docs\n")
+    git(repo, "add", "README")
+    git(repo, "commit", "-qm", "a person's")
+    with pytest.raises(UserError, match=f"conftest.py \\(commit {planted[:12]} by dev <d@d>"):
+        check(repo, "test_a.py", "conftest.py")
+    (repo / "conftest.py").write_bytes(PLANT + b"# reviewed\n")  # a person's own commit of it
+    git(repo, "commit", "-qam", "reviewed")
+    check(repo, "test_a.py", "conftest.py")
+
+
+def test_a_run_killed_after_its_executor_committed_vouches_for_nothing(repo: Path) -> None:
+    """Review 21d: no record, the tree clean, HEAD the executor's own commit."""
+    leftovers.begin(repo, "r1")
+    (repo / "conftest.py").write_bytes(PLANT)
+    git(repo, "add", "conftest.py")
+    git(repo, "commit", "-qm", "the executor's")
+    with pytest.raises(UserError, match="run r1 stopped before.*conftest.py \\(commit"):
+        check(repo, "test_a.py", "conftest.py")
+    check(repo, "test_a.py")  # the base's own file: a commit before the run began
+    with pytest.raises(UserError, match="conftest.py \\(commit"):  # and it stays the executor's
+        check(repo, "test_a.py", "conftest.py")
+
+
+def test_an_item_file_must_be_heads_and_no_executors(repo: Path) -> None:
+    item = repo / "item.yaml"
+    item.write_text("id: a\n")
+    with pytest.raises(UserError, match="(?s)differs from HEAD.*commit it.*outside the repo"):
+        leftovers.check_item(repo, item)
+    git(repo, "add", "item.yaml")
+    git(repo, "commit", "-qm", "item")
+    leftovers.check_item(repo, item)
+    leftovers.begin(repo, "r1")
+    item.write_text("id: a\nmood: CALM\n")
+    git(repo, "commit", "-qam", "the executor's")
+    with pytest.raises(UserError, match="an executor committed it"):
+        leftovers.check_item(repo, item)
