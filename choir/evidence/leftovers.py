@@ -64,7 +64,6 @@ def _locked(repo: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
         data.setdefault("repo", str(repo.resolve()))
         data.setdefault("pending", [])
         data.setdefault("files", {})
-        data.setdefault("heads", [])
         data.setdefault("begun", {})
         data.setdefault("commits", [])
         yield path, data
@@ -94,11 +93,8 @@ def record(repo: Path, run_id: str, written: Mapping[str, str]) -> None:
     blake3}``), and every commit the round created (reachable now from a ref, HEAD or a
     reflog, not from where the round began). When git cannot tell them, the run stays
     pending (every change from HEAD refused)."""
-    head = _head(repo)
     with _locked(repo) as (path, data):
         data["files"].update(written)
-        if head and head not in data["heads"]:
-            data["heads"].append(head)
         made = _new_commits(repo, data["begun"].get(run_id))
         if made is not None:
             data["commits"] = sorted({*data["commits"], *made})
@@ -188,8 +184,8 @@ def check_item(repo: Path, item: Path) -> None:
         why = "the repo has no commit that holds it"
     elif head is not None:
         entry = at_head.get(rel)
-        if not _held(entry, "f", lambda _d: body, digest) and \
-                not _held(entry, "x", lambda _d: body, digest):
+        kind = entry[0] if entry is not None and entry[0] in ("f", "x") else "f"
+        if not _held(entry, kind, lambda _d: body, digest):
             why = "it differs from HEAD's (uncommitted, or changed since)"
         elif entry is not None and data and \
                 (by := _made_by_executor(repo, rel, entry, _executor_commits(repo, data))):
@@ -203,12 +199,6 @@ def check_item(repo: Path, item: Path) -> None:
             "would decide the next run\n"
             "  fix: review it and commit it (git add, git commit), or keep the work item "
             "outside the repo")
-
-
-def _head(repo: Path) -> str | None:
-    from choir.evidence.tree import commit_sha
-
-    return commit_sha(repo)
 
 
 def _head_files(repo: Path) -> tuple[str | None, dict[str, tuple[str, str]]]:
