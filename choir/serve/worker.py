@@ -245,12 +245,12 @@ def _stale(service: Service, context: Context) -> str:
     if context.standing is None or context.rlimits is None:
         return "this client sends no process standing (an older Choir)"
     names = stale.differences(service.standing, context.standing)
-    if names:  # the parts' names only: a value may be long (a cgroup list), and is the user's
+    if names:  # the parts' names only: a value may be long (a label), and is the user's
         return ("the client's process standing differs from the service's: "
                 + ", ".join(names)[:200] + " (capabilities, no_new_privs, seccomp, LSM "
-                "label, groups or cgroup; a worker has the service's, whatever the client's "
-                "are): start `choir serve` from where the commands run (the same shell, "
-                "unit or container)")
+                "label or groups; a worker has the service's, whatever the client's are): "
+                "start `choir serve` from where the commands run (the same shell, unit or "
+                "container)")
     return ""
 
 
