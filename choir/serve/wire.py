@@ -9,7 +9,7 @@ not (an option the command does not have is the same usage error, exit 2, either
 
 The context says where the request comes from, so the worker can stand where a cold process
 would: the client's version and code digest (``choir.serve.stale``), its process standing
-(capabilities, ``no_new_privs``, seccomp, LSM label, groups, cgroup: the worker answers
+(capabilities, ``no_new_privs``, seccomp, LSM label, groups: the worker answers
 ``stale`` unless they are the service's), its environment (applied whole to the worker,
 which never sees the service's own), its resource limits, its umask and its working
 directory (a client older than the standing and the limits sends neither: it is stale).
@@ -40,7 +40,7 @@ ENV_VALUE_MAX = 128 << 10
 MAX_REQUEST = 1 << 20  # bytes of one request frame, environment included
 ARGV_MAX = 256  # words of one command line
 STANDING_MAX = 16  # parts of a process standing (``choir.serve.stale.standing``)
-STANDING_VALUE_MAX = 16 << 10  # a cgroup v1 list of every controller is well under this
+STANDING_VALUE_MAX = 16 << 10  # a status line, a label or a group list is well under this
 RLIM_MAX = (1 << 63) - 1
 
 PathText = Annotated[str, StringConstraints(min_length=1, max_length=PATH_MAX,
