@@ -65,6 +65,7 @@ _IDENTITY = {"GIT_AUTHOR_NAME": "choir", "GIT_AUTHOR_EMAIL": "choir@localhost",
              "GIT_EDITOR": ":", "GIT_PAGER": "cat"}
 _MODES = {"100644": "f", "100755": "x", "120000": "l"}
 _GITLINK = "160000"  # a submodule: another repository's commit
+_FOLDER = "40000"
 _MAX_POINTER = 4096
 _PINS: dict[str, tuple[str, ...]] = {}  # digest of the config files -> write pins
 _PINS_MAX = 64
@@ -740,8 +741,39 @@ class ObjectReader:
         repositories, whose content is in no tree of this one."""
         return {path: oid for path, mode, oid in self._entries(tree) if mode == _GITLINK}
 
-    def _entries(self, tree: str, prefix: str = "") -> Iterator[tuple[str, str, str]]:
-        """``(path, mode, id)`` of every entry under ``tree`` but folders, walked into."""
+    def entry(self, tree: str, path: str) -> tuple[str, str] | None:
+        """``(kind, blob id)`` of the file at ``path`` under ``tree`` (kind as ``files``
+        gives it), reading only the folders on its way; None when no file is there."""
+        *folders, name = path.split("/")
+        for folder in folders:
+            mode, tree = next(((m, o) for m, n, o in self._level(tree) if n == folder),
+                              ("", ""))
+            if mode != _FOLDER:
+                return None
+        mode, oid = next(((m, o) for m, n, o in self._level(tree) if n == name), ("", ""))
+        return (_MODES[mode], oid) if mode in _MODES else None
+
+    def changed(self, old: str | None, new: str, prefix: str = "") -> Iterator[str]:
+        """Every path whose entry differs between trees ``old`` (None: the empty tree) and
+        ``new``: added, removed or changed (a submodule's included); a folder whose id is
+        the same in both is not read."""
+        before = {} if old is None else {n: (m, o) for m, n, o in self._level(old)}
+        after = {n: (m, o) for m, n, o in self._level(new)}
+        for name in sorted(before.keys() | after.keys()):
+            was, now = before.get(name), after.get(name)
+            if was == now:
+                continue
+            was_tree = was[1] if was is not None and was[0] == _FOLDER else None
+            now_tree = now[1] if now is not None and now[0] == _FOLDER else None
+            if (was is not None and was_tree is None) or (now is not None and now_tree is None):
+                yield f"{prefix}{name}"
+            if now_tree is not None:
+                yield from self.changed(was_tree, now_tree, f"{prefix}{name}/")
+            elif was_tree is not None:  # a folder removed, or made a file: its files went
+                yield from (path for path, _m, _o in self._entries(was_tree, f"{prefix}{name}/"))
+
+    def _level(self, tree: str) -> Iterator[tuple[str, str, str]]:
+        """``(mode, name, id)`` of each entry of ``tree`` itself (folders not walked into)."""
         data = self.read(tree, "tree")
         width = len(tree) // 2
         at = 0
@@ -752,7 +784,12 @@ class ObjectReader:
             name = data[space + 1:nul].decode("utf-8", "surrogateescape")
             oid = data[nul + 1:nul + 1 + width].hex()
             at = nul + 1 + width
-            if mode == "40000":
+            yield mode, name, oid
+
+    def _entries(self, tree: str, prefix: str = "") -> Iterator[tuple[str, str, str]]:
+        """``(path, mode, id)`` of every entry under ``tree`` but folders, walked into."""
+        for mode, name, oid in self._level(tree):
+            if mode == _FOLDER:
                 yield from self._entries(oid, f"{prefix}{name}/")
             else:
                 yield f"{prefix}{name}", mode, oid

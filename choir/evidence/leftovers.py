@@ -40,6 +40,9 @@ from choir._core.paths import choir_home
 from choir.evidence.scan import blob_hasher
 
 _SHOWN = 20
+# past this many commits (a pending run's with no refs kept: the whole history) the paths
+# they changed are not worked out; every pinned file's history is walked instead
+_TOUCHED_MAX = 2_000
 
 
 def _record_path(repo: Path) -> Path:
@@ -121,8 +124,12 @@ def check(repo: Path, pinned: Mapping[str, tuple[str, str]],
                           if pending or written.get(rel) == digest)
         made = _executor_commits(repo, data)
         # a file an executor committed is its own wherever a later record lost it (a
-        # pending run cleared once its spec files were vouched for)
-        committed = sorted(pinned) if made else []
+        # pending run cleared once its spec files were vouched for): each pinned file one
+        # of its commits changed is walked to its newest change (every pinned file when
+        # what they changed cannot be read)
+        touched = _touched(repo, made) if made else set()
+        committed = sorted(pinned) if made and touched is None else \
+            sorted(set(pinned) & (touched or set()))
         head, at_head = _head_files(repo) if suspects or written or committed else (None, {})
         refused: list[str] = []
         vouched: set[str] = set()
@@ -297,11 +304,34 @@ def _made_by_executor(repo: Path, rel: str, entry: tuple[str, str],
             shown = f"commit {sha[:12]} by {author}"
             if made is None or sha in made:
                 return shown
-            tree = reader.commit(sha)[0]
-            held = next((e for p, *e in reader.files(tree) if p == rel), None)
+            held = reader.entry(reader.commit(sha)[0], rel)
     except Exception:  # noqa: BLE001 - an unreadable commit vouches for nothing
         return f"commit {sha[:12]}, unreadable"
-    return None if held is not None and tuple(held) == entry else f"{shown}, not as git said"
+    return None if held == entry else f"{shown}, not as git said"
+
+
+def _touched(repo: Path, made: set[str]) -> set[str] | None:
+    """The paths a commit of ``made`` changed against one of its parents (all the files of
+    a commit with none), from checked objects, walking only the folders that differ; None
+    when one of them cannot be read (its files are then not told from the others)."""
+    from choir.evidence.git import locate
+
+    git = locate(repo)
+    if git is None:
+        return set()
+    if len(made) > _TOUCHED_MAX:  # a record from before the refs were kept: all since root
+        return None
+    paths: set[str] = set()
+    try:
+        with git.objects() as reader:
+            for sha in sorted(made):
+                tree, parents = reader.commit(sha)
+                bases: list[str | None] = [reader.commit(p)[0] for p in parents]
+                for base in bases or [None]:
+                    paths.update(reader.changed(base, tree))
+    except Exception:  # noqa: BLE001 - unreadable: every pinned file is walked
+        return None
+    return paths
 
 
 def repos_above(item: Path) -> list[Path]:

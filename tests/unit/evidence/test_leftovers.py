@@ -123,3 +123,38 @@ def test_an_item_file_must_be_heads_and_no_executors(repo: Path) -> None:
     git(repo, "commit", "-qam", "the executor's")
     with pytest.raises(UserError, match="an executor committed it"):
         leftovers.check_item(repo, item)
+
+
+def test_only_the_files_an_executors_commit_changed_are_walked(
+        repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once an executor's commit is recorded, a run's start walks the history of the
+    pinned files that commit changed, not of every pinned file (300 here: one ``git
+    rev-list`` each, every run, on a tree of thousands of checks)."""
+    from choir.evidence.git import GitRepo
+
+    for i in range(300):
+        (repo / f"test_{i}.py").write_text(f"def test_{i}(): pass\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "a person's tests")
+    leftovers.begin(repo, "r1")
+    (repo / "test_7.py").write_bytes(PLANT)
+    git(repo, "commit", "-qam", "the executor's")
+    leftovers.record(repo, "r1", {"test_7.py": blake3_hex(PLANT)})
+    walks: list[tuple[str, ...]] = []
+    real = GitRepo.run
+
+    def run(self: GitRepo, *args: str, timeout: float = 60) -> bytes | None:
+        if "rev-list" in args and "-1" in args:
+            walks.append(args)
+        return real(self, *args, timeout=timeout)
+
+    monkeypatch.setattr(GitRepo, "run", run)
+    rels = ["test_a.py", *(f"test_{i}.py" for i in range(300))]
+    with pytest.raises(UserError, match="test_7.py \\(commit"):
+        check(repo, *rels)
+    assert [w[-1] for w in walks] == ["test_7.py"]
+    (repo / "test_7.py").write_text("def test_7(): pass\n")  # a person restores it
+    git(repo, "commit", "-qam", "restored")
+    walks.clear()
+    check(repo, *rels)
+    assert [w[-1] for w in walks] == ["test_7.py"]

@@ -64,3 +64,48 @@ def test_a_fifo_in_place_of_an_object_fails_within_the_deadline(
     with pytest.raises(IntegrityError, match="did not answer"), found.objects() as objects:
         objects.head()
     assert time.monotonic() - began < 15
+
+
+def test_changed_and_entry_read_what_git_reads(tmp_path: Path) -> None:
+    """``changed`` lists what ``git diff-tree -r`` lists (files added, removed, changed, a
+    folder made a file and back), and reads no folder whose id both trees share; ``entry``
+    finds one file by its path."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    for rel, text in {"a.txt": "a", "same/deep/x.txt": "x", "dir/b.txt": "b",
+                      "dir/sub/c.txt": "c", "gone/d.txt": "d", "swap": "file"}.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    (repo / "a.txt").write_text("a2")
+    (repo / "dir/sub/c.txt").unlink()
+    (repo / "dir/new.txt").write_text("n")
+    (repo / "gone/d.txt").unlink()
+    (repo / "swap").unlink()
+    (repo / "swap").mkdir()
+    (repo / "swap/inner.txt").write_text("i")
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "two")
+    found = locate(repo)
+    assert found is not None
+    one, two = _git(repo, "rev-parse", "HEAD~1^{tree}"), _git(repo, "rev-parse", "HEAD^{tree}")
+    expected = set(_git(repo, "diff-tree", "-r", "--name-only", "HEAD~1", "HEAD").split())
+    read: list[str] = []
+    with found.objects() as objects:
+        real = objects.read
+        objects.read = lambda oid, want: (read.append(oid), real(oid, want))[1]  # type: ignore[method-assign]
+        assert set(objects.changed(one, two)) == expected
+        assert set(objects.changed(two, one)) == expected
+        assert set(objects.changed(None, one)) == \
+            set(_git(repo, "ls-tree", "-r", "--name-only", "HEAD~1").split())
+        read.clear()
+        list(objects.changed(one, two))
+        assert _git(repo, "rev-parse", "HEAD:same") not in read  # an equal folder: not read
+        assert objects.entry(two, "dir/new.txt") == ("f", _git(repo, "rev-parse",
+                                                               "HEAD:dir/new.txt"))
+        assert objects.entry(two, "swap/inner.txt") is not None
+        assert objects.entry(one, "swap/inner.txt") is None  # a file on the way
+        assert objects.entry(two, "dir") is None  # a folder is no file
+        assert objects.entry(two, "nothing/here.txt") is None
