@@ -23,7 +23,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -225,47 +225,98 @@ class TooDeep(OSError):
     """A folder lies deeper than the walk's bound (raised by ``walk``)."""
 
 
-def walk(root: str | Path, *, skip: Collection[str] = (),
-         max_depth: int | None = None) -> Iterator[Entry]:
-    """Every entry under ``root`` in sorted order, folders before what they hold, without
-    following any link; ``skip`` names folders not entered at any depth.
+class Unlistable(OSError):
+    """A folder ``walk`` could not open or list (its ``filename`` is the folder's path from
+    the root, ``.`` for the root): what it holds is unknown, so a caller refuses it or
+    counts it as over, never passes it by."""
 
-    Folders are descended through their descriptors, so a folder swapped for a symlink
-    during the walk fails to open and is not entered.
+
+_GONE = frozenset({errno.ENOENT, errno.ELOOP, errno.ENOTDIR})  # removed, or swapped for a link
+
+
+def walk(root: str | Path, *, skip: Collection[str] = (), max_depth: int | None = None,
+         ordered: bool = True) -> Generator[Entry, None, None]:
+    """Every entry under ``root``, folders before what they hold, without following any
+    link; ``skip`` names folders not entered at any depth.
+
+    Folders are descended through their descriptors, so a folder swapped for a symlink (or
+    removed) during the walk fails to open and is not entered. A folder that exists but
+    cannot be opened or listed (mode 000, to a user without root) fails the walk: every
+    caller reads a tree someone else arranged, and a folder passed over silently hid what
+    it held (review 21: one walker, failing closed, for every caller). A caller that stops
+    at a bound of its own simply stops iterating; the descriptors are closed then.
+
+    ``ordered`` lists each folder sorted by name (its names held while it is walked);
+    without it a folder's entries stream as the kernel lists them, and only the names of
+    its subfolders wait, one descriptor per level (``$CHOIR_OUT``'s watchdog, on a tree a
+    running step may fill with millions of files).
 
     Raises:
         TooDeep: a folder lies deeper than ``max_depth`` (the root's children are at depth 1,
             so ``max_depth`` folders may nest inside the root).
+        Unlistable: a folder (the root included) could not be opened or listed.
+        FileNotFoundError: ``root`` does not exist.
     """
-    top = open_dir(root)
     try:
-        yield from _walk(top, "", 1, skip, max_depth)
+        top = open_dir(root)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise Unlistable(exc.errno, exc.strerror or str(exc), ".") from None
+    try:
+        yield from _walk(top, "", 1, skip, max_depth, ordered)
     finally:
         os.close(top)
 
 
 def _walk(dfd: int, prefix: str, depth: int, skip: Collection[str],
-          max_depth: int | None) -> Iterator[Entry]:
-    names = sorted(os.listdir(dfd))
-    for name in names:
-        try:
-            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        rel = prefix + name
-        yield Entry(rel, dfd, name, st)
-        if not stat.S_ISDIR(st.st_mode) or name in skip:
-            continue
-        if max_depth is not None and depth > max_depth:
-            raise TooDeep(errno.ENAMETOOLONG, f"deeper than {max_depth} folders", rel)
-        try:
-            sub = open_dir(name, dfd)
-        except OSError:  # swapped for a link or removed since it was listed
-            continue
-        try:
-            yield from _walk(sub, rel + "/", depth + 1, skip, max_depth)
-        finally:
-            os.close(sub)
+          max_depth: int | None, ordered: bool) -> Iterator[Entry]:
+    folders: list[str] = []
+    try:
+        listed = iter(sorted(os.listdir(dfd))) if ordered else _names(dfd)
+        for name in listed:
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            yield Entry(prefix + name, dfd, name, st)
+            if stat.S_ISDIR(st.st_mode) and name not in skip:
+                if ordered:
+                    yield from _enter(dfd, prefix, name, depth, skip, max_depth, ordered)
+                else:
+                    folders.append(name)
+    except (TooDeep, Unlistable):
+        raise
+    except OSError as exc:
+        raise Unlistable(exc.errno, exc.strerror or str(exc), prefix.rstrip("/") or ".") \
+            from None
+    while folders:
+        yield from _enter(dfd, prefix, folders.pop(), depth, skip, max_depth, ordered)
+
+
+def _names(dfd: int) -> Iterator[str]:
+    """The names in folder ``dfd`` as the kernel lists them (``scandir`` keeps its own
+    descriptor, closed when the listing ends or the walk is closed)."""
+    with os.scandir(dfd) as entries:
+        for entry in entries:
+            yield entry.name
+
+
+def _enter(dfd: int, prefix: str, name: str, depth: int, skip: Collection[str],
+           max_depth: int | None, ordered: bool) -> Iterator[Entry]:
+    rel = prefix + name
+    if max_depth is not None and depth > max_depth:
+        raise TooDeep(errno.ENAMETOOLONG, f"deeper than {max_depth} folders", rel)
+    try:
+        sub = open_dir(name, dfd)
+    except OSError as exc:
+        if exc.errno in _GONE:  # swapped for a link or removed since it was listed
+            return
+        raise Unlistable(exc.errno, exc.strerror or str(exc), rel) from None
+    try:
+        yield from _walk(sub, rel + "/", depth + 1, skip, max_depth, ordered)
+    finally:
+        os.close(sub)
 
 
 def write_whole(path: Path, data: bytes) -> None:

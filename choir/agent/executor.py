@@ -43,7 +43,7 @@ from choir.exceptions import (
     SandboxError,
     VerificationRejected,
 )
-from choir.executors import interpreter_in_repo, masked_paths
+from choir.executors import interpreter_in_repo, masked_paths, spec_in_repo
 from choir.executors.pinned import GateContext, current_gate
 from choir.executors.prompt import work_prompt
 from choir.models import (
@@ -161,8 +161,11 @@ def build_agent(item: WorkItem, run_id: str, *, model: str | Any,
                 model_settings: dict[str, Any] | None = None) -> tuple[Agent, RepoFiles]:
     repo = Path(item.repo).resolve()
     # and whatever else of the run's pinned interpreter lies in the repo, as for the
-    # sandboxed executors (a sandbox.python inside it)
-    pinned = tuple(p.relative_to(repo).as_posix() for p in interpreter_in_repo(repo))
+    # sandboxed executors (a sandbox.python inside it), and the run's pinned spec paths they
+    # bind read-only: its checks, and the work item file when it lies in the repo (a model
+    # told to rewrote its own item, ``mood: CALM``; review 21's doubt)
+    pinned = tuple(p.relative_to(repo).as_posix()
+                   for p in (*interpreter_in_repo(repo), *spec_in_repo(repo)))
     # Choir's stores in the repo, which a sandboxed executor has masked (masked_paths)
     hidden = tuple(p.relative_to(repo).as_posix() for p in masked_paths()
                    if p.is_relative_to(repo) and p != repo)

@@ -11,6 +11,7 @@ Every reply is bounded text and says what it left out.
 from __future__ import annotations
 
 import codecs
+import errno
 import os
 import re
 import secrets
@@ -85,8 +86,8 @@ class RepoFiles:
             searched nor written, through a link or otherwise: Choir's own stores when they
             lie in the repo (its home, the artifact store, held-out checks), which a
             sandboxed executor has masked.
-        deadline: a ``time.monotonic()`` time past which no search goes on (the caller's own
-            timeout, e.g. the executor's); ``None`` leaves each search its own bound only.
+        deadline: a ``time.monotonic()`` time past which no search or listing goes on (the
+            caller's own timeout, e.g. the executor's); ``None`` leaves each its own bound.
     """
 
     def __init__(
@@ -134,13 +135,19 @@ class RepoFiles:
         shown: list[str] = []
         notes: list[str] = []
         found = 0
-        for rel, _, kind in self._walk(self._real(path), notes):
-            if kind == "other" or not (glob(rel) if glob
-                                       else fnmatchcase(rel.rsplit("/", 1)[-1], pattern)):
-                continue
-            found += 1
-            if len(shown) < self.max_results:
-                shown.append(rel + (" (symlink)" if kind == "link" else ""))
+        own, deadline = self._deadline()
+        try:
+            for rel, _, kind in self._walk(self._real(path), notes, deadline):
+                if kind == "other" or not (glob(rel) if glob
+                                           else fnmatchcase(rel.rsplit("/", 1)[-1], pattern)):
+                    continue
+                found += 1
+                if len(shown) < self.max_results:
+                    shown.append(rel + (" (symlink)" if kind == "link" else ""))
+        except TimeoutError:
+            # a tree of very many files ran one call past the executor's timeout (review 21)
+            notes.append(f"\n[listing stopped {self._why(own, deadline)}: incomplete; "
+                         "narrow path or pattern]")
         if not shown:
             return f"no files match {pattern!r} under {self._clean(path) or '.'}" + "".join(notes)
         if found > len(shown):
@@ -227,13 +234,14 @@ class RepoFiles:
         omitted_files: set[str] = set()
         notes: list[str] = []
         omitted = large = 0
-        own = time.monotonic() + _SEARCH_SECONDS
-        deadline = own if self.deadline is None else min(own, self.deadline)
-        for rel, data in self._text_files(self._real(path), notes):
-            if data is None:
-                large += 1
-                continue
-            try:
+        own, deadline = self._deadline()
+        where = ""
+        try:
+            for rel, data in self._text_files(self._real(path), notes, deadline):
+                if data is None:
+                    large += 1
+                    continue
+                where = f" at {rel}"
                 for number, line in enumerate(data.decode("utf-8", "replace").split("\n"), 1):
                     # every line: 999,000 lines of 0.1 ms each, checked per file, ran 92 s
                     # past a 40 s executor timeout (review 21d)
@@ -246,12 +254,12 @@ class RepoFiles:
                         else:
                             omitted += 1
                             omitted_files.add(rel)
-            except TimeoutError:
-                why = (f"after {_SEARCH_SECONDS:g} s" if deadline == own and
-                       not self._stopped.is_set() else "when the executor's time ran out")
-                notes.append(f"\n[search stopped {why} at {rel}:{number}: incomplete; "
-                             "simplify the pattern or narrow the path]")
-                break
+                where = ""  # the walk's own check stops between files
+        except TimeoutError:
+            if where:
+                where += f":{number}"
+            notes.append(f"\n[search stopped {self._why(own, deadline)}{where}: incomplete; "
+                         "simplify the pattern or narrow the path]")
         if omitted:
             hits.append(
                 f"[{omitted} more matches in {len(omitted_files)} files not shown; "
@@ -338,6 +346,15 @@ class RepoFiles:
         first."""
         return list(self._changed)
 
+    def _deadline(self) -> tuple[float, float]:
+        """A tool's own bound, and the time it stops: that bound or the caller's, sooner."""
+        own = time.monotonic() + _SEARCH_SECONDS
+        return own, own if self.deadline is None else min(own, self.deadline)
+
+    def _why(self, own: float, deadline: float) -> str:
+        return (f"after {_SEARCH_SECONDS:g} s" if deadline == own and not self._stopped.is_set()
+                else "when the executor's time ran out")
+
     # -- paths ---------------------------------------------------------------------------
 
     def _clean(self, path: str) -> str:
@@ -387,8 +404,9 @@ class RepoFiles:
         joined = "/".join(parts)
         if any(joined == p or joined.startswith(p + "/") for p in self.protected):
             raise ToolInputError(f"{joined} is protected (the verifier allowlist, the "
-                                 "verifiers' interpreter or another path the caller guards): "
-                                 "it may not be changed; refused")
+                                 "verifiers' interpreter, a pinned check or work item, or "
+                                 "another path the caller guards): it may not be changed; "
+                                 "refused")
         return parts
 
     def _exists(self, path: str) -> bool:
@@ -449,9 +467,14 @@ class RepoFiles:
     # -- walking -------------------------------------------------------------------------
 
     def _walk(
-        self, parts: list[str], notes: list[str]
+        self, parts: list[str], notes: list[str], deadline: float
     ) -> Iterator[tuple[str, Callable[[], int], str]]:
-        """``(path, opener, kind)`` of every entry under ``parts``; kind: file, link, other."""
+        """``(path, opener, kind)`` of every entry under ``parts``; kind: file, link, other.
+
+        Raises:
+            TimeoutError: past ``deadline`` (``time.monotonic()``) or after ``stop``, read at
+                every entry: a walk over many files or empty folders is as long as the repo.
+        """
         if parts:
             with self._dir(parts[:-1]) as dfd:
                 try:
@@ -463,14 +486,17 @@ class RepoFiles:
                     yield "/".join(parts), _opener(dfd, parts[-1]), kind
                     return
         with self._dir(parts) as top:
-            yield from self._walk_fd(top, "/".join(parts) + "/" if parts else "", 0, notes)
+            yield from self._walk_fd(top, "/".join(parts) + "/" if parts else "", 0, notes,
+                                     deadline)
 
     def _walk_fd(
-        self, dfd: int, prefix: str, depth: int, notes: list[str]
+        self, dfd: int, prefix: str, depth: int, notes: list[str], deadline: float
     ) -> Iterator[tuple[str, Callable[[], int], str]]:
         with os.scandir(dfd) as it:
             entries = sorted(it, key=lambda e: e.name)
         for entry in entries:
+            if time.monotonic() >= deadline or self._stopped.is_set():
+                raise TimeoutError
             rel = prefix + entry.name
             if self._is_hidden(rel):
                 continue
@@ -482,10 +508,12 @@ class RepoFiles:
                     continue
                 try:
                     sub = os.open(entry.name, _DIR, dir_fd=dfd)
-                except OSError:
+                except OSError as exc:  # said, never passed over in silence (review 21)
+                    if exc.errno not in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+                        notes.append(f"\n[{rel}: cannot be opened ({exc.strerror}), not listed]")
                     continue
                 try:
-                    yield from self._walk_fd(sub, rel + "/", depth + 1, notes)
+                    yield from self._walk_fd(sub, rel + "/", depth + 1, notes, deadline)
                 finally:
                     os.close(sub)
             elif entry.is_symlink():
@@ -494,9 +522,10 @@ class RepoFiles:
                 kind = "file" if entry.is_file(follow_symlinks=False) else "other"
                 yield rel, _opener(dfd, entry.name), kind
 
-    def _text_files(self, parts: list[str], notes: list[str]) -> Iterator[tuple[str, bytes | None]]:
+    def _text_files(self, parts: list[str], notes: list[str],
+                    deadline: float) -> Iterator[tuple[str, bytes | None]]:
         """Regular text files under ``parts``: their bytes, or None when too large."""
-        for rel, opener, kind in self._walk(parts, notes):
+        for rel, opener, kind in self._walk(parts, notes, deadline):
             if kind != "file":
                 continue
             try:

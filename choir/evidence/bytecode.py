@@ -21,7 +21,7 @@ from pathlib import Path
 
 from choir._core import fsopen
 from choir.evidence.git import locate
-from choir.evidence.scan import SKIP_DIRS
+from choir.evidence.scan import SKIP_DIRS, unlistable
 from choir.evidence.spec import compiled_file
 
 
@@ -37,6 +37,8 @@ def remove_new_bytecode(repo: Path, since_ns: int) -> list[str]:
                 found.append(entry.rel)
     except fsopen.TooDeep:
         pass  # the round's own scan refuses such a tree, saying why
+    except fsopen.Unlistable as exc:  # a compiled file could lie in it, unseen
+        raise unlistable(repo, exc) from None
     # a cache (under __pycache__/) is Python's to make again, in the tree or not; a
     # sourceless .pyc in the tree is a module, and the executor's: the spec refuses it
     caches: list[str] = []

@@ -80,6 +80,16 @@ def _files(repo: Path, git: GitRepo | None, *, everything: bool = False,
     except fsopen.TooDeep as exc:
         raise UserError(f"{repo}/{exc.filename} is nested deeper than {fsopen.MAX_DEPTH} folders: "
                         "fix: flatten it, or ignore it in git") from None
+    except fsopen.Unlistable as exc:
+        raise unlistable(repo, exc) from None
+
+
+def unlistable(root: Path, exc: fsopen.Unlistable) -> UserError:
+    """The error for a folder of a tree Choir cannot list (mode 000 to this user): what it
+    holds could be neither hashed nor ruled out, so the tree is refused, never read around."""
+    return UserError(f"{root}/{exc.filename} cannot be listed ({exc.strerror}): what it holds "
+                     "can be neither hashed nor ruled out\n  fix: make it readable (chmod "
+                     "u+rx), or remove it")
 
 
 class Stray(Exception):

@@ -9,7 +9,7 @@ it), and kills the whole process tree on timeout. A sandbox that cannot start re
 from __future__ import annotations
 
 import abc
-import errno
+import contextlib
 import functools
 import inspect
 import os
@@ -166,7 +166,6 @@ OUT_DEPTH = 128
 # the step runs: a large project's mypy cache or pytest's temporary trees hold tens of
 # thousands; an empty-file flood (4 million a run, review 21b) is stopped at this
 SCRATCH_ENTRIES = 100_000
-_GONE = {errno.ENOENT, errno.ELOOP, errno.ENOTDIR}  # removed, or swapped for a link or file
 
 
 @dataclass
@@ -185,92 +184,43 @@ def out_tally(out_dir: Path, *, cap_mb: int, files: int = OUT_FILES,
 
     A step controls this tree. Walked by full path, a folder deeper than PATH_MAX (nested by
     ``chdir``) failed with ENAMETOOLONG and everything below it went uncounted (review 21b),
-    so each folder is opened from its parent's descriptor (``O_NOFOLLOW``) and listed
-    through it. Bytes are the larger of apparent size and blocks (a sparse file counts
-    whole: the artifact store would copy it whole). Files and folders are each held to
-    ``files``: an empty one costs an inode and no bytes. A folder that exists but cannot be
-    listed, or lies deeper than ``depth``, is over (fail closed: what it holds is unknown).
-    The pass keeps only the names of folders still to enter (at most ``files``) and one
-    descriptor per level (at most ``depth``), whatever the step made.
+    so it is walked as ``choir._core.fsopen.walk`` walks (each folder opened from its
+    parent's descriptor, ``O_NOFOLLOW``), unordered: entries stream as the kernel lists
+    them. Bytes are the larger of apparent size and blocks (a sparse file counts whole: the
+    artifact store would copy it whole). Files and folders are each held to ``files``: an
+    empty one costs an inode and no bytes. A folder that exists but cannot be listed, or
+    lies deeper than ``depth``, is over (fail closed: what it holds is unknown). The pass
+    keeps only the names of folders still to enter (at most ``files``) and one descriptor
+    per level (at most ``depth``), whatever the step made.
     """
     tally = OutTally()
-    bounds = _Bounds(cap_mb << 20, files, depth, cap_mb)
+    cap = cap_mb << 20
     try:
-        top = fsopen.open_dir(out_dir)
-    except FileNotFoundError:
-        return tally
-    except OSError as exc:
-        tally.over = bounds.unlistable(".", exc)
-        return tally
-    stack = [(top, _list(top, ".", tally, bounds))]
-    try:
-        while stack and tally.over is None:
-            fd, pending = stack[-1]
-            if not pending:
-                os.close(stack.pop()[0])
-                continue
-            name = pending.pop()
-            if len(stack) > depth:
-                tally.over = (f"$CHOIR_OUT nests folders deeper than {depth} folders "
-                              "(limits.out_depth)")
-                break
-            try:
-                sub = fsopen.open_dir(name, fd)
-            except OSError as exc:
-                if exc.errno not in _GONE:
-                    tally.over = bounds.unlistable(name, exc)
-                continue
-            below: list[str] = []
-            stack.append((sub, below))  # in the stack first: closed whatever _list raises
-            below += _list(sub, name, tally, bounds)
-    finally:
-        for fd, _ in stack:
-            os.close(fd)
-    return tally
-
-
-@dataclass(frozen=True)
-class _Bounds:
-    cap: int
-    files: int
-    depth: int
-    cap_mb: int
-
-    def unlistable(self, name: str, exc: OSError) -> str:
-        return (f"$CHOIR_OUT holds a folder that cannot be listed ({name[:64]}: "
-                f"{exc.strerror or exc}); what it holds is unknown, so it counts as over "
-                f"its cap of {self.cap_mb} MiB (limits.out_mb)")
-
-
-def _list(fd: int, name: str, tally: OutTally, bounds: _Bounds) -> list[str]:
-    """Count the entries of folder ``fd`` into ``tally``; the names of its subfolders."""
-    folders: list[str] = []
-    try:
-        with os.scandir(fd) as entries:
-            for entry in entries:
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
+        with contextlib.closing(fsopen.walk(out_dir, max_depth=depth, ordered=False)) as found:
+            for entry in found:
+                st = entry.st
                 tally.bytes += max(st.st_size, st.st_blocks * 512)
                 if stat.S_ISDIR(st.st_mode):
                     tally.folders += 1
-                    folders.append(entry.name)
                 else:
                     tally.files += 1
-                if tally.bytes > bounds.cap:
-                    tally.over = (f"$CHOIR_OUT exceeded its cap of {bounds.cap_mb} MiB "
-                                  "(limits.out_mb)")
-                elif tally.files > bounds.files or tally.folders > bounds.files:
-                    kind = "files" if tally.files > bounds.files else "folders"
-                    tally.over = (f"$CHOIR_OUT holds more than {bounds.files} {kind} "
-                                  "(limits.out_files)")
+                if tally.bytes > cap:
+                    tally.over = f"$CHOIR_OUT exceeded its cap of {cap_mb} MiB (limits.out_mb)"
+                elif tally.files > files or tally.folders > files:
+                    kind = "files" if tally.files > files else "folders"
+                    tally.over = f"$CHOIR_OUT holds more than {files} {kind} (limits.out_files)"
                 if tally.over:
-                    return []
+                    break
+    except FileNotFoundError:  # no out/ (yet)
+        pass
+    except fsopen.TooDeep:
+        tally.over = f"$CHOIR_OUT nests folders deeper than {depth} folders (limits.out_depth)"
     except OSError as exc:
-        tally.over = bounds.unlistable(name, exc)
-        return []
-    return folders
+        tally.over = (f"$CHOIR_OUT holds a folder that cannot be listed "
+                      f"({str(exc.filename or '.')[:64]}: {exc.strerror or exc}); what it "
+                      f"holds is unknown, so it counts as over its cap of {cap_mb} MiB "
+                      "(limits.out_mb)")
+    return tally
 
 
 def out_usage(out_dir: Path) -> int:
