@@ -101,7 +101,9 @@ def run_plan(work: Path, home: Path, plan_id: str, items: str,
 
 
 class ViewServer:
-    """``choir view`` on a free port over ``home``; ``url`` carries the token."""
+    """``choir view`` on a free port over ``home``; ``url`` carries the token, ``base`` is
+    the origin and the per-launch path prefix the viewer serves under (no trailing slash),
+    ``origin`` the scheme, host and port alone."""
 
     def __init__(self, home: Path, extra_env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
@@ -109,13 +111,14 @@ class ViewServer:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
-        found = re.search(r"(http://127\.0\.0\.1:(\d+))/\?token=(\S+)", line)
+        found = re.search(r"(http://127\.0\.0\.1:(\d+)(?:/[\w-]+)?)/\?token=(\S+)", line)
         if not found:  # say why: its stderr, read before stop() closes it
             self.proc.kill()
             err = self.proc.stderr.read() if self.proc.stderr else ""
             self.stop()
             raise AssertionError(f"choir view printed {line!r}; stderr {err[-3000:]}")
         self.base, self.port, self.token = found.group(1), int(found.group(2)), found.group(3)
+        self.origin = f"http://127.0.0.1:{self.port}"
         self.url = f"{self.base}/?token={self.token}"
 
     def stop(self) -> None:

@@ -14,7 +14,8 @@ from choir.cli._errors import EXIT_OK
 def view(port: int, open_browser: bool) -> int:
     """Browse runs, reports, attestations, the AHDB and the audit on 127.0.0.1.
 
-    The printed URL carries a token made for this launch; requests without it are refused.
+    The printed URL carries a path and a token made for this launch; requests without them
+    are refused.
     """
     from choir.view import require_extra
 

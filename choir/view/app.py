@@ -54,15 +54,21 @@ def _int(request: Request, name: str, default: int) -> int:
 
 
 class Viewer:
-    """The pages of one home; ``app`` is the ASGI application (without the token guard)."""
+    """The pages of one home; ``app`` is the ASGI application (without the token guard).
 
-    def __init__(self, stores: Stores) -> None:
-        self.stores = stores
+    ``root``: the path prefix the guard serves the app under (``/<prefix>``, or empty);
+    every link a page or a violation's row makes starts with it, since a page outside it
+    is a 404 and the token's cookie is sent under it only.
+    """
+
+    def __init__(self, stores: Stores, root: str = "") -> None:
+        self.stores, self.root = stores, root
         self.index = RunIndex(stores.home, stores.artifacts.root)
         self.env = Environment(loader=FileSystemLoader(HERE / "templates"),
                                autoescape=select_autoescape(default=True, default_for_string=True),
                                auto_reload=False)
         self.env.globals["short"] = lambda v, n=12: str(v or "")[:n]
+        self.env.globals["root"] = root
         self.app = Starlette(routes=[
             Route("/", self.runs), Route("/run/{run_id}", self.run),
             Route("/report/{digest}", self.report), Route("/artifact/{digest}", self.artifact),
@@ -227,17 +233,19 @@ class Viewer:
         """The page of the object a violation names (an attestation, artifact or run)."""
         m = _HEX.match(obj)
         if m and m.group(1) in self.stores.attestations:
-            return f"/attestation/{m.group(1)}"
+            return f"{self.root}/attestation/{m.group(1)}"
         if m and self.stores.artifacts.exists(m.group(1)):
-            return f"/artifact/{m.group(1)}"
+            return f"{self.root}/artifact/{m.group(1)}"
         if obj.startswith("ahdb"):
-            return "/ahdb"
+            return f"{self.root}/ahdb"
         head = re.split(r"[/:]", obj, maxsplit=1)[0]
         try:
             folder = self.stores.artifacts.run_dir(head)
         except UserError:
             return None
-        return f"/run/{head}" if folder.is_dir() or has_trace(self.stores, head) else None
+        if folder.is_dir() or has_trace(self.stores, head):
+            return f"{self.root}/run/{head}"
+        return None
 
 
 def _download(data: bytes, name: str) -> Response:

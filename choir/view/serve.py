@@ -13,11 +13,16 @@ from choir.exceptions import UserError
 from choir.view.reads import Stores
 
 HOST = "127.0.0.1"
+PREFIX_BYTES = 18  # the per-launch path prefix: 144 random bits
 
 
 def build(home: Path | None = None, artifacts_root: Path | None = None,
-          token: str | None = None, port: int = 0, *, warm: bool = False) -> tuple[object, str]:
+          token: str | None = None, port: int = 0, *, warm: bool = False,
+          prefix: str = "") -> tuple[object, str]:
     """The guarded ASGI app over ``home`` and its token (for tests and ``serve``).
+
+    ``prefix``: the path it is served under (``/<prefix>``; ``serve`` makes a random one per
+    launch, so the token's cookie, scoped to it, never goes to another server on loopback).
 
     ``warm``: read every stored run into the run list's index now, so that no page request
     pays for it (with ten thousand runs the index takes seconds; a page then takes tens of
@@ -28,10 +33,10 @@ def build(home: Path | None = None, artifacts_root: Path | None = None,
 
     token = token or secrets.token_urlsafe(24)
     stores = Stores(home or choir_home(), ArtifactStore(artifacts_root))
-    viewer = Viewer(stores)
+    viewer = Viewer(stores, root=prefix)
     if warm:
         viewer.index.rows()
-    return TokenGuard(viewer.app, token, port), token
+    return TokenGuard(viewer.app, token, port, prefix=prefix), token
 
 
 def listen(port: int) -> socket.socket:
@@ -54,16 +59,18 @@ def listen(port: int) -> socket.socket:
 
 def serve(port: int = 0, *, announce: Callable[[str], None] = print,
           home: Path | None = None) -> None:
-    """Serve the viewer on ``127.0.0.1:port`` (0: a free port) until interrupted; the URL
-    with this launch's token goes to ``announce`` once the run list is indexed, before the
-    first request can arrive."""
+    """Serve the viewer on ``127.0.0.1:port`` (0: a free port) under a random path prefix
+    until interrupted; the URL with this launch's prefix and token goes to ``announce`` once
+    the run list is indexed, before the first request can arrive."""
     import uvicorn
 
     sock = listen(port)  # connections queue from now on, so the printed URL works at once
     bound = sock.getsockname()[1]
-    app, token = build(home, port=bound, warm=True)  # before the URL: no request waits
+    prefix = "/" + secrets.token_urlsafe(PREFIX_BYTES)
+    # built and warmed before the URL is printed: no request waits
+    app, token = build(home, port=bound, warm=True, prefix=prefix)
     config = uvicorn.Config(app, log_level="warning", access_log=False,  # type: ignore[arg-type]
                             server_header=False, date_header=False)
     server = uvicorn.Server(config)
-    announce(f"http://{HOST}:{bound}/?token={token}")
+    announce(f"http://{HOST}:{bound}{prefix}/?token={token}")
     server.run(sockets=[sock])

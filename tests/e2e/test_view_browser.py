@@ -67,6 +67,10 @@ def test_run_list_to_a_failing_report_to_the_highlighted_citation(
     with view_server(Path(made["home"])) as server:
         browser.get(server.url)
         assert browser.current_url == f"{server.base}/"  # the token left the address bar
+        prefix = server.base.removeprefix(server.origin)  # the launch's path prefix
+        assert len(prefix) > 20 and [c["path"] for c in browser.get_cookies()] == [f"{prefix}/"]
+        assert all(a.get_attribute("href").startswith(f"{server.base}/")
+                   for a in css(browser, "a[href]") if not a.get_attribute("href").count("#"))
         links = {a.text: a for a in css(browser, "a.run-link")}
         assert set(links) == {made["verify"], made["run"]}
         shot(browser, "runs")
@@ -167,3 +171,5 @@ def test_a_plan_is_drawn_as_a_graph_without_script(browser: Any, tmp_path: Path)
         assert merged.value_of_css_property("fill") != failed.value_of_css_property("fill")
         assert css(browser, "script") == []
         shot(browser, "plan")
+        browser.get(f"{server.origin}/plan/demo")  # outside the prefix: the cookie is not
+        assert "demo" not in browser.page_source and "not found" in browser.page_source  # sent

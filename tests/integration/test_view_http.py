@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -44,7 +45,8 @@ def server(made: dict[str, str]) -> Iterator[object]:
 def client(server: object) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.base, follow_redirects=False, timeout=30) as c:  # type: ignore[attr-defined]
         answer = c.get(f"/?token={server.token}")  # type: ignore[attr-defined]
-        assert answer.status_code == 303 and answer.headers["location"] == "/"
+        assert answer.status_code == 303
+        assert answer.headers["location"] == urlsplit(server.base).path + "/"  # type: ignore[attr-defined]
         yield c
 
 
@@ -106,6 +108,9 @@ def test_a_citation_is_checked_against_the_stored_bytes(client: httpx.Client,
     assert "::test_add" in report.text
     link = report.text.split('class="citation" href="', 1)[1].split('"', 1)[0]
     link = link.replace("&amp;", "&").split("#", 1)[0]
+    root = urlsplit(str(client.base_url)).path  # every link names the viewer's prefix
+    assert link.startswith(root + "artifact/"), link
+    link = link.removeprefix(root)
     good = client.get(link)
     assert "matches the stored bytes" in good.text and 'class="line cited"' in good.text
     forged = link[:-64] + "f" * 64  # a report whose span hash does not fit its log
@@ -222,7 +227,8 @@ def test_an_attestation_reads_invalid_after_a_byte_flip_in_its_object(
         assert "object_hash" in page
         assert "ALTERED" in c.get(f"/report/{unit.body.report_hash}").text  # type: ignore[attr-defined]
         audit = c.get("/audit").text
-        assert "VIOLATION" in audit and f'href="/attestation/{unit.id}"' in audit  # type: ignore[attr-defined]
+        root = urlsplit(s.base).path
+        assert "VIOLATION" in audit and f'href="{root}/attestation/{unit.id}"' in audit  # type: ignore[attr-defined]
 
 
 def test_a_missing_extra_fails_with_the_pip_command_and_help_stays_light(
@@ -355,18 +361,17 @@ def test_the_token_redirect_never_leaves_the_viewer(server: object) -> None:
     """``//evil.example/x?token=T`` answered ``303 Location: //evil.example/x``: a browser
     takes that for another site (found by a review; it needed the launch's token)."""
     import socket
-    from urllib.parse import urlsplit
 
     where = urlsplit(server.base)  # type: ignore[attr-defined]
     with socket.create_connection((where.hostname, where.port), timeout=30) as conn:
-        conn.sendall(f"GET //evil.example/x?token={server.token} HTTP/1.1\r\n"  # type: ignore[attr-defined]
+        conn.sendall(f"GET {where.path}//evil.example/x?token={server.token} HTTP/1.1\r\n"  # type: ignore[attr-defined]
                      f"Host: {where.netloc}\r\nConnection: close\r\n\r\n".encode())
         answer = b""
         while chunk := conn.recv(65536):
             answer += chunk
     head = answer.split(b"\r\n\r\n", 1)[0].decode("latin-1").lower()
     assert head.startswith("http/1.1 303"), head
-    assert "\r\nlocation: /evil.example/x\r\n" in head + "\r\n", head
+    assert f"\r\nlocation: {where.path.lower()}/evil.example/x\r\n" in head + "\r\n", head
 
 
 def test_a_planted_or_revoked_attestation_is_never_exported(

@@ -11,6 +11,7 @@ import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -103,6 +104,11 @@ def _client(home: Path) -> Iterator[httpx.Client]:
         yield c
 
 
+def _root(client: httpx.Client) -> str:
+    """The path prefix this launch of the viewer serves under (its links start with it)."""
+    return urlsplit(str(client.base_url)).path.rstrip("/")
+
+
 @pytest.fixture(scope="module")
 def client(home: Path) -> Iterator[httpx.Client]:
     yield from _client(home)
@@ -120,20 +126,21 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
 @needs_bwrap
 def test_a_plan_is_listed_with_its_status_and_filters_like_the_runs(
         client: httpx.Client) -> None:
+    root = _root(client)  # every link names the viewer's prefix
     page = client.get("/?kind=plan")
     assert page.status_code == 200
-    rows = re.findall(r'href="/plan/([^"]+)">', page.text)
+    rows = re.findall(rf'href="{root}/plan/([^"]+)">', page.text)
     assert rows[:2] == ["shipped", "vp"]  # newest first: the hostile ones are old or undated
     assert set(rows) == {"shipped", "vp", "evil", "long", "linked", "dirlink", "huge", "broken",
                          "notaplan", "fifo"}
-    assert 'href="/run/' not in page.text  # only plans
-    vp_row = page.text.split('href="/plan/vp">')[1].split("</tr>")[0]
+    assert f'href="{root}/run/' not in page.text  # only plans
+    vp_row = page.text.split(f'href="{root}/plan/vp">')[1].split("</tr>")[0]
     assert "v-failed" in vp_row  # one item failed: the plan did not assert
-    assert "v-asserted" in page.text.split('href="/plan/shipped">')[1].split("</tr>")[0]
-    assert set(re.findall(r'href="/plan/([^"]+)">', client.get("/?status=asserted").text)) \
+    assert "v-asserted" in page.text.split(f'href="{root}/plan/shipped">')[1].split("</tr>")[0]
+    assert set(re.findall(rf'href="{root}/plan/([^"]+)">', client.get("/?status=asserted").text)) \
         == {"shipped"}
     unreadable = client.get("/?kind=plan&status=unreadable").text
-    assert set(re.findall(r'href="/plan/([^"]+)">', unreadable)) == {
+    assert set(re.findall(rf'href="{root}/plan/([^"]+)">', unreadable)) == {
         "linked", "dirlink", "huge", "broken", "notaplan", "fifo"}
     assert "run" not in re.findall(r"<td>(run|verify|plan)</td>", client.get("/?kind=plan").text)
 
@@ -141,6 +148,7 @@ def test_a_plan_is_listed_with_its_status_and_filters_like_the_runs(
 @pytest.mark.slow
 @needs_bwrap
 def test_the_plan_page_draws_items_states_and_dependencies(client: httpx.Client) -> None:
+    root = _root(client)  # every link names the viewer's prefix
     page = client.get("/plan/vp")
     assert page.status_code == 200, page.text
     nodes = dict(re.findall(r'<g class="node n-\w+" data-item="([^"]+)" data-state="(\w+)"',
@@ -155,7 +163,7 @@ def test_the_plan_page_draws_items_states_and_dependencies(client: httpx.Client)
     for state in ("merged", "running", "failed", "blocked", "pending"):
         assert f'<span class="swatch n-{state}"></span>{state}' in page.text  # the legend
     # each item's run is linked, and its page is the run's timeline
-    assert 'href="/run/vp.a.1"' in page.text and 'href="/run/vp.bad.1"' in page.text
+    assert f'href="{root}/run/vp.a.1"' in page.text and f'href="{root}/run/vp.bad.1"' in page.text
     assert client.get("/run/vp.a.1").status_code == 200
     row = page.text.split('<td class="id">bad<')[1].split("</tr>")[0]  # its last verdict
     assert "breaks the tree" in row and "halted" in row.lower(), row
@@ -175,8 +183,9 @@ def test_a_promoted_plan_shows_its_round_and_its_release(client: httpx.Client) -
 
 
 def test_unreadable_plans_are_listed_as_such(hostile: httpx.Client) -> None:
+    root = _root(hostile)  # every link names the viewer's prefix
     listed = hostile.get("/?kind=plan&status=unreadable").text
-    assert set(re.findall(r'href="/plan/([^"]+)">', listed)) == {
+    assert set(re.findall(rf'href="{root}/plan/([^"]+)">', listed)) == {
         "linked", "dirlink", "huge", "broken", "notaplan", "fifo"}
     assert "&lt;script&gt;" in hostile.get("/?kind=plan").text  # evil's status, escaped
 
