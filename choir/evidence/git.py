@@ -53,6 +53,7 @@ _PINNED = (
     "core.fsmonitor=false", "core.hooksPath=/dev/null", "core.pager=cat",
     "core.untrackedCache=false", "core.excludesFile=/dev/null", "core.attributesFile=/dev/null",
     "core.sshCommand=false", "safe.directory=*", "advice.graftFileDeprecated=false",
+    "protocol.allow=never", "core.askPass=false", "core.gitProxy=false",
 )
 # pinned for every write as well: nothing a write could start (an editor, a signer, gc)
 _WRITE_PINS = (
@@ -135,6 +136,10 @@ class GitRepo:
             "GIT_CONFIG_GLOBAL": os.devnull, "GIT_ATTR_NOSYSTEM": "1",
             "GIT_NO_REPLACE_OBJECTS": "1", "GIT_GRAFT_FILE": os.devnull,
             "GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0",
+            # no transport at all, whatever the repo's config allows: a promisor remote
+            # (a partial clone's) is fetched from when an object is missing, and its URL or
+            # upload-pack can name a program (review 22c F1); Choir never fetches
+            "GIT_ALLOW_PROTOCOL": "choir-none", "GIT_NO_LAZY_FETCH": "1",
             "GIT_DIR": str(self.git_dir), "GIT_WORK_TREE": str(self.root),
             "GIT_COMMON_DIR": str(self.common_dir),
         }
