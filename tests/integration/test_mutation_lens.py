@@ -55,8 +55,10 @@ def test_the_honest_fix_kills_every_mutant(tmp_path: Path, templates: dict[str, 
     assert reports and all(r.result.value == "PASS" for r in reports)
     assert reports[0].counts.run == 2 and reports[0].counts.failed == 0  # '+', return None
     assert (repo / "calc.py").read_text() == FIXED  # the live tree was never mutated
-    mutant_runs = _mutation_reports("mutant")  # each attested on its own tree, a FAIL
-    assert mutant_runs and all(r.result.value == "FAIL" for r in mutant_runs)
+    mutant_runs = _mutation_reports("mutant")  # each attested on its own tree
+    # the null mutant (a no-op line added) passes as the tree did; both real ones fail
+    assert sorted(r.result.value for r in mutant_runs) == (
+        ["FAIL", "FAIL"] * len(reports) + ["PASS"] * len(reports))
     assert all(r.target.tree_hash != reports[0].target.tree_hash for r in mutant_runs)
     from choir.audit.integrity import audit
 
@@ -79,3 +81,29 @@ def test_an_untested_change_is_visible_and_never_asserted(
     for digest in report.artifacts.values():
         manifest = json.loads(store.read_bytes(digest))
         assert manifest["platform"]["sandbox"] == "bwrap"
+
+
+def _self_hashing(body: str) -> str:
+    """``body`` behind a guard that refuses to import once its text differs from the tree's
+    (review 22a, F1): every mutant fails at import, whatever the tests test."""
+    import hashlib
+
+    digest = hashlib.sha256(body.encode()).hexdigest()
+    return ("import hashlib as _h\n"
+            "if _h.sha256(open(__file__, 'rb').read().partition(b'#END\\n')[2]).hexdigest()"
+            f" != {digest!r}:\n    raise ImportError('not the tree')\n#END\n" + body)
+
+
+SELF_HASHING = f"""
+        Path("calc.py").write_text({_self_hashing(WITH_HELPER)!r})
+        """
+
+
+@pytest.mark.parametrize("mood", [Mood.BOLD, Mood.PARANOID])
+def test_code_that_tells_a_mutant_from_the_tree_is_never_asserted(
+        tmp_path: Path, templates: dict[str, Path], mood: Mood) -> None:
+    outcome, _repo = run_item(tmp_path, templates["unit"], SELF_HASHING, mood)
+    assert outcome.status != "asserted", outcome.events
+    reports = _mutation_reports()
+    assert reports and {r.result.value for r in reports} == {"INCONCLUSIVE"}
+    assert "tells a mutant from the tree" in reports[0].summary, reports[0].summary
