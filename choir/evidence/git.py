@@ -483,7 +483,28 @@ def locate(repo: Path) -> GitRepo | None:
     else:
         raise _refuse(dotgit, "it is a symlink or special file, not a folder")
     _check_alternates(found)
+    _check_exclude(found)
     return found
+
+
+def _check_exclude(found: GitRepo) -> None:
+    """Refuse an ``info`` folder or ``info/exclude`` that is a link or a special file: git
+    reads the exclude file for every listing of the tree, following a link, so an executor
+    that can write ``.git`` pointed it at a file the runner may read (a held-out check) and
+    the names listed then told which guessed lines it holds (review 22c); a FIFO blocked."""
+    for rel, want in (("info", stat.S_ISDIR), ("info/exclude", stat.S_ISREG)):
+        path = found.common_dir / rel
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return
+        if not want(st.st_mode):
+            kind = "folder" if rel == "info" else "file"
+            raise UserError(f"{path}: it is a link or special file, and git would read what "
+                            f"it names as the tree's ignore patterns\n  fix: review it (an "
+                            f"executor may have planted it), then make it a plain {kind}: rm "
+                            f"{path}; " + (f"mkdir {path}" if kind == "folder" else
+                                           f"touch {path}"))
 
 
 def _worktree(root: Path, dotgit: Path) -> GitRepo:
