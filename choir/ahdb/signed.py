@@ -13,14 +13,14 @@ memory. The cost is one replay per decision; bench/gate_replay.py measures it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from choir.ahdb.heads import Head, head_key_id, parse
-from choir.ahdb.rules import Lookup, Replay, live_assert, replay
+from choir.ahdb.rules import Logged, Lookup, Replay, live_assert, replay
 from choir.exceptions import PromotionError
-from choir.models import Atom, AtomKind, AtomStatus, Attestation
+from choir.models import Atom, AtomKind, AtomStatus, Attestation, Result
 
 if TYPE_CHECKING:
     from choir.ahdb.store import AHDB
@@ -46,6 +46,32 @@ def cached(lookup: Lookup, verified: dict[str, Attestation] | None = None) -> Lo
         return got
 
     return once
+
+
+# attestation id -> the result its stored body claims (not checked), None when unreadable
+Claimed = Callable[[str], Result | None]
+
+
+def refused_fail(ev: Logged, exc: Exception, claimed: Claimed) -> str | None:
+    """The problem an event a replay refused makes when it would have put a FAIL on record
+    or demoted a claim (``demote``, ``hypothesize``, an ``outcome`` not claiming PASS); None
+    for the rest.
+
+    Review 22b, F1: dropped silently, such an event put a demoted claim back, and the gate
+    opened because a FAIL's attestation was removed, or its report lay in another job's
+    ``CHOIR_ARTIFACT_DIR``. So the replay fails closed on it. A refused PASS-side event
+    (``promote``, ``assert``, ``resolve``, an outcome whose stored body claims PASS: that
+    body hashes to the id the signed log names) stays skipped: it can only keep a gate shut.
+    """
+    if ev.kind == "outcome":
+        att_id = str(ev.payload.get("attestation", "")) if isinstance(ev.payload, dict) else ""
+        if claimed(att_id) is Result.PASS:
+            return None
+    elif ev.kind not in ("demote", "hypothesize"):
+        return None
+    return (f"AHDB event {ev.seq} ({ev.kind}): the FAIL's evidence cannot be checked: {exc}; "
+            "restore its attestation, or point CHOIR_ARTIFACT_DIR at the store that holds "
+            "its report (`choir audit` names what is missing)")[:600]
 
 
 @dataclass
@@ -115,7 +141,40 @@ def read_signed(db: AHDB, trusted_keys: Collection[str]) -> SignedLog:
         signed = _read(db, trusted_keys, memo)
         if signed.memo is not None:  # replayed up to a trusted signed head
             _memos[key] = signed.memo
-        return SignedLog(signed.head, signed.copy(), signed.problems)
+        else:  # not remembered: the next read starts over (an attestation may be restored)
+            _memos.pop(key, None)
+        state = signed.copy()
+        _unlogged_fails(db, state, trusted_keys)
+        return SignedLog(signed.head, state, signed.problems)
+
+
+def _unlogged_fails(db: AHDB, state: Replay, trusted_keys: Collection[str]) -> None:
+    """Put on record in ``state`` every stored, valid FAIL a trusted key signed whose
+    outcome the log lacks, demoting the claims it hits, as its ``record_outcome`` would have.
+
+    Review 22b, F2: ``mint_attestation`` stores the attestation, then logs its outcome; a
+    kill -9 or a full disk between the two left a FAIL the log never saw, the gate stayed
+    open on the tree that FAILs, and a later PASS there promoted. The cost is a listing of
+    the store's ids and a check of those no outcome names (normally none). The store's own
+    tables are not touched: ``choir audit`` names the missing outcome (``ahdb_outcome_missing``).
+    """
+    stored = getattr(db, "_attestations", None)
+    for att_id in getattr(stored, "ids", lambda: ())():
+        if att_id in state.outcomes:
+            continue
+        try:
+            att = db.attestation(att_id)
+        except PromotionError:  # not valid here: it can neither open nor shut a gate
+            continue
+        if att.body.result is not Result.FAIL or att.signer_key_id not in trusted_keys:
+            continue
+        tree, verifier = att.body.target.tree_hash, att.body.verifier
+        state.fails.add((att.body.target.work_item or "", tree, verifier))
+        for atom in list(state.atoms.values()):
+            if atom.kind is AtomKind.ASSERT and atom.status is AtomStatus.PROMOTED and \
+                    not atom.references and atom.tree_hash == tree and \
+                    verifier in atom.required_verifiers:
+                state.atoms[atom.id] = atom.model_copy(update={"status": AtomStatus.DEMOTED})
 
 
 def _hash_at(db: AHDB, seq: int) -> str | None:
@@ -158,5 +217,14 @@ def _read(db: AHDB, trusted_keys: Collection[str], memo: _Memo | None) -> _Read:
             f"head ({_why_not(db, trusted_keys)}): run `choir audit`")
     state = memo.state if memo else Replay()
     lookup = memo.lookup if memo else cached(db.attestation)
-    replay([ev for ev in events if ev.seq <= head[0]], state, lookup, lambda ev, exc: None)
+    refused: list[str] = []
+
+    def note(ev: Logged, exc: Exception) -> None:
+        found = refused_fail(ev, exc, db.claimed_result)
+        if found is not None:
+            refused.append(found)
+
+    replay([ev for ev in events if ev.seq <= head[0]], state, lookup, note)
+    if refused:  # remembered by no one: the memo's state went on past what it says
+        return _Read(head, state, problems + refused)
     return _Read(head, state, problems, _Memo(head[0], head[1], state, lookup))

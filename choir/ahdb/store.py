@@ -161,6 +161,7 @@ class AHDB:
         self.where = self.backend.where
         self.signer = signer
         self.trusted_keys = frozenset(trusted_keys or ())
+        self._attestations = attestations
         self._check = attestation_lookup(attestations, artifacts, trusted_keys)
         self.backend.ensure_schema()
         if self.backend.version(self._conn()) < SCHEMA_VERSION:
@@ -180,6 +181,17 @@ class AHDB:
             sess.verified[key] = (self, self._check(attestation_id))
         return cast(Attestation, sess.verified[key][1])
 
+    def claimed_result(self, attestation_id: str) -> Result | None:
+        """The result attestation ``attestation_id``'s stored body claims, its signature and
+        objects not checked; None when it cannot be loaded.
+
+        Enough to tell a refused PASS outcome from a refused FAIL one (``signed.refused_fail``):
+        the store refuses a body that does not hash to its id, and the log names the id."""
+        try:
+            return cast(Attestation, self._attestations.get(attestation_id)).body.result
+        except Exception:  # missing, unreadable, another id: unknown, so not a PASS
+            return None
+
     @property
     def _local(self) -> Session:
         return self.backend.session()
@@ -193,7 +205,13 @@ class AHDB:
         The rules of today decide (``rules.replay``): an event they refuse changes nothing
         here, and ``choir audit`` names it. So a log written under laxer rules (an ASSERT
         that a logged FAIL on its tree now disputes) stops counting, rather than counting on.
+        Except a refused FAIL-side event (``signed.refused_fail``; review 22b, F1): deriving
+        the tables without it would put the claim it demoted back, so nothing is derived.
+
+        Raises:
+            IntegrityError: an event that puts a FAIL on record cannot be checked.
         """
+        from choir.ahdb.signed import refused_fail
 
         with self._tx() as conn:
             if self.backend.version(conn) >= SCHEMA_VERSION:
@@ -201,7 +219,17 @@ class AHDB:
             for table in ("atoms", "fails", "outcomes"):  # executescript would commit
                 conn.execute(f"DELETE FROM {table}")
             tables = _Tables(conn)
-            replay(self.events(), tables, self._lookup, lambda ev, exc: None)
+            refused: list[str] = []
+
+            def note(ev: Any, exc: Exception) -> None:
+                found = refused_fail(ev, exc, self.claimed_result)
+                if found is not None:
+                    refused.append(found)
+
+            replay(self.events(), tables, self._lookup, note)
+            if refused:  # rolled back: the tables stay as they were, to derive again
+                raise IntegrityError(f"the AHDB at {self.where} cannot derive its tables: "
+                                     + "; ".join(refused[:3]))
             self.backend.set_version(conn, SCHEMA_VERSION)
             # no head is signed here: an upgrade never vouches for events it did not write
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+from choir.attest import load_signer
 
 
 @pytest.fixture(params=["sqlite", "postgres"], autouse=True)
@@ -16,3 +19,10 @@ def ahdb_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     else:
         monkeypatch.delenv("CHOIR_DATABASE_URL", raising=False)
     yield str(request.param)
+
+
+@pytest.fixture
+def pinned(choir_home: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    key = load_signer().key_id
+    monkeypatch.setenv("CHOIR_TRUSTED_KEYS", key)
+    return key
