@@ -19,6 +19,7 @@ from choir._core.paths import choir_home
 from choir.ahdb import open_ahdb
 from choir.ahdb.store import claim_text
 from choir.exceptions import UserError
+from choir.graph.begun import run_begun
 from choir.models import Result
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # a work item id, without parts' ~
@@ -49,6 +50,12 @@ def check_claim_name(name: str, *, plan_item: bool = False) -> str:
         raise UserError(f"--claim {name!r}: a plan of that name records its integration "
                         "rounds under it, which only `choir plan run` does\n"
                         "  fix: choose another claim name")
+    begun = run_begun(name)
+    if begun is not None:
+        raise UserError(f"--claim {name!r}: a `choir run` work item of that id has "
+                        f"begun (run {begun}); its gate answers for its runs (their mood, required "
+                        "verifiers and approval), which only `choir run` records\n"
+                        f"  fix: use another claim name, e.g. --claim {name}-claim")
     if open_ahdb().run_recorded(name):
         raise UserError(f"--claim {name!r}: a `choir run` work item of that id has rounds "
                         "in the AHDB; its gate answers for its runs (their mood, required "
@@ -67,7 +74,8 @@ def record_claim(name: str, *, session: str, mood: str, tree_hash: str,
     ASSERT without a PASS of each, and each is required by the claim proposed."""
     attested = [r for r in runs if r.run_id in minted and not getattr(r, "diagnostic", False)]
     db = open_ahdb()
-    if "." not in name and db.run_recorded(name):  # a run began since the name was checked
+    if "." not in name and (run_begun(name) is not None or db.run_recorded(name)):
+        # a run began since the name was checked
         return None, f"a `choir run` work item named {name} began meanwhile"
     failing = [minted[r.run_id] for r in attested if r.report.result is Result.FAIL]
     if failing:

@@ -28,13 +28,14 @@ from pathlib import Path
 from choir.ahdb import AHDB
 from choir.ahdb.anchor import Mark, PinnedHead, SeenHeads, follow
 from choir.ahdb.heads import head_key_id
+from choir.ahdb.rules import live_assert
 from choir.ahdb.signed import SignedLog, read_signed
 from choir.ahdb.store import claim_text, done_text
 from choir.attest import AttestationStore, signer_counts, trust_root, verify_attestation
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.tree import commit_tree_hash, resolve_commit, tree_hash
 from choir.exceptions import IntegrityError, UserError
-from choir.models import Result
+from choir.models import Atom, AtomKind, AtomStatus, Result
 
 
 @dataclass
@@ -182,6 +183,30 @@ def check_anchors(ahdb: AHDB, trusted: set[str] | frozenset[str], *,
     return problems
 
 
+def run_wrote(signed: SignedLog, work_item: str) -> bool:
+    """Whether the signed log holds atoms ``choir run`` wrote for ``work_item`` (its
+    rounds' HYPOTHESIZE or HYPERTHESIS, or its ASSERT: ``AHDB.run_recorded``'s rule). A
+    plan's ids (``PLAN.ITEM``) are left out: the plan records its own claims under them."""
+    return "." not in work_item and any(
+        atom.work_item == work_item and (atom.kind is not AtomKind.ASSERT or
+                                         atom.claim == done_text(work_item))
+        for atom in signed.state.atoms.values())
+
+
+def _asserted(signed: SignedLog, work_item: str, runs_only: bool, tree_hash: str | None = None,
+              commit_sha: str | None = None) -> Atom | None:
+    """``signed.asserted``; with ``runs_only``, a run's ASSERT (``done_text``) only: a
+    claim under a run's item id (an agent's verify over MCP during round 1, in the mood it
+    chose: review 22b, F3) never answers for the item."""
+    if not runs_only:
+        return signed.asserted(work_item, tree_hash=tree_hash, commit_sha=commit_sha)
+    candidates = [a for a in signed.state.atoms.values()
+                  if a.kind is AtomKind.ASSERT and a.status is AtomStatus.PROMOTED and
+                  a.work_item == work_item and a.claim == done_text(work_item) and
+                  (not tree_hash or a.tree_hash == tree_hash)]
+    return live_assert(signed.state, reversed(candidates), commit_sha)
+
+
 def check_gate(work_item: str, *, tree: str | None, commit: str | None,
                pin: PinnedHead | None = None, pin_source: str = "the pinned head",
                seen: SeenHeads | None = None, opens: str | None = None) -> GateAnswer:
@@ -222,9 +247,17 @@ def check_gate(work_item: str, *, tree: str | None, commit: str | None,
     if rolled_back or signed.problems:
         answer.problems.extend([*rolled_back, *signed.problems])
         return answer
-    atom = signed.asserted(work_item, tree_hash=tree, commit_sha=commit)
+    runs_only = run_wrote(signed, work_item)
+    atom = _asserted(signed, work_item, runs_only, tree, commit)
     if atom is None or not atom.attestations:
-        other = signed.asserted(work_item) if (tree or commit) and opens is None else None
+        other = _asserted(signed, work_item, runs_only) if (tree or commit) and \
+            opens is None else None
+        if runs_only and signed.asserted(work_item, tree_hash=tree, commit_sha=commit):
+            answer.problems.append(
+                f"{work_item} is ASSERTed only by a claim (`choir verify --claim "
+                f"{work_item}`, or an agent's verify over MCP, in the mood it chose), and "
+                f"`choir run` has recorded rounds of the work item {work_item}: only a "
+                "`choir run` ASSERT opens its gate")
         answer.problems.append(f"{work_item} is not ASSERTed" +
                                (" for that tree" if tree else "") +
                                (" for that commit" if commit else "") +
@@ -232,6 +265,8 @@ def check_gate(work_item: str, *, tree: str | None, commit: str | None,
                                 "claim made on a checkout of that very commit answers for "
                                 "them)" if tree and commit else "") +
                                "; what opens the gate: " + (opens or (
+                                   f"`choir run` of the work item {work_item} ending "
+                                   "ASSERTed on exactly this tree" if runs_only else
                                    f"`choir verify --claim {work_item}` passing on exactly "
                                    f"this tree, or `choir run` of the work item {work_item} "
                                    "ending ASSERTed on it")))

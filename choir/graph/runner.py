@@ -196,6 +196,25 @@ def _no_claim_under(item_id: str) -> None:
                         "  fix: give the work item another id")
 
 
+def _mark_begun(item_id: str, run_id: str) -> None:
+    """Mark the item's id a run's before its executor starts (``choir.app.claim``: no claim
+    may be recorded under it from now on), then look for a claim once more: one recorded
+    since ``_no_claim_under`` looked refuses the run, and the mark it made is taken back.
+
+    Raises:
+        UserError: the AHDB holds a claim of the item's id.
+    """
+    from choir.graph.begun import mark_run_begun, unmark_run_begun
+
+    made = mark_run_begun(item_id, run_id)
+    try:
+        _no_claim_under(item_id)
+    except UserError:
+        if made:
+            unmark_run_begun(item_id)
+        raise
+
+
 async def run_work_item(path: Path, *, mood: Mood | None = None, run_id: str | None = None,
                         on_event: OnEvent | None = None,
                         hand_back_splits: bool = False, part: bool = False) -> RunOutcome:
@@ -229,6 +248,7 @@ async def run_work_item(path: Path, *, mood: Mood | None = None, run_id: str | N
     # and its Python sources, when a mood checks the change by mutating it
     base = pin_spec(Path(item.repo), ("*.py",), snapshot_root()) if any(
         s.mutates for s in config.verifiers.values()) else None
+    _mark_begun(item.id, run_id)
     start = {"work_item": item, "config": config, "policy": policy, "run_id": run_id,
              "spec": spec, "base": base,
              "mood": start_mood.value, "attempt": 0, "round": 0, "history": [],
