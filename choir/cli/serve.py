@@ -43,8 +43,9 @@ def _commands() -> dict[str, Command]:
 # What a `choir verify` and a `choir run` import after their entry (measured: the modules in
 # sys.modules after one of each that were not before); optional ones are skipped when absent.
 WARM_MODULES = (
-    "choir.app.verify", "choir.attest.shared", "choir.cli._progress", "choir.cli._render",
-    "choir.cli.run", "choir.cli.runs", "choir.cli.verify", "choir.config.database",
+    "choir.ahdb.signed", "choir.app.verify", "choir.attest.shared", "choir.cli._progress",
+    "choir.cli._render", "choir.cli.run", "choir.cli.runs", "choir.cli.verify",
+    "choir.config.database",
     "choir.config.store_url", "choir.distributed.fanout", "choir.graph.lease",
     "choir.graph.runner", "choir.postconditions.context", "choir.postconditions.drift",
     "choir.postconditions.spec", "choir.report.junit", "choir.sandbox.bwrap",
