@@ -40,7 +40,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from choir._core.canonical import blake3_hex, canonical_json
+from choir._core.canonical import canonical_json
+from choir.evidence.artifacts import hash_file
 from choir.evidence.spec import load_manifest, matcher
 from choir.evidence.tree import inspect_tree, remove_snapshot, snapshot_root
 from choir.models import (
@@ -187,7 +188,7 @@ def _sources(tree: Path, base: dict[str, str], read_base: Callable[[str], str],
             was = rel if rel in base else real
             try:
                 if (root / real).stat().st_size > MAX_FILE:
-                    if base.get(was) != blake3_hex((root / real).read_bytes()):
+                    if base.get(was) != hash_file(root / real):  # streamed, not held
                         skipped.append(f"{rel} (too large: over {MAX_FILE} bytes)")
                     continue
                 new = (root / real).read_text(encoding="utf-8", errors="replace")
@@ -323,11 +324,12 @@ async def _mutate(rnd: Round, spec: VerifierSpec, planned: PlannedVerifier, run_
     records: list[CommandRecord] = []
     lines: list[str] = []
     evidence: dict[str, str] = {}
-    isolation: list[Literal["container", "namespace", "none"]] = ["none"]
+    isolation: Literal["container", "namespace", "none"] = "none"
     root = snapshot_root()
 
     async def attempt(key: str, mutant: Mutant) -> VerificationReport:
         """``mutant``'s own sealed run, logged and named in the check's evidence."""
+        nonlocal isolation
         tree = await asyncio.to_thread(mutant_tree, rnd.tree, mutant, root)
         try:
             target = Target(work_item=rnd.target.work_item,
@@ -337,7 +339,7 @@ async def _mutate(rnd: Round, spec: VerifierSpec, planned: PlannedVerifier, run_
             await asyncio.to_thread(remove_snapshot, tree)
         outcome = run.report.result
         if result is not None:
-            isolation[0] = result.manifest.platform.isolation
+            isolation = result.manifest.platform.isolation
         name = f"{'null' if key[0] == 'n' else 'mutant'}-{key[1:]}"
         records.append(CommandRecord(name=name, command=f"{mutant.label()}: "
                                      + " && ".join(s.command for s in spec.steps),
@@ -387,7 +389,7 @@ async def _mutate(rnd: Round, spec: VerifierSpec, planned: PlannedVerifier, run_
             name="mutants", command="no changed Python line to mutate", exit_code=0,
             duration_ms=int((time.monotonic() - clock) * 1000)),),
         platform=Platform(os=platform.system().lower(), arch=platform.machine(),
-                          sandbox=sandbox_name, isolation=isolation[0]),
+                          sandbox=sandbox_name, isolation=isolation),
         files=files)
     return outcome_, store.write_manifest(run_id, manifest)
 
