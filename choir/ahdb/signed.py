@@ -52,10 +52,10 @@ def cached(lookup: Lookup, verified: dict[str, Attestation] | None = None) -> Lo
 Claimed = Callable[[str], Result | None]
 
 
-def refused_fail(ev: Logged, exc: Exception, claimed: Claimed) -> str | None:
-    """The problem an event a replay refused makes when it would have put a FAIL on record
-    or demoted a claim (``demote``, ``hypothesize``, an ``outcome`` not claiming PASS); None
-    for the rest.
+def fail_closed(claimed: Claimed, problems: list[str]) -> Callable[[Logged, Exception], None]:
+    """A replay's ``on_refused`` that adds to ``problems`` each refused event that would have
+    put a FAIL on record or demoted a claim (``demote``, ``hypothesize``, an ``outcome`` not
+    claiming PASS), the gate's replay and the tables' rebuild alike.
 
     Review 22b, F1: dropped silently, such an event put a demoted claim back, and the gate
     opened because a FAIL's attestation was removed, or its report lay in another job's
@@ -63,15 +63,19 @@ def refused_fail(ev: Logged, exc: Exception, claimed: Claimed) -> str | None:
     (``promote``, ``assert``, ``resolve``, an outcome whose stored body claims PASS: that
     body hashes to the id the signed log names) stays skipped: it can only keep a gate shut.
     """
-    if ev.kind == "outcome":
-        att_id = str(ev.payload.get("attestation", "")) if isinstance(ev.payload, dict) else ""
-        if claimed(att_id) is Result.PASS:
-            return None
-    elif ev.kind not in ("demote", "hypothesize"):
-        return None
-    return (f"AHDB event {ev.seq} ({ev.kind}): the FAIL's evidence cannot be checked: {exc}; "
-            "restore its attestation, or point CHOIR_ARTIFACT_DIR at the store that holds "
-            "its report (`choir audit` names what is missing)")[:600]
+    def note(ev: Logged, exc: Exception) -> None:
+        if ev.kind == "outcome":
+            payload = ev.payload if isinstance(ev.payload, dict) else {}
+            if claimed(str(payload.get("attestation", ""))) is Result.PASS:
+                return
+        elif ev.kind not in ("demote", "hypothesize"):
+            return
+        problems.append(
+            (f"AHDB event {ev.seq} ({ev.kind}): the FAIL's evidence cannot be checked: {exc}; "
+             "restore its attestation, or point CHOIR_ARTIFACT_DIR at the store that holds "
+             "its report (`choir audit` names what is missing)")[:600])
+
+    return note
 
 
 @dataclass
@@ -158,8 +162,7 @@ def _unlogged_fails(db: AHDB, state: Replay, trusted_keys: Collection[str]) -> N
     the store's ids and a check of those no outcome names (normally none). The store's own
     tables are not touched: ``choir audit`` names the missing outcome (``ahdb_outcome_missing``).
     """
-    stored = getattr(db, "_attestations", None)
-    for att_id in getattr(stored, "ids", lambda: ())():
+    for att_id in db.stored_ids():
         if att_id in state.outcomes:
             continue
         try:
@@ -218,13 +221,8 @@ def _read(db: AHDB, trusted_keys: Collection[str], memo: _Memo | None) -> _Read:
     state = memo.state if memo else Replay()
     lookup = memo.lookup if memo else cached(db.attestation)
     refused: list[str] = []
-
-    def note(ev: Logged, exc: Exception) -> None:
-        found = refused_fail(ev, exc, db.claimed_result)
-        if found is not None:
-            refused.append(found)
-
-    replay([ev for ev in events if ev.seq <= head[0]], state, lookup, note)
+    replay([ev for ev in events if ev.seq <= head[0]], state, lookup,
+           fail_closed(db.claimed_result, refused))
     if refused:  # remembered by no one: the memo's state went on past what it says
         return _Read(head, state, problems + refused)
     return _Read(head, state, problems, _Memo(head[0], head[1], state, lookup))

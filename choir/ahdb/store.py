@@ -185,12 +185,18 @@ class AHDB:
         """The result attestation ``attestation_id``'s stored body claims, its signature and
         objects not checked; None when it cannot be loaded.
 
-        Enough to tell a refused PASS outcome from a refused FAIL one (``signed.refused_fail``):
+        Enough to tell a refused PASS outcome from a refused FAIL one (``signed.fail_closed``):
         the store refuses a body that does not hash to its id, and the log names the id."""
         try:
             return cast(Attestation, self._attestations.get(attestation_id)).body.result
         except Exception:  # missing, unreadable, another id: unknown, so not a PASS
             return None
+
+    def stored_ids(self) -> Iterator[str]:
+        """The ids of the attestations this AHDB's store holds (none when it cannot list
+        them): the gate looks among them for a FAIL whose outcome the log lacks."""
+        ids = getattr(self._attestations, "ids", None)
+        return iter(ids()) if ids is not None else iter(())
 
     @property
     def _local(self) -> Session:
@@ -205,13 +211,13 @@ class AHDB:
         The rules of today decide (``rules.replay``): an event they refuse changes nothing
         here, and ``choir audit`` names it. So a log written under laxer rules (an ASSERT
         that a logged FAIL on its tree now disputes) stops counting, rather than counting on.
-        Except a refused FAIL-side event (``signed.refused_fail``; review 22b, F1): deriving
+        Except a refused FAIL-side event (``signed.fail_closed``; review 22b, F1): deriving
         the tables without it would put the claim it demoted back, so nothing is derived.
 
         Raises:
             IntegrityError: an event that puts a FAIL on record cannot be checked.
         """
-        from choir.ahdb.signed import refused_fail
+        from choir.ahdb.signed import fail_closed
 
         with self._tx() as conn:
             if self.backend.version(conn) >= SCHEMA_VERSION:
@@ -220,13 +226,7 @@ class AHDB:
                 conn.execute(f"DELETE FROM {table}")
             tables = _Tables(conn)
             refused: list[str] = []
-
-            def note(ev: Any, exc: Exception) -> None:
-                found = refused_fail(ev, exc, self.claimed_result)
-                if found is not None:
-                    refused.append(found)
-
-            replay(self.events(), tables, self._lookup, note)
+            replay(self.events(), tables, self._lookup, fail_closed(self.claimed_result, refused))
             if refused:  # rolled back: the tables stay as they were, to derive again
                 raise IntegrityError(f"the AHDB at {self.where} cannot derive its tables: "
                                      + "; ".join(refused[:3]))
