@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from choir._core import fsopen
@@ -22,10 +23,13 @@ def mark_run_begun(item_id: str, run_id: str) -> bool:
     could claim the item's own id in the mood it chose (review 22b, F3). The mark lies in
     ``CHOIR_HOME``, which the executor's sandbox masks. True when this call made it."""
     path = _begun_path(item_id)
-    if path.exists():
-        return False
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path.write_text(run_id + "\n")
+    try:  # made here or not at all: two runs of one id never both take it as theirs
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as fh:
+        fh.write(run_id + "\n")
     return True
 
 
