@@ -231,7 +231,8 @@ class Unlistable(OSError):
     counts it as over, never passes it by."""
 
 
-_GONE = frozenset({errno.ENOENT, errno.ELOOP, errno.ENOTDIR})  # removed, or swapped for a link
+# a folder that was removed, or swapped for a link or a file, since it was listed
+GONE = frozenset({errno.ENOENT, errno.ELOOP, errno.ENOTDIR})
 
 
 def walk(root: str | Path, *, skip: Collection[str] = (), max_depth: int | None = None,
@@ -310,7 +311,7 @@ def _enter(dfd: int, prefix: str, name: str, depth: int, skip: Collection[str],
     try:
         sub = open_dir(name, dfd)
     except OSError as exc:
-        if exc.errno in _GONE:  # swapped for a link or removed since it was listed
+        if exc.errno in GONE:  # swapped for a link or removed since it was listed
             return
         raise Unlistable(exc.errno, exc.strerror or str(exc), rel) from None
     try:

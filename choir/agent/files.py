@@ -11,7 +11,6 @@ Every reply is bounded text and says what it left out.
 from __future__ import annotations
 
 import codecs
-import errno
 import os
 import re
 import secrets
@@ -25,6 +24,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from choir._core import fsopen
 from choir._core.globs import glob_match
 from choir.agent._patch import FileState, plan_patch
 from choir.exceptions import ToolInputError
@@ -509,7 +509,7 @@ class RepoFiles:
                 try:
                     sub = os.open(entry.name, _DIR, dir_fd=dfd)
                 except OSError as exc:  # said, never passed over in silence (review 21)
-                    if exc.errno not in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+                    if exc.errno not in fsopen.GONE:
                         notes.append(f"\n[{rel}: cannot be opened ({exc.strerror}), not listed]")
                     continue
                 try:
