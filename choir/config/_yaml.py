@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 import errno
 import os
@@ -208,10 +209,32 @@ def load_yaml(path: Path, *, root: Path | None = None, pinned: str | None = None
         ConfigError: the file is missing, unreadable, too large, an alias bomb, not valid
             YAML, or holds a value YAML cannot build (the line given).
     """
+    text = _read_capped(path, root, pinned, data)
+    seen = _PARSED.get((str(path), text))
+    if seen is not None:  # the same bytes parse to the same values: a copy of them
+        return YamlDoc(path=path, data=copy.deepcopy(seen[0]), _tree=seen[1])
+    doc = _parse(path, text)
+    if len(text) <= _PARSED_MAX_CHARS:
+        while len(_PARSED) >= _PARSED_MAX:
+            del _PARSED[next(iter(_PARSED))]
+        _PARSED[(str(path), text)] = (copy.deepcopy(doc.data), doc._tree)
+    return doc
+
+
+# What ``load_yaml`` parsed, by file name and text: a warm service's worker reads the same
+# choir.yaml for every request, and ruamel's parse was its largest single cost before the
+# step (14-20 ms of a request here). The key is the whole text, so edited bytes are parsed
+# again; a parse that failed is not kept (its error is raised again, naming its line).
+_PARSED: dict[tuple[str, str], tuple[Any, Any]] = {}
+_PARSED_MAX = 16
+_PARSED_MAX_CHARS = 1 << 16
+
+
+def _parse(path: Path, text: str) -> YamlDoc:
+    """``text`` parsed, under the alias and value caps (``load_yaml``)."""
     from ruamel.yaml import YAML
     from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
-    text = _read_capped(path, root, pinned, data)
     yaml = YAML(typ="rt")
     yaml.Composer = _counting(path)
     yaml.Constructor = _marking(path)

@@ -1,0 +1,74 @@
+"""A configuration file is parsed once per text: the warm service's worker reads the same
+choir.yaml for every request (``choir.config._yaml._PARSED``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from choir.config import _yaml
+from choir.config._yaml import load_yaml
+from choir.exceptions import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_yaml, "_PARSED", {})
+
+
+def _count_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    parsed: list[str] = []
+    real = _yaml._parse
+
+    def counting(path: Path, text: str) -> _yaml.YamlDoc:
+        parsed.append(text)
+        return real(path, text)
+
+    monkeypatch.setattr(_yaml, "_parse", counting)
+    return parsed
+
+
+def test_the_same_bytes_are_parsed_once_and_each_caller_gets_its_own_copy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    parsed = _count_parses(monkeypatch)
+    path = tmp_path / "choir.yaml"
+    path.write_text("verifiers:\n  unit: {uses: pytest}\nmoods:\n  CALM: {verifiers: [unit]}\n")
+    first = load_yaml(path, root=tmp_path)
+    first.data["verifiers"]["unit"]["uses"] = "changed by a caller"
+    second = load_yaml(path, root=tmp_path)
+    assert len(parsed) == 1
+    assert second.data["verifiers"]["unit"] == {"uses": "pytest"}
+    assert second.line_of(("moods", "CALM")) == 4
+
+
+def test_edited_bytes_are_parsed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    parsed = _count_parses(monkeypatch)
+    path = tmp_path / "choir.yaml"
+    path.write_text("a: 1\n")
+    assert load_yaml(path).data == {"a": 1}
+    path.write_text("a: 2\n")  # same size, same second: the text is the key, not the stat
+    assert load_yaml(path).data == {"a": 2}
+    assert len(parsed) == 2
+
+
+def test_a_file_that_failed_fails_again_with_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "choir.yaml"
+    path.write_text("a: 1\nb: [unclosed\n")
+    for _ in range(2):
+        with pytest.raises(ConfigError) as exc:
+            load_yaml(path)
+        assert exc.value.line is not None
+    assert _yaml._PARSED == {}
+
+
+def test_the_memo_is_bounded(tmp_path: Path) -> None:
+    for i in range(_yaml._PARSED_MAX + 5):
+        path = tmp_path / f"c{i}.yaml"
+        path.write_text(f"a: {i}\n")
+        load_yaml(path)
+    big = tmp_path / "big.yaml"
+    big.write_text("a: '" + "x" * (_yaml._PARSED_MAX_CHARS + 1) + "'\n")
+    load_yaml(big)
+    assert len(_yaml._PARSED) == _yaml._PARSED_MAX
+    assert all(len(text) <= _yaml._PARSED_MAX_CHARS for _, text in _yaml._PARSED)
