@@ -54,12 +54,16 @@ def _lines(data: bytes) -> int:
     return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
 
 
-def _line_count(fd: int) -> int:
+def _line_count(fd: int, deadline: float) -> tuple[int, bool]:
+    """The file's lines, and whether all were counted: counting stops at ``deadline`` (a
+    file of gigabytes would hold the executor past its time), after one read at least."""
     os.lseek(fd, 0, os.SEEK_SET)
     count, last = 0, b"\n"
     while chunk := os.read(fd, 1 << 20):
         count, last = count + chunk.count(b"\n"), chunk[-1:]
-    return count + (last != b"\n")
+        if time.monotonic() > deadline and len(chunk) == 1 << 20:
+            return count, False
+    return count + (last != b"\n"), True
 
 
 def _require_regular(st: os.stat_result, shown: str) -> None:
@@ -167,29 +171,40 @@ class RepoFiles:
         if start_line < 1 or max_lines < 1:
             raise ToolInputError("start_line and max_lines must be 1 or more")
         shown = self._clean(path)
+        own, deadline = self._deadline()
         with self._open_regular(self._real(path), shown) as (fd, st):
             with open(fd, "rb", closefd=False) as fh:
-                out, number, cut = self._numbered(fh, shown, st.st_size, start_line, max_lines)
-            total = _line_count(fd)
-        if total == 0:
+                out, number, cut = self._numbered(fh, shown, st.st_size, start_line, max_lines,
+                                                  deadline)
+            total, counted = _line_count(fd, deadline)
+        total = max(total, number)
+        if total == 0 and counted:
             return f"{shown} is empty (0 bytes)"
-        if start_line > total:
+        stopped = f"the count stopped {self._why(own, deadline)}"
+        if not out:
+            if counted:
+                raise ToolInputError(
+                    f"{shown} has {total} lines; start_line {start_line} is past its end")
             raise ToolInputError(
-                f"{shown} has {total} lines; start_line {start_line} is past its end"
-            )
-        header = f"{shown} (lines {start_line}-{number} of {total})"
-        if number < total:
+                f"{shown}: only {total} lines were counted ({stopped}); start_line "
+                f"{start_line} is past them: try a smaller start_line")
+        header = f"{shown} (lines {start_line}-{number} of {total})" if counted else \
+            f"{shown} (lines {start_line}-{number} of at least {total}; {stopped})"
+        if number < total or not counted:
             why = cut or f"max_lines={max_lines}"
+            rest = f"lines {number + 1}-{total}" if counted else f"lines from {number + 1}"
             out.append(
-                f"[truncated by {why}: lines {number + 1}-{total} not shown; call "
+                f"[truncated by {why}: {rest} not shown; call "
                 f"read_file(path={shown!r}, start_line={number + 1}) to read on]"
             )
         return header + "\n" + "\n".join(out)
 
     def _numbered(
-        self, fh: BinaryIO, shown: str, size: int, start_line: int, max_lines: int
+        self, fh: BinaryIO, shown: str, size: int, start_line: int, max_lines: int,
+        deadline: float,
     ) -> tuple[list[str], int, str]:
-        """Numbered lines from ``start_line``, the last line number shown, and why it cut."""
+        """Numbered lines from ``start_line``, the last line number shown, and why it cut
+        (lines before ``start_line`` are skipped only until ``deadline``)."""
         head = fh.read(_SNIFF)
         try:
             codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) < _SNIFF)
@@ -212,6 +227,8 @@ class RepoFiles:
                     break
             number += 1
             if number < start_line:
+                if not number % 65536 and time.monotonic() > deadline:
+                    return out, number, ""
                 continue
             text = raw.decode("utf-8", errors="replace").rstrip("\n").rstrip("\r")
             used += len(raw) + 8

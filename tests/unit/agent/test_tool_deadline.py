@@ -193,3 +193,27 @@ def test_stop_ends_a_running_listing(tmp_path: Path) -> None:
     files = RepoFiles(tmp_path)
     files.stop()
     assert "[listing stopped when the executor's time ran out" in files.list_files(".")
+
+
+def test_read_file_counts_lines_only_until_the_deadline(tmp_path: Path) -> None:
+    """Review 22's doubt: ``read_file`` counted a file's lines to its end whatever the time
+    (a file of gigabytes in the repo held the executor past its timeout). Old code: "of
+    3145728" with a deadline already gone."""
+    (tmp_path / "big.txt").write_bytes(b"a\n" * (3 << 20))  # three 1 MiB reads to count
+    files = RepoFiles(tmp_path)
+    files.deadline = time.monotonic() - 1.0
+    out = files.read_file("big.txt", max_lines=5)
+    head = out.splitlines()[0]
+    assert head.startswith("big.txt (lines 1-5 of at least ") and "3145728" not in head
+    assert "when the executor's time ran out" in out
+    assert out.splitlines()[1] == "     1\ta"
+    stopped = r"lines were counted \(the count stopped when the executor's time ran out\)"
+    with pytest.raises(ToolInputError, match=stopped):
+        files.read_file("big.txt", start_line=3_000_000)
+
+
+def test_read_file_counts_a_whole_file_in_time(tmp_path: Path) -> None:
+    (tmp_path / "big.txt").write_bytes(b"a\n" * (3 << 20))
+    out = RepoFiles(tmp_path).read_file("big.txt", max_lines=2)
+    assert out.splitlines()[0] == "big.txt (lines 1-2 of 3145728)"
+    assert out.splitlines()[-1].startswith("[truncated by max_lines=2: lines 3-3145728 not shown")
