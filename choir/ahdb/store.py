@@ -104,6 +104,9 @@ class _Tables:
         return self.conn.execute("SELECT 1 FROM outcomes WHERE attestation = ?",
                                  (attestation_id,)).fetchone() is not None
 
+    def outcomes(self) -> set[str]:
+        return {str(r[0]) for r in self.conn.execute("SELECT attestation FROM outcomes")}
+
     def declared(self, plan: str) -> frozenset[str] | None:
         return _declared(self.conn, plan)
 
@@ -144,6 +147,10 @@ def claim_text(name: str) -> str:
     """The text of a claim's ASSERT (``choir verify --claim NAME``): never a run's."""
     return f"{name} verified"
 
+
+# The writes that promote (a claim, a work item's ASSERT, a plan's merge or release): before
+# each, the FAILs stored but never logged are logged (``AHDB._log_unlogged_fails``).
+_PROMOTING = frozenset({"promote", "assert", "integrate", "release"})
 
 class AHDB:
     """The control-state store. Only attestations can promote; see ``choir.ahdb.rules``."""
@@ -439,6 +446,28 @@ class AHDB:
         return _Tables(self._conn()).failed(tree_hash)
 
     # -- writing -------------------------------------------------------------------------
+    def _log_unlogged_fails(self) -> None:
+        """Log the outcome of every stored, valid FAIL whose outcome the log lacks.
+
+        ``mint_attestation`` stores an attestation, then logs its outcome; a kill -9 or a
+        full disk between the two leaves a FAIL the tables never saw (review 22b, F2: the
+        gate looks in the store for these; the writer did not, and a later PASS on the tree
+        promoted). Done before every write that promotes, so the rules then see the FAIL.
+        The cost: the store's ids listed, the logged ones read in one query; the rest
+        (normally none) checked. An unlogged PASS is left alone: it can only promote when
+        a claim cites it, and ``choir audit`` names the missing outcome.
+        """
+        logged = _Tables(self._conn()).outcomes()
+        for att_id in self.stored_ids():
+            if att_id in logged:
+                continue
+            try:
+                att = self._lookup(att_id)
+            except PromotionError:  # not valid here: it can neither promote nor demote
+                continue
+            if att.body.result is Result.FAIL:
+                self.record_outcome(att_id)
+
     def _append(self, kind: str, payload: dict[str, Any]) -> Atom:
         atom = self._write(kind, payload)
         if atom is None:
@@ -470,6 +499,8 @@ class AHDB:
         the same evidence) returns the existing atom and appends nothing: that is what a
         resumed run replaying its last node looks like.
         """
+        if kind in _PROMOTING:
+            self._log_unlogged_fails()
         with self._tx() as conn:
             tables = _Tables(conn)
             done = _already_applied(tables, kind, payload)

@@ -44,11 +44,14 @@ def test_an_unlogged_fail_shuts_the_gate_on_its_tree(tmp_path: Path, pinned: str
 
 def test_a_later_pass_on_a_tree_with_an_unlogged_fail_opens_no_gate(
         tmp_path: Path, pinned: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The writer's tables never saw the FAIL, so the PASS promotes there; the gate, which
-    answers from the signed log and the store, does not open."""
+    """A writer whose tables never saw the FAIL (one from before the writer looked in the
+    store, the way the next test's does) lets the PASS promote; the gate, which answers from
+    the signed log and the store, does not open."""
     repo = make_repo(tmp_path / "repo")
     _killed_before_logging(repo, monkeypatch)
-    asserted(repo, "later")
+    with monkeypatch.context() as patch:
+        patch.setattr(AHDB, "_log_unlogged_fails", lambda self: None)
+        asserted(repo, "later")
 
     passed, problems = fresh_gate("later", tree_hash(repo))
     assert not passed, "a PASS after an unlogged FAIL of the same verifier opened the gate"
@@ -68,3 +71,29 @@ def test_an_unlogged_pass_or_another_tree_changes_nothing(
 
     passed, problems = fresh_gate("wi", tree_hash(repo))
     assert passed, problems
+
+
+def test_the_writer_logs_an_unlogged_fail_before_it_promotes(
+        tmp_path: Path, pinned: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 22's doubt: the writer's own tables let the later PASS promote (only the gate
+    looked in the store). A promotion now logs first the stored, valid FAILs whose outcome
+    the log lacks, and the rules then refuse it. Old code: the claim was PROMOTED."""
+    from choir.exceptions import PromotionError
+
+    repo = make_repo(tmp_path / "repo")
+    fail = _killed_before_logging(repo, monkeypatch)
+    with pytest.raises(PromotionError, match="attested FAIL on this tree"):
+        asserted(repo, "later")
+    db = open_ahdb()
+    assert db._logged("outcome", attestation=fail.id)
+    assert not open_ahdb()._logged("promote")
+
+
+def test_an_unlogged_pass_is_not_logged_by_a_promotion(
+        tmp_path: Path, pinned: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = make_repo(tmp_path / "repo")
+    with monkeypatch.context() as patch:
+        patch.setattr(AHDB, "record_outcome", lambda self, att_id: None)
+        stray = attest(repo, "unit", "true", work_item=None)
+    asserted(repo, "wi")
+    assert not open_ahdb()._logged("outcome", attestation=stray.id)
