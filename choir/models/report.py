@@ -122,6 +122,10 @@ class VerificationReport(Frozen):
     parser: str = Field(default="generic", max_length=32)
     parser_truncated: bool = False
     artifacts: dict[str, str] = Field(default_factory=dict, max_length=16)
+    # bytes of step output not kept (``commands_executed[].output_cut``, summed): evidence, so
+    # a reporter's wording cannot leave a cut log unsaid (review 23b); left out of the JSON
+    # when 0, so reports of uncut logs keep the hashes they were stored and attested by
+    log_cut_bytes: int = Field(default=0, ge=0, exclude_if=lambda v: v == 0)
     # the REPORTERS name that worded it ("model", a plugin's), "deterministic", or
     # "deterministic_fallback" when the chosen reporter failed or was refused
     reporter: str = Field(default="deterministic", max_length=64,

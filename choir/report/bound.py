@@ -5,19 +5,38 @@ long test ids, locations and excerpts, a 600-character summary, four hypertheses
 docs promise under 4 KB, and a report is what reaches every prompt and the executor. ``fit``
 makes any report fit by giving up the least informative text first: hypertheses beyond the
 first, long next actions, signatures from the end (counted in ``signatures_truncated``, so
-the reader knows more failed), excerpts, the summary's tail, and non-manifest artifacts.
-The result and the counts are never touched. The model refuses to be built larger
+the reader knows more failed), excerpts, non-manifest artifacts (counted in the summary's
+last words, ``unlisted_note``), then the summary's tail. The summary goes after the
+artifacts because it is where the deterministic report says why: a cut log's size and step
+were lost to 15 long artifact names before (review 23b). The result, the counts and
+``log_cut_bytes`` are never touched. The model refuses to be built larger
 (``VerificationReport``'s validator), so a reporter cannot skip this.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
 from choir._core.terminal import shorten
 from choir.models import VerificationReport
-from choir.models.report import REPORT_MAX_BYTES
+from choir.models.report import REPORT_MAX_BYTES, SUMMARY_MAX
+
+_UNLISTED = re.compile(
+    r"; (\d+) more artifact\(s\) not listed \(the manifest lists every file\)$")
+
+
+def unlisted_note(count: int) -> str:
+    """A summary's last words when the report lists ``count`` fewer artifacts than the run
+    made; ``fit`` keeps them last and counts what it drops too."""
+    return f"; {count} more artifact(s) not listed (the manifest lists every file)"
+
+
+def _unlisted(summary: str) -> tuple[str, int]:
+    """``summary`` without its ``unlisted_note``, and the count the note gave (0: none)."""
+    match = _UNLISTED.search(summary)
+    return (summary[:match.start()], int(match.group(1))) if match else (summary, 0)
 
 
 def size(fields: dict[str, Any]) -> int:
@@ -26,7 +45,7 @@ def size(fields: dict[str, Any]) -> int:
         warnings=False).encode())
 
 
-def _steps(f: dict[str, Any]) -> list[Callable[[], bool]]:
+def _steps(f: dict[str, Any], wording_first: bool) -> list[Callable[[], bool]]:
     """Reductions in order; each changes ``f`` and says whether it could."""
 
     def hyper() -> bool:
@@ -62,9 +81,11 @@ def _steps(f: dict[str, Any]) -> list[Callable[[], bool]]:
         return True
 
     def summary() -> bool:
-        if len(f["summary"]) <= 160:
+        head, unlisted = _unlisted(f["summary"])
+        if len(head) <= 160:
             return False
-        f["summary"] = shorten(f["summary"], max(160, len(f["summary"]) // 2))
+        f["summary"] = shorten(head, max(160, len(head) // 2)) + \
+            (unlisted_note(unlisted) if unlisted else "")
         return True
 
     def artifacts() -> bool:
@@ -72,6 +93,9 @@ def _steps(f: dict[str, Any]) -> list[Callable[[], bool]]:
         if not extra:
             return False
         f["artifacts"] = {k: v for k, v in f["artifacts"].items() if k != extra[-1]}
+        head, unlisted = _unlisted(f["summary"])
+        note = unlisted_note(unlisted + 1)
+        f["summary"] = shorten(head, SUMMARY_MAX - len(note)) + note
         return True
 
     def hyper_short() -> bool:
@@ -96,16 +120,24 @@ def _steps(f: dict[str, Any]) -> list[Callable[[], bool]]:
         f["signatures_truncated"] = f["signatures_truncated"] + 1
         return True
 
-    return [hyper, actions, signature, excerpts, summary, artifacts, hyper_short, ids,
+    if wording_first:
+        return [hyper, actions, summary, hyper_short, signature, excerpts, artifacts, ids,
+                last_signature]
+    return [hyper, actions, signature, excerpts, artifacts, summary, hyper_short, ids,
             last_signature]
 
 
-def fit(report: VerificationReport) -> VerificationReport:
-    """``report`` within ``REPORT_MAX_BYTES`` (itself when it already fits), validated."""
+def fit(report: VerificationReport, *, wording_first: bool = False) -> VerificationReport:
+    """``report`` within ``REPORT_MAX_BYTES`` (itself when it already fits), validated.
+
+    ``wording_first`` gives up the summary and hypertheses before any evidence: for a
+    reporter's wording of a report whose evidence already fit (``reporter.bounded``), where a
+    dropped artifact or signature would read as changed evidence and refuse the wording.
+    """
     fields = dict(report)
     if size(fields) <= REPORT_MAX_BYTES:
         return VerificationReport.model_validate(report.model_dump(warnings=False))
-    steps = _steps(fields)
+    steps = _steps(fields, wording_first)
     while size(fields) > REPORT_MAX_BYTES:
         if not any(step() for step in steps):
             break  # nothing left to give up: the validator below names the overflow

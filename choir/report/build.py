@@ -27,7 +27,7 @@ from choir.models import (
     VerifierSpec,
 )
 from choir.models.report import NEXT_ACTION_MAX, SUMMARY_MAX
-from choir.report.bound import fit
+from choir.report.bound import fit, unlisted_note
 from choir.report.confidence import TABLE, calibrate
 from choir.report.parsers import ParseInput, ParseResult, get_parser
 from choir.report.postcondition import decide_postcondition
@@ -200,7 +200,7 @@ def deterministic_report(result: PipelineResult, *, spec: VerifierSpec, target: 
     if parsed.dropped:
         summary += f"; {parsed.dropped} more failure signature(s) not listed"
     if unlisted:
-        summary += f"; {unlisted} more artifact(s) not listed (the manifest lists every file)"
+        summary += unlisted_note(unlisted)
     if verdict is Result.PASS:
         actions = ["No action needed: every step passed."]
     elif verdict is Result.INCONCLUSIVE and result.infra_error:
@@ -237,8 +237,13 @@ def deterministic_report(result: PipelineResult, *, spec: VerifierSpec, target: 
         summary=shorten(summary, SUMMARY_MAX), next_actions=tuple(actions[:3]),
         confidence=confidence, hyperthesis=tuple(hyper[:4]), counts=parsed.counts,
         parser=spec.parser, parser_truncated=parsed.truncated,
-        artifacts=listed,
+        artifacts=listed, log_cut_bytes=_cut_bytes(result),
     ))
+
+
+def _cut_bytes(result: PipelineResult) -> int:
+    """Bytes of output the run's steps printed past ``limits.out_mb`` and did not keep."""
+    return sum(r.output_cut or 0 for r in result.manifest.commands_executed)
 
 
 def _listed_artifacts(result: PipelineResult) -> tuple[dict[str, str], int]:
@@ -281,7 +286,7 @@ def exit_code_report(result: PipelineResult, *, spec: VerifierSpec, target: Targ
         hyperthesis=("The report builder failed; only exit codes were read.",),
         parser=spec.parser[:32], parser_truncated=True,
         artifacts={**combined, "manifest": result.manifest_hash},
-        reporter="deterministic_fallback",
+        reporter="deterministic_fallback", log_cut_bytes=_cut_bytes(result),
     )
 
 

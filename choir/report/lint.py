@@ -52,17 +52,27 @@ def parse_ruff_json(inp: ParseInput, result: ParseResult) -> ParseResult:
 _MYPY = re.compile(
     r"^(?P<file>[^:\s]+):(?P<line>\d+)(?::\d+)?: error: (?P<msg>.*?)(?:  \[(?P<code>[\w-]+)\])?$"
 )
+# Errors about a whole file or folder, with no line: mypy stops at them before it checks
+# anything (exit 2). A module found twice, a package no import can name: the tree's fault,
+# whoever planted it, so a failure to fix. Not counted, they let an empty module of the same
+# name turn a type error into "mypy could not run", INCONCLUSIVE (review 23b). A file that
+# cannot be read is the command's fault (a path not there): that mypy did not run.
+_MYPY_FILE = re.compile(r"^(?P<file>[^:\s]+\.pyi?): error: (?!Cannot read file)"
+                        r"(?P<msg>.*?)(?:  \[(?P<code>[\w-]+)\])?$")
+_MYPY_PACKAGE = re.compile(
+    r"^(?P<file>.+?) (?P<msg>contains __init__\.pyi? but is not a valid Python package name)$")
 
 
 def parse_mypy_text(inp: ParseInput, result: ParseResult) -> ParseResult:
     errors = 0
     for number, line, _ in _lines(inp, COMBINED) or ():
-        match = _MYPY.match(line)
+        match = _MYPY.match(line) or _MYPY_FILE.match(line) or _MYPY_PACKAGE.match(line)
         if not match:
             continue
         errors += 1
-        code = match.group("code") or "error"
-        location = f"{match.group('file')}:{match.group('line')}"
+        groups = match.groupdict()
+        code = groups.get("code") or "error"
+        location = match.group("file") + (f":{groups['line']}" if groups.get("line") else "")
         result.add(FailureSignature(
             id=signature_id("typecheck", code, match.group("file"), match.group("msg")),
             kind="typecheck", test_id=code[:256], location=location[-256:],

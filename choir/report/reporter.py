@@ -211,7 +211,8 @@ async def as_built(report: VerificationReport, *, result: PipelineResult, store:
 
 # what a reporter may never change: the evidence and what was read from it
 _EVIDENCE = ("schema_version", "verifier", "verifier_type", "target", "failure_signatures",
-             "signatures_truncated", "counts", "parser", "parser_truncated", "artifacts")
+             "signatures_truncated", "counts", "parser", "parser_truncated", "artifacts",
+             "log_cut_bytes")
 
 
 def bounded(base: VerificationReport, worded: object, name: str,
@@ -229,7 +230,7 @@ def bounded(base: VerificationReport, worded: object, name: str,
         return fallback(base, f"reporter '{name}' returned {type(worded).__name__}, "
                               "not a report")
     try:  # built with model_construct, or edited in place: every bound checked again
-        worded = fit(worded)
+        worded = fit(worded, wording_first=True)
     except ValueError as exc:
         return fallback(base, f"reporter '{name}' returned an invalid report "
                               f"({type(exc).__name__}); its wording was refused")
