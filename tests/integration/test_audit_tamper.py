@@ -24,21 +24,54 @@ def audit() -> tuple[int, dict]:  # type: ignore[type-arg]
     return proc.returncode, json.loads(proc.stdout)
 
 
+@pytest.fixture(scope="module")
+def clean_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """A clean store, made once for the module: one PASS run promoted and ASSERTed, one FAIL
+    run hypothesized, and ``choir audit`` finding nothing in it."""
+    import tempfile
+
+    made = tmp_path_factory.mktemp("world")
+    home, private = made / "choir-home", made / "tmp"
+    home.mkdir()
+    private.mkdir()
+    with pytest.MonkeyPatch.context() as mp:  # what ``choir_home`` gives a test
+        mp.setenv("CHOIR_HOME", str(home))
+        mp.setenv("CHOIR_ARTIFACT_DIR", str(home / "artifacts"))
+        mp.setenv("CHOIR_SEEN_HEADS", str(made / "seen-heads"))
+        mp.setenv("TMPDIR", str(private))
+        mp.setattr(tempfile, "tempdir", str(private))
+        repo = make_repo(made / "repo")
+        ok = attest(repo, "unit", "echo all good; true")
+        bad = attest(repo, "lint", "echo broken; false")
+        db = open_ahdb()
+        claim = db.propose(claim="unit passes", work_item="wi", tree_hash=tree_hash(repo),
+                           required_verifiers=["unit"])
+        claim = db.promote(claim.id, [ok.id])
+        db.assert_work_item("wi", tree_hash(repo), references=[claim.id], claim="done")
+        db.hypothesize("wi", tree_hash(repo), claim="lint fails",
+                       discriminating_test="run lint", attestation_ids=[bad.id])
+        assert audit()[0] == 0
+    return {"home": home, "ok": ok, "repo": repo}
+
+
 @pytest.fixture
-def world(tmp_path: Path, choir_home: Path) -> dict[str, object]:
-    """A clean store: one PASS run promoted and ASSERTed, one FAIL run hypothesized."""
-    repo = make_repo(tmp_path / "repo")
-    ok = attest(repo, "unit", "echo all good; true")
-    bad = attest(repo, "lint", "echo broken; false")
-    db = open_ahdb()
-    claim = db.propose(claim="unit passes", work_item="wi", tree_hash=tree_hash(repo),
-                       required_verifiers=["unit"])
-    claim = db.promote(claim.id, [ok.id])
-    db.assert_work_item("wi", tree_hash(repo), references=[claim.id], claim="done")
-    db.hypothesize("wi", tree_hash(repo), claim="lint fails", discriminating_test="run lint",
-                   attestation_ids=[bad.id])
+def world(clean_world: dict[str, object], tmp_path: Path,
+          choir_home: Path) -> dict[str, object]:
+    """This test's own copy of the clean store (``cp -a``: modes, and the hard links between
+    run files and stored objects, as they were), in its own CHOIR_HOME and repo.
+
+    Making the store costs two verifier runs, a signer and a cold ``choir audit``; nothing in
+    it names the folder it is in (``test_a_copy_of_the_clean_world_audits_clean``)."""
+    choir_home.rmdir()  # the autouse fixture's empty home: the copy takes its place
+    repo = tmp_path / "repo"
+    for source, target in ((clean_world["home"], choir_home), (clean_world["repo"], repo)):
+        subprocess.run(["cp", "-a", str(source), str(target)], check=True)
+    return {"home": choir_home, "ok": clean_world["ok"], "repo": repo, "db": open_ahdb()}
+
+
+def test_a_copy_of_the_clean_world_audits_clean(world: dict[str, object]) -> None:
+    """What every tampering below starts from: the copy, untouched, is a clean store."""
     assert audit()[0] == 0
-    return {"home": choir_home, "ok": ok, "repo": repo, "db": db}
 
 
 def _flip(path: Path) -> None:

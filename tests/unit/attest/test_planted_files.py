@@ -39,13 +39,21 @@ def _run(home: Path, code: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=20)
 
 
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    """A home with its key made and pinned (as after a first ``choir verify``)."""
-    base = tmp_path / "home"
+@pytest.fixture(scope="module")
+def made_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A home with its key made and pinned (as after a first ``choir verify``), made once."""
+    base = tmp_path_factory.mktemp("made") / "home"
     base.mkdir()
     done = _run(base, "from choir.attest import trust_root; print(trust_root().keys)")
     assert done.returncode == 0, done.stderr[-2000:]
+    return base
+
+
+@pytest.fixture
+def home(made_home: Path, tmp_path: Path) -> Path:
+    """This test's copy of that home (``cp -a``: the key's mode kept), which it plants in."""
+    base = tmp_path / "home"
+    subprocess.run(["cp", "-a", str(made_home), str(base)], check=True)
     return base
 
 
