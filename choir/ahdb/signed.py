@@ -162,14 +162,8 @@ def _unlogged_fails(db: AHDB, state: Replay, trusted_keys: Collection[str]) -> N
     the store's ids and a check of those no outcome names (normally none). The store's own
     tables are not touched: ``choir audit`` names the missing outcome (``ahdb_outcome_missing``).
     """
-    for att_id in db.stored_ids():
-        if att_id in state.outcomes:
-            continue
-        try:
-            att = db.attestation(att_id)
-        except PromotionError:  # not valid here: it can neither open nor shut a gate
-            continue
-        if att.body.result is not Result.FAIL or att.signer_key_id not in trusted_keys:
+    for att in db.unlogged_fails(state.outcomes):
+        if att.signer_key_id not in trusted_keys:
             continue
         tree, verifier = att.body.target.tree_hash, att.body.verifier
         state.fails.add((att.body.target.work_item or "", tree, verifier))

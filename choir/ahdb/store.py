@@ -152,6 +152,7 @@ def claim_text(name: str) -> str:
 # each, the FAILs stored but never logged are logged (``AHDB._log_unlogged_fails``).
 _PROMOTING = frozenset({"promote", "assert", "integrate", "release"})
 
+
 class AHDB:
     """The control-state store. Only attestations can promote; see ``choir.ahdb.rules``."""
 
@@ -199,11 +200,21 @@ class AHDB:
         except Exception:  # missing, unreadable, another id: unknown, so not a PASS
             return None
 
-    def stored_ids(self) -> Iterator[str]:
-        """The ids of the attestations this AHDB's store holds (none when it cannot list
-        them): the gate looks among them for a FAIL whose outcome the log lacks."""
+    def unlogged_fails(self, logged: Collection[str]) -> Iterator[Attestation]:
+        """The stored FAILs, valid here, whose ids ``logged`` (outcomes on record) lacks: a
+        kill -9 or a full disk between storing an attestation and logging its outcome leaves
+        one. The gate applies them to its replay (``signed``), a promoting write logs them
+        (``_log_unlogged_fails``). Nothing when the store cannot list its ids."""
         ids = getattr(self._attestations, "ids", None)
-        return iter(ids()) if ids is not None else iter(())
+        for att_id in ids() if ids is not None else ():
+            if att_id in logged:
+                continue
+            try:
+                att = self._lookup(att_id)
+            except PromotionError:  # not valid here: it can neither promote nor demote
+                continue
+            if att.body.result is Result.FAIL:
+                yield att
 
     @property
     def _local(self) -> Session:
@@ -457,16 +468,8 @@ class AHDB:
         (normally none) checked. An unlogged PASS is left alone: it can only promote when
         a claim cites it, and ``choir audit`` names the missing outcome.
         """
-        logged = _Tables(self._conn()).outcomes()
-        for att_id in self.stored_ids():
-            if att_id in logged:
-                continue
-            try:
-                att = self._lookup(att_id)
-            except PromotionError:  # not valid here: it can neither promote nor demote
-                continue
-            if att.body.result is Result.FAIL:
-                self.record_outcome(att_id)
+        for att in list(self.unlogged_fails(_Tables(self._conn()).outcomes())):
+            self.record_outcome(att.id)
 
     def _append(self, kind: str, payload: dict[str, Any]) -> Atom:
         atom = self._write(kind, payload)
