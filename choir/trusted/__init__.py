@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from choir.trusted.client import BrokerSigner
     from choir.trusted.keyfile import KEY_FILE, Signer, key_id_of
+    from choir.trusted.protocol import Reply
 
 # the names that need pydantic and cryptography, imported on first use: `choir verify`
 # confines itself through this package before it knows whether it needs either
@@ -41,6 +42,9 @@ def __getattr__(name: str) -> Any:
 _MAX_BROKERS = 4
 _brokers: OrderedDict[Path, BrokerSigner] = OrderedDict()
 _lock = threading.Lock()
+# the first key each home's signer gave this process: a fork that adopts a copy of the broker
+# (``choir serve``'s worker) is stale once the broker holds another (``choir keys rotate``)
+_first_told: dict[Path, Reply | None] = {}
 
 
 def close_all() -> None:
@@ -60,22 +64,36 @@ def signer(home: Path | None = None) -> BrokerSigner:
         IntegrityError: the broker cannot load the key (unreadable, not ed25519, shared,
             or hidden because this process was confined before its broker started).
     """
-    client = _started((home or choir_home()).absolute())
+    base = (home or choir_home()).absolute()
+    client = _started(base)
     client.key_id  # noqa: B018 (asks for the key: a broker that cannot load it raises here)
+    _first_told.setdefault(base, client._hello)  # for the forks ``adopt`` serves
     return client
 
 
 def _started(base: Path) -> BrokerSigner:
+    from choir.exceptions import IntegrityError
     from choir.trusted.broker import spawn
     from choir.trusted.client import BrokerSigner
+    from choir.trusted.confine import confinement
 
     with _lock:
         found = _brokers.get(base)
+        confined = confinement(base / "keys") not in (None, "process")
         if found is not None:
-            if found.usable():
+            # after `choir keys rotate` a process that sees the key folder starts a broker
+            # of its own, as before; a confined one cannot, and goes on with this one,
+            # which loaded the new key (its signer answers with the new key id)
+            if found.usable(same_key=not confined):
                 _brokers.move_to_end(base)
                 return found
             found.close()
+            if confined:
+                # a broker forked now would find the masked, empty key folder
+                raise IntegrityError(
+                    f"the signing broker of {base} stopped or cannot load its key, and "
+                    "this command hid the key folder from itself when it started\n  fix: "
+                    "run the command again (`choir keys show` says whether the key loads)")
         client = BrokerSigner(base, *spawn(base))
         _brokers[base] = client
         while len(_brokers) > _MAX_BROKERS:
@@ -87,13 +105,15 @@ def adopt(home: Path, pid: int, sock: socket.socket) -> BrokerSigner:
     """Sign for ``home`` through the broker on ``sock`` (from ``BrokerSigner.channel``), in a
     fork whose key folder is masked and which therefore cannot start one; the channels this
     process inherited are closed here (their brokers serve the process that started them).
-    The signer is returned (``usable``: whether its broker still holds the key file's key)."""
+    The signer is returned (``usable``: whether its broker still holds the first key this
+    process was told, the key file's until ``choir keys rotate``)."""
     from choir.trusted.client import BrokerSigner
 
     with _lock:
         while _brokers:
             _brokers.popitem()[1].close()
-        adopted = _brokers[home.absolute()] = BrokerSigner(home.absolute(), pid, sock)
+        adopted = _brokers[home.absolute()] = BrokerSigner(
+            home.absolute(), pid, sock, _first_told.get(home.absolute()))
         return adopted
 
 

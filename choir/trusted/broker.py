@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import ctypes
 import functools
 import gc
 import os
@@ -39,15 +38,11 @@ from choir._core.canonical import blake3_hex, canonical_json
 from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError, SigningRefused
 from choir.trusted import checks
+from choir.trusted.confine import non_dumpable
 from choir.trusted.keyfile import KEY_FILE, Signer, load_key
 from choir.trusted.protocol import Reply, Request, recv, send
 
-PR_SET_DUMPABLE = 4
 JOURNAL = "signed.log"
-
-
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
 
 
 def _identity(path: Path) -> tuple[int, ...] | None:
@@ -58,23 +53,54 @@ def _identity(path: Path) -> tuple[int, ...] | None:
     return st.st_dev, st.st_ino, st.st_mode, st.st_ctime_ns, st.st_mtime_ns, st.st_size
 
 
-def answer(raw: dict[str, object], signer: Signer | None, failure: str,
-           store: Callable[[], ArtifactStore], key: tuple[Path, tuple[int, ...] | None]) -> Reply:
-    """The reply to one request (never raises: a refusal is a reply).
+class _Held:
+    """The key this broker signs with, loaded again whenever its file changes.
 
-    ``key`` is the key file and its identity when loaded: a ``hello`` after the file was
-    replaced (``choir keys rotate``) answers ``stale``, and the client starts a new broker.
+    ``choir keys rotate`` replaces the file while commands run; the broker (outside the
+    caller's mask) sees it and loads the new key, so a confined caller, which cannot start
+    another broker, goes on signing (review 23a, F2). ``announced`` is the key id the client
+    was last told (on ``hello``, or the first load): a signature asked after the key
+    changed was built for that id, so it is refused (``stale``), never made under a key the
+    body does not name.
     """
+
+    def __init__(self, home: Path) -> None:
+        self.home, self.path = home, home / "keys" / KEY_FILE
+        self.signer: Signer | None = None
+        self.failure = ""
+        self.identity: tuple[int, ...] | None = None
+        self.announced = ""
+
+    def current(self) -> None:
+        """Load the key on the first request, and again when its file was replaced."""
+        if (self.signer is not None or self.failure) and _identity(self.path) == self.identity:
+            return
+        try:
+            self.signer, self.failure = load_key(self.home), ""
+        except (IntegrityError, OSError) as err:
+            self.signer, self.failure = None, str(err)
+        self.identity = _identity(self.path)
+        if not self.announced and self.signer is not None:
+            self.announced = self.signer.key_id
+
+
+def answer(raw: dict[str, object], held: _Held, store: Callable[[], ArtifactStore]) -> Reply:
+    """The reply to one request (never raises: a refusal is a reply)."""
     try:
         req = Request.model_validate(raw)
     except ValidationError as err:
         return Reply(ok=False, error=f"not a broker request: {err}"[:2000])
+    signer = held.signer
     if signer is None:
-        return Reply(ok=False, kind="key", error=failure[:2000])
+        return Reply(ok=False, kind="key", error=held.failure[:2000])
     if req.op == "hello":
-        if _identity(key[0]) != key[1]:
-            return Reply(ok=False, kind="stale", error="the key file changed")
+        held.announced = signer.key_id
         return Reply(ok=True, key_id=signer.key_id, public_key=signer.public_key)
+    if signer.key_id != held.announced:
+        return Reply(ok=False, kind="stale", error=(
+            f"the signing key was rotated (`choir keys rotate`) from {held.announced} to "
+            f"{signer.key_id} after this signer was asked for its key id: nothing was "
+            "signed; build the object again (the signer now gives the new key id)"))
     try:
         data = base64.b64decode(req.data.encode("ascii"), validate=True)
         kind = checks.classify(data, store)
@@ -85,7 +111,7 @@ def answer(raw: dict[str, object], signer: Signer | None, failure: str,
     except Exception as err:  # noqa: BLE001 - no request ends the broker (review 18c)
         return Reply(ok=False, error=f"refused: the check failed: {type(err).__name__}")
     try:
-        _journal(key[0].parent, signer.key_id, kind, data)
+        _journal(held.path.parent, signer.key_id, kind, data)
     except OSError as err:
         return Reply(ok=False, error=f"cannot record the signature in {JOURNAL}: {err}")
     return Reply(ok=True, kind=kind, signature=signer.sign(data))
@@ -108,12 +134,10 @@ def serve(sock: socket.socket, home: Path) -> None:
     """Answer requests on ``sock`` until the other end closes.
 
     The key is loaded (or made, in a new home) at the first request, so a command that
-    never signs nor asks for the key leaves the home as it found it.
+    never signs nor asks for the key leaves the home as it found it; and loaded again after
+    ``choir keys rotate`` replaced it (``_Held``).
     """
-    signer: Signer | None = None
-    failure = ""
-    key_path = home / "keys" / KEY_FILE
-    key: tuple[Path, tuple[int, ...] | None] = (key_path, None)
+    held = _Held(home)
     store = functools.cache(ArtifactStore)  # made on the first attestation, not before
     while True:
         try:
@@ -122,17 +146,12 @@ def serve(sock: socket.socket, home: Path) -> None:
             return
         if raw is None:
             return
-        if signer is None and not failure:
-            try:
-                signer = load_key(home)
-            except (IntegrityError, OSError) as err:
-                failure = str(err)
-            key = (key_path, _identity(key_path))
+        held.current()
         try:
-            if signer is not None and _asks_channel(raw):
+            if held.signer is not None and _asks_channel(raw):
                 sock = _channel(sock)
             else:
-                send(sock, answer(raw, signer, failure, store, key))
+                send(sock, answer(raw, held, store))
         except OSError:
             return
 
@@ -170,7 +189,7 @@ def _channel(sock: socket.socket) -> socket.socket:
 def _become_broker(keep: int) -> None:
     gc.disable()
     gc.freeze()
-    _libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    non_dumpable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent; EOF stops us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the copies ``_channel`` forks reap themselves

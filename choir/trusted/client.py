@@ -29,12 +29,13 @@ class BrokerSigner:
     use, so the broker loads the key while its parent gets on; they raise
     ``IntegrityError`` when the broker cannot load it (its message says why and the fix)."""
 
-    def __init__(self, home: Path, pid: int, sock: socket.socket) -> None:
+    def __init__(self, home: Path, pid: int, sock: socket.socket,
+                 hello: Reply | None = None) -> None:
         self.home, self.pid = home, pid
         self._sock: socket.socket | None = sock
         self._owner = os.getpid()
         self._lock = threading.Lock()
-        self._hello: Reply | None = None
+        self._hello = hello  # the key already told (a fork adopting a copy of its broker)
 
     def __repr__(self) -> str:
         return f"BrokerSigner(home={str(self.home)!r}, pid={self.pid})"
@@ -90,6 +91,9 @@ class BrokerSigner:
             return reply
         if reply.kind == "key":
             raise IntegrityError(reply.error)
+        if reply.kind == "stale":  # rotated: the next ``key_id`` asks for the new key
+            self._hello = None
+            raise IntegrityError(reply.error)
         raise SigningRefused(f"the signing broker refused: {reply.error}")
 
     def _abandon(self) -> None:
@@ -109,6 +113,8 @@ class BrokerSigner:
 
         Raises:
             SigningRefused: ``data`` is not a Choir object the broker signs.
+            IntegrityError: the key was rotated since ``key_id`` was read (``data`` was
+                built for the old key; nothing is signed), or the broker cannot sign.
         """
         return self._ask(Request(op="sign", data=base64.b64encode(data).decode("ascii"))
                          ).signature
@@ -138,15 +144,20 @@ class BrokerSigner:
                                  f"the signing broker (pid {self.pid}) is gone")
         return reply.pid, socket.socket(fileno=fd)
 
-    def usable(self) -> bool:
+    def usable(self, *, same_key: bool = True) -> bool:
         """True while the channel is open, this is the process that opened it, and the
-        broker still holds the key the key file holds (it answers ``stale`` otherwise)."""
+        broker holds a key: after ``choir keys rotate`` it loads the new one, and the answer
+        is then False unless ``same_key`` is off (a confined command goes on with the new
+        key; ``choir serve``'s worker, warmed under the old one, is stale)."""
         if self._sock is None or os.getpid() != self._owner:
             return False
         try:
-            self._hello = self._ask(Request(op="hello"))  # the key it holds now
+            hello = self._ask(Request(op="hello"))  # the key it holds now
         except IntegrityError:
             return False
+        if same_key and self._hello is not None and self._hello.key_id != hello.key_id:
+            return False  # this client keeps saying the key it was told
+        self._hello = hello
         return True
 
     def close(self) -> None:

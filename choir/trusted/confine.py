@@ -16,6 +16,14 @@ Choir; it returns the level reached, and each level holds only what it says:
 ``process`` (the namespaces were refused, or threads already run): the key is not in this
     process's memory, but its file stays reachable by path; the caller is told.
 
+At every level, ``process`` included, the process then makes itself non-dumpable
+(``non_dumpable``): a step it starts without a sandbox (``--sandbox local``,
+``executor_isolation: none``) runs as the same user, and could otherwise copy the broker's
+socket out of it (``pidfd_getfd``), read its ``/proc/<pid>/environ`` or ptrace it, then have
+the broker sign what it likes (review 23a, F1). ``execve`` makes a process dumpable again,
+so the steps themselves are unaffected; a fork (``choir serve``'s workers) stays
+non-dumpable.
+
 What no level stops: code running as root in this process (a compromised plugin, not a
 tree-handling bug) still holds ``CAP_SYS_ADMIN`` and can unmount the mask. Running the
 broker under its own uid would close that; ``docs/security.md`` says so.
@@ -34,6 +42,7 @@ MS_REC, MS_PRIVATE = 1 << 14, 1 << 18
 CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
 PR_CAPBSET_DROP = 24
 CAP_SYS_PTRACE = 19
+PR_SET_DUMPABLE = 4
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _confined: dict[str, str] = {}
 _why: dict[str, str] = {}  # why a folder's confinement stopped at ``process``
@@ -101,6 +110,14 @@ def _drop_ptrace(libc: ctypes.CDLL) -> None:
     _check(libc.capset(ctypes.byref(header), data), "capset")
 
 
+def non_dumpable() -> None:
+    """Make this process non-dumpable: another process of the same user (a step, a test
+    this process runs) can then neither ptrace it, nor read its ``/proc/<pid>/{mem,environ,
+    fd}``, nor copy a descriptor out of it with ``pidfd_getfd``; only ``CAP_SYS_PTRACE``
+    over it can. The broker and every confined process call it (``confine``)."""
+    _check(_libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "make the process non-dumpable")
+
+
 def _map_self() -> None:
     uid, gid = os.getuid(), os.getgid()
     for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
@@ -147,6 +164,7 @@ def confine(keys: Path) -> str:
             level, why = "process", str(exc)
     if level != "process":
         mounts.mark_private()  # every mount private: one made now dies with this process
+    non_dumpable()  # last: a non-dumpable process's /proc/self files are root's (_map_self)
     _confined[where] = level
     if level == "process":
         _why[where] = why
