@@ -38,7 +38,7 @@ from choir.executors.pinned import current_gate
 from choir.models import Limits, VerificationReport, WorkItem
 from choir.models.run import ExecutorIsolation, ExecutorOutput
 from choir.models.workitem import ExecutorSpec
-from choir.sandbox._toolchain import SHARED_ROOTS, check_bind, choose
+from choir.sandbox._toolchain import check_bind, choose, holds_shared_root
 from choir.sandbox.bwrap import BwrapSandbox
 from choir.sandbox.local import LocalSandbox
 
@@ -118,12 +118,21 @@ def _around(repo: Path) -> list[Path]:
     """The folder around the repo, readable to the executor (a script beside the repo, as
     ``../fix.py``), unless it holds the user's home: with the common layout ``~/proj`` it
     was the home, and an executor read ``~/.ssh`` and other repos there (Choir's own stores
-    in it are masked either way: ``masked_paths``), or is a shared temp root. The repo itself is
-    bound either way."""
+    in it are masked either way: ``masked_paths``), or is or holds a shared temp root: a
+    repo in /var (``/var/www``) had /var bound, and the executor reached the host sockets
+    under /var/tmp and read a root-only file under /var/lib (review 23b). The repo itself
+    is bound either way, so such an executor still runs; it sees nothing beside the repo
+    (a script it needs goes in the repo, or in ``executor.binds``).
+
+    The host's roots only, not Choir's own temp folder (``TMPDIR``): a layout that keeps
+    the repo, the script that changes it and a private ``TMPDIR`` side by side (every
+    test's ``tmp_path``) would lose the script; a ``TMPDIR`` beside the repo then stays
+    readable, other steps' egress sockets included."""
     parent = os.path.realpath(repo.parent)
     home = os.path.realpath(os.path.expanduser("~"))
-    if home == parent or home.startswith(parent.rstrip("/") + "/") or parent in SHARED_ROOTS:
-        return []  # the home; or /tmp, whose host sockets connect through a read-only bind
+    if home == parent or home.startswith(parent.rstrip("/") + "/") or \
+            holds_shared_root(parent, own_temp=False) is not None:
+        return []  # the home; or /tmp, /var: host sockets connect through a read-only bind
     return [repo.parent]
 
 

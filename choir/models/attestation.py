@@ -42,6 +42,10 @@ class Environment(Frozen):
     # the only endpoints the steps could reach, through Choir's egress proxy (``hosts:``);
     # absent when empty: ``network`` then says all (true) or nothing (false)
     hosts: tuple[str, ...] = Field(default=(), exclude_if=lambda v: not v)
+    # the host folders bound read-only beside the system's (``sandbox.binds`` and resource
+    # folders, resolved; from the stored manifest): what the steps could see and connect
+    # to besides the repo; absent when none, so older attestations keep their ids
+    binds: tuple[str, ...] = Field(default=(), exclude_if=lambda v: not v)
 
 
 class SpecChange(Frozen):

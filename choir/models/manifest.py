@@ -101,6 +101,9 @@ class Platform(Frozen):
     worker_cert: str | None = Field(default=None, exclude_if=_absent)
     # the interpreter the steps ran (absent: the image's own, or a backend that chose none)
     interpreter: Interpreter | None = Field(default=None, exclude_if=_absent)
+    # the host folders bound into the sandbox (``sandbox.binds`` and resource folders,
+    # resolved); absent when none, so manifests written before it keep their hashes
+    binds: tuple[str, ...] = Field(default=(), exclude_if=lambda v: not v)
 
 
 class RunManifest(Frozen):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,9 @@ PYVENV_MAX = 64 << 10  # a pyvenv.cfg is a few lines
 # every user's and process's scratch: the host's Unix sockets (tmux, X11, agents, other
 # steps' egress proxies) live there, and a socket connects through a read-only bind
 SHARED_ROOTS = ("/tmp", "/var/tmp")
+# more folders of host sockets; a bind inside them is refused as FORBIDDEN already, a
+# bind holding them (/var, for a /var/run that is no link) by ``holds_shared_root``
+SOCKET_ROOTS = ("/run", "/var/run")
 
 
 @dataclass(frozen=True)
@@ -75,8 +79,9 @@ def check_bind(path: str, *, origin: str, sealed: Sequence[Path] = (),
     never resolved again.
 
     Raises:
-        ConfigError: the path is relative, missing, a system pseudo-filesystem, contains
-            CHOIR_HOME, the artifact store or $HOME, or lies inside Choir's stores; or,
+        ConfigError: the path is relative, missing, a system pseudo-filesystem, is or
+            holds a shared temp root (``holds_shared_root``), contains CHOIR_HOME, the
+            artifact store or $HOME, or lies inside Choir's stores; or,
             ``pinned``, it leads elsewhere than when it was read.
     """
     if not os.path.isabs(path):
@@ -92,10 +97,12 @@ def check_bind(path: str, *, origin: str, sealed: Sequence[Path] = (),
     if real == "/" or any(real == f or real.startswith(f + "/") for f in FORBIDDEN):
         raise ConfigError(f"{origin}: bind '{path}' exposes the host ({real}); bind a "
                           "narrower folder")
-    if real in SHARED_ROOTS:
-        raise ConfigError(f"{origin}: bind '{path}' is the host's shared temp folder "
-                          f"({real}): its Unix sockets (tmux, X11, agents) would connect "
-                          "from the sandbox; bind the folder of your own the step needs")
+    shared = holds_shared_root(real)
+    why = ("the host's shared temp folder: its Unix sockets (tmux, X11, agents, other "
+           "steps' egress proxies) would connect from the sandbox")
+    if shared == real:
+        raise ConfigError(f"{origin}: bind '{path}' is {why}; bind the folder of your own "
+                          "the step needs")
     for secret, whole in [*_protected(), *((Path(p), True) for p in sealed)]:
         if secret == here or here in secret.parents:
             raise ConfigError(
@@ -107,7 +114,30 @@ def check_bind(path: str, *, origin: str, sealed: Sequence[Path] = (),
                 f"{origin}: bind '{path}' leads into {secret} ({real}), a store of Choir's "
                 "(CHOIR_HOME, the artifact store, the held-out checks) that no step may read; "
                 "if the path is a link, replace it with the folder itself")
+    if shared is not None:  # after Choir's stores: a folder holding the key says so first
+        raise ConfigError(f"{origin}: bind '{path}' ({real}) holds {shared}, {why}; bind "
+                          f"the folder the step needs inside it, beside {shared}")
     return real
+
+
+def holds_shared_root(path: str, *, own_temp: bool = True) -> str | None:
+    """The shared temp root (``SHARED_ROOTS``, ``SOCKET_ROOTS`` and, with ``own_temp``,
+    Choir's temp folder, where egress sockets fall back) that ``path`` is or contains,
+    compared as real paths; else None.
+
+    Not only the root itself: ``/var`` holds ``/var/tmp``, and a bind of it let a
+    network-off step connect to every host socket there (review 23b).
+    """
+    real = os.path.realpath(path)
+    inside = real.rstrip("/") + "/"  # "/" holds everything
+    roots: list[str] = [*SHARED_ROOTS, *SOCKET_ROOTS]
+    if own_temp:
+        roots.append(tempfile.gettempdir())
+    for root in roots:
+        for form in (os.path.normpath(root), os.path.realpath(root)):
+            if form == real or form.startswith(inside):
+                return form
+    return None
 
 
 def _venv_base(venv: Path) -> str | None:

@@ -405,6 +405,14 @@ class Sandbox(abc.ABC):
     # (``open_sandbox(beside=True)``); every run waits for it (``vouched``) before it starts
     interpreter: Interpreter | None = None
     vouching: Future[Interpreter] | None = None
+    _binds: tuple[str, ...] = ()  # the host folders bound beside the system's (checked)
+
+    @property
+    def binds(self) -> tuple[str, ...]:
+        """The host folders bound beside the system's (``choir.yaml``'s binds and resource
+        folders, resolved): recorded in the manifest, so the attestation says what the
+        steps could see and connect to besides the repo (review 23b)."""
+        return self._binds
 
     def vouched(self) -> Interpreter | None:
         """``interpreter``, once a vouch still running holds (waits for it).

@@ -263,6 +263,7 @@ def attest_run(
             isolation=platform.isolation,
             network=spec.network or bool(spec.hosts),
             hosts=spec.hosts,
+            binds=platform.binds,
             image=platform.container_image,
             image_digest=platform.image_digest,
             os=platform.os,

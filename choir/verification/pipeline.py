@@ -261,7 +261,7 @@ def run_verifier(spec: VerifierSpec, *, repo: Path, sandbox: Sandbox, store: Art
                           sandbox=sandbox.name, isolation=sandbox.isolation,
                           transfer=described.get("transfer"),  # type: ignore[arg-type]
                           limits_applied=AppliedLimits.weakest(applied),
-                          interpreter=interpreter),
+                          interpreter=interpreter, binds=sandbox.binds),
         infra_error=infra_error[:1000] if infra_error else None,
         files=files, bytes_logged=total,
     )

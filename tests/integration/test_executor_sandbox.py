@@ -403,42 +403,22 @@ def test_an_executor_of_a_repo_in_tmp_reaches_no_host_socket_there(tmp_path: Pat
     bind still connects, and /tmp holds the host's sockets (tmux, X11, an agent's, another
     step's egress proxy). The attack: a no-network executor talked to a host service there.
     A shared temp root is never the folder around a repo, nor a bind (``check_bind``)."""
-    import socket
-    import threading
     import uuid
 
     from choir.exceptions import ConfigError
     from choir.executors import run_command
     from choir.sandbox._toolchain import check_bind
+    from tests.hostsocket import Listener, connecting
 
     name = f"choir-test-{uuid.uuid4().hex[:12]}"
     repo, sock_path = Path("/tmp") / name, Path("/tmp") / f"{name}.sock"
     repo.mkdir()
-    heard: list[bytes] = []
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(sock_path))
-    os.chmod(sock_path, 0o777)
-    server.listen(1)
-    server.settimeout(15)
-
-    def serve() -> None:
-        try:
-            conn, _ = server.accept()
-            heard.append(conn.recv(64))
-            conn.close()
-        except OSError:
-            pass
-
-    listener = threading.Thread(target=serve, daemon=True)
-    listener.start()
+    server = Listener(sock_path, timeout=15)
     try:
         item = WorkItem(id="tmp", goal="g", repo=str(repo), executor={  # type: ignore[arg-type]
-            "kind": "command", "command": f"{PY} -c \"import socket; s = socket.socket("
-            f"socket.AF_UNIX); s.connect('{sock_path}'); s.sendall(b'ESCAPED')\"; "
-            "echo done > seen.txt"})
+            "kind": "command", "command": connecting(sock_path)})
         out = run_command(item, 1, [])
-        server.close()
-        listener.join(5)
+        heard = server.close()
         assert heard == [], f"the executor reached a host socket in /tmp: {heard}"
         assert (repo / "seen.txt").exists(), _log(out.artifact)
         for shared in ("/tmp", "/var/tmp"):
