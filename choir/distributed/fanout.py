@@ -123,7 +123,7 @@ class DaskFanout:
         Raises:
             IntegrityError: it showed another role's certificate (nothing was sent to it).
         """
-        from choir.distributed.guard import peer_role
+        from choir.distributed.pki import peer_role
         from choir.exceptions import IntegrityError
 
         role = peer_role(self._client.scheduler_comm.comm)

@@ -1,109 +1,279 @@
-"""Roles on the wire: which certificate may ask a Dask scheduler, worker or nanny for what.
+"""Roles on the wire: which certificate may ask a Dask scheduler, worker or nanny for what,
+and send it what.
 
 Mutual TLS lets in any certificate of the cluster's CA, and Dask itself does not look at who
 asks: a worker's certificate (its key read by code that broke out of a step on that worker)
 could register as a client and submit tasks, or call another worker's ``run`` directly, and
 so make every worker seal forged results, which would defeat independent reruns. This
 module is a Dask preload (``--preload choir.distributed.guard`` on the scheduler and the
-workers, ``--preload-nanny`` on the nannies): it wraps the operations below so that each
-answers only peers whose certificate has one of the listed roles (the subject's OU, see
-``choir.distributed.pki``), and a worker registers only under its certificate's name (CN).
-A refused call raises ``PermissionError`` to the caller.
+workers, ``--preload-nanny`` on the nannies). Each kind of server is driven by one role (a
+scheduler by clients, a worker and a nanny by the scheduler): a peer of that role may ask
+for anything; any other peer only for the operations listed for its role below, and a
+worker registers only under its certificate's name (CN). The role is the subject's OU of
+the certificate the peer showed (``choir.distributed.pki``). A refused call raises
+``PermissionError`` to the caller.
 
-Other operations (information: who has what, versions, logs) stay open to any certificate
-of the CA. Data a worker fetches from a peer is still unpickled; Choir's tasks depend only
-on the snapshot, broadcast by the scheduler, so no worker fetches from another.
+Checking operations is not enough (review 23c): Dask unpickles every ``ToPickle`` value of a
+message while it reads it, before any handler runs, and loads the pickled exceptions of an
+error reply after. So:
+
+- a pickle is loaded whole only from the role that drives this process (``DRIVER``); from
+  any other peer it may build plain values only (bytes, strings, numbers, containers: what
+  a worker fetches from another), and the read that meets anything else (a global, a
+  reduce of one) drops the connection, nothing run;
+- an error a peer sends is never unpickled here (its text is kept);
+- on the scheduler, a worker's stream carries only the messages workers send, each about
+  that worker, and a client's stream only a client's.
+
+Importing this module arms the wire checks in the whole process (it is meant to be imported
+by Dask as a preload, before the server listens); until ``guard`` has named the process's
+server, every connection to it is dropped and no pickle is loaded.
 """
 
 from __future__ import annotations
 
+import contextvars
 import inspect
-from collections.abc import Callable
+import io
+import pickle
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from choir.distributed.pki import peer_role, peer_subject
 
 _CLIENT = frozenset({"client"})
 _WORKER = frozenset({"worker"})
 _SCHEDULER = frozenset({"scheduler"})
 
-# operation -> roles allowed to call it; anything that runs code, moves data or changes
-# the cluster belongs to the role that does it
+# the role that drives each kind of server: it may ask for any operation, and only its
+# messages may carry pickles (a task's code, the scheduler's run specs)
+DRIVER: dict[str, frozenset[str]] = {"scheduler": _CLIENT, "worker": _SCHEDULER,
+                                     "nanny": _SCHEDULER}
+# operation -> the roles allowed to call it, where that is not the driver alone
 SCHEDULER_RULES: dict[str, frozenset[str]] = {
-    "register-client": _CLIENT,  # the stream every task submission travels on
-    "register-worker": _WORKER, "register_nanny": _WORKER, "heartbeat_worker": _WORKER,
-    **{op: _CLIENT for op in (
-        "scatter", "gather", "feed", "broadcast", "proxy", "run_function", "restart",
-        "restart_workers", "retire_workers", "rebalance", "replicate", "update_data",
-        "set_resources", "set_restrictions", "set_metadata", "retry", "terminate",
-        "register_scheduler_plugin", "unregister_scheduler_plugin", "register_worker_plugin",
-        "unregister_worker_plugin", "register_nanny_plugin", "unregister_nanny_plugin",
-        "dump_cluster_state_to_url", "start_task_metadata", "stop_task_metadata",
-        "subscribe_worker_status")},
+    "register-worker": _WORKER,  # a worker's stream; never a client's
+    "register_nanny": _WORKER, "heartbeat_worker": _WORKER, "unregister": _WORKER,
+    "who_has": _CLIENT | _WORKER,
 }
-WORKER_RULES: dict[str, frozenset[str]] = {op: _SCHEDULER for op in (
-    "gather", "run", "run_coroutine", "update_data", "free_keys", "terminate", "upload_file",
-    "actor_execute", "actor_attribute", "plugin-add", "plugin-remove", "benchmark_disk",
-    "benchmark_memory", "benchmark_network")}
+WORKER_RULES: dict[str, frozenset[str]] = {
+    "get_data": _SCHEDULER | _CLIENT | _WORKER,  # results are signed; their bytes are public
+}
 NANNY_RULES: dict[str, frozenset[str]] = {
-    **{op: _SCHEDULER for op in ("instantiate", "run", "plugin_add", "plugin_remove")},
-    **{op: _SCHEDULER | _WORKER for op in ("kill", "restart", "terminate",
-                                           "close_gracefully")},
-}
+    op: _SCHEDULER | _WORKER for op in ("kill", "restart", "terminate", "close_gracefully")}
+_RULES = {"scheduler": SCHEDULER_RULES, "worker": WORKER_RULES, "nanny": NANNY_RULES}
+# what a worker sends on its stream to the scheduler; everything else there is a client's
+WORKER_STREAM_OPS = frozenset({
+    "task-finished", "task-erred", "release-worker-data", "add-keys", "long-running",
+    "reschedule", "keep-alive", "log-event", "worker-status-change",
+    "request-refresh-who-has"})
+
+# the role of the peer whose connection this task serves (set by ``_handle_comm``)
+_PEER: contextvars.ContextVar[str | None] = contextvars.ContextVar("choir_dask_peer")
+# the peer a read in progress loads plain pickles only from (None: any pickle)
+_REFUSING: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "choir_dask_refusing", default=None)
+# the ``extra`` of the stream being handled (``{"worker": address}`` or ``{"client": id}``)
+_STREAM: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar("choir_stream")
+_pickles_from: frozenset[str] = frozenset()  # this process's driver, once ``guard`` ran
 
 
-def _subject(comm: Any, field: str) -> str | None:
-    """One field of the subject of the certificate the peer of ``comm`` showed (TLS only)."""
-    cert = (getattr(comm, "extra_info", None) or {}).get("peercert") or {}
-    values = [value for rdn in cert.get("subject", ()) for key, value in rdn if key == field]
-    return values[0] if len(values) == 1 else None
+class PickleRefused(PermissionError):
+    """A peer that does not drive this process sent a pickle of more than plain data."""
 
 
-def peer_role(comm: Any) -> str | None:
-    """The role (OU) in the certificate the peer of ``comm`` showed; None without TLS."""
-    return _subject(comm, "organizationalUnitName")
+# what a pickle from a peer that does not drive this process may build: plain values (the
+# snapshot's bytes a worker fetches from another, and their type in Dask's header)
+PLAIN_TYPES = frozenset({"bytes", "bytearray", "memoryview", "str", "int", "float", "complex",
+                         "bool", "tuple", "list", "dict", "set", "frozenset"})
 
 
-def _guarded(op: str, handler: Callable[..., Any], roles: frozenset[str],
-             server: str) -> Callable[..., Any]:
-    signature = inspect.signature(handler)
-    params = list(signature.parameters.values())
-    takes_comm = bool(params) and params[0].name == "comm"
+class _PlainUnpickler(pickle.Unpickler):
+    """Builds plain values only: every global a pickle names goes through ``find_class``
+    (Python's documented way to restrict unpickling), and only ``PLAIN_TYPES`` pass."""
 
-    async def guarded(comm: Any, **msg: Any) -> Any:
-        role = peer_role(comm)
-        if role not in roles:
-            raise PermissionError(f"the {server} refused {op!r} to a {role or 'non-TLS'} peer "
-                                  f"(allowed: {', '.join(sorted(roles))})")
-        if op == "register-worker" and str(msg.get("name")) != _subject(comm, "commonName"):
+    def __init__(self, file: io.BytesIO, peer: str, buffers: Any = ()) -> None:
+        super().__init__(file, buffers=buffers or None)
+        self.peer = peer
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "builtins" and name in PLAIN_TYPES:
+            return super().find_class(module, name)
+        raise PickleRefused(f"a {self.peer} peer sent a pickle of {module}.{name}; only "
+                            f"{', '.join(sorted(_pickles_from)) or 'no peer'} may send "
+                            "more than plain data here")
+
+
+def _role_name(role: str | None) -> str:
+    return role or "non-TLS"
+
+
+def _arm() -> None:
+    """Patch Dask's read path, unpickler, error loader and connection handler (once)."""
+    from distributed import core
+    from distributed.comm import tcp
+    from distributed.comm.core import CommClosedError
+    from distributed.protocol import pickle as dask_pickle
+
+    if getattr(tcp.TCP.read, "_choir", False):
+        return
+    plain_read: Any = tcp.TCP.read
+    plain_loads: Any = dask_pickle.loads
+    plain_clean: Any = core.clean_exception
+    plain_handle: Any = core.Server._handle_comm
+
+    async def read(self: Any, deserializers: Any = None) -> Any:
+        role = peer_role(self)
+        token = _REFUSING.set(None if role in _pickles_from else _role_name(role))
+        try:
+            return await plain_read(self, deserializers)
+        except PickleRefused as exc:
+            self.abort()
+            raise CommClosedError(str(exc)) from None
+        finally:
+            _REFUSING.reset(token)
+
+    def loads(x: Any, *, buffers: Any = ()) -> Any:
+        peer = _REFUSING.get()
+        if peer is None:
+            return plain_loads(x, buffers=buffers)
+        return _PlainUnpickler(io.BytesIO(x), peer, buffers=buffers).load()
+
+    def clean_exception(exception: Any = None, traceback: Any = None, **kwargs: Any) -> Any:
+        # an error reply's pickled exception and traceback: its text only
+        if isinstance(exception, (bytes, bytearray)):
+            exception = str(kwargs.get("exception_text") or "a peer's error (not loaded)")
+        if isinstance(traceback, (bytes, bytearray)):
+            traceback = None
+        return plain_clean(exception, traceback, **kwargs)
+
+    async def handle_comm(self: Any, comm: Any) -> None:
+        if not getattr(self, "_choir_guarded", False):
+            comm.abort()  # a connection before the guard took this server: none is served
+            return
+        _PEER.set(peer_role(comm))  # this connection's task only
+        await plain_handle(self, comm)
+
+    read._choir = True  # type: ignore[attr-defined]
+    tcp.TCP.read = read  # type: ignore[method-assign]
+    dask_pickle.loads = loads
+    core.clean_exception = clean_exception
+    scheduler_module = sys.modules.get("distributed.scheduler")
+    if scheduler_module is not None:  # it imported the name (its ``uncaught-error`` handler)
+        scheduler_module.clean_exception = clean_exception  # type: ignore[attr-defined]
+    core.Server._handle_comm = handle_comm  # type: ignore[method-assign]
+
+
+class _Handlers(dict):  # type: ignore[type-arg]
+    """A server's operations, each answering only the roles allowed to call it (looked up
+    by Dask for every request, plugins' operations added later included)."""
+
+    def __init__(self, handlers: Mapping[str, Any], kind: str) -> None:
+        super().__init__(handlers)
+        self.kind = kind
+
+    def __getitem__(self, op: str) -> Any:
+        handler = super().__getitem__(op)
+        try:
+            role = _PEER.get()
+        except LookupError:  # not a request from the wire: the server's own lookup
+            return handler
+        roles = _RULES[self.kind].get(op, DRIVER[self.kind])
+        if role in roles:
+            return handler
+        message = (f"the {self.kind} refused {op!r} to a {_role_name(role)} peer (allowed: "
+                   f"{', '.join(sorted(roles))})")
+
+        def refused(**_: Any) -> None:
+            raise PermissionError(message)
+
+        return refused
+
+
+def _named(handler: Callable[..., Any], server: str) -> Callable[..., Any]:
+    """``register-worker``, for a worker known by its certificate's name only."""
+
+    async def register(comm: Any, **msg: Any) -> Any:
+        if str(msg.get("name")) != peer_subject(comm, "commonName"):
             # a worker is known by its certificate's name: no worker joins as another
             raise PermissionError(f"the {server} refused worker name {msg.get('name')!r} to "
-                                  f"the certificate of {_subject(comm, 'commonName')!r}")
-        result = handler(comm, **msg) if takes_comm else handler(**msg)
+                                  f"the certificate of {peer_subject(comm, 'commonName')!r}")
+        result = handler(comm, **msg)
         return await result if inspect.isawaitable(result) else result
 
-    # Dask inspects a handler's parameters (a first ``comm``, ``serializers``): the
-    # original's, with ``comm`` first
-    comm = inspect.Parameter("comm", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    guarded.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=params if takes_comm else [comm, *params])
-    guarded.__name__ = getattr(handler, "__name__", op)
+    register.__name__ = getattr(handler, "__name__", "register-worker")
+    return register
+
+
+def _streams(server: Any) -> None:
+    """On the scheduler: a worker's stream carries only worker messages about itself, a
+    client's only a client's (Dask merges the stream's ``worker``/``client`` into each
+    message, and a message could name another)."""
+    plain = server.handle_stream
+
+    async def handle_stream(comm: Any, extra: Mapping[str, Any] | None = None) -> None:
+        token = _STREAM.set(dict(extra or {}))
+        try:
+            await plain(comm=comm, extra=extra)
+        finally:
+            _STREAM.reset(token)
+
+    server.handle_stream = handle_stream
+    server.handlers["connection_stream"] = handle_stream
+    for op, handler in list(server.stream_handlers.items()):
+        side = "worker" if op in WORKER_STREAM_OPS else "client"
+        server.stream_handlers[op] = _on_stream(op, handler, side)
+
+
+def _on_stream(op: str, handler: Callable[..., Any], side: str) -> Callable[..., Any]:
+    def check(kwargs: Mapping[str, Any]) -> None:
+        extra = _STREAM.get(None)
+        if extra is None or side not in extra or kwargs.get(side) != extra[side]:
+            raise PermissionError(f"the scheduler refused {op!r} on a stream that is not "
+                                  f"that {side}'s own")
+
+    if inspect.iscoroutinefunction(handler):
+        async def guarded_async(**kwargs: Any) -> Any:
+            check(kwargs)
+            return await handler(**kwargs)
+        return guarded_async
+
+    def guarded(**kwargs: Any) -> Any:
+        check(kwargs)
+        return handler(**kwargs)
     return guarded
 
 
 def guard(server: Any) -> None:
-    """Wrap ``server``'s operations by its kind's rules (idempotent per server)."""
+    """Guard ``server``'s operations and streams by its kind's rules (idempotent per
+    server), and let its driver's messages carry pickles.
+
+    Raises:
+        RuntimeError: a Dask server of another kind, or a second kind in this process (each
+            process pickles from one driver).
+    """
+    global _pickles_from
     kind = type(server).__name__.lower()
-    rules = {"scheduler": SCHEDULER_RULES, "worker": WORKER_RULES,
-             "nanny": NANNY_RULES}.get(kind)
-    if rules is None:
+    if kind not in _RULES:
         raise RuntimeError(f"choir.distributed.guard does not know a Dask {kind}")
     if getattr(server, "_choir_guarded", False):
         return
-    for op, roles in rules.items():
-        if op in server.handlers:
-            server.handlers[op] = _guarded(op, server.handlers[op], roles, kind)
+    if _pickles_from and _pickles_from != DRIVER[kind]:
+        raise RuntimeError("choir.distributed.guard guards one kind of Dask server per "
+                           f"process; this one already runs another than a {kind}")
+    _arm()
+    server.handlers = _Handlers(server.handlers, kind)
+    if "register-worker" in server.handlers:
+        server.handlers["register-worker"] = _named(server.handlers["register-worker"], kind)
+    if kind == "scheduler":
+        _streams(server)
+    _pickles_from = DRIVER[kind]
     server._choir_guarded = True
 
 
 def dask_setup(server: Any) -> None:
     """Dask's preload hook."""
     guard(server)
+
+
+_arm()

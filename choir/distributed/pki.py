@@ -261,6 +261,19 @@ def _cn(cert: x509.Certificate) -> str:
     return str(names[0].value) if names else ""
 
 
+def peer_subject(comm: object, field: str) -> str | None:
+    """One field of the subject of the certificate the peer of a Dask ``comm`` showed (TLS
+    only; None without one, or when the field is missing or repeated)."""
+    cert = (getattr(comm, "extra_info", None) or {}).get("peercert") or {}
+    values = [value for rdn in cert.get("subject", ()) for key, value in rdn if key == field]
+    return values[0] if len(values) == 1 else None
+
+
+def peer_role(comm: object) -> str | None:
+    """The role (the subject's OU) in the certificate the peer of ``comm`` showed."""
+    return peer_subject(comm, "organizationalUnitName")
+
+
 def sign_as(files: CertFiles, data: bytes) -> tuple[bytes, bytes]:
     """``(certificate PEM, signature of data)`` with the key of ``files`` (a worker's)."""
     return files.cert.read_bytes(), _load_key(files.key).sign(data, _SIGNED)

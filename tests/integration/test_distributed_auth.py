@@ -324,6 +324,103 @@ def test_a_compromised_worker_cannot_command_the_others(cluster: LocalCluster) -
         asyncio.run(run_on_peer())
 
 
+class _Plant:
+    """Unpickled, it writes a file named for the process that loaded it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (exec, (f"import os, sys; open({str(self.folder)!r} + '/ran-' + "
+                       "str(os.getpid()), 'w').write(' '.join(sys.argv)[-60:])",))
+
+
+def test_a_worker_certificate_runs_no_code_by_pickle_on_any_peer(
+        cluster: LocalCluster, tmp_path: Path) -> None:
+    """Review 23c, critical: the guard checked operations, but Dask unpickles each
+    ``ToPickle`` value (and, on a worker, each pickled ``Serialize``) while it reads a
+    message, before any handler runs. One message to an open operation carrying a payload
+    ran code in the scheduler and in every worker, which then sealed PASS for a failing tree.
+    Now nothing but the process's driver (clients for the scheduler, the scheduler for a
+    worker) may send more than plain data, and the connection that tries is dropped."""
+    import asyncio
+
+    from distributed.comm import connect
+    from distributed.protocol import pickle as dask_pickle
+    from distributed.protocol.serialize import Serialize, ToPickle
+
+    marks = tmp_path / "marks"
+    marks.mkdir(mode=0o777)
+    marks.chmod(0o777)  # the cluster's processes may run as another user
+    stolen = _as(cluster.pki, "worker", "w0").get_connection_args("client")
+    peers = [cluster.address, *_workers(cluster)]
+    answers: list[str] = []
+
+    async def send(address: str, msg: dict[str, Any]) -> None:
+        comm = await connect(address, **stolen)
+        try:
+            await comm.write(msg)
+            answers.append(repr(await asyncio.wait_for(comm.read(), 10))[:200])
+        except Exception as exc:  # noqa: BLE001 - the peer drops the connection: expected
+            answers.append(f"{type(exc).__name__}: {exc}"[:200])
+        finally:
+            comm.abort()
+
+    async def attack() -> None:
+        for address in peers:
+            await send(address, {"op": "identity", "reply": True, "x": ToPickle(_Plant(marks))})
+            await send(address, {"op": "get_data", "reply": True, "keys": [],
+                                 "x": Serialize(_Plant(marks))})
+        # an operation that unpickles an argument itself: the scheduler's drivers' only
+        await send(cluster.address, {"op": "workers_to_close", "reply": True,
+                                     "key": dask_pickle.dumps(_Plant(marks))})
+
+    asyncio.run(attack())
+    assert sorted(p.name for p in marks.iterdir()) == [], answers
+    # the cluster still serves its own client
+    assert len(_workers(cluster)) == 2
+
+
+def test_a_worker_stream_speaks_only_for_its_own_worker(cluster: LocalCluster,
+                                                        tmp_path: Path) -> None:
+    """Dask merges a stream's ``worker`` into each message it carries, and a message may
+    name another: a worker said another had finished a task, or sent a client's messages
+    (``update-graph`` unpickles a graph) on its worker stream. The scheduler now refuses
+    both and drops the worker."""
+    import asyncio
+
+    from distributed import Worker
+    from distributed.security import Security
+
+    files = cluster.pki.issue("worker", "w2")
+    own = Security(  # type: ignore[no-untyped-call]
+        require_encryption=True, tls_ca_file=str(cluster.pki.ca_file),
+        tls_client_cert=str(files.cert), tls_client_key=str(files.key),
+        tls_worker_cert=str(files.cert), tls_worker_key=str(files.key))
+    victim = next(iter(_workers(cluster)))
+    log = cluster.root / "scheduler.log"
+    before = len(log.read_text())
+
+    async def hostile(msg: dict[str, Any]) -> None:
+        async with Worker(cluster.address, security=own, name="w2", nthreads=1,  # type: ignore[no-untyped-call]
+                          host="127.0.0.1", local_directory=str(tmp_path / "w2"),
+                          dashboard=False) as worker:
+            worker.batched_stream.send(msg)
+            for _ in range(100):
+                await asyncio.sleep(0.1)
+                if worker.batched_stream.comm is None or worker.batched_stream.comm.closed():
+                    return
+
+    asyncio.run(hostile({"op": "release-worker-data", "key": "choir-x", "worker": victim,
+                         "stimulus_id": "forged"}))
+    asyncio.run(hostile({"op": "client-releases-keys", "keys": ["choir-x"],
+                         "client": "Client-forged"}))
+    said = log.read_text()[before:]
+    assert "refused 'release-worker-data' on a stream that is not that worker's own" in said
+    assert "refused 'client-releases-keys' on a stream that is not that client's own" in said
+    assert len(_workers(cluster)) == 2  # the honest workers serve on
+
+
 def _dumps(func: Callable[[], Any]) -> bytes:
     from distributed.protocol.pickle import dumps
 

@@ -1,0 +1,83 @@
+"""The guard's wire checks in a process that armed them (Dask's preload does, on import):
+pickles from a peer that does not drive the process build plain values only, and an error a
+peer sends is never unpickled (review 23c). Each case runs in a fresh interpreter: arming
+patches Dask for the whole process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("distributed", reason="the distributed extra is not installed: "
+                    "pip install 'choir[distributed]'")
+
+PLANT = textwrap.dedent("""\
+    import os, pathlib, sys
+    from distributed.protocol import pickle as dask_pickle
+
+    MARK = pathlib.Path(sys.argv[1])
+
+    class Plant:
+        def __reduce__(self):
+            return (exec, (f"open({str(MARK)!r}, 'w').write('ran')",))
+
+    payload = dask_pickle.dumps(Plant())
+    """)
+
+
+def _run(tmp_path: Path, body: str) -> tuple[str, bool]:
+    mark = tmp_path / "ran"
+    out = subprocess.run([sys.executable, "-c", PLANT + textwrap.dedent(body), str(mark)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout, mark.exists()
+
+
+@pytest.fixture(scope="module")
+def armed(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], bool]:
+    """One armed interpreter: a peer's error loaded, then pickles read from a worker peer."""
+    out, ran = _run(tmp_path_factory.mktemp("armed"), """
+        from choir.distributed import guard  # arms
+        from distributed import core
+        from distributed.protocol import pickle as dask_pickle
+
+        typ, exc, tb = core.clean_exception(exception=payload, traceback=payload,
+                                            exception_text="ValueError('boom')")
+        print(type(exc).__name__, exc, tb)
+        token = guard._REFUSING.set("worker")  # as during a read from a worker peer
+        print(dask_pickle.loads(dask_pickle.dumps((bytes, b"snap", {"a": [1, 2.0]}))))
+        try:
+            dask_pickle.loads(payload)
+        except guard.PickleRefused as exc:
+            print("refused:", exc)
+        guard._REFUSING.reset(token)
+        """)
+    return out.splitlines(), ran
+
+
+def test_an_error_a_peer_sends_is_never_unpickled(armed: tuple[list[str], bool]) -> None:
+    """A peer's error reply (``status: uncaught-error``) carries pickled exception and
+    traceback bytes, which ``clean_exception`` loaded after the read: a worker fetching
+    from a hostile peer ran its code."""
+    lines, ran = armed
+    assert not ran
+    assert lines[0] == "Exception ValueError('boom') None"
+
+
+def test_the_control_unarmed_dask_runs_the_peers_code(tmp_path: Path) -> None:
+    _, ran = _run(tmp_path, """
+        from distributed import core
+        core.clean_exception(exception=payload, exception_text="x")
+        """)
+    assert ran  # what the guard stops
+
+
+def test_a_non_driver_peer_may_send_plain_values_only(armed: tuple[list[str], bool]) -> None:
+    lines, ran = armed
+    assert not ran
+    assert lines[1] == "(<class 'bytes'>, b'snap', {'a': [1, 2.0]})"
+    assert lines[2].startswith("refused: a worker peer sent a pickle of builtins.exec")
