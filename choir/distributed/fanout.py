@@ -13,17 +13,21 @@ scheduler is refused, as anyone who reaches one can make its workers seal a forg
 Every result must be signed by a worker certificate of that CA and name it; with
 ``distinct`` (a mood with reruns, PARANOID) the runs of one verifier on one tree are pinned
 to workers that have not run it, and a result signed by another worker than the one it was
-placed on is refused.
+placed on is refused. What the cluster sends is read within a bound: the answers awaited
+(each by its verifier's limits) and a margin, counted before it is allocated or
+decompressed (``_bound_reads``).
 """
 
 from __future__ import annotations
 
+import contextvars
 import io
 import math
 import os
 import tarfile
 import threading
-from collections.abc import Mapping
+import zlib
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +43,8 @@ if TYPE_CHECKING:
 SCHEDULER_ENV = "CHOIR_SCHEDULER"
 TIMEOUT_ENV = "CHOIR_SCHEDULER_TIMEOUT_S"  # how long to try to reach it (default 30 s)
 ANSWER_MARGIN_S = 600  # a run's answer waits its verifier's timeout_s and this, then is lost
+# what one message from the cluster may hold besides the answers awaited (``_read_bound``)
+READ_MARGIN_BYTES = 64 << 20
 
 
 def fanout_from_env(options: dict[str, Any] | None = None, *,
@@ -102,6 +108,7 @@ class DaskFanout:
             raise MissingExtraError("fanning out to a cluster needs: "
                                     "pip install 'choir[distributed]'") from exc
         if self._client is None:
+            _bound_reads()
             security = self.pki.client_security()
             try:
                 # What workers send back is loaded as plain data only: a pickle from a
@@ -154,11 +161,18 @@ class DaskFanout:
         as ``choir.verification.pipeline.run_verifier`` does, and nothing runs again.
 
         Raises:
-            IntegrityError: what came back does not hash to what the worker sealed.
+            IntegrityError: what came back does not hash to what the worker sealed, is for
+                another run than ``run_id``, or is larger than ``spec.limits`` let it be
+                (refused as it is read: ``_bound_reads``).
         """
         from distributed import TimeoutError as DaskTimeoutError
 
-        from choir.distributed.remote_run import RemoteRun, land, signed_bytes
+        from choir.distributed.remote_run import (
+            RemoteRun,
+            land,
+            most_returned_bytes,
+            signed_bytes,
+        )
         from choir.exceptions import IntegrityError, SandboxError
         from choir.verification.pipeline import replay_sealed
 
@@ -169,31 +183,48 @@ class DaskFanout:
         ran = (spec.name, target.tree_hash)
         placed = self._place(ran, spec.name, _sealed_by(store, run_id, ran)) \
             if self.distinct else None
-        future = self._client.submit(
-            _run_on_worker,
-            spec.model_dump_json(), target.model_dump_json(), run_id, snapshot, snapshot_hash,
-            sandbox.name, self.options, sandbox.require_limits, dict(env or {}), pure=False,
-            key=f"choir-{run_id}", workers=placed and [placed[0]], allow_other_workers=False)
+        key = f"choir-{run_id}"
+        # read as it arrives: the answer (compressed, then decompressed) within its limits
+        with _AWAITED_LOCK:
+            _AWAITED[key] = 2 * most_returned_bytes(spec)
         try:
-            # a run waits for its worker only so long: a lost or silent one never answers
-            # (the worker enforces the step's timeout; the margin covers a queue for threads)
-            answer = future.result(timeout=spec.timeout_s + ANSWER_MARGIN_S)
-            remote = RemoteRun.model_validate(answer, strict=True)
-        except DaskTimeoutError:
-            future.cancel()
-            raise SandboxError(f"run {run_id}: no answer from the cluster in "
-                               f"{spec.timeout_s + ANSWER_MARGIN_S:g} s (the verifier's "
-                               "timeout_s and a margin)") from None
-        except (TypeError, ValueError) as exc:
-            raise IntegrityError(f"run {run_id}: the worker's answer is not a run folder "
-                                 f"({str(exc)[:300]})") from None
+            future = self._client.submit(
+                _run_on_worker, spec.model_dump_json(), target.model_dump_json(), run_id,
+                snapshot, snapshot_hash, sandbox.name, self.options, sandbox.require_limits,
+                dict(env or {}), pure=False, key=key, workers=placed and [placed[0]],
+                allow_other_workers=False)
+            try:
+                # a run waits for its worker only so long: a lost or silent one never answers
+                # (the worker enforces the step's timeout; the margin covers a thread queue)
+                answer = future.result(timeout=spec.timeout_s + ANSWER_MARGIN_S)
+                remote = RemoteRun.model_validate(answer, strict=True)
+            except DaskTimeoutError:
+                future.cancel()
+                raise SandboxError(f"run {run_id}: no answer from the cluster in "
+                                   f"{spec.timeout_s + ANSWER_MARGIN_S:g} s (the verifier's "
+                                   "timeout_s and a margin)") from None
+            except (TypeError, ValueError) as exc:
+                raise IntegrityError(f"run {run_id}: the worker's answer is not a run folder "
+                                     f"({str(exc)[:300]})") from None
+            except OSError as exc:
+                refused = _refused_read(exc)
+                if refused is None:
+                    raise
+                future.cancel()
+                raise IntegrityError(f"run {run_id}: the worker's answer was refused as it "
+                                     f"arrived: {refused} (limits.out_mb is "
+                                     f"{spec.limits.out_mb} MiB)") from None
+        finally:
+            with _AWAITED_LOCK:
+                _AWAITED.pop(key, None)
         worker = self.pki.verify_signed(remote.worker_cert, remote.signature,
                                         signed_bytes(run_id, remote.manifest_hash), "worker")
         if placed is not None and worker.name != placed[1]:
             # placements are unique per verifier and tree, so no two results share a signer
             raise IntegrityError(f"run {run_id} was placed on worker {placed[1]!r} but "
                                  f"{worker.name!r} signed its result: not an independent run")
-        return land(remote, store=store, spec=spec, target=target, worker=worker)
+        return land(remote, store=store, spec=spec, target=target, worker=worker,
+                    run_id=run_id)
 
     def _place(self, ran: tuple[str, str], verifier: str,
                sealed: frozenset[str] = frozenset()) -> tuple[str, str]:
@@ -258,6 +289,148 @@ def _sealed_by(store: ArtifactStore, run_id: str, ran: tuple[str, str]) -> froze
                 sealed[0].platform.worker:
             found.add(sealed[0].platform.worker)
     return frozenset(found)
+
+
+class ReadRefused(OSError):
+    """A message from the cluster that this process does not read: larger than
+    ``_read_bound`` (raw or decompressed), or compressed in a way it cannot bound."""
+
+
+_AWAITED: dict[str, int] = {}  # a run's task key -> the bytes its answer may take to read
+_AWAITED_LOCK = threading.Lock()
+# bytes the message being read may still take (None: not inside a read of a Dask comm)
+_LEFT: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "choir_dask_read_left", default=None)
+_BOUND_LOCK = threading.Lock()
+_bounded = False
+
+
+def _read_bound() -> int:
+    """What one message from the cluster may take to read: the answers awaited (a gather
+    can carry several) and a fixed margin for the scheduler's own messages."""
+    with _AWAITED_LOCK:
+        return READ_MARGIN_BYTES + sum(_AWAITED.values())
+
+
+def _take(nbytes: int) -> None:
+    """Count ``nbytes`` more of the message being read, before they are allocated.
+
+    Raises:
+        ReadRefused: the message would take more than ``_read_bound``.
+    """
+    left = _LEFT.get()
+    room = _read_bound() if left is None else left[0]
+    if nbytes > room:
+        raise ReadRefused(f"a message from the cluster of more than "
+                          f"{_read_bound() / (1 << 20):.0f} MiB (the answers awaited and a "
+                          "margin)")
+    if left is not None:
+        left[0] -= nbytes
+
+
+def _room() -> int:
+    left = _LEFT.get()
+    return _read_bound() if left is None else left[0]
+
+
+def _bounded_decompress(name: str, decompress: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``decompress`` of Dask's codec ``name`` that never makes more than ``_room()`` bytes.
+
+    A frame names its own compression (not what the connection agreed), so a worker's few
+    KiB of zstd or zlib can stand for a GiB: those are decompressed as streams and cut at the
+    bound; lz4 and snappy state their size first, checked before anything is allocated."""
+
+    def stream(chunks: Callable[[int], bytes]) -> bytearray:
+        out, room = bytearray(), _room()
+        while chunk := chunks(min(1 << 20, room + 1 - len(out))):
+            out += chunk
+            if len(out) > room:
+                _take(len(out))  # raises
+        _take(len(out))
+        return out
+
+    def bounded(data: Any) -> Any:
+        if name == "zlib":
+            inflate = zlib.decompressobj()
+            view = memoryview(data)
+
+            def more(size: int) -> bytes:
+                nonlocal view
+                chunk = inflate.decompress(view, size)
+                view = memoryview(inflate.unconsumed_tail)
+                return chunk
+
+            out = stream(more)
+            if not inflate.eof:
+                raise zlib.error("a zlib frame from the cluster is truncated")
+            return out
+        if name == "zstd":
+            import zstandard
+
+            reader = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True)
+            return stream(reader.read)
+        if name in ("lz4", "snappy"):
+            head = bytes(memoryview(data)[:10])
+            if name == "lz4":  # lz4.block with its size: 4 bytes, little-endian
+                size = int.from_bytes(head[:4], "little")
+            else:  # snappy: a varint
+                size = shift = 0
+                for byte in head:
+                    size |= (byte & 0x7F) << shift
+                    shift += 7
+                    if byte < 0x80:
+                        break
+            _take(size)
+            return decompress(data)
+        raise ReadRefused(f"a message from the cluster compressed with {name!r}, which "
+                          "Choir cannot decompress within a bound")
+
+    return bounded
+
+
+def _bound_reads() -> None:
+    """Bound what any Dask connection of this process reads by ``_read_bound`` (review 23c,
+    F2), once per process, before any connection is made.
+
+    A worker's answer reaches the client whole in one message (through the scheduler, which
+    does not look into it): Dask allocated its frames by the sizes they announce,
+    decompressed them by the codec each names, unbounded, then deserialized it, before
+    ``remote_run._within_limits`` could refuse it. Now every frame's bytes are counted
+    before they are allocated, and every decompressed byte as it is made; past the bound
+    the read stops and its connection is dropped (``ReadRefused``, as a ``CommClosedError``:
+    the pending gather fails, the report stream reconnects)."""
+    global _bounded
+    from distributed.comm import tcp
+    from distributed.protocol import compression
+
+    from choir.distributed.wire import around_reads
+
+    with _BOUND_LOCK:
+        if _bounded:
+            return
+        plain_read_bytes: Any = tcp.read_bytes_rw
+
+        async def read_bytes_rw(stream: Any, n: int) -> Any:
+            _take(n)
+            return await plain_read_bytes(stream, n)
+
+        around_reads(_LEFT, lambda _comm: [_read_bound()], ReadRefused)
+        tcp.read_bytes_rw = read_bytes_rw
+        for key, codec in list(compression.compressions.items()):
+            if codec.name is not None:
+                compression.compressions[key] = codec._replace(
+                    decompress=_bounded_decompress(codec.name, codec.decompress))
+        _bounded = True
+
+
+def _refused_read(exc: BaseException) -> ReadRefused | None:
+    """The ``ReadRefused`` behind ``exc`` (Dask re-raises a comm's error as new ones)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ReadRefused):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _plain_data_only(client: Any) -> None:

@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from choir.distributed.pki import peer_role, peer_subject
+from choir.distributed.wire import around_reads
 
 _CLIENT = frozenset({"client"})
 _WORKER = frozenset({"worker"})
@@ -111,27 +112,17 @@ def _role_name(role: str | None) -> str:
 def _arm() -> None:
     """Patch Dask's read path, unpickler, error loader and connection handler (once)."""
     from distributed import core
-    from distributed.comm import tcp
-    from distributed.comm.core import CommClosedError
     from distributed.protocol import pickle as dask_pickle
 
-    if getattr(tcp.TCP.read, "_choir", False):
+    if getattr(dask_pickle.loads, "_choir", False):
         return
-    plain_read: Any = tcp.TCP.read
     plain_loads: Any = dask_pickle.loads
     plain_clean: Any = core.clean_exception
     plain_handle: Any = core.Server._handle_comm
 
-    async def read(self: Any, deserializers: Any = None) -> Any:
-        role = peer_role(self)
-        token = _REFUSING.set(None if role in _pickles_from else _role_name(role))
-        try:
-            return await plain_read(self, deserializers)
-        except PickleRefused as exc:
-            self.abort()
-            raise CommClosedError(str(exc)) from None
-        finally:
-            _REFUSING.reset(token)
+    def refusing(comm: Any) -> str | None:
+        role = peer_role(comm)
+        return None if role in _pickles_from else _role_name(role)
 
     def loads(x: Any, *, buffers: Any = ()) -> Any:
         peer = _REFUSING.get()
@@ -154,8 +145,8 @@ def _arm() -> None:
         _PEER.set(peer_role(comm))  # this connection's task only
         await plain_handle(self, comm)
 
-    read._choir = True  # type: ignore[attr-defined]
-    tcp.TCP.read = read  # type: ignore[method-assign]
+    loads._choir = True  # type: ignore[attr-defined]
+    around_reads(_REFUSING, refusing, PickleRefused)
     dask_pickle.loads = loads
     core.clean_exception = clean_exception
     scheduler_module = sys.modules.get("distributed.scheduler")

@@ -50,14 +50,21 @@ def _clean(rel: str) -> PurePosixPath:
     return path
 
 
+def most_returned_bytes(spec: VerifierSpec) -> int:
+    """The most bytes of files a run of ``spec`` may return: ``$CHOIR_OUT`` and the logs
+    are each capped at ``out_mb`` (a one-step run's log is stored twice, as its step's and
+    as the combined log), and a MiB besides."""
+    return (3 * spec.limits.out_mb << 20) + (1 << 20)
+
+
 def _within_limits(remote: RemoteRun, spec: VerifierSpec) -> None:
-    """Refuse a run larger than the verifier's limits let a step make: ``$CHOIR_OUT`` and
-    the logs are each capped at ``out_mb`` (a one-step run's log is stored twice, as its
-    step's and as the combined log), and ``out_files`` files besides the logs. A worker
-    that returned more is not the one that ran the step honestly (review 16, F3: 64 MiB
-    against ``out_mb: 1`` was stored and attested)."""
+    """Refuse a run larger than the verifier's limits let a step make
+    (``most_returned_bytes``, and ``out_files`` files besides the logs). A worker that
+    returned more is not the one that ran the step honestly (review 16, F3: 64 MiB against
+    ``out_mb: 1`` was stored and attested). The coordinator bounds what it reads of an
+    answer before this (``choir.distributed.fanout``, review 23c F2)."""
     limits = spec.limits
-    most = (3 * limits.out_mb << 20) + (1 << 20)
+    most = most_returned_bytes(spec)
     size = sum(len(data) for data in remote.files.values())
     if size > most or len(remote.files) > limits.out_files + len(spec.steps) + 2:
         raise IntegrityError(f"run {remote.run_id}: the worker returned {len(remote.files)} "
@@ -67,16 +74,22 @@ def _within_limits(remote: RemoteRun, spec: VerifierSpec) -> None:
 
 
 def land(remote: RemoteRun, *, store: ArtifactStore, spec: VerifierSpec,
-         target: Target, worker: Identity | None = None) -> PipelineResult:
+         target: Target, worker: Identity | None = None,
+         run_id: str | None = None) -> PipelineResult:
     """Store ``remote`` under its run id, re-hash everything, and return the stored result.
 
     ``worker``: who signed it (``ClusterPKI.verify_signed``); the manifest must name it.
+    ``run_id``: the run asked for; an answer for another (a sibling replica's, whose id it
+    would take: review 23c F3) is refused before anything is stored.
 
     Raises:
         IntegrityError: a byte, a name or the manifest does not match (see module docstring).
     """
     from choir.verification.pipeline import ran_spec_steps, stored_result
 
+    if run_id is not None and remote.run_id != run_id:
+        raise IntegrityError(f"run {run_id}: the worker answered for run {remote.run_id[:80]!r},"
+                             " not the run asked for")
     try:
         manifest = RunManifest.model_validate_json(remote.manifest_json)
     except ValueError as exc:
