@@ -2,8 +2,9 @@
 
 The repo is bind-mounted read-only and is the working directory; the run's output folder is
 the only writable mount; no network unless the policy allows it; all capabilities dropped,
-no-new-privileges, uid 65534, read-only root with a tmpfs /tmp, memory/pids/CPU limits from
-the policy.
+no-new-privileges, uid 65534, read-only root with a tmpfs /tmp (and one of the same size on
+each ``VOLUME`` the image declares, which Docker would make a writable volume on its own
+disk), memory/pids/CPU limits from the policy.
 
 Leftovers: a Choir process killed with SIGKILL never reaches its ``finally`` and its container
 keeps running. Every container is labelled ``choir.managed=1`` plus its owner (host and PID
@@ -126,6 +127,7 @@ class DockerSandbox(Sandbox):
         self.host_usr = host_usr if host_usr is not None else self.image == DEFAULT_IMAGE
         self._client: Any = None
         self._repo_volumes: dict[str, str] = {}  # snapshot fingerprint -> volume (copy mode)
+        self._declared: dict[str, tuple[str, ...]] = {}  # image -> the VOLUMEs it declares
         self._load_lock = threading.Lock()
 
     @classmethod
@@ -213,6 +215,19 @@ class DockerSandbox(Sandbox):
                     volumes[path] = {"bind": path, "mode": "ro"}
         return volumes
 
+    def _image_volumes(self, client: Any, taken: set[str]) -> list[str]:
+        """The ``VOLUME`` folders the image declares, but where Choir mounts something
+        itself: each gets a tmpfs of ``/tmp``'s size. Docker would give each container a
+        writable anonymous volume there, on the engine's disk and outside every cap, and a
+        step filled the host's disk through one (review 23b); Docker refuses a read-only
+        anonymous volume. What the image holds in such a folder is hidden, as a new volume
+        would start empty for most images' data folders anyway."""
+        declared = self._declared.get(self.image)
+        if declared is None:
+            config = client.images.get(self.image).attrs.get("Config") or {}
+            declared = self._declared[self.image] = tuple(sorted(config.get("Volumes") or ()))
+        return [path for path in declared if path not in taken]
+
     def _environment(self, repo: Path, env: Mapping[str, str]) -> dict[str, str]:
         variables = step_env(COPY_OUT if self.transfer == "copy" else OUT, env)
         for var in ("PYENV_ROOT", "PYENV_VERSION", "CONDA_PREFIX", "VIRTUAL_ENV"):
@@ -268,15 +283,19 @@ class DockerSandbox(Sandbox):
                                     repo_volume)
             if proxy is not None:  # the only way out: the proxy's socket, read-only
                 volumes[str(proxy.socket_dir)] = {"bind": egress.MOUNT, "mode": "ro"}
+            # copy mode: an anonymous volume, removed with the container
+            mounts = [Mount(COPY_ROOT, None, type="volume")] if copy else []
+            scratch = {path: f"rw,nosuid,size={TMP_MB}m" for path in (
+                "/tmp", *self._image_volumes(client, {
+                    "/tmp", *(v["bind"] for v in volumes.values()),
+                    *(m["Target"] for m in mounts)}))}
             container = client.containers.create(
                 self.image, shell if proxy is None else egress.wrap(
                     proxy, shell, egress.SYSTEM_PYTHON if self.host_usr else "python3"),
                 working_dir=REPO, environment=self._environment(repo.resolve(), env),
-                volumes=volumes,
-                # copy mode: an anonymous volume, removed with the container
-                mounts=[Mount(COPY_ROOT, None, type="volume")] if copy else None,
+                volumes=volumes, mounts=mounts or None,
                 network_disabled=proxy is not None or not network, read_only=True,
-                tmpfs={"/tmp": f"rw,nosuid,size={TMP_MB}m"},
+                tmpfs=scratch,
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], user=f"{NOBODY}:{NOBODY}",
                 mem_limit=f"{limits.memory_mb}m", memswap_limit=f"{limits.memory_mb}m",
                 pids_limit=limits.pids, nano_cpus=int(limits.cpus * 1e9),
