@@ -109,6 +109,7 @@ class DaskFanout:
                                     "pip install 'choir[distributed]'") from exc
         if self._client is None:
             _bound_reads()
+            _no_events()
             security = self.pki.client_security()
             try:
                 # What workers send back is loaded as plain data only: a pickle from a
@@ -439,8 +440,9 @@ def _plain_data_only(client: Any) -> None:
     ``deserializers=["msgpack"]`` covers results only. A task's error travels as pickled
     exception bytes that Dask loads in this process (``clean_exception``), a finished
     task's result type as a pickled type (``key-in-memory``), and a worker's ``warn``
-    event as pickles too; a compromised worker that sent a payload there ran its code
-    here, where it could have a PASS signed for any tree (review 16, F1). The client's
+    event as pickles too (``_no_events``); a compromised worker that sent a payload there
+    ran its code here, where it could have a PASS signed for any tree (review 16, F1). The
+    client's
     handlers for those messages now take a fixed error and no type, and nothing a worker
     prints or warns reaches this process (its terminal, or ``--json`` on stdout). What else
     the scheduler sends is its own (its certificate is checked: ``_check_scheduler``)."""
@@ -462,8 +464,24 @@ def _plain_data_only(client: Any) -> None:
     client._state_handlers["erred"] = erred
     client._stream_handlers["key-in-memory"] = in_memory
     client._state_handlers["memory"] = in_memory
-    for topic in ("print", "warn"):
-        client.unsubscribe_topic(topic)
+
+
+def _no_events() -> None:
+    """No Dask client of this process subscribes to an event topic or handles an event.
+
+    Dask's client subscribes to "print" and "warn" as it starts, and its "warn" handler
+    unpickles the event's message. Unsubscribing after the start (as before) left the
+    handler in place for the events already on their way: a worker that flooded "warn"
+    events ran its code here on the first connection (review 24a, F1). Both are class
+    attributes Dask reads at the start and per event, so they are set before any client
+    exists (the scheduler's guard also drops every event a worker sends)."""
+    from distributed import Client
+
+    async def ignored(self: Any, topic: Any, event: Any) -> None:
+        del self, topic, event
+
+    Client._default_event_handlers = {}
+    Client._handle_event = ignored  # type: ignore[method-assign]
 
 
 def _run_on_worker(*args: Any) -> dict[str, Any]:

@@ -159,9 +159,9 @@ class _Handlers(dict):  # type: ignore[type-arg]
     """A server's operations, each answering only the roles allowed to call it (looked up
     by Dask for every request, plugins' operations added later included)."""
 
-    def __init__(self, handlers: Mapping[str, Any], kind: str) -> None:
+    def __init__(self, handlers: Mapping[str, Any], server: Any, kind: str) -> None:
         super().__init__(handlers)
-        self.kind = kind
+        self.server, self.kind = server, kind
 
     def __getitem__(self, op: str) -> Any:
         handler = super().__getitem__(op)
@@ -171,6 +171,8 @@ class _Handlers(dict):  # type: ignore[type-arg]
             return handler
         roles = _RULES[self.kind].get(op, DRIVER[self.kind])
         if role in roles:
+            if role == "worker" and (self.kind, op) in _OWN:
+                return _own(op, handler, self.server, self.kind)
             return handler
         message = (f"the {self.kind} refused {op!r} to a {_role_name(role)} peer (allowed: "
                    f"{', '.join(sorted(roles))})")
@@ -179,6 +181,34 @@ class _Handlers(dict):  # type: ignore[type-arg]
             raise PermissionError(message)
 
         return refused
+
+
+# what a worker certificate may do only for its own worker: at the scheduler, heartbeat or
+# unregister (by address); at a nanny, stop the worker it runs (review 24a: one worker took
+# the others out, and freed its name for an impostor)
+_OWN = frozenset({("scheduler", "unregister"), ("scheduler", "heartbeat_worker"),
+                  *(("nanny", op) for op in NANNY_RULES)})
+
+
+def _own(op: str, handler: Callable[..., Any], server: Any, kind: str) -> Callable[..., Any]:
+    """``handler`` for a worker peer, answering only about the worker its certificate names."""
+    takes_comm = next(iter(inspect.signature(handler).parameters), None) == "comm"
+
+    async def own(comm: Any, **msg: Any) -> Any:
+        name = str(peer_subject(comm, "commonName"))
+        if kind == "nanny":
+            whose = str(server.name)
+        else:
+            found = server.workers.get(msg.get("address"))
+            whose = name if found is None else str(found.name)  # unknown: nothing to harm
+        if whose != name:
+            raise PermissionError(f"the {kind} refused {op!r} about worker {whose!r} to the "
+                                  f"certificate of {name!r}")
+        result = handler(comm, **msg) if takes_comm else handler(**msg)
+        return await result if inspect.isawaitable(result) else result
+
+    own.__name__ = getattr(handler, "__name__", op)
+    return own
 
 
 def _named(handler: Callable[..., Any], server: str) -> Callable[..., Any]:
@@ -213,7 +243,16 @@ def _streams(server: Any) -> None:
     server.handlers["connection_stream"] = handle_stream
     for op, handler in list(server.stream_handlers.items()):
         side = "worker" if op in WORKER_STREAM_OPS else "client"
+        if op == "log-event":
+            # a worker's events are dropped: the scheduler published them to every client
+            # subscribed to the topic, and Dask's client unpickles a "warn" event's message
+            # (review 24a: a worker ran code in the coordinator that way)
+            handler = _dropped
         server.stream_handlers[op] = _on_stream(op, handler, side)
+
+
+def _dropped(**_: Any) -> None:
+    """A message taken from the stream it came on and not acted on."""
 
 
 def _on_stream(op: str, handler: Callable[..., Any], side: str) -> Callable[..., Any]:
@@ -253,7 +292,7 @@ def guard(server: Any) -> None:
         raise RuntimeError("choir.distributed.guard guards one kind of Dask server per "
                            f"process; this one already runs another than a {kind}")
     _arm()
-    server.handlers = _Handlers(server.handlers, kind)
+    server.handlers = _Handlers(server.handlers, server, kind)
     if "register-worker" in server.handlers:
         server.handlers["register-worker"] = _named(server.handlers["register-worker"], kind)
     if kind == "scheduler":

@@ -421,6 +421,90 @@ def test_a_worker_stream_speaks_only_for_its_own_worker(cluster: LocalCluster,
     assert len(_workers(cluster)) == 2  # the honest workers serve on
 
 
+def test_a_worker_certificate_speaks_for_no_other_worker(cluster: LocalCluster) -> None:
+    """Review 24a: the guard checked the caller's role, not whose worker it named. w0's
+    certificate unregistered w1 at the scheduler and killed w1's nanny: PARANOID then had
+    one worker left for two replicas (and w0's name was free for an impostor)."""
+    import asyncio
+
+    from distributed.core import rpc
+
+    stolen = _as(cluster.pki, "worker", "w0").get_connection_args("client")
+    workers = _workers(cluster)
+    [(w1, info)] = [(a, i) for a, i in workers.items() if i["name"] == "w1"]
+    said: list[str] = []
+
+    async def attempt(peer_address: str, op: str, **msg: Any) -> None:
+        async with rpc(peer_address, connection_args=stolen) as peer:
+            try:
+                said.append(f"{op}: {await getattr(peer, op)(**msg)}")
+            except Exception as exc:  # noqa: BLE001 - a refusal is the expected answer
+                said.append(f"{op}: {type(exc).__name__}: {exc}")
+
+    async def attack() -> None:
+        await attempt(cluster.address, "heartbeat_worker", address=w1, metrics={})
+        await attempt(cluster.address, "unregister", address=w1, stimulus_id="forged",
+                      close=True)
+        await attempt(info["nanny"], "kill", timeout=5)
+
+    asyncio.run(attack())
+    assert all("refused" in line for line in said), said
+    assert sorted(str(i["name"]) for i in _workers(cluster).values()) == ["w0", "w1"], said
+
+
+def test_no_event_a_worker_sends_reaches_the_coordinator(cluster: LocalCluster,
+                                                         tmp_path: Path) -> None:
+    """Review 24a, critical: Dask's client subscribes to "warn" events as it starts and
+    unpickles each one's message; unsubscribing after the start left a window, and a worker
+    (its own stream, its own name) flooding "warn" events ran its code in the coordinator on
+    its first connection. The scheduler now drops a worker's events, and no client of
+    Choir's subscribes to any or handles one."""
+    import asyncio
+    import threading
+
+    from distributed import Worker
+    from distributed.security import Security
+
+    from choir.distributed.fanout import DaskFanout
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    files = cluster.pki.issue("worker", "w3")
+    own = Security(  # type: ignore[no-untyped-call]
+        require_encryption=True, tls_ca_file=str(cluster.pki.ca_file),
+        tls_client_cert=str(files.cert), tls_client_key=str(files.key),
+        tls_worker_cert=str(files.cert), tls_worker_key=str(files.key))
+    blob = _dumps(_Plant(marks))  # type: ignore[arg-type]
+    stop, ready = threading.Event(), threading.Event()
+
+    async def flood() -> None:
+        async with Worker(cluster.address, security=own, name="w3", nthreads=1,  # type: ignore[no-untyped-call]
+                          host="127.0.0.1", local_directory=str(tmp_path / "w3"),
+                          dashboard=False) as worker:
+            ready.set()
+            while not stop.is_set():
+                for _ in range(20):
+                    worker.log_event("warn", {"message": blob})
+                await asyncio.sleep(0.002)
+
+    flooding = threading.Thread(target=lambda: asyncio.run(flood()), daemon=True)
+    flooding.start()
+    try:
+        assert ready.wait(30), "the flooding worker did not start"
+        for _ in range(3):  # each connection is a fresh window
+            fanout = DaskFanout(cluster.address, {}, timeout_s=10, pki=cluster.pki)
+            fanout._connect()
+            time_left = 20
+            while time_left and not list(marks.iterdir()):
+                threading.Event().wait(0.05)
+                time_left -= 1
+            fanout.close()
+    finally:
+        stop.set()
+        flooding.join(30)
+    assert list(marks.iterdir()) == []
+
+
 def _dumps(func: Callable[[], Any]) -> bytes:
     from distributed.protocol.pickle import dumps
 

@@ -81,3 +81,23 @@ def test_a_non_driver_peer_may_send_plain_values_only(armed: tuple[list[str], bo
     assert not ran
     assert lines[1] == "(<class 'bytes'>, b'snap', {'a': [1, 2.0]})"
     assert lines[2].startswith("refused: a worker peer sent a pickle of builtins.exec")
+
+
+def test_the_coordinators_clients_handle_no_event(tmp_path: Path) -> None:
+    """Review 24a: Dask's client unpickles a "warn" event's message; the coordinator's
+    clients subscribe to no topic and handle no event, whatever the scheduler forwards."""
+    out, ran = _run(tmp_path, """
+        import asyncio
+        from distributed import Client
+        from choir.distributed.fanout import _no_events
+
+        _no_events()
+
+        class Started:  # what Dask's start leaves: a handler for each default topic
+            _event_handlers = dict(Client._default_event_handlers)
+
+        asyncio.run(Client._handle_event(Started(), "warn", {"message": payload}))
+        print(sorted(Started._event_handlers))
+        """)
+    assert not ran
+    assert out.strip() == "[]"
