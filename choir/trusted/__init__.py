@@ -90,10 +90,14 @@ def _started(base: Path) -> BrokerSigner:
             found.close()
             if confined:
                 # a broker forked now would find the masked, empty key folder
+                hid = "this command hid the key folder from itself when it started"
+                if found.refusal:  # what the broker said, and its fix
+                    raise IntegrityError(f"the signing broker of {base} cannot sign, and "
+                                         f"{hid}: {found.refusal}")
                 raise IntegrityError(
                     f"the signing broker of {base} stopped or cannot load its key, and "
-                    "this command hid the key folder from itself when it started\n  fix: "
-                    "run the command again (`choir keys show` says whether the key loads)")
+                    f"{hid}\n  fix: run the command again (`choir keys show` says whether "
+                    "the key loads)")
         client = BrokerSigner(base, *spawn(base))
         _brokers[base] = client
         while len(_brokers) > _MAX_BROKERS:

@@ -39,18 +39,29 @@ from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError, SigningRefused
 from choir.trusted import checks
 from choir.trusted.confine import non_dumpable
-from choir.trusted.keyfile import KEY_FILE, Signer, load_key
+from choir.trusted.keyfile import KEY_FILE, Signer, load_key, open_keys
 from choir.trusted.protocol import Reply, Request, recv, send
 
 JOURNAL = "signed.log"
 
 
-def _identity(path: Path) -> tuple[int, ...] | None:
+def _identity(keys_fd: int) -> tuple[int, ...] | None:
+    """What changes when ``choir keys rotate`` replaces the key file in the folder."""
     try:
-        st = os.lstat(path)
+        st = os.stat(KEY_FILE, dir_fd=keys_fd, follow_symlinks=False)
     except OSError:
         return None
     return st.st_dev, st.st_ino, st.st_mode, st.st_ctime_ns, st.st_mtime_ns, st.st_size
+
+
+def _pin(home: Path) -> int | None:
+    """The key folder of ``home`` as it is now (``None`` while there is none): ``spawn``
+    takes it before the caller reads any hostile byte, and the broker never looks for
+    another."""
+    try:
+        return open_keys(home, make=False)
+    except OSError:
+        return None
 
 
 class _Held:
@@ -62,26 +73,66 @@ class _Held:
     was last told (on ``hello``, or the first load): a signature asked after the key
     changed was built for that id, so it is refused (``stale``), never made under a key the
     body does not name.
+
+    The key is read only inside the folder pinned at start (``keys_fd``), never found again
+    by path: a ``--sandbox local`` step, with main's uid, can move the home away (main's
+    mask moves with it) and make another at its path holding a key it kept; loaded as a
+    rotation, that key signed for the step (review 24a, F3). Once ``home/keys`` is not the
+    pinned folder any more, the broker refuses everything (``lost``), ``hello`` included.
     """
 
-    def __init__(self, home: Path) -> None:
-        self.home, self.path = home, home / "keys" / KEY_FILE
+    def __init__(self, home: Path, keys_fd: int | None = None) -> None:
+        self.home, self.keys = home, home / "keys"
+        self.keys_fd = keys_fd
         self.signer: Signer | None = None
         self.failure = ""
         self.identity: tuple[int, ...] | None = None
         self.announced = ""
+        self.lost = False
 
     def current(self) -> None:
         """Load the key on the first request, and again when its file was replaced."""
-        if (self.signer is not None or self.failure) and _identity(self.path) == self.identity:
+        keys_fd = self.in_place()
+        if keys_fd is None:
+            return
+        identity = _identity(keys_fd)  # taken before loading: a change after loads again
+        if (self.signer is not None or self.failure) and identity == self.identity:
             return
         try:
-            self.signer, self.failure = load_key(self.home), ""
+            self.signer, self.failure = load_key(self.home, keys_fd), ""
         except (IntegrityError, OSError) as err:
             self.signer, self.failure = None, str(err)
-        self.identity = _identity(self.path)
+        self.identity = identity
         if not self.announced and self.signer is not None:
             self.announced = self.signer.key_id
+
+    def in_place(self) -> int | None:
+        """The pinned folder while ``home/keys`` still leads to it (pinned now if there was
+        none: a home made at first use), else ``None``, and nothing is signed again.
+
+        ``home/keys`` is followed, as the mask over it was: a link to the pinned folder is
+        that folder, and the key is read from the descriptor either way.
+        """
+        if self.lost:
+            return None
+        try:
+            if self.keys_fd is None:
+                self.keys_fd = open_keys(self.home)
+            now, pinned = os.stat(self.keys), os.fstat(self.keys_fd)
+            why = "" if (now.st_dev, now.st_ino) == (pinned.st_dev, pinned.st_ino) else \
+                "another folder is there now"
+        except OSError as err:
+            why = err.strerror or str(err)
+        if not why:
+            return self.keys_fd
+        self.lost, self.signer = True, None
+        self.failure = (
+            f"{self.keys} is no longer the key folder this signing broker started with "
+            f"({why}): was {self.home} moved or replaced while the command ran (a step of "
+            "a confined command can do that)? Nothing more is signed here.\n  fix: run the "
+            f"command again, after checking that {self.home} is your home (`choir keys "
+            "show` names its key)")
+        return None
 
 
 def answer(raw: dict[str, object], held: _Held, store: Callable[[], ArtifactStore]) -> Reply:
@@ -110,34 +161,39 @@ def answer(raw: dict[str, object], held: _Held, store: Callable[[], ArtifactStor
         return Reply(ok=False, error=str(err)[:2000])
     except Exception as err:  # noqa: BLE001 - no request ends the broker (review 18c)
         return Reply(ok=False, error=f"refused: the check failed: {type(err).__name__}")
+    keys_fd = held.in_place()  # again: the checks read the home, which may have moved
+    if keys_fd is None:
+        return Reply(ok=False, kind="key", error=held.failure[:2000])
     try:
-        _journal(held.path.parent, signer.key_id, kind, data)
+        _journal(keys_fd, signer.key_id, kind, data)
     except OSError as err:
         return Reply(ok=False, error=f"cannot record the signature in {JOURNAL}: {err}")
     return Reply(ok=True, kind=kind, signature=signer.sign(data))
 
 
-def _journal(keys: Path, key_id: str, kind: str, data: bytes) -> None:
+def _journal(keys_fd: int, key_id: str, kind: str, data: bytes) -> None:
     """Append what is about to be signed to ``keys/signed.log`` (kind, blake3 of the bytes,
     time, key id), in the folder the main process cannot see: after a compromise of main,
     this lists every signature it obtained, so each can be judged and its key revoked."""
     line = canonical_json({"at": datetime.now(UTC).isoformat(timespec="milliseconds"),
                            "blake3": blake3_hex(data), "key_id": key_id, "kind": kind})
-    fd = os.open(keys / JOURNAL, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    fd = os.open(JOURNAL, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600, dir_fd=keys_fd)
     try:
         os.write(fd, line + b"\n")
     finally:
         os.close(fd)
 
 
-def serve(sock: socket.socket, home: Path) -> None:
+def serve(sock: socket.socket, home: Path, keys_fd: int | None = None) -> None:
     """Answer requests on ``sock`` until the other end closes.
 
     The key is loaded (or made, in a new home) at the first request, so a command that
     never signs nor asks for the key leaves the home as it found it; and loaded again after
-    ``choir keys rotate`` replaced it (``_Held``).
+    ``choir keys rotate`` replaced it (``_Held``), always inside the key folder ``keys_fd``
+    (``spawn`` pinned it; made and pinned at the first request when missing).
     """
-    held = _Held(home)
+    held = _Held(home, keys_fd)
     store = functools.cache(ArtifactStore)  # made on the first attestation, not before
     while True:
         try:
@@ -186,7 +242,7 @@ def _channel(sock: socket.socket) -> socket.socket:
     return sock
 
 
-def _become_broker(keep: int) -> None:
+def _become_broker(*keep: int) -> None:
     gc.disable()
     gc.freeze()
     non_dumpable()
@@ -196,24 +252,36 @@ def _become_broker(keep: int) -> None:
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    os.closerange(3, keep)
-    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
     os.chdir("/")
 
 
 def spawn(home: Path) -> tuple[int, socket.socket]:
-    """Fork the broker for ``home``; returns its pid and the parent's end of the channel."""
-    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    with warnings.catch_warnings():  # forking a threaded process: the child runs only this
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
-    if pid == 0:  # pragma: no cover (runs in the child; tests observe it through the socket)
-        code = 0
-        try:
-            _become_broker(child.fileno())
-            serve(child, home)
-        except BaseException:
-            code = 1
-        os._exit(code)
+    """Fork the broker for ``home``; returns its pid and the parent's end of the channel.
+
+    The key folder is pinned here, in the caller, before the fork: the caller has read no
+    hostile byte yet, and the broker finds its key in that folder only (``_Held``).
+    """
+    keys_fd = _pin(home)
+    try:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        with warnings.catch_warnings():  # forking a threaded process: the child runs only this
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child; tests observe it through the socket)
+            code = 0
+            try:
+                _become_broker(child.fileno(), *(() if keys_fd is None else (keys_fd,)))
+                serve(child, home, keys_fd)
+            except BaseException:
+                code = 1
+            os._exit(code)
+    finally:  # the child never gets here (``os._exit``)
+        if keys_fd is not None:
+            os.close(keys_fd)
     child.close()
     return pid, parent

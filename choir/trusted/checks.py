@@ -35,6 +35,7 @@ import base64
 import binascii
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError, SigningRefused
 from choir.models import Attestation, AttestationBody
 from choir.models.intoto import CHOIR_PREDICATE, STANDARD_STATEMENTS, STATEMENT_TYPE
-from choir.trusted.keyfile import RETIRED_DIR, held_key, key_id_of
+from choir.trusted.keyfile import RETIRED_DIR, held_key, key_id_of, pinned_keys
 from choir.trusted.protocol import MAX_SIGNED
 
 ATTESTATION_TYPE = "choir.attestation/v1"
@@ -172,8 +173,18 @@ def _signer_id(public_key: str, data: bytes, signature: str) -> str:
 def _retired(home: Path, key_id: str) -> str | None:
     """The public key retired as ``key_id`` in ``home`` (``rotate_key``), read bounded and
     never through a link or a FIFO; None when there is none."""
+    keys = pinned_keys()
     try:
-        text = fsopen.read_bytes(home / "keys", f"{RETIRED_DIR}/{key_id}.pub", 128)
+        if keys is None:
+            text = fsopen.read_bytes(home / "keys", f"{RETIRED_DIR}/{key_id}.pub", 128)
+        else:  # the broker's pinned folder: a home moved and replaced under it is not read
+            retired = fsopen.open_dir(RETIRED_DIR, keys)
+            try:
+                fd, _ = fsopen.open_regular(f"{key_id}.pub", retired)
+            finally:
+                os.close(retired)
+            with os.fdopen(fd, "rb") as fh:
+                text = fh.read(128)
     except OSError:
         return None
     return text.decode("ascii", "replace").strip()

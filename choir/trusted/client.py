@@ -36,6 +36,7 @@ class BrokerSigner:
         self._owner = os.getpid()
         self._lock = threading.Lock()
         self._hello = hello  # the key already told (a fork adopting a copy of its broker)
+        self.refusal = ""  # why the broker last would not say its key (``usable``)
 
     def __repr__(self) -> str:
         return f"BrokerSigner(home={str(self.home)!r}, pid={self.pid})"
@@ -153,7 +154,8 @@ class BrokerSigner:
             return False
         try:
             hello = self._ask(Request(op="hello"))  # the key it holds now
-        except IntegrityError:
+        except IntegrityError as err:
+            self.refusal = str(err)
             return False
         if same_key and self._hello is not None and self._hello.key_id != hello.key_id:
             return False  # this client keeps saying the key it was told

@@ -18,6 +18,7 @@ an attestation can recompute it from the public key it carries.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import secrets
 import stat
@@ -86,10 +87,17 @@ class Signer:
         return base64.b64encode(self.private_key.sign(data)).decode("ascii")
 
 
-def write_new(directory: Path, data: bytes, mode: int) -> Path:
-    """A private temp file in ``directory`` holding ``data`` (fsynced); the caller links it."""
-    tmp = directory / f".tmp-{os.getpid()}-{secrets.token_hex(8)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+def write_new(directory: Path, data: bytes, mode: int, *, dir_fd: int | None = None) -> Path:
+    """A private temp file in ``directory`` holding ``data`` (fsynced); the caller links it.
+
+    With ``dir_fd`` (a descriptor of that folder) it is made there, wherever the folder now
+    is, and only its name is returned, for the ``dir_fd`` arguments of ``os.link`` and
+    ``os.replace``.
+    """
+    name = f".tmp-{os.getpid()}-{secrets.token_hex(8)}"
+    tmp = Path(name) if dir_fd is not None else directory / name
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode,
+                 dir_fd=dir_fd)
     try:
         os.write(fd, data)
         os.fsync(fd)
@@ -98,20 +106,49 @@ def write_new(directory: Path, data: bytes, mode: int) -> Path:
     return tmp
 
 
-def publish(directory: Path, name: str, data: bytes, mode: int) -> None:
-    """Create ``directory/name`` with ``data`` unless it exists (atomic, no clobber)."""
-    tmp = write_new(directory, data, mode)
+def publish(directory: Path, name: str, data: bytes, mode: int, *,
+            dir_fd: int | None = None) -> None:
+    """Create ``directory/name`` with ``data`` unless it exists (atomic, no clobber); in the
+    folder ``dir_fd`` when given (``write_new``)."""
+    tmp = write_new(directory, data, mode, dir_fd=dir_fd)
     try:
-        os.link(tmp, directory / name)
+        os.link(tmp, name if dir_fd is not None else directory / name,
+                src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except FileExistsError:
         pass
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dir_fd)
 
 
-def _load_private(path: Path) -> Ed25519PrivateKey:
+def open_keys(home: Path, *, make: bool = True) -> int:
+    """An ``O_PATH`` descriptor of ``home/keys`` (made owner-only first unless ``make`` is
+    off): the key is read, made and replaced relative to it, so a folder moved in between
+    is never half this one and half another.
+
+    Raises:
+        OSError: the folder is missing (``make`` off) or not a folder.
+    """
+    keys = keys_dir(home) if make else home / "keys"
+    return os.open(keys, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def _present(keys_fd: int) -> bool:
+    """Whether ``KEY_FILE`` exists in the folder (anything there but a key fails to load)."""
+    try:
+        os.stat(KEY_FILE, dir_fd=keys_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _load_private(keys_fd: int, path: Path) -> Ed25519PrivateKey:
+    """The key ``KEY_FILE`` in the folder ``keys_fd`` (``path`` names it in errors)."""
     try:  # a FIFO planted here would block the open and the read: never waited on
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(KEY_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=keys_fd)
     except OSError as err:
         raise IntegrityError(f"{path} cannot be opened as a key file: {err}") from None
     with os.fdopen(fd, "rb") as fh:
@@ -139,19 +176,23 @@ def _pem(key: Ed25519PrivateKey) -> bytes:
                              serialization.NoEncryption())
 
 
-def _write_pub(keys: Path, signer: Signer) -> None:
+def _write_pub(keys: Path, keys_fd: int, signer: Signer) -> None:
     """Keep ``ed25519.pub`` the key's: read bounded, never through a link and never a FIFO
     (one planted here hung the broker at start: review 21, F2); anything else is replaced."""
     pub_text = (signer.public_key + "\n").encode("ascii")
-    try:
-        current = fsopen.read_bytes(keys, PUB_FILE, len(pub_text) + 1)
-    except OSError:  # missing, a link, a FIFO, a device, a folder: written afresh
+    try:  # missing, a link, a FIFO, a device, a folder: written afresh
+        fd, _st = fsopen.open_regular(PUB_FILE, keys_fd)
+        with os.fdopen(fd, "rb") as fh:
+            current = fh.read(len(pub_text) + 1)
+    except OSError:
         current = b""
     if current != pub_text:
-        os.replace(write_new(keys, pub_text, 0o644), keys / PUB_FILE)
+        os.replace(write_new(keys, pub_text, 0o644, dir_fd=keys_fd), PUB_FILE,
+                   src_dir_fd=keys_fd, dst_dir_fd=keys_fd)
 
 
 _held: dict[str, tuple[Path, str]] = {}
+_pinned: dict[str, int] = {}
 
 
 def held_key() -> tuple[Path, str] | None:
@@ -160,21 +201,38 @@ def held_key() -> tuple[Path, str] | None:
     return _held.get("key")
 
 
-def load_key(home: Path) -> Signer:
+def load_key(home: Path, keys_fd: int | None = None) -> Signer:
     """The key of ``home``, created on first use. Runs in the broker, never elsewhere.
+
+    ``keys_fd`` is the broker's descriptor of the key folder it pinned at start: the key is
+    then made, read and published in that folder wherever it now is, never found again by
+    path (a step that moved the home away and made another at its path had its own key
+    loaded: review 24a, F3). Without it, ``home/keys`` is opened here.
 
     Raises:
         IntegrityError: the key file exists but is unreadable, not ed25519, a link, or
             readable by group or others.
     """
-    keys = keys_dir(home)
-    key_path = keys / KEY_FILE
-    if not os.path.lexists(key_path):
-        publish(keys, KEY_FILE, _pem(Ed25519PrivateKey.generate()), 0o600)
-    signer = Signer.from_private_key(_load_private(key_path))
-    _write_pub(keys, signer)
+    keys = home / "keys"
+    fd = open_keys(home) if keys_fd is None else keys_fd
+    try:
+        if not _present(fd):
+            publish(keys, KEY_FILE, _pem(Ed25519PrivateKey.generate()), 0o600, dir_fd=fd)
+        signer = Signer.from_private_key(_load_private(fd, keys / KEY_FILE))
+        _write_pub(keys, fd, signer)
+    finally:
+        if keys_fd is None:
+            os.close(fd)
     _held["key"] = (home, signer.public_key)
+    if keys_fd is not None:
+        _pinned["keys"] = keys_fd
     return signer
+
+
+def pinned_keys() -> int | None:
+    """The key folder the broker pinned (``load_key``'s ``keys_fd``), for the checks that
+    read its retired keys: never ``home/keys`` found again by path (review 24a, F3)."""
+    return _pinned.get("keys")
 
 
 def rotate_key(home: Path) -> tuple[str | None, Signer]:
@@ -184,15 +242,20 @@ def rotate_key(home: Path) -> tuple[str | None, Signer]:
     replaced in place (``rename`` over it), so no file in the home holds it any more (its
     blocks are not shredded: revoke a key that may have leaked).
     """
-    keys = keys_dir(home)
-    old: str | None = None
-    if os.path.lexists(keys / KEY_FILE):
-        current = Signer.from_private_key(_load_private(keys / KEY_FILE))
-        old = current.key_id
-        retired = keys / RETIRED_DIR
-        retired.mkdir(exist_ok=True, mode=0o755)
-        publish(retired, f"{old}.pub", (current.public_key + "\n").encode("ascii"), 0o644)
-    fresh = Signer.from_private_key(Ed25519PrivateKey.generate())
-    os.replace(write_new(keys, _pem(fresh.private_key), 0o600), keys / KEY_FILE)
-    _write_pub(keys, fresh)
+    keys, fd = home / "keys", open_keys(home)
+    try:
+        old: str | None = None
+        if _present(fd):
+            current = Signer.from_private_key(_load_private(fd, keys / KEY_FILE))
+            old = current.key_id
+            retired = keys / RETIRED_DIR
+            retired.mkdir(exist_ok=True, mode=0o755)
+            publish(retired, f"{old}.pub", (current.public_key + "\n").encode("ascii"),
+                    0o644)
+        fresh = Signer.from_private_key(Ed25519PrivateKey.generate())
+        os.replace(write_new(keys, _pem(fresh.private_key), 0o600, dir_fd=fd), KEY_FILE,
+                   src_dir_fd=fd, dst_dir_fd=fd)
+        _write_pub(keys, fd, fresh)
+    finally:
+        os.close(fd)
     return old, fresh
