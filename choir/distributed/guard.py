@@ -33,6 +33,7 @@ server, every connection to it is dropped and no pickle is loaded.
 from __future__ import annotations
 
 import contextvars
+import enum
 import inspect
 import io
 import pickle
@@ -112,6 +113,7 @@ def _role_name(role: str | None) -> str:
 def _arm() -> None:
     """Patch Dask's read path, unpickler, error loader and connection handler (once)."""
     from distributed import core
+    from distributed.protocol import core as protocol_core
     from distributed.protocol import pickle as dask_pickle
 
     if getattr(dask_pickle.loads, "_choir", False):
@@ -119,6 +121,7 @@ def _arm() -> None:
     plain_loads: Any = dask_pickle.loads
     plain_clean: Any = core.clean_exception
     plain_handle: Any = core.Server._handle_comm
+    plain_decode: Any = getattr(protocol_core, "msgpack_decode_default")  # noqa: B009
 
     def refusing(comm: Any) -> str | None:
         role = peer_role(comm)
@@ -145,9 +148,22 @@ def _arm() -> None:
         _PEER.set(peer_role(comm))  # this connection's task only
         await plain_handle(self, comm)
 
+    def decode(obj: Any) -> Any:
+        # ``__Enum__`` names a module and two attributes, resolved while the message is
+        # read: from a peer that does not drive this process, an enum's member only (any
+        # other attribute of a dask or distributed module, ``os.system`` through
+        # ``distributed.utils`` included, is no value a peer sends)
+        value = plain_decode(obj)
+        peer = _REFUSING.get()
+        if peer is not None and "__Enum__" in obj and not isinstance(value, enum.Enum):
+            raise PickleRefused(f"a {peer} peer named {obj.get('__module__')!r}."
+                                f"{obj.get('__name__')!r}.{obj.get('name')!r}, not an enum")
+        return value
+
     loads._choir = True  # type: ignore[attr-defined]
     around_reads(_REFUSING, refusing, PickleRefused)
     dask_pickle.loads = loads
+    setattr(protocol_core, "msgpack_decode_default", decode)  # noqa: B010
     core.clean_exception = clean_exception
     scheduler_module = sys.modules.get("distributed.scheduler")
     if scheduler_module is not None:  # it imported the name (its ``uncaught-error`` handler)

@@ -55,6 +55,20 @@ def armed(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], bool]:
         except guard.PickleRefused as exc:
             print("refused:", exc)
         guard._REFUSING.reset(token)
+        from distributed.protocol import core as protocol_core
+        from distributed.core import Status
+        member = {"__Enum__": True, "__module__": "distributed.core", "__name__": "Status",
+                  "name": "running"}
+        system = {"__Enum__": True, "__module__": "distributed.utils", "__name__": "os",
+                  "name": "system"}
+        print(protocol_core.msgpack_decode_default(system).__name__)  # the driver's: as Dask
+        token = guard._REFUSING.set("worker")
+        print(protocol_core.msgpack_decode_default(member) is Status.running)
+        try:
+            protocol_core.msgpack_decode_default(system)
+        except guard.PickleRefused as exc:
+            print("refused:", exc)
+        guard._REFUSING.reset(token)
         """)
     return out.splitlines(), ran
 
@@ -101,3 +115,12 @@ def test_the_coordinators_clients_handle_no_event(tmp_path: Path) -> None:
         """)
     assert not ran
     assert out.strip() == "[]"
+
+
+def test_a_non_driver_peer_names_enum_members_only(armed: tuple[list[str], bool]) -> None:
+    """Review 24a's doubt: Dask's msgpack decoder resolves ``__Enum__`` as any attribute of
+    a dask or distributed module (``os.system`` through ``distributed.utils``), for any peer,
+    before any handler: placed in the scheduler's state, whatever it is."""
+    lines, _ = armed
+    assert lines[3:5] == ["system", "True"]
+    assert lines[5].startswith("refused: a worker peer named 'distributed.utils'.'os'")
