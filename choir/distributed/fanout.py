@@ -417,11 +417,64 @@ def _bound_reads() -> None:
 
         around_reads(_LEFT, lambda _comm: [_read_bound()], ReadRefused)
         tcp.read_bytes_rw = read_bytes_rw
+        _decode_plainly()
         for key, codec in list(compression.compressions.items()):
             if codec.name is not None:
                 compression.compressions[key] = codec._replace(
                     decompress=_bounded_decompress(codec.name, codec.decompress))
         _bounded = True
+
+
+def _charge_map(obj: Any) -> Any:
+    """A map msgpack just built, counted against the read (an empty one is a byte on the
+    wire and about 64 here: review 24b, F2)."""
+    if _LEFT.get() is not None:
+        _take(64 + 16 * len(obj))
+    return obj
+
+
+def _charge_list(obj: Any) -> Any:
+    if _LEFT.get() is not None:
+        _take(56 + 8 * len(obj))
+    return obj
+
+
+def _decode_plainly() -> None:
+    """What msgpack builds while this process reads from the cluster is counted as it is
+    built (called once, by ``_bound_reads``): a map or a list per byte of input, about 64
+    bytes each here, so 48 MiB of empty maps within the byte bound grew the coordinator by
+    4 GiB (review 24b, F2). Every one is now charged to the read's bound (``_take``).
+
+    (The objects of Dask's other serializers that reach this process come from the
+    scheduler itself: the guard there drops every one a worker sends, review 24b F1.)
+    """
+    import importlib
+
+    import msgpack
+    from distributed.protocol import core as protocol_core
+    from distributed.protocol.utils import msgpack_opts
+
+    # the module (the package's ``serialize`` is its function of that name)
+    serialize: Any = importlib.import_module("distributed.protocol.serialize")
+    opts: dict[str, Any] = msgpack_opts
+
+    plain_deserialize: Any = serialize.deserialize
+    plain_map: Any = getattr(protocol_core, "msgpack_decode_default")  # noqa: B009
+
+    def deserialize(header: Any, frames: Any, deserializers: Any = None) -> Any:
+        if header.get("serializer") != "msgpack" or _LEFT.get() is None:
+            return plain_deserialize(header, frames, deserializers=deserializers)
+        if deserializers is not None and "msgpack" not in deserializers:
+            raise TypeError("msgpack is not among the deserializers allowed here")
+        return msgpack.loads(b"".join(frames), use_list=False, object_hook=_charge_map,
+                             **opts)
+
+    def decode_map(obj: Any) -> Any:
+        return plain_map(_charge_map(obj))
+
+    opts["list_hook"] = _charge_list  # every msgpack decode of Dask's
+    serialize.deserialize = deserialize
+    setattr(protocol_core, "msgpack_decode_default", decode_map)  # noqa: B010
 
 
 def _refused_read(exc: BaseException) -> ReadRefused | None:

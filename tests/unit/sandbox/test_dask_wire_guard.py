@@ -124,3 +124,80 @@ def test_a_non_driver_peer_names_enum_members_only(armed: tuple[list[str], bool]
     lines, _ = armed
     assert lines[3:5] == ["system", "True"]
     assert lines[5].startswith("refused: a worker peer named 'distributed.utils'.'os'")
+
+
+COORDINATOR = """
+    from choir.distributed import fanout
+    from distributed.protocol import core as protocol_core
+    from distributed.protocol.serialize import Serialize
+
+    def read(msg, room):  # as the coordinator's read of one message from its scheduler
+        frames = protocol_core.dumps(msg)
+        token = fanout._LEFT.set([room]) if ARMED else None
+        try:
+            return protocol_core.loads(frames)
+        finally:
+            if token is not None:
+                fanout._LEFT.reset(token)
+    """
+
+
+def test_the_scheduler_forwards_no_object_a_worker_sent(tmp_path: Path) -> None:
+    """Review 24b, critical: the scheduler keeps a worker's task error (and a result's
+    type) unopened and forwards it to the client that wants the key, whose stream Dask
+    reads with every serializer: a pickled "error" ran its code in the coordinator. The
+    guard drops both fields unless they are plain bytes (a type's pickle is bytes, which
+    Choir's client never loads)."""
+    out, ran = _run(tmp_path, """
+        from choir.distributed import guard
+        from distributed.protocol.serialize import Serialize, Serialized, serialize
+
+        got = []
+
+        class Scheduler:
+            handlers = {}
+            stream_handlers = {
+                "task-erred": lambda **msg: got.append(msg),
+                "task-finished": lambda **msg: got.append(msg)}
+
+            async def handle_stream(self, comm, extra=None):
+                pass
+
+        server = Scheduler()
+        guard._streams(server)
+        token = guard._STREAM.set({"worker": "tls://w0"})
+        evil = Serialized(*serialize(Plant(), serializers=("pickle",)))
+        server.stream_handlers["task-erred"](key="k", worker="tls://w0", stimulus_id="s",
+                                             exception=evil, traceback=evil,
+                                             exception_text="boom")
+        server.stream_handlers["task-finished"](key="k", worker="tls://w0", stimulus_id="s",
+                                                type=evil)
+        server.stream_handlers["task-finished"](key="k", worker="tls://w0", stimulus_id="s",
+                                                type=b"pickled-type")
+        guard._STREAM.reset(token)
+        print([(m.get("exception"), m.get("traceback"), m.get("exception_text"),
+                m.get("type")) for m in got])
+        """)
+    assert not ran
+    assert out.strip() == ("[(None, None, 'boom', None), (None, None, None, None), "
+                           "(None, None, None, b'pickled-type')]")
+
+
+def test_what_msgpack_builds_is_charged_to_the_read(tmp_path: Path) -> None:
+    """Review 24b, F2: each empty map is one byte on the wire and about 64 in memory; an
+    answer of 48 MiB of them grew the coordinator by 4 GiB within its byte bound."""
+    out, ran = _run(tmp_path, "ARMED = True\n" + textwrap.dedent(COORDINATOR) + textwrap.dedent("""
+        import msgpack
+        from distributed.protocol.serialize import Serialized
+        fanout._bound_reads()
+        # an answer of Dask's msgpack serializer: 300 kB on the wire, ~20 MB built
+        maps = {"pad": Serialized({"serializer": "msgpack"}, [msgpack.dumps(({},) * 300_000)])}
+        for room in (1 << 26, 1 << 20):
+            try:
+                print("read", len(read(maps, room)["pad"]))
+            except fanout.ReadRefused as exc:
+                print("refused:", exc)
+        """))
+    lines = out.splitlines()
+    assert lines[0] == "read 300000", out  # within a room that holds it: read as before
+    assert lines[1].startswith("refused: a message from the cluster of more than"), out
