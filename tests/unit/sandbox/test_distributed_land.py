@@ -57,6 +57,18 @@ def test_an_honest_run_lands_with_every_file_rehashed(worker_run: tuple[RemoteRu
                 target=resolve_target(repo)).manifest_hash == remote.manifest_hash
 
 
+def test_an_answer_for_another_run_id_is_refused_and_nothing_is_stored(
+        worker_run: tuple[RemoteRun, Path], tmp_path: Path) -> None:
+    """Review 23c F3: a worker asked for one run answered with a run sealed under another
+    id (a sibling replica's); it landed under that id."""
+    remote, repo = worker_run
+    store = ArtifactStore(tmp_path / "coordinator")
+    with pytest.raises(IntegrityError, match="not the run asked for"):
+        land(remote, store=store, spec=SPEC, target=resolve_target(repo), run_id="r-2")
+    assert store.sealed("r-1") is None and store.sealed("r-2") is None
+    assert not (store.root / "runs").exists() or not any((store.root / "runs").iterdir())
+
+
 @pytest.mark.parametrize("attack", ["altered_byte", "extra_file", "missing_file",
                                     "dotdot_name", "other_tree", "other_manifest"])
 def test_a_tampered_return_is_refused_and_nothing_is_stored(
