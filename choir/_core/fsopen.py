@@ -89,8 +89,9 @@ class DirCursor:
     ``create`` missing folders are made (for writing a copy into a private folder).
     """
 
-    def __init__(self, root: str | Path, *, create: bool = False) -> None:
-        self._root = open_dir(root)
+    def __init__(self, root: str | Path | int, *, create: bool = False) -> None:
+        # a root given as a descriptor is the folder it holds, wherever that now is
+        self._root = open_dir(".", root) if isinstance(root, int) else open_dir(root)
         self._chain: list[tuple[str, int]] = []
         self._last: list[str] | None = None  # the parts of the chain, when it is whole
         self._create = create
@@ -191,9 +192,9 @@ def lstat_many(root: str | Path, rels: Sequence[str],
     return out
 
 
-def read_bytes(root: str | Path, rel: str, limit: int | None) -> bytes:
-    """The regular file ``rel`` under ``root`` (its first ``limit`` bytes when given), no
-    link followed.
+def read_bytes(root: str | Path | int, rel: str, limit: int | None) -> bytes:
+    """The regular file ``rel`` under ``root`` (a folder's path or descriptor; its first
+    ``limit`` bytes when given), no link followed.
 
     Raises:
         OSError: a component is missing, a symlink, or the file is not a regular file.

@@ -35,7 +35,6 @@ import base64
 import binascii
 import hashlib
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -173,18 +172,10 @@ def _signer_id(public_key: str, data: bytes, signature: str) -> str:
 def _retired(home: Path, key_id: str) -> str | None:
     """The public key retired as ``key_id`` in ``home`` (``rotate_key``), read bounded and
     never through a link or a FIFO; None when there is none."""
-    keys = pinned_keys()
+    pinned = pinned_keys()  # the broker's folder: a home moved and replaced is not read
     try:
-        if keys is None:
-            text = fsopen.read_bytes(home / "keys", f"{RETIRED_DIR}/{key_id}.pub", 128)
-        else:  # the broker's pinned folder: a home moved and replaced under it is not read
-            retired = fsopen.open_dir(RETIRED_DIR, keys)
-            try:
-                fd, _ = fsopen.open_regular(f"{key_id}.pub", retired)
-            finally:
-                os.close(retired)
-            with os.fdopen(fd, "rb") as fh:
-                text = fh.read(128)
+        text = fsopen.read_bytes(home / "keys" if pinned is None else pinned,
+                                 f"{RETIRED_DIR}/{key_id}.pub", 128)
     except OSError:
         return None
     return text.decode("ascii", "replace").strip()
