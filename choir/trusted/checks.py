@@ -50,7 +50,7 @@ from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError, SigningRefused
 from choir.models import Attestation, AttestationBody
 from choir.models.intoto import CHOIR_PREDICATE, STANDARD_STATEMENTS, STATEMENT_TYPE
-from choir.trusted.keyfile import RETIRED_DIR, held_key, key_id_of, pinned_keys
+from choir.trusted.keyfile import RETIRED_DIR, held_key, key_id_of
 from choir.trusted.protocol import MAX_SIGNED
 
 ATTESTATION_TYPE = "choir.attestation/v1"
@@ -126,7 +126,7 @@ def _check_choir_statement(statement: dict[str, Any],
     held = held_key()
     if held is None:
         raise SigningRefused("this broker holds no key to check the attestation against")
-    home, own = held
+    home, keys, own = held
     predicate = statement.get("predicate")
     try:
         att = Attestation.model_validate(predicate)
@@ -140,7 +140,7 @@ def _check_choir_statement(statement: dict[str, Any],
     key_id = _signer_id(att.public_key, data, att.signature)
     if key_id != att.signer_key_id:
         raise SigningRefused(f"attestation {att.id[:16]}: its key id is not its key's")
-    if att.public_key != own and _retired(home, key_id) != att.public_key:
+    if att.public_key != own and _retired(keys, key_id) != att.public_key:
         raise SigningRefused(f"attestation {att.id[:16]} was signed by key {key_id}, which "
                              "is neither this broker's key nor one it retired")
     from choir.exceptions import ConfigError
@@ -169,13 +169,12 @@ def _signer_id(public_key: str, data: bytes, signature: str) -> str:
     return key_id_of(raw)
 
 
-def _retired(home: Path, key_id: str) -> str | None:
-    """The public key retired as ``key_id`` in ``home`` (``rotate_key``), read bounded and
-    never through a link or a FIFO; None when there is none."""
-    pinned = pinned_keys()  # the broker's folder: a home moved and replaced is not read
+def _retired(keys: Path | int, key_id: str) -> str | None:
+    """The public key retired as ``key_id`` in the key folder ``keys`` (``rotate_key``;
+    the broker's pinned descriptor), read bounded and never through a link or a FIFO; None
+    when there is none."""
     try:
-        text = fsopen.read_bytes(home / "keys" if pinned is None else pinned,
-                                 f"{RETIRED_DIR}/{key_id}.pub", 128)
+        text = fsopen.read_bytes(keys, f"{RETIRED_DIR}/{key_id}.pub", 128)
     except OSError:
         return None
     return text.decode("ascii", "replace").strip()

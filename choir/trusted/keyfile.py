@@ -191,13 +191,14 @@ def _write_pub(keys: Path, keys_fd: int, signer: Signer) -> None:
                    src_dir_fd=keys_fd, dst_dir_fd=keys_fd)
 
 
-_held: dict[str, tuple[Path, str]] = {}
-_pinned: dict[str, int] = {}
+_held: dict[str, tuple[Path, Path | int, str]] = {}
 
 
-def held_key() -> tuple[Path, str] | None:
-    """The home and public key (base64) ``load_key`` last loaded in this process: in the
-    broker, the key it signs with (``choir.trusted.checks`` checks a DSSE export against it)."""
+def held_key() -> tuple[Path, Path | int, str] | None:
+    """The home, its key folder and the public key (base64) ``load_key`` last loaded in
+    this process: in the broker, the folder it pinned (a descriptor: never ``home/keys``
+    found again by path, review 24a F3) and the key it signs with (``choir.trusted.checks``
+    checks a DSSE export against it and the keys retired in that folder)."""
     return _held.get("key")
 
 
@@ -223,16 +224,8 @@ def load_key(home: Path, keys_fd: int | None = None) -> Signer:
     finally:
         if keys_fd is None:
             os.close(fd)
-    _held["key"] = (home, signer.public_key)
-    if keys_fd is not None:
-        _pinned["keys"] = keys_fd
+    _held["key"] = (home, keys if keys_fd is None else keys_fd, signer.public_key)
     return signer
-
-
-def pinned_keys() -> int | None:
-    """The key folder the broker pinned (``load_key``'s ``keys_fd``), for the checks that
-    read its retired keys: never ``home/keys`` found again by path (review 24a, F3)."""
-    return _pinned.get("keys")
 
 
 def rotate_key(home: Path) -> tuple[str | None, Signer]:
