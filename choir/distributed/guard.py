@@ -199,21 +199,28 @@ class _Handlers(dict):  # type: ignore[type-arg]
         return refused
 
 
-# what a worker certificate may do only for its own worker: at the scheduler, heartbeat or
-# unregister (by address); at a nanny, stop the worker it runs (review 24a: one worker took
-# the others out, and freed its name for an impostor)
-_OWN = frozenset({("scheduler", "unregister"), ("scheduler", "heartbeat_worker"),
-                  *(("nanny", op) for op in NANNY_RULES)})
+# what a worker certificate may do only for its own worker: at the scheduler, register
+# (under its name), heartbeat or unregister (by address); at a nanny, stop the worker it
+# runs (review 24a: one worker took the others out, and freed its name for an impostor)
+_OWN = frozenset({("scheduler", "register-worker"), ("scheduler", "unregister"),
+                  ("scheduler", "heartbeat_worker"), *(("nanny", op) for op in NANNY_RULES)})
 
 
 def _own(op: str, handler: Callable[..., Any], server: Any, kind: str) -> Callable[..., Any]:
-    """``handler`` for a worker peer, answering only about the worker its certificate names."""
+    """``handler`` for a worker peer, answering only about the worker its certificate names
+    (its CN): the name it registers under, the worker at the address it names (read as
+    Dask will), or the nanny's own worker."""
     takes_comm = next(iter(inspect.signature(handler).parameters), None) == "comm"
 
     async def own(comm: Any, **msg: Any) -> Any:
         name = str(peer_subject(comm, "commonName"))
         if kind == "nanny":
             whose = str(server.name)
+        elif op == "register-worker":
+            if str(msg.get("name")) != name:  # no worker joins as another
+                raise PermissionError(f"the {kind} refused worker name {msg.get('name')!r} "
+                                      f"to the certificate of {name!r}")
+            whose = name
         else:
             # as Dask will read it: a worker's name is an alias of its address, and a host
             # may be spelt another way (review 24b: "w1" removed w1); unknown: refused
@@ -231,21 +238,6 @@ def _own(op: str, handler: Callable[..., Any], server: Any, kind: str) -> Callab
 
     own.__name__ = getattr(handler, "__name__", op)
     return own
-
-
-def _named(handler: Callable[..., Any], server: str) -> Callable[..., Any]:
-    """``register-worker``, for a worker known by its certificate's name only."""
-
-    async def register(comm: Any, **msg: Any) -> Any:
-        if str(msg.get("name")) != peer_subject(comm, "commonName"):
-            # a worker is known by its certificate's name: no worker joins as another
-            raise PermissionError(f"the {server} refused worker name {msg.get('name')!r} to "
-                                  f"the certificate of {peer_subject(comm, 'commonName')!r}")
-        result = handler(comm, **msg)
-        return await result if inspect.isawaitable(result) else result
-
-    register.__name__ = getattr(handler, "__name__", "register-worker")
-    return register
 
 
 def _streams(server: Any) -> None:
@@ -270,9 +262,7 @@ def _streams(server: Any) -> None:
             # subscribed to the topic, and Dask's client unpickles a "warn" event's message
             # (review 24a: a worker ran code in the coordinator that way)
             handler = _dropped
-        elif op in _FORWARDED:
-            handler = _plain_fields(handler, _FORWARDED[op])
-        server.stream_handlers[op] = _on_stream(op, handler, side)
+        server.stream_handlers[op] = _on_stream(op, handler, side, _FORWARDED.get(op, ()))
 
 
 # what the scheduler keeps of a worker's message unopened and forwards to the clients that
@@ -283,33 +273,24 @@ def _streams(server: Any) -> None:
 _FORWARDED = {"task-erred": ("exception", "traceback"), "task-finished": ("type",)}
 
 
-def _plain_fields(handler: Callable[..., Any], fields: tuple[str, ...]) -> Callable[..., Any]:
-    def plain(**msg: Any) -> Any:
-        for field in fields:
-            if not isinstance(msg.get(field), (bytes, type(None))):
-                msg[field] = None
-        if "exception" in fields:
-            msg["exception"] = msg["traceback"] = None  # the text fields say what happened
-        return handler(**msg)
-
-    if inspect.iscoroutinefunction(handler):
-        async def plain_async(**msg: Any) -> Any:
-            return await plain(**msg)
-        return plain_async
-    plain.__name__ = getattr(handler, "__name__", "plain")
-    return plain
-
-
 def _dropped(**_: Any) -> None:
     """A message taken from the stream it came on and not acted on."""
 
 
-def _on_stream(op: str, handler: Callable[..., Any], side: str) -> Callable[..., Any]:
-    def check(kwargs: Mapping[str, Any]) -> None:
+def _on_stream(op: str, handler: Callable[..., Any], side: str,
+               plain: tuple[str, ...] = ()) -> Callable[..., Any]:
+    """``handler`` answering ``op`` on ``side``'s own stream only, with the ``plain``
+    fields (``_FORWARDED``) dropped unless they are bytes."""
+
+    def check(kwargs: dict[str, Any]) -> None:
         extra = _STREAM.get(None)
         if extra is None or side not in extra or kwargs.get(side) != extra[side]:
             raise PermissionError(f"the scheduler refused {op!r} on a stream that is not "
                                   f"that {side}'s own")
+        for field in plain:  # an error's objects always (its text fields say what happened)
+            if field in ("exception", "traceback") or \
+                    (field in kwargs and not isinstance(kwargs[field], bytes)):
+                kwargs[field] = None
 
     if inspect.iscoroutinefunction(handler):
         async def guarded_async(**kwargs: Any) -> Any:
@@ -342,8 +323,6 @@ def guard(server: Any) -> None:
                            f"process; this one already runs another than a {kind}")
     _arm()
     server.handlers = _Handlers(server.handlers, server, kind)
-    if "register-worker" in server.handlers:
-        server.handlers["register-worker"] = _named(server.handlers["register-worker"], kind)
     if kind == "scheduler":
         _streams(server)
     _pickles_from = DRIVER[kind]
