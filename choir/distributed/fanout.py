@@ -320,8 +320,7 @@ def _take(nbytes: int) -> None:
         ReadRefused: the message would take more than ``_read_bound``.
     """
     left = _LEFT.get()
-    room = _read_bound() if left is None else left[0]
-    if nbytes > room:
+    if nbytes > _room():
         raise ReadRefused(f"a message from the cluster of more than "
                           f"{_read_bound() / (1 << 20):.0f} MiB (the answers awaited and a "
                           "margin)")
@@ -417,7 +416,7 @@ def _bound_reads() -> None:
 
         around_reads(_LEFT, lambda _comm: [_read_bound()], ReadRefused)
         tcp.read_bytes_rw = read_bytes_rw
-        _decode_plainly()
+        _charge_decoding()
         for key, codec in list(compression.compressions.items()):
             if codec.name is not None:
                 compression.compressions[key] = codec._replace(
@@ -439,11 +438,14 @@ def _charge_list(obj: Any) -> Any:
     return obj
 
 
-def _decode_plainly() -> None:
+def _charge_decoding() -> None:
     """What msgpack builds while this process reads from the cluster is counted as it is
     built (called once, by ``_bound_reads``): a map or a list per byte of input, about 64
     bytes each here, so 48 MiB of empty maps within the byte bound grew the coordinator by
-    4 GiB (review 24b, F2). Every one is now charged to the read's bound (``_take``).
+    4 GiB (review 24b, F2). Every one is now charged to the read's bound (``_take``): the
+    lists through Dask's msgpack options, the maps of a message through its decoder's map
+    hook, those of an object of Dask's msgpack serializer (an answer) through that
+    serializer's loader.
 
     (The objects of Dask's other serializers that reach this process come from the
     scheduler itself: the guard there drops every one a worker sends, review 24b F1.)
@@ -457,15 +459,9 @@ def _decode_plainly() -> None:
     # the module (the package's ``serialize`` is its function of that name)
     serialize: Any = importlib.import_module("distributed.protocol.serialize")
     opts: dict[str, Any] = msgpack_opts
-
-    plain_deserialize: Any = serialize.deserialize
     plain_map: Any = getattr(protocol_core, "msgpack_decode_default")  # noqa: B009
 
-    def deserialize(header: Any, frames: Any, deserializers: Any = None) -> Any:
-        if header.get("serializer") != "msgpack" or _LEFT.get() is None:
-            return plain_deserialize(header, frames, deserializers=deserializers)
-        if deserializers is not None and "msgpack" not in deserializers:
-            raise TypeError("msgpack is not among the deserializers allowed here")
+    def msgpack_loads(header: Any, frames: Any) -> Any:  # the serializer's own, charged
         return msgpack.loads(b"".join(frames), use_list=False, object_hook=_charge_map,
                              **opts)
 
@@ -473,7 +469,8 @@ def _decode_plainly() -> None:
         return plain_map(_charge_map(obj))
 
     opts["list_hook"] = _charge_list  # every msgpack decode of Dask's
-    serialize.deserialize = deserialize
+    serialize.register_serialization_family("msgpack", serialize.msgpack_dumps,
+                                            msgpack_loads)
     setattr(protocol_core, "msgpack_decode_default", decode_map)  # noqa: B010
 
 
