@@ -34,6 +34,7 @@ from choir._core.paths import artifact_dir, choir_home
 from choir._core.registry import EXECUTORS
 from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import ConfigError, SandboxError, UserError
+from choir.executors import gitguard
 from choir.executors.pinned import current_gate
 from choir.models import Limits, VerificationReport, WorkItem
 from choir.models.run import ExecutorIsolation, ExecutorOutput
@@ -251,10 +252,22 @@ def _run_user_code(item: WorkItem, attempt: int, feedback: Sequence[Verification
                 binds = [Path(check_bind(b, origin="executor.binds")) for b in spec.binds]
                 readable = sorted({p for p in (*_around(repo), inputs, _choir_root(), *binds)
                                    if p != Path("/") and not str(p).startswith(_NEVER)})
-                result = BwrapSandbox().exec(argv(inputs), readable=readable,
-                                             read_only=[*interpreter_in_repo(repo),
-                                                        *spec_in_repo(repo)],
-                                             hidden=masked_paths(), **common)  # type: ignore[arg-type]
+                # git's control files (config, hooks) as they are now, put back after the
+                # sandbox ends: a plant there ran at the user's next `git status` (review 25)
+                before = gitguard.save(repo)
+                try:
+                    result = BwrapSandbox().exec(argv(inputs), readable=readable,
+                                                 read_only=[*interpreter_in_repo(repo),
+                                                            *spec_in_repo(repo)],
+                                                 hidden=masked_paths(), **common)  # type: ignore[arg-type]
+                finally:
+                    undone = gitguard.restore(before)
+                if undone:
+                    sink_file.write(("\n[choir] the executor changed git's control files; put "
+                                     f"back as they were: {', '.join(undone[:20])}"
+                                     f"{' ...' if len(undone) > 20 else ''}\n").encode())
+                    warnings.warn(f"executor of {item.id}: git's control files it changed were "
+                                  f"put back ({', '.join(undone[:5])})", stacklevel=1)
             else:
                 result = LocalSandbox().exec(argv(inputs), **common)  # type: ignore[arg-type]
             if result.infra_error:

@@ -310,17 +310,28 @@ def test_an_executor_cannot_plant_git_config_that_choir_then_runs(
     from choir.attest import load_signer
 
     load_signer()
+    config = (repo / ".git" / "config").read_text()
     proc = choir("run", str(item), "--json")
     assert payload.exists(), proc.stderr  # the executor did plant it
-    key = {"fsmonitor": "fsmonitor", "filter": "clean", "hooks": "hooksPath", "pager": "pager"}
-    assert key[plant] in (repo / ".git" / "config").read_text(), proc.stdout
-    assert not loot.exists(), "Choir ran the executor's planted git command"
-    assert proc.returncode == 1
-    # the control: the plant is live, and a git command that honours it does run it
+    # review 25: the plant is undone once the executor's sandbox ends, so neither Choir's git
+    # nor the user's next `git status` finds it; Choir's own git pins these programs too
+    assert (repo / ".git" / "config").read_text() == config, proc.stdout
+    assert "put back" in proc.stderr, proc.stderr
     control = {"fsmonitor": ["status"], "filter": ["diff"],
                "hooks": ["-c", "user.name=x", "-c", "user.email=x@x", "commit", "-q",
                          "--allow-empty", "-m", "c"]}
     if plant in control:
+        subprocess.run(["git", "-C", str(repo), *control[plant]], capture_output=True)
+    assert not loot.exists(), "a planted git command ran (Choir's, or the user's next git)"
+    assert proc.returncode == 1
+    # the control: the same configuration written by hand is live, and the git command
+    # that honours it does run it
+    by_hand = {"fsmonitor": [("core.fsmonitor", str(payload))],
+               "filter": [("filter.x.clean", str(payload)), ("diff.x.textconv", str(payload))],
+               "hooks": [("core.hooksPath", str(repo / "hk"))]}
+    if plant in control:
+        for name, value in by_hand[plant]:
+            subprocess.run(["git", "-C", str(repo), "config", name, value], check=True)
         subprocess.run(["git", "-C", str(repo), *control[plant]], capture_output=True)
         assert loot.exists(), f"the {plant} plant never runs: this test proves nothing"
 

@@ -1,0 +1,223 @@
+"""Git's control files in the repo, as they were before an executor ran, put back after it.
+
+A sandboxed executor sees the repo writable, ``.git`` included, so that it can commit. But
+``.git`` also names the programs git runs: ``config`` (``core.fsmonitor``,
+``core.hooksPath``, filters, pagers, editors, ``diff.external``), ``hooks/``, a
+submodule's or a linked worktree's own config. Choir's own git pins every one of them
+(``choir.evidence.git``); the user's does not, and a plant there ran as the user, outside
+every sandbox, at their next ``git status`` (a shell prompt with git in it runs one at every
+line; review 25).
+
+So everything in ``.git`` but the history an executor may write (``HISTORY``: objects, refs,
+logs, the index, HEAD and the files of a commit, merge or rebase in progress), in ``.git``
+and in every git folder below it (a folder holding a ``HEAD`` file: ``modules/<name>``,
+``worktrees/<name>``), is read before the executor starts (``save``) and put back once its
+sandbox has ended with every process in it (``restore``): a changed or replaced entry is
+written back, an added one removed, parents before children and never through a link. A
+``.git`` replaced whole (another folder, a file or a link naming another git folder) cannot
+be put back: it is moved aside and the round stops, saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from choir._core.errors import SandboxError
+
+HISTORY = frozenset({
+    "objects", "refs", "logs", "index", "HEAD", "ORIG_HEAD", "FETCH_HEAD", "COMMIT_EDITMSG",
+    "packed-refs", "shallow", "MERGE_HEAD", "MERGE_MSG", "MERGE_MODE", "MERGE_RR", "AUTO_MERGE",
+    "REBASE_HEAD", "CHERRY_PICK_HEAD", "REVERT_HEAD", "BISECT_LOG", "BISECT_START",
+    "BISECT_TERMS", "BISECT_EXPECTED_REV", "BISECT_ANCESTORS_OK", "BISECT_NAMES", "BISECT_RUN",
+    "sequencer", "rebase-merge", "rebase-apply", "rr-cache", "lfs", "annex"})
+"""What an executor may change in a git folder: history and its work in progress, which git
+reads as data, never as a program to run."""
+MAX_BYTES = 32 << 20  # control files read into memory, at most (a real .git holds kilobytes)
+MAX_ENTRIES = 100_000
+QUARANTINE = ".git.choir-replaced"
+
+
+@dataclass(frozen=True)
+class _Entry:
+    kind: str  # "dir", "file", "link" or "other" (a socket or FIFO: kept, never recreated)
+    mode: int
+    data: bytes = b""
+
+
+@dataclass
+class Saved:
+    """``.git`` before the executor: its identity and every control entry under it."""
+
+    git: Path
+    ident: tuple[int, int] | None = None  # (device, inode) when .git is a folder
+    mode: int = 0
+    top: _Entry | None = None  # .git itself when it is a file or a link
+    entries: dict[str, _Entry] = field(default_factory=dict)
+    gitdirs: set[str] = field(default_factory=set)  # folders whose history is not guarded
+    size: int = 0
+
+
+def _entry(path: Path, st: os.stat_result, saved: Saved | None = None) -> _Entry:
+    kind = _kind(st)
+    if kind == "link":
+        return _Entry("link", 0, os.fsencode(os.readlink(path)))
+    if kind != "file":
+        return _Entry(kind, stat.S_IMODE(st.st_mode) if kind == "dir" else stat.S_IFMT(st.st_mode))
+    if saved is not None:
+        saved.size += st.st_size
+        if saved.size > MAX_BYTES:
+            raise SandboxError(f"{saved.git} holds more than {MAX_BYTES >> 20} MiB outside "
+                               "git's history (hooks, config, ...): Choir cannot keep it from "
+                               "the executor; the executor was not run")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        return _Entry("file", stat.S_IMODE(st.st_mode), fh.read(MAX_BYTES + 1))
+
+
+def _kind(st: os.stat_result) -> str:
+    if stat.S_ISLNK(st.st_mode):
+        return "link"
+    if stat.S_ISDIR(st.st_mode):
+        return "dir"
+    return "file" if stat.S_ISREG(st.st_mode) else "other"
+
+
+def _children(folder: Path, rel: str, gitdir: bool) -> dict[str, Path]:
+    """The entries of ``folder`` to guard, by path relative to ``.git``: all but a git
+    folder's history."""
+    found = {}
+    with os.scandir(folder) as it:
+        for item in it:
+            if not (gitdir and item.name in HISTORY):
+                found[f"{rel}/{item.name}" if rel else item.name] = Path(item.path)
+    return found
+
+
+def _is_gitdir(folder: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(folder / "HEAD").st_mode)
+    except OSError:
+        return False
+
+
+def save(repo: Path) -> Saved:
+    """``repo/.git``'s control entries, read before an executor runs."""
+    git = repo / ".git"
+    saved = Saved(git)
+    try:
+        st = os.lstat(git)
+    except FileNotFoundError:
+        return saved
+    if not stat.S_ISDIR(st.st_mode):
+        saved.top = _entry(git, st, saved)
+        return saved
+    saved.ident, saved.mode = (st.st_dev, st.st_ino), stat.S_IMODE(st.st_mode)
+    saved.gitdirs.add("")
+    todo = [("", git)]
+    while todo:
+        rel, folder = todo.pop()
+        for child, path in _children(folder, rel, rel in saved.gitdirs).items():
+            est = os.lstat(path)
+            saved.entries[child] = _entry(path, est, saved)
+            if len(saved.entries) > MAX_ENTRIES:
+                raise SandboxError(f"{git} holds more than {MAX_ENTRIES} entries outside "
+                                   "git's history: Choir cannot keep them from the executor; "
+                                   "the executor was not run")
+            if stat.S_ISDIR(est.st_mode):
+                if _is_gitdir(path):
+                    saved.gitdirs.add(child)
+                todo.append((child, path))
+    return saved
+
+
+def _remove(path: Path) -> None:
+    if stat.S_ISDIR(os.lstat(path).st_mode):
+        shutil.rmtree(path)  # removes links inside, never what they name
+    else:
+        os.unlink(path)
+
+
+def _put(path: Path, entry: _Entry) -> None:
+    if entry.kind == "dir":
+        os.mkdir(path, entry.mode)
+        os.chmod(path, entry.mode)
+    elif entry.kind == "link":
+        os.symlink(os.fsdecode(entry.data), path)
+    elif entry.kind == "file":
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(entry.data)
+        os.chmod(path, entry.mode)
+
+
+def restore(saved: Saved) -> list[str]:
+    """Put ``.git``'s control entries back as ``save`` read them; the paths undone,
+    relative to the repo. Called once the executor's sandbox has ended (nothing of it runs).
+    Folder by folder from ``.git`` down, only into folders that were there before: each
+    one's mode first (a folder made unreadable is read again), then what it holds.
+
+    Raises:
+        SandboxError: ``.git`` was replaced whole; the replacement is moved aside to
+            ``.git.choir-replaced`` (no git reads it there) and the round must stop.
+    """
+    git = saved.git
+    try:
+        st: os.stat_result | None = os.lstat(git)
+    except FileNotFoundError:
+        st = None
+    if saved.ident is None:  # .git was a file, a link, or absent
+        if (_entry(git, st) if st is not None else None) == saved.top:
+            return []
+        if st is not None:
+            _remove(git)
+        if saved.top is not None:
+            _put(git, saved.top)
+        return [".git"]
+    if st is None or not stat.S_ISDIR(st.st_mode) or (st.st_dev, st.st_ino) != saved.ident:
+        aside = git.with_name(QUARANTINE)
+        if st is not None:
+            if os.path.lexists(aside):
+                _remove(aside)
+            os.rename(git, aside)
+        raise SandboxError(f"the executor replaced {git} (its history is not there any more); "
+                           f"what it left is moved to {aside}, where no git reads it: restore "
+                           ".git from a clone before running again")
+    undone: list[str] = []
+    if stat.S_IMODE(st.st_mode) != saved.mode:
+        os.chmod(git, saved.mode)
+        undone.append("")
+    kids: dict[str, list[str]] = {}
+    for rel in saved.entries:
+        kids.setdefault(rel.rpartition("/")[0], []).append(rel)
+    todo = [""]
+    while todo:
+        rel = todo.pop()
+        present = _children(git / rel if rel else git, rel, rel in saved.gitdirs)
+        for child, path in present.items():
+            want, est = saved.entries.get(child), os.lstat(path)
+            if want is None:
+                _remove(path)
+                undone.append(child)
+            elif _kind(est) != want.kind or (want.kind in ("file", "link")
+                                              and _entry(path, est) != want):
+                _remove(path)
+                _put(path, want)
+                undone.append(child)
+            elif want.kind == "dir" and stat.S_IMODE(est.st_mode) != want.mode:
+                os.chmod(path, want.mode)
+                undone.append(child)
+        for child in kids.get(rel, []):
+            if child not in present and saved.entries[child].kind != "other":
+                _put(git / child, saved.entries[child])
+                undone.append(child)
+            if saved.entries[child].kind == "dir":
+                todo.append(child)
+    return sorted(f".git/{rel}".rstrip("/") for rel in set(undone))
+
+
+__all__ = ["HISTORY", "Saved", "restore", "save"]

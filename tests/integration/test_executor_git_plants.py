@@ -1,0 +1,73 @@
+"""Review 25: a sandboxed executor's plant in git's control files ran at the user's next git.
+
+The executor's sandbox binds the repo writable, ``.git`` included, so that it can commit.
+Before, what it wrote to ``.git/config`` (``core.fsmonitor``) or ``.git/hooks/`` stayed: the
+run ASSERTed without a word, and the user's next ``git status`` (a shell prompt with git in
+it runs one at every line) ran the program as the user, outside every sandbox. Now git's
+control files are put back as they were once the sandbox ends, the run says so, and a
+commit the executor made (history) stays.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.workitems import PY
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+
+
+def test_an_executors_fsmonitor_and_hook_never_run_at_the_users_next_git(
+        tmp_path: Path, choir_home: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (repo / "choir.yaml").write_text(textwrap.dedent("""\
+        sandbox: {backend: bwrap}
+        verifiers:
+          unit:
+            kind: unit_tests
+            steps:
+              - name: t
+                command: "python3 -c 'import calc; assert calc.add(2, 3) == 5'"
+        moods:
+          CALM: {verifiers: [unit]}
+        """))
+    for args in (["init", "-q"], ["add", "-A"],
+                 ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+    config = (repo / ".git" / "config").read_bytes()
+    loot = tmp_path / "loot"
+    plant = (f"git config core.fsmonitor 'touch {loot}; false' && "
+             f"printf '#!/bin/sh\\ntouch {loot}\\n' > .git/hooks/pre-commit && "
+             "chmod +x .git/hooks/pre-commit && echo '# ok' >> calc.py && "
+             "git -c user.name=x -c user.email=x@x -c core.hooksPath=/dev/null "
+             "-c core.fsmonitor=false commit -qam executor")
+    item = tmp_path / "item.yaml"
+    item.write_text(f"id: plant\ngoal: add must add\nrepo: ./repo\nmax_attempts: 1\n"
+                    f"executor:\n  kind: command\n  command: \"{plant}\"\n")
+    proc = subprocess.run([PY, "-m", "choir", "run", str(item)], capture_output=True,
+                          text=True, timeout=300)
+    assert "ASSERTED" in proc.stdout, proc.stdout + proc.stderr
+    assert "put back" in proc.stderr and ".git/config" in proc.stderr, proc.stderr
+    assert (repo / ".git" / "config").read_bytes() == config
+    assert not (repo / ".git" / "hooks" / "pre-commit").exists()
+    log = subprocess.run(["git", "-C", str(repo), "log", "--format=%s"], check=True,
+                         capture_output=True, text=True).stdout.split()
+    assert log == ["executor", "base"]  # the executor's commit (history) stays
+    # the user's next git, as a shell prompt or a commit runs it
+    subprocess.run(["git", "-C", str(repo), "status"], capture_output=True, check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=u", "-c", "user.email=u@u",
+                    "commit", "-q", "--allow-empty", "-m", "user"], capture_output=True,
+                   check=True)
+    assert not loot.exists(), "the executor's plant ran as the user"
+    # the control: the same plant written by hand runs at that git
+    subprocess.run(["git", "-C", str(repo), "config", "core.fsmonitor", f"touch {loot}; false"],
+                   check=True)
+    subprocess.run(["git", "-C", str(repo), "status"], capture_output=True)
+    assert loot.exists(), "the plant never runs: this test proves nothing"

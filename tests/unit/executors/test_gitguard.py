@@ -1,0 +1,143 @@
+"""``choir.executors.gitguard``: what an executor leaves in git's control files is undone.
+
+Each case plants what a hostile executor would in a real ``git init`` repo, between
+``save`` and ``restore``, and checks the control files are back byte for byte while the
+history it may write (a commit) stays.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from choir.exceptions import SandboxError
+from choir.executors import gitguard
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                           "-c", "core.hooksPath=/dev/null", *args], check=True,
+                          capture_output=True, text=True).stdout
+
+
+def tree_of(folder: Path) -> dict[str, tuple[str, bytes, int]]:
+    """Every entry under ``folder``: kind, bytes or link target, mode."""
+    found = {}
+    for dirpath, dirs, files in os.walk(folder):
+        for name in [*dirs, *files]:
+            path = Path(dirpath) / name
+            st = path.lstat()
+            rel = str(path.relative_to(folder))
+            if path.is_symlink():
+                found[rel] = ("link", os.readlink(path).encode(), 0)
+            elif path.is_dir():
+                found[rel] = ("dir", b"", st.st_mode & 0o7777)
+            elif not path.is_file():  # a FIFO: never opened (it would block)
+                found[rel] = ("other", b"", st.st_mode)
+            else:
+                found[rel] = ("file", path.read_bytes(), st.st_mode & 0o7777)
+    return found
+
+
+def control(repo: Path) -> dict[str, tuple[str, bytes, int]]:
+    history = gitguard.HISTORY
+    return {rel: v for rel, v in tree_of(repo / ".git").items()
+            if rel.split("/")[0] not in history}
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "a.txt").write_text("a\n")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "base")
+    return repo
+
+
+PLANTS = {
+    "config": lambda g: (g / "config").write_text(
+        (g / "config").read_text() + "[core]\n\tfsmonitor = touch /tmp/pwned\n"),
+    "hook": lambda g: ((g / "hooks" / "pre-commit").write_text("#!/bin/sh\ntouch x\n"),
+                       (g / "hooks" / "pre-commit").chmod(0o755)),
+    "hooks_a_link": lambda g: (os.rename(g / "hooks", g / "old-hooks"),
+                               (g / "hooks").symlink_to(g.parent.parent)),
+    "config_a_link": lambda g: ((g / "config").unlink(),
+                                (g / "config").symlink_to(g.parent.parent / "evil")),
+    "config_a_folder": lambda g: ((g / "config").unlink(), (g / "config").mkdir()),
+    "worktree_config": lambda g: (g / "config.worktree").write_text(
+        "[core]\n\tpager = touch x\n"),
+    "submodule": lambda g: ((g / "modules" / "m").mkdir(parents=True),
+                            (g / "modules" / "m" / "HEAD").write_text("ref: refs/heads/x\n"),
+                            (g / "modules" / "m" / "config").write_text(
+                                "[core]\n\tfsmonitor = touch x\n")),
+    "info_unreadable": lambda g: ((g / "info" / "exclude").write_text("*.py\n"),
+                                  (g / "info").chmod(0)),
+    "a_fifo": lambda g: os.mkfifo(g / "hooks" / "post-checkout"),
+}
+
+
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+def test_a_plant_in_gits_control_files_is_undone_and_the_history_kept(
+        repo: Path, tmp_path: Path, plant: str) -> None:
+    (tmp_path / "evil").write_text("[core]\n\tfsmonitor = touch x\n")
+    before = control(repo)
+    saved = gitguard.save(repo)
+    (repo / "a.txt").write_text("changed by the executor\n")
+    git(repo, "commit", "-qam", "the executor's commit")  # history: allowed
+    head = git(repo, "rev-parse", "HEAD")
+    PLANTS[plant](repo / ".git")
+    assert control(repo) != before or plant == "info_unreadable"  # the plant is there
+    undone = gitguard.restore(saved)
+    assert undone, "nothing was said to be undone"
+    assert all(u.startswith(".git") for u in undone)
+    assert control(repo) == before
+    assert git(repo, "rev-parse", "HEAD") == head  # the executor's commit stays
+    assert (tmp_path / "evil").read_text().startswith("[core]")  # a link's target untouched
+
+
+def test_nothing_changed_says_nothing_and_a_commit_is_no_plant(repo: Path) -> None:
+    saved = gitguard.save(repo)
+    (repo / "b.txt").write_text("b\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "two")
+    git(repo, "branch", "side")
+    git(repo, "tag", "t1")
+    assert gitguard.restore(saved) == []
+
+
+def test_a_git_folder_replaced_whole_is_moved_aside_and_stops_the_round(repo: Path) -> None:
+    saved = gitguard.save(repo)
+    os.rename(repo / ".git", repo / "kept")
+    (repo / ".git").mkdir()
+    (repo / ".git" / "config").write_text("[core]\n\tfsmonitor = touch x\n")
+    with pytest.raises(SandboxError, match="replaced"):
+        gitguard.restore(saved)
+    assert not (repo / ".git").exists()
+    assert (repo / gitguard.QUARANTINE / "config").exists()
+
+
+def test_a_git_file_of_a_worktree_made_a_folder_is_put_back(repo: Path, tmp_path: Path) -> None:
+    worktree = tmp_path / "wt"
+    git(repo, "worktree", "add", "-q", str(worktree))
+    pointer = (worktree / ".git").read_bytes()
+    saved = gitguard.save(worktree)
+    (worktree / ".git").unlink()
+    (worktree / ".git").mkdir()
+    (worktree / ".git" / "config").write_text("[core]\n\tfsmonitor = touch x\n")
+    assert gitguard.restore(saved) == [".git"]
+    assert (worktree / ".git").read_bytes() == pointer
+
+
+def test_a_repo_with_no_git_folder_keeps_none(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    saved = gitguard.save(plain)
+    (plain / ".git").mkdir()
+    (plain / ".git" / "config").write_text("[core]\n\tfsmonitor = touch x\n")
+    assert gitguard.restore(saved) == [".git"]
+    assert not (plain / ".git").exists()
