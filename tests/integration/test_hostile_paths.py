@@ -128,7 +128,11 @@ def test_a_sandboxed_executor_cannot_steal_the_key_through_a_staged_symlinked_fo
     assert (repo / "test_loot.py").exists(), proc.stdout + proc.stderr  # the executor ran
     links = [p for p in repo.iterdir() if p.name.startswith("lnk")]
     assert any((p / "ed25519.key").exists() for p in links), "no plant reached the key"
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    # review 25: the lines the executor added to .git/info/exclude are put back after its
+    # sandbox ends, so its links are no longer hidden from the tree: the run refuses the
+    # first one it meets (exit 2, naming it) before any verifier runs
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "is a symlink to" in proc.stderr and "put back (.git/info/exclude)" in proc.stderr
     stored = every_byte(choir_home / "artifacts")
     assert key not in stored and key.hex().encode() not in stored, "the key reached a verifier"
     assert key.hex() not in proc.stdout + proc.stderr
