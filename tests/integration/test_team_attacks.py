@@ -39,10 +39,12 @@ def test_a_member_cannot_swap_the_worktree_git_dir_to_run_a_filter_on_the_host(
         """)
     state = asyncio.run(run_plan(load_plan(plan)))
     assert not marker.exists(), "the member's git config ran a command on the host"
-    # the round's snapshot refuses the swapped .git file (the commit, which never reads it,
-    # is the next test's), so nothing the member made is merged
+    # since review 25 the swapped .git file is put back once the member's sandbox ends (the
+    # round's snapshot refused it before: the commit, which never reads it, is the next
+    # test's); the filter the member's .gitattributes names is then refused at the commit,
+    # so nothing the member made is merged
     row = state["items"]["evil"]
-    assert row["state"] == "failed" and "a .git file pointing at" in row["last"], row
+    assert row["state"] == "failed" and ".gitattributes" in row["last"], row
 
 
 def _plant_programs(git_dir: Path, marker: Path) -> None:
@@ -273,13 +275,14 @@ def test_a_worktree_made_a_repository_of_its_own_is_never_committed(tmp_path: Pa
     """Review 16d: a member replaced its worktree's ``.git`` with a repository of its own
     whose excludes hide ``bad.txt``: the item's round listed that repository's files, never
     saw ``bad.txt`` and ASSERTed; the driver's commit (through the admin folder) held it, and
-    the item failed only at its integration round, for a reason that named no ``.git``. The
-    item fails at its commit now, saying so."""
+    the item failed only at its integration round, for a reason that named no ``.git``. Since
+    review 25 the worktree's ``.git`` (a pointer file) is put back once the member's sandbox
+    ends, the repository it made removed: the round sees ``bad.txt`` and fails on it."""
     repo = team_repo(tmp_path / "repo")
     own = ("echo BROKEN > bad.txt && rm -f .git && git init -q . && "
            "echo bad.txt >> .git/info/exclude")
     _state, row = _one_item(tmp_path, "og", own)
-    assert row["state"] == "failed" and ".git (the worktree's own" in row["last"], row
+    assert row["state"] == "failed" and "verification failed" in row["last"], row
     assert row["sent_back"] == 0
     assert "bad.txt" not in git(repo, "ls-tree", "--name-only", "choir/plan/og/integration")
 
