@@ -21,12 +21,12 @@ be put back: it is moved aside and the round stops, saying so.
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from choir._core.errors import SandboxError
+from choir.evidence.store import rmtree
 
 HISTORY = frozenset({
     "objects", "refs", "logs", "index", "HEAD", "ORIG_HEAD", "FETCH_HEAD", "COMMIT_EDITMSG",
@@ -135,10 +135,9 @@ def save(repo: Path) -> Saved:
 
 
 def _remove(path: Path) -> None:
-    if stat.S_ISDIR(os.lstat(path).st_mode):
-        shutil.rmtree(path)  # removes links inside, never what they name
-    else:
-        os.unlink(path)
+    # the store's: a folder the executor made unreadable is opened first; a link is removed,
+    # never what it names
+    rmtree(path)
 
 
 def _put(path: Path, entry: _Entry) -> None:
