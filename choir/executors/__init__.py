@@ -252,13 +252,15 @@ def _run_user_code(item: WorkItem, attempt: int, feedback: Sequence[Verification
                 binds = [Path(check_bind(b, origin="executor.binds")) for b in spec.binds]
                 readable = sorted({p for p in (*_around(repo), inputs, _choir_root(), *binds)
                                    if p != Path("/") and not str(p).startswith(_NEVER)})
-                # git's control files (config, hooks) as they are now, put back after the
-                # sandbox ends: a plant there ran at the user's next `git status` (review 25)
-                before = gitguard.save(repo)
+                read_only = [*interpreter_in_repo(repo), *spec_in_repo(repo)]
+                # git's control files (config, hooks) as they are now, the repo's and every
+                # repository's below it, put back after the sandbox ends; a .git it adds
+                # below is removed: a plant there ran at the user's next `git status`
+                # (review 25)
+                before = gitguard.save(repo, skip=read_only)
                 try:
                     result = BwrapSandbox().exec(argv(inputs), readable=readable,
-                                                 read_only=[*interpreter_in_repo(repo),
-                                                            *spec_in_repo(repo)],
+                                                 read_only=read_only,
                                                  hidden=masked_paths(), **common)  # type: ignore[arg-type]
                 finally:
                     undone = gitguard.restore(before)

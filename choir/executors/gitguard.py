@@ -16,12 +16,22 @@ sandbox has ended with every process in it (``restore``): a changed or replaced 
 written back, an added one removed, parents before children and never through a link. A
 ``.git`` replaced whole (another folder, a file or a link naming another git folder) cannot
 be put back: it is moved aside and the round stops, saying so.
+
+A ``.git`` below the repo's own is a repository of its own to the user's git in that
+folder (a shell prompt runs one on ``cd``, an editor scans for nested repositories): a
+folder ``git init`` made, or a file naming a git folder anywhere. git never tracks one (it
+refuses a ``.git`` path component), so none is part of a change, and the tree scan skips
+them. So ``save`` finds every one (a walk of the work tree that enters no link, no ``.git``
+and none of the folders the executor sees read-only) and guards those that were there the
+same way; ``restore`` walks again and removes every one the executor added, whatever it is
+(folder, file or link; a link is removed, never what it names).
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +49,7 @@ reads as data, never as a program to run."""
 MAX_BYTES = 32 << 20  # control files read into memory, at most (a real .git holds kilobytes)
 MAX_ENTRIES = 100_000
 QUARANTINE = ".git.choir-replaced"
+NESTED_MAX = 256  # repositories below the repo's own that are guarded, at most
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,9 @@ class Saved:
     entries: dict[str, _Entry] = field(default_factory=dict)
     gitdirs: set[str] = field(default_factory=set)  # folders whose history is not guarded
     size: int = 0
+    # on the repo's own: every .git below it (by path from the repo) and the folders not walked
+    nested: dict[str, Saved] = field(default_factory=dict)
+    skip: frozenset[str] = frozenset()
 
 
 def _entry(path: Path, st: os.stat_result, saved: Saved | None = None) -> _Entry:
@@ -104,9 +118,52 @@ def _is_gitdir(folder: Path) -> bool:
         return False
 
 
-def save(repo: Path) -> Saved:
-    """``repo/.git``'s control entries, read before an executor runs."""
-    git = repo / ".git"
+def _nested(repo: Path, skip: frozenset[str], *, opening: bool = False) -> list[str]:
+    """Every entry named ``.git`` below ``repo``'s own, by path from ``repo``: entering no
+    link, no ``.git`` and no folder in ``skip``. ``opening``: a folder of this user's that
+    cannot be read is made readable first (the executor may have hidden one that way, and
+    the user's git would enter it once the user did the same); otherwise it is not entered."""
+    found: list[str] = []
+    todo = [""]
+    while todo:
+        rel = todo.pop()
+        folder = repo / rel if rel else repo
+        try:
+            it = os.scandir(folder)
+        except PermissionError:
+            st = os.lstat(folder)
+            if not opening or st.st_uid != os.geteuid() or not stat.S_ISDIR(st.st_mode):
+                continue
+            os.chmod(folder, stat.S_IMODE(st.st_mode) | stat.S_IRWXU)
+            it = os.scandir(folder)
+        with it:
+            for item in it:
+                child = f"{rel}/{item.name}" if rel else item.name
+                if item.name == ".git":
+                    if rel:
+                        found.append(child)
+                elif child not in skip and item.is_dir(follow_symlinks=False):
+                    todo.append(child)
+    return sorted(found)
+
+
+def save(repo: Path, skip: Iterable[Path] = ()) -> Saved:
+    """``repo/.git``'s control entries, and those of every ``.git`` below it, read before an
+    executor runs; ``skip``: folders inside the repo the executor sees read-only (not
+    walked: nothing can be planted there)."""
+    saved = _save(repo / ".git")
+    saved.skip = frozenset(str(p.relative_to(repo)) for p in skip
+                           if p != repo and p.is_relative_to(repo))
+    for rel in _nested(repo, saved.skip):
+        if len(saved.nested) >= NESTED_MAX:
+            raise SandboxError(f"{repo} holds more than {NESTED_MAX} git repositories below "
+                               "its own: Choir cannot keep their control files from the "
+                               "executor; the executor was not run")
+        saved.nested[rel] = _save(repo / rel)
+    return saved
+
+
+def _save(git: Path) -> Saved:
     saved = Saved(git)
     try:
         st = os.lstat(git)
@@ -155,15 +212,30 @@ def _put(path: Path, entry: _Entry) -> None:
 
 
 def restore(saved: Saved) -> list[str]:
-    """Put ``.git``'s control entries back as ``save`` read them; the paths undone,
-    relative to the repo. Called once the executor's sandbox has ended (nothing of it runs).
-    Folder by folder from ``.git`` down, only into folders that were there before: each
-    one's mode first (a folder made unreadable is read again), then what it holds.
+    """Put ``.git``'s control entries back as ``save`` read them, and those of every
+    ``.git`` below it that was there; remove every ``.git`` below it that was not. The paths
+    undone, relative to the repo. Called once the executor's sandbox has ended (nothing of
+    it runs). Folder by folder from ``.git`` down, only into folders that were there before:
+    each one's mode first (a folder made unreadable is read again), then what it holds.
 
     Raises:
-        SandboxError: ``.git`` was replaced whole; the replacement is moved aside to
+        SandboxError: a ``.git`` was replaced whole; the replacement is moved aside to
             ``.git.choir-replaced`` (no git reads it there) and the round must stop.
     """
+    undone = _restore(saved)
+    repo = saved.git.parent
+    for rel in _nested(repo, saved.skip, opening=True):
+        before = saved.nested.get(rel)
+        if before is None:  # planted: git never tracks one, so no change loses a file
+            _remove(repo / rel)
+            undone.append(rel)
+        else:
+            folder = rel.removesuffix(".git")
+            undone += [folder + path for path in _restore(before)]
+    return sorted(undone)
+
+
+def _restore(saved: Saved) -> list[str]:
     git = saved.git
     try:
         st: os.stat_result | None = os.lstat(git)

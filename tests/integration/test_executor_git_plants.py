@@ -22,8 +22,8 @@ from tests.workitems import PY
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 
 
-def test_an_executors_fsmonitor_and_hook_never_run_at_the_users_next_git(
-        tmp_path: Path, choir_home: Path) -> None:
+def make_repo(tmp_path: Path) -> Path:
+    """A repo whose one verifier checks ``add`` in a bubblewrap sandbox."""
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "calc.py").write_text("def add(a, b):\n    return a + b\n")
@@ -38,9 +38,19 @@ def test_an_executors_fsmonitor_and_hook_never_run_at_the_users_next_git(
         moods:
           CALM: {verifiers: [unit]}
         """))
+    return repo
+
+
+def commit_all(repo: Path) -> None:
     for args in (["init", "-q"], ["add", "-A"],
                  ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"]):
         subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+def test_an_executors_fsmonitor_and_hook_never_run_at_the_users_next_git(
+        tmp_path: Path, choir_home: Path) -> None:
+    repo = make_repo(tmp_path)
+    commit_all(repo)
     config = (repo / ".git" / "config").read_bytes()
     loot = tmp_path / "loot"
     plant = (f"git config core.fsmonitor 'touch {loot}; false' && "
@@ -70,4 +80,39 @@ def test_an_executors_fsmonitor_and_hook_never_run_at_the_users_next_git(
     subprocess.run(["git", "-C", str(repo), "config", "core.fsmonitor", f"touch {loot}; false"],
                    check=True)
     subprocess.run(["git", "-C", str(repo), "status"], capture_output=True)
+    assert loot.exists(), "the plant never runs: this test proves nothing"
+
+
+def test_a_repo_an_executor_plants_in_a_subfolder_never_runs_at_the_users_git_there(
+        tmp_path: Path, choir_home: Path) -> None:
+    """A ``.git`` below the repo's own: a folder ``git init`` made, or a file naming a git
+    folder elsewhere. git never tracks one, the tree scan skips it, and before, it stayed:
+    the user's git in that folder (a shell prompt on ``cd``, an editor that scans for nested
+    repositories) ran its ``core.fsmonitor`` as the user."""
+    repo = make_repo(tmp_path)
+    (repo / ".gitignore").write_text("cache/\n")
+    commit_all(repo)
+    loot = tmp_path / "loot"
+    monitor = f"touch {loot}; false"
+    plant = (f"git init -q sub && git -C sub config core.fsmonitor '{monitor}' && "
+             f"git init -q cache/gitdir && git -C cache/gitdir config core.fsmonitor "
+             f"'{monitor}' && mkdir -p deep/er && "
+             "printf 'gitdir: ../../cache/gitdir/.git\\n' > deep/er/.git && "
+             "echo '# ok' >> calc.py")
+    item = tmp_path / "item.yaml"
+    item.write_text(f"id: nested\ngoal: add must add\nrepo: ./repo\nmax_attempts: 1\n"
+                    f"executor:\n  kind: command\n  command: \"{plant}\"\n")
+    proc = subprocess.run([PY, "-m", "choir", "run", str(item)], capture_output=True,
+                          text=True, timeout=300)
+    assert "ASSERTED" in proc.stdout, proc.stdout + proc.stderr
+    assert "sub/.git" in proc.stderr and "deep/er/.git" in proc.stderr, proc.stderr
+    assert (repo / "calc.py").read_text().endswith("# ok\n")  # the executor's work stays
+    for folder in ("sub", "deep/er", "cache/gitdir"):
+        subprocess.run(["git", "-C", str(repo / folder), "status"], capture_output=True)
+    assert not loot.exists(), "a repo the executor planted ran its program as the user"
+    # the control: the same plant made by hand runs at that git
+    subprocess.run(["git", "init", "-q", str(repo / "sub")], check=True)
+    subprocess.run(["git", "-C", str(repo / "sub"), "config", "core.fsmonitor", monitor],
+                   check=True)
+    subprocess.run(["git", "-C", str(repo / "sub"), "status"], capture_output=True)
     assert loot.exists(), "the plant never runs: this test proves nothing"

@@ -242,33 +242,44 @@ def test_a_member_sees_no_other_members_workspace(tmp_path: Path) -> None:
     assert git(repo, "show", f"{commit}:stolen.txt") == "", "a member read another's work"
 
 
-def _one_item(tmp_path: Path, plan_id: str, command: str) -> tuple[dict, dict]:  # type: ignore[type-arg]
-    """A plan of one item ``a`` whose member runs ``command`` once: its record, a's row."""
+def _one_item(tmp_path: Path, plan_id: str, command: str,
+              sandbox: str = "auto") -> tuple[dict, dict]:  # type: ignore[type-arg]
+    """A plan of one item ``a`` whose member runs ``command`` once: its record, a's row.
+    ``sandbox: none`` is the trust mode, where no guard undoes what the member did to git."""
     plan = write_plan(tmp_path, plan_id, f"""\
         - id: a
           goal: write a
           max_attempts: 1
-          executor: {{kind: command, command: '{command}'}}
+          executor: {{kind: command, sandbox: {sandbox}, command: '{command}'}}
         """)
     state = asyncio.run(run_plan(load_plan(plan)))
     return state, state["items"]["a"]
 
 
-def test_a_nested_repository_a_member_commits_is_never_merged(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sandbox", ["auto", "none"])
+def test_a_nested_repository_a_member_commits_is_never_merged(tmp_path: Path,
+                                                              sandbox: str) -> None:
     """A member made a nested git repository in its worktree: the item's round does not see
     it (a folder that is a repository of its own is no file of the tree), the driver's
     ``git add -A`` committed it as a submodule entry, and the commit's tree hash left such
     entries out, so the gate, the integration round and ``promote`` all passed a tree with a
     commit in it nobody verified (a review found it). An item whose commit's submodule
-    entries differ from its base's now fails."""
+    entries differ from its base's now fails (``none``, the trust mode). A sandboxed member's
+    nested ``.git`` is removed once its sandbox ends (review 25): its files are plain files
+    of the tree, verified and merged as such, never a submodule entry."""
     repo = team_repo(tmp_path / "repo")
     nested = ("echo A > a.txt && git init -q vendor && cd vendor && echo x > __init__.py && "
               "git -c user.name=x -c user.email=x@x add -A && "
               "git -c user.name=x -c user.email=x@x commit -qm x")
-    state, row = _one_item(tmp_path, "gl", nested)
-    assert row["state"] == "failed" and "vendor" in row["last"], row
-    assert state["status"] == "failed"
-    assert "vendor" not in git(repo, "ls-tree", "--name-only", "choir/plan/gl/integration")
+    state, row = _one_item(tmp_path, "gl", nested, sandbox)
+    if sandbox == "none":
+        assert row["state"] == "failed" and "vendor" in row["last"], row
+        assert state["status"] == "failed"
+        assert "vendor" not in git(repo, "ls-tree", "--name-only", "choir/plan/gl/integration")
+        return
+    assert row["state"] == "merged", row
+    entries = git(repo, "ls-tree", "-r", "choir/plan/gl/integration", "vendor").split("\n")
+    assert [e.split()[1] for e in entries if e] == ["blob"], entries  # a file, not a commit
 
 
 def test_a_worktree_made_a_repository_of_its_own_is_never_committed(tmp_path: Path) -> None:
@@ -293,16 +304,18 @@ NESTED_FILTER = (
     "printf \"f filter=evil\\\\n\" > .gitattributes && touch -d @1 f")
 
 
+@pytest.mark.parametrize("sandbox", ["auto", "none"])
 @pytest.mark.parametrize("at", ["vendor", "sub"])
 def test_a_nested_repository_runs_none_of_its_programs_when_the_item_is_committed(
-        tmp_path: Path, at: str) -> None:
+        tmp_path: Path, at: str, sandbox: str) -> None:
     """``git add -A`` starts git in a nested repository it finds (to tell whether it is
     dirty), under that repository's own config: a filter the member wrote there ran on the
     host as Choir, before the submodule check could fail the item (a review found it).
     ``sub``: the base's submodule, an empty folder in the checkout, made a repository with
     no commit (git then asks it whether it is dirty); ``vendor``: a repository of the
-    member's own. The item now fails before any git runs in its worktree, naming the
-    ``.git`` it found."""
+    member's own. In the trust mode (``none``) the item now fails before any git runs in its
+    worktree, naming the ``.git`` it found; a sandboxed member's ``.git`` is removed when its
+    sandbox ends."""
     marker = tmp_path / "pwned"
     repo = team_repo(tmp_path / "repo")
     if at == "sub":
@@ -312,9 +325,19 @@ def test_a_nested_repository_runs_none_of_its_programs_when_the_item_is_committe
         git(repo, "add", ".gitmodules")
         git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "submodule")
     command = "echo A > a.txt && " + NESTED_FILTER.format(at=at, marker=marker)
-    _state, row = _one_item(tmp_path, "nf", command)
+    _state, row = _one_item(tmp_path, "nf", command, sandbox)
     assert not marker.exists(), "a nested repository's filter ran on the host"
-    assert row["state"] == "failed" and f"{at}/.git" in row["last"], row
+    if sandbox == "none":  # the trust mode: the driver finds the repository and refuses it
+        assert row["state"] == "failed" and f"({at}/.git)" in row["last"], row
+        return
+    # sandboxed: the member's .git was removed once its sandbox ended (review 25), so no git
+    # ever ran in it, and what it left are plain files, seen and judged as such
+    if at == "vendor":  # its attributes name a filter: refused as any tree's would be
+        assert row["state"] == "failed" and "vendor/.gitattributes" in row["last"], row
+    else:  # inside the base's submodule path: no file of the tree, the gitlink unchanged
+        assert row["state"] == "merged", row
+        entry = git(repo, "ls-tree", "choir/plan/nf/integration", "sub").split()
+        assert entry[1:3] == ["commit", "1" * 40], entry
 
 
 def test_a_claim_recorded_outside_the_plan_never_stands_in_for_its_rounds(

@@ -141,3 +141,103 @@ def test_a_repo_with_no_git_folder_keeps_none(tmp_path: Path) -> None:
     (plain / ".git" / "config").write_text("[core]\n\tfsmonitor = touch x\n")
     assert gitguard.restore(saved) == [".git"]
     assert not (plain / ".git").exists()
+
+
+NESTED = {
+    "a_repo": lambda r: git(r, "init", "-q", "sub/deeper"),
+    "a_gitdir_file": lambda r: ((r / "sub").mkdir(),
+                                (r / "sub" / ".git").write_text("gitdir: ../elsewhere\n")),
+    "a_link": lambda r: ((r / "sub").mkdir(), (r / "sub" / ".git").symlink_to(r / ".git")),
+    "in_an_unreadable_folder": lambda r: (git(r, "init", "-q", "sub/x"),
+                                          (r / "sub").chmod(0)),
+    "in_a_linked_folder": lambda r: (git(r, "init", "-q", "ignored/x"),
+                                     (r / "sub").symlink_to(r / "ignored")),
+}
+
+
+@pytest.mark.parametrize("plant", sorted(NESTED))
+def test_a_repository_planted_below_the_repo_is_removed_and_its_files_kept(
+        repo: Path, plant: str) -> None:
+    saved = gitguard.save(repo)
+    (repo / "keep.txt").write_text("the executor's work\n")
+    NESTED[plant](repo)
+    undone = gitguard.restore(saved)
+    assert undone and all(u.endswith(".git") and u != ".git" for u in undone), undone
+    assert (repo / "keep.txt").exists()
+    left = [p for p in repo.rglob(".git") if p != repo / ".git"]
+    assert left == [], left
+    assert (repo / ".git" / "config").exists()  # a link's target (the repo's own) untouched
+    assert gitguard.restore(gitguard.save(repo)) == []  # nothing planted: nothing said
+
+
+def test_a_repository_that_was_there_is_kept_and_guarded_like_the_repos_own(
+        repo: Path, tmp_path: Path) -> None:
+    vendored = repo / "vendor" / "lib"
+    vendored.mkdir(parents=True)
+    git(vendored, "init", "-q")
+    (vendored / "f.txt").write_text("f\n")
+    git(vendored, "add", "-A")
+    git(vendored, "commit", "-qm", "lib")
+    worktree = repo / "wt"  # a linked worktree's .git file, inside the repo
+    git(vendored, "worktree", "add", "-q", str(worktree))
+    before, pointer = control(vendored), (worktree / ".git").read_bytes()
+    saved = gitguard.save(repo)
+    PLANTS["config"](vendored / ".git")
+    PLANTS["hook"](vendored / ".git")
+    (worktree / ".git").write_text("gitdir: ../elsewhere\n")
+    undone = gitguard.restore(saved)
+    assert "vendor/lib/.git/config" in undone and "wt/.git" in undone, undone
+    assert control(vendored) == before
+    assert (worktree / ".git").read_bytes() == pointer
+
+
+def test_a_read_only_folder_is_not_walked(repo: Path) -> None:
+    venv = repo / ".venv"
+    git(repo, "init", "-q", str(venv / "pkg"))  # a vendored repo inside the interpreter
+    saved = gitguard.save(repo, skip=[venv])
+    assert saved.nested == {}
+    assert gitguard.restore(saved) == []
+    assert (venv / "pkg" / ".git").is_dir()
+
+
+def test_a_repository_hidden_in_a_folder_made_unreadable_is_found_as_the_user(
+        tmp_path: Path) -> None:
+    """As the user, not as root (whom no mode stops): the executor made ``sub`` mode 000
+    with a repository in it; the user's git would enter it once ``sub`` was readable."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the case as another user")
+    import shutil
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(dir="/tmp"))  # a folder the other user can reach
+    try:
+        top.chmod(0o755)
+        repo = top / "repo"
+        repo.mkdir()
+        os.chown(repo, 65534, 65534)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the user: nobody
+            code = 1
+            try:
+                os.close(read)
+                os.setgid(65534)
+                os.setuid(65534)
+                env = {"PATH": os.environ["PATH"], "HOME": str(top)}
+                subprocess.run(["git", "init", "-q", str(repo)], check=True, env=env)
+                saved = gitguard.save(repo)
+                subprocess.run(["git", "init", "-q", str(repo / "sub" / "x")], check=True,
+                               env=env)
+                (repo / "sub").chmod(0)
+                os.write(write, repr(gitguard.restore(saved)).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        said = os.read(read, 4096).decode()
+        os.close(read)
+        assert os.waitpid(pid, 0)[1] == 0, said
+        assert said == "['sub/x/.git']"
+        assert not (repo / "sub" / "x" / ".git").exists()
+    finally:
+        shutil.rmtree(top)
