@@ -11,11 +11,12 @@ bound, read-only, at the same paths, so ``python3 -m pytest`` works unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
@@ -23,7 +24,7 @@ from typing import ClassVar
 from choir.exceptions import ConfigError
 from choir.models import AppliedLimits, Limits
 from choir.models import Limits as _Limits
-from choir.sandbox import _toolchain, egress
+from choir.sandbox import _toolchain, egress, rewritten
 from choir.sandbox._cgroups import (
     STAGE,
     STAGE_PYTHON,
@@ -54,6 +55,24 @@ MASK_BYTES = 4096  # a mask is an empty read-only tmpfs: nothing is ever written
 def _traversable(path: str) -> bool:
     """True when an unprivileged user can reach ``path`` (every ancestor has o+x)."""
     return reachable(path)
+
+
+@contextlib.contextmanager
+def _rewritten(command: str, repo: Path,
+               repo_writable: bool) -> Iterator[tuple[dict[str, str], list[Path]]]:
+    """For a step of the pytest preset on a sealed tree: the folder of its test modules'
+    rewrites that Choir's pytest made (``choir.sandbox.rewritten``), bound read-only, and
+    the variables that name it to the preset's wrapper. Always set for such a step (empty
+    when there is no folder), so a variable of the configuration never names another."""
+    if repo_writable or "CHOIR_PYTEST" not in command:
+        yield {}, []
+        return
+    tree = repo.resolve()
+    with rewritten.for_step(tree) as folder:
+        if folder is None:
+            yield {"CHOIR_PYTEST_PYC": "", "CHOIR_PYTEST_ROOT": ""}, []
+        else:
+            yield {"CHOIR_PYTEST_PYC": str(folder), "CHOIR_PYTEST_ROOT": str(tree)}, [folder]
 
 
 def _drops_privilege() -> bool:
@@ -163,7 +182,7 @@ class BwrapSandbox(Sandbox):
         for tool in tools.binds:
             args += ["--ro-bind", staged.get(tool, tool), tool]
         for path in readable:
-            args += ["--ro-bind", str(path), str(path)]
+            args += ["--ro-bind", staged.get(str(path), str(path)), str(path)]
         args += ["--bind" if repo_writable else "--ro-bind", staged.get(str(repo), str(repo)),
                  str(repo), "--bind", staged.get(str(out_dir), str(out_dir)), str(out_dir)]
         for path in read_only:  # after the repo, so they stay read-only inside a writable repo
@@ -198,11 +217,12 @@ class BwrapSandbox(Sandbox):
         return args
 
     def _staging(self, tools: _toolchain.Toolchain, repo: Path, out_dir: Path,
-                 proxy: EgressProxy | None = None) -> list[str]:
+                 proxy: EgressProxy | None = None,
+                 readable: Sequence[Path] = ()) -> list[str]:
         """Host paths an unprivileged bwrap could not reach: bound under STAGE first."""
         sockets = (str(proxy.socket_dir),) if proxy is not None else ()
-        return [p for p in (*tools.binds, str(repo), str(out_dir), *sockets)
-                if not _traversable(p)]
+        return [p for p in (*tools.binds, str(repo), str(out_dir), *sockets,
+                            *map(str, readable)) if not _traversable(p)]
 
     def command(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
                 network: bool, repo_writable: bool = False, readable: Sequence[Path] = (),
@@ -227,7 +247,7 @@ class BwrapSandbox(Sandbox):
         tools = _toolchain.choose(repo, self._python, self._binds)  # once per step
         staged: dict[str, str] = {}
         setup = []
-        todo = self._staging(tools, repo, out_dir, proxy)
+        todo = self._staging(tools, repo, out_dir, proxy, readable)
         python = prestaged_python()
         if python in todo:  # bound by the launcher when it was armed, off this path
             staged[python] = STAGE_PYTHON
@@ -239,7 +259,7 @@ class BwrapSandbox(Sandbox):
             setup.append(f"{make}mount --bind {shlex.quote(path)} {target} && ")
         argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
                 *self.argv(command, repo=repo, out_dir=out_dir, env=env, network=network,
-                           staged=staged, tools=tools, proxy=proxy)]
+                           staged=staged, tools=tools, proxy=proxy, readable=readable)]
         return "".join(setup), argv
 
     def exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
@@ -247,10 +267,12 @@ class BwrapSandbox(Sandbox):
              repo_writable: bool = False, readable: Sequence[Path] = (),
              hidden: Sequence[Path] = (), read_only: Sequence[Path] = (),
              hosts: Sequence[str] = ()) -> ExecResult:
-        return egress.with_egress(hosts, sink, lambda proxy: self._exec(
-            command, repo=repo, out_dir=out_dir, env=env, timeout_s=timeout_s, limits=limits,
-            network=network, sink=sink, repo_writable=repo_writable, readable=readable,
-            hidden=hidden, read_only=read_only, proxy=proxy))
+        with _rewritten(command, repo, repo_writable) as (more_env, more_readable):
+            return egress.with_egress(hosts, sink, lambda proxy: self._exec(
+                command, repo=repo, out_dir=out_dir, env={**env, **more_env},
+                timeout_s=timeout_s, limits=limits, network=network, sink=sink,
+                repo_writable=repo_writable, readable=[*readable, *more_readable],
+                hidden=hidden, read_only=read_only, proxy=proxy))
 
     def _exec(self, command: str, *, repo: Path, out_dir: Path, env: Mapping[str, str],
               timeout_s: float, limits: Limits, network: bool, sink: Sink,

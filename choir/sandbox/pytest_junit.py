@@ -266,6 +266,47 @@ class JUnitWriter:
                      + suite + "".join(parts) + "</testsuite></testsuites>")
 
 
+def _pass_hook() -> bool:
+    """True unless the running session's configuration leaves ``enable_assertion_pass_hook``
+    off (or none is found): its modules must be rewritten with the hook's calls."""
+    for finder in sys.meta_path:
+        config = getattr(finder, "config", None)
+        if type(finder).__name__ == "AssertionRewritingHook" and config is not None:
+            try:
+                return bool(config.getini("enable_assertion_pass_hook"))
+            except (ValueError, KeyError):
+                return True
+    return True
+
+
+def _rewritten(folder: str, root: str) -> None:
+    """Where this pytest looks for its rewritten test modules under ``root``: ``folder``,
+    which Choir made read-only for this step with its own pytest
+    (``choir/sandbox/rewritten.py``). pytest still checks each file (its version in the
+    name, the source's hash in the header) and rewrites the module itself when one does not
+    fit; every other module's cache is where pytest keeps it."""
+    try:
+        from _pytest.assertion import rewrite
+    except ImportError:
+        return
+    own = getattr(rewrite, "get_cache_dir", None)
+    if own is None or not hasattr(rewrite, "_fix_code_filename"):
+        return  # a pytest that keeps another kind of file: it finds none of Choir's anyway
+    base = os.path.join(root, "")
+    answers: list[bool] = []
+
+    def get_cache_dir(file_path: Any) -> Any:
+        path = str(file_path)
+        if path.startswith(base):
+            if not answers:
+                answers.append(_pass_hook())
+            if not answers[0]:
+                return type(file_path)(folder, os.path.dirname(path[len(base):]))
+        return own(file_path)
+
+    rewrite.get_cache_dir = get_cache_dir
+
+
 def main() -> int:
     """pytest with ``sys.argv[1:]``, and the writer when ``$CHOIR_OUT`` is set."""
     if sys.path and sys.path[0] == "":  # as ``python3 -m``: the folder it started in
@@ -275,6 +316,9 @@ def main() -> int:
     except ImportError:
         print(f"{sys.executable}: No module named pytest", file=sys.stderr)
         return 1
+    folder, root = os.environ.get("CHOIR_PYTEST_PYC"), os.environ.get("CHOIR_PYTEST_ROOT")
+    if folder and root:
+        _rewritten(folder, root)
     out = os.environ.get("CHOIR_OUT")
     plugins = [JUnitWriter(os.path.join(out, "junit.xml"))] if out else []
     code = pytest.main([*sys.argv[1:], "--junitxml="], plugins=plugins)

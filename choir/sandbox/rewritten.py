@@ -1,0 +1,225 @@
+"""pytest's rewritten test modules for a sealed tree: made by Choir's own pytest, never by a step.
+
+A verifier step sees the sealed tree read-only and with no ``__pycache__`` (a planted
+``.pyc`` would be loaded in place of its source: ``choir.evidence.bytecode``), so the step's
+pytest rewrites the asserts of every test module on every run. On a small suite that is
+most of what a read-only tree costs: python-slugify's 7 test modules, +142 ms of a 1.9 s run
+against a tree with its caches, +50 ms with only pytest's rewritten modules kept
+(docs/performance.md).
+
+pytest (9.2 on) keeps a rewritten module as a checked-hash ``.pyc`` named
+``<module><PYC_TAIL>`` (the tail names the interpreter and pytest's version) in
+``get_cache_dir(path)``, and fixes the code's file name when it loads one. Here such files
+are kept in ``<artifacts>/pytest-cache/<tail>/<blake3 of the source>``, made by the pytest
+Choir itself imports, from a sealed file's bytes, in a process that holds no key and runs
+none of the tree's code (a parse, the rewrite, a compile: nothing of the source executes).
+
+For a step of the pytest preset (its command runs ``$CHOIR_PYTEST``), the bwrap sandbox
+asks ``for_step`` for a folder of this tree's test modules that have one (links, named and
+placed as pytest looks for them, by their folder in the tree), binds it read-only and
+names it in ``$CHOIR_PYTEST_PYC``; the preset's wrapper (``pytest_junit.py``) points
+pytest's ``get_cache_dir`` there for the files under ``$CHOIR_PYTEST_ROOT``. The step's
+pytest loads one only if it is the same pytest (the tail is in the name) and the source
+hash in its header matches the file (pytest's own check).
+
+What holds: the folder is made for one step, bound read-only, and holds only this tree's
+modules (never another tree's, nor a held-out check's): no step writes it or the cache,
+which no sandbox sees. A file is named by its source's blake3, so no other bytes get its
+code (pytest's own check is a 64-bit hash with a public key: it is not what keeps them
+apart). A module whose rewrite warns (an ``assert (x, "msg")``) is left to the step, which
+warns as pytest does; a project with ``enable_assertion_pass_hook`` rewrites its own (the
+wrapper asks its configuration), as does a pytest of another version.
+
+When: the warm service (``choir serve``) fills the cache after a request has answered,
+for the modules its steps found none for (``fill``); a cold command only reads it, and
+looks only once a service has made the folder.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import fnmatch
+import functools
+import os
+import secrets
+import shutil
+import stat
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import blake3
+
+from choir._core.paths import artifact_dir
+
+PATTERNS = ("test_*.py", "*_test.py", "conftest.py")  # pytest's python_files, and conftest
+SKIP_DIRS = ("node_modules",)  # with every folder whose name starts with a dot
+MAX_SOURCE = 2 << 20  # bytes of one module: bigger ones are the step's to rewrite
+MAX_FILES = 10_000  # modules linked for one step, and made by one fill
+PENDING_BYTES = 32 << 20  # sources kept for ``fill``, at most (the tree is parked by then)
+FILL_S = 10.0  # one fill's time, at most
+
+# digest -> (a sealed file's path, its bytes), for ``fill``: the bytes are kept, since the
+# sealed tree is parked (or gone) by the time the request has answered
+_pending: dict[str, tuple[str, bytes]] = {}
+_filling = [False]  # set in a warm service's worker (``collect``): what is missing is noted
+_kept = [0]  # bytes in ``_pending``
+
+
+@functools.cache
+def tail() -> str | None:
+    """``PYC_TAIL`` of the pytest Choir imports, or None when it keeps no checked-hash file
+    (pytest before 9.2 checked its files by time and size, which another file can share)."""
+    try:
+        from _pytest.assertion import rewrite
+    except ImportError:
+        return None
+    if not hasattr(rewrite, "_fix_code_filename"):
+        return None
+    return str(rewrite.PYC_TAIL)
+
+
+def root() -> Path:
+    return artifact_dir() / "pytest-cache"
+
+
+def _objects(made: str) -> Path:
+    return root() / made.lstrip(".")
+
+
+def _tests(tree: Path) -> Iterator[tuple[str, str]]:
+    """(folder, name) of every test module in ``tree``: no link followed, none entered."""
+    for folder, dirs, files in os.walk(tree):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in SKIP_DIRS]
+        for name in files:
+            if any(fnmatch.fnmatchcase(name, p) for p in PATTERNS):
+                yield folder, name
+
+
+def _read(path: str) -> bytes | None:
+    """A regular file's bytes, never through a link; None past ``MAX_SOURCE``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SOURCE:
+            return None
+        data = fh.read(MAX_SOURCE + 1)
+    return data if len(data) <= MAX_SOURCE else None
+
+
+@contextlib.contextmanager
+def for_step(tree: Path) -> Iterator[Path | None]:
+    """A folder of the cached rewrites of ``tree``'s test modules, for one step, removed
+    after it; None when there is none to give (no cache, no module that has one). Those
+    without one are noted for ``fill``."""
+    made = tail()
+    if made is None or not (_filling[0] or _objects(made).is_dir()):
+        yield None
+        return
+    objects = _objects(made)
+    folder = root() / "steps" / secrets.token_hex(8)
+    linked = 0
+    try:
+        base = str(tree)
+        for where, name in _tests(tree):
+            path = os.path.join(where, name)
+            data = _read(path)
+            if data is None:
+                continue
+            digest = blake3.blake3(data).hexdigest()
+            cached = objects / digest
+            if not cached.is_file():
+                if (_filling[0] and digest not in _pending and len(_pending) < MAX_FILES
+                        and _kept[0] + len(data) <= PENDING_BYTES):
+                    _pending[digest] = (path, data)
+                    _kept[0] += len(data)
+                continue
+            into = _folder(folder, os.path.relpath(where, base))
+            os.link(cached, into / (name[:-3] + made))
+            linked += 1
+            if linked >= MAX_FILES:
+                break
+        yield folder if linked else None
+    finally:
+        # Choir's own folder, which no step could write: nothing in it is a plant
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _folder(top: Path, rel: str) -> Path:
+    """``top/rel``, each folder made readable by the sandbox's user (whatever the umask)."""
+    parts = [] if rel == "." else rel.split(os.sep)
+    here = top
+    for path in (top, *(top.joinpath(*parts[:n + 1]) for n in range(len(parts)))):
+        here = path
+        if not path.is_dir():
+            path.mkdir(parents=True)
+            path.chmod(0o755)
+    return here
+
+
+def _made(data: bytes, filename: str) -> bytes | None:
+    """The file pytest would keep for a module of these bytes; None when its rewrite
+    warns or fails (the step's pytest then rewrites it and says what it says)."""
+    import importlib.util
+    import io
+
+    from _pytest.assertion.rewrite import _write_pyc_fp, rewrite_asserts
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        try:
+            tree = ast.parse(data, filename=filename)
+            rewrite_asserts(tree, data, filename, None)
+            code = compile(tree, filename, "exec", dont_inherit=True)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
+    if said:
+        return None
+    out = io.BytesIO()
+    _write_pyc_fp(out, importlib.util.source_hash(data), code)
+    return out.getvalue()
+
+
+def collect() -> None:
+    """Note the modules the steps of this process find no rewrite for: a warm service's
+    worker, which ``fill``s them once its request has answered."""
+    _filling[0] = True
+
+
+def fill(limit_s: float = FILL_S) -> int:
+    """Make the cached rewrite of every module the steps of this process found none for;
+    how many were made. Called by a warm service's worker once its request has answered."""
+    import time
+
+    made = tail()
+    if made is None or not _pending:
+        return 0
+    objects = _objects(made)
+    objects.mkdir(parents=True, exist_ok=True)
+    end = time.monotonic() + limit_s
+    count = 0
+    for digest, (path, data) in list(_pending.items()):
+        del _pending[digest]
+        _kept[0] -= len(data)
+        target = objects / digest
+        if time.monotonic() > end or target.exists():
+            continue
+        pyc = _made(data, path)
+        if pyc is None:
+            continue
+        temp = objects / f".{digest}.{secrets.token_hex(4)}"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o444)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(pyc)
+            os.fchmod(fh.fileno(), 0o444)  # the sandbox's user reads it, whatever the umask
+        os.rename(temp, target)
+        count += 1
+    return count
+
+
+__all__ = ["collect", "fill", "for_step", "root", "tail"]
