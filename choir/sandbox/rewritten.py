@@ -2,10 +2,9 @@
 
 A verifier step sees the sealed tree read-only and with no ``__pycache__`` (a planted
 ``.pyc`` would be loaded in place of its source: ``choir.evidence.bytecode``), so the step's
-pytest rewrites the asserts of every test module on every run. On a small suite that is
-most of what a read-only tree costs: python-slugify's 7 test modules, +142 ms of a 1.9 s run
-against a tree with its caches, +50 ms with only pytest's rewritten modules kept
-(docs/performance.md).
+pytest rewrites the asserts of every test module on every run: networkx's 259 test modules
+took 16.3 s of CPU to collect that way and 4.8 s with their rewrites kept; on a small suite
+(python-slugify's 7) it is tens of milliseconds (docs/performance.md, ``bench/rewritten.py``).
 
 pytest (9.2 on) keeps a rewritten module as a checked-hash ``.pyc`` named
 ``<module><PYC_TAIL>`` (the tail names the interpreter and pytest's version) in
@@ -45,6 +44,7 @@ import os
 import secrets
 import shutil
 import stat
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,14 +70,17 @@ _kept = [0]  # bytes in ``_pending``
 @functools.cache
 def tail() -> str | None:
     """``PYC_TAIL`` of the pytest Choir imports, or None when it keeps no checked-hash file
-    (pytest before 9.2 checked its files by time and size, which another file can share)."""
+    (pytest before 9.2 checked its files by time and size, which another file can share).
+    Read from its version alone: importing its rewrite module costs a cold command 150 ms,
+    and ``fill``, which does, checks the two agree."""
     try:
-        from _pytest.assertion import rewrite
+        import _pytest
     except ImportError:
         return None
-    if not hasattr(rewrite, "_fix_code_filename"):
+    numbers = tuple(getattr(_pytest, "version_tuple", ())[:2])
+    if not all(isinstance(n, int) for n in numbers) or numbers < (9, 2):
         return None
-    return str(rewrite.PYC_TAIL)
+    return f".{sys.implementation.cache_tag}-pytest-{_pytest.__version__}.pyc"
 
 
 def root() -> Path:
@@ -198,6 +201,12 @@ def fill(limit_s: float = FILL_S) -> int:
     made = tail()
     if made is None or not _pending:
         return 0
+    from _pytest.assertion import rewrite
+
+    if made != rewrite.PYC_TAIL or not hasattr(rewrite, "_fix_code_filename"):
+        _pending.clear()
+        _kept[0] = 0
+        return 0  # not the kind of file ``tail`` took it for: none is made
     objects = _objects(made)
     objects.mkdir(parents=True, exist_ok=True)
     end = time.monotonic() + limit_s

@@ -1,0 +1,89 @@
+"""What pytest's rewritten test modules from Choir's cache save a step (``sandbox.rewritten``).
+
+    python bench/rewritten.py [--project networkx|slugify|toolz] [--runs 5] [--collect-only]
+
+Makes the project as ``bench/verify_vs_bare.py`` does (its sdist, a ``.venv`` with pytest),
+fills the cache the way a warm service's worker does (``collect``, a step's ``for_step``,
+``fill``) and then runs the pytest preset's wrapper (``$CHOIR_PYTEST``) on the tree,
+alternating, ``runs`` times each: without the folder (every test module rewritten by the
+step's pytest, as on a sealed tree before) and with it (this step's folder, as bubblewrap
+binds it). ``--collect-only`` runs ``--co``: the collection, where every test module is
+imported and rewritten, without the tests' own time. Prints the fill's and the folder's
+cost, and the median CPU of the pytest process each way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import verify_vs_bare  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--project", default="networkx", choices=sorted(verify_vs_bare.SDISTS))
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--collect-only", action="store_true")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="choir-bench-rewritten-"))
+    os.environ["CHOIR_HOME"] = str(tmp / "home")
+    os.environ["CHOIR_ARTIFACT_DIR"] = str(tmp / "home" / "artifacts")
+    from choir.sandbox import rewritten
+    from choir.sandbox.base import pytest_source
+
+    try:
+        repo = verify_vs_bare.make_sdist(tmp, args.project)
+        verify_vs_bare.prepare(repo, "bwrap", verify_vs_bare.SDISTS[args.project][2])
+        tree = repo.resolve()
+        extra = ["--co"] if args.collect_only else []
+
+        def step(folder: Path | None) -> float:
+            env = {"PATH": os.environ["PATH"], "PYTHONDONTWRITEBYTECODE": "1",
+                   "CHOIR_PYTEST_PYC": str(folder or ""), "CHOIR_PYTEST_ROOT": str(tree)}
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            subprocess.run([str(tree / ".venv/bin/python"), "-c", pytest_source(), "-q",
+                            "-p", "no:cacheprovider", *extra], cwd=tree, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            return (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+        rewritten.collect()
+        start = time.perf_counter()
+        with rewritten.for_step(tree):
+            pass
+        noted = len(rewritten._pending)
+        walk = time.perf_counter() - start
+        start = time.perf_counter()
+        made = rewritten.fill(limit_s=600)
+        print(f"{args.project}: {noted} test modules; first walk {walk * 1000:.0f} ms; "
+              f"fill made {made} in {time.perf_counter() - start:.1f} s")
+        without, with_, given = [], [], []
+        for _ in range(args.runs):
+            without.append(step(None))
+            start = time.perf_counter()
+            with rewritten.for_step(tree) as folder:
+                given.append(time.perf_counter() - start)
+                with_.append(step(folder))
+        print(f"folder for one step: median {statistics.median(given) * 1000:.0f} ms")
+        print(f"pytest CPU without: median {statistics.median(without):.2f} s")
+        paired = statistics.median(a - b for a, b in zip(with_, without, strict=True))
+        print(f"pytest CPU with:    median {statistics.median(with_):.2f} s "
+              f"(paired {paired:+.2f} s)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
