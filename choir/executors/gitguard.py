@@ -29,14 +29,15 @@ same way; ``restore`` walks again and removes every one the executor added, what
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from choir._core.errors import SandboxError
-from choir.evidence.store import rmtree
 
 HISTORY = frozenset({
     "objects", "refs", "logs", "index", "HEAD", "ORIG_HEAD", "FETCH_HEAD", "COMMIT_EDITMSG",
@@ -70,9 +71,11 @@ class Saved:
     entries: dict[str, _Entry] = field(default_factory=dict)
     gitdirs: set[str] = field(default_factory=set)  # folders whose history is not guarded
     size: int = 0
-    # on the repo's own: every .git below it (by path from the repo) and the folders not walked
+    # on the repo's own: every .git below it (by path from the repo), the folders not walked
+    # (the executor's read-only ones, by identity) and those another user's modes hid
     nested: dict[str, Saved] = field(default_factory=dict)
-    skip: frozenset[str] = frozenset()
+    skip: dict[str, tuple[int, int]] = field(default_factory=dict)
+    unread: frozenset[str] = frozenset()
 
 
 def _entry(path: Path, st: os.stat_result, saved: Saved | None = None) -> _Entry:
@@ -118,48 +121,88 @@ def _is_gitdir(folder: Path) -> bool:
         return False
 
 
-def _nested(repo: Path, skip: frozenset[str], *, opening: bool = False) -> list[str]:
+@dataclass
+class _Walk:
+    """What a walk of the work tree found: every ``.git`` below the repo's own, the folders
+    it could not read, and the folders of this user's it opened to read (with their modes,
+    put back by ``close``)."""
+
+    found: list[str] = field(default_factory=list)
+    unread: list[str] = field(default_factory=list)
+    opened: list[tuple[Path, int]] = field(default_factory=list)
+
+    def close(self) -> None:
+        for folder, mode in reversed(self.opened):  # the deepest first: each still reachable
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(folder, mode, follow_symlinks=False)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+
+
+def _walk(repo: Path, skip: dict[str, tuple[int, int]]) -> _Walk:
     """Every entry named ``.git`` below ``repo``'s own, by path from ``repo``: entering no
-    link, no ``.git`` and no folder in ``skip``. ``opening``: a folder of this user's that
-    cannot be read is made readable first (the executor may have hidden one that way, and
-    the user's git would enter it once the user did the same); otherwise it is not entered."""
-    found: list[str] = []
+    link, no ``.git``, and no folder of ``skip`` that is still the folder it names (one the
+    executor moved aside and replaced is walked). A folder of this user's that cannot be
+    read or entered is opened first (the executor may have hidden a plant that way, and
+    the user's git would enter it once the user did the same); one of another user's that
+    cannot be read is listed in ``unread``. The caller puts the opened folders' modes back
+    (``close``) once it is done with what was found."""
+    walk = _Walk()
+    me = os.geteuid()
     todo = [""]
     while todo:
         rel = todo.pop()
         folder = repo / rel if rel else repo
         try:
-            it = os.scandir(folder)
-        except PermissionError:
             st = os.lstat(folder)
-            if not opening or st.st_uid != os.geteuid() or not stat.S_ISDIR(st.st_mode):
-                continue
-            os.chmod(folder, stat.S_IMODE(st.st_mode) | stat.S_IRWXU)
-            it = os.scandir(folder)
-        with it:
-            for item in it:
-                child = f"{rel}/{item.name}" if rel else item.name
-                if item.name == ".git":
-                    if rel:
-                        found.append(child)
-                elif child not in skip and item.is_dir(follow_symlinks=False):
-                    todo.append(child)
-    return sorted(found)
+            if not stat.S_ISDIR(st.st_mode):
+                continue  # changed under the walk: nothing to enter
+            mode = stat.S_IMODE(st.st_mode)
+            if st.st_uid == me and mode & 0o700 != 0o700:
+                os.chmod(folder, mode | 0o700, follow_symlinks=False)
+                walk.opened.append((folder, mode))
+            with os.scandir(folder) as it:
+                items = [(item.name, item.is_dir(follow_symlinks=False)) for item in it]
+        except OSError:
+            walk.unread.append(rel)
+            continue
+        for name, is_dir in items:
+            child = f"{rel}/{name}" if rel else name
+            if name == ".git":
+                if rel:
+                    walk.found.append(child)
+            elif is_dir and not (child in skip and _identity(repo / child) == skip[child]):
+                todo.append(child)
+    walk.found.sort()
+    return walk
 
 
 def save(repo: Path, skip: Iterable[Path] = ()) -> Saved:
     """``repo/.git``'s control entries, and those of every ``.git`` below it, read before an
     executor runs; ``skip``: folders inside the repo the executor sees read-only (not
-    walked: nothing can be planted there)."""
+    walked while they are the same folders: nothing can be planted there)."""
     saved = _save(repo / ".git")
-    saved.skip = frozenset(str(p.relative_to(repo)) for p in skip
-                           if p != repo and p.is_relative_to(repo))
-    for rel in _nested(repo, saved.skip):
-        if len(saved.nested) >= NESTED_MAX:
-            raise SandboxError(f"{repo} holds more than {NESTED_MAX} git repositories below "
-                               "its own: Choir cannot keep their control files from the "
-                               "executor; the executor was not run")
-        saved.nested[rel] = _save(repo / rel)
+    for path in skip:
+        ident = _identity(path)
+        if path != repo and path.is_relative_to(repo) and ident is not None:
+            saved.skip[str(path.relative_to(repo))] = ident
+    walk = _walk(repo, saved.skip)
+    try:
+        saved.unread = frozenset(walk.unread)  # another user's: no executor of ours writes there
+        for rel in walk.found:
+            if len(saved.nested) >= NESTED_MAX:
+                raise SandboxError(f"{repo} holds more than {NESTED_MAX} git repositories "
+                                   "below its own: Choir cannot keep their control files "
+                                   "from the executor; the executor was not run")
+            saved.nested[rel] = _save(repo / rel)
+    finally:
+        walk.close()
     return saved
 
 
@@ -192,9 +235,26 @@ def _save(git: Path) -> Saved:
 
 
 def _remove(path: Path) -> None:
-    # the store's: a folder the executor made unreadable is opened first; a link is removed,
-    # never what it names
-    rmtree(path)
+    """Remove ``path`` whole, never through a link: each folder under it is opened first
+    (the executor may have made one unreadable or unenterable, and a removal that skips it
+    would leave the plant); what cannot be removed raises."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        todo = [path]
+        while todo:
+            folder = todo.pop()
+            os.chmod(folder, stat.S_IMODE(os.lstat(folder).st_mode) | 0o700,
+                     follow_symlinks=False)
+            with os.scandir(folder) as it:
+                todo += [Path(item.path) for item in it if item.is_dir(follow_symlinks=False)]
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+    if os.path.lexists(path):
+        raise SandboxError(f"{path} could not be removed")
 
 
 def _put(path: Path, entry: _Entry) -> None:
@@ -222,16 +282,38 @@ def restore(saved: Saved) -> list[str]:
         SandboxError: a ``.git`` was replaced whole; the replacement is moved aside to
             ``.git.choir-replaced`` (no git reads it there) and the round must stop.
     """
-    undone = _restore(saved)
     repo = saved.git.parent
-    for rel in _nested(repo, saved.skip, opening=True):
-        before = saved.nested.get(rel)
-        if before is None:  # planted: git never tracks one, so no change loses a file
-            _remove(repo / rel)
-            undone.append(rel)
-        else:
-            folder = rel.removesuffix(".git")
-            undone += [folder + path for path in _restore(before)]
+    undone: list[str] = []
+    failures: list[str] = []
+    # the repositories below first, each on its own: a failure anywhere (the repo's own .git
+    # replaced, a plant that cannot be removed) never leaves the others in place
+    walk = _walk(repo, saved.skip)
+    try:
+        failures += [f"{rel or '.'} cannot be read: a repository planted in it would stay"
+                     for rel in walk.unread if rel not in saved.unread]
+        for rel in walk.found:
+            before = saved.nested.get(rel)
+            try:
+                if before is None:  # planted: git never tracks one, so no change loses a file
+                    _remove(repo / rel)
+                    undone.append(rel)
+                else:
+                    folder = rel.removesuffix(".git")
+                    undone += [folder + path for path in _restore(before)]
+            except (OSError, SandboxError) as exc:
+                failures.append(f"{rel}: {exc}")
+    finally:
+        walk.close()
+    try:
+        undone += _restore(saved)
+    except SandboxError as exc:
+        failures.insert(0, str(exc))
+    except OSError as exc:
+        failures.append(f".git: {exc}")
+    if failures:
+        raise SandboxError("what the executor left in git's control files could not all be "
+                           "put back: " + "; ".join(failures[:5])
+                           + (f" (and {len(failures) - 5} more)" if len(failures) > 5 else ""))
     return sorted(undone)
 
 

@@ -54,7 +54,9 @@ import blake3
 from choir._core.paths import artifact_dir
 
 PATTERNS = ("test_*.py", "*_test.py", "conftest.py")  # pytest's python_files, and conftest
-SKIP_DIRS = ("node_modules",)  # with every folder whose name starts with a dot
+# pytest's own ``norecursedirs`` (every folder whose name starts with a dot among them), and
+# any folder holding a ``pyvenv.cfg``: a venv's packages are not the project's tests
+SKIP_DIRS = (".*", "*.egg", "_darcs", "build", "CVS", "dist", "node_modules", "venv", "{arch}")
 MAX_SOURCE = 2 << 20  # bytes of one module: bigger ones are the step's to rewrite
 MAX_FILES = 10_000  # modules linked for one step, and made by one fill
 PENDING_BYTES = 32 << 20  # sources kept for ``fill``, at most (the tree is parked by then)
@@ -94,7 +96,8 @@ def _objects(made: str) -> Path:
 def _tests(tree: Path) -> Iterator[tuple[str, str]]:
     """(folder, name) of every test module in ``tree``: no link followed, none entered."""
     for folder, dirs, files in os.walk(tree):
-        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in SKIP_DIRS]
+        dirs[:] = [d for d in dirs if not any(fnmatch.fnmatchcase(d, p) for p in SKIP_DIRS)
+                   and not os.path.lexists(os.path.join(folder, d, "pyvenv.cfg"))]
         for name in files:
             if any(fnmatch.fnmatchcase(name, p) for p in PATTERNS):
                 yield folder, name
@@ -217,7 +220,8 @@ def fill(limit_s: float = FILL_S) -> int:
         target = objects / digest
         if time.monotonic() > end or target.exists():
             continue
-        pyc = _made(data, path)
+        pyc = _made(data, os.path.basename(path))  # no tree's path in it: pytest names
+        # the code after the file it loads it for
         if pyc is None:
             continue
         temp = objects / f".{digest}.{secrets.token_hex(4)}"

@@ -200,10 +200,9 @@ def test_a_read_only_folder_is_not_walked(repo: Path) -> None:
     assert (venv / "pkg" / ".git").is_dir()
 
 
-def test_a_repository_hidden_in_a_folder_made_unreadable_is_found_as_the_user(
-        tmp_path: Path) -> None:
-    """As the user, not as root (whom no mode stops): the executor made ``sub`` mode 000
-    with a repository in it; the user's git would enter it once ``sub`` was readable."""
+def as_nobody(tmp_path: Path, case: str) -> str:
+    """Run ``case`` (a function of this module, given a repo) as user 65534 in a child
+    process, in a repo that user owns: as root no mode stops anything. What it returns."""
     if os.geteuid() != 0:
         pytest.skip("needs root to run the case as another user")
     import shutil
@@ -223,21 +222,81 @@ def test_a_repository_hidden_in_a_folder_made_unreadable_is_found_as_the_user(
                 os.close(read)
                 os.setgid(65534)
                 os.setuid(65534)
-                env = {"PATH": os.environ["PATH"], "HOME": str(top)}
-                subprocess.run(["git", "init", "-q", str(repo)], check=True, env=env)
-                saved = gitguard.save(repo)
-                subprocess.run(["git", "init", "-q", str(repo / "sub" / "x")], check=True,
-                               env=env)
-                (repo / "sub").chmod(0)
-                os.write(write, repr(gitguard.restore(saved)).encode())
+                os.environ.update(HOME=str(top))
+                subprocess.run(["git", "init", "-q", str(repo)], check=True)
+                os.write(write, repr(globals()[case](repo)).encode())
                 code = 0
             finally:
                 os._exit(code)
         os.close(write)
-        said = os.read(read, 4096).decode()
+        said = os.read(read, 65536).decode()
         os.close(read)
         assert os.waitpid(pid, 0)[1] == 0, said
-        assert said == "['sub/x/.git']"
-        assert not (repo / "sub" / "x" / ".git").exists()
+        return said
     finally:
+        subprocess.run(["chmod", "-R", "u+rwx", str(top)], check=False)
         shutil.rmtree(top)
+
+
+def _hidden_in_an_unreadable_folder(repo: Path) -> object:
+    saved = gitguard.save(repo)
+    subprocess.run(["git", "init", "-q", str(repo / "sub" / "x")], check=True)
+    (repo / "sub").chmod(0)
+    undone = gitguard.restore(saved)
+    (repo / "sub").chmod(0o755)
+    return undone, (repo / "sub" / "x" / ".git").exists()
+
+
+def _beside_a_folder_that_cannot_be_entered(repo: Path) -> object:
+    saved = gitguard.save(repo)
+    subprocess.run(["git", "init", "-q", str(repo / "sub")], check=True)
+    (repo / "a" / "b").mkdir(parents=True)
+    (repo / "a").chmod(0o444)  # listed, never entered
+    undone = gitguard.restore(saved)
+    return undone, (repo / "sub" / ".git").exists(), oct((repo / "a").stat().st_mode & 0o777)
+
+
+def _a_plant_that_cannot_be_listed(repo: Path) -> object:
+    saved = gitguard.save(repo)
+    subprocess.run(["git", "init", "-q", str(repo / "sub")], check=True)
+    (repo / "sub" / ".git").chmod(0o311)  # git opens its files by name all the same
+    undone = gitguard.restore(saved)
+    return undone, (repo / "sub" / ".git").exists()
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("_hidden_in_an_unreadable_folder", "(['sub/x/.git'], False)"),
+    ("_beside_a_folder_that_cannot_be_entered", "(['sub/.git'], False, '0o444')"),
+    ("_a_plant_that_cannot_be_listed", "(['sub/.git'], False)"),
+])
+def test_a_repository_hidden_by_modes_is_removed_as_the_user(
+        tmp_path: Path, case: str, expected: str) -> None:
+    """As the user, not as root (whom no mode stops): a folder made unreadable, one that
+    can be listed but not entered, a planted ``.git`` that cannot be listed (review 26).
+    Each is opened to be read and put back as it was; the plant is gone."""
+    assert as_nobody(tmp_path, case) == expected
+
+
+def test_a_replaced_git_folder_still_has_the_planted_repositories_removed(
+        repo: Path) -> None:
+    """Review 26: the repo's own ``.git`` replaced whole stopped ``restore`` before it
+    reached the repositories planted below: they stayed, and ran at the user's git there."""
+    saved = gitguard.save(repo)
+    os.rename(repo / ".git", repo / "kept")
+    git(repo / "kept", "init", "-q", "--bare", str(repo / ".git"))
+    git(repo, "init", "-q", "sub")
+    with pytest.raises(SandboxError, match="replaced"):
+        gitguard.restore(saved)
+    assert not (repo / "sub" / ".git").exists()
+
+
+def test_a_read_only_folder_moved_aside_is_walked_again(repo: Path) -> None:
+    """Review 26: ``tests/spec`` was skipped by its name; the executor moved ``tests`` aside
+    (a read-only folder inside it moves with it) and planted ``tests/spec/.git``."""
+    spec = repo / "tests" / "spec"
+    spec.mkdir(parents=True)
+    saved = gitguard.save(repo, skip=[spec])
+    os.rename(repo / "tests", repo / "tests_x")
+    git(repo, "init", "-q", "tests/spec")
+    assert gitguard.restore(saved) == ["tests/spec/.git"]
+    assert not (repo / "tests" / "spec" / ".git").exists()

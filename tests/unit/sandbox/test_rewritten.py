@@ -63,8 +63,9 @@ def test_a_filled_rewrite_is_loaded_by_the_step_and_fails_as_pytests_own(
     with rewritten.for_step(first) as folder:
         assert folder is None  # nothing made yet: noted for the fill
     assert rewritten.fill() == 3  # both test modules and the conftest
-    assert all(oct(p.stat().st_mode & 0o777) == "0o444"
-               for p in cache.rglob("*") if p.is_file())
+    made = [p for p in cache.rglob("*") if p.is_file()]
+    assert all(oct(p.stat().st_mode & 0o777) == "0o444" for p in made)
+    assert not any(str(first).encode() in p.read_bytes() for p in made)  # no tree's path
     tree = tree_of(tmp_path / "second", TESTS)  # the same bytes, sealed at another path
     plain = step(tree, None)
     with rewritten.for_step(tree) as folder:
@@ -121,3 +122,14 @@ def test_a_project_with_the_pass_hook_rewrites_its_own(tmp_path: Path, cache: Pa
     with rewritten.for_step(tree) as folder:
         proc = step(tree, folder)
     assert found(proc) == [], "a rewrite made without the pass hook's calls was loaded"
+
+
+def test_a_venvs_or_a_builds_test_modules_are_never_read(tmp_path: Path, cache: Path) -> None:
+    tree = tree_of(tmp_path / "tree", {
+        **TESTS, "build/lib/test_built.py": "def test_b():\n    pass\n",
+        "env/pyvenv.cfg": "home = /usr/bin\n",
+        "env/lib/site-packages/pkg/test_pkg.py": "def test_p():\n    pass\n"})
+    with rewritten.for_step(tree):
+        pass
+    assert sorted(Path(path).name for path, _data in rewritten._pending.values()) == [
+        "conftest.py", "other_test.py", "test_calc.py"]
