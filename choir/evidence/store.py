@@ -77,13 +77,21 @@ def store_root() -> Path:
 
 
 def rmtree(path: Path) -> None:
-    """Remove a sealed folder tree (read-only folders unsealed first); missing is fine."""
+    """Remove a sealed folder tree (read-only folders unsealed first); missing is fine.
+
+    Each folder is opened before it is listed, top down and never through a link: a walk
+    that lists first could not read a folder of mode 0311 (one an executor planted, for
+    ``choir.executors.gitguard``), so it unsealed nothing and the removal left it whole."""
     if not os.path.lexists(path):
         return
     if os.path.isdir(path) and not os.path.islink(path):
-        for dirpath, _dirs, _names in os.walk(path):
+        todo = [str(path)]
+        while todo:
+            folder = todo.pop()
             with contextlib.suppress(OSError):
-                os.chmod(dirpath, 0o755)
+                os.chmod(folder, 0o755, follow_symlinks=False)
+                with os.scandir(folder) as it:
+                    todo += [item.path for item in it if item.is_dir(follow_symlinks=False)]
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)

@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from choir._core.errors import SandboxError
+from choir.evidence.store import rmtree
 
 HISTORY = frozenset({
     "objects", "refs", "logs", "index", "HEAD", "ORIG_HEAD", "FETCH_HEAD", "COMMIT_EDITMSG",
@@ -235,24 +235,10 @@ def _save(git: Path) -> Saved:
 
 
 def _remove(path: Path) -> None:
-    """Remove ``path`` whole, never through a link: each folder under it is opened first
-    (the executor may have made one unreadable or unenterable, and a removal that skips it
-    would leave the plant); what cannot be removed raises."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(st.st_mode):
-        todo = [path]
-        while todo:
-            folder = todo.pop()
-            os.chmod(folder, stat.S_IMODE(os.lstat(folder).st_mode) | 0o700,
-                     follow_symlinks=False)
-            with os.scandir(folder) as it:
-                todo += [Path(item.path) for item in it if item.is_dir(follow_symlinks=False)]
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
+    """Remove ``path`` whole, never through a link, with the store's removal (each folder
+    under it opened first: the executor may have made one unreadable or unenterable);
+    what is still there afterwards raises."""
+    rmtree(path)
     if os.path.lexists(path):
         raise SandboxError(f"{path} could not be removed")
 

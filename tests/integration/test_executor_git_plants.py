@@ -47,6 +47,15 @@ def commit_all(repo: Path) -> None:
         subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
 
 
+def run_item(tmp_path: Path, item_id: str, command: str) -> subprocess.CompletedProcess[str]:
+    """``choir run`` of a one-attempt work item on ``./repo`` whose executor runs ``command``."""
+    item = tmp_path / "item.yaml"
+    item.write_text(f"id: {item_id}\ngoal: add must add\nrepo: ./repo\nmax_attempts: 1\n"
+                    f"executor:\n  kind: command\n  command: \"{command}\"\n")
+    return subprocess.run([PY, "-m", "choir", "run", str(item)], capture_output=True,
+                          text=True, timeout=300)
+
+
 def test_an_executors_fsmonitor_and_hook_never_run_at_the_users_next_git(
         tmp_path: Path, choir_home: Path) -> None:
     repo = make_repo(tmp_path)
@@ -58,11 +67,7 @@ def test_an_executors_fsmonitor_and_hook_never_run_at_the_users_next_git(
              "chmod +x .git/hooks/pre-commit && echo '# ok' >> calc.py && "
              "git -c user.name=x -c user.email=x@x -c core.hooksPath=/dev/null "
              "-c core.fsmonitor=false commit -qam executor")
-    item = tmp_path / "item.yaml"
-    item.write_text(f"id: plant\ngoal: add must add\nrepo: ./repo\nmax_attempts: 1\n"
-                    f"executor:\n  kind: command\n  command: \"{plant}\"\n")
-    proc = subprocess.run([PY, "-m", "choir", "run", str(item)], capture_output=True,
-                          text=True, timeout=300)
+    proc = run_item(tmp_path, "plant", plant)
     assert "ASSERTED" in proc.stdout, proc.stdout + proc.stderr
     assert "put back" in proc.stderr and ".git/config" in proc.stderr, proc.stderr
     assert (repo / ".git" / "config").read_bytes() == config
@@ -99,11 +104,7 @@ def test_a_repo_an_executor_plants_in_a_subfolder_never_runs_at_the_users_git_th
              f"'{monitor}' && mkdir -p deep/er && "
              "printf 'gitdir: ../../cache/gitdir/.git\\n' > deep/er/.git && "
              "echo '# ok' >> calc.py")
-    item = tmp_path / "item.yaml"
-    item.write_text(f"id: nested\ngoal: add must add\nrepo: ./repo\nmax_attempts: 1\n"
-                    f"executor:\n  kind: command\n  command: \"{plant}\"\n")
-    proc = subprocess.run([PY, "-m", "choir", "run", str(item)], capture_output=True,
-                          text=True, timeout=300)
+    proc = run_item(tmp_path, "nested", plant)
     assert "ASSERTED" in proc.stdout, proc.stdout + proc.stderr
     assert "sub/.git" in proc.stderr and "deep/er/.git" in proc.stderr, proc.stderr
     assert (repo / "calc.py").read_text().endswith("# ok\n")  # the executor's work stays
