@@ -1,14 +1,16 @@
-"""What pytest's rewritten test modules from Choir's cache save a step (``sandbox.rewritten``).
+"""What the bytecode from Choir's cache saves a step (``sandbox.rewritten``): pytest's rewritten
+test modules, and the plain modules' compiled code.
 
     python bench/rewritten.py [--project networkx|slugify|toolz] [--runs 5] [--collect-only]
 
 Makes the project as ``bench/verify_vs_bare.py`` does (its sdist, a ``.venv`` with pytest),
 fills the cache the way a warm service's worker does (``collect``, a step's ``for_step``,
 ``fill``) and then runs the pytest preset's wrapper (``$CHOIR_PYTEST``) on the tree,
-alternating, ``runs`` times each: without the folder (every test module rewritten by the
-step's pytest, as on a sealed tree before) and with it (this step's folder, as bubblewrap
-binds it). ``--collect-only`` runs ``--co``: the collection, where every test module is
-imported and rewritten, without the tests' own time. Prints the fill's and the folder's
+alternating, ``runs`` times each: without the folder (every test module rewritten and every
+module compiled by the step, as on a sealed tree before), with the test modules' rewrites
+alone in it, and with the whole folder (this step's, as bubblewrap binds it).
+``--collect-only`` runs ``--co``: the collection, where every test module is imported and
+rewritten, without the tests' own time. Prints the fill's and the folder's
 cost, and the median CPU of the pytest process each way.
 """
 
@@ -67,20 +69,33 @@ def main() -> None:
         walk = time.perf_counter() - start
         start = time.perf_counter()
         made = rewritten.fill(limit_s=600)
-        print(f"{args.project}: {noted} test modules; first walk {walk * 1000:.0f} ms; "
+        print(f"{args.project}: {noted} modules; first walk {walk * 1000:.0f} ms; "
               f"fill made {made} in {time.perf_counter() - start:.1f} s")
-        without, with_, given = [], [], []
+        without, rewrites, with_, given = [], [], [], []
         for _ in range(args.runs):
             without.append(step(None))
             start = time.perf_counter()
             with rewritten.for_step(tree) as folder:
                 given.append(time.perf_counter() - start)
                 with_.append(step(folder))
+                if folder is not None:
+                    alone = folder.with_name(folder.name + "-rewrites")
+                    shutil.copytree(folder, alone, copy_function=os.link, ignore=lambda d, n: [
+                        f for f in n if f.endswith(".pyc") and "-pytest-" not in f])
+                    rewrites.append(step(alone))
+                    shutil.rmtree(alone)
         print(f"folder for one step: median {statistics.median(given) * 1000:.0f} ms")
-        print(f"pytest CPU without: median {statistics.median(without):.2f} s")
-        paired = statistics.median(a - b for a, b in zip(with_, without, strict=True))
-        print(f"pytest CPU with:    median {statistics.median(with_):.2f} s "
-              f"(paired {paired:+.2f} s)")
+        print(f"pytest CPU without: median {statistics.median(without):.3f} s")
+        for name, row in (("rewrites alone", rewrites), ("the whole folder", with_)):
+            if len(row) == len(without):
+                paired = [a - b for a, b in zip(row, without, strict=True)]
+                print(f"pytest CPU with {name}: median {statistics.median(row):.3f} s "
+                      f"(paired {statistics.median(paired) * 1000:+.0f} ms)")
+        if len(rewrites) == len(with_) > 1:
+            paired = sorted(a - b for a, b in zip(with_, rewrites, strict=True))
+            quartiles = ", ".join(f"{q * 1000:+.0f}" for q in statistics.quantiles(paired, n=4))
+            print(f"the compiled modules' share: paired {statistics.median(paired) * 1000:+.0f}"
+                  f" ms (quartiles {quartiles})")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -307,6 +307,35 @@ def _rewritten(folder: str, root: str) -> None:
     rewrite.get_cache_dir = get_cache_dir
 
 
+def _compiled(folder: str, root: str) -> None:
+    """Where this interpreter looks for the compiled code of a module under ``root``:
+    ``folder``, which Choir made read-only for this step (``choir/sandbox/rewritten.py``),
+    never the tree's own ``__pycache__``. The import system still checks each file (its
+    magic number, the source's hash in the header) and compiles the source when one does not
+    fit; every module elsewhere, and every one under ``-O``, is looked for where it always is."""
+    try:
+        from importlib import _bootstrap_external as external  # what the loaders call
+    except ImportError:
+        return
+    own = getattr(external, "cache_from_source", None)
+    tag = sys.implementation.cache_tag
+    if own is None or tag is None:
+        return
+    base = os.path.join(root, "")
+
+    def cache_from_source(path: Any, debug_override: Any = None, *,
+                          optimization: Any = None) -> Any:
+        text = os.fspath(path)
+        if (debug_override is None and optimization is None and not sys.flags.optimize
+                and text.startswith(base) and text.endswith(".py")
+                and ".." not in text.split(os.sep)):
+            where, name = os.path.split(text[len(base):])
+            return os.path.join(folder, where, f"{name[:-3]}.{tag}.pyc")
+        return own(path, debug_override, optimization=optimization)
+
+    external.cache_from_source = cache_from_source
+
+
 def main() -> int:
     """pytest with ``sys.argv[1:]``, and the writer when ``$CHOIR_OUT`` is set."""
     if sys.path and sys.path[0] == "":  # as ``python3 -m``: the folder it started in
@@ -318,6 +347,7 @@ def main() -> int:
         return 1
     folder, root = os.environ.get("CHOIR_PYTEST_PYC"), os.environ.get("CHOIR_PYTEST_ROOT")
     if folder and root:
+        _compiled(folder, root)
         _rewritten(folder, root)
     out = os.environ.get("CHOIR_OUT")
     plugins = [JUnitWriter(os.path.join(out, "junit.xml"))] if out else []

@@ -1,4 +1,5 @@
-"""pytest's rewritten test modules for a sealed tree: made by Choir's own pytest, never by a step.
+"""Bytecode for a sealed tree's modules, made by Choir, never by a step: pytest's rewritten test
+modules, and the plain modules' compiled code.
 
 A verifier step sees the sealed tree read-only and with no ``__pycache__`` (a planted
 ``.pyc`` would be loaded in place of its source: ``choir.evidence.bytecode``), so the step's
@@ -29,6 +30,17 @@ apart). A module whose rewrite warns (an ``assert (x, "msg")``) is left to the s
 warns as pytest does; a project with ``enable_assertion_pass_hook`` rewrites its own (the
 wrapper asks its configuration), as does a pytest of another version.
 
+The tree's other modules (its package, a test folder's ``__init__``) are compiled the same
+way: ``compile`` of a sealed file's bytes (nothing of it executes) in a checked-hash ``.pyc``
+of Choir's interpreter, kept in ``<artifacts>/pytest-cache/<cache tag>.pyc/<blake3>`` and
+linked into the step's folder as ``<module>.<cache tag>.pyc``; the wrapper points the import
+system's ``cache_from_source`` there for sources under the root (not under ``-O``). The
+interpreter loads one only if its magic number is its own and the source hash in the header
+matches the file; else it compiles the source, as it would on any read-only tree. A module
+whose compile warns is left to the step. networkx's collection took 0.3-0.5 s of CPU less
+with its 368 plain modules' code given; a small package's (toolz's 18) is within the noise
+(docs/performance.md, ``bench/rewritten.py``).
+
 When: the warm service (``choir serve``) fills the cache after a request has answered,
 for the modules its steps found none for (``fill``); a cold command only reads it, and
 looks only once a service has made the folder.
@@ -40,6 +52,8 @@ import ast
 import contextlib
 import fnmatch
 import functools
+import importlib.util
+import marshal
 import os
 import secrets
 import shutil
@@ -62,9 +76,9 @@ MAX_FILES = 10_000  # modules linked for one step, and made by one fill
 PENDING_BYTES = 32 << 20  # sources kept for ``fill``, at most (the tree is parked by then)
 FILL_S = 10.0  # one fill's time, at most
 
-# digest -> (a sealed file's path, its bytes), for ``fill``: the bytes are kept, since the
-# sealed tree is parked (or gone) by the time the request has answered
-_pending: dict[str, tuple[str, bytes]] = {}
+# (kind, digest) -> (a sealed file's path, its bytes), for ``fill``: the bytes are kept, since
+# the sealed tree is parked (or gone) by the time the request has answered
+_pending: dict[tuple[str, str], tuple[str, bytes]] = {}
 _filling = [False]  # set in a warm service's worker (``collect``): what is missing is noted
 _kept = [0]  # bytes in ``_pending``
 
@@ -85,6 +99,13 @@ def tail() -> str | None:
     return f".{sys.implementation.cache_tag}-pytest-{_pytest.__version__}.pyc"
 
 
+def compiled() -> str | None:
+    """The name's end of a plain module's compiled file for this interpreter, as the import
+    system names it in ``__pycache__`` (``.cpython-311.pyc``); None when it keeps none."""
+    tag = sys.implementation.cache_tag
+    return None if tag is None else f".{tag}.pyc"
+
+
 def root() -> Path:
     return artifact_dir() / "pytest-cache"
 
@@ -93,14 +114,15 @@ def _objects(made: str) -> Path:
     return root() / made.lstrip(".")
 
 
-def _tests(tree: Path) -> Iterator[tuple[str, str]]:
-    """(folder, name) of every test module in ``tree``: no link followed, none entered."""
+def _modules(tree: Path) -> Iterator[tuple[str, str, bool]]:
+    """(folder, name, a test module) of every module in ``tree``: no link followed, none
+    entered."""
     for folder, dirs, files in os.walk(tree):
         dirs[:] = [d for d in dirs if not any(fnmatch.fnmatchcase(d, p) for p in SKIP_DIRS)
                    and not os.path.lexists(os.path.join(folder, d, "pyvenv.cfg"))]
         for name in files:
-            if any(fnmatch.fnmatchcase(name, p) for p in PATTERNS):
-                yield folder, name
+            if name.endswith(".py"):
+                yield folder, name, any(fnmatch.fnmatchcase(name, p) for p in PATTERNS)
 
 
 def _read(path: str) -> bytes | None:
@@ -119,29 +141,34 @@ def _read(path: str) -> bytes | None:
 
 @contextlib.contextmanager
 def for_step(tree: Path) -> Iterator[Path | None]:
-    """A folder of the cached rewrites of ``tree``'s test modules, for one step, removed
-    after it; None when there is none to give (no cache, no module that has one). Those
-    without one are noted for ``fill``."""
-    made = tail()
-    if made is None or not (_filling[0] or _objects(made).is_dir()):
+    """A folder of the cached rewrites of ``tree``'s test modules and the compiled code of
+    its other modules, for one step, removed after it; None when there is none to give (no
+    cache, no module that has one). Those without one are noted for ``fill``."""
+    kinds = {kind: made for kind, made in (("rewritten", tail()), ("compiled", compiled()))
+             if made is not None and (_filling[0] or _objects(made).is_dir())}
+    if not kinds:
         yield None
         return
-    objects = _objects(made)
     folder = root() / "steps" / secrets.token_hex(8)
     linked = 0
     try:
         base = str(tree)
-        for where, name in _tests(tree):
+        for where, name, test in _modules(tree):
+            kind = "rewritten" if test else "compiled"
+            made = kinds.get(kind)
+            if made is None:
+                continue
             path = os.path.join(where, name)
             data = _read(path)
             if data is None:
                 continue
             digest = blake3.blake3(data).hexdigest()
-            cached = objects / digest
+            cached = _objects(made) / digest
             if not cached.is_file():
-                if (_filling[0] and digest not in _pending and len(_pending) < MAX_FILES
+                if (_filling[0] and (kind, digest) not in _pending
+                        and len(_pending) < MAX_FILES
                         and _kept[0] + len(data) <= PENDING_BYTES):
-                    _pending[digest] = (path, data)
+                    _pending[kind, digest] = (path, data)
                     _kept[0] += len(data)
                 continue
             into = _folder(folder, os.path.relpath(where, base))
@@ -170,7 +197,6 @@ def _folder(top: Path, rel: str) -> Path:
 def _made(data: bytes, filename: str) -> bytes | None:
     """The file pytest would keep for a module of these bytes; None when its rewrite
     warns or fails (the step's pytest then rewrites it and says what it says)."""
-    import importlib.util
     import io
 
     from _pytest.assertion.rewrite import _write_pyc_fp, rewrite_asserts
@@ -190,6 +216,22 @@ def _made(data: bytes, filename: str) -> bytes | None:
     return out.getvalue()
 
 
+def _compiled(data: bytes, filename: str) -> bytes | None:
+    """The checked-hash ``.pyc`` the interpreter would keep for a plain module of these
+    bytes (``py_compile``'s, unoptimised); None when its compile warns or fails (the step
+    compiles it then, and says what it says)."""
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        try:
+            code = compile(data, filename, "exec", dont_inherit=True, optimize=0)
+        except (SyntaxError, ValueError, OverflowError, RecursionError, MemoryError):
+            return None
+    if said:
+        return None
+    return (importlib.util.MAGIC_NUMBER + (0b11).to_bytes(4, "little")
+            + importlib.util.source_hash(data) + marshal.dumps(code))
+
+
 def collect() -> None:
     """Note the modules the steps of this process find no rewrite for: a warm service's
     worker, which ``fill``s them once its request has answered."""
@@ -197,33 +239,37 @@ def collect() -> None:
 
 
 def fill(limit_s: float = FILL_S) -> int:
-    """Make the cached rewrite of every module the steps of this process found none for;
-    how many were made. Called by a warm service's worker once its request has answered."""
+    """Make the cached code of every module the steps of this process found none for; how
+    many were made. Called by a warm service's worker once its request has answered."""
     import time
 
-    made = tail()
-    if made is None or not _pending:
+    if not _pending:
         return 0
-    from _pytest.assertion import rewrite
+    makers = {"compiled": (compiled(), _compiled)}
+    made = tail()
+    if made is not None:
+        from _pytest.assertion import rewrite
 
-    if made != rewrite.PYC_TAIL or not hasattr(rewrite, "_fix_code_filename"):
-        _pending.clear()
-        _kept[0] = 0
-        return 0  # not the kind of file ``tail`` took it for: none is made
-    objects = _objects(made)
-    objects.mkdir(parents=True, exist_ok=True)
+        if made == rewrite.PYC_TAIL and hasattr(rewrite, "_fix_code_filename"):
+            makers["rewritten"] = (made, _made)  # else not the kind of file ``tail`` took
+            # it for: none is made
     end = time.monotonic() + limit_s
     count = 0
-    for digest, (path, data) in list(_pending.items()):
-        del _pending[digest]
+    for (kind, digest), (path, data) in list(_pending.items()):
+        del _pending[kind, digest]
         _kept[0] -= len(data)
-        target = objects / digest
-        if time.monotonic() > end or target.exists():
+        name, maker = makers.get(kind, (None, None))
+        if name is None or maker is None or time.monotonic() > end:
             continue
-        pyc = _made(data, os.path.basename(path))  # no tree's path in it: pytest names
+        objects = _objects(name)
+        target = objects / digest
+        if target.exists():
+            continue
+        pyc = maker(data, os.path.basename(path))  # no tree's path in it: the loader names
         # the code after the file it loads it for
         if pyc is None:
             continue
+        objects.mkdir(parents=True, exist_ok=True)
         temp = objects / f".{digest}.{secrets.token_hex(4)}"
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o444)
@@ -235,4 +281,4 @@ def fill(limit_s: float = FILL_S) -> int:
     return count
 
 
-__all__ = ["collect", "fill", "for_step", "root", "tail"]
+__all__ = ["collect", "compiled", "fill", "for_step", "root", "tail"]

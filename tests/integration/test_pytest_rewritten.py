@@ -6,7 +6,9 @@ fills. The attack: a step poisons what it was given (the links share the cache's
 that a later tree whose test module has the same bytes runs the poisoned code and passes
 with a bug in it. The folder is a read-only bind: every write is refused, and the later
 tree fails. (Made writable by hand, the same test passes the buggy tree: it proves
-something.) And through a real ``choir serve``: its second request's step loads what the
+something.) The same for the plain modules' compiled code: a step whose tree has a bug
+poisons the code it was given for the buggy module, so that a later tree with the same bug
+passes. And through a real ``choir serve``: its second request's step loads what the
 first one's worker made.
 """
 
@@ -43,40 +45,63 @@ CHOIR_YAML = textwrap.dedent("""\
     """)
 PYTEST_PACKAGES = ("_pytest", "pytest", "pluggy", "iniconfig", "packaging", "pygments", "py.py")
 TEST = "from calc import add\n\ndef test_add():\n    assert add(2, 3) == 5\n"
-# the tree's conftest, run in the step: it tries every way to change what it was given
-POISON = textwrap.dedent("""\
-    import marshal, os, sys
-    sys.path.insert(0, os.getcwd())
-    folder = os.environ.get("CHOIR_PYTEST_PYC", "")
-    said = []
-    def attempt(name, act):
-        try:
-            act()
-            said.append(name + ": done")
-        except OSError as exc:
-            said.append(f"{name}: refused ({exc.strerror})")
-    given = [os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs if "test_calc" in f]
-    if given:
-        with open(given[0], "rb") as fh:
-            head = fh.read(16)
-        passing = compile("def test_add():\\n    pass\\n", "test_calc.py", "exec")
-        def overwrite():
-            with open(given[0], "r+b") as fh:
-                fh.write(head + marshal.dumps(passing))
-        def replace():
-            with open(given[0] + ".new", "wb") as fh:
-                fh.write(head + marshal.dumps(passing))
-            os.replace(given[0] + ".new", given[0])
-        attempt("overwrite", overwrite)
-        attempt("replace", replace)
-        attempt("chmod", lambda: os.chmod(given[0], 0o666))
-        attempt("unlink", lambda: os.unlink(given[0]))
-        cache = os.path.join(os.path.dirname(os.path.dirname(folder)),
-                             os.path.basename(given[0]).split(".", 1)[1])
-        attempt("list the cache", lambda: os.listdir(cache))
-    with open(os.path.join(os.environ["CHOIR_OUT"], "probe.txt"), "w") as fh:
-        fh.write(f"given={len(given)}\\n" + "\\n".join(said) + "\\n")
+
+
+def poison(module: str, source: str) -> str:
+    """The tree's conftest, run in the step: it tries every way to change what it was given
+    for ``module`` (its file's name starts so) to the code of ``source``."""
+    return textwrap.dedent("""\
+        import marshal, os, sys
+        sys.path.insert(0, os.getcwd())
+        folder = os.environ.get("CHOIR_PYTEST_PYC", "")
+        said = []
+        def attempt(name, act):
+            try:
+                act()
+                said.append(name + ": done")
+            except OSError as exc:
+                said.append(f"{name}: refused ({exc.strerror})")
+        given = [os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs
+                 if f.startswith(MODULE + ".")]
+        if given:
+            with open(given[0], "rb") as fh:
+                head = fh.read(16)
+            code = compile(SOURCE, MODULE + ".py", "exec")
+            def overwrite():
+                with open(given[0], "r+b") as fh:
+                    fh.write(head + marshal.dumps(code))
+            def replace():
+                with open(given[0] + ".new", "wb") as fh:
+                    fh.write(head + marshal.dumps(code))
+                os.replace(given[0] + ".new", given[0])
+            attempt("overwrite", overwrite)
+            attempt("replace", replace)
+            attempt("chmod", lambda: os.chmod(given[0], 0o666))
+            attempt("unlink", lambda: os.unlink(given[0]))
+            cache = os.path.join(os.path.dirname(os.path.dirname(folder)),
+                                 os.path.basename(given[0]).split(".", 1)[1])
+            attempt("list the cache", lambda: os.listdir(cache))
+        with open(os.path.join(os.environ["CHOIR_OUT"], "probe.txt"), "w") as fh:
+            fh.write(f"given={len(given)}\\n" + "\\n".join(said) + "\\n")
+        """).replace("MODULE", repr(module)).replace("SOURCE", repr(source))
+
+
+# the step's command spelled out to add ``-s``: the import system's trace (``PYTHONVERBOSE``)
+# says which compiled files the step took code from, and pytest must not capture it
+COMPILED_YAML = textwrap.dedent("""\
+    sandbox: {{backend: bwrap, python: {venv}}}
+    verifiers:
+      unit:
+        uses: pytest
+        env: {{PYTHONVERBOSE: "1"}}
+        steps:
+          - name: pytest
+            command: python3 -c "$CHOIR_PYTEST" -q -s -p no:cacheprovider
+    moods:
+      CALM: {{verifiers: [unit]}}
     """)
+BUGGY = "def add(a, b):\n    return a - b\n"
+
 
 
 @pytest.fixture(scope="module")
@@ -102,12 +127,13 @@ def _link(source: str, target: str) -> None:
         shutil.copy2(source, target)
 
 
-def repo_of(root: Path, calc: str, conftest: str | None, venv: Path) -> Path:
+def repo_of(root: Path, calc: str, conftest: str | None, venv: Path,
+            config: str = CHOIR_YAML) -> Path:
     repo = root / "repo"
     (repo / "tests").mkdir(parents=True)
     (repo / "calc.py").write_text(calc)
     (repo / "tests" / "test_calc.py").write_text(TEST)
-    (repo / "choir.yaml").write_text(CHOIR_YAML.format(venv=venv))
+    (repo / "choir.yaml").write_text(config.format(venv=venv))
     if conftest is not None:
         (repo / "tests" / "conftest.py").write_text(conftest)
     return repo
@@ -119,9 +145,10 @@ def test_a_step_cannot_poison_the_rewrites_a_later_tree_is_given(
     monkeypatch.setattr(rewritten, "_pending", {})
     monkeypatch.setattr(rewritten, "_kept", [0])
     good = "def add(a, b):\n    return a + b\n"
-    hostile = repo_of(tmp_path / "one", good, POISON, venv)
+    hostile = repo_of(tmp_path / "one", good, poison("test_calc", "def test_add():\n    pass\n"),
+                      venv)
     assert asyncio.run(averify_tree(hostile, mood=Mood.CALM)).passed
-    assert rewritten.fill() == 2  # the test module and the conftest, for the next steps
+    assert rewritten.fill() == 3  # the test module, the conftest and calc.py, for later
     assert asyncio.run(averify_tree(hostile, mood=Mood.CALM)).passed  # the attack's round
     probes = sorted(artifact_dir().glob("runs/*/out/probe.txt"),
                     key=lambda p: p.stat().st_mtime)
@@ -135,6 +162,31 @@ def test_a_step_cannot_poison_the_rewrites_a_later_tree_is_given(
                   key=lambda p: p.stat().st_mtime)
     step = logs[-1].read_text()
     assert "found cached rewritten pyc for" in step  # the cache was used, unpoisoned
+    assert "assert -1 == 5" in step
+
+
+def test_a_step_cannot_poison_the_code_a_later_tree_with_its_bug_runs(
+        tmp_path: Path, choir_home: Path, venv: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rewritten, "_filling", [True])  # as a warm service's worker
+    monkeypatch.setattr(rewritten, "_pending", {})
+    monkeypatch.setattr(rewritten, "_kept", [0])
+    right = "def add(a, b):\n    return a + b\n"  # for the buggy tree's calc.py
+    hostile = repo_of(tmp_path / "one", BUGGY, poison("calc", right), venv, COMPILED_YAML)
+    assert not asyncio.run(averify_tree(hostile, mood=Mood.CALM)).passed  # the bug, found
+    assert rewritten.fill() == 3  # calc.py's code, the test module's and the conftest's
+    assert not asyncio.run(averify_tree(hostile, mood=Mood.CALM)).passed  # the attack's round
+    probes = sorted(artifact_dir().glob("runs/*/out/probe.txt"),
+                    key=lambda p: p.stat().st_mtime)
+    said = probes[-1].read_text().splitlines()
+    assert said[0] == "given=1", said  # the step was given the buggy module's code
+    assert all("refused" in line for line in said[1:]) and len(said) == 6, said
+    later = repo_of(tmp_path / "two", BUGGY, None, venv, COMPILED_YAML)
+    outcome = asyncio.run(averify_tree(later, mood=Mood.CALM))
+    assert not outcome.passed, "poisoned code passed a buggy tree"
+    logs = sorted(artifact_dir().glob("runs/*-unit-0/logs/step-01-pytest.log"),
+                  key=lambda p: p.stat().st_mtime)
+    step = logs[-1].read_text()
+    assert f"/calc{rewritten.compiled()} matches " in step  # the cache was used, unpoisoned
     assert "assert -1 == 5" in step
 
 

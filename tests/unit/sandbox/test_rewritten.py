@@ -1,17 +1,22 @@
-"""``choir.sandbox.rewritten``: pytest's rewritten test modules, made by Choir's own pytest.
+"""``choir.sandbox.rewritten``: pytest's rewritten test modules, made by Choir's own pytest,
+and the plain modules' compiled code, made by Choir's compile.
 
 Each case runs the pytest preset's real wrapper (``$CHOIR_PYTEST``) with this venv's pytest
-on a tree, the way a step runs it, with ``PYTEST_DEBUG`` on: pytest's own trace says which
-modules it found a cached rewrite for, and which it rewrote.
+on a tree, the way a step runs it, with ``PYTEST_DEBUG`` and ``PYTHONVERBOSE`` on: pytest's
+own trace says which modules it found a cached rewrite for, and the import system's which
+compiled files it loaded code from.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import marshal
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import blake3
 import pytest
 
 from choir.sandbox import rewritten
@@ -32,19 +37,27 @@ def tree_of(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
-def step(tree: Path, folder: Path | None, *args: str) -> subprocess.CompletedProcess[str]:
+def step(tree: Path, folder: Path | None, *args: str,
+         options: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     env = {"PATH": os.environ["PATH"], "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DEBUG": "1",
-           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONVERBOSE": "1",
            "CHOIR_PYTEST_PYC": str(folder or ""), "CHOIR_PYTEST_ROOT": str(tree)}
-    return subprocess.run([sys.executable, "-c", pytest_source(), "-q", "-p",
+    return subprocess.run([sys.executable, *options, "-c", pytest_source(), "-q", "-s", "-p",
                            "no:cacheprovider", *args], cwd=tree, env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120)  # -s: the import system's trace is seen
 
 
 def found(proc: subprocess.CompletedProcess[str]) -> list[str]:
     return sorted(Path(line.split("found cached rewritten pyc for ")[1].split()[0]).name
                   for line in (proc.stdout + proc.stderr).splitlines()
                   if "found cached rewritten pyc for " in line)
+
+
+def loaded(proc: subprocess.CompletedProcess[str], folder: Path | None) -> list[str]:
+    """The compiled files under ``folder`` the step's interpreter took code from."""
+    return sorted(Path(line.split("code object from ")[1].strip("'")).name
+                  for line in proc.stderr.splitlines()
+                  if folder is not None and line.startswith(f"# code object from '{folder}"))
 
 
 @pytest.fixture
@@ -62,7 +75,7 @@ def test_a_filled_rewrite_is_loaded_by_the_step_and_fails_as_pytests_own(
     first = tree_of(tmp_path / "first", TESTS)
     with rewritten.for_step(first) as folder:
         assert folder is None  # nothing made yet: noted for the fill
-    assert rewritten.fill() == 3  # both test modules and the conftest
+    assert rewritten.fill() == 4  # both test modules and the conftest, and calc.py
     made = [p for p in cache.rglob("*") if p.is_file()]
     assert all(oct(p.stat().st_mode & 0o777) == "0o444" for p in made)
     assert not any(str(first).encode() in p.read_bytes() for p in made)  # no tree's path
@@ -72,6 +85,7 @@ def test_a_filled_rewrite_is_loaded_by_the_step_and_fails_as_pytests_own(
         assert folder is not None
         served = step(tree, folder)
         assert found(served) == ["conftest.py", "other_test.py", "test_calc.py"], served.stderr
+        assert loaded(served, folder) == [f"calc{rewritten.compiled()}"]
     assert not folder.exists()  # one step's folder, removed after it
     assert found(plain) == []  # the control: without the folder pytest rewrote each itself
     # the same failure, said the same way: pytest's assertion rewrite, at this tree's path
@@ -95,7 +109,8 @@ def test_only_the_modules_whose_bytes_were_made_get_a_rewrite(tmp_path: Path,
         assert folder is not None
         linked = sorted(str(p.relative_to(folder)) for p in folder.rglob("*.pyc"))
         tail = rewritten.tail()
-        assert linked == [f"other_test{tail}", f"tests/conftest{tail}"], linked
+        assert linked == [f"calc{rewritten.compiled()}", f"other_test{tail}",
+                          f"tests/conftest{tail}"], linked
         proc = step(tree, folder)
     assert found(proc) == ["conftest.py", "other_test.py"]
     assert "assert 5 == 7" in proc.stdout  # the changed module, rewritten by the step
@@ -118,7 +133,7 @@ def test_a_project_with_the_pass_hook_rewrites_its_own(tmp_path: Path, cache: Pa
         **TESTS, "pytest.ini": "[pytest]\nenable_assertion_pass_hook = true\n"})
     with rewritten.for_step(tree):
         pass
-    assert rewritten.fill() == 3
+    assert rewritten.fill() == 4
     with rewritten.for_step(tree) as folder:
         proc = step(tree, folder)
     assert found(proc) == [], "a rewrite made without the pass hook's calls was loaded"
@@ -132,4 +147,60 @@ def test_a_venvs_or_a_builds_test_modules_are_never_read(tmp_path: Path, cache: 
     with rewritten.for_step(tree):
         pass
     assert sorted(Path(path).name for path, _data in rewritten._pending.values()) == [
-        "conftest.py", "other_test.py", "test_calc.py"]
+        "calc.py", "conftest.py", "other_test.py", "test_calc.py"]
+
+
+def test_a_plain_module_changed_since_its_fill_is_compiled_by_the_step(
+        tmp_path: Path, cache: Path) -> None:
+    tree = tree_of(tmp_path / "tree", {
+        **TESTS, "pkg/__init__.py": "", "pkg/util.py": "def one():\n    return 1\n",
+        "tests/test_pkg.py": "from pkg.util import one\n\ndef test_one():\n"
+                             "    assert one() == 1\n"})
+    with rewritten.for_step(tree):
+        pass
+    assert rewritten.fill() == 7
+    (tree / "pkg" / "util.py").write_text("def one():\n    return 2\n")
+    with rewritten.for_step(tree) as folder:
+        assert folder is not None
+        proc = step(tree, folder, "tests/test_pkg.py")
+    assert loaded(proc, folder) == [f"__init__{rewritten.compiled()}"], proc.stderr[-3000:]
+    assert proc.returncode == 1 and "assert 2 == 1" in proc.stdout  # the source's code ran
+    assert list(rewritten._pending) == [("compiled", blake3.blake3(
+        b"def one():\n    return 2\n").hexdigest())]  # and is noted for the next fill
+
+
+def test_a_plain_module_whose_compile_warns_is_left_to_the_step(tmp_path: Path,
+                                                              cache: Path) -> None:
+    tree = tree_of(tmp_path / "tree", {
+        "calc.py": "import re\nDIGIT = re.compile('\\d')\n",
+        "test_calc.py": "import calc\n\ndef test_ok():\n    assert calc.DIGIT\n"})
+    with rewritten.for_step(tree):
+        pass
+    assert rewritten.fill() == 1  # the test module alone: compiling calc.py warns
+    assert not (cache / rewritten.compiled().lstrip(".")).is_dir()
+    with rewritten.for_step(tree) as folder:
+        proc = step(tree, folder, "-W", "error::DeprecationWarning",
+                    "-W", "error::SyntaxWarning")
+    assert proc.returncode != 0 and "invalid escape sequence" in proc.stdout + proc.stderr
+
+
+def test_the_trees_own_pycache_is_never_read_and_optimised_runs_look_where_they_always_do(
+        tmp_path: Path, cache: Path) -> None:
+    tree = tree_of(tmp_path / "tree", TESTS)
+    with rewritten.for_step(tree):
+        pass
+    rewritten.fill()
+    # a plant: calc's bytecode in the tree's own cache, with an add that passes the test
+    planted = tree / "__pycache__" / f"calc{rewritten.compiled()}"
+    planted.parent.mkdir()
+    code = compile("def add(a, b):\n    return 6\n", "calc.py", "exec")
+    planted.write_bytes(importlib.util.MAGIC_NUMBER + (0b10).to_bytes(4, "little")
+                        + importlib.util.source_hash(CALC.encode()) + marshal.dumps(code))
+    with rewritten.for_step(tree) as folder:
+        proc = step(tree, folder)
+        optimised = step(tree, folder, options=("-O",))  # asserts stripped: not its code
+    assert loaded(proc, folder) == [f"calc{rewritten.compiled()}"]
+    assert proc.returncode == 1 and "assert 5 == 6" in proc.stdout
+    assert str(planted) not in proc.stderr
+    assert loaded(optimised, folder) == [] and str(planted) not in optimised.stderr
+    assert f"# code object from {tree / 'calc.py'}\n" in optimised.stderr  # compiled
