@@ -230,6 +230,23 @@ _PARSED_MAX = 16
 _PARSED_MAX_CHARS = 1 << 16
 
 
+def parsed() -> list[str]:
+    """The files whose parse this process keeps (``load_yaml``), oldest first."""
+    return list(dict.fromkeys(path for path, _text in _PARSED))
+
+
+def parse_ahead(paths: list[str]) -> None:
+    """Parse ``paths`` now, for a later ``load_yaml`` of the same bytes: a warm service's
+    idle worker, with the files its last requests read. Each is read again then, under its
+    caller's checks (its repo, its pin), and only the same text finds this parse; a file
+    that is gone or fails says nothing here (its caller hears it)."""
+    for path in paths[-_PARSED_MAX:]:
+        try:
+            load_yaml(Path(path))
+        except Exception:  # noqa: BLE001, S112 - its request reads it again and says why
+            continue
+
+
 def _parse(path: Path, text: str) -> YamlDoc:
     """``text`` parsed, under the alias and value caps (``load_yaml``)."""
     from ruamel.yaml import YAML

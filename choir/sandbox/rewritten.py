@@ -149,7 +149,11 @@ def for_step(tree: Path) -> Iterator[Path | None]:
     if not kinds:
         yield None
         return
-    folder = root() / "steps" / secrets.token_hex(8)
+    top = root()
+    objects = {kind: str(top / made.lstrip(".")) for kind, made in kinds.items()}
+    folder = top / "steps" / secrets.token_hex(8)
+    made_here: set[str] = set()  # the step's folders made so far (strings: a path object
+    # per module cost a networkx step more than its links)
     linked = 0
     try:
         base = str(tree)
@@ -163,16 +167,16 @@ def for_step(tree: Path) -> Iterator[Path | None]:
             if data is None:
                 continue
             digest = blake3.blake3(data).hexdigest()
-            cached = _objects(made) / digest
-            if not cached.is_file():
+            cached = os.path.join(objects[kind], digest)
+            if not os.path.isfile(cached):
                 if (_filling[0] and (kind, digest) not in _pending
                         and len(_pending) < MAX_FILES
                         and _kept[0] + len(data) <= PENDING_BYTES):
                     _pending[kind, digest] = (path, data)
                     _kept[0] += len(data)
                 continue
-            into = _folder(folder, os.path.relpath(where, base))
-            os.link(cached, into / (name[:-3] + made))
+            into = _folder(str(folder), os.path.relpath(where, base), made_here)
+            os.link(cached, os.path.join(into, name[:-3] + made))
             linked += 1
             if linked >= MAX_FILES:
                 break
@@ -182,15 +186,23 @@ def for_step(tree: Path) -> Iterator[Path | None]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _folder(top: Path, rel: str) -> Path:
-    """``top/rel``, each folder made readable by the sandbox's user (whatever the umask)."""
-    parts = [] if rel == "." else rel.split(os.sep)
-    here = top
-    for path in (top, *(top.joinpath(*parts[:n + 1]) for n in range(len(parts)))):
-        here = path
-        if not path.is_dir():
-            path.mkdir(parents=True)
-            path.chmod(0o755)
+def _folder(top: str, rel: str, made: set[str]) -> str:
+    """``top/rel``, each folder made readable by the sandbox's user (whatever the umask);
+    ``made`` holds those made already."""
+    here = top if rel == "." else os.path.join(top, rel)
+    if here in made:
+        return here
+    if top not in made:
+        os.makedirs(top)
+        os.chmod(top, 0o755)
+        made.add(top)
+    path = top
+    for part in ([] if rel == "." else rel.split(os.sep)):
+        path = os.path.join(path, part)
+        if path not in made:
+            os.mkdir(path)
+            os.chmod(path, 0o755)
+            made.add(path)
     return here
 
 

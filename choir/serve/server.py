@@ -297,7 +297,7 @@ class Server:
             try:
                 self._become_worker(ours)
                 close_all()  # the service's channel: its broker serves the service alone
-                worker.warm_idle()
+                worker.warm_idle(self.service)
                 worker.run(self.service, theirs, (broker_pid, broker))
                 worker.finish()
             except BaseException:  # noqa: BLE001 - a worker never unwinds into the service

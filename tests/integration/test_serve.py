@@ -181,6 +181,30 @@ def test_each_request_gets_a_fresh_worker_with_the_clients_environment(
         stop_service(pid)
 
 
+def test_a_configuration_edited_between_requests_is_read_as_edited(
+        tmp_path: Path, choir_home: Path) -> None:
+    """An idle worker parses the ``choir.yaml`` the last request read before its own request
+    comes (``worker._parse_ahead``); the request reads the file again, and an edit made in
+    between is what it runs, every time."""
+    pid = start_service("--jobs", "1")  # every next worker is forked after the last request
+    try:
+        repo = make_repo(tmp_path / "repo", config=QUICK)
+        assert choir("verify", "--mood", "CALM", cwd=repo, serve="require").returncode == 0
+        note = choir_home / "serve" / "parsed"
+        deadline = time.monotonic() + 30
+        while not note.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert str((repo / "choir.yaml").resolve()) in json.loads(note.read_text())
+        time.sleep(1.0)  # the next idle worker, forked once the first exited, parses it
+        failing = QUICK.replace("== 5", "== 6")
+        for config, code in ((failing, 1), (QUICK, 0), (failing, 1)):
+            (repo / "choir.yaml").write_text(config)  # the same size: the text decides
+            proc = choir("verify", "--mood", "CALM", cwd=repo, serve="require")
+            assert proc.returncode == code, proc.stdout + proc.stderr
+    finally:
+        stop_service(pid)
+
+
 def test_run_through_the_service_asserts_and_the_gate_holds(tmp_path: Path,
                                                            service: int) -> None:
     make_repo(tmp_path / "repo", calc=CALC_BUG, config=QUICK)
@@ -678,14 +702,16 @@ def test_the_warm_up_covers_what_a_verify_imports(tmp_path: Path) -> None:
     repo = make_repo(tmp_path / "repo", config=QUICK)
     script = textwrap.dedent(f"""\
         import contextlib, io, sys
+        from pathlib import Path
         from choir.trusted import separate
         separate()
         from choir.cli.serve import _commands, _warm_up
         from choir.serve.wire import Request
-        from choir.serve.worker import warm_idle
+        from choir.serve.worker import Service, warm_idle
         _warm_up()
         commands = _commands()  # as the service has them before it forks a worker
-        warm_idle()
+        warm_idle(Service(home=Path({str(tmp_path / "home")!r}), version="", code="",
+                          start_env={{}}, root=(0, 0), commands=commands))
         line = Request(argv=("verify", "--repo", {str(repo)!r}, "--sandbox",
                              {sandbox_name()!r}, "--json"))
         before = set(sys.modules)

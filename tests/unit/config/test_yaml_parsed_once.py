@@ -3,6 +3,7 @@ choir.yaml for every request (``choir.config._yaml._PARSED``)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,24 @@ def test_the_memo_is_bounded(tmp_path: Path) -> None:
     load_yaml(big)
     assert len(_yaml._PARSED) == _yaml._PARSED_MAX
     assert all(len(text) <= _yaml._PARSED_MAX_CHARS for _, text in _yaml._PARSED)
+
+
+def test_a_file_parsed_ahead_is_found_parsed_and_an_edit_is_parsed_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warm service's idle worker parses the files its last requests read
+    (``parse_ahead``); a request reads the file again and finds the parse only for the
+    same text."""
+    parsed = _count_parses(monkeypatch)
+    path = tmp_path / "choir.yaml"
+    path.write_text("a: 1\n")
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("b: [unclosed\n")
+    _yaml.parse_ahead([str(tmp_path / "gone.yaml"), str(fifo), str(broken), str(path)])
+    assert [key[0] for key in _yaml._PARSED] == [str(path)]  # the others said nothing
+    assert load_yaml(path, root=tmp_path).data == {"a": 1}
+    assert parsed == ["b: [unclosed\n", "a: 1\n"]  # no second parse of the same text
+    path.write_text("a: 2\n")
+    assert load_yaml(path, root=tmp_path).data == {"a": 2}
+    assert parsed[-1] == "a: 2\n"
