@@ -53,6 +53,14 @@ QUICK = textwrap.dedent(f"""\
     """)
 
 
+def idle_service(home: Path) -> Any:
+    """A ``choir.serve.worker.Service`` for ``home`` with nothing else of a service's: what
+    a test hands ``warm_idle`` to ready a worker as the service's fork would."""
+    from choir.serve.worker import Service
+
+    return Service(home=home, version="", code="", start_env={}, root=(0, 0), commands={})
+
+
 def sandbox_name() -> str:
     return "bwrap" if shutil.which("bwrap") else "local"
 

@@ -59,8 +59,49 @@ TMP_MB = 256
 
 @functools.cache
 def pytest_source() -> str:
-    """The source of ``choir.sandbox.pytest_junit``, run inside a sandbox as ``$CHOIR_PYTEST``."""
+    """The source of ``choir.sandbox.pytest_junit``, run inside a sandbox by ``$CHOIR_PYTEST``."""
     return (resources.files("choir.sandbox") / "pytest_junit.py").read_text("utf-8")
+
+
+# ``$CHOIR_PYTEST``: the wrapper's source as a text constant (which costs its compile next to
+# nothing), run from the copy Choir compiled when the step's folder holds one for exactly
+# that text (``choir.sandbox.rewritten``; its header's hash is checked here, as the import
+# system checks a module's), else compiled here, as ``python3 -c SOURCE`` would: compiling
+# the whole wrapper was 5-11 ms of every pytest step. Not under ``-O`` (the copy keeps its
+# asserts). Every name it sets starts with ``_choir_``.
+PYTEST_STUB = """\
+_choir_source = SOURCE
+_choir_code = None
+try:
+    import _imp as _choir_imp, marshal as _choir_marshal, os as _choir_os, sys as _choir_sys
+    from importlib import _bootstrap_external as _choir_boot
+    _choir_folder = _choir_os.environ.get("CHOIR_PYTEST_PYC", "")
+    if _choir_folder and not _choir_sys.flags.optimize:
+        _choir_tag = _choir_sys.implementation.cache_tag
+        with open(f"{_choir_folder}/.choir/pytest.{_choir_tag}.pyc", "rb") as _choir_fh:
+            _choir_data = _choir_fh.read()
+        _choir_magic = _choir_boot.MAGIC_NUMBER
+        if (_choir_data[:4] == _choir_magic and _choir_data[4:8] == b"\\3\\0\\0\\0"
+                and _choir_data[8:16] == _choir_imp.source_hash(
+                    int.from_bytes(_choir_magic, "little"), _choir_source.encode())):
+            _choir_code = _choir_marshal.loads(_choir_data[16:])
+except Exception:
+    _choir_code = None
+exec(_choir_code if _choir_code is not None else compile(_choir_source, "<string>", "exec"))
+"""
+
+
+# the variables that name a folder of Choir's bytecode to the preset's wrapper
+# (``choir.sandbox.rewritten``): set by the bubblewrap backend for a step it made one for,
+# empty everywhere else, whatever a verifier's ``env:`` says (a folder of the tree, with code
+# planted in it, would be run in place of the sources the attestation names)
+NO_BYTECODE = {"CHOIR_PYTEST_PYC": "", "CHOIR_PYTEST_ROOT": ""}
+
+
+@functools.cache
+def pytest_command() -> str:
+    """``$CHOIR_PYTEST`` (``PYTEST_STUB`` with the wrapper's source in it)."""
+    return PYTEST_STUB.replace("SOURCE", repr(pytest_source()), 1)
 
 
 def step_env(out_dir: str, extra: Mapping[str, str]) -> dict[str, str]:
@@ -90,14 +131,14 @@ def step_env(out_dir: str, extra: Mapping[str, str]) -> dict[str, str]:
         "SNAPSHOT_DIR": f"{out_dir}/snapshots",
         # the pytest preset's step: `python3 -c "$CHOIR_PYTEST" ARGS` is pytest with ARGS
         # and a light JUnit writer (choir/sandbox/pytest_junit.py, which says why)
-        "CHOIR_PYTEST": pytest_source(),
+        "CHOIR_PYTEST": pytest_command(),
     }
     # the user's toolchain, so `python3 -m pytest` resolves as it does outside
     for var in ("VIRTUAL_ENV", "PYENV_ROOT", "PYENV_VERSION", "CONDA_PREFIX"):
         if os.environ.get(var):
             env[var] = os.environ[var]
     env.update(extra)
-    return env
+    return env | NO_BYTECODE
 
 
 def prepare_out(out_dir: Path, owner: tuple[int, int] | None = None) -> None:

@@ -35,6 +35,7 @@ from choir.sandbox._cgroups import (
     stage_mount,
 )
 from choir.sandbox.base import (
+    NO_BYTECODE,
     TMP_MB,
     ExecResult,
     OutWatch,
@@ -62,15 +63,15 @@ def _rewritten(command: str, repo: Path,
                repo_writable: bool) -> Iterator[tuple[dict[str, str], list[Path]]]:
     """For a step of the pytest preset on a sealed tree: the folder of its test modules'
     rewrites that Choir's pytest made (``choir.sandbox.rewritten``), bound read-only, and
-    the variables that name it to the preset's wrapper. Always set for such a step (empty
+    the variables that name it to the preset's wrapper. Always set, for every step (empty
     when there is no folder), so a variable of the configuration never names another."""
     if repo_writable or "CHOIR_PYTEST" not in command:
-        yield {}, []
+        yield dict(NO_BYTECODE), []
         return
     tree = repo.resolve()
     with rewritten.for_step(tree) as folder:
         if folder is None:
-            yield {"CHOIR_PYTEST_PYC": "", "CHOIR_PYTEST_ROOT": ""}, []
+            yield dict(NO_BYTECODE), []
         else:
             yield {"CHOIR_PYTEST_PYC": str(folder), "CHOIR_PYTEST_ROOT": str(tree)}, [folder]
 
@@ -201,6 +202,8 @@ class BwrapSandbox(Sandbox):
         if network and proxy is None:
             args.append("--share-net")
         variables = step_env(str(out_dir), env)
+        # ``exec``'s own (``_rewritten``): ``step_env`` empties what a configuration set
+        variables.update({name: env.get(name, "") for name in NO_BYTECODE})
         for var in ("PYENV_ROOT", "PYENV_VERSION", "CONDA_PREFIX", "VIRTUAL_ENV"):
             variables.pop(var, None)  # the host's toolchain is not bound: only the chosen one
         if tools.venv:

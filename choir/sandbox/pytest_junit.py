@@ -1,11 +1,12 @@
 """pytest with a light JUnit XML writer: the pytest preset's step, run inside the sandbox.
 
 This file imports nothing from Choir and runs in the sandbox's own interpreter: the host puts
-its source in ``$CHOIR_PYTEST`` (every step's environment, ``choir.sandbox.base.step_env``)
-and the preset's step is ``python3 -c "$CHOIR_PYTEST" -q``: pytest with every argument
-given after ``-c``, as ``python3 -m pytest`` would run it, and its results written to
-``$CHOIR_OUT/junit.xml`` in the layout of pytest's ``--junitxml`` with
-``junit_family=xunit1`` (what the ``junit`` parser reads).
+its source in ``$CHOIR_PYTEST`` (every step's environment, ``choir.sandbox.base.step_env``;
+as a text constant, run from Choir's compiled copy of exactly that text when the step is
+given one, ``base.PYTEST_STUB``) and the preset's step is ``python3 -c "$CHOIR_PYTEST"
+-q``: pytest with every argument given after ``-c``, as ``python3 -m pytest`` would run
+it, and its results written to ``$CHOIR_OUT/junit.xml`` in the layout of pytest's
+``--junitxml`` with ``junit_family=xunit1`` (what the ``junit`` parser reads).
 
 Why not pytest's own ``--junitxml``: it builds an element tree report by report (a node id
 parsed, every name escaped by a regular expression, each report's element made), and on a

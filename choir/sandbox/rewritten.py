@@ -75,6 +75,8 @@ MAX_SOURCE = 2 << 20  # bytes of one module: bigger ones are the step's to rewri
 MAX_FILES = 10_000  # modules linked for one step, and made by one fill
 PENDING_BYTES = 32 << 20  # sources kept for ``fill``, at most (the tree is parked by then)
 FILL_S = 10.0  # one fill's time, at most
+WRAPPER = ".choir"  # the step folder's own: the preset's wrapper, compiled
+WRAPPER_NAME = "<string>"  # the file name its code carries, as ``python3 -c`` gives it
 
 # (kind, digest) -> (a sealed file's path, its bytes), for ``fill``: the bytes are kept, since
 # the sealed tree is parked (or gone) by the time the request has answered
@@ -156,6 +158,9 @@ def for_step(tree: Path) -> Iterator[Path | None]:
     # per module cost a networkx step more than its links)
     linked = 0
     try:
+        if "compiled" in kinds:  # the preset's wrapper itself (``base.PYTEST_STUB``)
+            linked += _link_wrapper(objects["compiled"], str(folder), kinds["compiled"],
+                                    made_here)
         base = str(tree)
         for where, name, test in _modules(tree):
             kind = "rewritten" if test else "compiled"
@@ -184,6 +189,25 @@ def for_step(tree: Path) -> Iterator[Path | None]:
     finally:
         # Choir's own folder, which no step could write: nothing in it is a plant
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _link_wrapper(objects: str, folder: str, made: str, made_here: set[str]) -> int:
+    """Link the compiled pytest preset's wrapper into ``folder/WRAPPER`` (a folder no tree
+    module's can be: a walk enters no folder whose name starts with a dot); 1 when linked,
+    else 0 (noted for ``fill`` then)."""
+    from choir.sandbox.base import pytest_source
+
+    data = pytest_source().encode("utf-8")
+    digest = blake3.blake3(data).hexdigest()
+    cached = os.path.join(objects, digest)
+    if not os.path.isfile(cached):
+        if _filling[0] and ("compiled", digest) not in _pending:
+            _pending["compiled", digest] = (WRAPPER_NAME, data)
+            _kept[0] += len(data)
+        return 0
+    into = _folder(folder, WRAPPER, made_here)
+    os.link(cached, os.path.join(into, "pytest" + made))
+    return 1
 
 
 def _folder(top: str, rel: str, made: set[str]) -> str:

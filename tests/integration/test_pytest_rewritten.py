@@ -148,7 +148,7 @@ def test_a_step_cannot_poison_the_rewrites_a_later_tree_is_given(
     hostile = repo_of(tmp_path / "one", good, poison("test_calc", "def test_add():\n    pass\n"),
                       venv)
     assert asyncio.run(averify_tree(hostile, mood=Mood.CALM)).passed
-    assert rewritten.fill() == 3  # the test module, the conftest and calc.py, for later
+    assert rewritten.fill() == 4  # the test module, the conftest, calc.py, the wrapper
     assert asyncio.run(averify_tree(hostile, mood=Mood.CALM)).passed  # the attack's round
     probes = sorted(artifact_dir().glob("runs/*/out/probe.txt"),
                     key=lambda p: p.stat().st_mtime)
@@ -173,7 +173,8 @@ def test_a_step_cannot_poison_the_code_a_later_tree_with_its_bug_runs(
     right = "def add(a, b):\n    return a + b\n"  # for the buggy tree's calc.py
     hostile = repo_of(tmp_path / "one", BUGGY, poison("calc", right), venv, COMPILED_YAML)
     assert not asyncio.run(averify_tree(hostile, mood=Mood.CALM)).passed  # the bug, found
-    assert rewritten.fill() == 3  # calc.py's code, the test module's and the conftest's
+    assert rewritten.fill() == 4  # calc.py's code, the test module's, the conftest's and
+    # the preset's wrapper
     assert not asyncio.run(averify_tree(hostile, mood=Mood.CALM)).passed  # the attack's round
     probes = sorted(artifact_dir().glob("runs/*/out/probe.txt"),
                     key=lambda p: p.stat().st_mtime)

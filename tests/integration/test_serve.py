@@ -707,11 +707,11 @@ def test_the_warm_up_covers_what_a_verify_imports(tmp_path: Path) -> None:
         separate()
         from choir.cli.serve import _commands, _warm_up
         from choir.serve.wire import Request
-        from choir.serve.worker import Service, warm_idle
+        from choir.serve.worker import warm_idle
+        from tests.serving import idle_service
         _warm_up()
         commands = _commands()  # as the service has them before it forks a worker
-        warm_idle(Service(home=Path({str(tmp_path / "home")!r}), version="", code="",
-                          start_env={{}}, root=(0, 0), commands=commands))
+        warm_idle(idle_service(Path({str(tmp_path / "home")!r})))
         line = Request(argv=("verify", "--repo", {str(repo)!r}, "--sandbox",
                              {sandbox_name()!r}, "--json"))
         before = set(sys.modules)

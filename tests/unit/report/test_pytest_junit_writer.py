@@ -22,7 +22,7 @@ import pytest
 
 from choir.models import Result
 from choir.report.build import tool_of
-from choir.sandbox.base import pytest_source, step_env
+from choir.sandbox.base import pytest_command, pytest_source, step_env
 from tests.unit.report.test_report_pipeline import PYTEST, verify
 from tests.workitems import NO_PLUGINS
 
@@ -233,6 +233,7 @@ def test_the_preset_step_is_known_as_pytest(command: str) -> None:
 
 def test_every_step_has_the_writer_in_its_environment() -> None:
     env = step_env("/out", {})
-    assert env["CHOIR_PYTEST"] == pytest_source()
+    assert env["CHOIR_PYTEST"] == pytest_command()
+    assert repr(pytest_source()) in env["CHOIR_PYTEST"]
     assert "import choir" not in env["CHOIR_PYTEST"]  # it runs where Choir is not installed
     assert "from choir" not in env["CHOIR_PYTEST"]

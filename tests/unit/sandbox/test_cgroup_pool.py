@@ -302,10 +302,12 @@ def test_an_idle_worker_keeps_every_armed_pair_for_its_request(tmp_path: Path) -
         import json, time
         from choir.models import Limits
         from choir.sandbox import _cgroups
+        from pathlib import Path
         from choir.serve.worker import PREARM, warm_idle
+        from tests.serving import idle_service
         _cgroups._JOIN_TIMEOUT_S = 120
         _cgroups._mount_table = lambda: b""
-        warm_idle()
+        warm_idle(idle_service(Path("/nonexistent")))
     """) + ARMED + textwrap.dedent("""
         ready = len(pool.ready)
         cg = _cgroups.CgroupLimits(Limits())

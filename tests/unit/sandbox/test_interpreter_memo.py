@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from choir.sandbox import _interpreter
+from tests.serving import idle_service
 
 
 def test_a_cache_saved_by_another_process_is_read_again(tmp_path: Path,
@@ -50,7 +51,7 @@ def test_an_idle_worker_reads_what_the_last_requests_saved(tmp_path: Path,
     _interpreter._save(path, {"/a": [1, 2, 3, 4, 5, "a"]})
     _interpreter.preload()  # the service, at its start
     _interpreter._save(path, {"/b": [6, 7, 8, 9, 10, "b"]})  # a request, in a worker since gone
-    worker.warm_idle()  # the next worker, idle
+    worker.warm_idle(idle_service(tmp_path / "home"))  # the next worker, idle
     reads: list[Path] = []
     real = Path.read_text
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: reads.append(self) or

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import marshal
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ import blake3
 import pytest
 
 from choir.sandbox import rewritten
-from choir.sandbox.base import pytest_source
+from choir.sandbox.base import pytest_command, pytest_source
 
 CALC = "def add(a, b):\n    return a + b\n"
 TESTS = {"calc.py": CALC,
@@ -37,12 +38,13 @@ def tree_of(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
-def step(tree: Path, folder: Path | None, *args: str,
-         options: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+def step(tree: Path, folder: Path | None, *args: str, options: tuple[str, ...] = (),
+         wrapper: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {"PATH": os.environ["PATH"], "PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DEBUG": "1",
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONVERBOSE": "1",
            "CHOIR_PYTEST_PYC": str(folder or ""), "CHOIR_PYTEST_ROOT": str(tree)}
-    return subprocess.run([sys.executable, *options, "-c", pytest_source(), "-q", "-s", "-p",
+    return subprocess.run([sys.executable, *options, "-c", wrapper or pytest_source(), "-q",
+                           "-s", "-p",
                            "no:cacheprovider", *args], cwd=tree, env=env, capture_output=True,
                           text=True, timeout=120)  # -s: the import system's trace is seen
 
@@ -75,7 +77,7 @@ def test_a_filled_rewrite_is_loaded_by_the_step_and_fails_as_pytests_own(
     first = tree_of(tmp_path / "first", TESTS)
     with rewritten.for_step(first) as folder:
         assert folder is None  # nothing made yet: noted for the fill
-    assert rewritten.fill() == 4  # both test modules and the conftest, and calc.py
+    assert rewritten.fill() == 5  # both test modules and the conftest, calc.py, the wrapper
     made = [p for p in cache.rglob("*") if p.is_file()]
     assert all(oct(p.stat().st_mode & 0o777) == "0o444" for p in made)
     assert not any(str(first).encode() in p.read_bytes() for p in made)  # no tree's path
@@ -86,7 +88,11 @@ def test_a_filled_rewrite_is_loaded_by_the_step_and_fails_as_pytests_own(
         served = step(tree, folder)
         assert found(served) == ["conftest.py", "other_test.py", "test_calc.py"], served.stderr
         assert loaded(served, folder) == [f"calc{rewritten.compiled()}"]
+        stub = step(tree, folder, wrapper=pytest_command())  # $CHOIR_PYTEST: the wrapper
+        # from the folder's compiled copy
     assert not folder.exists()  # one step's folder, removed after it
+    untimed = [re.sub(r" in [0-9.]+s", "", proc.stdout) for proc in (stub, served)]
+    assert stub.returncode == served.returncode and untimed[0] == untimed[1]
     assert found(plain) == []  # the control: without the folder pytest rewrote each itself
     # the same failure, said the same way: pytest's assertion rewrite, at this tree's path
     # (the code was compiled at the first tree's: pytest fixes the name as it loads it)
@@ -109,8 +115,8 @@ def test_only_the_modules_whose_bytes_were_made_get_a_rewrite(tmp_path: Path,
         assert folder is not None
         linked = sorted(str(p.relative_to(folder)) for p in folder.rglob("*.pyc"))
         tail = rewritten.tail()
-        assert linked == [f"calc{rewritten.compiled()}", f"other_test{tail}",
-                          f"tests/conftest{tail}"], linked
+        assert linked == [f".choir/pytest{rewritten.compiled()}", f"calc{rewritten.compiled()}",
+                          f"other_test{tail}", f"tests/conftest{tail}"], linked
         proc = step(tree, folder)
     assert found(proc) == ["conftest.py", "other_test.py"]
     assert "assert 5 == 7" in proc.stdout  # the changed module, rewritten by the step
@@ -123,7 +129,8 @@ def test_a_module_whose_rewrite_warns_is_left_to_the_step(tmp_path: Path,
         "test_tuple.py": "def test_t():\n    assert (1 == 2, 'always true')\n"})
     with rewritten.for_step(tree):
         pass
-    assert rewritten.fill() == 0  # pytest warns when it rewrites it: the step must too
+    assert rewritten.fill() == 1  # the wrapper alone: pytest warns when it rewrites the
+    # module, and the step must too
     proc = step(tree, None, "-W", "error::pytest.PytestAssertRewriteWarning")
     assert proc.returncode != 0 and "assertion is always true" in proc.stdout + proc.stderr
 
@@ -133,7 +140,7 @@ def test_a_project_with_the_pass_hook_rewrites_its_own(tmp_path: Path, cache: Pa
         **TESTS, "pytest.ini": "[pytest]\nenable_assertion_pass_hook = true\n"})
     with rewritten.for_step(tree):
         pass
-    assert rewritten.fill() == 4
+    assert rewritten.fill() == 5
     with rewritten.for_step(tree) as folder:
         proc = step(tree, folder)
     assert found(proc) == [], "a rewrite made without the pass hook's calls was loaded"
@@ -147,7 +154,7 @@ def test_a_venvs_or_a_builds_test_modules_are_never_read(tmp_path: Path, cache: 
     with rewritten.for_step(tree):
         pass
     assert sorted(Path(path).name for path, _data in rewritten._pending.values()) == [
-        "calc.py", "conftest.py", "other_test.py", "test_calc.py"]
+        "<string>", "calc.py", "conftest.py", "other_test.py", "test_calc.py"]
 
 
 def test_a_plain_module_changed_since_its_fill_is_compiled_by_the_step(
@@ -158,7 +165,7 @@ def test_a_plain_module_changed_since_its_fill_is_compiled_by_the_step(
                              "    assert one() == 1\n"})
     with rewritten.for_step(tree):
         pass
-    assert rewritten.fill() == 7
+    assert rewritten.fill() == 8
     (tree / "pkg" / "util.py").write_text("def one():\n    return 2\n")
     with rewritten.for_step(tree) as folder:
         assert folder is not None
@@ -176,8 +183,9 @@ def test_a_plain_module_whose_compile_warns_is_left_to_the_step(tmp_path: Path,
         "test_calc.py": "import calc\n\ndef test_ok():\n    assert calc.DIGIT\n"})
     with rewritten.for_step(tree):
         pass
-    assert rewritten.fill() == 1  # the test module alone: compiling calc.py warns
-    assert not (cache / rewritten.compiled().lstrip(".")).is_dir()
+    assert rewritten.fill() == 2  # the test module and the wrapper: compiling calc.py warns
+    assert [p.name for p in (cache / rewritten.compiled().lstrip(".")).iterdir()] == [
+        blake3.blake3(pytest_source().encode()).hexdigest()]  # the wrapper's alone
     with rewritten.for_step(tree) as folder:
         proc = step(tree, folder, "-W", "error::DeprecationWarning",
                     "-W", "error::SyntaxWarning")
@@ -204,3 +212,26 @@ def test_the_trees_own_pycache_is_never_read_and_optimised_runs_look_where_they_
     assert str(planted) not in proc.stderr
     assert loaded(optimised, folder) == [] and str(planted) not in optimised.stderr
     assert f"# code object from {tree / 'calc.py'}\n" in optimised.stderr  # compiled
+
+
+@pytest.mark.parametrize("case", ["its own text", "another text", "another magic", "-O"])
+def test_the_wrapper_runs_from_the_folders_copy_only_for_its_own_text(
+        tmp_path: Path, case: str) -> None:
+    """``$CHOIR_PYTEST`` runs the compiled copy in the step's folder only when its header
+    names this interpreter and the wrapper's very text (``base.PYTEST_STUB``): a copy that
+    prints instead of running pytest shows which ran."""
+    tree = tree_of(tmp_path / "tree", TESTS)
+    folder = tmp_path / "folder"
+    (folder / ".choir").mkdir(parents=True)
+    text = pytest_source() if case != "another text" else pytest_source() + "# more\n"
+    magic = importlib.util.MAGIC_NUMBER if case != "another magic" else b"\x00\x00\r\n"
+    copy = compile("print('the copy ran')", "<string>", "exec")
+    (folder / ".choir" / f"pytest{rewritten.compiled()}").write_bytes(
+        magic + (0b11).to_bytes(4, "little") + importlib.util.source_hash(text.encode())
+        + marshal.dumps(copy))
+    proc = step(tree, folder, wrapper=pytest_command(),
+                options=("-O",) if case == "-O" else ())
+    if case == "its own text":
+        assert (proc.returncode, proc.stdout) == (0, "the copy ran\n")
+    else:
+        assert "the copy ran" not in proc.stdout and proc.returncode == 1, proc.stdout

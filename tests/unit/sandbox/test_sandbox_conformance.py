@@ -87,3 +87,24 @@ def test_bwrap_probe_agrees_with_a_real_run(tmp_path: Path) -> None:
         pytest.skip("bubblewrap is not installed")
     result, out = run(get_sandbox("bwrap"), tmp_path, "echo works")
     assert BwrapSandbox.available() is (result.exit_code == 0 and "works" in out)
+
+
+# the variables' values, printed by a command that names them (the preset's is told by
+# ``CHOIR_PYTEST`` in its command) and by one that does not
+SHOW = ("python3 -c \"import os; n = 'CHOIR_' + 'PYTEST_'; "
+        "print('[%s|%s]' % (os.environ.get(n + 'PYC', ''), os.environ.get(n + 'ROOT', '')))\"")
+
+
+@pytest.mark.parametrize("command", [SHOW, SHOW + ' # "$CHOIR_PYTEST"'])
+def test_a_configurations_variables_never_name_choirs_bytecode_folder(
+        sandbox: Sandbox, tmp_path: Path, command: str) -> None:
+    """The pytest preset's wrapper loads code from ``$CHOIR_PYTEST_PYC`` (a folder Choir
+    made for the step, bubblewrap's alone): a verifier's ``env:`` naming one (a folder of
+    the tree, with code planted in it) is never what a step sees, in any backend."""
+    repo = tmp_path / "repo"
+    (repo / ".choir").mkdir(parents=True)
+    chunks: list[bytes] = []
+    sandbox.exec(command, repo=repo, out_dir=tmp_path / "out",
+                 env={"CHOIR_PYTEST_PYC": str(repo), "CHOIR_PYTEST_ROOT": str(repo)},
+                 timeout_s=20, limits=Limits(), network=False, sink=chunks.append)
+    assert b"".join(chunks).decode().strip() == "[|]"
