@@ -228,6 +228,7 @@ def load_yaml(path: Path, *, root: Path | None = None, pinned: str | None = None
 _PARSED: dict[tuple[str, str], tuple[Any, Any]] = {}
 _PARSED_MAX = 16
 _PARSED_MAX_CHARS = 1 << 16
+AHEAD_S = 1.0  # ``parse_ahead``'s time: no file is begun after it
 
 
 def parsed() -> list[str]:
@@ -240,8 +241,17 @@ def parse_ahead(paths: list[str]) -> None:
     idle worker, with the files its last requests read. Each is read again then, under its
     caller's checks (its repo, its pin), and only the same text finds this parse; a file
     that is gone or fails says nothing here (its caller hears it)."""
+    import time
+
+    end = time.monotonic() + AHEAD_S
     for path in paths[-_PARSED_MAX:]:
-        try:
+        if time.monotonic() > end:
+            return
+        try:  # one the memo would not keep is not parsed (an executor may have grown it:
+            # ruamel took 32 s over 1 MiB of hostile YAML, with the next request waiting)
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > _PARSED_MAX_CHARS:
+                continue
             load_yaml(Path(path))
         except Exception:  # noqa: BLE001, S112 - its request reads it again and says why
             continue

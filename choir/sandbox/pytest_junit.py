@@ -327,11 +327,15 @@ def _compiled(folder: str, root: str) -> None:
     def cache_from_source(path: Any, debug_override: Any = None, *,
                           optimization: Any = None) -> Any:
         text = os.fspath(path)
+        parts = text[len(base):].split(os.sep)
         if (debug_override is None and optimization is None and not sys.flags.optimize
                 and text.startswith(base) and text.endswith(".py")
-                and ".." not in text.split(os.sep)):
-            where, name = os.path.split(text[len(base):])
-            return os.path.join(folder, where, f"{name[:-3]}.{tag}.pyc")
+                and all(parts) and not any(part.startswith(".") for part in parts[:-1])):
+            # only a plain path below the root: never one with an empty part (``root//x``
+            # would join as ``/x``, outside the folder), nor below a folder whose name
+            # starts with a dot (``..``; ``.choir``, where the wrapper's own copy is): Choir
+            # makes none for such a folder's modules
+            return os.path.join(folder, *parts[:-1], f"{parts[-1][:-3]}.{tag}.pyc")
         return own(path, debug_override, optimization=optimization)
 
     external.cache_from_source = cache_from_source

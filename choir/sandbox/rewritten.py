@@ -74,9 +74,11 @@ SKIP_DIRS = (".*", "*.egg", "_darcs", "build", "CVS", "dist", "node_modules", "v
 MAX_SOURCE = 2 << 20  # bytes of one module: bigger ones are the step's to rewrite
 MAX_FILES = 10_000  # modules linked for one step, and made by one fill
 PENDING_BYTES = 32 << 20  # sources kept for ``fill``, at most (the tree is parked by then)
-FILL_S = 10.0  # one fill's time, at most
+FILL_S = 10.0  # one fill's time, at most (its child is killed then)
+FILL_GRACE_S = 2.0  # for the child's start and its last file
 WRAPPER = ".choir"  # the step folder's own: the preset's wrapper, compiled
 WRAPPER_NAME = "<string>"  # the file name its code carries, as ``python3 -c`` gives it
+REFUSED = ".none"  # beside a digest: its module was refused (its rewrite or compile warns)
 
 # (kind, digest) -> (a sealed file's path, its bytes), for ``fill``: the bytes are kept, since
 # the sealed tree is parked (or gone) by the time the request has answered
@@ -152,46 +154,62 @@ def for_step(tree: Path) -> Iterator[Path | None]:
         yield None
         return
     top = root()
-    objects = {kind: str(top / made.lstrip(".")) for kind, made in kinds.items()}
     folder = top / "steps" / secrets.token_hex(8)
-    made_here: set[str] = set()  # the step's folders made so far (strings: a path object
-    # per module cost a networkx step more than its links)
-    linked = 0
     try:
-        if "compiled" in kinds:  # the preset's wrapper itself (``base.PYTEST_STUB``)
-            linked += _link_wrapper(objects["compiled"], str(folder), kinds["compiled"],
-                                    made_here)
-        base = str(tree)
-        for where, name, test in _modules(tree):
-            kind = "rewritten" if test else "compiled"
-            made = kinds.get(kind)
-            if made is None:
-                continue
-            path = os.path.join(where, name)
-            data = _read(path)
-            if data is None:
-                continue
-            digest = blake3.blake3(data).hexdigest()
-            cached = os.path.join(objects[kind], digest)
-            if not os.path.isfile(cached):
-                if (_filling[0] and (kind, digest) not in _pending
-                        and len(_pending) < MAX_FILES
-                        and _kept[0] + len(data) <= PENDING_BYTES):
-                    _pending[kind, digest] = (path, data)
-                    _kept[0] += len(data)
-                continue
-            into = _folder(str(folder), os.path.relpath(where, base), made_here)
-            os.link(cached, os.path.join(into, name[:-3] + made))
-            linked += 1
-            if linked >= MAX_FILES:
-                break
+        try:
+            linked = _build(tree, folder, {kind: (str(top / made.lstrip(".")), made)
+                                           for kind, made in kinds.items()})
+        except OSError:  # a disk that is full, a cache Choir cannot read: the step makes
+            linked = 0  # its own, as on any read-only tree
         yield folder if linked else None
     finally:
         # Choir's own folder, which no step could write: nothing in it is a plant
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _link_wrapper(objects: str, folder: str, made: str, made_here: set[str]) -> int:
+def _build(tree: Path, folder: Path, kinds: dict[str, tuple[str, str]]) -> int:
+    """Link into ``folder`` the cached code of ``tree``'s modules for ``kinds`` (kind: its
+    objects' folder, its files' ending); how many were linked."""
+    made_here: set[str] = set()  # the step's folders made so far (strings: a path object
+    # per module cost a networkx step more than its links)
+    linked = 0
+    if "compiled" in kinds:  # the preset's wrapper itself (``base.PYTEST_STUB``)
+        linked += _link_wrapper(*kinds["compiled"], str(folder), made_here)
+    base = str(tree)
+    for where, name, test in _modules(tree):
+        objects, made = kinds.get("rewritten" if test else "compiled", ("", ""))
+        if not made:
+            continue
+        path = os.path.join(where, name)
+        data = _read(path)
+        if data is None:
+            continue
+        digest = blake3.blake3(data).hexdigest()
+        cached = os.path.join(objects, digest)
+        if not os.path.isfile(cached):
+            kind = "rewritten" if test else "compiled"
+            if (_filling[0] and (kind, digest) not in _pending
+                    and not os.path.lexists(cached + REFUSED)
+                    and len(_pending) < MAX_FILES
+                    and _kept[0] + len(data) <= PENDING_BYTES):
+                _pending[kind, digest] = (path, data)
+                _kept[0] += len(data)
+            continue
+        try:
+            into = _folder(str(folder), os.path.relpath(where, base), made_here)
+            os.link(cached, os.path.join(into, name[:-3] + made))
+        except (FileExistsError, NotADirectoryError, IsADirectoryError):
+            # a tree folder named like a module's file here (``calc.cpython-311.pyc/``)
+            # took its place, or the other way round: that module is compiled by the
+            # step, as on any read-only tree (a link never stands where a folder is)
+            continue
+        linked += 1
+        if linked >= MAX_FILES:
+            break
+    return linked
+
+
+def _link_wrapper(objects: str, made: str, folder: str, made_here: set[str]) -> int:
     """Link the compiled pytest preset's wrapper into ``folder/WRAPPER`` (a folder no tree
     module's can be: a walk enters no folder whose name starts with a dot); 1 when linked,
     else 0 (noted for ``fill`` then)."""
@@ -276,11 +294,49 @@ def collect() -> None:
 
 def fill(limit_s: float = FILL_S) -> int:
     """Make the cached code of every module the steps of this process found none for; how
-    many were made. Called by a warm service's worker once its request has answered."""
-    import time
+    many were made. Called by a warm service's worker once its request has answered.
+
+    The making runs in a child process, killed at ``limit_s`` (and held to that much CPU):
+    a compile is not interrupted from within, and a tree's module can take minutes to
+    compile (``def f(): return 1`` repeated is quadratic in CPython 3.11: 2 MiB of it took
+    590 s), holding a worker of the service all that time."""
+    import subprocess
 
     if not _pending:
         return 0
+    jobs = [(kind, digest, os.path.basename(path), data)
+            for (kind, digest), (path, data) in _pending.items()]
+    _pending.clear()
+    _kept[0] = 0
+    top = root()
+    endings = {"compiled": compiled(), "rewritten": tail()}
+    targets = [top / ending.lstrip(".") / digest for kind, digest, _name, _data in jobs
+               if (ending := endings.get(kind)) is not None]
+    before = {target for target in targets if target.exists()}
+    child = subprocess.Popen(
+        [sys.executable, "-c", "from choir.sandbox.rewritten import _fill_child; _fill_child()"],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        child.communicate(marshal.dumps((str(top), jobs, limit_s)),
+                          timeout=limit_s + FILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+    for temp in top.glob(f"*/.*.{child.pid}"):  # what a killed child was writing
+        temp.unlink(missing_ok=True)
+    return sum(1 for target in targets if target not in before and target.is_file())
+
+
+def _fill_child() -> None:
+    """``fill``'s child: the modules on stdin made into the cache."""
+    import math
+    import resource
+    import time
+
+    top, jobs, limit_s = marshal.loads(sys.stdin.buffer.read())
+    cpu = math.ceil(limit_s) + 1
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+    end = time.monotonic() + limit_s
     makers = {"compiled": (compiled(), _compiled)}
     made = tail()
     if made is not None:
@@ -289,32 +345,29 @@ def fill(limit_s: float = FILL_S) -> int:
         if made == rewrite.PYC_TAIL and hasattr(rewrite, "_fix_code_filename"):
             makers["rewritten"] = (made, _made)  # else not the kind of file ``tail`` took
             # it for: none is made
-    end = time.monotonic() + limit_s
-    count = 0
-    for (kind, digest), (path, data) in list(_pending.items()):
-        del _pending[kind, digest]
-        _kept[0] -= len(data)
-        name, maker = makers.get(kind, (None, None))
-        if name is None or maker is None or time.monotonic() > end:
+    for kind, digest, name, data in jobs:
+        ending, maker = makers.get(kind, (None, None))
+        if ending is None or maker is None or time.monotonic() > end:
             continue
-        objects = _objects(name)
+        objects = Path(top) / ending.lstrip(".")
         target = objects / digest
         if target.exists():
             continue
-        pyc = maker(data, os.path.basename(path))  # no tree's path in it: the loader names
-        # the code after the file it loads it for
-        if pyc is None:
-            continue
+        pyc = maker(data, name)  # no tree's path in it: the loader names the code after
+        # the file it loads it for
         objects.mkdir(parents=True, exist_ok=True)
-        temp = objects / f".{digest}.{secrets.token_hex(4)}"
+        if pyc is None:  # noted, so that no later fill makes it again
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(objects / (digest + REFUSED),
+                                 os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444))
+            continue
+        temp = objects / f".{digest}.{os.getpid()}"
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o444)
         with os.fdopen(fd, "wb") as fh:
             fh.write(pyc)
             os.fchmod(fh.fileno(), 0o444)  # the sandbox's user reads it, whatever the umask
         os.rename(temp, target)
-        count += 1
-    return count
 
 
 __all__ = ["collect", "compiled", "fill", "for_step", "root", "tail"]

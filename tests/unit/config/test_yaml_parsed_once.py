@@ -94,3 +94,21 @@ def test_a_file_parsed_ahead_is_found_parsed_and_an_edit_is_parsed_again(
     path.write_text("a: 2\n")
     assert load_yaml(path, root=tmp_path).data == {"a": 2}
     assert parsed[-1] == "a: 2\n"
+
+
+def test_a_file_grown_past_what_the_memo_keeps_is_not_parsed_ahead(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The note names files a request read; an executor may grow one since (ruamel took
+    32 s over 1 MiB of hostile YAML, the next request waiting): ``parse_ahead`` parses only
+    what the memo would keep, and begins none after its time."""
+    parsed = _count_parses(monkeypatch)
+    big = tmp_path / "big.yaml"
+    big.write_text("a: '" + "x" * _yaml._PARSED_MAX_CHARS + "'\n")
+    small = tmp_path / "small.yaml"
+    small.write_text("a: 1\n")
+    _yaml.parse_ahead([str(big), str(small)])
+    assert parsed == ["a: 1\n"]
+    monkeypatch.setattr(_yaml, "AHEAD_S", -1.0)
+    small.write_text("a: 2\n")
+    _yaml.parse_ahead([str(small)])
+    assert parsed == ["a: 1\n"]

@@ -15,6 +15,8 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
 
 import blake3
@@ -184,9 +186,12 @@ def test_a_plain_module_whose_compile_warns_is_left_to_the_step(tmp_path: Path,
     with rewritten.for_step(tree):
         pass
     assert rewritten.fill() == 2  # the test module and the wrapper: compiling calc.py warns
-    assert [p.name for p in (cache / rewritten.compiled().lstrip(".")).iterdir()] == [
-        blake3.blake3(pytest_source().encode()).hexdigest()]  # the wrapper's alone
+    calc = blake3.blake3((tree / "calc.py").read_bytes()).hexdigest()
+    assert sorted(p.name for p in (cache / rewritten.compiled().lstrip(".")).iterdir()) == \
+        sorted([blake3.blake3(pytest_source().encode()).hexdigest(), calc + ".none"])
     with rewritten.for_step(tree) as folder:
+        assert rewritten._pending == {}  # refused once: never made again (its compile may
+        # also be one that takes seconds)
         proc = step(tree, folder, "-W", "error::DeprecationWarning",
                     "-W", "error::SyntaxWarning")
     assert proc.returncode != 0 and "invalid escape sequence" in proc.stdout + proc.stderr
@@ -235,3 +240,110 @@ def test_the_wrapper_runs_from_the_folders_copy_only_for_its_own_text(
         assert (proc.returncode, proc.stdout) == (0, "the copy ran\n")
     else:
         assert "the copy ran" not in proc.stdout and proc.returncode == 1, proc.stdout
+
+
+def test_a_tree_folder_named_like_a_modules_compiled_file_costs_that_module_its_copy_only(
+        tmp_path: Path, cache: Path) -> None:
+    """A folder ``pkg/calc.cpython-311.pyc/`` in the tree stands where ``pkg/calc.py``'s
+    copy would be linked: the step compiles that module (a link never takes a folder's
+    place, nor a folder a link's), the others still get theirs, and the step runs."""
+    made = rewritten.compiled()
+    tree = tree_of(tmp_path / "tree", {
+        **TESTS, "pkg/__init__.py": "", "pkg/calc.py": "def add(a, b):\n    return a + b\n",
+        f"pkg/calc{made}/x.py": "X = 1\n"})
+    with rewritten.for_step(tree):
+        pass
+    rewritten.fill()
+    with rewritten.for_step(tree) as folder:
+        assert folder is not None
+        assert (folder / f"calc{made}").is_file()  # the root's calc.py still linked
+        assert (folder / "pkg" / f"__init__{made}").is_file()
+        proc = step(tree, folder)
+    assert proc.returncode == 1 and "assert 5 == 6" in proc.stdout, proc.stdout
+
+
+def test_a_module_below_a_dot_folder_is_never_looked_for_in_the_steps_folder(
+        tmp_path: Path, cache: Path) -> None:
+    """The wrapper's own copy is in the step's folder under ``.choir/``: a tree module at
+    ``.choir/pytest.py`` (here the wrapper's very text, so that the copy's header fits it)
+    loaded by its path is compiled from its source, never looked for there."""
+    tree = tree_of(tmp_path / "tree", {
+        **TESTS, ".choir/pytest.py": pytest_source(),
+        "test_dot.py": "import importlib.util, os\n\ndef test_dot():\n"
+                       "    spec = importlib.util.spec_from_file_location(\n"
+                       "        'dot', os.path.join(os.getcwd(), '.choir', 'pytest.py'))\n"
+                       "    module = importlib.util.module_from_spec(spec)\n"
+                       "    spec.loader.exec_module(module)\n"
+                       "    assert module.JUnitWriter\n"})
+    with rewritten.for_step(tree):
+        pass
+    rewritten.fill()
+    with rewritten.for_step(tree) as folder:
+        assert (folder / ".choir" / f"pytest{rewritten.compiled()}").is_file()
+        proc = step(tree, folder, "test_dot.py", wrapper=pytest_command())
+    assert proc.returncode == 0, proc.stdout
+    assert f"# code object from {tree / '.choir' / 'pytest.py'}\n" in proc.stderr
+
+
+def test_the_wrappers_lookup_stays_in_the_steps_folder(tmp_path: Path) -> None:
+    """``$CHOIR_PYTEST_ROOT//tmp/x/calc.py`` names a file of the tree (``root/tmp/x``), but
+    joined as it was written it named ``/tmp/x/calc.cpython-311.pyc``: a folder the step
+    can write, with bytecode planted there. Such a path, and one below a dot folder, is
+    looked for where the interpreter always looks."""
+    script = textwrap.dedent(f"""\
+        import sys
+        sys.argv = ["x"]
+        source = {pytest_source()!r}
+        exec(compile(source.replace('if __name__ == "__main__":', 'if False:'), "w", "exec"))
+        _compiled("/folder", "/root")
+        from importlib import _bootstrap_external as ext
+        for path in ("/root/pkg/calc.py", "/root//tmp/x/calc.py", "/root/../x/calc.py",
+                     "/root/.choir/pytest.py", "/elsewhere/calc.py"):
+            print(ext.cache_from_source(path))
+        """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, check=True)
+    tag = sys.implementation.cache_tag
+    assert proc.stdout.split() == [
+        f"/folder/pkg/calc.{tag}.pyc", f"/root//tmp/x/__pycache__/calc.{tag}.pyc",
+        f"/root/../x/__pycache__/calc.{tag}.pyc", f"/root/.choir/__pycache__/pytest.{tag}.pyc",
+        f"/elsewhere/__pycache__/calc.{tag}.pyc"], proc.stdout
+
+
+def test_a_module_that_takes_minutes_to_compile_never_holds_the_fill_past_its_limit(
+        tmp_path: Path, cache: Path) -> None:
+    """``def f(): return 1`` repeated compiles in quadratic time (440 KB: 13 s here, 2 MiB:
+    590 s): the fill's child is killed at its limit, nothing half-written is left, and what
+    it made before stays made."""
+    tree = tree_of(tmp_path / "tree", {"calc.py": CALC,
+                                       "zslow.py": "def f(): return 1\n" * 24_000})
+    with rewritten.for_step(tree):
+        pass
+    start = time.monotonic()
+    made = rewritten.fill(limit_s=1.0)
+    took = time.monotonic() - start
+    assert took < 1.0 + rewritten.FILL_GRACE_S + 3.0, took  # the child's start besides
+    objects = cache / rewritten.compiled().lstrip(".")
+    names = sorted(p.name for p in objects.iterdir())
+    slow = blake3.blake3((tree / "zslow.py").read_bytes()).hexdigest()
+    assert not [n for n in names if slow in n], names  # neither made, half-made nor refused
+    assert made == len(names) >= 1  # the wrapper and calc.py, made before it, are kept
+
+
+def test_a_folder_that_cannot_be_made_gives_the_step_none(
+        tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk while the step's folder is made: the step makes its own code, as on any
+    read-only tree, and nothing of the folder is left (it used to escape the sandbox's
+    ``exec`` and crash the verifier)."""
+    tree = tree_of(tmp_path / "tree", TESTS)
+    with rewritten.for_step(tree):
+        pass
+    rewritten.fill()
+
+    def full(*_args: object, **_kw: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "link", full)
+    with rewritten.for_step(tree) as folder:
+        assert folder is None
+    assert list((cache / "steps").iterdir()) == []
