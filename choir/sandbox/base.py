@@ -93,9 +93,10 @@ exec(_choir_code if _choir_code is not None else compile(_choir_source, "<string
 
 # the variables that name a folder of Choir's bytecode to the preset's wrapper
 # (``choir.sandbox.rewritten``): set by the bubblewrap backend for a step it made one for,
-# empty everywhere else, whatever a verifier's ``env:`` says (a folder of the tree, with code
-# planted in it, would be run in place of the sources the attestation names)
-NO_BYTECODE = {"CHOIR_PYTEST_PYC": "", "CHOIR_PYTEST_ROOT": ""}
+# absent everywhere else, whatever a verifier's ``env:`` says (a folder of the tree, with
+# code planted in it, would be run in place of the sources the attestation names)
+BYTECODE_VARS = ("CHOIR_PYTEST_PYC", "CHOIR_PYTEST_ROOT")
+NO_BYTECODE = dict.fromkeys(BYTECODE_VARS, "")
 
 
 @functools.cache
@@ -138,7 +139,9 @@ def step_env(out_dir: str, extra: Mapping[str, str]) -> dict[str, str]:
         if os.environ.get(var):
             env[var] = os.environ[var]
     env.update(extra)
-    return env | NO_BYTECODE
+    for name in BYTECODE_VARS:
+        env.pop(name, None)
+    return env
 
 
 def prepare_out(out_dir: Path, owner: tuple[int, int] | None = None) -> None:

@@ -35,6 +35,7 @@ from choir.sandbox._cgroups import (
     stage_mount,
 )
 from choir.sandbox.base import (
+    BYTECODE_VARS,
     NO_BYTECODE,
     TMP_MB,
     ExecResult,
@@ -202,8 +203,9 @@ class BwrapSandbox(Sandbox):
         if network and proxy is None:
             args.append("--share-net")
         variables = step_env(str(out_dir), env)
-        # ``exec``'s own (``_rewritten``): ``step_env`` empties what a configuration set
-        variables.update({name: env.get(name, "") for name in NO_BYTECODE})
+        # ``exec``'s own (``_rewritten``, which sets both for every step, empty when it made
+        # no folder, over what a configuration set): ``step_env`` drops them
+        variables.update({name: env[name] for name in BYTECODE_VARS if env.get(name)})
         for var in ("PYENV_ROOT", "PYENV_VERSION", "CONDA_PREFIX", "VIRTUAL_ENV"):
             variables.pop(var, None)  # the host's toolchain is not bound: only the chosen one
         if tools.venv:
