@@ -153,11 +153,10 @@ def for_step(tree: Path) -> Iterator[Path | None]:
     if not kinds:
         yield None
         return
-    top = root()
-    folder = top / "steps" / secrets.token_hex(8)
+    folder = root() / "steps" / secrets.token_hex(8)
     try:
         try:
-            linked = _build(tree, folder, {kind: (str(top / made.lstrip(".")), made)
+            linked = _build(tree, folder, {kind: (str(_objects(made)), made)
                                            for kind, made in kinds.items()})
         except OSError:  # a disk that is full, a cache Choir cannot read: the step makes
             linked = 0  # its own, as on any read-only tree
@@ -177,23 +176,16 @@ def _build(tree: Path, folder: Path, kinds: dict[str, tuple[str, str]]) -> int:
         linked += _link_wrapper(*kinds["compiled"], str(folder), made_here)
     base = str(tree)
     for where, name, test in _modules(tree):
-        objects, made = kinds.get("rewritten" if test else "compiled", ("", ""))
-        if not made:
+        kind = "rewritten" if test else "compiled"
+        if kind not in kinds:
             continue
+        objects, made = kinds[kind]
         path = os.path.join(where, name)
         data = _read(path)
         if data is None:
             continue
-        digest = blake3.blake3(data).hexdigest()
-        cached = os.path.join(objects, digest)
-        if not os.path.isfile(cached):
-            kind = "rewritten" if test else "compiled"
-            if (_filling[0] and (kind, digest) not in _pending
-                    and not os.path.lexists(cached + REFUSED)
-                    and len(_pending) < MAX_FILES
-                    and _kept[0] + len(data) <= PENDING_BYTES):
-                _pending[kind, digest] = (path, data)
-                _kept[0] += len(data)
+        cached = _cached(kind, objects, path, data)
+        if cached is None:
             continue
         try:
             into = _folder(str(folder), os.path.relpath(where, base), made_here)
@@ -215,17 +207,28 @@ def _link_wrapper(objects: str, made: str, folder: str, made_here: set[str]) -> 
     else 0 (noted for ``fill`` then)."""
     from choir.sandbox.base import pytest_source
 
-    data = pytest_source().encode("utf-8")
-    digest = blake3.blake3(data).hexdigest()
-    cached = os.path.join(objects, digest)
-    if not os.path.isfile(cached):
-        if _filling[0] and ("compiled", digest) not in _pending:
-            _pending["compiled", digest] = (WRAPPER_NAME, data)
-            _kept[0] += len(data)
+    cached = _cached("compiled", objects, WRAPPER_NAME, pytest_source().encode("utf-8"))
+    if cached is None:
         return 0
     into = _folder(folder, WRAPPER, made_here)
     os.link(cached, os.path.join(into, "pytest" + made))
     return 1
+
+
+def _cached(kind: str, objects: str, path: str, data: bytes) -> str | None:
+    """The cached file of ``kind`` in ``objects`` for a module of these bytes; None when
+    there is none (noted for ``fill`` then, unless refused before or past the bounds)."""
+    digest = blake3.blake3(data).hexdigest()
+    cached = os.path.join(objects, digest)
+    if os.path.isfile(cached):
+        return cached
+    if (_filling[0] and (kind, digest) not in _pending
+            and not os.path.lexists(cached + REFUSED)
+            and len(_pending) < MAX_FILES
+            and _kept[0] + len(data) <= PENDING_BYTES):
+        _pending[kind, digest] = (path, data)
+        _kept[0] += len(data)
+    return None
 
 
 def _folder(top: str, rel: str, made: set[str]) -> str:
@@ -310,7 +313,7 @@ def fill(limit_s: float = FILL_S) -> int:
     _kept[0] = 0
     top = root()
     endings = {"compiled": compiled(), "rewritten": tail()}
-    targets = [top / ending.lstrip(".") / digest for kind, digest, _name, _data in jobs
+    targets = [_objects(ending) / digest for kind, digest, _name, _data in jobs
                if (ending := endings.get(kind)) is not None]
     before = {target for target in targets if target.exists()}
     child = subprocess.Popen(
