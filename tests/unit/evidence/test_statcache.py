@@ -148,9 +148,16 @@ def test_without_the_racy_rule_the_stale_hash_would_be_served(
     """The control for the test above: with the rule off (no margin), the cache serves the
     first bytes' hash for the rewritten file."""
     monkeypatch.setattr(statcache, "RACY_NS", 0)
-    second, data, live = _in_one_tick(repo, tmp_path / "snaps")
-    assert data == b"def add(a, b):\n    return a - b\n"  # the stale bytes, not the live ones
-    assert second != live
+    served = []
+    for attempt in range(3):  # a round whose base or object the store let go (a pool
+        # eviction on a loaded machine) reads the file afresh, which is safe: the hazard is
+        # shown by any round that serves the stale hash (one, nearly always the first)
+        second, data, live = _in_one_tick(repo, tmp_path / f"snaps{attempt}")
+        served.append(data)
+        if data == b"def add(a, b):\n    return a - b\n":  # the stale bytes, not the live
+            assert second != live
+            return
+    pytest.fail(f"no round served the stale hash: {served}")
 
 
 def test_paranoid_reads_every_file_and_ignores_a_poisoned_cache(
