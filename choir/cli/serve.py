@@ -66,6 +66,7 @@ def _warm_up() -> None:
     from choir.config.policy import load_packaged_policy
     from choir.config.presets import load_presets
     from choir.exceptions import ConfigError
+    from choir.models._base import build_deferred
     from choir.sandbox._interpreter import preload as preload_interpreters
 
     for name in WARM_MODULES:
@@ -74,6 +75,7 @@ def _warm_up() -> None:
         except ImportError:
             continue  # an optional extra that is not installed: the request pays, as cold
     warm.enable()
+    build_deferred()  # the models' validators, built at first use (choir.models._base)
     load_packaged_policy()
     preload_interpreters()  # each vouch's stat cache (choir.sandbox._interpreter)
     try:  # the verifier and executor presets (YAML parses: 4-12 ms a request, measured)

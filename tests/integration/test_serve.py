@@ -698,7 +698,8 @@ def test_a_frozen_service_is_waited_for_a_bounded_time(tmp_path: Path, service: 
 
 def test_the_warm_up_covers_what_a_verify_imports(tmp_path: Path) -> None:
     """A worker pays no import on a request's path: after the service's warm-up, a verify
-    imports no module of Choir's (a new lazy import belongs in WARM_MODULES)."""
+    imports no module of Choir's (a new lazy import belongs in WARM_MODULES), and builds no
+    model's validator (built at first use, ``defer_build``: the warm-up builds them all)."""
     repo = make_repo(tmp_path / "repo", config=QUICK)
     script = textwrap.dedent(f"""\
         import contextlib, io, sys
@@ -714,10 +715,18 @@ def test_the_warm_up_covers_what_a_verify_imports(tmp_path: Path) -> None:
         warm_idle(idle_service(Path({str(tmp_path / "home")!r})))
         line = Request(argv=("verify", "--repo", {str(repo)!r}, "--sandbox",
                              {sandbox_name()!r}, "--json"))
+        from pydantic._internal import _model_construction as made
+        built = []
+        complete = made.complete_model_class
+        def counted(cls, *args, **kwargs):
+            built.append(cls.__name__)
+            return complete(cls, *args, **kwargs)
+        made.complete_model_class = counted
         before = set(sys.modules)
         with contextlib.redirect_stdout(io.StringIO()):
             code = commands["verify"].run(line)  # what a worker runs for the request
         assert code == 0, code
+        assert not built, built
         print(" ".join(sorted(set(sys.modules) - before)))
         """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
