@@ -37,6 +37,7 @@ from pydantic import ValidationError
 from choir._core.canonical import blake3_hex, canonical_json
 from choir.evidence.artifacts import ArtifactStore
 from choir.exceptions import IntegrityError, SigningRefused
+from choir.models._base import build_deferred
 from choir.trusted import checks
 from choir.trusted.confine import non_dumpable
 from choir.trusted.keyfile import KEY_FILE, Signer, load_key, open_keys
@@ -228,6 +229,7 @@ def _channel(sock: socket.socket) -> socket.socket:
     copy answers until its worker closes the channel, whether or not the service still runs,
     so a request outlives a kill of the service. Returns the channel this process serves next.
     """
+    build_deferred()  # once, here: every copy inherits the validators its checks use
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     pid = os.fork()
     if pid == 0:  # pragma: no cover (the copy; tests observe it through its channel)
