@@ -7,16 +7,17 @@ run streams (plans, green-thread states, node updates): bounded summaries, never
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
-
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from choir._core.terminal import shorten, strip_controls
+
+if TYPE_CHECKING:
+    from rich.console import Console, Group
+    from rich.live import Live
 
 _STYLE = {"PASS": "green", "FAIL": "red", "FLAKY": "yellow", "INCONCLUSIVE": "magenta"}
 _KEEP = 8
@@ -37,11 +38,40 @@ class _Thread:
         return f"{time.monotonic() - self.started:.1f}s" if self.started else ""
 
 
+class PlainConsole:
+    """Where the view's lines go when stderr is no terminal (CI logs, pipes, ``--json``
+    scripts): each line written as it is. rich, 80-100 ms of a cold command's imports here,
+    is then not imported at all; and a line is neither wrapped at 80 columns nor has the
+    ``:name:`` codes in a run's summary turned into emoji, as rich's plain output did."""
+
+    is_terminal = False
+
+    def print(self, text: str, **_style: Any) -> None:
+        stream = sys.stderr  # looked up at each line, as rich's ``Console(stderr=True)`` does
+        stream.write(text + "\n")
+        stream.flush()
+
+
+def stderr_console() -> Console | PlainConsole:
+    """rich's console on stderr where rich would draw (a terminal, or ``FORCE_COLOR`` or
+    ``TTY_COMPATIBLE`` set: rich's own tests), else a ``PlainConsole``."""
+    if "FORCE_COLOR" not in os.environ and "TTY_COMPATIBLE" not in os.environ:
+        try:
+            tty = sys.stderr.isatty()
+        except (AttributeError, ValueError):  # closed, or no stream at all
+            tty = False
+        if not tty:
+            return PlainConsole()
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
 @dataclass
 class Progress:
     """An ``OnEvent`` for ``choir.graph.runner``; ``live`` draws in place on a terminal."""
 
-    console: Console
+    console: Console | PlainConsole
     live: bool
     step: str = "starting"
     mood: str = ""
@@ -51,6 +81,10 @@ class Progress:
 
     def __post_init__(self) -> None:
         if self.live:
+            from rich.console import Console
+            from rich.live import Live
+
+            assert isinstance(self.console, Console)  # live only where rich draws
             self._live = Live(get_renderable=self.render, console=self.console,
                               refresh_per_second=8, transient=False)
             self._live.start()
@@ -125,6 +159,10 @@ class Progress:
         return None
 
     def render(self) -> Group:
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+
         table = Table(title=Text(strip_controls(f"{self.step}   mood {self.mood or '-'}")),
                       title_justify="left",
                       expand=False)

@@ -16,11 +16,9 @@ _MOODS = ["CALM", "SKEPTICAL", "PARANOID", "BOLD", "CURIOUS"]
 
 def _progress(as_json: bool) -> Any:
     """Live on a terminal; plain lines on stderr otherwise (and always with --json)."""
-    from rich.console import Console
+    from choir.cli._progress import Progress, stderr_console
 
-    from choir.cli._progress import Progress
-
-    console = Console(stderr=True, highlight=False)
+    console = stderr_console()
     return Progress(console=console, live=console.is_terminal and not as_json)
 
 

@@ -85,23 +85,29 @@ def run_verify(repo: Path, *, mood: str | None, sandbox_name: str | None, as_jso
 def _progress(as_json: bool) -> Any:
     """``choir run``'s live view on a terminal (plain lines on stderr otherwise), plus a
     warning on stderr when the sandbox isolates nothing."""
-    from rich.console import Console
+    from choir._core.terminal import safe_markup, strip_controls
+    from choir.cli._progress import PlainConsole, Progress, stderr_console
 
-    from choir._core.terminal import safe_markup
-    from choir.cli._progress import Progress
-
-    console = Console(stderr=True, highlight=False)
+    console = stderr_console()
     view = Progress(console=console, live=console.is_terminal and not as_json)
+    plain = isinstance(console, PlainConsole)
 
     class _Verify:
         def __call__(self, kind: str, data: dict[str, Any]) -> None:
             if data.get("kind") == "sandbox":
-                console.print(f"[dim]sandbox {safe_markup(str(data['name']))}: "
-                              f"{safe_markup(str(data.get('why', '')))}[/]", soft_wrap=True)
+                name, why = str(data["name"]), str(data.get("why", ""))
+                warning = (f"sandbox '{strip_controls(name)}' isolates nothing: verifier "
+                           "commands run as you, with your files, keys and network. Use "
+                           "--sandbox bwrap or docker.")
+                if plain:
+                    console.print(f"sandbox {strip_controls(name)}: {strip_controls(why)}")
+                    if data.get("isolation") == "none":
+                        console.print(f"warning: {warning}")
+                    return
+                console.print(f"[dim]sandbox {safe_markup(name)}: {safe_markup(why)}[/]",
+                              soft_wrap=True)
                 if data.get("isolation") == "none":
-                    console.print(f"[bold yellow]warning:[/] sandbox '{data['name']}' isolates "
-                                  "nothing: verifier commands run as you, with your files, keys "
-                                  "and network. Use --sandbox bwrap or docker.")
+                    console.print(f"[bold yellow]warning:[/] {safe_markup(warning)}")
                 return
             view(kind, data)
 

@@ -66,3 +66,25 @@ def test_a_library_caller_still_reads_the_policy_afresh(monkeypatch) -> None:
     policy.load_packaged_policy()
     policy.load_packaged_policy()
     assert len(calls) == 2
+
+
+def test_a_cold_verify_with_no_terminal_imports_no_rich(tmp_path: Path) -> None:
+    """rich is 80-100 ms of a cold command's imports here; with stderr no terminal and
+    ``--json``, nothing is drawn, and the progress lines are written as they are."""
+    repo = make_repo(tmp_path / "repo", CALC_OK)
+    script = ("import atexit, sys\n"
+              "atexit.register(lambda: print(sorted(m for m in sys.modules"
+              " if m.split('.')[0] == 'rich')))\n"
+              "from choir.cli import main\n"
+              "sys.argv = ['choir', *sys.argv[1:]]\n"
+              "main()\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
+    proc = subprocess.run([sys.executable, "-c", script, "verify", "--mood", "CALM",
+                           "--sandbox", "local", "--repo", str(repo), "--json"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**env, "CHOIR_SERVE": "off"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+    assert "[green] unit#0 PASS" in proc.stderr  # the view's lines, plain
+    warning = next(line for line in proc.stderr.splitlines() if line.startswith("warning:"))
+    assert warning.endswith("Use --sandbox bwrap or docker.")  # one line, not wrapped at 80
