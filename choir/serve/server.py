@@ -29,6 +29,7 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -42,7 +43,7 @@ from choir._core.paths import artifact_dir
 from choir._version import __version__
 from choir.exceptions import UserError
 from choir.serve import place, stale
-from choir.serve.worker import Command, Service
+from choir.serve.worker import MODELS, Command, Service
 from choir.trusted.confine import origin_namespace
 
 QUEUE_MAX = 64
@@ -144,6 +145,8 @@ class Server:
         self.stopping = False
         self.failures, self.failed_at = 0, 0.0
         self.ready_fd: int | None = None
+        self.models = "litellm" in sys.modules  # imported here: every worker has it
+        self.warming: threading.Thread | None = None
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.listener, selectors.EVENT_READ, "accept")
@@ -169,6 +172,7 @@ class Server:
                     elif key.data == "signal":
                         self._signals()
                 self._reap()
+                self._warm_models()
                 self._dispatch()
                 self._fill()
                 if (self.idle_timeout_s and not self.busy and not self.queue and
@@ -269,9 +273,37 @@ class Server:
                               "any request; stopping", file=sys.stderr, flush=True)
                         self.stopping = True
 
+    def _warm_models(self) -> None:
+        """Import litellm here once a request needed it (the note its worker left, which
+        outlives the service): each such request imported it in its own worker, seconds
+        every time (4-5 s on this machine). The import runs in a thread of this process and
+        no worker is forked meanwhile (a fork while another thread imports could hand the
+        child a held import lock); requests go to the idle workers or wait, told ``queued``.
+        Once it is done, the idle workers forked without it are retired and replaced."""
+        if self.warming is not None:
+            if self.warming.is_alive():
+                return
+            self.warming, self.models = None, True
+            for worker in self.idle:  # each exits as its channel closes, before any request
+                if worker.ctl is not None:
+                    worker.ctl.close()
+            self.idle.clear()
+            return
+        if self.models or self.stopping:
+            return
+        try:
+            os.stat(MODELS, dir_fd=self.folder_fd, follow_symlinks=False)
+        except OSError:
+            return
+        self.warming = threading.Thread(target=_import_models, name="choir-serve-models",
+                                        daemon=True)
+        self.warming.start()
+
     def _fill(self) -> None:
         from choir.exceptions import IntegrityError
 
+        if self.warming is not None:
+            return  # no fork while another thread imports (``_warm_models``)
         if self.failures and time.monotonic() - self.failed_at < TICK_S:
             return  # a worker just failed to start: not in a tight loop
         while len(self.idle) + len(self.busy) < self.jobs and not self.stopping:
@@ -322,6 +354,17 @@ class Server:
         os.close(self.lock_fd)  # the lock stays the service's: its copy here is gone
         if self.ready_fd is not None:
             os.close(self.ready_fd)
+
+
+def _import_models() -> None:
+    """litellm, imported and configured as a request would (``choir.llm``); not installed,
+    or failing: the requests import it themselves, as before."""
+    try:
+        from choir.llm import litellm_module
+
+        litellm_module()
+    except Exception:  # noqa: BLE001 - the service runs on without it
+        pass
 
 
 def start(home: Path, commands: Mapping[str, Command], *, jobs: int, idle_timeout_s: float,

@@ -60,6 +60,9 @@ PLACE_FDS = 3  # the client's working directory, root and mount namespace, with 
 STDIO_FDS = 3  # its stdin, stdout and stderr, once the request is taken
 PARSED = "parsed"  # in the service's folder: the configuration files the last request read
 PARSED_BYTES = 1 << 16
+MODELS = "models"  # in the service's folder: a request used a model client (litellm), and
+# whether its worker imported it (``imported``) or had it from the service (``inherited``)
+_inherited = {"litellm": False}  # set by ``warm_idle``: what the service had imported
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,9 @@ class _Link:
     lock: threading.Lock = field(default_factory=threading.Lock)
     gone: bool = False
     done: threading.Event = field(default_factory=threading.Event)
+    # held to set ``done`` and to interrupt the command: a run is interrupted only while
+    # its command runs, never once it has ended (``_watch``)
+    ending: threading.Lock = field(default_factory=threading.Lock)
 
     def send(self, message: dict[str, Any]) -> None:
         with self.lock:
@@ -123,6 +129,7 @@ def warm_idle(service: Service) -> None:
     from choir.sandbox import _cgroups, _interpreter, rewritten
     from choir.sandbox.bwrap import BwrapSandbox
 
+    _inherited["litellm"] = "litellm" in sys.modules
     rewritten.collect()  # what this request's steps miss is made once it has answered
     rewritten.tail()
     BwrapSandbox.available()
@@ -154,16 +161,20 @@ def _note_parsed(service: Service) -> None:
     paths = _yaml.parsed()
     if not paths:
         return
-    where = place.folder(service.home)
-    temp = where / f".{PARSED}.{os.getpid()}"
     data = json.dumps(paths).encode()
-    if len(data) > PARSED_BYTES:
-        return
+    if len(data) <= PARSED_BYTES:
+        _write_note(service, PARSED, data)
+
+
+def _write_note(service: Service, name: str, data: bytes) -> None:
+    """Replace the note ``name`` in the service's folder with ``data`` (0600, whole)."""
+    where = place.folder(service.home)
+    temp = where / f".{name}.{os.getpid()}"
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600)
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
-    os.replace(temp, where / PARSED)
+    os.replace(temp, where / name)
 
 
 def run(service: Service, ctl: socket.socket, broker: tuple[int, socket.socket]) -> None:
@@ -376,7 +387,8 @@ def _run(service: Service, command: Command, request: Request, link: _Link) -> N
         traceback.print_exc()
         code = 1
     finally:
-        link.done.set()
+        with link.ending:
+            link.done.set()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -396,11 +408,23 @@ def _after(service: Service) -> None:
     except OSError:  # a note not written costs the next request a parse
         pass
     try:
+        _note_models(service)
+    except OSError:  # the next requests import litellm themselves, as this one did
+        pass
+    try:
         from choir.sandbox import rewritten
 
         rewritten.fill()
     except Exception:  # noqa: BLE001 - a cache not filled costs the next step a rewrite
         pass
+
+
+def _note_models(service: Service) -> None:
+    """Note that this request used litellm (a model: an executor's, the Director's, a
+    reporter's), for the service to import it once for the workers it forks next: its
+    import takes seconds (4-5 s here), which every such request paid in its own worker."""
+    if "litellm" in sys.modules:
+        _write_note(service, MODELS, b"inherited" if _inherited["litellm"] else b"imported")
 
 
 def _watch(link: _Link, interrupt: bool) -> None:
@@ -424,7 +448,12 @@ def _watch(link: _Link, interrupt: bool) -> None:
             elif not (isinstance(message, dict) and message.get("op") == "stop"):
                 continue  # nothing else is understood; the command goes on
             if interrupt and link.gone:
-                _thread.interrupt_main()
+                # the client leaves once it has the exit code too: a KeyboardInterrupt
+                # then hit the worker's work after its answer (the notes for the next
+                # requests, the bytecode fill) and ended it with status 1
+                with link.ending:
+                    if not link.done.is_set():
+                        _thread.interrupt_main()
                 return
             _stop_until(link)
             return

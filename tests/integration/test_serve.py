@@ -867,3 +867,43 @@ def test_auto_chooses_the_sandbox_by_the_clients_path_not_the_services(
         assert chosen == ["bwrap", "bwrap"], warm.stderr[-2000:]
     finally:
         stop_service(pid)
+
+
+def test_a_request_that_used_a_model_leaves_the_service_importing_it_once(
+        tmp_path: Path, choir_home: Path, service: int) -> None:
+    """litellm takes seconds to import (4-5 s here), and a worker of ``choir serve`` imported
+    it for every request with a model (an LLM executor, the Director's, a reporter's): the
+    service kept every other import warm but not that one. Now the worker notes that it
+    needed it, the service imports it once (in a thread, forking nothing meanwhile) and
+    replaces its idle workers, and the next requests' workers have it from the service."""
+    from choir.serve.worker import MODELS
+    from choir.testing import FakeModelServer, final_output
+
+    make_repo(tmp_path / "repo", config=QUICK)
+    note = choir_home / "serve" / MODELS
+    with FakeModelServer([final_output(summary="nothing to change")],
+                         repeat_last=True) as server:
+        item = tmp_path / "item.yaml"
+        item.write_text(f"id: keep-add\ngoal: keep add\nrepo: ./repo\nmax_attempts: 1\n"
+                        f"executor:\n  kind: llm\n  model: {server.model}\n")
+        env = {"OPENAI_API_BASE": server.api_base, "OPENAI_API_KEY": "sk-fake"}
+        seen = []
+        for attempt in range(12):
+            started = time.time() - 1  # the file system's clock may lag a little
+            proc = choir("run", str(item), "--run-id", f"model-{attempt}", "--json",
+                         serve="require", extra_env=env)
+            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+            deadline = time.monotonic() + 30  # written once the worker has answered
+            while time.monotonic() < deadline and (not note.exists() or note.stat().st_mtime
+                                                   < started):
+                time.sleep(0.05)
+            # the worker's work after its answer ran to its end: a KeyboardInterrupt meant
+            # for a run whose client is gone hit it once the client left with its exit code
+            left = sorted(p.name for p in note.parent.iterdir())
+            assert note.exists() and not [n for n in left if n.startswith(".")], left
+            seen.append(note.read_text())
+            if seen[-1] == "inherited":
+                break
+            time.sleep(2.0)  # the service imports it meanwhile, then forks new workers
+    assert seen[0] == "imported", seen  # the first request's worker imported it
+    assert seen[-1] == "inherited", seen  # a later one had it from the service
