@@ -160,7 +160,8 @@ class Server:
         old_wakeup = signal.set_wakeup_fd(self._wake_w)
         self.ready_fd = ready
         try:
-            self._fill()
+            self._warm_models()  # a home whose requests used a model: the first workers
+            self._fill()  # are forked once it is imported (none is forked without it first)
             if ready is not None:
                 os.write(ready, b"ready\n")
                 os.close(ready)

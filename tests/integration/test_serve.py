@@ -869,6 +869,31 @@ def test_auto_chooses_the_sandbox_by_the_clients_path_not_the_services(
         stop_service(pid)
 
 
+def _model_run(tmp_path: Path, api_base: str, model: str, run_id: str) -> None:
+    """One ``choir run`` through the service of a work item whose executor is an LLM (the
+    fake server at ``api_base``: "nothing to change"); it must pass."""
+    item = tmp_path / "item.yaml"
+    item.write_text(f"id: keep-add\ngoal: keep add\nrepo: ./repo\nmax_attempts: 1\n"
+                    f"executor:\n  kind: llm\n  model: {model}\n")
+    proc = choir("run", str(item), "--run-id", run_id, "--json", serve="require",
+                 extra_env={"OPENAI_API_BASE": api_base, "OPENAI_API_KEY": "sk-fake"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def _note_since(note: Path, started: float) -> str:
+    """The models note once a worker wrote it after ``started`` (after its answer), with
+    nothing half-written beside it."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (not note.exists()
+                                           or note.stat().st_mtime < started):
+        time.sleep(0.05)
+    # the worker's work after its answer ran to its end: a KeyboardInterrupt meant for a run
+    # whose client is gone hit it once the client left with its exit code
+    left = sorted(p.name for p in note.parent.iterdir())
+    assert note.exists() and not [n for n in left if n.startswith(".")], left
+    return note.read_text()
+
+
 def test_a_request_that_used_a_model_leaves_the_service_importing_it_once(
         tmp_path: Path, choir_home: Path, service: int) -> None:
     """litellm takes seconds to import (4-5 s here), and a worker of ``choir serve`` imported
@@ -881,29 +906,38 @@ def test_a_request_that_used_a_model_leaves_the_service_importing_it_once(
 
     make_repo(tmp_path / "repo", config=QUICK)
     note = choir_home / "serve" / MODELS
+    seen = []
     with FakeModelServer([final_output(summary="nothing to change")],
                          repeat_last=True) as server:
-        item = tmp_path / "item.yaml"
-        item.write_text(f"id: keep-add\ngoal: keep add\nrepo: ./repo\nmax_attempts: 1\n"
-                        f"executor:\n  kind: llm\n  model: {server.model}\n")
-        env = {"OPENAI_API_BASE": server.api_base, "OPENAI_API_KEY": "sk-fake"}
-        seen = []
         for attempt in range(12):
             started = time.time() - 1  # the file system's clock may lag a little
-            proc = choir("run", str(item), "--run-id", f"model-{attempt}", "--json",
-                         serve="require", extra_env=env)
-            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-            deadline = time.monotonic() + 30  # written once the worker has answered
-            while time.monotonic() < deadline and (not note.exists() or note.stat().st_mtime
-                                                   < started):
-                time.sleep(0.05)
-            # the worker's work after its answer ran to its end: a KeyboardInterrupt meant
-            # for a run whose client is gone hit it once the client left with its exit code
-            left = sorted(p.name for p in note.parent.iterdir())
-            assert note.exists() and not [n for n in left if n.startswith(".")], left
-            seen.append(note.read_text())
+            _model_run(tmp_path, server.api_base, server.model, f"model-{attempt}")
+            seen.append(_note_since(note, started))
             if seen[-1] == "inherited":
                 break
             time.sleep(2.0)  # the service imports it meanwhile, then forks new workers
     assert seen[0] == "imported", seen  # the first request's worker imported it
     assert seen[-1] == "inherited", seen  # a later one had it from the service
+
+
+def test_a_service_started_where_requests_used_a_model_forks_its_workers_with_it(
+        tmp_path: Path, choir_home: Path) -> None:
+    """The note outlives the service: a service started in a home whose requests used a
+    model imports litellm before it forks its first workers (a request that comes first
+    waits, told ``queued``), so even the first request's worker has it."""
+    from choir.serve.worker import MODELS
+    from choir.testing import FakeModelServer, final_output
+
+    make_repo(tmp_path / "repo", config=QUICK)
+    note = choir_home / "serve" / MODELS
+    note.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    note.write_text("imported")
+    pid = start_service()
+    try:
+        with FakeModelServer([final_output(summary="nothing to change")],
+                             repeat_last=True) as server:
+            started = time.time() - 1
+            _model_run(tmp_path, server.api_base, server.model, "first")
+        assert _note_since(note, started) == "inherited"
+    finally:
+        stop_service(pid)
