@@ -49,6 +49,7 @@ from choir.trusted.confine import origin_namespace
 QUEUE_MAX = 64
 FAILURES_MAX = 5  # workers that die idle in a row before the service gives up
 TICK_S = 1.0
+MODELS_WAIT_S = 60.0  # the longest the service holds its forks for litellm's import
 _CREDS = struct.Struct("3i")  # pid, uid, gid
 
 
@@ -147,6 +148,7 @@ class Server:
         self.ready_fd: int | None = None
         self.models = "litellm" in sys.modules  # imported here: every worker has it
         self.warming: threading.Thread | None = None
+        self.warming_since = 0.0
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.listener, selectors.EVENT_READ, "accept")
@@ -280,9 +282,17 @@ class Server:
         every time (4-5 s on this machine). The import runs in a thread of this process and
         no worker is forked meanwhile (a fork while another thread imports could hand the
         child a held import lock); requests go to the idle workers or wait, told ``queued``.
-        Once it is done, the idle workers forked without it are retired and replaced."""
+        Once it is done, the idle workers forked without it are retired and replaced. An
+        import that takes over ``MODELS_WAIT_S`` no longer holds the forks: the workers are
+        forked without it (a request with a model imports it, as before), never tried again.
+        """
         if self.warming is not None:
             if self.warming.is_alive():
+                if time.monotonic() - self.warming_since < MODELS_WAIT_S:
+                    return
+                print(f"choir serve: importing litellm took over {MODELS_WAIT_S:g} s; workers "
+                      "are forked without it", file=sys.stderr, flush=True)
+                self.warming, self.models = None, True
                 return
             self.warming, self.models = None, True
             for worker in self.idle:  # each exits as its channel closes, before any request
@@ -298,6 +308,7 @@ class Server:
             return
         self.warming = threading.Thread(target=_import_models, name="choir-serve-models",
                                         daemon=True)
+        self.warming_since = time.monotonic()
         self.warming.start()
 
     def _fill(self) -> None:
