@@ -32,3 +32,26 @@ def test_quickstart_fails_hypothesizes_fixes_passes_asserts_and_audits_clean(
     # and it leaves no working copy behind in /tmp
     work = out.split("== working copy: ", 1)[1].split()[0]
     assert work.startswith(("/tmp", os.environ.get("TMPDIR", "/tmp"))) and not Path(work).exists()
+
+
+def test_quickstart_stops_with_the_fix_when_the_base_python_has_no_pytest(
+        tmp_path: Path) -> None:
+    """The example's checks run pytest with the Python the venv was made from (a check never
+    sees Choir's venv). A new user's system Python without pytest made every round
+    INCONCLUSIVE and the run halt after its nested rounds; run.sh now says so first."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    base = tmp_path / "base-python3"  # a base interpreter without pytest
+    base.write_text("#!/bin/sh\nexit 1\n")
+    base.chmod(0o755)
+    shim = bin_dir / "python3"  # the venv's python3: names that base
+    shim.write_text(f"#!/bin/sh\necho {base}\n")
+    shim.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}",
+               CHOIR_HOME=str(tmp_path / "home"))
+    proc = subprocess.run(["bash", str(ROOT / "examples/quickstart/run.sh")], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert str(base) in proc.stderr and "python3-pytest" in proc.stderr
+    assert "choir run" not in proc.stdout  # nothing ran
+    assert not (tmp_path / "home").exists()
