@@ -203,11 +203,17 @@ class Server:
         self.listener.close()
         for conn in self.queue:
             conn.close()
+        self._close_idle()
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+
+    def _close_idle(self) -> None:
+        """Close this process's channel to every idle worker (each exits as it closes,
+        before any request) and forget them."""
         for worker in self.idle:
             if worker.ctl is not None:
                 worker.ctl.close()
-        for fd in (self._wake_r, self._wake_w):
-            os.close(fd)
+        self.idle.clear()
 
     def _signals(self) -> None:
         try:
@@ -295,10 +301,7 @@ class Server:
                 self.warming, self.models = None, True
                 return
             self.warming, self.models = None, True
-            for worker in self.idle:  # each exits as its channel closes, before any request
-                if worker.ctl is not None:
-                    worker.ctl.close()
-            self.idle.clear()
+            self._close_idle()  # forked without it: each exits before any request
             return
         if self.models or self.stopping:
             return
