@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,23 +37,67 @@ def test_quickstart_fails_hypothesizes_fixes_passes_asserts_and_audits_clean(
     assert work.startswith(("/tmp", os.environ.get("TMPDIR", "/tmp"))) and not Path(work).exists()
 
 
-def test_quickstart_stops_with_the_fix_when_the_base_python_has_no_pytest(
-        tmp_path: Path) -> None:
-    """The example's checks run pytest with the Python the venv was made from (a check never
-    sees Choir's venv). A new user's system Python without pytest made every round
-    INCONCLUSIVE and the run halt after its nested rounds; run.sh now says so first."""
+def _shim(tmp_path: Path, base: Path) -> dict[str, str]:
+    """An environment whose ``python3`` (Choir's venv, as the README's PATH makes it) reports
+    ``base`` as the Python it was made from, and runs Choir's venv otherwise."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    base = tmp_path / "base-python3"  # a base interpreter without pytest
+    shim = bin_dir / "python3"
+    shim.write_text(f"""#!/bin/sh
+case "$*" in *_base_executable*) echo {base}; echo {Path(sys.prefix).resolve()}; exit 0;; esac
+exec {sys.executable} "$@"
+""")
+    shim.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+               CHOIR_HOME=str(tmp_path / "home"))
+    env.pop("CHOIR_ARTIFACT_DIR", None)
+    env.pop("VIRTUAL_ENV", None)
+    return env
+
+
+@pytest.mark.slow
+def test_quickstart_gives_its_project_a_venv_with_pytest_when_the_base_python_has_none(
+        tmp_path: Path) -> None:
+    """The example's checks run pytest with the Python Choir's venv was made from (a check
+    never sees Choir's venv). On a new user's system Python without pytest every round was
+    INCONCLUSIVE and the run halted after its nested rounds; now the example's project gets
+    a venv with pytest (from the package index, as Choir's install came), and the main job
+    runs to its ASSERT with it."""
+    bare = tmp_path / "bare"  # a Python without pytest, whatever this machine's base has
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    assert subprocess.run([str(bare / "bin/python"), "-c", "import pytest"],
+                          capture_output=True).returncode != 0
+    env = _shim(tmp_path, bare / "bin/python")
+    env.pop("CHOIR_HOME")
+    env["KEEP"] = "1"  # the attestation is read below
+    proc = subprocess.run(["bash", str(ROOT / "examples/quickstart/run.sh")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    work = Path(proc.stdout.split("== working copy: ", 1)[1].split()[0])
+    try:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "has no pytest: the example's project gets a venv with it" in proc.stdout
+        assert "[green] unit#0 PASS in" in proc.stderr
+        assert "ASSERTED  run fix-add-" in proc.stdout and "audit: clean" in proc.stdout
+        # the checks ran with that venv: the ASSERT's attestation names it
+        line = next(row for row in proc.stdout.splitlines() if " ASSERT " in row)
+        shown = subprocess.run(["choir", "attest", "show", line.split()[4]], env=dict(
+            env, CHOIR_HOME=str(work / "choir-home")), capture_output=True, text=True)
+        assert f'"venv": "{work / "venv"}"' in shown.stdout, shown.stdout + shown.stderr
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_quickstart_stops_with_the_fix_when_no_venv_with_pytest_can_be_made(
+        tmp_path: Path) -> None:
+    """Where the example's venv cannot be made (no ``venv`` module, no package index),
+    run.sh says so with the fix (exit 2) and runs nothing, rather than every round ending
+    INCONCLUSIVE."""
+    base = tmp_path / "base-python3"  # a base interpreter that has nothing
     base.write_text("#!/bin/sh\nexit 1\n")
     base.chmod(0o755)
-    shim = bin_dir / "python3"  # the venv's python3: names that base
-    shim.write_text(f"#!/bin/sh\necho {base}\n")
-    shim.chmod(0o755)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}",
-               CHOIR_HOME=str(tmp_path / "home"))
-    proc = subprocess.run(["bash", str(ROOT / "examples/quickstart/run.sh")], env=env,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(["bash", str(ROOT / "examples/quickstart/run.sh")],
+                          env=_shim(tmp_path, base), capture_output=True, text=True,
+                          timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert str(base) in proc.stderr and "python3-pytest" in proc.stderr
     assert "choir run" not in proc.stdout  # nothing ran
