@@ -22,13 +22,15 @@ pytest's ``get_cache_dir`` there for the files under ``$CHOIR_PYTEST_ROOT``. The
 pytest loads one only if it is the same pytest (the tail is in the name) and the source
 hash in its header matches the file (pytest's own check).
 
-What holds: the folder is made for one step, bound read-only, and holds only this tree's
-modules (never another tree's, nor a held-out check's): no step writes it or the cache,
-which no sandbox sees. A file is named by its source's blake3, so no other bytes get its
-code (pytest's own check is a 64-bit hash with a public key: it is not what keeps them
-apart). A module whose rewrite warns (an ``assert (x, "msg")``) is left to the step, which
-warns as pytest does; a project with ``enable_assertion_pass_hook`` rewrites its own (the
-wrapper asks its configuration), as does a pytest of another version.
+What holds: the folder is bound read-only and holds only this tree's modules (never another
+tree's, nor a held-out check's): it is named by exactly the links it holds (each module's
+place and the blake3 of its source), so a kept one serves only a step that would get the
+same links from a fresh one; no step writes it or the cache, which no sandbox sees. A file
+is named by its source's blake3, so no other bytes get its code (pytest's own check is a
+64-bit hash with a public key: it is not what keeps them apart). A module whose rewrite
+warns (an ``assert (x, "msg")``) is left to the step, which warns as pytest does; a project
+with ``enable_assertion_pass_hook`` rewrites its own (the wrapper asks its configuration),
+as does a pytest of another version.
 
 The tree's other modules (its package, a test folder's ``__init__``) are compiled the same
 way: ``compile`` of a sealed file's bytes (nothing of it executes) in a checked-hash ``.pyc``
@@ -59,6 +61,7 @@ import secrets
 import shutil
 import stat
 import sys
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,6 +82,8 @@ FILL_GRACE_S = 2.0  # for the child's start and its last file
 WRAPPER = ".choir"  # the step folder's own: the preset's wrapper, compiled
 WRAPPER_NAME = "<string>"  # the file name its code carries, as ``python3 -c`` gives it
 REFUSED = ".none"  # beside a digest: its module was refused (its rewrite or compile warns)
+KEEP_STEPS = 64  # step folders kept for reuse (``_prune``): each is a few links per module
+PRUNE_AFTER_S = 600.0  # a step folder used this recently is never removed
 
 # (kind, digest) -> (a sealed file's path, its bytes), for ``fill``: the bytes are kept, since
 # the sealed tree is parked (or gone) by the time the request has answered
@@ -146,34 +151,73 @@ def _read(path: str) -> bytes | None:
 @contextlib.contextmanager
 def for_step(tree: Path) -> Iterator[Path | None]:
     """A folder of the cached rewrites of ``tree``'s test modules and the compiled code of
-    its other modules, for one step, removed after it; None when there is none to give (no
-    cache, no module that has one). Those without one are noted for ``fill``."""
+    its other modules, for one step; None when there is none to give (no cache, no module
+    that has one). Those without one are noted for ``fill``.
+
+    The folder is named by what it holds (``_key``), made once and kept: the next step of a
+    tree that would get the same links (the same tree again, a rerun, a second verifier, a
+    tree whose changes touch no module) binds the same folder, and no step pays for making
+    and removing it (its folders' removal alone was 9 of a warm toolz request's 15 ms here).
+    A folder holds exactly what a fresh one for that step would, so no tree is given
+    another's code: the key is every link's place in the folder and its cached file, whose
+    name is its source's blake3. Kept folders are bounded (``KEEP_STEPS``, ``_prune``)."""
     kinds = {kind: made for kind, made in (("rewritten", tail()), ("compiled", compiled()))
              if made is not None and (_filling[0] or _objects(made).is_dir())}
-    if not kinds:
-        yield None
-        return
-    folder = root() / "steps" / secrets.token_hex(8)
-    try:
+    folder = None
+    if kinds:
         try:
-            linked = _build(tree, folder, {kind: (str(_objects(made)), made)
-                                           for kind, made in kinds.items()})
+            folder = _step_folder(tree, {kind: (str(_objects(made)), made)
+                                         for kind, made in kinds.items()})
         except OSError:  # a disk that is full, a cache Choir cannot read: the step makes
-            linked = 0  # its own, as on any read-only tree
-        yield folder if linked else None
+            folder = None  # its own, as on any read-only tree
+    yield folder
+
+
+def _step_folder(tree: Path, kinds: dict[str, tuple[str, str]]) -> Path | None:
+    """The kept folder for ``tree``'s links (made now if none holds them yet); None when
+    there is no link to give."""
+    links = _links(tree, kinds)
+    if not links:
+        return None
+    steps = root() / "steps"
+    folder = steps / _key(links)
+    try:
+        os.utime(folder)  # kept: newest for ``_prune``
+        return folder
+    except FileNotFoundError:
+        pass
+    temp = steps / f".tmp-{secrets.token_hex(8)}"
+    try:
+        if not _build(temp, links):
+            return None
+        try:
+            os.rename(temp, folder)
+        except OSError:  # another step made the same folder first: that one serves
+            if not folder.is_dir():
+                raise
     finally:
         # Choir's own folder, which no step could write: nothing in it is a plant
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(temp, ignore_errors=True)
+    _prune(steps)
+    return folder
 
 
-def _build(tree: Path, folder: Path, kinds: dict[str, tuple[str, str]]) -> int:
-    """Link into ``folder`` the cached code of ``tree``'s modules for ``kinds`` (kind: its
-    objects' folder, its files' ending); how many were linked."""
-    made_here: set[str] = set()  # the step's folders made so far (strings: a path object
-    # per module cost a networkx step more than its links)
-    linked = 0
+def _key(links: list[tuple[str, str, str]]) -> str:
+    """The name of the folder of these links: no part holds a NUL, and none is empty, so a
+    double NUL ends a link and nothing else."""
+    text = "\0\0".join("\0".join(link) for link in links)
+    return blake3.blake3(text.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+def _links(tree: Path, kinds: dict[str, tuple[str, str]]) -> list[tuple[str, str, str]]:
+    """(folder in the step's folder, file name, cached file) of each of ``tree``'s modules
+    for ``kinds`` (kind: its objects' folder, its files' ending) that has cached code, the
+    preset's wrapper first; at most ``MAX_FILES``."""
+    links = []
     if "compiled" in kinds:  # the preset's wrapper itself (``base.PYTEST_STUB``)
-        linked += _link_wrapper(*kinds["compiled"], str(folder), made_here)
+        wrapper = _wrapper(*kinds["compiled"])
+        if wrapper is not None:
+            links.append(wrapper)
     base = str(tree)
     for where, name, test in _modules(tree):
         kind = "rewritten" if test else "compiled"
@@ -187,32 +231,61 @@ def _build(tree: Path, folder: Path, kinds: dict[str, tuple[str, str]]) -> int:
         cached = _cached(kind, objects, path, data)
         if cached is None:
             continue
+        links.append((os.path.relpath(where, base), name[:-3] + made, cached))
+        if len(links) >= MAX_FILES:
+            break
+    return links
+
+
+def _build(folder: Path, links: list[tuple[str, str, str]]) -> int:
+    """Make ``folder`` with ``links``; how many were linked."""
+    made_here: set[str] = set()  # the step's folders made so far (strings: a path object
+    # per module cost a networkx step more than its links)
+    linked = 0
+    for rel, name, cached in links:
         try:
-            into = _folder(str(folder), os.path.relpath(where, base), made_here)
-            os.link(cached, os.path.join(into, name[:-3] + made))
+            into = _folder(str(folder), rel, made_here)
+            os.link(cached, os.path.join(into, name))
         except (FileExistsError, NotADirectoryError, IsADirectoryError):
             # a tree folder named like a module's file here (``calc.cpython-311.pyc/``)
             # took its place, or the other way round: that module is compiled by the
             # step, as on any read-only tree (a link never stands where a folder is)
             continue
         linked += 1
-        if linked >= MAX_FILES:
-            break
     return linked
 
 
-def _link_wrapper(objects: str, made: str, folder: str, made_here: set[str]) -> int:
-    """Link the compiled pytest preset's wrapper into ``folder/WRAPPER`` (a folder no tree
-    module's can be: a walk enters no folder whose name starts with a dot); 1 when linked,
-    else 0 (noted for ``fill`` then)."""
+def _prune(steps: Path) -> None:
+    """Past ``2 * KEEP_STEPS`` folders in ``steps``, remove the least recently used down to
+    ``KEEP_STEPS`` (so the removal, a millisecond a folder on this disk, is paid once per
+    ``KEEP_STEPS`` new folders); a leftover of a maker that died (``.tmp-``) goes then too.
+    A folder used in the last ``PRUNE_AFTER_S`` stays: a step may be reading it (one that
+    lost its folder anyway compiles its own code, as on any read-only tree)."""
+    try:
+        entries = list(os.scandir(steps))
+    except OSError:
+        return
+    if len(entries) <= 2 * KEEP_STEPS:
+        return
+    aged = []
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            aged.append((entry.stat(follow_symlinks=False).st_mtime, entry.path))
+    aged.sort()
+    recent = time.time() - PRUNE_AFTER_S
+    for mtime, path in aged[:len(aged) - KEEP_STEPS]:
+        if mtime < recent:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _wrapper(objects: str, made: str) -> tuple[str, str, str] | None:
+    """The link of the compiled pytest preset's wrapper: ``WRAPPER/pytest<made>`` (a folder
+    no tree module's can be: a walk enters no folder whose name starts with a dot); None
+    when it has none yet (noted for ``fill`` then)."""
     from choir.sandbox.base import pytest_source
 
     cached = _cached("compiled", objects, WRAPPER_NAME, pytest_source().encode("utf-8"))
-    if cached is None:
-        return 0
-    into = _folder(folder, WRAPPER, made_here)
-    os.link(cached, os.path.join(into, "pytest" + made))
-    return 1
+    return None if cached is None else (WRAPPER, "pytest" + made, cached)
 
 
 def _cached(kind: str, objects: str, path: str, data: bytes) -> str | None:
@@ -334,7 +407,6 @@ def _fill_child() -> None:
     """``fill``'s child: the modules on stdin made into the cache."""
     import math
     import resource
-    import time
 
     top, jobs, limit_s = marshal.loads(sys.stdin.buffer.read())
     cpu = math.ceil(limit_s) + 1

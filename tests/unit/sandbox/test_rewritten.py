@@ -13,6 +13,7 @@ import importlib.util
 import marshal
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -92,7 +93,10 @@ def test_a_filled_rewrite_is_loaded_by_the_step_and_fails_as_pytests_own(
         assert loaded(served, folder) == [f"calc{rewritten.compiled()}"]
         stub = step(tree, folder, wrapper=pytest_command())  # $CHOIR_PYTEST: the wrapper
         # from the folder's compiled copy
-    assert not folder.exists()  # one step's folder, removed after it
+    kept = folder.stat().st_ino  # kept: the next step given the same links binds it
+    with rewritten.for_step(first) as again:  # the same bytes at the same places
+        assert again == folder and again.stat().st_ino == kept
+    assert [p.name for p in (cache / "steps").iterdir()] == [folder.name]
     untimed = [re.sub(r" in [0-9.]+s", "", proc.stdout) for proc in (stub, served)]
     assert stub.returncode == served.returncode and untimed[0] == untimed[1]
     assert found(plain) == []  # the control: without the folder pytest rewrote each itself
@@ -347,3 +351,84 @@ def test_a_folder_that_cannot_be_made_gives_the_step_none(
     with rewritten.for_step(tree) as folder:
         assert folder is None
     assert list((cache / "steps").iterdir()) == []
+
+
+def _filled(root: Path, files: dict[str, str]) -> tuple[Path, Path]:
+    """A tree of ``files``, its modules' code made, and its step's folder."""
+    tree = tree_of(root, files)
+    with rewritten.for_step(tree):
+        pass
+    rewritten.fill()
+    with rewritten.for_step(tree) as folder:
+        assert folder is not None
+    return tree, folder
+
+
+def test_a_kept_folder_serves_only_a_step_that_would_get_the_same_links(
+        tmp_path: Path, cache: Path) -> None:
+    """A kept folder is never another tree's: the second tree's test module differs by one
+    assert, and its step gets a folder of its own whose rewrite is of its own bytes (it
+    passes where the first tree's code would fail); the first tree's folder is untouched."""
+    first, one = _filled(tmp_path / "first", TESTS)
+    fixed = dict(TESTS, **{"tests/test_calc.py": TESTS["tests/test_calc.py"].replace("6", "5")})
+    second, two = _filled(tmp_path / "second", fixed)
+    assert one != two and one.is_dir() and two.is_dir()
+
+    def code(folder: Path, tree: Path) -> Path:
+        return cache / (rewritten.tail() or "").lstrip(".") / blake3.blake3(
+            (tree / "tests/test_calc.py").read_bytes()).hexdigest()
+
+    linked = one / "tests" / f"test_calc{rewritten.tail()}"
+    assert linked.stat().st_ino == code(one, first).stat().st_ino
+    assert (two / linked.relative_to(one)).stat().st_ino == code(two, second).stat().st_ino
+    served = step(second, two)
+    assert served.returncode == 0 and found(served), served.stdout + served.stderr
+    assert step(first, one).returncode == 1
+
+
+def test_two_steps_making_the_same_folder_share_the_one_made_first(
+        tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree, folder = _filled(tmp_path / "tree", TESTS)
+    shutil.rmtree(folder)
+    build = rewritten._build
+
+    def raced(temp: Path, links: list[tuple[str, str, str]]) -> int:
+        build(folder, links)  # another step's, renamed into place while this one made its own
+        return build(temp, links)
+
+    monkeypatch.setattr(rewritten, "_build", raced)
+    with rewritten.for_step(tree) as again:
+        assert again == folder
+    assert [p.name for p in (cache / "steps").iterdir()] == [folder.name]  # no temp left
+
+
+def test_kept_folders_are_bounded_and_one_in_use_stays(
+        tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past twice ``KEEP_STEPS`` folders the least recently used go, down to ``KEEP_STEPS``,
+    with a maker's leftover; one used within ``PRUNE_AFTER_S`` never does."""
+    monkeypatch.setattr(rewritten, "KEEP_STEPS", 2)
+    steps = cache / "steps"
+    trees = [tree_of(tmp_path / f"t{n}", {**TESTS, "calc.py": CALC + f"N = {n}\n"})
+             for n in range(7)]
+    for tree in trees:
+        with rewritten.for_step(tree):
+            pass
+    rewritten.fill()
+    assert not steps.exists()  # nothing was cached for the steps before the fill
+
+    def made(tree: Path) -> Path:
+        with rewritten.for_step(tree) as folder:
+            assert folder is not None
+        return folder
+
+    folders = [made(tree) for tree in trees[:5]]  # not past 4 yet: every one stays
+    assert sorted(p.name for p in steps.iterdir()) == sorted(f.name for f in folders)
+    leftover = steps / ".tmp-0123456789abcdef"  # a maker that died
+    leftover.mkdir()
+    os.utime(leftover, (time.time() - 10_000,) * 2)
+    folders.append(made(trees[5]))  # seven entries, five of them in use (just made)
+    assert sorted(p.name for p in steps.iterdir()) == sorted(f.name for f in folders)
+    for age, folder in enumerate(folders[:5]):  # unused for hours now; the sixth just made
+        os.utime(folder, (time.time() - 10_000 + age,) * 2)
+    last = made(trees[6])
+    assert sorted(p.name for p in steps.iterdir()) == sorted([folders[5].name, last.name])
