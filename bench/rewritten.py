@@ -71,7 +71,7 @@ def main() -> None:
         made = rewritten.fill(limit_s=600)
         print(f"{args.project}: {noted} modules; first walk {walk * 1000:.0f} ms; "
               f"fill made {made} in {time.perf_counter() - start:.1f} s")
-        without, rewrites, with_, given = [], [], [], []
+        without, rewrites, with_, given, left = [], [], [], [], []
         for _ in range(args.runs):
             without.append(step(None))
             start = time.perf_counter()
@@ -84,7 +84,10 @@ def main() -> None:
                         f for f in n if f.endswith(".pyc") and "-pytest-" not in f])
                     rewrites.append(step(alone))
                     shutil.rmtree(alone)
-        print(f"folder for one step: median {statistics.median(given) * 1000:.0f} ms")
+                start = time.perf_counter()
+            left.append(time.perf_counter() - start)
+        print(f"folder for one step: median {statistics.median(given) * 1000:.1f} ms to be "
+              f"given, {statistics.median(left) * 1000:.1f} ms to be given back")
         print(f"pytest CPU without: median {statistics.median(without):.3f} s")
         for name, row in (("rewrites alone", rewrites), ("the whole folder", with_)):
             if len(row) == len(without):

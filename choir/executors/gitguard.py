@@ -9,7 +9,7 @@ every sandbox, at their next ``git status`` (a shell prompt with git in it runs 
 line; review 25).
 
 So everything in ``.git`` but the history an executor may write (``HISTORY``: objects, refs,
-logs, the index, HEAD and the files of a commit, merge or rebase in progress), in ``.git``
+logs, the index, HEAD and the heads of a merge or pick in progress), in ``.git``
 and in every git folder below it (a folder holding a ``HEAD`` file: ``modules/<name>``,
 ``worktrees/<name>``), is read before the executor starts (``save``) and put back once its
 sandbox has ended with every process in it (``restore``): a changed or replaced entry is
@@ -44,9 +44,12 @@ HISTORY = frozenset({
     "packed-refs", "shallow", "MERGE_HEAD", "MERGE_MSG", "MERGE_MODE", "MERGE_RR", "AUTO_MERGE",
     "REBASE_HEAD", "CHERRY_PICK_HEAD", "REVERT_HEAD", "BISECT_LOG", "BISECT_START",
     "BISECT_TERMS", "BISECT_EXPECTED_REV", "BISECT_ANCESTORS_OK", "BISECT_NAMES", "BISECT_RUN",
-    "sequencer", "rebase-merge", "rebase-apply", "rr-cache", "lfs", "annex"})
+    "rr-cache", "lfs", "annex"})
 """What an executor may change in a git folder: history and its work in progress, which git
-reads as data, never as a program to run."""
+reads as data, never as a program to run. Not a rebase, cherry-pick or am in progress
+(``rebase-merge/``, ``rebase-apply/``, ``sequencer/``): a rebase's todo list holds ``exec``
+lines, which the user's ``git rebase --continue`` runs as the user, so one the executor
+leaves is removed like any plant (one the user had before is put back)."""
 MAX_BYTES = 32 << 20  # control files read into memory, at most (a real .git holds kilobytes)
 MAX_ENTRIES = 100_000
 QUARANTINE = ".git.choir-replaced"

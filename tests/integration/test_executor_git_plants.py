@@ -10,6 +10,8 @@ commit the executor made (history) stays.
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import textwrap
@@ -116,4 +118,41 @@ def test_a_repo_an_executor_plants_in_a_subfolder_never_runs_at_the_users_git_th
     subprocess.run(["git", "-C", str(repo / "sub"), "config", "core.fsmonitor", monitor],
                    check=True)
     subprocess.run(["git", "-C", str(repo / "sub"), "status"], capture_output=True)
+    assert loot.exists(), "the plant never runs: this test proves nothing"
+
+
+def test_an_executors_rebase_left_in_progress_never_runs_its_exec_at_the_users_continue(
+        tmp_path: Path, choir_home: Path) -> None:
+    """Review 26's open item: a rebase's todo list was counted as history, so an executor
+    could leave an interactive rebase stopped at a ``break`` with an ``exec`` line after it,
+    and the user's ``git rebase --continue`` (what ``git status`` tells them to type) ran
+    the line as the user. A rebase, cherry-pick or am in progress is now guarded like the
+    rest of git's control files: the executor's is removed once its sandbox ends."""
+    repo = make_repo(tmp_path)
+    commit_all(repo)
+    loot = tmp_path / "loot"
+    who = "git -c user.name=x -c user.email=x@x -c core.hooksPath=/dev/null"
+    plant = (f"echo '# ok' >> calc.py && {who} commit -qam executor && "
+             f"GIT_SEQUENCE_EDITOR=\"printf 'break\\nexec touch {loot}\\n' >\" "
+             f"{who} rebase -q -i HEAD && test -d .git/rebase-merge")
+    item = tmp_path / "item.yaml"
+    item.write_text(f"id: rebase\ngoal: add must add\nrepo: ./repo\nmax_attempts: 1\n"
+                    f"executor:\n  kind: command\n  command: {json.dumps(plant)}\n")
+    proc = subprocess.run([PY, "-m", "choir", "run", str(item)], capture_output=True,
+                          text=True, timeout=300)
+    assert "ASSERTED" in proc.stdout, proc.stdout + proc.stderr
+    assert "rebase-merge" in proc.stderr, proc.stderr  # said, with what was undone
+    assert not (repo / ".git" / "rebase-merge").exists()
+    log = subprocess.run(["git", "-C", str(repo), "log", "--format=%s"], check=True,
+                         capture_output=True, text=True).stdout.split()
+    assert log == ["executor", "base"]  # the executor's commit (history) stays
+    user = ["git", "-C", str(repo), "-c", "user.name=u", "-c", "user.email=u@u"]
+    subprocess.run([*user, "status"], capture_output=True, check=True)
+    subprocess.run([*user, "rebase", "--continue"], capture_output=True)
+    assert not loot.exists(), "the executor's exec line ran as the user"
+    # the control: the same rebase stopped by hand runs its exec at the user's --continue
+    subprocess.run([*user, "rebase", "-q", "-i", "HEAD"], capture_output=True, check=True,
+                   env={**os.environ,
+                        "GIT_SEQUENCE_EDITOR": f"printf 'break\\nexec touch {loot}\\n' >"})
+    subprocess.run([*user, "rebase", "--continue"], capture_output=True)
     assert loot.exists(), "the plant never runs: this test proves nothing"
