@@ -25,6 +25,15 @@ them. So ``save`` finds every one (a walk of the work tree that enters no link, 
 and none of the folders the executor sees read-only) and guards those that were there the
 same way; ``restore`` walks again and removes every one the executor added, whatever it is
 (folder, file or link; a link is removed, never what it names).
+
+The repo's config can name places in the work tree for git to run or read as well: the
+hooks folder ``core.hooksPath`` names (husky's ``.husky/_``, often ignored, so a change there
+shows in no diff) and the files ``include.path`` or ``includeIf.*.path`` name. The user's
+next ``git commit`` ran a hook the executor wrote there, and their next ``git status`` a
+``core.fsmonitor`` it added to an included file. So those places, as the config names them
+before the executor runs (``_config_paths``), are kept whole too and put back as they were:
+what git itself runs or reads is no part of an executor's change. Each is reached from the
+repo by plain folders only; one the executor put behind a link stops the round.
 """
 
 from __future__ import annotations
@@ -37,7 +46,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from choir._core.errors import SandboxError
+from choir.evidence.git import locate
 from choir.evidence.store import rmtree
+from choir.exceptions import UserError
 
 HISTORY = frozenset({
     "objects", "refs", "logs", "index", "HEAD", "ORIG_HEAD", "FETCH_HEAD", "COMMIT_EDITMSG",
@@ -79,6 +90,9 @@ class Saved:
     nested: dict[str, Saved] = field(default_factory=dict)
     skip: dict[str, tuple[int, int]] = field(default_factory=dict)
     unread: frozenset[str] = frozenset()
+    # on the repo's own: the places in the work tree its config names for git to run or
+    # read (``_config_paths``), by path from the repo, each kept whole
+    named: dict[str, Saved] = field(default_factory=dict)
 
 
 def _entry(path: Path, st: os.stat_result, saved: Saved | None = None) -> _Entry:
@@ -191,6 +205,9 @@ def save(repo: Path, skip: Iterable[Path] = ()) -> Saved:
     executor runs; ``skip``: folders inside the repo the executor sees read-only (not
     walked while they are the same folders: nothing can be planted there)."""
     saved = _save(repo / ".git")
+    for rel in _config_paths(repo):
+        if _plain_parents(repo, rel):  # else the user's own link: git follows it, and so
+            saved.named[rel] = _save(repo / rel, history=False)  # would the removal
     for path in skip:
         ident = _identity(path)
         if path != repo and path.is_relative_to(repo) and ident is not None:
@@ -209,7 +226,9 @@ def save(repo: Path, skip: Iterable[Path] = ()) -> Saved:
     return saved
 
 
-def _save(git: Path) -> Saved:
+def _save(git: Path, *, history: bool = True) -> Saved:
+    """Every entry under ``git`` but, with ``history``, the history of each git folder in
+    it; a place that is no folder is kept as ``top``."""
     saved = Saved(git)
     try:
         st = os.lstat(git)
@@ -219,7 +238,8 @@ def _save(git: Path) -> Saved:
         saved.top = _entry(git, st, saved)
         return saved
     saved.ident, saved.mode = (st.st_dev, st.st_ino), stat.S_IMODE(st.st_mode)
-    saved.gitdirs.add("")
+    if history:
+        saved.gitdirs.add("")
     todo = [("", git)]
     while todo:
         rel, folder = todo.pop()
@@ -231,10 +251,88 @@ def _save(git: Path) -> Saved:
                                    "git's history: Choir cannot keep them from the executor; "
                                    "the executor was not run")
             if stat.S_ISDIR(est.st_mode):
-                if _is_gitdir(path):
+                if history and _is_gitdir(path):
                     saved.gitdirs.add(child)
                 todo.append((child, path))
     return saved
+
+
+CONFIG_KEYS = r"^(core\.hookspath|include\.path|includeif\..*\.path)$"
+
+
+def _config_paths(repo: Path) -> list[str]:
+    """Places in ``repo``'s work tree, by path from it, that the repo's own config (and the
+    files it includes) names for git to run or read: the ``core.hooksPath`` folder (relative
+    to the work tree's top) and the ``include.path``/``includeIf.*.path`` files (relative to
+    the file naming them); none inside ``.git``, which is guarded already. Read by a git of
+    Choir's (nothing inherited, nothing the config names run), ``--local`` only."""
+    try:
+        git = locate(repo)
+    except UserError:  # a repo Choir refuses to read: refused where it is verified
+        return []
+    if git is None:
+        return []
+    out = git.run("config", "--local", "--includes", "--show-origin", "-z", "--get-regexp",
+                  CONFIG_KEYS, timeout=30)
+    parts = os.fsdecode(out or b"").split("\0")
+    root = os.path.normpath(git.root)
+    found: set[str] = set()
+    for origin, pair in zip(parts[0::2], parts[1::2], strict=False):
+        key, _, value = pair.partition("\n")
+        if not value or not origin.startswith("file:"):
+            continue
+        value = os.path.expanduser(value)
+        base = root if key == "core.hookspath" else os.path.dirname(
+            os.path.join(root, origin[len("file:"):]))
+        path = os.path.normpath(os.path.join(base, value))
+        rel = os.path.relpath(path, root)
+        if rel == "." or rel.startswith("..") or rel.split(os.sep)[0] == ".git":
+            continue
+        found.add(rel)
+    return sorted(found)
+
+
+def _plain_parents(repo: Path, rel: str) -> bool:
+    """Whether every folder from ``repo`` down to ``rel``'s parent is a plain folder (no
+    link): a missing one counts (nothing is there to follow)."""
+    folder = repo
+    for part in Path(rel).parts[:-1]:
+        folder = folder / part
+        try:
+            if not stat.S_ISDIR(os.lstat(folder).st_mode):
+                return False
+        except FileNotFoundError:
+            return True
+    return True
+
+
+def _restore_named(repo: Path, rel: str, saved: Saved) -> list[str]:
+    """Put the place ``rel`` names back whole as ``saved`` holds it; ``[rel]`` when it had
+    changed. Missing parent folders are made; a parent that is now a link raises."""
+    path = repo / rel
+    if not _plain_parents(repo, rel):
+        raise SandboxError(f"{rel}, which the repo's git config names for git to run or "
+                           "read, now lies behind a link the executor made: remove the link "
+                           "before running again")
+    now = _save(path, history=False)
+    if (now.top, now.mode, now.entries) == (saved.top, saved.mode, saved.entries) and \
+            (now.ident is None) == (saved.ident is None):
+        return []
+    if os.path.lexists(path):
+        _remove(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if saved.top is not None:
+        _put(path, saved.top)
+    elif saved.ident is not None:
+        _put(path, _Entry("dir", saved.mode | 0o700))
+        for child in sorted(saved.entries):  # a folder before what it holds
+            if saved.entries[child].kind != "other":
+                _put(path / child, saved.entries[child])
+        for child in sorted(saved.entries, reverse=True):  # modes last: a folder's may
+            if saved.entries[child].kind == "dir":  # deny its making
+                os.chmod(path / child, saved.entries[child].mode)
+        os.chmod(path, saved.mode)
+    return [rel]
 
 
 def _remove(path: Path) -> None:
@@ -293,6 +391,11 @@ def restore(saved: Saved) -> list[str]:
                 failures.append(f"{rel}: {exc}")
     finally:
         walk.close()
+    for rel, before in saved.named.items():
+        try:
+            undone += _restore_named(repo, rel, before)
+        except (OSError, SandboxError) as exc:
+            failures.append(f"{rel}: {exc}")
     try:
         undone += _restore(saved)
     except SandboxError as exc:

@@ -156,3 +156,43 @@ def test_an_executors_rebase_left_in_progress_never_runs_its_exec_at_the_users_c
                         "GIT_SEQUENCE_EDITOR": f"printf 'break\\nexec touch {loot}\\n' >"})
     subprocess.run([*user, "rebase", "--continue"], capture_output=True)
     assert loot.exists(), "the plant never runs: this test proves nothing"
+
+
+def test_a_hook_or_included_config_the_repos_config_names_in_the_tree_is_put_back(
+        tmp_path: Path, choir_home: Path) -> None:
+    """Review 26's other open item: the repo's config names places in the work tree for git
+    to run or read (husky's ``core.hooksPath=.husky/_``, ignored, so a change there shows
+    in no diff; an ``include.path`` of a file in the tree). The executor rewrote the hook
+    and added ``core.fsmonitor`` to the included file; the run ASSERTed and the user's next
+    commit and status ran both as the user. Now both are put back, and the run says so."""
+    repo = make_repo(tmp_path)
+    (repo / ".gitignore").write_text(".husky/_/\n.gitconfig-local\n")
+    hooks = repo / ".husky" / "_"
+    hooks.mkdir(parents=True)
+    (hooks / "pre-commit").write_text("#!/bin/sh\nexit 0\n")
+    (hooks / "pre-commit").chmod(0o755)
+    (repo / ".gitconfig-local").write_text("[user]\n\tname = u\n")
+    commit_all(repo)
+    for key, value in (("core.hooksPath", ".husky/_"), ("include.path", "../.gitconfig-local")):
+        subprocess.run(["git", "-C", str(repo), "config", key, value], check=True)
+    hook, included = (hooks / "pre-commit").read_bytes(), (repo / ".gitconfig-local").read_bytes()
+    loot, watched = tmp_path / "loot", tmp_path / "watched"
+    plant = (f"printf '#!/bin/sh\\ntouch {loot}\\n' > .husky/_/pre-commit && "
+             f"printf '[core]\\n\\tfsmonitor = touch {watched}; false\\n' >> .gitconfig-local "
+             "&& echo '# ok' >> calc.py")
+    proc = run_item(tmp_path, "hooks", plant)
+    assert "ASSERTED" in proc.stdout, proc.stdout + proc.stderr
+    assert ".husky/_" in proc.stderr and ".gitconfig-local" in proc.stderr, proc.stderr
+    assert (hooks / "pre-commit").read_bytes() == hook
+    assert (hooks / "pre-commit").stat().st_mode & 0o777 == 0o755
+    assert (repo / ".gitconfig-local").read_bytes() == included
+    assert (repo / "calc.py").read_text().endswith("# ok\n")  # the executor's work stays
+    user = ["git", "-C", str(repo), "-c", "user.email=u@u"]
+    subprocess.run([*user, "status"], capture_output=True, check=True)
+    subprocess.run([*user, "commit", "-qam", "user"], capture_output=True, check=True)
+    assert not loot.exists() and not watched.exists(), "the executor's plant ran as the user"
+    # the control: the same plants written by hand run at the user's git
+    subprocess.run(["bash", "-c", plant.rsplit(" && ", 1)[0]], cwd=repo, check=True)
+    subprocess.run([*user, "status"], capture_output=True)
+    subprocess.run([*user, "commit", "-q", "--allow-empty", "-m", "again"], capture_output=True)
+    assert loot.exists() and watched.exists(), "the plants never run: this test proves nothing"

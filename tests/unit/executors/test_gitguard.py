@@ -300,3 +300,71 @@ def test_a_read_only_folder_moved_aside_is_walked_again(repo: Path) -> None:
     git(repo, "init", "-q", "tests/spec")
     assert gitguard.restore(saved) == ["tests/spec/.git"]
     assert not (repo / "tests" / "spec" / ".git").exists()
+
+
+@pytest.fixture
+def husky(repo: Path) -> Path:
+    """The repo with a hooks folder in its work tree (husky's) and an included config file
+    there, both named by its config."""
+    hooks = repo / ".husky" / "_"
+    hooks.mkdir(parents=True)
+    (hooks / "pre-commit").write_text("#!/bin/sh\nexit 0\n")
+    (hooks / "pre-commit").chmod(0o755)
+    (repo / "conf").mkdir()
+    (repo / "conf" / "git.cfg").write_text("[user]\n\tname = u\n")
+    git(repo, "config", "core.hooksPath", ".husky/_")
+    git(repo, "config", "include.path", "../conf/git.cfg")
+    return repo
+
+
+def test_the_places_the_config_names_are_kept_whole_and_put_back(husky: Path) -> None:
+    before = {**tree_of(husky / ".husky"), **tree_of(husky / "conf")}
+    saved = gitguard.save(husky)
+    assert sorted(saved.named) == [".husky/_", "conf/git.cfg"]
+    (husky / ".husky" / "_" / "pre-commit").write_text("#!/bin/sh\ntouch loot\n")
+    (husky / ".husky" / "_" / "post-checkout").write_text("#!/bin/sh\ntouch loot\n")
+    (husky / "conf" / "git.cfg").unlink()
+    (husky / "conf" / "git.cfg").symlink_to("/etc/passwd")
+    assert gitguard.restore(saved) == [".husky/_", "conf/git.cfg"]
+    assert {**tree_of(husky / ".husky"), **tree_of(husky / "conf")} == before
+    assert gitguard.restore(gitguard.save(husky)) == []  # nothing changed: nothing said
+
+
+def test_a_hooks_folder_removed_or_made_a_file_is_made_again(husky: Path) -> None:
+    before = tree_of(husky / ".husky")
+    for plant in ("removed", "a file", "parent removed"):
+        saved = gitguard.save(husky)
+        if plant == "parent removed":
+            subprocess.run(["rm", "-rf", str(husky / ".husky")], check=True)
+        else:
+            subprocess.run(["rm", "-rf", str(husky / ".husky" / "_")], check=True)
+        if plant == "a file":
+            (husky / ".husky" / "_").write_text("#!/bin/sh\n")
+        assert gitguard.restore(saved) == [".husky/_"], plant
+        assert tree_of(husky / ".husky") == before, plant
+
+
+def test_a_hooks_folder_put_behind_a_link_stops_the_round_and_writes_nothing_there(
+        husky: Path, tmp_path: Path) -> None:
+    """The executor replaces ``.husky`` with a link to a folder of the user's: the user's git
+    would follow it to run hooks, and putting the folder back through it would write and
+    remove there. The round stops, saying so; nothing is written through the link."""
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "_").mkdir(parents=True)
+    (elsewhere / "_" / "keep").write_text("the user's\n")
+    theirs = tree_of(elsewhere)
+    saved = gitguard.save(husky)
+    subprocess.run(["rm", "-rf", str(husky / ".husky")], check=True)
+    (husky / ".husky").symlink_to(elsewhere)
+    with pytest.raises(SandboxError, match=r"\.husky/_.*behind a link"):
+        gitguard.restore(saved)
+    assert tree_of(elsewhere) == theirs
+
+
+def test_only_the_repos_own_config_is_read_and_nothing_in_git_twice(repo: Path) -> None:
+    """A hooks folder inside ``.git`` is guarded with it already; one outside the work tree
+    is not the executor's to write; the user's global config is not read (a Choir git)."""
+    git(repo, "config", "core.hooksPath", ".git/myhooks")
+    git(repo, "config", "include.path", "/etc/gitconfig-elsewhere")
+    git(repo, "config", "--add", "include.path", "../../outside.cfg")
+    assert gitguard.save(repo).named == {}
