@@ -14,7 +14,12 @@ container is not a child: the Docker backend registers how to kill each one whil
 ``stop_runs`` is the narrow form, for a process that runs other verifications beside the
 one it stops (an ``llm`` executor's gate inside a plan): every step is registered, while it
 streams, under the run id its thread is running (``running``), and only the groups of the
-runs named are killed."""
+runs named are killed.
+
+The same registration tells a caller when a run's first step is under way (``begun``):
+work that may run beside the step, but would slow its launch by holding the interpreter
+lock (the launch is many short system calls, each waiting for the lock again), waits for
+it."""
 
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ _RUN = threading.local()  # the run id this thread's steps belong to
 # pid), or a container (a token of its own; no child of this process)
 _LIVE: dict[object, tuple[str, Callable[[], bool]]] = {}
 _STOPPED: set[str] = set()  # rounds stopped: a step of theirs that starts later is killed
+_BEGUN: dict[str, threading.Event] = {}  # run id -> set once a step of it started (``begun``)
 _LOCK = threading.Lock()
 
 
@@ -58,6 +64,9 @@ def _register(key: object, kill: Callable[[], bool]) -> None:
         run = getattr(_RUN, "run_id", "")
         _LIVE[key] = (run, kill)
         doomed = any(_of(run, round_id) for round_id in _STOPPED)
+        begun = _BEGUN.get(run)
+    if begun is not None:
+        begun.set()
     if doomed:
         kill()
 
@@ -100,6 +109,22 @@ def container(kill: Callable[[], object]) -> Iterator[None]:
         yield
     finally:
         _unregister(token)
+
+
+@contextmanager
+def begun(run_id: str) -> Iterator[threading.Event]:
+    """An event set once a step of run ``run_id`` has started (its sandbox's process, or its
+    container, is running), inside the block; the caller sets it too when the run ends
+    without one (replayed, refused, run elsewhere)."""
+    event = threading.Event()
+    with _LOCK:
+        _BEGUN[run_id] = event
+    try:
+        yield event
+    finally:
+        with _LOCK:
+            if _BEGUN.get(run_id) is event:
+                del _BEGUN[run_id]
 
 
 def _kill_all(which: Callable[[object, str], bool]) -> int:
@@ -151,4 +176,5 @@ def stop_steps() -> int:
     return killed
 
 
-__all__ = ["container", "ended", "forget", "running", "started", "stop_runs", "stop_steps"]
+__all__ = ["begun", "container", "ended", "forget", "running", "started", "stop_runs",
+           "stop_steps"]
