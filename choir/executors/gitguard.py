@@ -307,23 +307,40 @@ def _plain_parents(repo: Path, rel: str) -> bool:
 
 
 def _restore_named(repo: Path, rel: str, saved: Saved) -> list[str]:
-    """Put the place ``rel`` names back whole as ``saved`` holds it; ``[rel]`` when it had
-    changed. Missing parent folders are made; a parent that is now a link raises."""
+    """Put the place ``rel`` names back whole as ``saved`` holds it; what was undone, by
+    path from ``repo``. A parent that is no plain folder now (a link the executor made, so
+    that the user's git would follow it) is removed itself, never what it names, and plain
+    folders are made in its place; a place that cannot be read (made unreadable, grown past
+    the bound) counts as changed and is removed unread."""
     path = repo / rel
-    if not _plain_parents(repo, rel):
-        raise SandboxError(f"{rel}, which the repo's git config names for git to run or "
-                           "read, now lies behind a link the executor made: remove the link "
-                           "before running again")
-    now = _save(path, history=False)
-    if (now.top, now.mode, now.entries) == (saved.top, saved.mode, saved.entries) and \
-            (now.ident is None) == (saved.ident is None):
-        return []
+    undone: list[str] = []
+    folder = repo
+    for part in Path(rel).parts[:-1]:
+        folder = folder / part
+        try:
+            if stat.S_ISDIR(os.lstat(folder).st_mode):
+                continue
+        except FileNotFoundError:
+            break
+        _remove(folder)
+        undone.append(str(folder.relative_to(repo)))
+        break
+    try:
+        now = _save(path, history=False)
+        same = (now.top, now.mode, now.entries) == (saved.top, saved.mode, saved.entries) \
+            and (now.ident is None) == (saved.ident is None)
+    except (OSError, SandboxError):
+        same = False
+    if same:
+        return undone
     if os.path.lexists(path):
         _remove(path)
+    if saved.top is None and saved.ident is None:  # it was not there
+        return [*undone, rel]
     path.parent.mkdir(parents=True, exist_ok=True)
     if saved.top is not None:
         _put(path, saved.top)
-    elif saved.ident is not None:
+    else:
         _put(path, _Entry("dir", saved.mode | 0o700))
         for child in sorted(saved.entries):  # a folder before what it holds
             if saved.entries[child].kind != "other":
@@ -332,7 +349,7 @@ def _restore_named(repo: Path, rel: str, saved: Saved) -> list[str]:
             if saved.entries[child].kind == "dir":  # deny its making
                 os.chmod(path / child, saved.entries[child].mode)
         os.chmod(path, saved.mode)
-    return [rel]
+    return [*undone, rel]
 
 
 def _remove(path: Path) -> None:
@@ -433,6 +450,7 @@ def _restore(saved: Saved) -> list[str]:
                            f"what it left is moved to {aside}, where no git reads it: restore "
                            ".git from a clone before running again")
     undone: list[str] = []
+    failed: list[str] = []  # entries that could not be put back: the walk goes on past them
     if stat.S_IMODE(st.st_mode) != saved.mode:
         os.chmod(git, saved.mode)
         undone.append("")
@@ -442,27 +460,54 @@ def _restore(saved: Saved) -> list[str]:
     todo = [""]
     while todo:
         rel = todo.pop()
-        present = _children(git / rel if rel else git, rel, rel in saved.gitdirs)
+        try:
+            present = _children(git / rel if rel else git, rel, rel in saved.gitdirs)
+        except OSError as exc:
+            failed.append(f".git/{rel}: {exc}")
+            continue
         for child, path in present.items():
-            want, est = saved.entries.get(child), os.lstat(path)
-            if want is None:
-                _remove(path)
-                undone.append(child)
-            elif _kind(est) != want.kind or (want.kind in ("file", "link")
-                                              and _entry(path, est) != want):
-                _remove(path)
-                _put(path, want)
-                undone.append(child)
-            elif want.kind == "dir" and stat.S_IMODE(est.st_mode) != want.mode:
-                os.chmod(path, want.mode)
-                undone.append(child)
+            try:
+                if _undo(path, saved.entries.get(child)):
+                    undone.append(child)
+            except (OSError, SandboxError) as exc:
+                failed.append(f".git/{child}: {exc}")
         for child in kids.get(rel, []):
-            if child not in present and saved.entries[child].kind != "other":
-                _put(git / child, saved.entries[child])
-                undone.append(child)
+            try:
+                if child not in present and saved.entries[child].kind != "other":
+                    _put(git / child, saved.entries[child])
+                    undone.append(child)
+            except OSError as exc:
+                failed.append(f".git/{child}: {exc}")
             if saved.entries[child].kind == "dir":
                 todo.append(child)
+    if failed:
+        raise SandboxError("; ".join(failed[:5]))
     return sorted(f".git/{rel}".rstrip("/") for rel in set(undone))
+
+
+def _undo(path: Path, want: _Entry | None) -> bool:
+    """Put one entry back as ``want`` (None: it was not there); whether it had changed. A
+    file that cannot be read (the executor made it unreadable) counts as changed: it is
+    removed unread and written again, never left because its comparison failed."""
+    est = os.lstat(path)
+    if want is None:
+        _remove(path)
+        return True
+    if _kind(est) == want.kind and want.kind in ("file", "link"):
+        try:
+            same = _entry(path, est) == want
+        except OSError:
+            same = False
+        if same:
+            return False
+    elif _kind(est) == want.kind:
+        if want.kind == "dir" and stat.S_IMODE(est.st_mode) != want.mode:
+            os.chmod(path, want.mode)
+            return True
+        return False
+    _remove(path)
+    _put(path, want)
+    return True
 
 
 __all__ = ["HISTORY", "Saved", "restore", "save"]

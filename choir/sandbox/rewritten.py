@@ -52,6 +52,8 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import errno
+import fcntl
 import fnmatch
 import functools
 import importlib.util
@@ -84,6 +86,7 @@ WRAPPER_NAME = "<string>"  # the file name its code carries, as ``python3 -c`` g
 REFUSED = ".none"  # beside a digest: its module was refused (its rewrite or compile warns)
 KEEP_STEPS = 64  # step folders kept for reuse (``_prune``): each is a few links per module
 PRUNE_AFTER_S = 600.0  # a step folder used this recently is never removed
+LOCK = ".lock"  # in the steps' folder: shared while a step holds a folder, taken to prune
 
 # (kind, digest) -> (a sealed file's path, its bytes), for ``fill``: the bytes are kept, since
 # the sealed tree is parked (or gone) by the time the request has answered
@@ -163,14 +166,37 @@ def for_step(tree: Path) -> Iterator[Path | None]:
     name is its source's blake3. Kept folders are bounded (``KEEP_STEPS``, ``_prune``)."""
     kinds = {kind: made for kind, made in (("rewritten", tail()), ("compiled", compiled()))
              if made is not None and (_filling[0] or _objects(made).is_dir())}
-    folder = None
-    if kinds:
+    if not kinds:
+        yield None
+        return
+    steps = root() / "steps"
+    _prune(steps)
+    with _in_use(steps):
         try:
             folder = _step_folder(tree, {kind: (str(_objects(made)), made)
                                          for kind, made in kinds.items()})
         except OSError:  # a disk that is full, a cache Choir cannot read: the step makes
             folder = None  # its own, as on any read-only tree
-    yield folder
+        yield folder
+
+
+@contextlib.contextmanager
+def _in_use(steps: Path) -> Iterator[None]:
+    """A shared lock on ``steps``' lock file while a step may bind a folder there: a prune
+    (``_prune``, exclusive) waits for no step and removes nothing while one holds it. None
+    taken where the lock file cannot be made (the step's folder is then not made either)."""
+    try:
+        steps.mkdir(parents=True, exist_ok=True)
+        fd = os.open(steps / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _step_folder(tree: Path, kinds: dict[str, tuple[str, str]]) -> Path | None:
@@ -198,7 +224,6 @@ def _step_folder(tree: Path, kinds: dict[str, tuple[str, str]]) -> Path | None:
     finally:
         # Choir's own folder, which no step could write: nothing in it is a plant
         shutil.rmtree(temp, ignore_errors=True)
-    _prune(steps)
     return folder
 
 
@@ -245,7 +270,7 @@ def _build(folder: Path, links: list[tuple[str, str, str]]) -> int:
     for rel, name, cached in links:
         try:
             into = _folder(str(folder), rel, made_here)
-            os.link(cached, os.path.join(into, name))
+            _link(cached, os.path.join(into, name))
         except (FileExistsError, NotADirectoryError, IsADirectoryError):
             # a tree folder named like a module's file here (``calc.cpython-311.pyc/``)
             # took its place, or the other way round: that module is compiled by the
@@ -255,27 +280,53 @@ def _build(folder: Path, links: list[tuple[str, str, str]]) -> int:
     return linked
 
 
+def _link(cached: str, to: str) -> None:
+    """``to`` made a hard link to the cached file, or a read-only copy of it where the file
+    has all the links the file system allows (every empty module of every kept folder
+    links the one object of empty bytes: ext4 allows 65,000)."""
+    try:
+        os.link(cached, to)
+    except OSError as exc:
+        if exc.errno != errno.EMLINK:
+            raise
+        shutil.copyfile(cached, to, follow_symlinks=False)
+        os.chmod(to, 0o444)
+
+
 def _prune(steps: Path) -> None:
     """Past ``2 * KEEP_STEPS`` folders in ``steps``, remove the least recently used down to
     ``KEEP_STEPS`` (so the removal, a millisecond a folder on this disk, is paid once per
     ``KEEP_STEPS`` new folders); a leftover of a maker that died (``.tmp-``) goes then too.
-    A folder used in the last ``PRUNE_AFTER_S`` stays: a step may be reading it (one that
-    lost its folder anyway compiles its own code, as on any read-only tree)."""
+    Only while no step holds a folder (``_in_use``): one being bound, or read, is never
+    removed under it (a removed folder failed the step's bind: a FAIL that was no one's).
+    A folder used in the last ``PRUNE_AFTER_S`` stays, used again soon."""
     try:
-        entries = list(os.scandir(steps))
+        entries = [entry for entry in os.scandir(steps) if entry.name != LOCK]
     except OSError:
         return
     if len(entries) <= 2 * KEEP_STEPS:
         return
-    aged = []
-    for entry in entries:
-        with contextlib.suppress(OSError):
-            aged.append((entry.stat(follow_symlinks=False).st_mtime, entry.path))
-    aged.sort()
-    recent = time.time() - PRUNE_AFTER_S
-    for mtime, path in aged[:len(aged) - KEEP_STEPS]:
-        if mtime < recent:
-            shutil.rmtree(path, ignore_errors=True)
+    try:
+        fd = os.open(steps / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except OSError:
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # a step holds its folder: the next step past the bound prunes
+            return
+        aged = []
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                aged.append((entry.stat(follow_symlinks=False).st_mtime, entry.path))
+        aged.sort()
+        recent = time.time() - PRUNE_AFTER_S
+        for mtime, path in aged[:len(aged) - KEEP_STEPS]:
+            if mtime < recent:
+                shutil.rmtree(path, ignore_errors=True)
+    finally:
+        os.close(fd)
 
 
 def _wrapper(objects: str, made: str) -> tuple[str, str, str] | None:

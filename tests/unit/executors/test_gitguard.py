@@ -344,23 +344,6 @@ def test_a_hooks_folder_removed_or_made_a_file_is_made_again(husky: Path) -> Non
         assert tree_of(husky / ".husky") == before, plant
 
 
-def test_a_hooks_folder_put_behind_a_link_stops_the_round_and_writes_nothing_there(
-        husky: Path, tmp_path: Path) -> None:
-    """The executor replaces ``.husky`` with a link to a folder of the user's: the user's git
-    would follow it to run hooks, and putting the folder back through it would write and
-    remove there. The round stops, saying so; nothing is written through the link."""
-    elsewhere = tmp_path / "elsewhere"
-    (elsewhere / "_").mkdir(parents=True)
-    (elsewhere / "_" / "keep").write_text("the user's\n")
-    theirs = tree_of(elsewhere)
-    saved = gitguard.save(husky)
-    subprocess.run(["rm", "-rf", str(husky / ".husky")], check=True)
-    (husky / ".husky").symlink_to(elsewhere)
-    with pytest.raises(SandboxError, match=r"\.husky/_.*behind a link"):
-        gitguard.restore(saved)
-    assert tree_of(elsewhere) == theirs
-
-
 def test_only_the_repos_own_config_is_read_and_nothing_in_git_twice(repo: Path) -> None:
     """A hooks folder inside ``.git`` is guarded with it already; one outside the work tree
     is not the executor's to write; the user's global config is not read (a Choir git)."""
@@ -368,3 +351,75 @@ def test_only_the_repos_own_config_is_read_and_nothing_in_git_twice(repo: Path) 
     git(repo, "config", "include.path", "/etc/gitconfig-elsewhere")
     git(repo, "config", "--add", "include.path", "../../outside.cfg")
     assert gitguard.save(repo).named == {}
+
+
+def _a_control_file_made_unreadable(repo: Path) -> object:
+    """Review 29: one control file made unreadable stopped the walk of ``.git`` at it, and
+    every plant after it stayed (the config's fsmonitor, a hook, a rebase's todo)."""
+    saved = gitguard.save(repo)
+    (repo / ".git" / "description").chmod(0)
+    with open(repo / ".git" / "config", "a") as fh:
+        fh.write("[core]\n\tfsmonitor = touch loot; false\n")
+    (repo / ".git" / "hooks" / "pre-commit").write_text("#!/bin/sh\ntouch loot\n")
+    (repo / ".git" / "rebase-merge").mkdir()
+    undone = gitguard.restore(saved)
+    return (undone, "fsmonitor" in (repo / ".git" / "config").read_text(),
+            (repo / ".git" / "hooks" / "pre-commit").exists(),
+            (repo / ".git" / "rebase-merge").exists(),
+            oct((repo / ".git" / "description").stat().st_mode & 0o777))
+
+
+def _a_named_place_made_unreadable_or_too_big(repo: Path) -> object:
+    """Review 29: the put-back compared the place first, and a folder made unreadable in
+    it (or an included file grown past the bound) raised there: the round stopped with the
+    plant in place."""
+    (repo / ".husky" / "_").mkdir(parents=True)
+    (repo / ".husky" / "_" / "pre-commit").write_text("#!/bin/sh\nexit 0\n")
+    (repo / "local.cfg").write_text("[user]\n\tname = u\n")
+    git(repo, "config", "core.hooksPath", ".husky/_")
+    git(repo, "config", "include.path", "../local.cfg")
+    saved = gitguard.save(repo)
+    (repo / ".husky" / "_" / "pre-commit").write_text("#!/bin/sh\ntouch loot\n")
+    (repo / ".husky" / "_" / "zz").mkdir()
+    (repo / ".husky" / "_" / "zz").chmod(0)
+    with open(repo / "local.cfg", "a") as fh:
+        fh.write("[core]\n\tfsmonitor = touch loot; false\n" + "#" * (gitguard.MAX_BYTES + 1))
+    undone = gitguard.restore(saved)
+    return (undone, (repo / ".husky" / "_" / "pre-commit").read_text(),
+            (repo / "local.cfg").read_text())
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("_a_control_file_made_unreadable",
+     "(['.git/config', '.git/description', '.git/hooks/pre-commit', '.git/rebase-merge'], "
+     "False, False, False, '0o644')"),
+    ("_a_named_place_made_unreadable_or_too_big",
+     "(['.husky/_', 'local.cfg'], '#!/bin/sh\\nexit 0\\n', '[user]\\n\\tname = u\\n')"),
+])
+def test_what_the_executor_made_unreadable_is_put_back_unread(
+        tmp_path: Path, case: str, expected: str) -> None:
+    """As the user (as root no mode stops a read): an entry that cannot be read counts as
+    changed and is written again, and the walk goes on past it."""
+    assert as_nobody(tmp_path, case) == expected
+
+
+def test_a_parent_of_a_named_place_made_a_link_is_removed_never_followed(
+        husky: Path, tmp_path: Path) -> None:
+    """Review 29: a parent made a link stopped the round but stayed, and the user's git
+    followed it to the executor's hook (``.husky`` -> a folder it filled), or to its config
+    (``conf``, missing before, made a link to its own folder). The link is removed, plain
+    folders made, the place put back; nothing is written through the link."""
+    before = tree_of(husky / ".husky")
+    theirs = tmp_path / "theirs"
+    (theirs / "_").mkdir(parents=True)
+    (theirs / "_" / "pre-commit").write_text("#!/bin/sh\ntouch loot\n")
+    (theirs / "git.cfg").write_text("[core]\n\tfsmonitor = touch loot; false\n")
+    kept = tree_of(theirs)
+    git(husky, "config", "--add", "include.path", "../gone/git.cfg")
+    saved = gitguard.save(husky)
+    subprocess.run(["rm", "-rf", str(husky / ".husky")], check=True)
+    (husky / ".husky").symlink_to(theirs)
+    (husky / "gone").symlink_to(theirs)
+    assert gitguard.restore(saved) == [".husky", ".husky/_", "gone"]
+    assert tree_of(husky / ".husky") == before and not (husky / "gone").exists()
+    assert tree_of(theirs) == kept

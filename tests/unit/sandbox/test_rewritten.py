@@ -9,6 +9,7 @@ compiled files it loaded code from.
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import marshal
 import os
@@ -65,6 +66,11 @@ def loaded(proc: subprocess.CompletedProcess[str], folder: Path | None) -> list[
                   if folder is not None and line.startswith(f"# code object from '{folder}"))
 
 
+def kept(cache: Path) -> list[str]:
+    """The step folders kept (and any maker's leftover), not the lock file beside them."""
+    return sorted(p.name for p in (cache / "steps").iterdir() if p.name != rewritten.LOCK)
+
+
 @pytest.fixture
 def cache(choir_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     if rewritten.tail() is None:
@@ -81,7 +87,7 @@ def test_a_filled_rewrite_is_loaded_by_the_step_and_fails_as_pytests_own(
     with rewritten.for_step(first) as folder:
         assert folder is None  # nothing made yet: noted for the fill
     assert rewritten.fill() == 5  # both test modules and the conftest, calc.py, the wrapper
-    made = [p for p in cache.rglob("*") if p.is_file()]
+    made = [p for p in cache.rglob("*") if p.is_file() and p.name != rewritten.LOCK]
     assert all(oct(p.stat().st_mode & 0o777) == "0o444" for p in made)
     assert not any(str(first).encode() in p.read_bytes() for p in made)  # no tree's path
     tree = tree_of(tmp_path / "second", TESTS)  # the same bytes, sealed at another path
@@ -93,10 +99,10 @@ def test_a_filled_rewrite_is_loaded_by_the_step_and_fails_as_pytests_own(
         assert loaded(served, folder) == [f"calc{rewritten.compiled()}"]
         stub = step(tree, folder, wrapper=pytest_command())  # $CHOIR_PYTEST: the wrapper
         # from the folder's compiled copy
-    kept = folder.stat().st_ino  # kept: the next step given the same links binds it
+    inode = folder.stat().st_ino  # kept: the next step given the same links binds it
     with rewritten.for_step(first) as again:  # the same bytes at the same places
-        assert again == folder and again.stat().st_ino == kept
-    assert [p.name for p in (cache / "steps").iterdir()] == [folder.name]
+        assert again == folder and again.stat().st_ino == inode
+    assert kept(cache) == [folder.name]
     untimed = [re.sub(r" in [0-9.]+s", "", proc.stdout) for proc in (stub, served)]
     assert stub.returncode == served.returncode and untimed[0] == untimed[1]
     assert found(plain) == []  # the control: without the folder pytest rewrote each itself
@@ -350,7 +356,7 @@ def test_a_folder_that_cannot_be_made_gives_the_step_none(
     monkeypatch.setattr(os, "link", full)
     with rewritten.for_step(tree) as folder:
         assert folder is None
-    assert list((cache / "steps").iterdir()) == []
+    assert kept(cache) == []
 
 
 def _filled(root: Path, files: dict[str, str]) -> tuple[Path, Path]:
@@ -399,13 +405,14 @@ def test_two_steps_making_the_same_folder_share_the_one_made_first(
     monkeypatch.setattr(rewritten, "_build", raced)
     with rewritten.for_step(tree) as again:
         assert again == folder
-    assert [p.name for p in (cache / "steps").iterdir()] == [folder.name]  # no temp left
+    assert kept(cache) == [folder.name]  # no temp left
 
 
 def test_kept_folders_are_bounded_and_one_in_use_stays(
         tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past twice ``KEEP_STEPS`` folders the least recently used go, down to ``KEEP_STEPS``,
-    with a maker's leftover; one used within ``PRUNE_AFTER_S`` never does."""
+    with a maker's leftover, when the next step starts; one used within ``PRUNE_AFTER_S``
+    never does."""
     monkeypatch.setattr(rewritten, "KEEP_STEPS", 2)
     steps = cache / "steps"
     trees = [tree_of(tmp_path / f"t{n}", {**TESTS, "calc.py": CALC + f"N = {n}\n"})
@@ -414,7 +421,7 @@ def test_kept_folders_are_bounded_and_one_in_use_stays(
         with rewritten.for_step(tree):
             pass
     rewritten.fill()
-    assert not steps.exists()  # nothing was cached for the steps before the fill
+    assert kept(cache) == []  # nothing was cached for the steps before the fill
 
     def made(tree: Path) -> Path:
         with rewritten.for_step(tree) as folder:
@@ -422,13 +429,70 @@ def test_kept_folders_are_bounded_and_one_in_use_stays(
         return folder
 
     folders = [made(tree) for tree in trees[:5]]  # not past 4 yet: every one stays
-    assert sorted(p.name for p in steps.iterdir()) == sorted(f.name for f in folders)
+    assert kept(cache) == sorted(f.name for f in folders)
     leftover = steps / ".tmp-0123456789abcdef"  # a maker that died
     leftover.mkdir()
     os.utime(leftover, (time.time() - 10_000,) * 2)
-    folders.append(made(trees[5]))  # seven entries, five of them in use (just made)
-    assert sorted(p.name for p in steps.iterdir()) == sorted(f.name for f in folders)
+    folders.append(made(trees[5]))  # six entries before it: five in use (just made)
+    assert kept(cache) == sorted(f.name for f in folders)
     for age, folder in enumerate(folders[:5]):  # unused for hours now; the sixth just made
         os.utime(folder, (time.time() - 10_000 + age,) * 2)
-    last = made(trees[6])
-    assert sorted(p.name for p in steps.iterdir()) == sorted([folders[5].name, last.name])
+    last = made(trees[6])  # six before it: the four oldest go, then its own is made
+    assert kept(cache) == sorted([folders[4].name, folders[5].name, last.name])
+
+
+def test_no_folder_is_pruned_while_a_step_holds_one(
+        tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 29: a prune that began before another step reused its folder removed it
+    under that step, whose bind then failed (a FAIL that was no one's). A step holds the
+    steps' lock (shared) from its folder's lookup to its end; a prune (exclusive), in this
+    process or another, that cannot take it removes nothing, and the next step past the
+    bound prunes."""
+    monkeypatch.setattr(rewritten, "KEEP_STEPS", 1)
+    monkeypatch.setattr(rewritten, "PRUNE_AFTER_S", 0.0)
+    trees = [tree_of(tmp_path / f"t{n}", {**TESTS, "calc.py": CALC + f"N = {n}\n"})
+             for n in range(5)]
+    for tree in trees:
+        with rewritten.for_step(tree):
+            pass
+    rewritten.fill()
+    with rewritten.for_step(trees[0]) as held:  # a step, running
+        assert held is not None
+        for tree in trees[1:4]:  # past twice the bound: each tries to prune first
+            with rewritten.for_step(tree):
+                pass
+        child = subprocess.run(
+            [sys.executable, "-c", "import sys; from pathlib import Path; "
+             "from choir.sandbox import rewritten as r; r.KEEP_STEPS = 1; "
+             "r.PRUNE_AFTER_S = 0.0; r._prune(Path(sys.argv[1]))", str(cache / "steps")],
+            capture_output=True, text=True, timeout=60)
+        assert child.returncode == 0, child.stderr
+        assert held.is_dir() and len(kept(cache)) == 4  # nothing removed under the step
+    with rewritten.for_step(trees[4]) as folder:  # no step holds one: pruned to the bound
+        assert folder is not None
+    assert len(kept(cache)) == 2 and folder.name in kept(cache)
+
+
+def test_a_cached_file_with_every_link_the_disk_allows_is_copied(
+        tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 29: kept folders hold their links, and every empty module links the one object
+    of empty bytes: at the file system's link limit (ext4: 65,000) each later folder failed
+    and no tree got one. Such a file is copied, read-only, instead."""
+    tree, first = _filled(tmp_path / "tree", TESTS)
+    real = os.link
+
+    def full(src: object, dst: object, **kw: object) -> None:
+        raise OSError(errno.EMLINK, "Too many links")
+
+    monkeypatch.setattr(os, "link", full)
+    other = tree_of(tmp_path / "other", {**TESTS, "calc.py": CALC + "N = 1\n"})
+    with rewritten.for_step(other):
+        pass
+    monkeypatch.setattr(os, "link", real)
+    rewritten.fill()
+    monkeypatch.setattr(os, "link", full)
+    with rewritten.for_step(other) as folder:
+        assert folder is not None and folder != first
+        copy = folder / f"calc{rewritten.compiled()}"
+        assert copy.stat().st_nlink == 1 and copy.stat().st_mode & 0o777 == 0o444
+        assert loaded(step(other, folder), folder) == [copy.name]
