@@ -408,6 +408,17 @@ def test_two_steps_making_the_same_folder_share_the_one_made_first(
     assert kept(cache) == [folder.name]  # no temp left
 
 
+def _filled_trees(tmp_path: Path, count: int) -> list[Path]:
+    """``count`` trees that differ in ``calc.py`` alone, every module's code made."""
+    trees = [tree_of(tmp_path / f"t{n}", {**TESTS, "calc.py": CALC + f"N = {n}\n"})
+             for n in range(count)]
+    for tree in trees:
+        with rewritten.for_step(tree):
+            pass
+    rewritten.fill()
+    return trees
+
+
 def test_kept_folders_are_bounded_and_one_in_use_stays(
         tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past twice ``KEEP_STEPS`` folders the least recently used go, down to ``KEEP_STEPS``,
@@ -415,12 +426,7 @@ def test_kept_folders_are_bounded_and_one_in_use_stays(
     never does."""
     monkeypatch.setattr(rewritten, "KEEP_STEPS", 2)
     steps = cache / "steps"
-    trees = [tree_of(tmp_path / f"t{n}", {**TESTS, "calc.py": CALC + f"N = {n}\n"})
-             for n in range(7)]
-    for tree in trees:
-        with rewritten.for_step(tree):
-            pass
-    rewritten.fill()
+    trees = _filled_trees(tmp_path, 7)
     assert kept(cache) == []  # nothing was cached for the steps before the fill
 
     def made(tree: Path) -> Path:
@@ -450,12 +456,7 @@ def test_no_folder_is_pruned_while_a_step_holds_one(
     bound prunes."""
     monkeypatch.setattr(rewritten, "KEEP_STEPS", 1)
     monkeypatch.setattr(rewritten, "PRUNE_AFTER_S", 0.0)
-    trees = [tree_of(tmp_path / f"t{n}", {**TESTS, "calc.py": CALC + f"N = {n}\n"})
-             for n in range(5)]
-    for tree in trees:
-        with rewritten.for_step(tree):
-            pass
-    rewritten.fill()
+    trees = _filled_trees(tmp_path, 5)
     with rewritten.for_step(trees[0]) as held:  # a step, running
         assert held is not None
         for tree in trees[1:4]:  # past twice the bound: each tries to prune first
