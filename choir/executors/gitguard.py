@@ -40,7 +40,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import stat
+import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,8 +208,7 @@ def save(repo: Path, skip: Iterable[Path] = ()) -> Saved:
     walked while they are the same folders: nothing can be planted there)."""
     saved = _save(repo / ".git")
     for rel in _config_paths(repo):
-        if _plain_parents(repo, rel):  # else the user's own link: git follows it, and so
-            saved.named[rel] = _save(repo / rel, history=False)  # would the removal
+        _name(saved, repo, rel)
     for path in skip:
         ident = _identity(path)
         if path != repo and path.is_relative_to(repo) and ident is not None:
@@ -221,9 +222,28 @@ def save(repo: Path, skip: Iterable[Path] = ()) -> Saved:
                                    "below its own: Choir cannot keep their control files "
                                    "from the executor; the executor was not run")
             saved.nested[rel] = _save(repo / rel)
+            top = os.path.dirname(rel)  # a repository of its own to the user's git there
+            for named in _config_paths(repo / top):
+                _name(saved, repo, os.path.join(top, named))
     finally:
         walk.close()
     return saved
+
+
+def _name(saved: Saved, repo: Path, rel: str) -> None:
+    """Keep the place ``rel`` whole in ``saved.named``; where the user reaches it through a
+    link of their own in the tree (``.githooks`` -> ``scripts/hooks``), the place the link
+    leads to as well (git follows it): the link itself is kept when it is the place, never
+    a place behind a linked parent (the removal would follow it)."""
+    if rel in saved.named:
+        return
+    if _plain_parents(repo, rel):
+        saved.named[rel] = _save(repo / rel, history=False)
+    root = os.path.realpath(repo)
+    real = os.path.relpath(os.path.realpath(repo / rel), root)
+    if real != rel and real != "." and not real.startswith("..") and \
+            real.split(os.sep)[0] != ".git":
+        _name(saved, repo, real)
 
 
 def _save(git: Path, *, history: bool = True) -> Saved:
@@ -257,39 +277,89 @@ def _save(git: Path, *, history: bool = True) -> Saved:
     return saved
 
 
-CONFIG_KEYS = r"^(core\.hookspath|include\.path|includeif\..*\.path)$"
+CONFIG_KEYS = (r"^(core\.(hookspath|fsmonitor|sshcommand|pager|editor|askpass)|sequence\.editor"
+               r"|include\.path|includeif\..*\.path|filter\..*\.(clean|smudge|process)"
+               r"|diff\..*\.(textconv|command)|merge\..*\.driver|gpg(\..*)?\.program"
+               r"|credential(\..*)?\.helper|alias\..*)$")
+"""The settings that name a place git runs or reads: the hooks folder, included files, and
+every program (its first word, when that is a path)."""
+INCLUDES_MAX = 64  # included files in the tree read for what they name, at most
 
 
 def _config_paths(repo: Path) -> list[str]:
-    """Places in ``repo``'s work tree, by path from it, that the repo's own config (and the
-    files it includes) names for git to run or read: the ``core.hooksPath`` folder (relative
-    to the work tree's top) and the ``include.path``/``includeIf.*.path`` files (relative to
-    the file naming them); none inside ``.git``, which is guarded already. Read by a git of
-    Choir's (nothing inherited, nothing the config names run), ``--local`` only."""
+    """Places in ``repo``'s work tree, by path from it, that its git config names for the
+    user's git to run or read: the ``core.hooksPath`` folder (relative to the work tree's
+    top), the ``include.path``/``includeIf.*.path`` files (relative to the file naming
+    them), and each program a setting names by a path (a filter's, a diff driver's, an
+    alias's with ``!``, ``core.fsmonitor``, ...; relative to the top, where git runs them);
+    none inside ``.git``, which is guarded already. Every scope the user's git reads
+    (system, global, the repo's and its worktree's), and every included file in the tree
+    whatever its condition (an ``onbranch:`` one the executor could make true); read by
+    ``git config``, which runs nothing it names."""
     try:
         git = locate(repo)
     except UserError:  # a repo Choir refuses to read: refused where it is verified
         return []
     if git is None:
         return []
-    out = git.run("config", "--local", "--includes", "--show-origin", "-z", "--get-regexp",
-                  CONFIG_KEYS, timeout=30)
-    parts = os.fsdecode(out or b"").split("\0")
     root = os.path.normpath(git.root)
+    env = {key: value for key, value in git.env().items()
+           if key not in ("GIT_CONFIG_NOSYSTEM", "GIT_CONFIG_GLOBAL", "HOME",
+                          "XDG_CONFIG_HOME")}
+    env.update({key: os.environ[key] for key in ("HOME", "XDG_CONFIG_HOME")
+                if key in os.environ})
     found: set[str] = set()
-    for origin, pair in zip(parts[0::2], parts[1::2], strict=False):
-        key, _, value = pair.partition("\n")
-        if not value or not origin.startswith("file:"):
+    reads: list[list[str]] = [["--includes"]]
+    done: set[str] = set()
+    while reads and len(done) <= INCLUDES_MAX:
+        scope = reads.pop()
+        try:
+            out = subprocess.run(git.argv("config", *scope, "--show-origin", "-z",
+                                          "--get-regexp", CONFIG_KEYS),
+                                 cwd=root, env=env, capture_output=True, timeout=30,
+                                 stdin=subprocess.DEVNULL).stdout
+        except (OSError, subprocess.SubprocessError):
             continue
-        value = os.path.expanduser(value)
-        base = root if key == "core.hookspath" else os.path.dirname(
-            os.path.join(root, origin[len("file:"):]))
-        path = os.path.normpath(os.path.join(base, value))
-        rel = os.path.relpath(path, root)
-        if rel == "." or rel.startswith("..") or rel.split(os.sep)[0] == ".git":
-            continue
-        found.add(rel)
+        parts = os.fsdecode(out).split("\0")
+        for origin, pair in zip(parts[0::2], parts[1::2], strict=False):
+            key, _, value = pair.partition("\n")
+            rel = _named(root, origin, key, value)
+            if rel is None:
+                continue
+            found.add(rel)
+            if ".path" in key and rel not in done and os.path.isfile(os.path.join(root, rel)):
+                done.add(rel)  # what an included file names, whether or not git reads it now
+                reads.append(["--file", os.path.join(root, rel)])
     return sorted(found)
+
+
+def _named(root: str, origin: str, key: str, value: str) -> str | None:
+    """The place in the work tree at ``root`` that setting ``key`` = ``value`` (read from
+    ``origin``) names, by path from ``root``; None for one outside it, in ``.git``, or no
+    place (a program found on ``PATH``, a boolean)."""
+    if not value or not origin.startswith("file:"):
+        return None  # the command line's: Choir's own pins
+    if key.endswith(".path"):
+        base = os.path.dirname(os.path.join(root, origin[len("file:"):]))
+    else:
+        base = root
+        if key != "core.hookspath":
+            if key.startswith("alias."):
+                if not value.startswith("!"):
+                    return None
+                value = value[1:]
+            try:
+                words = shlex.split(value)
+            except ValueError:
+                words = value.split()
+            value = words[0] if words else ""
+            if "/" not in value:
+                return None
+    path = os.path.normpath(os.path.join(base, os.path.expanduser(value)))
+    rel = os.path.relpath(path, root)
+    if rel == "." or rel.startswith("..") or rel.split(os.sep)[0] == ".git":
+        return None
+    return rel
 
 
 def _plain_parents(repo: Path, rel: str) -> bool:

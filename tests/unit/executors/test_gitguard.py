@@ -346,7 +346,7 @@ def test_a_hooks_folder_removed_or_made_a_file_is_made_again(husky: Path) -> Non
 
 def test_only_the_repos_own_config_is_read_and_nothing_in_git_twice(repo: Path) -> None:
     """A hooks folder inside ``.git`` is guarded with it already; one outside the work tree
-    is not the executor's to write; the user's global config is not read (a Choir git)."""
+    is not the executor's to write."""
     git(repo, "config", "core.hooksPath", ".git/myhooks")
     git(repo, "config", "include.path", "/etc/gitconfig-elsewhere")
     git(repo, "config", "--add", "include.path", "../../outside.cfg")
@@ -423,3 +423,68 @@ def test_a_parent_of_a_named_place_made_a_link_is_removed_never_followed(
     assert gitguard.restore(saved) == [".husky", ".husky/_", "gone"]
     assert tree_of(husky / ".husky") == before and not (husky / "gone").exists()
     assert tree_of(theirs) == kept
+
+
+def _in_config_worktree(repo: Path) -> str:
+    git(repo, "config", "extensions.worktreeConfig", "true")
+    git(repo, "config", "--worktree", "core.hooksPath", ".githooks")
+    return ".githooks"
+
+
+def _in_a_nested_repository(repo: Path) -> str:
+    sub = repo / "vendor" / "lib"
+    sub.mkdir(parents=True)
+    (sub / ".gitconfig-local").write_text("[user]\n\tname = u\n")
+    git(sub, "init", "-q")
+    git(sub, "config", "include.path", "../.gitconfig-local")
+    return "vendor/lib/.gitconfig-local"
+
+
+def _a_filter_program(repo: Path) -> str:
+    git(repo, "config", "filter.strip.clean", "./tools/strip.sh --quiet")
+    git(repo, "config", "alias.fix", "!tools/fix.sh")
+    return "tools/strip.sh"
+
+
+def _in_the_users_global_config(repo: Path) -> str:
+    (Path(os.environ["HOME"]) / ".gitconfig").write_text("[core]\n\thooksPath = .githooks\n")
+    return ".githooks"
+
+
+def _behind_an_inactive_include(repo: Path) -> str:
+    (repo / "conf").mkdir()
+    (repo / "conf" / "release.cfg").write_text("[include]\n\tpath = release-local.cfg\n")
+    git(repo, "config", "includeIf.onbranch:release.path", "../conf/release.cfg")
+    return "conf/release-local.cfg"  # read once HEAD is on release: the executor's to move
+
+
+def _behind_the_users_own_link(repo: Path) -> str:
+    (repo / "scripts" / "hooks").mkdir(parents=True)
+    (repo / ".githooks").symlink_to("scripts/hooks")
+    git(repo, "config", "core.hooksPath", ".githooks")
+    return "scripts/hooks"
+
+
+@pytest.mark.parametrize("case", ["_in_config_worktree", "_in_a_nested_repository",
+                                  "_a_filter_program", "_in_the_users_global_config",
+                                  "_behind_an_inactive_include", "_behind_the_users_own_link"])
+def test_every_place_the_users_git_runs_in_the_tree_is_kept(
+        repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """Review 29: six places the user's git runs or reads in the work tree that only the
+    repo's own config, read with ``--local``, never named (each plant ran at the user's next
+    git in ``/work/review/r29/r4_places_not_read.py``). Each is kept now, and what the
+    executor writes there is undone."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    place = globals()[case](repo)
+    saved = gitguard.save(repo)
+    assert place in saved.named, sorted(saved.named)
+    planted = repo / place
+    if (repo / place).is_dir():
+        planted = planted / "pre-commit"
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.write_text("#!/bin/sh\ntouch loot\n")
+    assert place in gitguard.restore(saved)
+    assert not planted.exists() or "loot" not in planted.read_text()
