@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
 import stat
 import subprocess
 from collections.abc import Iterable
@@ -95,6 +96,8 @@ class Saved:
     # on the repo's own: the places in the work tree its config names for git to run or
     # read (``_config_paths``), by path from the repo, each kept whole
     named: dict[str, Saved] = field(default_factory=dict)
+    modes: dict[str, int] = field(default_factory=dict)  # the repo's folder and the named
+    # places' parents: their modes, put back (with the owner's write) before any removal
 
 
 def _entry(path: Path, st: os.stat_result, saved: Saved | None = None) -> _Entry:
@@ -147,6 +150,7 @@ class _Walk:
     put back by ``close``)."""
 
     found: list[str] = field(default_factory=list)
+    bare: list[str] = field(default_factory=list)  # folders git takes for a repository
     unread: list[str] = field(default_factory=list)
     opened: list[tuple[Path, int]] = field(default_factory=list)
 
@@ -191,6 +195,11 @@ def _walk(repo: Path, skip: dict[str, tuple[int, int]]) -> _Walk:
         except OSError:
             walk.unread.append(rel)
             continue
+        kinds = dict(items)
+        if rel and kinds.get("HEAD") is False and kinds.get("objects") and kinds.get("refs"):
+            # git's own test of a git folder: the user's git in it takes it for a
+            # repository (``safe.bareRepository`` is ``all`` by default) and reads its config
+            walk.bare.append(rel)
         for name, is_dir in items:
             child = f"{rel}/{name}" if rel else name
             if name == ".git":
@@ -199,6 +208,7 @@ def _walk(repo: Path, skip: dict[str, tuple[int, int]]) -> _Walk:
             elif is_dir and not (child in skip and _identity(repo / child) == skip[child]):
                 todo.append(child)
     walk.found.sort()
+    walk.bare.sort()
     return walk
 
 
@@ -216,17 +226,23 @@ def save(repo: Path, skip: Iterable[Path] = ()) -> Saved:
     walk = _walk(repo, saved.skip)
     try:
         saved.unread = frozenset(walk.unread)  # another user's: no executor of ours writes there
-        for rel in walk.found:
+        for rel in [*walk.found, *walk.bare]:
             if len(saved.nested) >= NESTED_MAX:
                 raise SandboxError(f"{repo} holds more than {NESTED_MAX} git repositories "
                                    "below its own: Choir cannot keep their control files "
                                    "from the executor; the executor was not run")
             saved.nested[rel] = _save(repo / rel)
-            top = os.path.dirname(rel)  # a repository of its own to the user's git there
-            for named in _config_paths(repo / top):
+            # a repository of its own to the user's git there
+            top = os.path.dirname(rel) if rel.endswith(".git") else rel
+            for named in _config_paths(repo / top, gitdir=repo / rel):
                 _name(saved, repo, os.path.join(top, named))
     finally:
         walk.close()
+    for rel in ["", *{os.path.dirname(rel) for rel in saved.named}]:  # the folders a place
+        with contextlib.suppress(OSError):  # is removed from: their modes put back first
+            st = os.lstat(repo / rel if rel else repo)
+            if stat.S_ISDIR(st.st_mode):
+                saved.modes[rel] = stat.S_IMODE(st.st_mode)
     return saved
 
 
@@ -239,6 +255,13 @@ def _name(saved: Saved, repo: Path, rel: str) -> None:
         return
     if _plain_parents(repo, rel):
         saved.named[rel] = _save(repo / rel, history=False)
+    else:  # the link itself is kept: one the executor replaced by a folder of its own goes
+        linked = Path(rel).parts
+        for depth in range(1, len(linked)):
+            parent = os.path.join(*linked[:depth])
+            if not stat.S_ISDIR(os.lstat(repo / parent).st_mode):
+                _name(saved, repo, parent)
+                break
     root = os.path.realpath(repo)
     real = os.path.relpath(os.path.realpath(repo / rel), root)
     if real != rel and real != "." and not real.startswith("..") and \
@@ -277,45 +300,61 @@ def _save(git: Path, *, history: bool = True) -> Saved:
     return saved
 
 
-CONFIG_KEYS = (r"^(core\.(hookspath|fsmonitor|sshcommand|pager|editor|askpass)|sequence\.editor"
-               r"|include\.path|includeif\..*\.path|filter\..*\.(clean|smudge|process)"
-               r"|diff\..*\.(textconv|command)|merge\..*\.driver|gpg(\..*)?\.program"
-               r"|credential(\..*)?\.helper|alias\..*)$")
-"""The settings that name a place git runs or reads: the hooks folder, included files, and
-every program (its first word, when that is a path)."""
-INCLUDES_MAX = 64  # included files in the tree read for what they name, at most
+CONFIG_KEYS = (
+    r"^(core\.(hookspath|fsmonitor|sshcommand|pager|editor|askpass|gitproxy|attributesfile)"
+    r"|sequence\.editor|include\.path|includeif\..*\.path|pager\..*|diff\.external"
+    r"|interactive\.difffilter|filter\..*\.(clean|smudge|process)|diff\..*\.(textconv|command)"
+    r"|merge\..*\.driver|(merge|diff)tool\..*\.(cmd|path)|gpg(\..*)?\.program"
+    r"|gpg\.ssh\.(defaultkeycommand|allowedsignersfile)|credential(\..*)?\.helper"
+    r"|submodule\..*\.update|remote\..*\.(uploadpack|receivepack)|trailer\..*\.cmd"
+    r"|sendemail\..*|uploadpack\.packobjectshook|browser\..*\.(cmd|path)|man\..*\.(cmd|path)"
+    r"|web\.browser|alias\..*)$")
+"""The settings that name a place git runs or reads: the hooks folder, included files, the
+attributes file (which picks the filters), and every program (each of its words that is a
+path in the tree)."""
+INCLUDES_MAX = 64  # included files read for what they name, at most
+ENV_CONFIG = ("HOME", "XDG_CONFIG_HOME", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM",
+              "GIT_CONFIG_NOSYSTEM", "GIT_CONFIG_COUNT", "GIT_CONFIG_PARAMETERS")
 
 
-def _config_paths(repo: Path) -> list[str]:
+def _config_paths(repo: Path, gitdir: Path | None = None) -> list[str]:
     """Places in ``repo``'s work tree, by path from it, that its git config names for the
     user's git to run or read: the ``core.hooksPath`` folder (relative to the work tree's
     top), the ``include.path``/``includeIf.*.path`` files (relative to the file naming
-    them), and each program a setting names by a path (a filter's, a diff driver's, an
-    alias's with ``!``, ``core.fsmonitor``, ...; relative to the top, where git runs them);
-    none inside ``.git``, which is guarded already. Every scope the user's git reads
-    (system, global, the repo's and its worktree's), and every included file in the tree
-    whatever its condition (an ``onbranch:`` one the executor could make true); read by
-    ``git config``, which runs nothing it names."""
+    them), and each path in the tree a program setting names (a filter's, a diff driver's,
+    an alias's, ``core.fsmonitor``, ...; relative to the top, where git runs them); none
+    inside ``.git``, which is guarded already. Every scope the user's git reads (system,
+    global, the repo's, its worktree's, and the ``GIT_CONFIG_*`` of the user's environment),
+    and every included file whatever its condition (an ``onbranch:`` one the executor could
+    make true by moving ``HEAD``); read by ``git config``, which runs nothing it names.
+    ``gitdir``: the git folder to read where Choir's ``locate`` refuses the repository (a
+    nested one borrowing objects: it is not verified, but the user's git runs there)."""
     try:
         git = locate(repo)
-    except UserError:  # a repo Choir refuses to read: refused where it is verified
+    except UserError:
+        git = None
+    if git is not None:
+        root, place = os.path.normpath(git.root), {
+            "GIT_DIR": str(git.git_dir), "GIT_WORK_TREE": str(git.root),
+            "GIT_COMMON_DIR": str(git.common_dir)}
+    elif gitdir is not None and os.path.lexists(gitdir):
+        root, place = os.path.normpath(os.path.realpath(repo)), {
+            "GIT_DIR": str(gitdir), "GIT_WORK_TREE": os.path.realpath(repo)}
+    else:
         return []
-    if git is None:
-        return []
-    root = os.path.normpath(git.root)
-    env = {key: value for key, value in git.env().items()
-           if key not in ("GIT_CONFIG_NOSYSTEM", "GIT_CONFIG_GLOBAL", "HOME",
-                          "XDG_CONFIG_HOME")}
-    env.update({key: os.environ[key] for key in ("HOME", "XDG_CONFIG_HOME")
-                if key in os.environ})
+    env = {"PATH": os.environ.get("PATH", os.defpath), "LC_ALL": "C", "GIT_PAGER": "cat",
+           "GIT_TERMINAL_PROMPT": "0", "GIT_NO_LAZY_FETCH": "1", **place,
+           **{key: value for key, value in os.environ.items()
+              if key in ENV_CONFIG or key.startswith(("GIT_CONFIG_KEY_",
+                                                      "GIT_CONFIG_VALUE_"))}}
     found: set[str] = set()
     reads: list[list[str]] = [["--includes"]]
     done: set[str] = set()
     while reads and len(done) <= INCLUDES_MAX:
         scope = reads.pop()
         try:
-            out = subprocess.run(git.argv("config", *scope, "--show-origin", "-z",
-                                          "--get-regexp", CONFIG_KEYS),
+            out = subprocess.run([shutil.which("git") or "git", "--no-pager", "config",
+                                  *scope, "--show-origin", "-z", "--get-regexp", CONFIG_KEYS],
                                  cwd=root, env=env, capture_output=True, timeout=30,
                                  stdin=subprocess.DEVNULL).stdout
         except (OSError, subprocess.SubprocessError):
@@ -323,43 +362,61 @@ def _config_paths(repo: Path) -> list[str]:
         parts = os.fsdecode(out).split("\0")
         for origin, pair in zip(parts[0::2], parts[1::2], strict=False):
             key, _, value = pair.partition("\n")
-            rel = _named(root, origin, key, value)
-            if rel is None:
-                continue
-            found.add(rel)
-            if ".path" in key and rel not in done and os.path.isfile(os.path.join(root, rel)):
-                done.add(rel)  # what an included file names, whether or not git reads it now
-                reads.append(["--file", os.path.join(root, rel)])
+            if key.endswith(".path") and key.startswith("include"):
+                target = _included(root, origin, value)
+                if target is not None and target not in done:
+                    done.add(target)  # what it names, whether or not git reads it now
+                    reads.append(["--file", target])
+            found.update(_named(root, origin, key, value))
     return sorted(found)
 
 
-def _named(root: str, origin: str, key: str, value: str) -> str | None:
-    """The place in the work tree at ``root`` that setting ``key`` = ``value`` (read from
-    ``origin``) names, by path from ``root``; None for one outside it, in ``.git``, or no
-    place (a program found on ``PATH``, a boolean)."""
-    if not value or not origin.startswith("file:"):
-        return None  # the command line's: Choir's own pins
-    if key.endswith(".path"):
-        base = os.path.dirname(os.path.join(root, origin[len("file:"):]))
+def _included(root: str, origin: str, value: str) -> str | None:
+    """The included file an ``include.path`` names, as a real path, when it is a file."""
+    base = _base(root, origin)
+    if base is None or not value:
+        return None
+    path = os.path.realpath(os.path.join(base, os.path.expanduser(value)))
+    return path if os.path.isfile(path) else None
+
+
+def _base(root: str, origin: str) -> str | None:
+    """The folder an include's relative path starts from: its file's; the top of the tree
+    for the user's environment's (``command line:``); None for any other origin."""
+    if origin.startswith("file:"):
+        return os.path.dirname(os.path.join(root, origin[len("file:"):]))
+    return root if origin.startswith("command line:") else None
+
+
+def _named(root: str, origin: str, key: str, value: str) -> list[str]:
+    """The places in the work tree at ``root`` that setting ``key`` = ``value`` (read from
+    ``origin``) names, by path from ``root``: none outside it, in ``.git``, or for a program
+    found on ``PATH``. A program's every word that is a path (``sh tools/x.sh``, ``!./x``)."""
+    base = _base(root, origin)
+    if base is None or not value:
+        return []
+    if key.endswith(".path") and key.startswith("include"):
+        words = [value]
+    elif key in ("core.hookspath", "core.attributesfile", "gpg.ssh.allowedsignersfile"):
+        words, base = [value], root
     else:
         base = root
-        if key != "core.hookspath":
-            if key.startswith("alias."):
-                if not value.startswith("!"):
-                    return None
-                value = value[1:]
-            try:
-                words = shlex.split(value)
-            except ValueError:
-                words = value.split()
-            value = words[0] if words else ""
-            if "/" not in value:
-                return None
-    path = os.path.normpath(os.path.join(base, os.path.expanduser(value)))
-    rel = os.path.relpath(path, root)
-    if rel == "." or rel.startswith("..") or rel.split(os.sep)[0] == ".git":
-        return None
-    return rel
+        try:
+            words = shlex.split(value.lstrip("!"))
+        except ValueError:
+            words = value.lstrip("!").split()
+        words = [word for word in words if not word.startswith("-") and "=" not in
+                 word.partition("/")[0] and ("/" in word or
+                                             os.path.lexists(os.path.join(root, word)))]
+    found = []
+    for word in words:
+        path = os.path.normpath(os.path.join(base, os.path.expanduser(word)))
+        rel = os.path.relpath(path, root)
+        if rel.startswith(".."):  # named through a link to the tree (``/home`` a link)
+            rel = os.path.relpath(os.path.realpath(path), os.path.realpath(root))
+        if rel != "." and not rel.startswith("..") and rel.split(os.sep)[0] != ".git":
+            found.append(rel)
+    return found
 
 
 def _plain_parents(repo: Path, rel: str) -> bool:
@@ -459,26 +516,39 @@ def restore(saved: Saved) -> list[str]:
     repo = saved.git.parent
     undone: list[str] = []
     failures: list[str] = []
+    for rel, mode in saved.modes.items():  # a folder made read-only kept its plant: the
+        try:  # owner's write while putting back, its own mode after
+            st = os.lstat(repo / rel if rel else repo)
+            if stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) != mode | 0o700:
+                os.chmod(repo / rel if rel else repo, mode | 0o700)
+                if stat.S_IMODE(st.st_mode) != mode:
+                    undone.append(rel or ".")
+        except OSError:
+            continue
     # the repositories below first, each on its own: a failure anywhere (the repo's own .git
     # replaced, a plant that cannot be removed) never leaves the others in place
     walk = _walk(repo, saved.skip)
     try:
         failures += [f"{rel or '.'} cannot be read: a repository planted in it would stay"
                      for rel in walk.unread if rel not in saved.unread]
-        for rel in walk.found:
+        for rel in [*walk.found, *walk.bare]:
             before = saved.nested.get(rel)
             try:
-                if before is None:  # planted: git never tracks one, so no change loses a file
-                    _remove(repo / rel)
+                if before is None and rel.endswith(".git"):  # planted: git never tracks
+                    _remove(repo / rel)  # one, so no change loses a file
                     undone.append(rel)
+                elif before is None:  # a folder made to look like one: its HEAD goes, and
+                    _remove(repo / rel / "HEAD")  # git takes it for none; its files stay
+                    undone.append(f"{rel}/HEAD")
                 else:
-                    folder = rel.removesuffix(".git")
-                    undone += [folder + path for path in _restore(before)]
+                    folder = rel.removesuffix(".git") if rel.endswith(".git") else rel + "/"
+                    undone += [folder + path.removeprefix(".git/") if not rel.endswith(".git")
+                               else folder + path for path in _restore(before)]
             except (OSError, SandboxError) as exc:
                 failures.append(f"{rel}: {exc}")
     finally:
         walk.close()
-    for rel, before in saved.named.items():
+    for rel, before in sorted(saved.named.items()):  # a linked parent before what is below
         try:
             undone += _restore_named(repo, rel, before)
         except (OSError, SandboxError) as exc:
@@ -489,6 +559,10 @@ def restore(saved: Saved) -> list[str]:
         failures.insert(0, str(exc))
     except OSError as exc:
         failures.append(f".git: {exc}")
+    for rel, mode in saved.modes.items():
+        with contextlib.suppress(OSError):
+            if stat.S_ISDIR(os.lstat(repo / rel if rel else repo).st_mode):
+                os.chmod(repo / rel if rel else repo, mode)
     if failures:
         raise SandboxError("what the executor left in git's control files could not all be "
                            "put back: " + "; ".join(failures[:5])

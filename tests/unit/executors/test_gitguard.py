@@ -465,19 +465,72 @@ def _behind_the_users_own_link(repo: Path) -> str:
     return "scripts/hooks"
 
 
-@pytest.mark.parametrize("case", ["_in_config_worktree", "_in_a_nested_repository",
-                                  "_a_filter_program", "_in_the_users_global_config",
-                                  "_behind_an_inactive_include", "_behind_the_users_own_link"])
+def _a_program_named_past_its_first_word(repo: Path) -> str:
+    git(repo, "config", "filter.strip.clean", "sh tools/strip.sh")
+    return "tools/strip.sh"
+
+
+def _a_helper_with_a_bang(repo: Path) -> str:
+    git(repo, "config", "credential.helper", "!./tools/cred.sh get")
+    return "tools/cred.sh"
+
+
+def _diff_external(repo: Path) -> str:
+    git(repo, "config", "diff.external", "tools/differ")
+    return "tools/differ"
+
+
+def _in_the_users_environment(repo: Path) -> str:
+    os.environ.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="core.hooksPath",
+                      GIT_CONFIG_VALUE_0=".envhooks")
+    return ".envhooks"
+
+
+def _in_a_nested_repository_choir_refuses(repo: Path) -> str:
+    sub = repo / "vendor" / "lib"
+    sub.mkdir(parents=True)
+    git(sub, "init", "-q")
+    (sub / ".git" / "objects" / "info" / "alternates").write_text(str(repo / ".git/objects"))
+    git(sub, "config", "core.hooksPath", ".h")
+    return "vendor/lib/.h"
+
+
+def _behind_an_inactive_include_outside(repo: Path) -> str:
+    home = Path(os.environ["HOME"])
+    (home / "release.inc").write_text("[core]\n\thooksPath = .relhooks\n")
+    (home / ".gitconfig").write_text(
+        f'[includeIf "onbranch:release/**"]\n\tpath = {home / "release.inc"}\n')
+    return ".relhooks"
+
+
+def _through_a_link_to_the_repo(repo: Path) -> str:
+    alias = repo.parent / "alias"
+    alias.symlink_to(repo)
+    git(repo, "config", "core.hooksPath", str(alias / ".githooks"))
+    return ".githooks"
+
+
+@pytest.mark.parametrize("case", [
+    "_in_config_worktree", "_in_a_nested_repository", "_a_filter_program",
+    "_in_the_users_global_config", "_behind_an_inactive_include",
+    "_behind_the_users_own_link", "_a_program_named_past_its_first_word",
+    "_a_helper_with_a_bang", "_diff_external", "_in_the_users_environment",
+    "_in_a_nested_repository_choir_refuses", "_behind_an_inactive_include_outside",
+    "_through_a_link_to_the_repo"])
 def test_every_place_the_users_git_runs_in_the_tree_is_kept(
         repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
-    """Review 29: six places the user's git runs or reads in the work tree that only the
-    repo's own config, read with ``--local``, never named (each plant ran at the user's next
-    git in ``/work/review/r29/r4_places_not_read.py``). Each is kept now, and what the
-    executor writes there is undone."""
+    """Review 29 (its second round too): places the user's git runs or reads in the work
+    tree that only the repo's own config, read with ``--local``, never named (each plant ran
+    at the user's next git in ``/work/review/r29/r4_places_not_read.py`` and
+    ``/work/review/r29b/``). Each is kept now, and what the executor writes there is
+    undone."""
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    for key in ("GIT_CONFIG_COUNT", "GIT_CONFIG_KEY_0", "GIT_CONFIG_VALUE_0"):
+        monkeypatch.setenv(key, "")  # restored after the case; emptied for it
+        monkeypatch.delenv(key)
     place = globals()[case](repo)
     saved = gitguard.save(repo)
     assert place in saved.named, sorted(saved.named)
@@ -488,3 +541,68 @@ def test_every_place_the_users_git_runs_in_the_tree_is_kept(
     planted.write_text("#!/bin/sh\ntouch loot\n")
     assert place in gitguard.restore(saved)
     assert not planted.exists() or "loot" not in planted.read_text()
+
+
+def test_a_folder_made_to_look_like_a_repository_loses_its_head(repo: Path,
+                                                                 tmp_path: Path) -> None:
+    """Review 29b: git takes any folder holding ``HEAD``, ``objects/`` and ``refs/`` for a
+    repository (``safe.bareRepository`` is ``all`` by default), so the user's prompt in
+    ``src/`` ran the fsmonitor of a config the executor wrote there, no ``.git`` in sight.
+    Its ``HEAD`` is removed (git then takes it for none); its other files stay. One that was
+    there (a fixture) is guarded like any repository below the repo."""
+    git(repo, "init", "-q", "--bare", "fixture")
+    saved = gitguard.save(repo)
+    assert "fixture" in saved.nested
+    loot = tmp_path / "loot"
+    src = repo / "src"
+    (src / "objects").mkdir(parents=True)
+    (src / "refs").mkdir()
+    (src / "HEAD").write_text("ref: refs/heads/main\n")
+    (src / "config").write_text(f"[core]\n\tfsmonitor = touch {loot}; false\n"
+                                "\tbare = false\n\tworktree = .\n")
+    (src / "main.py").write_text("x = 1\n")
+    with open(repo / "fixture" / "config", "a") as fh:
+        fh.write(f"[core]\n\tfsmonitor = touch {loot}; false\n")
+    undone = gitguard.restore(saved)
+    assert "src/HEAD" in undone and "fixture/config" in undone, undone
+    assert (src / "main.py").exists() and (src / "config").exists()  # its files stay
+    for where in (src, repo / "fixture"):
+        subprocess.run(["git", "-C", str(where), "status"], capture_output=True)
+    assert not loot.exists(), "a repository the executor made ran its program as the user"
+
+
+def test_a_linked_parent_the_executor_made_a_folder_is_a_link_again(repo: Path) -> None:
+    """Review 29b: the user reaches the hooks folder through a link of their own (``cfg`` ->
+    ``config``); the executor replaced the link by a folder holding its hook. The link is
+    kept as a place itself, so its folder goes and the link comes back."""
+    (repo / "config" / "hooks").mkdir(parents=True)
+    (repo / "cfg").symlink_to("config")
+    git(repo, "config", "core.hooksPath", "cfg/hooks")
+    saved = gitguard.save(repo)
+    assert "cfg" in saved.named and "config/hooks" in saved.named
+    (repo / "cfg").unlink()
+    (repo / "cfg" / "hooks").mkdir(parents=True)
+    (repo / "cfg" / "hooks" / "pre-commit").write_text("#!/bin/sh\ntouch loot\n")
+    assert "cfg" in gitguard.restore(saved)
+    assert (repo / "cfg").is_symlink() and os.readlink(repo / "cfg") == "config"
+
+
+def _a_named_parent_made_read_only(repo: Path) -> object:
+    (repo / "conf").mkdir()
+    (repo / "conf" / "git.inc").write_text("[user]\n\tname = u\n")
+    git(repo, "config", "include.path", "../conf/git.inc")
+    saved = gitguard.save(repo)
+    with open(repo / "conf" / "git.inc", "a") as fh:
+        fh.write("[core]\n\tfsmonitor = touch loot; false\n")
+    (repo / "conf").chmod(0o555)
+    undone = gitguard.restore(saved)
+    return (undone, (repo / "conf" / "git.inc").read_text(),
+            oct((repo / "conf").stat().st_mode & 0o777))
+
+
+def test_a_named_places_parent_made_read_only_is_put_back(tmp_path: Path) -> None:
+    """Review 29b: the executor rewrote an included file and made its folder read-only: the
+    file could not be removed, the round stopped, and the user's next status ran it. The
+    folder's mode is put back first (the owner's write while putting back)."""
+    assert as_nobody(tmp_path, "_a_named_parent_made_read_only") == repr(
+        (["conf", "conf/git.inc"], "[user]\n\tname = u\n", "0o755"))
