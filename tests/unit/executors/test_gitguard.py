@@ -465,19 +465,12 @@ def _behind_the_users_own_link(repo: Path) -> str:
     return "scripts/hooks"
 
 
-def _a_program_named_past_its_first_word(repo: Path) -> str:
-    git(repo, "config", "filter.strip.clean", "sh tools/strip.sh")
-    return "tools/strip.sh"
-
-
-def _a_helper_with_a_bang(repo: Path) -> str:
-    git(repo, "config", "credential.helper", "!./tools/cred.sh get")
-    return "tools/cred.sh"
-
-
-def _diff_external(repo: Path) -> str:
-    git(repo, "config", "diff.external", "tools/differ")
-    return "tools/differ"
+# one setting each: (key, value, the place it names)
+SETTINGS = {"_a_program_named_past_its_first_word":
+            ("filter.strip.clean", "sh tools/strip.sh", "tools/strip.sh"),
+            "_a_helper_with_a_bang": ("credential.helper", "!./tools/cred.sh get",
+                                      "tools/cred.sh"),
+            "_diff_external": ("diff.external", "tools/differ", "tools/differ")}
 
 
 def _in_the_users_environment(repo: Path) -> str:
@@ -531,7 +524,11 @@ def test_every_place_the_users_git_runs_in_the_tree_is_kept(
     for key in ("GIT_CONFIG_COUNT", "GIT_CONFIG_KEY_0", "GIT_CONFIG_VALUE_0"):
         monkeypatch.setenv(key, "")  # restored after the case; emptied for it
         monkeypatch.delenv(key)
-    place = globals()[case](repo)
+    if case in SETTINGS:
+        key, value, place = SETTINGS[case]
+        git(repo, "config", key, value)
+    else:
+        place = globals()[case](repo)
     saved = gitguard.save(repo)
     assert place in saved.named, sorted(saved.named)
     planted = repo / place
