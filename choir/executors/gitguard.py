@@ -469,9 +469,12 @@ def _restore_named(repo: Path, rel: str, saved: Saved) -> list[str]:
         _put(path, saved.top)
     else:
         _put(path, _Entry("dir", saved.mode | 0o700))
-        for child in sorted(saved.entries):  # a folder before what it holds
-            if saved.entries[child].kind != "other":
-                _put(path / child, saved.entries[child])
+        for child in sorted(saved.entries):  # a folder before what it holds, writable
+            entry = saved.entries[child]  # until it is filled
+            if entry.kind == "dir":
+                _put(path / child, _Entry("dir", entry.mode | 0o700))
+            elif entry.kind != "other":
+                _put(path / child, entry)
         for child in sorted(saved.entries, reverse=True):  # modes last: a folder's may
             if saved.entries[child].kind == "dir":  # deny its making
                 os.chmod(path / child, saved.entries[child].mode)

@@ -603,3 +603,26 @@ def test_a_named_places_parent_made_read_only_is_put_back(tmp_path: Path) -> Non
     folder's mode is put back first (the owner's write while putting back)."""
     assert as_nobody(tmp_path, "_a_named_parent_made_read_only") == repr(
         (["conf", "conf/git.inc"], "[user]\n\tname = u\n", "0o755"))
+
+
+def _a_read_only_folder_in_a_named_place(repo: Path) -> object:
+    shut = repo / ".husky" / "_" / "shut"
+    shut.mkdir(parents=True)
+    (shut / "kept").write_text("x\n")
+    shut.chmod(0o555)
+    git(repo, "config", "core.hooksPath", ".husky/_")
+    before = tree_of(repo / ".husky")
+    saved = gitguard.save(repo)
+    subprocess.run(["chmod", "-R", "u+w", str(repo / ".husky")], check=True)
+    subprocess.run(["rm", "-rf", str(repo / ".husky" / "_")], check=True)
+    undone = gitguard.restore(saved)
+    return undone, tree_of(repo / ".husky") == before
+
+
+def test_a_read_only_folder_in_a_named_place_is_made_again_with_what_it_held(
+        tmp_path: Path) -> None:
+    """Review 29b: a folder of the place whose saved mode denied writing was made with that
+    mode at once, and what it held could not be written back (the put-back failed, the
+    round stopped). Its mode is set once it is filled (as user 65534: no mode stops root)."""
+    assert as_nobody(tmp_path, "_a_read_only_folder_in_a_named_place") == repr(
+        ([".husky/_"], True))
