@@ -62,6 +62,12 @@ def expand(value: str, inputs: dict[str, str], runner_temp: Path, base_sha: str 
     return EXPR.sub(one, value)
 
 
+# pip compiles every module it installs (litellm's 3,000 among them), which is most of an
+# install's CPU; what these tests show does not depend on it. (pip reads ``PIP_NO_COMPILE=1``
+# as ``--compile``: its boolean options take the value of their positive name.)
+NO_COMPILE = {"PIP_COMPILE": "0"}
+
+
 def run_action_step(name: str, tmp_path: Path, given: dict[str, str], base_sha: str = "",
                     extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     spec = action()
@@ -107,7 +113,7 @@ def test_the_install_step_installs_choir_from_the_action(tmp_path: Path) -> None
     package index) into a fresh venv, then the verify step runs with it."""
     calc(tmp_path, CALC_OK)
     installed = run_action_step("Install Choir", tmp_path, {"python": sys._base_executable,
-                                                            "extras": ""})
+                                                            "extras": ""}, extra_env=NO_COMPILE)
     assert installed.returncode == 0, installed.stdout + installed.stderr
     assert (tmp_path / "runner-temp" / "choir-venv" / "bin" / "choir-ci").is_file()
     proc = run_action_step("Verify and gate", tmp_path, {
