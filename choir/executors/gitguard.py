@@ -32,8 +32,8 @@ shows in no diff) and the files ``include.path`` or ``includeIf.*.path`` name. T
 next ``git commit`` ran a hook the executor wrote there, and their next ``git status`` a
 ``core.fsmonitor`` it added to an included file. So those places, as the config names them
 before the executor runs (``_config_paths``), are kept whole too and put back as they were:
-what git itself runs or reads is no part of an executor's change. Each is reached from the
-repo by plain folders only; one the executor put behind a link stops the round.
+what git itself runs or reads is no part of an executor's change. A parent of one that the
+executor made a link is removed (never followed) and plain folders made in its place.
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def _walk(repo: Path, skip: dict[str, tuple[int, int]]) -> _Walk:
     todo = [""]
     while todo:
         rel = todo.pop()
-        folder = repo / rel if rel else repo
+        folder = repo / rel
         try:
             st = os.lstat(folder)
             if not stat.S_ISDIR(st.st_mode):
@@ -240,7 +240,7 @@ def save(repo: Path, skip: Iterable[Path] = ()) -> Saved:
         walk.close()
     for rel in ["", *{os.path.dirname(rel) for rel in saved.named}]:  # the folders a place
         with contextlib.suppress(OSError):  # is removed from: their modes put back first
-            st = os.lstat(repo / rel if rel else repo)
+            st = os.lstat(repo / rel)
             if stat.S_ISDIR(st.st_mode):
                 saved.modes[rel] = stat.S_IMODE(st.st_mode)
     return saved
@@ -253,15 +253,11 @@ def _name(saved: Saved, repo: Path, rel: str) -> None:
     a place behind a linked parent (the removal would follow it)."""
     if rel in saved.named:
         return
-    if _plain_parents(repo, rel):
+    linked = _linked_parent(repo, rel)
+    if linked is None:
         saved.named[rel] = _save(repo / rel, history=False)
     else:  # the link itself is kept: one the executor replaced by a folder of its own goes
-        linked = Path(rel).parts
-        for depth in range(1, len(linked)):
-            parent = os.path.join(*linked[:depth])
-            if not stat.S_ISDIR(os.lstat(repo / parent).st_mode):
-                _name(saved, repo, parent)
-                break
+        _name(saved, repo, linked)
     root = os.path.realpath(repo)
     real = os.path.relpath(os.path.realpath(repo / rel), root)
     if real != rel and real != "." and not real.startswith("..") and \
@@ -419,18 +415,19 @@ def _named(root: str, origin: str, key: str, value: str) -> list[str]:
     return found
 
 
-def _plain_parents(repo: Path, rel: str) -> bool:
-    """Whether every folder from ``repo`` down to ``rel``'s parent is a plain folder (no
-    link): a missing one counts (nothing is there to follow)."""
-    folder = repo
-    for part in Path(rel).parts[:-1]:
-        folder = folder / part
+def _linked_parent(repo: Path, rel: str) -> str | None:
+    """The first folder from ``repo`` down to ``rel``'s parent that is there and no plain
+    folder (a link, a file), by path from ``repo``; None when there is none (a missing one
+    ends the search: nothing is there to follow)."""
+    parts = Path(rel).parts
+    for depth in range(1, len(parts)):
+        parent = os.path.join(*parts[:depth])
         try:
-            if not stat.S_ISDIR(os.lstat(folder).st_mode):
-                return False
+            if not stat.S_ISDIR(os.lstat(repo / parent).st_mode):
+                return parent
         except FileNotFoundError:
-            return True
-    return True
+            return None
+    return None
 
 
 def _restore_named(repo: Path, rel: str, saved: Saved) -> list[str]:
@@ -441,17 +438,10 @@ def _restore_named(repo: Path, rel: str, saved: Saved) -> list[str]:
     the bound) counts as changed and is removed unread."""
     path = repo / rel
     undone: list[str] = []
-    folder = repo
-    for part in Path(rel).parts[:-1]:
-        folder = folder / part
-        try:
-            if stat.S_ISDIR(os.lstat(folder).st_mode):
-                continue
-        except FileNotFoundError:
-            break
-        _remove(folder)
-        undone.append(str(folder.relative_to(repo)))
-        break
+    linked = _linked_parent(repo, rel)
+    if linked is not None:
+        _remove(repo / linked)
+        undone.append(linked)
     try:
         now = _save(path, history=False)
         same = (now.top, now.mode, now.entries) == (saved.top, saved.mode, saved.entries) \
@@ -521,9 +511,9 @@ def restore(saved: Saved) -> list[str]:
     failures: list[str] = []
     for rel, mode in saved.modes.items():  # a folder made read-only kept its plant: the
         try:  # owner's write while putting back, its own mode after
-            st = os.lstat(repo / rel if rel else repo)
+            st = os.lstat(repo / rel)
             if stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) != mode | 0o700:
-                os.chmod(repo / rel if rel else repo, mode | 0o700)
+                os.chmod(repo / rel, mode | 0o700)
                 if stat.S_IMODE(st.st_mode) != mode:
                     undone.append(rel or ".")
         except OSError:
@@ -544,9 +534,7 @@ def restore(saved: Saved) -> list[str]:
                     _remove(repo / rel / "HEAD")  # git takes it for none; its files stay
                     undone.append(f"{rel}/HEAD")
                 else:
-                    folder = rel.removesuffix(".git") if rel.endswith(".git") else rel + "/"
-                    undone += [folder + path.removeprefix(".git/") if not rel.endswith(".git")
-                               else folder + path for path in _restore(before)]
+                    undone += _restore(before, label=rel)
             except (OSError, SandboxError) as exc:
                 failures.append(f"{rel}: {exc}")
     finally:
@@ -564,8 +552,8 @@ def restore(saved: Saved) -> list[str]:
         failures.append(f".git: {exc}")
     for rel, mode in saved.modes.items():
         with contextlib.suppress(OSError):
-            if stat.S_ISDIR(os.lstat(repo / rel if rel else repo).st_mode):
-                os.chmod(repo / rel if rel else repo, mode)
+            if stat.S_ISDIR(os.lstat(repo / rel).st_mode):
+                os.chmod(repo / rel, mode)
     if failures:
         raise SandboxError("what the executor left in git's control files could not all be "
                            "put back: " + "; ".join(failures[:5])
@@ -573,7 +561,9 @@ def restore(saved: Saved) -> list[str]:
     return sorted(undone)
 
 
-def _restore(saved: Saved) -> list[str]:
+def _restore(saved: Saved, label: str = ".git") -> list[str]:
+    """Put one git folder's control entries back; what was undone, by path from the repo
+    (``label``: the folder's own path from it)."""
     git = saved.git
     try:
         st: os.stat_result | None = os.lstat(git)
@@ -586,7 +576,7 @@ def _restore(saved: Saved) -> list[str]:
             _remove(git)
         if saved.top is not None:
             _put(git, saved.top)
-        return [".git"]
+        return [label]
     if st is None or not stat.S_ISDIR(st.st_mode) or (st.st_dev, st.st_ino) != saved.ident:
         aside = git.with_name(QUARANTINE)
         if st is not None:
@@ -610,26 +600,26 @@ def _restore(saved: Saved) -> list[str]:
         try:
             present = _children(git / rel if rel else git, rel, rel in saved.gitdirs)
         except OSError as exc:
-            failed.append(f".git/{rel}: {exc}")
+            failed.append(f"{label}/{rel}: {exc}")
             continue
         for child, path in present.items():
             try:
                 if _undo(path, saved.entries.get(child)):
                     undone.append(child)
             except (OSError, SandboxError) as exc:
-                failed.append(f".git/{child}: {exc}")
+                failed.append(f"{label}/{child}: {exc}")
         for child in kids.get(rel, []):
             try:
                 if child not in present and saved.entries[child].kind != "other":
                     _put(git / child, saved.entries[child])
                     undone.append(child)
             except OSError as exc:
-                failed.append(f".git/{child}: {exc}")
+                failed.append(f"{label}/{child}: {exc}")
             if saved.entries[child].kind == "dir":
                 todo.append(child)
     if failed:
         raise SandboxError("; ".join(failed[:5]))
-    return sorted(f".git/{rel}".rstrip("/") for rel in set(undone))
+    return sorted(f"{label}/{rel}".rstrip("/") for rel in set(undone))
 
 
 def _undo(path: Path, want: _Entry | None) -> bool:

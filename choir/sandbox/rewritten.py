@@ -173,8 +173,8 @@ def for_step(tree: Path) -> Iterator[Path | None]:
     _prune(steps)
     with _in_use(steps):
         try:
-            folder = _step_folder(tree, {kind: (str(_objects(made)), made)
-                                         for kind, made in kinds.items()})
+            folder = _step_folder(tree, steps, {kind: (str(_objects(made)), made)
+                                                for kind, made in kinds.items()})
         except OSError:  # a disk that is full, a cache Choir cannot read: the step makes
             folder = None  # its own, as on any read-only tree
         yield folder
@@ -187,8 +187,7 @@ def _in_use(steps: Path) -> Iterator[None]:
     taken where the lock file cannot be made (the step's folder is then not made either)."""
     try:
         steps.mkdir(parents=True, exist_ok=True)
-        fd = os.open(steps / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
+        fd = _lock_file(steps)
     except OSError:
         yield
         return
@@ -199,13 +198,17 @@ def _in_use(steps: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _step_folder(tree: Path, kinds: dict[str, tuple[str, str]]) -> Path | None:
-    """The kept folder for ``tree``'s links (made now if none holds them yet); None when
-    there is no link to give."""
+def _lock_file(steps: Path) -> int:
+    """A descriptor of ``steps``' lock file (made if missing), for ``flock``."""
+    return os.open(steps / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+def _step_folder(tree: Path, steps: Path, kinds: dict[str, tuple[str, str]]) -> Path | None:
+    """The kept folder in ``steps`` for ``tree``'s links (made now if none holds them yet);
+    None when there is no link to give."""
     links = _links(tree, kinds)
     if not links:
         return None
-    steps = root() / "steps"
     folder = steps / _key(links)
     try:
         os.utime(folder)  # kept: newest for ``_prune``
@@ -307,8 +310,7 @@ def _prune(steps: Path) -> None:
     if len(entries) <= 2 * KEEP_STEPS:
         return
     try:
-        fd = os.open(steps / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
+        fd = _lock_file(steps)
     except OSError:
         return
     try:
