@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests import forked
 from tests.workitems import FIXED as CALC_OK
 from tests.workitems import STEP_PY as PY
 from tests.workitems import UNIT_VERIFIER as UNIT
@@ -92,8 +93,8 @@ def choir(*args: str, serve: str | None = None, cwd: Path | None = None,
     env = dict(os.environ, **(extra_env or {}))
     if serve is not None:
         env["CHOIR_SERVE"] = serve
-    return subprocess.run([*CHOIR, *args], capture_output=True, text=True, cwd=cwd, env=env,
-                          timeout=300, check=False)
+    return forked.run([*CHOIR, *args], capture_output=True, text=True, cwd=cwd, env=env,
+                      timeout=300, check=False)
 
 
 def start_service(*args: str, extra_env: dict[str, str] | None = None) -> int:

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests import forked
+
 ROOT = Path(__file__).resolve().parents[1]
 LONG_LINE = 3_000_000  # bytes in the hostile verifier's one long line
 HOSTILE = (
@@ -46,8 +48,8 @@ def env_for(home: Path) -> dict[str, str]:
 
 
 def _choir(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "choir", *args], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+    return forked.run([sys.executable, "-m", "choir", *args], env=env, cwd=cwd,
+                      capture_output=True, text=True, timeout=300)
 
 
 def make_home(work: Path, extra_env: dict[str, str] | None = None) -> dict[str, str]:

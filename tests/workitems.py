@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tests import forked
+
 PY = sys.executable
 # what a sandboxed step runs: the base interpreter (it never sees Choir's own venv, #16.7)
 STEP_PY = os.path.realpath(sys.executable)
@@ -117,8 +119,8 @@ def scripted_item(tmp_path: Path, script: str, *, mood: str, max_attempts: int,
                     f"executor:\n  kind: command\n  command: {PY} {executor}\n")
     env = {**os.environ, "CHOIR_HOME": str(tmp_path / "home"),
            "CHOIR_ARTIFACT_DIR": str(tmp_path / "home" / "artifacts")}
-    proc = subprocess.run([PY, "-m", "choir", "run", str(item), "--json"], env=env,
-                          capture_output=True, text=True, timeout=300)
-    gate = subprocess.run([PY, "-m", "choir", "gate", "calc", "--repo", str(repo)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = forked.run([PY, "-m", "choir", "run", str(item), "--json"], env=env,
+                      capture_output=True, text=True, timeout=300)
+    gate = forked.run([PY, "-m", "choir", "gate", "calc", "--repo", str(repo)], env=env,
+                      capture_output=True, text=True, timeout=120)
     return proc.returncode, json.loads(proc.stdout), gate.returncode

@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.agent_clis import API_KEY, ModelAPI, edits, install_standins
 from tests.workitems import FIXED, PY, calc_repo
 
@@ -64,8 +64,8 @@ def test_each_preset_reaches_assert_through_its_real_cli_interface(
                         f"executor:\n  uses: {preset}\n  hosts: ['{api.host}']\n")
         env = {**os.environ, **BASE_URL[preset](api), "PATH": f"{bin_dir}:{os.environ['PATH']}",
                "UNRELATED_SECRET": "must-not-reach-the-agent"}
-        proc = subprocess.run([PY, "-m", "choir", "run", str(item), "--json"], env=env,
-                              capture_output=True, text=True, timeout=300)
+        proc = forked.run([PY, "-m", "choir", "run", str(item), "--json"], env=env,
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     assert out["status"] == "asserted", out

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 from choir.ahdb import open_ahdb
+from tests import forked
 
 
 def test_long_work_item_ids_and_claims_keep_the_columns_in_line(choir_home: Path) -> None:
@@ -17,8 +17,8 @@ def test_long_work_item_ids_and_claims_keep_the_columns_in_line(choir_home: Path
                         ("evil", "\x1b]0;title\x07claim with escapes")):
         db.propose(claim=claim, work_item=item, tree_hash="a" * 64, required_verifiers=["unit"])
     env = dict(os.environ, COLUMNS="120")
-    out = subprocess.run([sys.executable, "-m", "choir", "ahdb", "list"], capture_output=True,
-                         text=True, env=env, timeout=60, check=True).stdout
+    out = forked.run([sys.executable, "-m", "choir", "ahdb", "list"], capture_output=True,
+                     text=True, env=env, timeout=60, check=True).stdout
     lines = out.splitlines()
     assert all(len(line) <= 120 for line in lines), out
     header = lines[0]

@@ -7,18 +7,18 @@ on (a trace with none of a run's steps).
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
+from tests import forked
 from tests.workitems import PY
 
 
 def test_approving_a_run_that_does_not_exist_changes_nothing(choir_home: Path) -> None:
-    proc = subprocess.run([PY, "-m", "choir", "approve", "typo"], capture_output=True,
-                          text=True, timeout=120)
+    proc = forked.run([PY, "-m", "choir", "approve", "typo"], capture_output=True,
+                      text=True, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "no run typo" in proc.stderr and "Traceback" not in proc.stderr
     assert [p.parent.name for p in choir_home.rglob("typo*")] in ([], ["locks"])  # no trace
-    audit = subprocess.run([PY, "-m", "choir", "audit"], capture_output=True, text=True,
-                           timeout=120)
+    audit = forked.run([PY, "-m", "choir", "audit"], capture_output=True, text=True,
+                       timeout=120)
     assert audit.returncode == 0, audit.stdout + audit.stderr

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.workitems import PY, calc_repo, fixing_item
 
 # every stored file broken every way, ~2 minutes of real homes: CI's slow stage runs it
@@ -33,8 +34,8 @@ def _env(home: Path) -> dict[str, str]:
 
 
 def _choir(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
-                          timeout=300, env=_env(home), cwd=home.parent)
+    return forked.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                      timeout=300, env=_env(home), cwd=home.parent)
 
 
 @pytest.fixture(scope="module")
@@ -296,9 +297,9 @@ def test_a_fifo_or_dev_zero_planted_is_named_never_waited_on(
         path.unlink(missing_ok=True)
         os.mkfifo(path) if how == "fifo" else path.symlink_to("/dev/zero")
         try:
-            proc = subprocess.run([PY, "-m", "choir", "audit", "--json"], capture_output=True,
-                                  text=True, timeout=60, env=_env(home), cwd=home.parent,
-                                  preexec_fn=_limited)
+            proc = forked.run([PY, "-m", "choir", "audit", "--json"], capture_output=True,
+                              text=True, timeout=60, env=_env(home), cwd=home.parent,
+                              preexec_fn=_limited)
         except subprocess.TimeoutExpired:
             return f"{where}: audit hung"
         want = PLANTED[where]

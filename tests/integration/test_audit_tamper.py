@@ -15,12 +15,13 @@ import pytest
 from choir.ahdb import event_hash, open_ahdb
 from choir.evidence.tree import tree_hash
 from choir.models import AtomKind, AtomStatus
+from tests import forked
 from tests.evidence import attest, make_repo
 
 
 def audit() -> tuple[int, dict]:  # type: ignore[type-arg]
-    proc = subprocess.run([sys.executable, "-m", "choir", "audit", "--json"],
-                          capture_output=True, text=True, timeout=120)
+    proc = forked.run([sys.executable, "-m", "choir", "audit", "--json"],
+                      capture_output=True, text=True, timeout=120)
     return proc.returncode, json.loads(proc.stdout)
 
 

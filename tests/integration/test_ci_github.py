@@ -28,7 +28,7 @@ from in_toto_attestation.v1.statement import Statement
 from securesystemslib.dsse import Envelope
 from securesystemslib.signer import SSlibKey
 
-from tests import ghrunner
+from tests import forked, ghrunner
 from tests.integration.test_verify_cli import CALC_BUG, CALC_OK, make_repo, sandbox_name
 
 pytestmark = pytest.mark.slow  # CI's slow stage: the README's command stays under five minutes
@@ -216,9 +216,9 @@ ALLOWED_TAGS = {"h2", "h3", "p", "table", "tr", "th", "td", "pre", "code"}
 def test_a_hostile_verifier_drives_neither_the_runner_nor_the_summary(tmp_path: Path) -> None:
     repo = hostile_repo(tmp_path / "ws" / "repo")
     # the attack is real: a bare `choir verify` in a step hands the runner the verifier's lines
-    bare = subprocess.run([sys.executable, "-m", "choir", "verify", "--repo", str(repo),
-                           "--sandbox", sandbox_name()], capture_output=True, text=True,
-                          env=runner_env(tmp_path), timeout=300)
+    bare = forked.run([sys.executable, "-m", "choir", "verify", "--repo", str(repo),
+                       "--sandbox", sandbox_name()], capture_output=True, text=True,
+                      env=runner_env(tmp_path), timeout=300)
     assert bare.returncode == 1
     injected = {c[0] for c in ghrunner.commands(bare.stdout + bare.stderr)}
     assert {"add-mask", "set-output"} <= injected, injected

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.workitems import PY
 
 CONFIG = """\
@@ -35,8 +36,8 @@ sandbox: {backend: local}
 
 
 def _choir(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
-                          timeout=120, cwd=cwd, env=dict(os.environ))
+    return forked.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                      timeout=120, cwd=cwd, env=dict(os.environ))
 
 
 def _running_item(tmp_path: Path) -> tuple[Path, subprocess.Popen[str]]:

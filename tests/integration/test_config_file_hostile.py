@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked
+
 OUTSIDE = """\
 verifiers:
   outside:
@@ -30,9 +32,9 @@ verifiers:
 
 def _verify(repo: Path) -> subprocess.CompletedProcess[str]:
     try:
-        return subprocess.run([sys.executable, "-m", "choir", "verify", "--repo", str(repo),
-                               "--sandbox", "local", "--json"], capture_output=True, text=True,
-                              timeout=60, env=dict(os.environ))
+        return forked.run([sys.executable, "-m", "choir", "verify", "--repo", str(repo),
+                           "--sandbox", "local", "--json"], capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ))
     except subprocess.TimeoutExpired:
         pytest.fail("choir verify hung on the repo's choir.yaml")
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from choir.testing import FakeModelServer, text
+from tests import forked
 from tests.workitems import PY, calc_repo, fixing_item
 
 # the Director model through whole runs on a loopback server:
@@ -38,8 +39,8 @@ def setup(tmp_path: Path, model: str) -> Path:
 
 
 def choir(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
-                          env=env, timeout=300)
+    return forked.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                      env=env, timeout=300)
 
 
 def test_the_director_model_adds_only_allowlisted_verifiers_and_never_sees_raw_output(

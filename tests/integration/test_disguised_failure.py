@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.workitems import scripted_item
 
 pytestmark = pytest.mark.bwrap
@@ -67,7 +68,6 @@ def test_choir_verify_calls_a_pass_beside_a_step_made_inconclusive_a_failure(
     retried the disguise too. Both judge it per verifier: FAIL, exit 1."""
     import json
     import os
-    import subprocess
 
     from tests.workitems import PY
 
@@ -83,9 +83,9 @@ def test_choir_verify_calls_a_pass_beside_a_step_made_inconclusive_a_failure(
                                      "  unit: {uses: pytest}\n")
     env = {**os.environ, "CHOIR_HOME": str(tmp_path / "home"),
            "CHOIR_ARTIFACT_DIR": str(tmp_path / "home" / "artifacts")}
-    proc = subprocess.run([PY, "-m", "choir", "verify", "--repo", str(repo), "--mood",
-                           "PARANOID", "--json"], capture_output=True, text=True, timeout=300,
-                          env=env)
+    proc = forked.run([PY, "-m", "choir", "verify", "--repo", str(repo), "--mood",
+                       "PARANOID", "--json"], capture_output=True, text=True, timeout=300,
+                      env=env)
     out = json.loads(proc.stdout)
     assert sorted(r["result"] for r in out["reports"]) == ["INCONCLUSIVE", "PASS"], out["reports"]
     assert (proc.returncode, out["verdict"]) == (1, "FAIL")

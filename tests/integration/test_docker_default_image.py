@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 
 from choir.sandbox.docker import DockerSandbox
+from tests import forked
 
 CHOIR = [sys.executable, "-m", "choir"]
 needs_engine = pytest.mark.skipif(not DockerSandbox.available(), reason="no Docker engine")
 
 
 def choir(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CHOIR, *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **env})
+    return forked.run([*CHOIR, *args], capture_output=True, text=True, timeout=300,
+                      env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **env})
 
 
 def repo(tmp_path: Path, sandbox: str = "") -> Path:

@@ -23,6 +23,7 @@ import pytest
 from choir.app.verify import verify_tree
 from choir.attest.store import AttestationStore
 from choir.models import Mood, WorkItem
+from tests import forked
 from tests.egress_attacks import Target, write_probe
 from tests.sandboxes import ISOLATED, isolated_backend
 
@@ -153,7 +154,6 @@ def test_a_listed_endpoint_carries_any_tcp_protocol_through_its_tunnel(tmp_path:
     address, which this test process (its network guard) may not connect to."""
     import json
     import socketserver
-    import subprocess
     import threading
 
     from tests.egress_attacks import host_address
@@ -182,8 +182,8 @@ def test_a_listed_endpoint_carries_any_tcp_protocol_through_its_tunnel(tmp_path:
                 assert s.makefile().readline() == "PONG\\n"
             print("PONG-THROUGH-TUNNEL")
             """))
-        proc = subprocess.run([PY, "-m", "choir", "verify", "--repo", str(repo), "--sandbox",
-                               "bwrap", "--json"], capture_output=True, text=True, timeout=120)
+        proc = forked.run([PY, "-m", "choir", "verify", "--repo", str(repo), "--sandbox",
+                           "bwrap", "--json"], capture_output=True, text=True, timeout=120)
         server.shutdown()
     out = json.loads(proc.stdout)
     assert out["status"] == "PASS", out["tail_log"]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.workitems import BUGGY, FIXED, PY, calc_repo
 
 CANARY = "CANARY-evidence-tree"
@@ -30,8 +31,8 @@ PATCH = "import calc\ncalc.add = lambda a, b: a + b\n"
 def choir(*args: str, cwd: Path | None = None, timeout: float = 300,
           **extra: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **extra)
-    return subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=timeout)
+    return forked.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                      cwd=cwd, env=env, timeout=timeout)
 
 
 def git(repo: Path, *args: str) -> str:

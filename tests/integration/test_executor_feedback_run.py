@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 from choir.testing import FakeModelServer, final_output
+from tests import forked
 from tests.workitems import PY, STEP_PY
 
 SANDBOX = "bwrap" if shutil.which("bwrap") else "local"
@@ -53,8 +54,8 @@ def test_the_ninth_planned_fail_is_in_the_next_prompt(tmp_path: Path) -> None:
               verifier_max_attempts: 1
             """))
         env = dict(os.environ, OPENAI_API_BASE=server.api_base, OPENAI_API_KEY="sk-fake")
-        subprocess.run([PY, "-m", "choir", "run", str(item), "--json"], capture_output=True,
-                       text=True, env=env, timeout=600)
+        forked.run([PY, "-m", "choir", "run", str(item), "--json"], capture_output=True,
+                   text=True, env=env, timeout=600)
     firsts = [b["messages"][-1]["content"] for b in server.bodies if len(b["messages"]) == 2]
     assert len(firsts) == 2, f"{len(firsts)} agent runs started"
     feedback = firsts[1][firsts[1].index("The previous attempt"):]

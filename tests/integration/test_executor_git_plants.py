@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.workitems import PY
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
@@ -54,8 +55,8 @@ def run_item(tmp_path: Path, item_id: str, command: str) -> subprocess.Completed
     item = tmp_path / "item.yaml"
     item.write_text(f"id: {item_id}\ngoal: add must add\nrepo: ./repo\nmax_attempts: 1\n"
                     f"executor:\n  kind: command\n  command: \"{command}\"\n")
-    return subprocess.run([PY, "-m", "choir", "run", str(item)], capture_output=True,
-                          text=True, timeout=300)
+    return forked.run([PY, "-m", "choir", "run", str(item)], capture_output=True,
+                      text=True, timeout=300)
 
 
 def test_an_executors_fsmonitor_and_hook_never_run_at_the_users_next_git(
@@ -138,8 +139,8 @@ def test_an_executors_rebase_left_in_progress_never_runs_its_exec_at_the_users_c
     item = tmp_path / "item.yaml"
     item.write_text(f"id: rebase\ngoal: add must add\nrepo: ./repo\nmax_attempts: 1\n"
                     f"executor:\n  kind: command\n  command: {json.dumps(plant)}\n")
-    proc = subprocess.run([PY, "-m", "choir", "run", str(item)], capture_output=True,
-                          text=True, timeout=300)
+    proc = forked.run([PY, "-m", "choir", "run", str(item)], capture_output=True,
+                      text=True, timeout=300)
     assert "ASSERTED" in proc.stdout, proc.stdout + proc.stderr
     assert "rebase-merge" in proc.stderr, proc.stderr  # said, with what was undone
     assert not (repo / ".git" / "rebase-merge").exists()

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from choir.models import WorkItem
+from tests import forked
 from tests.workitems import PY, calc_repo
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
@@ -28,8 +29,8 @@ CANARY = "CANARY-executor-sandbox"
 
 def choir(*args: str, env: dict[str, str] | None = None,
           timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return forked.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                      timeout=timeout, env=env)
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.workitems import PY
 
 pytestmark = pytest.mark.bwrap
@@ -27,8 +28,8 @@ def _repo(tmp_path: Path) -> tuple[Path, list[str], dict[str, str]]:
 
 
 def _choir(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
-                          timeout=300, env=env)
+    return forked.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                      timeout=300, env=env)
 
 
 def _head(git: list[str]) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.workitems import PY
 
 pytestmark = pytest.mark.bwrap
@@ -29,12 +30,12 @@ def test_a_claim_on_a_tree_with_untracked_files_names_the_difference(tmp_path: P
     (repo / "mathy.egg-info" / "PKG-INFO").write_text("Name: mathy\n")
     env = {**os.environ, "CHOIR_HOME": str(tmp_path / "home"),
            "CHOIR_ARTIFACT_DIR": str(tmp_path / "home" / "artifacts")}
-    verify = subprocess.run([PY, "-m", "choir", "verify", "--repo", str(repo), "--claim",
-                             "feature"], capture_output=True, text=True, timeout=300, env=env)
+    verify = forked.run([PY, "-m", "choir", "verify", "--repo", str(repo), "--claim",
+                         "feature"], capture_output=True, text=True, timeout=300, env=env)
     assert verify.returncode == 0, verify.stdout + verify.stderr
-    gate = subprocess.run([PY, "-m", "choir", "gate", "feature", "--repo", str(repo),
-                           "--commit", "HEAD"], capture_output=True, text=True, timeout=120,
-                          env=env)
+    gate = forked.run([PY, "-m", "choir", "gate", "feature", "--repo", str(repo),
+                       "--commit", "HEAD"], capture_output=True, text=True, timeout=120,
+                      env=env)
     assert gate.returncode == 1
     assert "is ASSERTed for another tree" in gate.stdout and "untracked" in gate.stdout, \
         gate.stdout

@@ -19,6 +19,7 @@ import pytest
 
 from choir.evidence.tree import commit_tree_hash, inspect_tree, resolve_commit, snapshot, tree_hash
 from choir.exceptions import UserError
+from tests import forked
 from tests.workitems import BUGGY, FIXED, PY, calc_repo
 
 
@@ -203,18 +204,18 @@ def test_an_executor_cannot_get_a_buggy_commit_through_the_gate_with_a_replace_r
           kind: command
           command: {PY} {tmp_path / 'replace.py'}
         """))
-    proc = subprocess.run([PY, "-m", "choir", "run", str(item), "--json"],
-                          capture_output=True, text=True, timeout=300)
+    proc = forked.run([PY, "-m", "choir", "run", str(item), "--json"],
+                      capture_output=True, text=True, timeout=300)
     assert git(repo, "rev-parse", "HEAD").strip() == b, proc.stderr  # the plant is in place
     assert git(repo, "replace", "-l").strip() == b
     assert json.loads(proc.stdout)["status"] == "asserted", proc.stdout + proc.stderr
     atts = [json.loads(p.read_text()) for p in (choir_home / "attestations").rglob("*.json")]
     assert atts and all(a["body"]["target"]["commit_sha"] != b for a in atts)
-    gate = subprocess.run([PY, "-m", "choir", "gate", "replace", "--commit", b],
-                          capture_output=True, text=True, cwd=repo, timeout=120)
+    gate = forked.run([PY, "-m", "choir", "gate", "replace", "--commit", b],
+                      capture_output=True, text=True, cwd=repo, timeout=120)
     assert gate.returncode == 1, gate.stdout + gate.stderr
-    ok = subprocess.run([PY, "-m", "choir", "gate", "replace"], capture_output=True, text=True,
-                        cwd=repo, timeout=120)
+    ok = forked.run([PY, "-m", "choir", "gate", "replace"], capture_output=True, text=True,
+                    cwd=repo, timeout=120)
     assert ok.returncode == 0, ok.stdout + ok.stderr  # the fixed tree itself did pass
 
 

@@ -22,6 +22,7 @@ import pytest
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.tree import inspect_tree, snapshot
 from choir.exceptions import IntegrityError
+from tests import forked
 
 SECRET = b"-----BEGIN PRIVATE KEY-----\nSECRET-hostile-paths\n-----END PRIVATE KEY-----\n"
 
@@ -123,8 +124,8 @@ def test_a_sandboxed_executor_cannot_steal_the_key_through_a_staged_symlinked_fo
     item = tmp_path / "item.yaml"
     item.write_text(f"id: steal\ngoal: add must add\nrepo: ./repo\nmax_attempts: 1\n"
                     f"executor:\n  kind: command\n  command: {PY} {tmp_path / 'steal.py'}\n")
-    proc = subprocess.run([PY, "-m", "choir", "run", str(item), "--json"],
-                          capture_output=True, text=True, timeout=300)
+    proc = forked.run([PY, "-m", "choir", "run", str(item), "--json"],
+                      capture_output=True, text=True, timeout=300)
     assert (repo / "test_loot.py").exists(), proc.stdout + proc.stderr  # the executor ran
     links = [p for p in repo.iterdir() if p.name.startswith("lnk")]
     assert any((p / "ed25519.key").exists() for p in links), "no plant reached the key"

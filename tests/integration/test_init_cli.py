@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 from choir.config import load_repo_config
+from tests import forked
 
 CHOIR = [sys.executable, "-m", "choir"]
 PYPROJECT = textwrap.dedent("""\
@@ -28,7 +29,7 @@ PYPROJECT = textwrap.dedent("""\
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1",
                PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
-    return subprocess.run([*CHOIR, *args], capture_output=True, text=True, env=env, timeout=300)
+    return forked.run([*CHOIR, *args], capture_output=True, text=True, env=env, timeout=300)
 
 
 def project(path: Path, body: str = "def add(a: int, b: int) -> int:\n    return a + b\n") -> Path:

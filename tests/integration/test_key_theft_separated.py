@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from choir.trusted.keyfile import load_key
+from tests import forked
 
 YAML = """\
 verifiers:
@@ -49,9 +50,9 @@ def test_a_symlinked_key_folder_in_the_index_leaks_nothing(tmp_path: Path,
     (repo / "lnk").symlink_to(choir_home / "keys")
     (repo / ".git" / "info" / "exclude").write_text("lnk\n")
     sandbox = "bwrap" if shutil.which("bwrap") else "local"
-    proc = subprocess.run([sys.executable, "-m", "choir", "verify", "--repo", str(repo),
-                           "--sandbox", sandbox, "--json"], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ))
+    proc = forked.run([sys.executable, "-m", "choir", "verify", "--repo", str(repo),
+                       "--sandbox", sandbox, "--json"], capture_output=True, text=True,
+                      timeout=300, env=dict(os.environ))
     seen = proc.stdout + proc.stderr
     for path in (choir_home / "artifacts").rglob("*"):
         if path.is_file() and not path.is_symlink():

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from choir.testing import FakeModelServer, final_output, reply, text, tool_call
+from tests import forked
 from tests.workitems import PY, calc_repo
 
 pytestmark = pytest.mark.slow  # CI's slow stage: the README's command stays under five minutes
@@ -42,8 +43,8 @@ def make_item(tmp_path: Path, model: str) -> Path:
 
 
 def choir(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
-                          env=env, timeout=300)
+    return forked.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                      env=env, timeout=300)
 
 
 @pytest.mark.slow

@@ -49,6 +49,7 @@ def _repo(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _verify(repo: Path, serve: str) -> subprocess.CompletedProcess[str]:
+    # a cold process, never tests.forked's: the step looks for `choir` in its ancestors' argv
     return subprocess.run([*CHOIR, "verify", "--repo", str(repo), "--sandbox", "local",
                            "--mood", "CALM"], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, CHOIR_SERVE=serve))

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests import forked
 from tests.workitems import PY, PYTEST, isolating_pytest
 
 # every mood and lens through the whole loop, minutes of real rounds:
@@ -24,8 +25,8 @@ pytestmark = pytest.mark.slow
 
 
 def choir(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
-                          timeout=600, env=env)
+    return forked.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                      timeout=600, env=env)
 
 
 def write(path: Path, text: str) -> Path:

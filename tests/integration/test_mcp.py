@@ -21,6 +21,7 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from choir.mcp.bound import RESPONSE_MAX
+from tests import forked
 from tests.serving import sleeper, start_service, stop_service
 from tests.workitems import JUNIT, NO_PLUGINS
 
@@ -122,8 +123,8 @@ def server_pid(marker: str) -> int:
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CHOIR, *args], capture_output=True, text=True, timeout=120,
-                          cwd=cwd, env=dict(os.environ))
+    return forked.run([*CHOIR, *args], capture_output=True, text=True, timeout=120,
+                      cwd=cwd, env=dict(os.environ))
 
 
 HOSTILE: list[tuple[str, dict[str, Any], str]] = [

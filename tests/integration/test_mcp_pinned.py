@@ -25,6 +25,7 @@ from choir.exceptions import UserError
 from choir.mcp.args import GateArgs, ListRunsArgs, VerifyArgs
 from choir.mcp.scope import Scope
 from choir.mcp.tools import Tools
+from tests import forked
 
 PY = os.path.realpath(sys.executable)
 SANDBOX = "bwrap" if shutil.which("bwrap") else "local"
@@ -71,8 +72,8 @@ def test_an_edit_after_the_pre_check_records_no_claim(
     gate = tools.gate(GateArgs(work_item="fix-add"))
     assert gate["passed"] is False
     assert tools.list_runs(ListRunsArgs())["stored"] == 0  # refused before anything ran
-    gate_cli = subprocess.run([sys.executable, "-m", "choir", "gate", "fix-add", "--repo",
-                               str(repo)], capture_output=True, text=True, timeout=120)
+    gate_cli = forked.run([sys.executable, "-m", "choir", "gate", "fix-add", "--repo",
+                           str(repo)], capture_output=True, text=True, timeout=120)
     assert gate_cli.returncode != 0, gate_cli.stdout
 
 
@@ -97,14 +98,14 @@ def test_the_pin_travels_to_a_service_worker(tmp_path: Path,
     before = Tools(scope).list_runs(ListRunsArgs())["stored"]
     assert before == 1
     (repo / "choir.yaml").write_text(WEAK)
-    proc = subprocess.run([sys.executable, "-m", "choir", "verify", "--repo", str(repo),
-                           "--json", "--sandbox", SANDBOX, "--claim", "weak",
-                           "--pinned-config", scope.repos[0].config_hash],
-                          capture_output=True, text=True, timeout=120)
+    proc = forked.run([sys.executable, "-m", "choir", "verify", "--repo", str(repo),
+                       "--json", "--sandbox", SANDBOX, "--claim", "weak",
+                       "--pinned-config", scope.repos[0].config_hash],
+                      capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "not the one pinned" in proc.stderr
-    gate = subprocess.run([sys.executable, "-m", "choir", "gate", "weak", "--repo", str(repo)],
-                          capture_output=True, text=True, timeout=120)
+    gate = forked.run([sys.executable, "-m", "choir", "gate", "weak", "--repo", str(repo)],
+                      capture_output=True, text=True, timeout=120)
     assert gate.returncode != 0
     assert Tools(scope).list_runs(ListRunsArgs())["stored"] == before  # nothing ran
 
@@ -154,6 +155,6 @@ def test_an_agents_edit_of_the_checks_never_asserts_its_claim(
     answer = anyio.run(main)
     assert answer["status"] != "PASS", answer
     assert tools.gate(GateArgs(work_item="fix-add"))["passed"] is False
-    gate = subprocess.run([sys.executable, "-m", "choir", "gate", "fix-add", "--repo",
-                           str(repo)], capture_output=True, text=True, timeout=120)
+    gate = forked.run([sys.executable, "-m", "choir", "gate", "fix-add", "--repo",
+                       str(repo)], capture_output=True, text=True, timeout=120)
     assert gate.returncode != 0, gate.stdout

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests import forked
 from tests.workitems import PY, calc_repo
 
 CANARY = "CANARY-7f3a9c-raw-output-must-stay-in-artifacts"
@@ -52,8 +53,8 @@ def make_item(tmp_path: Path, *, executor: str, blast: str = "small",
 
 def choir(*args: str, env: dict[str, str] | None = None,
           timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return forked.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                      timeout=timeout, env=env)
 
 
 def spy(tmp_path: Path) -> Path:

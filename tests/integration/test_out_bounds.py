@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.workitems import PY, STEP_PY
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
@@ -43,8 +44,8 @@ def spam_repo(path: Path, command: str, limits: str = "") -> Path:
 
 
 def choir(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
-                          timeout=600)
+    return forked.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                      timeout=600)
 
 
 def largest_attestation(home: Path) -> int:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked
+
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="overlays are mounted as root"),
               pytest.mark.slow]  # CI's slow stage: the README's command stays under five minutes
 
@@ -55,8 +57,8 @@ def confined(code: str, *, private: bool = True) -> dict[str, object]:
 
 def landed(plan: Path, repo: Path, plan_id: str) -> set[str]:
     """``choir plan run PLAN`` (it must succeed): the files on its integration branch."""
-    ran = subprocess.run([sys.executable, "-m", "choir", "plan", "run", str(plan), "--json"],
-                         capture_output=True, text=True, timeout=600)
+    ran = forked.run([sys.executable, "-m", "choir", "plan", "run", str(plan), "--json"],
+                     capture_output=True, text=True, timeout=600)
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     return set(git(repo, "ls-tree", "--name-only", f"choir/plan/{plan_id}/integration").split())
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.sandboxes import ISOLATED, isolated_backend
 
 CANARY = "HELDOUT-CANARY-7f3a9c"
@@ -57,9 +58,9 @@ verifiers:
 
 
 def _verify(repo: Path, backend: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "choir", "verify", "--repo", str(repo),
-                           "--sandbox", backend, "--json"], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ))
+    return forked.run([sys.executable, "-m", "choir", "verify", "--repo", str(repo),
+                       "--sandbox", backend, "--json"], capture_output=True, text=True,
+                      timeout=300, env=dict(os.environ))
 
 
 @pytest.mark.parametrize("backend", ISOLATED)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.workitems import PY
 
 pytestmark = pytest.mark.bwrap
@@ -46,8 +47,8 @@ def test_bytecode_the_executor_leaves_in_the_working_tree_is_removed(tmp_path: P
                     "sandbox: bwrap}\n")
     env = {**os.environ, "CHOIR_HOME": str(tmp_path / "home"),
            "CHOIR_ARTIFACT_DIR": str(tmp_path / "home" / "artifacts")}
-    ran = subprocess.run([PY, "-m", "choir", "run", str(item)], capture_output=True, text=True,
-                         timeout=300, env=env, cwd=tmp_path)
+    ran = forked.run([PY, "-m", "choir", "run", str(item)], capture_output=True, text=True,
+                     timeout=300, env=env, cwd=tmp_path)
     assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
     assert "bytecode" in ran.stdout + ran.stderr, ran.stderr  # the run says what it removed
     assert not list((repo / "__pycache__").glob("calc.*.pyc"))

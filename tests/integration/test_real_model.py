@@ -33,6 +33,7 @@ from choir.models.report import NEXT_ACTION_MAX, SUMMARY_MAX
 from choir.report.reporter import REPLY_MAX as REPORTER_REPLY_MAX
 from choir.report.reporter import _Reply as ReporterReply
 from choir.testing.local_model import LocalModelServer
+from tests import forked
 from tests.realmodel import Recorder, local_model_or_skip, profile_or_skip
 from tests.workitems import FIXED, PY, calc_repo
 
@@ -75,8 +76,8 @@ def model_env(server: LocalModelServer, wire: Recorder) -> dict[str, str]:
 
 def choir(*args: str, env: dict[str, str],
           timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    return forked.run([PY, "-m", "choir", *args], capture_output=True, text=True, env=env,
+                      timeout=timeout)
 
 
 def structured(exchange_body: dict[str, object], reply_max: int) -> None:

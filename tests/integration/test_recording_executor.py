@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import textwrap
 from pathlib import Path
 
 from choir.testing import RecordingExecutor
+from tests import forked
 from tests.workitems import PY, calc_repo
 
 CANARY = "CANARY-recording-executor-raw-output"
@@ -29,8 +29,8 @@ def test_recording_executor_drives_a_run_and_sees_only_bounded_feedback(tmp_path
     item.write_text("id: rec\ngoal: add must add\nrepo: ./repo\nexecutor:\n"
                     "  kind: python\n  function: scripted:executor\n")
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    proc = subprocess.run([PY, "-m", "choir", "run", str(item), "--json"], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = forked.run([PY, "-m", "choir", "run", str(item), "--json"], env=env,
+                      capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["attempt"] == 2
     calls = RecordingExecutor.read_log(log)

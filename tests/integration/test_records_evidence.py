@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests import forked
 from tests.integration.test_orchestrator import fix_cmd, make_item
 from tests.integration.test_trace import _env, real_run
 from tests.integration.test_verify_cli import CALC_OK, make_repo, sandbox_name
@@ -32,8 +33,8 @@ Records = list[dict[str, Any]]
 
 def _choir(home: Path, *args: str, timeout: int = 300,
            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**_env(home), **(env or {})})
+    return forked.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                      timeout=timeout, env={**_env(home), **(env or {})})
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.evidence import attest, make_repo
 from tests.integration.test_rule_engine import flaky_repo, noop_item
 from tests.workitems import PY
@@ -25,8 +26,8 @@ pytestmark = pytest.mark.slow
 
 
 def choir(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **env})
+    return forked.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                      timeout=300, env={**os.environ, **env})
 
 
 def _kinds(proc: subprocess.CompletedProcess[str]) -> set[str]:

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.workitems import PY, calc_repo
 
 
 def choir(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return forked.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                      timeout=timeout)
 
 
 def flaky_repo(tmp_path: Path, *, first: str = "fails") -> Path:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.workitems import FIXED, calc_repo
 
 CHOIR = [sys.executable, "-m", "choir"]
@@ -19,7 +20,7 @@ CHOIR = [sys.executable, "-m", "choir"]
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    return subprocess.run([*CHOIR, *args], capture_output=True, text=True, env=env, timeout=300)
+    return forked.run([*CHOIR, *args], capture_output=True, text=True, env=env, timeout=300)
 
 
 def _item(tmp_path: Path) -> Path:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests import forked
 from tests.serving import (
     CHOIR,
     QUICK,
@@ -84,8 +85,8 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Any:
     env = {"CHOIR_HOME": str(home), "CHOIR_ARTIFACT_DIR": str(home / "artifacts")}
     pid = start_service(extra_env=env)
     yield home, pid
-    subprocess.run([*CHOIR, "serve", "--stop"], env={**os.environ, **env},
-                   capture_output=True, check=False)
+    forked.run([*CHOIR, "serve", "--stop"], env={**os.environ, **env},
+               capture_output=True, check=False)
     wait_gone(pid)
 
 
@@ -153,8 +154,8 @@ def test_a_home_named_through_a_link_is_the_same_home(tmp_path: Path,
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert json.loads(proc.stdout)["attestations"]
     finally:
-        subprocess.run([*CHOIR, "serve", "--stop"], env={**os.environ, "CHOIR_HOME": str(link)},
-                       capture_output=True, check=False)
+        forked.run([*CHOIR, "serve", "--stop"], env={**os.environ, "CHOIR_HOME": str(link)},
+                   capture_output=True, check=False)
         wait_gone(pid)
 
 
@@ -170,9 +171,9 @@ def test_each_request_gets_a_fresh_worker_with_the_clients_environment(
         first = choir("run", str(item), "--run-id", "probe-1", serve="require",
                       extra_env={"PROBE": "the-first-client"})
         env = {k: v for k, v in os.environ.items() if k != "PROBE"}
-        second = subprocess.run([*CHOIR, "run", str(item), "--run-id", "probe-2"],
-                                env={**env, "CHOIR_SERVE": "require"}, capture_output=True,
-                                text=True, timeout=300, check=False)
+        second = forked.run([*CHOIR, "run", str(item), "--run-id", "probe-2"],
+                            env={**env, "CHOIR_SERVE": "require"}, capture_output=True,
+                            text=True, timeout=300, check=False)
         assert first.returncode == 0, first.stderr
         assert second.returncode == 0, second.stderr
         # the first client's value, then none: never the service's, never the last request's

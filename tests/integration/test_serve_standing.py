@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests import forked
 from tests.serving import (
     CHOIR,
     choir,
@@ -53,8 +54,8 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Any:
     env = {"CHOIR_HOME": str(home), "CHOIR_ARTIFACT_DIR": str(home / "artifacts")}
     pid = start_service("--idle-timeout", "120", extra_env=env)
     yield env
-    subprocess.run([*CHOIR, "serve", "--stop"], env={**os.environ, **env},
-                   capture_output=True, check=False)
+    forked.run([*CHOIR, "serve", "--stop"], env={**os.environ, **env},
+               capture_output=True, check=False)
     wait_gone(pid)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from choir.attest import AttestationStore
 from choir.evidence.tree import tree_hash
 from choir.graph.runner import approve
 from choir.models import Mood
+from tests import forked
 from tests.specrepo import build_templates, run_item, write_item
 from tests.workitems import FIXED, PY
 
@@ -179,15 +179,15 @@ def test_the_cli_shows_the_held_diff_and_a_fresh_process_approves_it(
     """Exit 3 with the diff on stdout; ``choir approve`` resumes the checkpoint (the held
     change and the pin) in a new process and ASSERTs."""
     item, repo = write_item(tmp_path, templates["unit"], STRENGTHEN, extra=DECLARED)
-    run = subprocess.run([PY, "-m", "choir", "run", str(item), "--mood", "PARANOID",
-                          "--run-id", "held"], capture_output=True, text=True, timeout=300)
+    run = forked.run([PY, "-m", "choir", "run", str(item), "--mood", "PARANOID",
+                      "--run-id", "held"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 3, run.stdout + run.stderr
     assert "+    assert add(0, 0) == 0" in run.stdout and "choir approve held" in run.stdout
-    done = subprocess.run([PY, "-m", "choir", "approve", "held"], capture_output=True,
-                          text=True, timeout=300)
+    done = forked.run([PY, "-m", "choir", "approve", "held"], capture_output=True,
+                      text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert _gate_open(repo)
     # review 16c: a second answer re-drove the finished run and printed its old status
-    again = subprocess.run([PY, "-m", "choir", "approve", "held"], capture_output=True,
-                           text=True, timeout=300)
+    again = forked.run([PY, "-m", "choir", "approve", "held"], capture_output=True,
+                       text=True, timeout=300)
     assert again.returncode == 2 and "not waiting for approval" in again.stderr, again.stderr

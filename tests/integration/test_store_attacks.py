@@ -20,6 +20,7 @@ import pytest
 from choir.evidence.tree import _holds, inspect_tree, remove_snapshot, snapshot
 from choir.models import Limits
 from choir.sandbox import Sandbox
+from tests import forked
 from tests.sandboxes import ISOLATED, isolated_backend
 from tests.workitems import BUGGY, FIXED, PY, calc_repo
 
@@ -104,8 +105,8 @@ def _run(tmp_path: Path, item_id: str, sandbox: str,
     item.write_text(f"id: {item_id}\ngoal: add must add\nrepo: ./repo\nmax_attempts: 1\n"
                     f"executor:\n  kind: command\n  command: {PY} {script}\n"
                     f"  sandbox: {sandbox}\n")
-    proc = subprocess.run([PY, "-m", "choir", "run", str(item), "--json"],
-                          capture_output=True, text=True, timeout=600)
+    proc = forked.run([PY, "-m", "choir", "run", str(item), "--json"],
+                      capture_output=True, text=True, timeout=600)
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
     logs = b"".join(p.read_bytes() for p in (home / "artifacts").rglob("*")
                     if p.is_file() and b"STORE-" in p.read_bytes()[:100000])
@@ -115,8 +116,8 @@ def _run(tmp_path: Path, item_id: str, sandbox: str,
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 def test_a_sandboxed_executor_cannot_reach_the_store(tmp_path: Path, choir_home: Path) -> None:
     repo = git_repo(tmp_path / "repo")
-    verified = subprocess.run([PY, "-m", "choir", "verify", "--repo", str(repo), "--json"],
-                              capture_output=True, text=True, timeout=600)
+    verified = forked.run([PY, "-m", "choir", "verify", "--repo", str(repo), "--json"],
+                          capture_output=True, text=True, timeout=600)
     assert json.loads(verified.stdout)["status"] == "FAIL", verified.stderr
     before = {p: p.read_bytes() for p in (store_of(choir_home) / "objects").rglob("*")
               if p.is_file()}
@@ -137,8 +138,8 @@ def test_a_store_written_by_a_trust_mode_executor_is_caught_by_the_next_round(
     the fix into it, leaving the live tree buggy. Had the round linked that object, its
     verifier would have passed a tree whose hash names the buggy bytes."""
     repo = git_repo(tmp_path / "repo")
-    verified = subprocess.run([PY, "-m", "choir", "verify", "--repo", str(repo), "--json"],
-                              capture_output=True, text=True, timeout=600)
+    verified = forked.run([PY, "-m", "choir", "verify", "--repo", str(repo), "--json"],
+                          capture_output=True, text=True, timeout=600)
     assert json.loads(verified.stdout)["status"] == "FAIL", verified.stderr
     out, logs = _run(tmp_path, "trust-store", "none", choir_home)
     assert "STORE-WRITTEN" in logs, logs[-2000:]  # the control: the caller's uid can write it
@@ -221,8 +222,8 @@ def test_a_run_that_ends_never_takes_the_tree_another_run_verifies(
             linted.kill()
             linted.communicate()
     assert json.loads(out)["status"] != "asserted", err[-2000:]
-    gate = subprocess.run([PY, "-m", "choir", "gate", "two", "--repo",
-                           str(tmp_path / "two" / "repo")], capture_output=True, text=True)
+    gate = forked.run([PY, "-m", "choir", "gate", "two", "--repo",
+                       str(tmp_path / "two" / "repo")], capture_output=True, text=True)
     assert gate.returncode == 1, gate.stdout
 
 

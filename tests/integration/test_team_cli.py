@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.team import git, team_repo, write_plan
 from tests.workitems import PY
 
@@ -22,8 +23,8 @@ pytestmark = [pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bu
 
 
 def choir(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
-                          timeout=300)
+    return forked.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                      timeout=300)
 
 
 def test_gate_and_promote_only_for_exactly_the_integration_tree(tmp_path: Path) -> None:
@@ -40,9 +41,9 @@ def test_gate_and_promote_only_for_exactly_the_integration_tree(tmp_path: Path) 
     assert again.returncode == 2 and "--resume rel" in again.stderr + again.stdout
     # ... and from another CHOIR_HOME, where it has no record: it reset the branch the first
     # one landed its work on (found in a review), refused now
-    other = subprocess.run([PY, "-m", "choir", "plan", "run", str(plan)], capture_output=True,
-                           text=True, timeout=300,
-                           env={**os.environ, "CHOIR_HOME": str(tmp_path / "b")})
+    other = forked.run([PY, "-m", "choir", "plan", "run", str(plan)], capture_output=True,
+                       text=True, timeout=300,
+                       env={**os.environ, "CHOIR_HOME": str(tmp_path / "b")})
     assert other.returncode == 2, other.stdout + other.stderr
     assert "has a branch choir/plan/rel/integration at" in other.stdout + other.stderr
     assert git(repo, "rev-parse", "choir/plan/rel/integration") == state["integration"]
@@ -195,8 +196,8 @@ def test_plan_run_gate_and_promote_never_see_the_key(tmp_path: Path, choir_home:
     env = {**os.environ, "PYTHONPATH": f"{probe_dir}:{os.getcwd()}", "KEY_PROBE": str(probe)}
     for args in (["plan", "run", str(plan), "--json"], ["gate", "sep"],
                  ["promote", "sep", "--to", "release"]):
-        done = subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
-                              timeout=300, env=env)
+        done = forked.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                          timeout=300, env=env)
         assert done.returncode == 0, (args, done.stdout, done.stderr)
     lines = probe.read_text().splitlines()
     assert len(lines) == 3 and all(line.endswith(" []") for line in lines), lines

@@ -8,6 +8,7 @@ import pytest
 
 from choir.exceptions import ConfigError
 from choir.team.plan import load_plan
+from tests import forked
 from tests.team import team_repo, write_plan
 
 
@@ -65,7 +66,6 @@ def test_a_good_plan_loads_and_resolves_members(tmp_path: Path) -> None:
 
 
 def test_the_cli_exits_2_naming_file_and_line(tmp_path: Path) -> None:
-    import subprocess
 
     from tests.workitems import PY
 
@@ -76,8 +76,8 @@ def test_the_cli_exits_2_naming_file_and_line(tmp_path: Path) -> None:
           member: worker
           depends_on: [a]
         """)
-    proc = subprocess.run([PY, "-m", "choir", "plan", "run", str(plan)], capture_output=True,
-                          text=True, timeout=60)
+    proc = forked.run([PY, "-m", "choir", "plan", "run", str(plan)], capture_output=True,
+                      text=True, timeout=60)
     assert proc.returncode == 2
     assert f"{plan}:" in proc.stderr and "dependency cycle: a -> a" in proc.stderr
 

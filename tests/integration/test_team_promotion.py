@@ -19,14 +19,15 @@ from choir.ahdb import event_hash, open_ahdb
 from choir.team.driver import run_plan
 from choir.team.plan import load_plan
 from choir.team.promote import promote
+from tests import forked
 from tests.team import git, team_repo, write_plan
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 
 
 def audit() -> tuple[int, dict]:  # type: ignore[type-arg]
-    proc = subprocess.run([sys.executable, "-m", "choir", "audit", "--json"],
-                          capture_output=True, text=True, timeout=300)
+    proc = forked.run([sys.executable, "-m", "choir", "audit", "--json"],
+                      capture_output=True, text=True, timeout=300)
     return proc.returncode, json.loads(proc.stdout)
 
 
@@ -236,8 +237,8 @@ def test_promote_moves_nothing_but_the_landed_commit_to_a_plain_branch(tmp_path:
 
 def test_promote_says_a_usage_error_with_exit_2_and_a_refusal_with_exit_1(
         tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "choir", "promote", "no-such-plan", "--to",
-                           "release"], capture_output=True, text=True, timeout=120)
+    proc = forked.run([sys.executable, "-m", "choir", "promote", "no-such-plan", "--to",
+                       "release"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no plan no-such-plan" in proc.stderr, proc.stderr
 
 
@@ -336,8 +337,8 @@ def test_promote_refuses_a_head_whose_checkout_converts_the_verified_bytes(
           max_attempts: 1
           executor: {kind: command, command: 'printf "echo ok\\\\n" > run.sh'}
         """)
-    ran = subprocess.run([sys.executable, "-m", "choir", "plan", "run", str(plan), "--json"],
-                         capture_output=True, text=True, timeout=600)
+    ran = forked.run([sys.executable, "-m", "choir", "plan", "run", str(plan), "--json"],
+                     capture_output=True, text=True, timeout=600)
     state = json.loads(ran.stdout)
     assert state["status"] == "asserted", {k: r.get("last") for k, r in state["items"].items()}
     with pytest.raises(UserError, match="converts its files"):

@@ -19,6 +19,7 @@ import pytest
 
 from choir.team.driver import run_plan
 from choir.team.plan import load_plan
+from tests import forked
 from tests.team import git, team_repo, write_plan
 from tests.workitems import PY
 
@@ -36,8 +37,8 @@ TWO = """\
 
 
 def choir(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
-                          timeout=600, env=env)
+    return forked.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                      timeout=600, env=env)
 
 
 def sessions(home: Path) -> list[dict[str, Any]]:

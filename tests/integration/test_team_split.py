@@ -15,6 +15,7 @@ import pytest
 
 from choir.team.driver import run_plan
 from choir.team.plan import load_plan
+from tests import forked
 from tests.team import git
 from tests.workitems import PY, isolating_pytest
 
@@ -126,8 +127,8 @@ def test_a_split_item_becomes_parts_of_the_plan_merged_then_it_is_verified_whole
     assert whole["head"] == rows["calc"]["commit"] and whole["tree_hash"] == \
         whole["integration_tree"]
     for args in (["gate", "sp"], ["audit", "--json"]):
-        done = subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True,
-                              timeout=300)
+        done = forked.run([PY, "-m", "choir", *args], capture_output=True, text=True,
+                          timeout=300)
         assert done.returncode == 0, (args, done.stdout[:2000])
     assert json.loads((choir_home / "plans" / "sp" / "state.json").read_text())["status"] \
         == "asserted"
@@ -140,7 +141,6 @@ def test_a_whole_check_that_lands_after_another_item_keeps_the_plans_gate(
     ``integrate`` event is not always the final tree; the gate refused an honest plan. The
     record's final tree must be one a merge in the log names."""
     import asyncio
-    import subprocess
 
     from choir._core.ids import new_run_id
     from choir.ahdb import open_ahdb
@@ -216,7 +216,7 @@ def test_a_split_in_a_plan_keeps_the_mood_the_item_climbed_to(tmp_path: Path,
     state = asyncio.run(run_plan(load_plan(plan)))
     assert state["status"] != "asserted", state["items"]
     assert state["items"]["calc"]["state"] != "merged", state["items"]
-    gate = subprocess.run([PY, "-m", "choir", "gate", "sp"], capture_output=True, text=True)
+    gate = forked.run([PY, "-m", "choir", "gate", "sp"], capture_output=True, text=True)
     assert gate.returncode != 0, gate.stdout
 
 

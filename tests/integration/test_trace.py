@@ -20,6 +20,7 @@ from choir.evidence.artifacts import ArtifactStore
 from choir.trace import CHECKS, RecordSources, export_run, verify_trace
 from choir.trace.grounding import GROUNDING_CHECKS
 from choir.trace.verify import TraceVerification
+from tests import forked
 from tests.integration.test_orchestrator import fix_cmd, make_item
 from tests.workitems import PY
 
@@ -39,8 +40,8 @@ def real_run(base: Path) -> Path:
     home = base / "home"
     home.mkdir()
     item = make_item(base, executor=fix_cmd(base))
-    proc = subprocess.run([PY, "-m", "choir", "run", str(item), "--run-id", "t1", "--json"],
-                          capture_output=True, text=True, timeout=300, env=_env(home))
+    proc = forked.run([PY, "-m", "choir", "run", str(item), "--run-id", "t1", "--json"],
+                      capture_output=True, text=True, timeout=300, env=_env(home))
     assert proc.returncode == 0, proc.stderr
     return home
 
@@ -270,8 +271,8 @@ def test_insufficient_evidence_verifies_when_every_claim_is_marked(home: Path) -
 
 
 def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "choir", "trace", *args], capture_output=True, text=True,
-                          timeout=120, env=_env(home))
+    return forked.run([PY, "-m", "choir", "trace", *args], capture_output=True, text=True,
+                      timeout=120, env=_env(home))
 
 
 def test_cli_export_and_verify_exit_codes(home: Path, tmp_path: Path) -> None:
@@ -308,8 +309,8 @@ def test_cli_usage_errors_exit_2_naming_the_file(home: Path, tmp_path: Path) -> 
 
 
 def _audit(home: Path) -> tuple[int, list[dict[str, Any]]]:
-    proc = subprocess.run([PY, "-m", "choir", "audit", "--json"], capture_output=True,
-                          text=True, timeout=120, env=_env(home))
+    proc = forked.run([PY, "-m", "choir", "audit", "--json"], capture_output=True,
+                      text=True, timeout=120, env=_env(home))
     return proc.returncode, json.loads(proc.stdout)["violations"]
 
 
@@ -349,8 +350,8 @@ def test_a_run_without_enough_evidence_says_so(tmp_path: Path) -> None:
     item = tmp_path / "item.yaml"
     item.write_text("id: probe\ngoal: the tool must pass\nrepo: ./repo\nmax_attempts: 1\n"
                     "executor:\n  kind: command\n  command: 'true'\n")
-    proc = subprocess.run([PY, "-m", "choir", "run", str(item), "--run-id", "t2", "--json"],
-                          capture_output=True, text=True, timeout=300, env=_env(home))
+    proc = forked.run([PY, "-m", "choir", "run", str(item), "--run-id", "t2", "--json"],
+                      capture_output=True, text=True, timeout=300, env=_env(home))
     assert proc.returncode == 1, proc.stderr
     assert any(e.startswith("insufficient evidence: ") for e in json.loads(proc.stdout)["events"])
     store = ArtifactStore(home / "artifacts")
@@ -375,12 +376,12 @@ def test_a_run_killed_and_resumed_leaves_a_trace_that_verifies(tmp_path: Path,
 
     item = make_item(tmp_path, executor=fix_cmd(tmp_path))
     env = _env(choir_home)
-    crashed = subprocess.run([PY, "-m", "choir", "run", str(item), "--run-id", "kr"],
-                             capture_output=True, text=True, timeout=300,
-                             env={**env, ENV: "attest:minted"})
+    crashed = forked.run([PY, "-m", "choir", "run", str(item), "--run-id", "kr"],
+                         capture_output=True, text=True, timeout=300,
+                         env={**env, ENV: "attest:minted"})
     assert crashed.returncode < 0, crashed.stderr
-    resumed = subprocess.run([PY, "-m", "choir", "run", "--resume", "kr", "--json"],
-                             capture_output=True, text=True, timeout=300, env=env)
+    resumed = forked.run([PY, "-m", "choir", "run", "--resume", "kr", "--json"],
+                         capture_output=True, text=True, timeout=300, env=env)
     assert resumed.returncode == 0, resumed.stderr
     store = ArtifactStore(choir_home / "artifacts")
     raw = export_run("kr", home=choir_home, store=store).model_dump(mode="json")
@@ -472,8 +473,8 @@ def test_a_finished_record_cut_back_to_a_seal_is_named_under_a_held_lock(home: P
     cut = max(i for i, k in enumerate(kinds) if k == "seal" and i < kinds.index("run_ended") - 3)
     path.write_text("".join(x + "\n" for x in lines[:cut + 1]))
     with _lock_held(home):
-        proc = subprocess.run([PY, "-m", "choir", "audit", "--json"], capture_output=True,
-                              text=True, timeout=120,
-                              env={**_env(home), "CHOIR_AUDIT_LIVE_GRACE_S": "0"})  # later
+        proc = forked.run([PY, "-m", "choir", "audit", "--json"], capture_output=True,
+                          text=True, timeout=120,
+                          env={**_env(home), "CHOIR_AUDIT_LIVE_GRACE_S": "0"})  # later
     kinds_found = {v["kind"] for v in json.loads(proc.stdout)["violations"]}
     assert proc.returncode == 1 and "trace_unrecorded_attestation" in kinds_found, kinds_found

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from choir.attest import AttestationStore
 from choir.config import load_repo_config
 from choir.config.policy import load_policy
 from choir.models import Mood
+from tests import forked
 from tests.integration.test_orchestrator import fix_cmd, make_item
 from tests.workitems import PY, calc_repo
 
@@ -40,8 +40,8 @@ def _with_trace_verifier(tmp_path: Path) -> Path:
 
 
 def _run(item: Path, home: Path, run_id: str) -> tuple[int, dict[str, Any]]:
-    proc = subprocess.run([PY, "-m", "choir", "run", str(item), "--run-id", run_id, "--json"],
-                          capture_output=True, text=True, timeout=300, env=_env(home))
+    proc = forked.run([PY, "-m", "choir", "run", str(item), "--run-id", run_id, "--json"],
+                      capture_output=True, text=True, timeout=300, env=_env(home))
     assert proc.returncode in (0, 1), proc.stderr
     return proc.returncode, json.loads(proc.stdout)
 
@@ -62,8 +62,8 @@ def test_a_verified_trace_is_attested_and_backs_the_assert(tmp_path: Path,
     traced = [a for a in (atts.get(i) for i in atts.ids()) if a.body.verifier_kind == "trace"]
     assert len(traced) == 2 and all(a.body.result.value == "PASS" for a in traced)
     assert {a.body.environment.sandbox for a in traced} == {"in-process"}
-    audit = subprocess.run([PY, "-m", "choir", "audit"], capture_output=True, text=True,
-                           timeout=120, env=_env(choir_home))
+    audit = forked.run([PY, "-m", "choir", "audit"], capture_output=True, text=True,
+                       timeout=120, env=_env(choir_home))
     assert audit.returncode == 0, audit.stdout
 
 
@@ -78,8 +78,8 @@ def test_a_forged_trace_record_stops_the_assert(tmp_path: Path, choir_home: Path
          "call_id": "planted", "data": {"result": "PASS"}}) + "\n")
     code, out = _run(item, choir_home, "tv2")
     assert code == 1 and out["status"] != "asserted"
-    atoms = subprocess.run([PY, "-m", "choir", "ahdb", "list", "--json"], capture_output=True,
-                           text=True, timeout=60, env=_env(choir_home))
+    atoms = forked.run([PY, "-m", "choir", "ahdb", "list", "--json"], capture_output=True,
+                       text=True, timeout=60, env=_env(choir_home))
     assert not [a for a in json.loads(atoms.stdout) if a["kind"] == "ASSERT"]
     atts = AttestationStore(choir_home / "attestations")
     bodies = [atts.get(i).body for i in atts.ids()]
@@ -110,9 +110,9 @@ def test_paranoid_demands_a_verified_trace_even_when_the_repo_declares_none(
     allowlist has no trace verifier gets Choir's own, and its ASSERT rests on it."""
     item = make_item(tmp_path, executor=fix_cmd(tmp_path))
     assert "kind: trace" not in (tmp_path / "repo" / "choir.yaml").read_text()
-    proc = subprocess.run([PY, "-m", "choir", "run", str(item), "--run-id", "tv3", "--json",
-                           "--mood", "PARANOID"], capture_output=True, text=True, timeout=300,
-                          env=_env(choir_home))
+    proc = forked.run([PY, "-m", "choir", "run", str(item), "--run-id", "tv3", "--json",
+                       "--mood", "PARANOID"], capture_output=True, text=True, timeout=300,
+                      env=_env(choir_home))
     out = json.loads(proc.stdout)
     assert proc.returncode == 0 and out["status"] == "asserted", proc.stdout[-2000:]
     atts = AttestationStore(choir_home / "attestations")

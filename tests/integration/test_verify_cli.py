@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.workitems import PYTEST
 
 CHOIR = [sys.executable, "-m", "choir"]
@@ -64,8 +65,8 @@ def make_repo(path: Path, calc: str) -> Path:
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    return subprocess.run([*CHOIR, *args], capture_output=True, text=True, cwd=cwd, env=env,
-                          timeout=300)
+    return forked.run([*CHOIR, *args], capture_output=True, text=True, cwd=cwd, env=env,
+                      timeout=300)
 
 
 CONTRACT_KEYS = {"status", "run_id", "tail_log", "artifact_paths", "summary", "manifest", "mood",

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests import forked
 from tests.integration.test_verify_cli import CALC_OK, CHOIR, make_repo, run, sandbox_name
 
 
@@ -31,9 +32,9 @@ def test_a_verify_killed_after_its_run_sealed_leaves_a_dangling_run_not_a_violat
         tmp_path: Path, choir_home: Path) -> None:
     repo = make_repo(tmp_path / "repo", CALC_OK)
     env = {**os.environ, "CHOIR_FAILPOINT": "green:ran"}
-    killed = subprocess.run([*CHOIR, "verify", "--repo", str(repo), "--sandbox",
-                             sandbox_name(), "--mood", "CALM"],
-                            capture_output=True, text=True, env=env, timeout=300)
+    killed = forked.run([*CHOIR, "verify", "--repo", str(repo), "--sandbox",
+                         sandbox_name(), "--mood", "CALM"],
+                        capture_output=True, text=True, env=env, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     sealed = _runs(choir_home)
     assert len(sealed) == 1 and (choir_home / "artifacts" / "runs" / sealed[0] /

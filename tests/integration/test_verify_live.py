@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.integration.test_run_live import ANSI, run_on_a_terminal
 from tests.workitems import JUNIT, NO_PLUGINS
 
@@ -56,8 +57,8 @@ def repo_with_failures(path: Path) -> Path:
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", COLUMNS="160")
-    return subprocess.run([PY, "-m", "choir", *args], capture_output=True, text=True, env=env,
-                          timeout=300)
+    return forked.run([PY, "-m", "choir", *args], capture_output=True, text=True, env=env,
+                      timeout=300)
 
 
 @pytest.mark.slow  # CI's slow stage: the README's command stays under 5 min

@@ -19,6 +19,7 @@ import pytest
 from choir.attest import trusted_key_ids, verify_dsse
 from choir.evidence.artifacts import ArtifactStore
 from choir.view.text import LINE_MAX
+from tests import forked
 from tests.viewhome import (
     LONG_LINE,
     env_for,
@@ -393,9 +394,9 @@ def test_a_planted_or_revoked_attestation_is_never_exported(
     (home / "attestations" / f"{forged.id}.json").write_bytes(canonical_json(forged))
 
     def show(att_id: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "choir", "attest", "show", att_id,
-                               "--in-toto"], env=env_for(home), cwd=tmp_path,
-                              capture_output=True, text=True, timeout=120)
+        return forked.run([sys.executable, "-m", "choir", "attest", "show", att_id,
+                           "--in-toto"], env=env_for(home), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
 
     refused = show(forged.id)
     assert refused.returncode == 1 and refused.stdout == "", refused.stdout[-500:]

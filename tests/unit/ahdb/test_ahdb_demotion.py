@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from choir.ahdb import open_ahdb
 from choir.evidence.tree import tree_hash
 from choir.exceptions import PromotionError
 from choir.models import AtomKind, AtomStatus
+from tests import forked
 from tests.evidence import attest, make_repo
 
 
@@ -32,13 +32,13 @@ def asserted(repo: Path, verifiers: tuple[str, ...] = ("unit",)) -> str:
 
 
 def gate(repo: Path) -> int:
-    return subprocess.run([sys.executable, "-m", "choir", "gate", "wi", "--repo", str(repo)],
-                          capture_output=True, text=True, timeout=60).returncode
+    return forked.run([sys.executable, "-m", "choir", "gate", "wi", "--repo", str(repo)],
+                      capture_output=True, text=True, timeout=60).returncode
 
 
 def audit() -> tuple[int, set[str]]:
-    proc = subprocess.run([sys.executable, "-m", "choir", "audit", "--json"],
-                          capture_output=True, text=True, timeout=120)
+    proc = forked.run([sys.executable, "-m", "choir", "audit", "--json"],
+                      capture_output=True, text=True, timeout=120)
     return proc.returncode, {v["kind"] for v in json.loads(proc.stdout)["violations"]}
 
 

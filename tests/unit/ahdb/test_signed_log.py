@@ -28,6 +28,7 @@ from choir.audit.integrity import audit
 from choir.evidence.artifacts import ArtifactStore
 from choir.evidence.tree import tree_hash
 from choir.exceptions import IntegrityError, PromotionError
+from tests import forked
 from tests.evidence import attest, make_repo
 
 
@@ -151,8 +152,8 @@ def test_an_honest_writer_never_signs_over_unsigned_events(tmp_path: Path, pinne
     from tests.workitems import calc_repo
 
     calc = calc_repo(tmp_path / "calc", canary="c", sandbox="local")
-    proc = subprocess.run([sys.executable, "-m", "choir", "verify", "--repo", str(calc)],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = forked.run([sys.executable, "-m", "choir", "verify", "--repo", str(calc)],
+                      capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "choir: refused: " in proc.stderr and "not covered by a trusted signed head" in \
         proc.stderr
@@ -236,11 +237,11 @@ def test_an_unsigned_event_a_person_vouches_for_is_adopted(tmp_path: Path, pinne
         attest(other, "unit", "true", work_item=None)
     stored = next(a for a in AttestationStore() if a.body.target.tree_hash == tree_hash(other))
     assert {"ahdb_unsigned_tail", "ahdb_outcome_missing"} <= set(_kinds(audit()))
-    wrong = subprocess.run([sys.executable, "-m", "choir", "ahdb", "adopt", str(tail - 1),
-                            "--yes"], capture_output=True, text=True, timeout=120)
+    wrong = forked.run([sys.executable, "-m", "choir", "ahdb", "adopt", str(tail - 1),
+                        "--yes"], capture_output=True, text=True, timeout=120)
     assert wrong.returncode == 1 and f"ends at seq {tail}" in wrong.stderr, wrong.stderr
-    proc = subprocess.run([sys.executable, "-m", "choir", "ahdb", "adopt", str(tail), "--yes"],
-                          capture_output=True, text=True, timeout=120)
+    proc = forked.run([sys.executable, "-m", "choir", "ahdb", "adopt", str(tail), "--yes"],
+                      capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"seq {tail}  propose" in proc.stdout
     db.record_outcome(stored.id)  # writers carry on

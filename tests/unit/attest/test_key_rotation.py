@@ -12,6 +12,7 @@ import pytest
 
 from choir.ahdb import open_ahdb
 from choir.evidence.tree import tree_hash
+from tests import forked
 from tests.evidence import attest, make_repo
 
 
@@ -22,8 +23,8 @@ def _no_pin(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def choir(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "choir", *args], capture_output=True,
-                          text=True, timeout=120)
+    return forked.run([sys.executable, "-m", "choir", *args], capture_output=True,
+                      text=True, timeout=120)
 
 
 def asserted(repo: Path) -> str:

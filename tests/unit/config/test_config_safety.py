@@ -17,6 +17,7 @@ import pytest
 
 from choir.config import load_repo_config, load_work_item
 from choir.exceptions import ConfigError
+from tests import forked
 from tests.memory import PEAK_RSS
 
 UNIT = "verifiers:\n  unit:\n    kind: unit_tests\n    steps:\n      - {name: t, command: x}\n"
@@ -104,8 +105,8 @@ def test_every_error_of_the_file_is_reported_at_once_each_with_a_fix(tmp_path: P
 
 def test_the_cli_prints_every_error_and_exits_2(tmp_path: Path) -> None:
     write(tmp_path, UNIT + "    parser: juint\nsandbox:\n  backend: dokcer\n")
-    proc = subprocess.run([sys.executable, "-m", "choir", "verify", "--repo", str(tmp_path)],
-                          capture_output=True, text=True, timeout=60)
+    proc = forked.run([sys.executable, "-m", "choir", "verify", "--repo", str(tmp_path)],
+                      capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert "unknown parser 'juint'" in proc.stderr and "unknown sandbox 'dokcer'" in proc.stderr
     assert proc.stderr.count("fix:") == 2

@@ -18,6 +18,7 @@ from choir.attest.keys import REVOKE_FILE, revoked_key_ids
 from choir.config.heldout import heldout_file, load_heldout
 from choir.config.store_url import database_url
 from choir.exceptions import ConfigError
+from tests import forked
 
 READERS: dict[str, tuple[Callable[[Path], Path], Callable[[Path], object]]] = {
     "heldout.yaml": (lambda home: heldout_file(), lambda repo: load_heldout(repo)),
@@ -59,12 +60,11 @@ def test_a_size_cap_that_is_no_size_is_refused_not_ignored(
 
 
 def test_an_artifact_folder_that_is_a_file_is_exit_2_naming_it(tmp_path: Path) -> None:
-    import subprocess
     import sys
 
     (tmp_path / "afile").write_text("x")
-    proc = subprocess.run([sys.executable, "-m", "choir", "runs", "list"],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "CHOIR_ARTIFACT_DIR": str(tmp_path / "afile")})
+    proc = forked.run([sys.executable, "-m", "choir", "runs", "list"],
+                      capture_output=True, text=True, timeout=120,
+                      env={**os.environ, "CHOIR_ARTIFACT_DIR": str(tmp_path / "afile")})
     assert proc.returncode == 2 and "CHOIR_ARTIFACT_DIR" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr

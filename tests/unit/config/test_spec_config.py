@@ -3,7 +3,6 @@ always makes, and every bad glob named with its file, line and fix."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 
 from choir.config import DEFAULT_SPEC, load_repo_config, load_work_item
 from choir.exceptions import ConfigError
+from tests import forked
 
 UNIT = "verifiers:\n  unit:\n    kind: unit_tests\n    steps: [{name: t, command: pytest}]\n"
 
@@ -57,6 +57,6 @@ def test_may_change_spec_is_checked_the_same_way(tmp_path: Path) -> None:
 
 def test_the_cli_exits_2_on_a_bad_spec(tmp_path: Path) -> None:
     repo = _repo(tmp_path, "spec: [../x]\n")
-    proc = subprocess.run([sys.executable, "-m", "choir", "verify", "--repo", str(repo)],
-                          capture_output=True, text=True, timeout=120)
+    proc = forked.run([sys.executable, "-m", "choir", "verify", "--repo", str(repo)],
+                      capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "choir.yaml" in proc.stderr, proc.stderr

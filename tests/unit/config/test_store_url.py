@@ -12,6 +12,7 @@ import pytest
 
 from choir.config.store_url import database_url
 from choir.exceptions import ConfigError
+from tests import forked
 
 
 def test_unset_means_the_embedded_sqlite(choir_home: Path) -> None:
@@ -49,12 +50,11 @@ def test_an_unknown_key_under_store_is_refused(choir_home: Path) -> None:
 
 def test_the_cli_exits_2_on_a_bad_store_url(monkeypatch: pytest.MonkeyPatch,
                                             choir_home: Path) -> None:
-    import subprocess
     import sys
 
     monkeypatch.setenv("CHOIR_DATABASE_URL", "mysql://x/y")
-    done = subprocess.run([sys.executable, "-m", "choir", "ahdb", "list"], capture_output=True,
-                          text=True, timeout=60)
+    done = forked.run([sys.executable, "-m", "choir", "ahdb", "list"], capture_output=True,
+                      text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert "CHOIR_DATABASE_URL" in done.stderr and "Traceback" not in done.stderr
     assert not (choir_home / "ahdb.sqlite").exists()  # no silent fallback to a local file

@@ -7,7 +7,6 @@ traceback and left ``.DIR.PID.tmp`` beside the target.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 from choir._core import fsopen
 from choir._core.errors import UserError
+from tests import forked
 
 
 def test_a_file_is_replaced_whole(tmp_path: Path) -> None:
@@ -43,7 +43,7 @@ def test_a_path_that_cannot_be_a_file_is_a_user_error_and_leaves_nothing(
 def test_the_cli_says_so_with_exit_2(tmp_path: Path, choir_home: Path) -> None:
     folder = tmp_path / "vsa.json"
     folder.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "choir", "gate", "nothing-verified", "--vsa",
-                           str(folder)], capture_output=True, text=True, timeout=120)
+    proc = forked.run([sys.executable, "-m", "choir", "gate", "nothing-verified", "--vsa",
+                       str(folder)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "cannot write" in proc.stderr, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr and not list(tmp_path.glob(".*.tmp"))

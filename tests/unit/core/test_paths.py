@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pwd
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 
 from choir._core.paths import choir_home, home_dir
 from choir.exceptions import UserError
+from tests import forked
 
 
 def test_the_home_is_choir_home_or_the_users_dot_choir(monkeypatch: pytest.MonkeyPatch,
@@ -46,9 +46,9 @@ def test_a_tilde_that_cannot_be_expanded_is_refused_not_made_relative(
 
 
 def test_the_cli_says_so_and_exits_2(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "choir", "verify", "--repo", str(tmp_path)],
-                          env={"PATH": "/usr/bin:/bin", "CHOIR_HOME": "~no-such-user-here/x"},
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = forked.run([sys.executable, "-m", "choir", "verify", "--repo", str(tmp_path)],
+                      env={"PATH": "/usr/bin:/bin", "CHOIR_HOME": "~no-such-user-here/x"},
+                      capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "set CHOIR_HOME" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "~no-such-user-here").exists()

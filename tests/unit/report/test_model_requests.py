@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from pydantic import BaseModel, Field
 from choir.config import load_repo_config
 from choir.exceptions import ConfigError
 from choir.llm import _wire_schema, ask_json, parse_reply, reply_tokens, schema_form
+from tests import forked
 from tests.unit.report.test_reporter_model import completion
 
 
@@ -87,8 +87,8 @@ def test_an_unknown_schema_form_is_a_configuration_error_before_anything_runs(
         "models: {reporter: openai/smollm2}\n")
     with pytest.raises(ConfigError, match="CHOIR_MODEL_SCHEMA"):
         load_repo_config(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "choir", "verify", "--repo", str(tmp_path)],
-                          capture_output=True, text=True, timeout=60)
+    proc = forked.run([sys.executable, "-m", "choir", "verify", "--repo", str(tmp_path)],
+                      capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert "CHOIR_MODEL_SCHEMA='json-schema' is not a schema form" in proc.stderr
     # without a structured-reply role nothing reads it

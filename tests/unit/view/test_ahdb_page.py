@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.evidence import attest, make_repo
 
 
@@ -51,14 +52,13 @@ def test_an_assert_whose_claim_was_demoted_is_not_shown_live(
     assert status_of(done.id) == "not-live"
     import json
     import os
-    import subprocess
     import sys
 
-    listed = subprocess.run([sys.executable, "-m", "choir", "ahdb", "list", "--json"],
-                            capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    listed = forked.run([sys.executable, "-m", "choir", "ahdb", "list", "--json"],
+                        capture_output=True, text=True, timeout=60, env=dict(os.environ))
     live = {a["id"]: a.get("live") for a in json.loads(listed.stdout)}
     assert (live[done.id], live[claim.id]) == (False, False)
-    table = subprocess.run([sys.executable, "-m", "choir", "ahdb", "list"],
-                           capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    table = forked.run([sys.executable, "-m", "choir", "ahdb", "list"],
+                       capture_output=True, text=True, timeout=60, env=dict(os.environ))
     assert "NOT LIVE" in next(line for line in table.stdout.splitlines()
                               if line.startswith(done.id[:12]))
