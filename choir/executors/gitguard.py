@@ -308,7 +308,7 @@ CONFIG_KEYS = (
 """The settings that name a place git runs or reads: the hooks folder, included files, the
 attributes file (which picks the filters), and every program (each of its words that is a
 path in the tree)."""
-INCLUDES_MAX = 64  # included files read for what they name, at most
+INCLUDES_MAX = 64  # included files read for what they name; past that the round is refused
 ENV_CONFIG = ("HOME", "XDG_CONFIG_HOME", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM",
               "GIT_CONFIG_NOSYSTEM", "GIT_CONFIG_COUNT", "GIT_CONFIG_PARAMETERS")
 
@@ -346,7 +346,7 @@ def _config_paths(repo: Path, gitdir: Path | None = None) -> list[str]:
     found: set[str] = set()
     reads: list[list[str]] = [["--includes"]]
     done: set[str] = set()
-    while reads and len(done) <= INCLUDES_MAX:
+    while reads:
         scope = reads.pop()
         try:
             out = subprocess.run([shutil.which("git") or "git", "--no-pager", "config",
@@ -362,6 +362,11 @@ def _config_paths(repo: Path, gitdir: Path | None = None) -> list[str]:
                 target = _included(root, origin, value)
                 if target is not None and target not in done:
                     done.add(target)  # what it names, whether or not git reads it now
+                    if len(done) > INCLUDES_MAX:  # git reads them all: a place named past
+                        raise SandboxError(  # the bound would not be kept
+                            f"{root}: its git config includes more than {INCLUDES_MAX} "
+                            "files: Choir cannot keep the places they name from the "
+                            "executor; the executor was not run")
                     reads.append(["--file", target])
             found.update(_named(root, origin, key, value))
     return sorted(found)

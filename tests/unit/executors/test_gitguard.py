@@ -626,3 +626,23 @@ def test_a_read_only_folder_in_a_named_place_is_made_again_with_what_it_held(
     round stopped). Its mode is set once it is filled (as user 65534: no mode stops root)."""
     assert as_nobody(tmp_path, "_a_read_only_folder_in_a_named_place") == repr(
         ([".husky/_"], True))
+
+
+def test_more_included_files_than_the_guard_reads_refuse_the_round(repo: Path) -> None:
+    """Review 29b's minor note: each included file whose condition is false now (git reads
+    it once ``onbranch:`` holds) is read for what it names, at most ``INCLUDES_MAX``; past
+    that the guard stopped, silently, and a place the next one named (here the hooks
+    folder) was not kept. The round is refused now, as for too many entries."""
+    conf = repo / "conf"
+    conf.mkdir()
+    for i in range(gitguard.INCLUDES_MAX + 1):
+        (conf / f"{i:03}.cfg").write_text("[user]\n\tname = u\n")
+        git(repo, "config", "--add", "includeIf.onbranch:release.path", f"../conf/{i:03}.cfg")
+    (conf / f"{gitguard.INCLUDES_MAX:03}.cfg").write_text("[core]\n\thooksPath = .husky/_\n")
+    (repo / ".husky" / "_").mkdir(parents=True)
+    with pytest.raises(SandboxError, match="includes more than 64 files"):
+        gitguard.save(repo)
+    git(repo, "config", "--unset-all", "includeIf.onbranch:release.path")
+    last = f"../conf/{gitguard.INCLUDES_MAX:03}.cfg"
+    git(repo, "config", "includeIf.onbranch:release.path", last)
+    assert ".husky/_" in gitguard.save(repo).named  # within the bound: kept
