@@ -44,7 +44,7 @@ import shlex
 import shutil
 import stat
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,15 +125,14 @@ def _kind(st: os.stat_result) -> str:
     return "file" if stat.S_ISREG(st.st_mode) else "other"
 
 
-def _children(folder: Path, rel: str, gitdir: bool) -> dict[str, Path]:
+def _children(folder: Path, rel: str, gitdir: bool) -> Iterator[tuple[str, Path]]:
     """The entries of ``folder`` to guard, by path relative to ``.git``: all but a git
-    folder's history."""
-    found = {}
+    folder's history; one at a time, so a folder of millions is never listed whole before
+    the bound on entries is checked."""
     with os.scandir(folder) as it:
         for item in it:
             if not (gitdir and item.name in HISTORY):
-                found[f"{rel}/{item.name}" if rel else item.name] = Path(item.path)
-    return found
+                yield f"{rel}/{item.name}" if rel else item.name, Path(item.path)
 
 
 def _is_gitdir(folder: Path) -> bool:
@@ -282,7 +281,7 @@ def _save(git: Path, *, history: bool = True) -> Saved:
     todo = [("", git)]
     while todo:
         rel, folder = todo.pop()
-        for child, path in _children(folder, rel, rel in saved.gitdirs).items():
+        for child, path in _children(folder, rel, rel in saved.gitdirs):
             est = os.lstat(path)
             saved.entries[child] = _entry(path, est, saved)
             if len(saved.entries) > MAX_ENTRIES:
@@ -603,7 +602,7 @@ def _restore(saved: Saved, label: str = ".git") -> list[str]:
     while todo:
         rel = todo.pop()
         try:
-            present = _children(git / rel if rel else git, rel, rel in saved.gitdirs)
+            present = dict(_children(git / rel if rel else git, rel, rel in saved.gitdirs))
         except OSError as exc:
             failed.append(f"{label}/{rel}: {exc}")
             continue

@@ -646,3 +646,40 @@ def test_more_included_files_than_the_guard_reads_refuse_the_round(repo: Path) -
     last = f"../conf/{gitguard.INCLUDES_MAX:03}.cfg"
     git(repo, "config", "includeIf.onbranch:release.path", last)
     assert ".husky/_" in gitguard.save(repo).named  # within the bound: kept
+
+
+def test_a_folder_past_the_entry_bound_is_refused_before_it_is_read_whole(
+        repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 29b's minor note: a folder in ``.git`` of millions of entries was listed whole
+    (in memory) before the bound on entries was checked. They are read one at a time now:
+    the round is refused at the first entry past the bound."""
+    junk = repo / ".git" / "junk"
+    junk.mkdir()
+    for i in range(500):
+        (junk / str(i)).touch()
+    monkeypatch.setattr(gitguard, "MAX_ENTRIES", 50)
+    read = 0
+    scandir = os.scandir
+
+    class Counted:
+        def __init__(self, path: object) -> None:
+            self.it = scandir(path)  # type: ignore[call-overload]
+
+        def __enter__(self) -> Counted:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.it.close()
+
+        def __iter__(self) -> Counted:
+            return self
+
+        def __next__(self) -> os.DirEntry[str]:
+            nonlocal read
+            read += 1
+            return next(self.it)
+
+    monkeypatch.setattr(os, "scandir", Counted)
+    with pytest.raises(SandboxError, match="more than 50 entries"):
+        gitguard.save(repo)
+    assert read < 100, read  # 51 kept, the history's skipped, each earlier folder's end
