@@ -297,9 +297,10 @@ def test_a_fifo_or_dev_zero_planted_is_named_never_waited_on(
         path.unlink(missing_ok=True)
         os.mkfifo(path) if how == "fifo" else path.symlink_to("/dev/zero")
         try:
-            proc = forked.run([PY, "-m", "choir", "audit", "--json"], capture_output=True,
-                              text=True, timeout=60, env=_env(home), cwd=home.parent,
-                              preexec_fn=_limited)
+            # cold: its limits are set between the fork and the interpreter's start
+            proc = subprocess.run([PY, "-m", "choir", "audit", "--json"], capture_output=True,
+                                  text=True, timeout=60, env=_env(home), cwd=home.parent,
+                                  preexec_fn=_limited)
         except subprocess.TimeoutExpired:
             return f"{where}: audit hung"
         want = PLANTED[where]
