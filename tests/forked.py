@@ -4,13 +4,15 @@
 command is a process of its own (its pid, its standard streams, environment, working folder,
 exit code and signals), started as ``python -m choir`` starts it, but forked from a server
 that imported what a command imports once per test worker, where each cold command paid its
-imports again (0.5-0.6 s of a cold ``choir verify`` here, several seconds for litellm's), as
-``choir serve``'s workers share theirs. A command whose start could differ is started cold:
-any argv other than ``python -m choir``, or a ``PYTHON*`` variable (which Python reads at
-its start) set otherwise than when the server started, or ``CHOIR_TESTS_COLD=1`` for all.
+imports again (0.5 s of CPU for a cold ``choir gate``, 2.3 s for a ``choir run`` with
+langgraph's, here), as ``choir serve``'s workers share theirs. A command whose start could
+differ is started cold: any argv other than ``python -m choir``, a ``PYTHON*`` variable
+(which Python reads at its start) set otherwise than when the server started, a folder that
+is not there (``subprocess.run``'s error), or all of them with ``CHOIR_TESTS_COLD=1``.
 
 What a cold start is for (``import choir`` stays light, a command's first import of a
-module) is tested by tests that start their own interpreter, never through here.
+module, a process's argv) is tested by tests that start their own interpreter, never
+through here; so are the end-to-end scripts' commands.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import traceback
 from collections.abc import Sequence
 from typing import IO, Any
 
@@ -44,11 +47,13 @@ def run(argv: Sequence[str], *, capture_output: bool = False, text: bool = False
     """``subprocess.run(argv, ...)`` with these arguments, a ``choir`` command forked warm."""
     argv = [os.fspath(a) for a in argv]
     environ = dict(os.environ if env is None else env)
-    if argv[:3] != CHOIR or not _starts_alike(environ):
+    folder = os.fspath(cwd) if cwd is not None else None
+    if argv[:3] != CHOIR or not _starts_alike(environ) or (folder and not os.path.isdir(folder)):
+        # (a folder that is not there: subprocess.run's own error, raised here)
         return subprocess.run(argv, capture_output=capture_output, text=text, timeout=timeout,
                               env=env, cwd=cwd, input=input, check=check)
     request = {"args": argv[3:], "env": environ,
-               "cwd": os.path.abspath(os.fspath(cwd) if cwd is not None else os.getcwd())}
+               "cwd": os.path.abspath(folder or os.getcwd())}
     with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as stdout, \
             tempfile.TemporaryFile() as stderr:
         if input is not None:
@@ -169,8 +174,11 @@ def serve(fd: int) -> None:
         if not message:
             os._exit(0)
         if os.fork() == 0:
-            control.close()
-            _handle(json.loads(message), fds)
+            try:
+                control.close()
+                _handle(json.loads(message), fds)
+            finally:
+                os._exit(1)  # never back into this loop, whatever happened
         for each in fds:
             os.close(each)
 
@@ -180,8 +188,13 @@ def _handle(request: dict[str, Any], fds: list[int]) -> None:
     *streams, result = fds
     pid = os.fork()
     if pid == 0:
-        os.close(result)
-        _command(request, streams)
+        try:
+            os.close(result)
+            _command(request, streams)
+        except BaseException:  # noqa: BLE001 - said on the command's stderr, exit 1
+            traceback.print_exc()
+        finally:
+            os._exit(1)  # never back into the handler, whatever happened
     for each in streams:
         os.close(each)
     with socket.socket(fileno=result) as reply:
@@ -195,7 +208,6 @@ def _command(request: dict[str, Any], streams: list[int]) -> None:
     """``python -m choir ARGS``, in this forked process: its streams, folder, environment,
     path and argv, then the module run as ``__main__`` and the interpreter's exit."""
     import runpy
-    import traceback
 
     for target, fd in enumerate(streams):
         os.dup2(fd, target)

@@ -85,3 +85,9 @@ def test_a_server_that_ended_is_started_again() -> None:
     again = forked.run([*CHOIR, "--version"], capture_output=True, text=True)
     assert again.returncode == 0 and again.stdout.startswith("choir")
     assert forked._server[0].pid != server.pid
+
+
+def test_a_folder_that_is_not_there_raises_as_subprocess_does(tmp_path: Path) -> None:
+    for run in (forked.run, subprocess.run):
+        with pytest.raises(FileNotFoundError):
+            run([*CHOIR, "--version"], cwd=tmp_path / "gone", capture_output=True)
