@@ -45,7 +45,10 @@ with its 368 plain modules' code given; a small package's (toolz's 18) is within
 
 When: the warm service (``choir serve``) fills the cache after a request has answered,
 for the modules its steps found none for (``fill``); a cold command only reads it, and
-looks only once a service has made the folder.
+looks only once a service has made the folder. Both are bounded: the kept step folders
+(``KEEP_STEPS``, ``_prune``) and each kind's cached files (``KEEP_OBJECTS`` and
+``KEEP_OBJECT_BYTES``, ``_prune_objects``), the least recently used and the oldest made
+going first.
 """
 
 from __future__ import annotations
@@ -87,6 +90,9 @@ REFUSED = ".none"  # beside a digest: its module was refused (its rewrite or com
 KEEP_STEPS = 64  # step folders kept for reuse (``_prune``): each is a few links per module
 PRUNE_AFTER_S = 600.0  # a step folder used this recently is never removed
 LOCK = ".lock"  # in the steps' folder: shared while a step holds a folder, taken to prune
+KEEP_OBJECTS = 50_000  # cached files kept of each kind (``_prune_objects``): a few KB each
+KEEP_OBJECT_BYTES = 1 << 30  # and their bytes
+COUNTED = ".counted"  # in an objects folder: its time is that of the last count of its files
 
 # (kind, digest) -> (a sealed file's path, its bytes), for ``fill``: the bytes are kept, since
 # the sealed tree is parked (or gone) by the time the request has answered
@@ -318,17 +324,61 @@ def _prune(steps: Path) -> None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:  # a step holds its folder: the next step past the bound prunes
             return
-        aged = []
-        for entry in entries:
-            with contextlib.suppress(OSError):
-                aged.append((entry.stat(follow_symlinks=False).st_mtime, entry.path))
-        aged.sort()
         recent = time.time() - PRUNE_AFTER_S
-        for mtime, path in aged[:len(aged) - KEEP_STEPS]:
+        aged = _by_age(entries)
+        for mtime, _size, path in aged[:max(len(aged) - KEEP_STEPS, 0)]:
             if mtime < recent:
                 shutil.rmtree(path, ignore_errors=True)
     finally:
         os.close(fd)
+
+
+def _prune_objects(objects: Path) -> None:
+    """Past ``2 * KEEP_OBJECTS`` files or twice ``KEEP_OBJECT_BYTES`` in ``objects`` (one
+    kind's cached code), remove the oldest made down to both bounds, none made in the last
+    ``PRUNE_AFTER_S``; counted at most once per ``PRUNE_AFTER_S`` (a count reads the
+    folder: tens of milliseconds at 100,000 files). Called by ``fill``, off any request's
+    path. A file removed goes from the cache only: a kept step folder's link to it stays (a
+    hard link) until the folder goes; a step linking it as it goes gets no folder and
+    compiles its own (``for_step``), and a later fill makes it again."""
+    counted = objects / COUNTED
+    try:
+        if time.time() - counted.stat().st_mtime < PRUNE_AFTER_S:
+            return
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return
+    try:
+        try:
+            os.utime(counted)
+        except FileNotFoundError:  # read-only, as every file of the cache is
+            os.close(os.open(counted, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o444))
+        aged = _by_age([entry for entry in os.scandir(objects) if entry.name != COUNTED])
+    except OSError:
+        return
+    count, size = len(aged), sum(size for _mtime, size, _path in aged)
+    if count <= 2 * KEEP_OBJECTS and size <= 2 * KEEP_OBJECT_BYTES:
+        return
+    recent = time.time() - PRUNE_AFTER_S
+    for mtime, each, path in aged:
+        if mtime >= recent or (count <= KEEP_OBJECTS and size <= KEEP_OBJECT_BYTES):
+            break
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+            count, size = count - 1, size - each
+
+
+def _by_age(entries: list[os.DirEntry[str]]) -> list[tuple[float, int, str]]:
+    """Each entry's time of last change, size and path, the oldest first."""
+    aged = []
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            st = entry.stat(follow_symlinks=False)
+            aged.append((st.st_mtime, st.st_size, entry.path))
+    aged.sort()
+    return aged
 
 
 def _wrapper(objects: str, made: str) -> tuple[str, str, str] | None:
@@ -453,6 +503,9 @@ def fill(limit_s: float = FILL_S) -> int:
         child.wait()
     for temp in top.glob(f"*/.*.{child.pid}"):  # what a killed child was writing
         temp.unlink(missing_ok=True)
+    for ending in endings.values():
+        if ending is not None and _objects(ending).is_dir():
+            _prune_objects(_objects(ending))
     return sum(1 for target in targets if target not in before and target.is_file())
 
 

@@ -197,7 +197,8 @@ def test_a_plain_module_whose_compile_warns_is_left_to_the_step(tmp_path: Path,
         pass
     assert rewritten.fill() == 2  # the test module and the wrapper: compiling calc.py warns
     calc = blake3.blake3((tree / "calc.py").read_bytes()).hexdigest()
-    assert sorted(p.name for p in (cache / rewritten.compiled().lstrip(".")).iterdir()) == \
+    objects = cache / rewritten.compiled().lstrip(".")
+    assert sorted(p.name for p in objects.iterdir() if p.name != rewritten.COUNTED) == \
         sorted([blake3.blake3(pytest_source().encode()).hexdigest(), calc + ".none"])
     with rewritten.for_step(tree) as folder:
         assert rewritten._pending == {}  # refused once: never made again (its compile may
@@ -334,7 +335,7 @@ def test_a_module_that_takes_minutes_to_compile_never_holds_the_fill_past_its_li
     took = time.monotonic() - start
     assert took < 1.0 + rewritten.FILL_GRACE_S + 3.0, took  # the child's start besides
     objects = cache / rewritten.compiled().lstrip(".")
-    names = sorted(p.name for p in objects.iterdir())
+    names = sorted(p.name for p in objects.iterdir() if p.name != rewritten.COUNTED)
     slow = blake3.blake3((tree / "zslow.py").read_bytes()).hexdigest()
     assert not [n for n in names if slow in n], names  # neither made, half-made nor refused
     assert made == len(names) >= 1  # the wrapper and calc.py, made before it, are kept
@@ -497,3 +498,55 @@ def test_a_cached_file_with_every_link_the_disk_allows_is_copied(
         copy = folder / f"calc{rewritten.compiled()}"
         assert copy.stat().st_nlink == 1 and copy.stat().st_mode & 0o777 == 0o444
         assert loaded(step(other, folder), folder) == [copy.name]
+
+
+def _objects_of(cache: Path, count: int, age_s: float) -> list[Path]:
+    """``count`` cached files of plain modules' code, made ``age_s`` ago, oldest first."""
+    objects = cache / (rewritten.compiled() or "").lstrip(".")
+    objects.mkdir(parents=True, exist_ok=True)
+    made = []
+    for n in range(count):
+        path = objects / blake3.blake3(f"module {age_s} {n}".encode()).hexdigest()
+        path.write_bytes(b"code")
+        os.utime(path, (time.time() - age_s + n,) * 2)
+        made.append(path)
+    return made
+
+
+def test_the_cached_code_is_bounded_oldest_made_first(
+        cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache of made code had no bound: a service that saw many trees kept every
+    module's code it ever made. Past twice ``KEEP_OBJECTS`` files the oldest made go, down
+    to ``KEEP_OBJECTS``, none made in the last ``PRUNE_AFTER_S``; the folder is counted at
+    most once in that time."""
+    monkeypatch.setattr(rewritten, "KEEP_OBJECTS", 3)
+    old = _objects_of(cache, 7, 10_000)
+    objects = old[0].parent
+    rewritten._prune_objects(objects)
+    assert sorted(p.name for p in objects.iterdir() if p.name != rewritten.COUNTED) == sorted(
+        p.name for p in old[-3:])
+    again = _objects_of(cache, 7, 20_000)  # made since, older by their time: counted soon
+    rewritten._prune_objects(objects)  # after the last count: not counted again yet
+    assert all(p.exists() for p in again)
+    os.utime(objects / rewritten.COUNTED, (time.time() - rewritten.PRUNE_AFTER_S - 1,) * 2)
+    fresh = _objects_of(cache, 4, 1)  # made a second ago: never removed
+    rewritten._prune_objects(objects)
+    assert all(p.exists() for p in fresh) and not any(p.exists() for p in again)
+
+
+def test_the_cached_codes_bytes_are_bounded_too(
+        cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rewritten, "KEEP_OBJECT_BYTES", 10)  # each file holds 4 bytes
+    made = _objects_of(cache, 6, 10_000)  # 24 bytes: past twice 10
+    rewritten._prune_objects(made[0].parent)
+    assert [p.exists() for p in made] == [False] * 4 + [True] * 2
+
+
+def test_a_fill_bounds_the_cache_it_adds_to(
+        tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rewritten, "KEEP_OBJECTS", 2)
+    old = _objects_of(cache, 6, 10_000)
+    _filled(tmp_path / "tree", TESTS)  # its modules' code made, then the cache counted
+    assert not any(p.exists() for p in old)
+    with rewritten.for_step(tree_of(tmp_path / "again", TESTS)) as folder:
+        assert folder is not None  # what the fill made stays (made just now)
