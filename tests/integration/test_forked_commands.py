@@ -16,6 +16,8 @@ from tests import forked
 from tests.specrepo import NO_PLUGINS
 
 CHOIR = forked.CHOIR
+pytestmark = pytest.mark.skipif(os.environ.get("CHOIR_TESTS_COLD") == "1",
+                                reason="CHOIR_TESTS_COLD=1: every command runs cold")
 
 
 def _repo(tmp_path: Path, step: str) -> Path:
