@@ -60,7 +60,7 @@ def test_a_forked_verify_runs_in_its_folder_and_environment(tmp_path: Path) -> N
 
 
 def test_a_forked_command_past_its_timeout_is_killed(tmp_path: Path) -> None:
-    repo = _repo(tmp_path, "sleep 60")
+    repo = _repo(tmp_path, "sleep 71")  # a duration no other test sleeps (test_mcp pgreps)
     started = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
         forked.run([*CHOIR, "verify", "--repo", str(repo), "--sandbox", "local"],

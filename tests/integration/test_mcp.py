@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow  # CI's slow stage: the README's command stays und
 CHOIR = [sys.executable, "-m", "choir"]
 PY = os.path.realpath(sys.executable)
 SANDBOX = "bwrap" if shutil.which("bwrap") else "local"
-SLOW = sleeper(60)
+SLOW = sleeper(67)  # a duration no other test sleeps: sleeping() is pgrep over the machine
 SLOW_SERVED = sleeper(61)  # its own duration: sleeping() must not see the other test's step
 ERROR_MAX = 1200  # an error answer stays short, whatever the argument was
 
@@ -228,7 +228,7 @@ async def test_stdio_verify_audit_gate_and_every_hostile_argument(tmp_path: Path
         assert not ok and "changed since `choir mcp` started" in text
 
 
-def sleeping(seconds: int = 60) -> str:
+def sleeping(seconds: int = 67) -> str:
     """The pids of this module's sleeping steps of ``seconds`` (each test sleeps its own
     number: xdist runs them side by side)."""
     return subprocess.run(["pgrep", "-f", f"sleep {seconds}"], capture_output=True,
