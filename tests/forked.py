@@ -62,8 +62,13 @@ def run(argv: Sequence[str], *, capture_output: bool = False, text: bool = False
         fds = [stdin.fileno() if input is not None else 0,
                stdout.fileno() if capture_output else 1,
                stderr.fileno() if capture_output else 2]
-        code = _started(request, fds, timeout, argv, stdout, stderr, capture_output, text)
-        out, err = (_read(stdout, text), _read(stderr, text)) if capture_output else (None, None)
+        try:
+            code = _started(request, fds, timeout)
+        finally:
+            out, err = (_read(stdout, text), _read(stderr, text)) if capture_output else (None,
+                                                                                         None)
+    if code is None:
+        raise subprocess.TimeoutExpired(argv, timeout or 0, out, err)
     done = subprocess.CompletedProcess(argv, code, out, err)
     if check:
         done.check_returncode()
@@ -79,8 +84,8 @@ def _starts_alike(env: dict[str, str]) -> bool:
     return all(env.get(k) == _BASE_ENV.get(k) for k in names - {"PYTHONDONTWRITEBYTECODE"})
 
 
-def _started(request: dict[str, Any], fds: list[int], timeout: float | None, argv: list[str],
-             stdout: IO[bytes], stderr: IO[bytes], capture_output: bool, text: bool) -> int:
+def _started(request: dict[str, Any], fds: list[int], timeout: float | None) -> int | None:
+    """The forked command's exit code; None when it ran past ``timeout`` (killed then)."""
     mine, theirs = socket.socketpair()
     with mine:
         with _lock:
@@ -99,9 +104,7 @@ def _started(request: dict[str, Any], fds: list[int], timeout: float | None, arg
             mine.settimeout(None)
             while not said.endswith(b"\n"):
                 said += _recv(mine)
-            out, err = (_read(stdout, text), _read(stderr, text)) if capture_output else (None,
-                                                                                         None)
-            raise subprocess.TimeoutExpired(argv, timeout or 0, out, err) from None
+            return None
         return int(said)
 
 
