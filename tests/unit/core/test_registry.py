@@ -7,8 +7,12 @@ installs one.
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
 import textwrap
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -156,3 +160,75 @@ def test_a_plugin_preset_is_found_under_the_documented_group(
         assert config.verifiers["smoke"].steps[0].command == "true"
     finally:
         load_presets.cache_clear()
+
+
+# --- the plugins installed, scanned once while nothing they depend on changes ----------------
+
+LONG_AGO = time.time_ns() - 3600 * 10**9
+
+
+def _install(site: Path, name: str) -> None:
+    """What pip leaves: a ``.dist-info`` folder with one sandbox entry point."""
+    meta = site / f"{name}-0.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0\n")
+    (meta / "entry_points.txt").write_text(
+        f"[choir.sandboxes]\n{name} = choir.sandbox.local:LocalSandbox\n")
+
+
+@pytest.fixture
+def scans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Each scan of the installed distributions, counted; no warm cache in this process."""
+    import importlib.metadata
+
+    from choir._core import warm
+
+    monkeypatch.setattr(warm, "_enabled", False)
+    monkeypatch.setattr(warm, "_memo", False)
+    seen: list[int] = []
+    real = importlib.metadata.entry_points
+
+    def counted(**params: Any) -> Any:
+        seen.append(1)
+        return real(**params)
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", counted)
+    return seen
+
+
+def test_the_plugins_are_scanned_once_and_a_package_installed_later_is_seen(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scans: list[int]) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    os.utime(site, ns=(LONG_AGO, LONG_AGO))
+    monkeypatch.syspath_prepend(str(site))
+    assert "late" not in _registry.SANDBOXES.names()
+    for reg in (_registry.SANDBOXES, _registry.PARSERS, _registry.EXECUTORS):
+        reg.names()
+    assert len(scans) == 1  # one scan served every registry and every call
+    _install(site, "late")
+    assert "late" in _registry.SANDBOXES.names() and len(scans) == 2
+    monkeypatch.syspath_prepend(str(PLUGINS))  # another path: scanned again
+    assert "demo" in _registry.SANDBOXES.names() and len(scans) == 3
+
+
+@pytest.mark.parametrize("racy_s", [_registry.RACY_S, 0.0])
+def test_a_package_installed_within_the_timestamp_tick_of_a_scan_is_not_missed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scans: list[int],
+        racy_s: float) -> None:
+    """The folder's mtime is kept as it was after the install: the install fell in the same
+    tick of the file system's clock as the scan before it. A scan that near a change to a
+    folder it read is not kept; with no such margin (``racy_s=0``) the stale answer stays."""
+    monkeypatch.setattr(_registry, "RACY_S", racy_s)
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    mtime = time.time_ns()  # the folder changed just before the scan
+    os.utime(site, ns=(mtime, mtime))
+    assert "racy" not in _registry.SANDBOXES.names()
+    _install(site, "racy")
+    os.utime(site, ns=(mtime, mtime))
+    # importlib.metadata keeps its own listing of the folder by its mtime: cleared here, so
+    # what is shown is Choir's cache alone
+    importlib.metadata.FastPath.__new__.cache_clear()  # type: ignore[attr-defined]
+    assert ("racy" in _registry.SANDBOXES.names()) is (racy_s > 0)
