@@ -1,6 +1,10 @@
 """Report size against raw log size (the context the main loop is spared), and parse time/MB.
 
-python bench/report_size.py [--max-mb 100]
+python bench/report_size.py [--max-mb 100] [--lines error|short]
+
+``--lines error`` (the default): every line an error line of ~100 bytes, each one a candidate
+for the generic parser; ``short``: six-byte lines with no error word (the log-cap test's
+shape, where reading line by line costs the most per byte).
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from pathlib import Path
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--max-mb", type=int, default=100)
-    max_mb = parser.parse_args().max_mb
+    parser.add_argument("--lines", choices=("error", "short"), default="error")
+    args = parser.parse_args()
+    max_mb = args.max_mb
     home = Path(tempfile.mkdtemp())
     os.environ["CHOIR_HOME"] = str(home)
     os.environ["CHOIR_ARTIFACT_DIR"] = str(home / "artifacts")
@@ -35,7 +41,8 @@ def main() -> None:
         f"{'log bytes':>12} {'report bytes':>13} {'ratio':>10} {'parse s':>8} {'parse ms/MB':>11}"
     )
     for size in sizes:
-        line = "ERROR test_%d failed at 0x7f00 in /tmp/x/mod.py:12 after 0.31s " + "x" * 40
+        line = ("ERROR test_%d failed at 0x7f00 in /tmp/x/mod.py:12 after 0.31s " + "x" * 40
+                if args.lines == "error" else "c%04d")
         script = home / f"spew{size}.py"
         script.write_text(
             f"import sys\nn = {size} // {len(line) + 1}\nw = sys.stdout.write\n"

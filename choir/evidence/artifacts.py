@@ -26,6 +26,7 @@ import secrets
 import stat
 import time
 from collections.abc import Iterator, Sequence
+from itertools import islice
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
@@ -95,8 +96,9 @@ def _chunks(stream: BinaryIO) -> Iterator[memoryview | bytes]:
         yield buf[:n]
 
 
-def _iter_line_pieces(fh: BinaryIO) -> Iterator[tuple[int, bytes]]:
-    """Yield ``(line_number, piece)`` in chunks of at most ``CHUNK`` bytes.
+def _iter_line_pieces(fh: BinaryIO, first: int = 1) -> Iterator[tuple[int, bytes]]:
+    """Yield ``(line_number, piece)`` in chunks of at most ``CHUNK`` bytes, from line
+    ``first`` on (the lines before it are counted a chunk at a time, not one by one).
 
     A line is the bytes up to and including ``\\n`` (the last line may lack one). Splitting
     long lines into pieces keeps memory flat even for a 1 GiB file without a newline.
@@ -104,6 +106,14 @@ def _iter_line_pieces(fh: BinaryIO) -> Iterator[tuple[int, bytes]]:
     number = 1
     for chunk in iter(lambda: fh.read(CHUNK), b""):
         start = 0
+        if number < first:
+            ends = chunk.count(b"\n")
+            if number + ends < first:
+                number += ends
+                continue
+            # past the newline that ends line first - 1
+            start = next(islice(re.finditer(b"\n", chunk), first - number - 1, None)).end()
+            number = first
         while True:
             cut = chunk.find(b"\n", start)
             if cut < 0:
@@ -447,7 +457,7 @@ class ArtifactStore:
         if start < 1 or end < start:
             raise UserError(f"bad line span {start}..{end}: 1-based, start <= end")
         with self.open(digest) as fh:
-            for number, piece in _iter_line_pieces(fh):
+            for number, piece in _iter_line_pieces(fh, start):
                 if number > end:
                     return
                 if number >= start:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 LINE_MAX = 4096
 WINDOW = 1 << 20  # bytes read at a time, whatever the line length
+DENSE = 8  # a window where one line in this many may match is read line by line
 COMBINED = "logs/combined.log"
 
 
@@ -127,6 +128,110 @@ def bounded_lines(fh: BinaryIO) -> Iterator[tuple[int, str, int]]:
         yield number, head.decode("utf-8", "replace").rstrip("\r\n"), size
 
 
+@dataclass(frozen=True)
+class Maybe:
+    """Where a test over a line's text could match, over a window of ASCII bytes."""
+
+    pattern: re.Pattern[bytes]  # searched over the window (lower-cased first with ``fold``)
+    words: tuple[bytes, ...]  # a window holding none of them has no match (a quick test)
+    fold: bool = False  # for a case-insensitive test: the pattern is in lower case
+
+
+@dataclass
+class Tally:
+    """What a pass over every line of a log found beside its candidates."""
+
+    last: int = 0  # the last line's number (0: an empty log)
+    truncated: bool = False  # a line longer than LINE_MAX
+
+
+def _candidates(inp: ParseInput, rel: str, maybe: Maybe,
+                tally: Tally) -> Iterator[tuple[int, str]]:
+    digest = inp.artifacts.get(rel)
+    if digest is None:
+        return
+    with inp.store.open(digest) as fh:
+        yield from candidate_lines(fh, maybe, tally)
+
+
+def candidate_lines(fh: BinaryIO, maybe: Maybe,
+                    tally: Tally) -> Iterator[tuple[int, str]]:
+    """``(number, text)`` as ``bounded_lines`` gives them, for every line a test over its text
+    could pick, in order; ``tally`` counts them all.
+
+    ``maybe``, searched over a window's bytes, must match wherever that test would (over
+    ASCII bytes, a word matches as over their text). Lines in a
+    window of ASCII where it matches nothing are counted, not decoded: a 10 MiB log of short
+    lines took seconds through ``bounded_lines``. A window with other bytes, and a line that
+    spans two windows, are read line by line. Memory stays one window.
+    """
+    number, head, size = 1, b"", 0  # the line being read: its number, first bytes, length
+    for chunk in iter(lambda: fh.read(WINDOW), b""):
+        first = chunk.find(b"\n")
+        if first < 0:  # the line goes on past this window
+            head += chunk[:max(0, LINE_MAX - len(head))]
+            size += len(chunk)
+            continue
+        head += chunk[:min(first + 1, max(0, LINE_MAX - len(head)))]
+        size += first + 1
+        tally.truncated |= size > LINE_MAX
+        yield number, _text(head)
+        end = chunk.rfind(b"\n")
+        number = yield from _whole_lines(chunk[first + 1:end + 1], number + 1, maybe, tally)
+        head, size = chunk[end + 1:end + 1 + LINE_MAX], len(chunk) - end - 1
+    if size:
+        tally.truncated |= size > LINE_MAX
+        yield number, _text(head)
+        number += 1
+    tally.last = number - 1
+
+
+def _text(head: bytes) -> str:
+    return head.decode("utf-8", "replace").rstrip("\r\n")
+
+
+def _whole_lines(body: bytes, number: int, maybe: Maybe,
+                 tally: Tally) -> Generator[tuple[int, str], None, int]:
+    """The candidates among ``body``'s lines (each ends with a newline), the first numbered
+    ``number``; returns the number of the line after them. Where candidates are dense (or
+    the bytes are not ASCII) every line is given: cheaper than finding each."""
+    if not tally.truncated:
+        tally.truncated = _has_long_line(body)
+    start = 0
+    if body.isascii():
+        text = body.lower() if maybe.fold else body  # ASCII: each byte stays where it was
+        if not any(word in text for word in maybe.words):
+            return number + body.count(b"\n")
+        if sum(map(text.count, maybe.words)) * DENSE < body.count(b"\n"):
+            while (match := maybe.pattern.search(text, start)) is not None:
+                begin = body.rfind(b"\n", 0, match.start()) + 1
+                cut = body.find(b"\n", match.start())
+                number += body.count(b"\n", start, begin)
+                yield number, _text(body[begin:min(cut + 1, begin + LINE_MAX)])
+                number, start = number + 1, cut + 1
+            return number + body.count(b"\n", start)
+    end = len(body)
+    while start < end:
+        cut = body.find(b"\n", start) + 1
+        line = body[start:cut] if cut - start <= LINE_MAX else body[start:start + LINE_MAX]
+        yield number, line.decode("utf-8", "replace").rstrip("\r\n")
+        number, start = number + 1, cut
+    return number
+
+
+def _has_long_line(body: bytes) -> bool:
+    """Whether a line of ``body`` (whole lines) is longer than LINE_MAX with its newline.
+    Such a line holds a whole block of LINE_MAX // 2 bytes without a newline, at a multiple
+    of that size: only those blocks are measured."""
+    step = LINE_MAX // 2
+    for at in range(0, len(body), step):
+        if body.find(b"\n", at, at + step) < 0:
+            begin = body.rfind(b"\n", 0, at) + 1
+            if body.find(b"\n", at + step) + 1 - begin > LINE_MAX:
+                return True
+    return False
+
+
 def _cite(inp: ParseInput, rel: str, start: int, end: int) -> Citation | None:
     digest = inp.artifacts.get(rel)
     if digest is None:
@@ -143,6 +248,8 @@ def _find_line(inp: ParseInput, needle: str) -> int | None:
 
 
 _ERROR_LINE = re.compile(r"(error|exception|traceback|failed|fatal|panic|assert)", re.I)
+_MAYBE_ERROR = Maybe(re.compile(_ERROR_LINE.pattern.encode()), fold=True,
+                     words=tuple(_ERROR_LINE.pattern.strip("()").encode().split(b"|")))
 
 
 def parse_generic(inp: ParseInput) -> ParseResult:
@@ -151,13 +258,13 @@ def parse_generic(inp: ParseInput) -> ParseResult:
     if not inp.exit_codes or all(code == 0 for code in inp.exit_codes):
         return result
     hits: list[tuple[int, str]] = []
-    last = 0
-    for number, line, size in _lines(inp, COMBINED) or ():
-        last = number
-        result.truncated |= size > LINE_MAX
+    tally = Tally()
+    for number, line in _candidates(inp, COMBINED, _MAYBE_ERROR, tally):
         if _ERROR_LINE.search(line) and not line.startswith("$ "):
             hits.append((number, line))
             hits = hits[-3:]
+    last = tally.last
+    result.truncated |= tally.truncated
     if not hits and last:
         hits = [(last, "")]
     for number, line in hits:
@@ -170,6 +277,9 @@ def parse_generic(inp: ParseInput) -> ParseResult:
 
 
 _PYTEST_FAIL = re.compile(r"^(FAILED|ERROR) (\S+)(?: - (.*))?$")
+# where either can match, over a window's bytes (``candidate_lines``)
+_MAYBE_PYTEST = Maybe(re.compile(rb"(?m)^(?:FAILED|ERROR) |in \d"),
+                      words=(b"FAILED ", b"ERROR ", b"in "))
 _PYTEST_SUMMARY = re.compile(
     r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|subtests passed|subtests skipped)")
 
@@ -178,7 +288,7 @@ def parse_pytest_text(inp: ParseInput) -> ParseResult:
     """pytest's short summary lines (``-ra``/``-q`` output) as a fallback to JUnit XML."""
     result = ParseResult()
     counts: dict[str, int] = {}
-    for number, line, _ in _lines(inp, COMBINED) or ():
+    for number, line in _candidates(inp, COMBINED, _MAYBE_PYTEST, Tally()):
         match = _PYTEST_FAIL.match(line)
         if match:
             test_id, message = match.group(2), match.group(3) or match.group(1)

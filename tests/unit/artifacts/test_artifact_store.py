@@ -259,3 +259,19 @@ def test_an_objects_folder_swapped_for_a_link_is_never_followed(store: ArtifactS
     assert not store.verify(digest)
     with pytest.raises(IntegrityError):
         store.read_bytes(digest)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.lists(st.sampled_from([b"\n", b"a", b"bc", b"\n\n", b"defg"]), max_size=40)
+       .map(b"".join), chunk=st.integers(1, 9), first=st.integers(1, 30))
+def test_lines_before_a_span_are_skipped_as_reading_them_one_by_one_would(
+        data: bytes, chunk: int, first: int) -> None:
+    """A citation of line 1.7 million of a capped log read every line before it one at a
+    time (seconds): they are counted a chunk at a time now, to the same pieces."""
+    from choir.evidence import artifacts
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(artifacts, "CHUNK", chunk)
+        every = list(artifacts._iter_line_pieces(io.BytesIO(data)))
+        skipped = list(artifacts._iter_line_pieces(io.BytesIO(data), first))
+    assert skipped == [(n, piece) for n, piece in every if n >= first]
