@@ -61,7 +61,10 @@ def installed() -> dict[str, dict[str, str]]:
 
     One scan of every distribution's metadata serves all registries; a process asks again
     only when its path or an entry's mtime changed (a scan costs 15-50 ms: every installed
-    package's ``entry_points.txt`` read).
+    package's ``entry_points.txt`` read). A ``.dist-info`` file edited in place, which
+    leaves its folder's mtime alone, is not seen until the path changes (pip never does
+    that: it writes a new folder); ``importlib.metadata`` itself lists each folder by its
+    mtime too.
     """
     global _scan
     key = _fingerprint()
