@@ -22,16 +22,18 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import functools
 import gc
 import os
 import signal
 import socket
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pydantic.main
 from pydantic import ValidationError
 
 from choir._core.canonical import blake3_hex, canonical_json
@@ -262,6 +264,23 @@ def _become_broker(*keep: int) -> None:
     os.chdir("/")
 
 
+@contextlib.contextmanager
+def _quiet_for_fork() -> Iterator[None]:
+    """While no other thread holds a lock the broker takes: the broker has only the forking
+    thread, and a lock held by another at the fork stays held in it forever, hanging the
+    request that first takes it. pydantic builds a model whose validator was deferred under
+    one global lock (seen: a broker forked while a verifier's history thread built a model
+    hung on its first attestation check); the modules the broker imports late are imported
+    before the fork, as an import under way in another thread holds that module's lock."""
+    import choir.models.intoto  # noqa: F401 - imported late by the broker's checks
+    import choir.trusted.keylists  # noqa: F401
+
+    lock = getattr(pydantic.main, "_rebuild_lock", None)
+    with lock if lock is not None else contextlib.nullcontext(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # forking a threaded process
+        yield  # the broker keeps the lock, its own thread's (reentrant): free for its builds
+
+
 def spawn(home: Path) -> tuple[int, socket.socket]:
     """Fork the broker for ``home``; returns its pid and the parent's end of the channel.
 
@@ -271,8 +290,7 @@ def spawn(home: Path) -> tuple[int, socket.socket]:
     keys_fd = _pin(home)
     try:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        with warnings.catch_warnings():  # forking a threaded process: the child runs only this
-            warnings.simplefilter("ignore", DeprecationWarning)
+        with _quiet_for_fork():
             pid = os.fork()
         if pid == 0:  # pragma: no cover (the child; tests observe it through the socket)
             code = 0
