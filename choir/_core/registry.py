@@ -46,11 +46,11 @@ def _fingerprint() -> tuple[Any, ...]:
     ``.dist-info`` folder in it), and the finders asked."""
     entries = []
     for entry in sys.path:
-        place = os.path.abspath(entry or ".")
-        try:
+        try:  # an entry is usually a folder's name, but may be anything a path hook takes
+            place: Any = os.path.abspath(entry or ".")
             mtime: int | None = os.stat(place).st_mtime_ns
-        except OSError:
-            mtime = None
+        except (OSError, TypeError, ValueError):
+            place, mtime = id(entry), None
         entries.append((entry, place, mtime))
     return tuple(entries), tuple(map(id, sys.meta_path))
 
