@@ -122,10 +122,10 @@ def bounded_lines(fh: BinaryIO) -> Iterator[tuple[int, str, int]]:
             size += len(piece)
             if cut < 0:
                 break
-            yield number, head.decode("utf-8", "replace").rstrip("\r\n"), size
+            yield number, _text(head), size
             number, head, size, start = number + 1, b"", 0, cut + 1
     if size:
-        yield number, head.decode("utf-8", "replace").rstrip("\r\n"), size
+        yield number, _text(head), size
 
 
 @dataclass(frozen=True)
@@ -197,12 +197,12 @@ def _whole_lines(body: bytes, number: int, maybe: Maybe,
     the bytes are not ASCII) every line is given: cheaper than finding each."""
     if not tally.truncated:
         tally.truncated = _has_long_line(body)
-    start = 0
+    start, lines = 0, body.count(b"\n")
     if body.isascii():
         text = body.lower() if maybe.fold else body  # ASCII: each byte stays where it was
         if not any(word in text for word in maybe.words):
-            return number + body.count(b"\n")
-        if sum(map(text.count, maybe.words)) * DENSE < body.count(b"\n"):
+            return number + lines
+        if sum(map(text.count, maybe.words)) * DENSE < lines:
             while (match := maybe.pattern.search(text, start)) is not None:
                 begin = body.rfind(b"\n", 0, match.start()) + 1
                 cut = body.find(b"\n", match.start())
@@ -210,13 +210,11 @@ def _whole_lines(body: bytes, number: int, maybe: Maybe,
                 yield number, _text(body[begin:min(cut + 1, begin + LINE_MAX)])
                 number, start = number + 1, cut + 1
             return number + body.count(b"\n", start)
-    end = len(body)
-    while start < end:
+    for at in range(number, number + lines):
         cut = body.find(b"\n", start) + 1
-        line = body[start:cut] if cut - start <= LINE_MAX else body[start:start + LINE_MAX]
-        yield number, line.decode("utf-8", "replace").rstrip("\r\n")
-        number, start = number + 1, cut
-    return number
+        yield at, _text(body[start:min(cut, start + LINE_MAX)])
+        start = cut
+    return number + lines
 
 
 def _has_long_line(body: bytes) -> bool:

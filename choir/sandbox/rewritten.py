@@ -503,9 +503,9 @@ def fill(limit_s: float = FILL_S) -> int:
         child.wait()
     for temp in top.glob(f"*/.*.{child.pid}"):  # what a killed child was writing
         temp.unlink(missing_ok=True)
-    for ending in endings.values():
-        if ending is not None and _objects(ending).is_dir():
-            _prune_objects(_objects(ending))
+    for objects in (_objects(ending) for ending in endings.values() if ending is not None):
+        if objects.is_dir():
+            _prune_objects(objects)
     return sum(1 for target in targets if target not in before and target.is_file())
 
 
